@@ -1,0 +1,19 @@
+#include <mrstack/upstream/pinned_host_memory_resource.hpp>
+
+#include "cuda_util.hpp"
+
+namespace mrstack {
+
+void* pinned_host_memory_resource::do_allocate(std::size_t bytes, std::size_t alignment, stream_view) {
+  // cudaHostAlloc returns page-aligned memory.
+  detail::require_upstream_alignment(alignment, 4096, "pinned_host");
+  void* ptr = nullptr;
+  MRSTACK_ALLOC_TRY(cudaHostAlloc(&ptr, bytes, cudaHostAllocPortable), bytes, "pinned_host");
+  return ptr;
+}
+
+void pinned_host_memory_resource::do_deallocate(void* ptr, std::size_t, std::size_t, stream_view) {
+  MRSTACK_CUDA_ASSERT_NOEXCEPT(cudaFreeHost(ptr));
+}
+
+}  // namespace mrstack

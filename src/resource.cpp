@@ -1,0 +1,54 @@
+#include <mrstack/resource.hpp>
+#include <mrstack/stream.hpp>
+
+#include <string>
+
+namespace mrstack {
+
+char const* to_string(memory_kind kind) noexcept {
+  switch (kind) {
+    case memory_kind::device: return "device";
+    case memory_kind::managed: return "managed";
+    case memory_kind::pinned_host: return "pinned_host";
+    case memory_kind::host: return "host";
+    case memory_kind::none: return "none";
+  }
+  return "unknown";
+}
+
+void memory_resource::throw_bad_alignment(std::size_t alignment) {
+  throw logic_error("allocate: alignment " + std::to_string(alignment) + " is not a power of two");
+}
+
+std::string describe_stack(memory_resource const& top) {
+  std::string out = top.name();
+  for (auto const* layer = top.upstream(); layer != nullptr; layer = layer->upstream()) {
+    out += " > ";
+    out += layer->name();
+  }
+  return out;
+}
+
+memory_resource& bottom_of_stack(memory_resource& top) noexcept {
+  memory_resource* layer = &top;
+  while (layer->upstream() != nullptr) { layer = layer->upstream(); }
+  return *layer;
+}
+
+void stream_view::synchronize() const { MRSTACK_CUDA_TRY(cudaStreamSynchronize(handle_)); }
+
+stream::stream(unsigned int flags) { MRSTACK_CUDA_TRY(cudaStreamCreateWithFlags(&handle_, flags)); }
+
+stream::~stream() {
+  if (handle_ != nullptr) { MRSTACK_CUDA_ASSERT_NOEXCEPT(cudaStreamDestroy(handle_)); }
+}
+
+stream& stream::operator=(stream&& other) noexcept {
+  if (this != &other) {
+    if (handle_ != nullptr) { MRSTACK_CUDA_ASSERT_NOEXCEPT(cudaStreamDestroy(handle_)); }
+    handle_ = std::exchange(other.handle_, nullptr);
+  }
+  return *this;
+}
+
+}  // namespace mrstack

@@ -1,0 +1,118 @@
+#include <mrstack/upstream/simulated_memory_resource.hpp>
+
+#include <algorithm>
+#include <cstdio>
+#include <iterator>
+
+namespace mrstack {
+
+namespace {
+std::string hex(std::uintptr_t v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "0x%zx", static_cast<std::size_t>(v));
+  return buf;
+}
+}  // namespace
+
+simulated_memory_resource::simulated_memory_resource(std::size_t capacity, std::uintptr_t base, std::size_t range)
+    : capacity_{capacity} {
+  if (!detail::is_aligned(reinterpret_cast<void const*>(base), default_alignment) || range < default_alignment ||
+      base == 0) {
+    throw logic_error("simulated: base " + hex(base) + " must be non-zero and 256-byte aligned, range at least 256 B");
+  }
+  free_.emplace(base, detail::align_down(range, default_alignment));
+}
+
+void* simulated_memory_resource::do_allocate(std::size_t bytes, std::size_t alignment, stream_view) {
+  std::size_t const align = std::max(alignment, default_alignment);
+  std::size_t const span = detail::align_up(bytes, default_alignment);
+  std::lock_guard lock{mutex_};
+  auto refuse = [&](char const* why) -> void* {
+    allocation_failure info;
+    info.requested_bytes = bytes;
+    info.resource = "simulated";
+    info.footprint_bytes = footprint_;
+    if (capacity_ != std::numeric_limits<std::size_t>::max()) { info.limit_bytes = capacity_; }
+    info.detail = why;
+    throw out_of_memory(std::move(info));
+  };
+  if (span == std::numeric_limits<std::size_t>::max() || span > capacity_ - std::min(capacity_, footprint_)) {
+    return refuse("capacity reached");
+  }
+  // First fit in address order: the simulated upstream is called rarely under a pool, and
+  // first fit keeps the fake address space compact.
+  for (auto it = free_.begin(); it != free_.end(); ++it) {
+    std::uintptr_t const start = detail::align_up(it->first, align);
+    std::size_t const lead = start - it->first;
+    if (lead > it->second || it->second - lead < span) { continue; }
+    std::uintptr_t const block = it->first;
+    std::size_t const block_size = it->second;
+    free_.erase(it);
+    if (lead > 0) { free_.emplace(block, lead); }
+    if (block_size - lead > span) { free_.emplace(start + span, block_size - lead - span); }
+    live_.emplace(start, bytes);
+    footprint_ += span;
+    peak_footprint_ = std::max(peak_footprint_, footprint_);
+    ++total_allocations_;
+    return reinterpret_cast<void*>(start);
+  }
+  return refuse("fake address range exhausted");
+}
+
+void simulated_memory_resource::do_deallocate(void* ptr, std::size_t bytes, std::size_t, stream_view) {
+  auto const address = reinterpret_cast<std::uintptr_t>(ptr);
+  std::lock_guard lock{mutex_};
+  auto it = live_.find(address);
+  if (it == live_.end()) {
+    throw logic_error("simulated: deallocate of " + hex(address) + " (" + std::to_string(bytes) +
+                      " B), which it did not hand out or was already freed");
+  }
+  if (it->second != bytes) {
+    throw logic_error("simulated: deallocate of " + hex(address) + " with size " + std::to_string(bytes) +
+                      " B, but it was allocated with " + std::to_string(it->second) + " B");
+  }
+  std::size_t const span = detail::align_up(bytes, default_alignment);
+  live_.erase(it);
+  footprint_ -= span;
+  insert_free(address, span);
+}
+
+void simulated_memory_resource::insert_free(std::uintptr_t begin, std::size_t size) {
+  auto next = free_.lower_bound(begin);
+  if (next != free_.begin()) {
+    auto prev = std::prev(next);
+    if (prev->first + prev->second == begin) {
+      begin = prev->first;
+      size += prev->second;
+      free_.erase(prev);
+    }
+  }
+  if (next != free_.end() && begin + size == next->first) {
+    size += next->second;
+    free_.erase(next);
+  }
+  free_.emplace(begin, size);
+}
+
+std::size_t simulated_memory_resource::footprint() const {
+  std::lock_guard lock{mutex_};
+  return footprint_;
+}
+std::size_t simulated_memory_resource::peak_footprint() const {
+  std::lock_guard lock{mutex_};
+  return peak_footprint_;
+}
+std::size_t simulated_memory_resource::allocation_count() const {
+  std::lock_guard lock{mutex_};
+  return live_.size();
+}
+std::size_t simulated_memory_resource::total_allocations() const {
+  std::lock_guard lock{mutex_};
+  return total_allocations_;
+}
+bool simulated_memory_resource::owns(void const* ptr) const {
+  std::lock_guard lock{mutex_};
+  return live_.count(reinterpret_cast<std::uintptr_t>(ptr)) != 0;
+}
+
+}  // namespace mrstack

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Installs what mrstack builds with, from Debian's packages (idempotent: installed
+# packages are skipped). The CUDA toolkit itself (nvcc, cudart, CCCL) must already be at
+# /usr/local/cuda or on PATH. Also installs the Python test dependencies with pip.
+set -euo pipefail
+packages=(cmake ninja-build g++ libspdlog-dev catch2 libbenchmark-dev zlib1g-dev libbackward-cpp-dev libdw-dev)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  sudo_cmd=""
+  [ "$(id -u)" -eq 0 ] || sudo_cmd="sudo"
+  echo "install-deps: installing ${missing[*]}"
+  $sudo_cmd apt-get update -q
+  DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -q "${missing[@]}"
+else
+  echo "install-deps: Debian packages present"
+fi
+if ! command -v nvcc >/dev/null 2>&1 && [ ! -x /usr/local/cuda/bin/nvcc ]; then
+  echo "install-deps: no CUDA toolkit found (looked for nvcc on PATH and in /usr/local/cuda)" >&2
+  exit 1
+fi
+if [ -f python/requirements-test.txt ]; then
+  python3 -m pip install -q -r python/requirements-test.txt
+fi

@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# The test command (README and CI): configure with warnings as errors, build, run every
+# ctest test (GPU tests report themselves skipped without a device), then the Python
+# package's tests.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export PATH="/usr/local/cuda/bin:$PATH"
+cmake --workflow --preset ci
+if [ -d python/tests ]; then
+  python3 -m pytest -q python/tests
+fi
