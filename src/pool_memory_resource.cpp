@@ -133,6 +133,9 @@ void* pool_memory_resource::grow_and_allocate(std::size_t bytes, std::size_t siz
 }
 
 bool pool_memory_resource::grow(std::size_t needed, detail::stream_ref const& s, std::string& why) {
+  std::size_t const pool_before = core_.blocks().total_bytes();
+  std::size_t const released = options_.consolidate_on_growth ? release_free_chunks(false) : 0;
+  needed += released;
   std::size_t const pool = core_.blocks().total_bytes();
   std::size_t const cap = !maximum_size_ ? std::numeric_limits<std::size_t>::max()
                           : *maximum_size_ > pool ? detail::align_down(*maximum_size_ - pool, granularity)
@@ -141,7 +144,7 @@ bool pool_memory_resource::grow(std::size_t needed, detail::stream_ref const& s,
     why = "the pool would exceed its maximum size";
     return false;
   }
-  std::size_t want = std::max({needed, pool / options_.growth_divisor, options_.minimum_growth});
+  std::size_t want = std::max({needed, pool_before / options_.growth_divisor, options_.minimum_growth});
   want = std::min(detail::align_up(want, options_.growth_granularity), cap);
   for (std::size_t chunk = want;;) {
     try {
@@ -163,14 +166,19 @@ bool pool_memory_resource::grow(std::size_t needed, detail::stream_ref const& s,
   }
 }
 
-std::size_t pool_memory_resource::release_free_chunks() {
+std::size_t pool_memory_resource::release_free_chunks(bool may_synchronize) {
   std::vector<detail::chunk_id> free_chunks;
   core_.blocks().for_each_chunk([&](detail::chunk_id c, detail::block_pool::chunk_info const& info) {
     if (info.live_blocks == 0) { free_chunks.push_back(c); }
   });
   std::size_t released = 0;
   for (detail::chunk_id c : free_chunks) {
-    detail::stream_ref const s = core_.return_stream(c);
+    detail::stream_ref s{};
+    if (may_synchronize) {
+      s = core_.return_stream(c);
+    } else if (!core_.return_stream_without_sync(c, s)) {
+      continue;
+    }
     auto const info = core_.blocks().chunk(c);
     core_.blocks().remove_chunk(c);
     upstream_->deallocate(reinterpret_cast<void*>(info.base), info.size, to_stream_view(s), granularity);

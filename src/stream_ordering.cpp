@@ -164,6 +164,20 @@ bool stream_ordered_pool::synchronize_everything() {
   return true;
 }
 
+bool stream_ordered_pool::return_stream_without_sync(chunk_id c, stream_ref& out) const {
+  std::vector<owner_id> owners = blocks_.chunk_owners(c);
+  std::erase(owners, block_pool::synchronized);
+  if (owners.empty()) {
+    out = stream_ref{};
+    return true;
+  }
+  if (owners.size() == 1 && owners_.nameable_here(owners.front())) {
+    out = owners_.ref(owners.front());
+    return true;
+  }
+  return false;
+}
+
 stream_ref stream_ordered_pool::return_stream(chunk_id c) {
   std::vector<owner_id> owners = blocks_.chunk_owners(c);
   std::erase(owners, block_pool::synchronized);

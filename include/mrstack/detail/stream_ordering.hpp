@@ -199,6 +199,8 @@ class stream_ordered_pool {
   /// the one stream its free blocks belong to, or — when they belong to several, or to
   /// another thread's default stream — the default stream after synchronizing everything.
   stream_ref return_stream(chunk_id c);
+  /// As `return_stream`, but false (and no synchronization) when one would be needed.
+  bool return_stream_without_sync(chunk_id c, stream_ref& out) const;
 
   [[nodiscard]] block_pool& blocks() noexcept { return blocks_; }
   [[nodiscard]] block_pool const& blocks() const noexcept { return blocks_; }

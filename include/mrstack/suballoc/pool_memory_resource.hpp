@@ -47,11 +47,16 @@ struct pool_options {
   /// A new chunk is at least pool_size / growth_divisor: growth is geometric (few chunks,
   /// O(log) of them for any footprint) but by a small factor (1 + 1/growth_divisor), so
   /// the last chunk overshoots what the program needs by little.
-  std::size_t growth_divisor = 8;
+  std::size_t growth_divisor = 12;
   /// A new chunk is at least this big (avoids many tiny chunks early on).
-  std::size_t minimum_growth = std::size_t{2} << 20;
+  std::size_t minimum_growth = std::size_t{4} << 20;
   /// Chunk sizes are rounded up to this (2 MiB: the device's large-page granule).
   std::size_t growth_granularity = std::size_t{2} << 20;
+  /// Before growing, return wholly free chunks to the upstream and take their bytes back
+  /// as part of the one new chunk: free memory scattered over small chunks becomes one
+  /// contiguous range instead of staying stranded next to a growing footprint.
+  /// Only chunks that need no synchronization to return are consolidated.
+  bool consolidate_on_growth = true;
   /// The stream the initial chunk is taken on (its free memory belongs to that stream).
   stream_view initial_stream{};
   /// The seam to CUDA events; null: CUDA over device/managed/pinned memory, no-ops over
@@ -113,8 +118,9 @@ class pool_memory_resource final : public memory_resource {
   void* grow_and_allocate(std::size_t bytes, std::size_t size, std::size_t alignment, detail::stream_ref const& s);
   /// Tries to take a chunk that can serve `needed` bytes; false when the cap or the upstream refuses.
   bool grow(std::size_t needed, detail::stream_ref const& s, std::string& why);
-  /// Returns wholly free chunks to the upstream; the bytes returned.
-  std::size_t release_free_chunks();
+  /// Returns wholly free chunks to the upstream; the bytes returned. Without
+  /// `may_synchronize`, chunks whose return would need a device synchronization stay.
+  std::size_t release_free_chunks(bool may_synchronize = true);
   [[noreturn]] void throw_out_of_memory(std::size_t bytes, std::string why) const;
 
   resource_ptr upstream_;
