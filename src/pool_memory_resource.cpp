@@ -45,7 +45,7 @@ pool_memory_resource::pool_memory_resource(resource_ptr upstream, std::size_t in
   if (initial > 0) {
     detail::stream_ref const s = to_stream_ref(options_.initial_stream);
     void* base = upstream_->allocate(initial, options_.initial_stream, granularity);
-    core_.blocks().add_chunk(reinterpret_cast<std::uintptr_t>(base), initial, core_.owner_of(s));
+    core_.add_chunk(reinterpret_cast<std::uintptr_t>(base), initial, s);
     ++upstream_allocations_;
     peak_pool_size_ = initial;
   }
@@ -154,7 +154,7 @@ bool pool_memory_resource::grow(std::size_t needed, detail::stream_ref const& s,
         throw logic_error("pool: upstream " + upstream_->name() + " returned " + hex(base) +
                           ", which is not 256-byte aligned");
       }
-      core_.blocks().add_chunk(reinterpret_cast<std::uintptr_t>(base), chunk, core_.owner_of(s));
+      core_.add_chunk(reinterpret_cast<std::uintptr_t>(base), chunk, s);
       ++upstream_allocations_;
       peak_pool_size_ = std::max(peak_pool_size_, core_.blocks().total_bytes());
       return true;

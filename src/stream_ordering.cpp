@@ -126,6 +126,7 @@ std::uintptr_t stream_ordered_pool::allocate_from_other_streams(std::size_t size
     switch (owners_.hand_over(t, s)) {
       case stream_owners::handover::ready:
         blocks_.transfer(t, o);
+        owners_.note_acquired(o);
         if (std::uintptr_t const a = blocks_.allocate(size, alignment, o)) { return a; }
         break;
       case stream_owners::handover::later:
@@ -142,6 +143,7 @@ std::uintptr_t stream_ordered_pool::allocate_from_other_streams(std::size_t size
     switch (owners_.hand_over(t, s)) {
       case stream_owners::handover::ready:
         blocks_.transfer(t, o);
+        owners_.note_acquired(o);
         moved = true;
         break;
       case stream_owners::handover::later:

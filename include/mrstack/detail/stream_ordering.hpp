@@ -91,6 +91,10 @@ class stream_owners {
     sl.dirty = true;
     if (sl.wanted) { record_now(sl, s); }
   }
+  /// Memory entered `o` some other way than a free on its stream (taken over from another
+  /// stream after a wait, or a new chunk allocated on it): a later handover must record
+  /// anew so that the event covers that wait or allocation too.
+  void note_acquired(owner_id o) noexcept { slots_[o].dirty = true; }
   /// On every allocation by `o`'s stream: a thread-bound stream records here when
   /// another thread asked for its memory.
   void note_use(owner_id o, stream_ref const& s) {
@@ -182,6 +186,28 @@ class stream_ordered_pool {
     owner_id const o = owner_of(s);
     std::size_t const size = blocks_.deallocate(address, o);
     if (size != 0) { owners_.note_free(o, s); }
+    return size;
+  }
+
+  /// Adds a chunk the upstream allocated on stream `s`; its memory belongs to `s`.
+  chunk_id add_chunk(std::uintptr_t base, std::size_t size, stream_ref const& s) {
+    owner_id const o = owner_of(s);
+    chunk_id const c = blocks_.add_chunk(base, size, o);
+    owners_.note_acquired(o);
+    return c;
+  }
+
+  /// Grows chunk `c` in place by `bytes` mapped for stream `s` (see block_pool::extend_chunk).
+  void extend_chunk(chunk_id c, std::size_t bytes, stream_ref const& s) {
+    owner_id const o = owner_of(s);
+    blocks_.extend_chunk(c, bytes, o);
+    owners_.note_acquired(o);
+  }
+  /// Returns a withdrawn hole to the free memory of stream `s` (see block_pool::restore).
+  std::size_t restore(std::uintptr_t address, stream_ref const& s) {
+    owner_id const o = owner_of(s);
+    std::size_t const size = blocks_.restore(address, o);
+    owners_.note_acquired(o);
     return size;
   }
 
