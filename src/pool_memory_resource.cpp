@@ -247,6 +247,7 @@ pool_memory_resource::statistics pool_memory_resource::stats() const {
   st.largest_free_block = b.largest_free_block();
   st.chunks = b.chunk_count();
   st.live_blocks = b.live_blocks();
+  st.free_blocks = b.free_block_count();
   st.peak_pool_size = peak_pool_size_;
   st.upstream_allocations = upstream_allocations_;
   st.events_recorded = core_.owners().records();

@@ -167,6 +167,12 @@ class block_pool {
   [[nodiscard]] std::size_t withdrawn_bytes() const noexcept { return withdrawn_bytes_; }
   [[nodiscard]] std::size_t live_blocks() const noexcept { return live_.size(); }
   [[nodiscard]] std::size_t chunk_count() const noexcept { return chunk_count_; }
+  /// Free blocks of all owners (O(owners)).
+  [[nodiscard]] std::size_t free_block_count() const noexcept {
+    std::size_t n = 0;
+    for (auto const& idx : indexes_) { n += idx ? idx->count : 0; }
+    return n;
+  }
   /// The largest free block of any owner (exact; O(owners + blocks in the top class)).
   [[nodiscard]] std::size_t largest_free_block() const noexcept;
   /// The largest free block of `owner`.

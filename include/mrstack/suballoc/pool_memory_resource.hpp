@@ -90,6 +90,7 @@ class pool_memory_resource final : public memory_resource {
     std::size_t largest_free_block = 0;
     std::size_t chunks = 0;
     std::size_t live_blocks = 0;
+    std::size_t free_blocks = 0;
     std::size_t peak_pool_size = 0;
     std::size_t upstream_allocations = 0;  ///< chunks ever taken
     std::size_t events_recorded = 0;       ///< cross-stream handovers that recorded an event
