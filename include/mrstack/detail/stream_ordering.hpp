@@ -85,11 +85,12 @@ class stream_owners {
     return o;
   }
 
-  /// After memory was freed into `o` by its own stream `s`.
+  /// After memory was freed into `o` by its stream `s`. (A thread-bound stream's memory
+  /// freed by another thread — an arena reclaiming superblocks — records nothing.)
   void note_free(owner_id o, stream_ref const& s) {
     slot& sl = slots_[o];
     sl.dirty = true;
-    if (sl.wanted) { record_now(sl, s); }
+    if (sl.wanted && (!s.thread_bound || s.key == thread_key_())) { record_now(sl, s); }
   }
   /// Memory entered `o` some other way than a free on its stream (taken over from another
   /// stream after a wait, or a new chunk allocated on it): a later handover must record
@@ -99,7 +100,7 @@ class stream_owners {
   /// another thread asked for its memory.
   void note_use(owner_id o, stream_ref const& s) {
     slot& sl = slots_[o];
-    if (sl.wanted && sl.dirty) { record_now(sl, s); }
+    if (sl.wanted && sl.dirty && (!s.thread_bound || s.key == thread_key_())) { record_now(sl, s); }
   }
 
   enum class handover {
