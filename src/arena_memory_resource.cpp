@@ -105,6 +105,8 @@ std::size_t arena_memory_resource::do_free_bytes_held() const noexcept {
 
 void arena_memory_resource::do_release() {
   core_->reclaim();
+  // Free memory several streams hold cannot merge; once the device is idle it can.
+  core_->synchronize_everything();
   upstream_->release();
 }
 

@@ -35,7 +35,7 @@ fixed_size_memory_resource::fixed_size_memory_resource(resource_ptr upstream, st
       blocks_{block_size_, pick_sync(std::move(stream_sync), upstream_)} {
   if (blocks_to_preallocate > 0) {
     std::string why;
-    if (!grow(blocks_per_chunk_, detail::stream_ref{}, why)) {
+    if (!grow(blocks_per_chunk_, detail::stream_ref{}, why, true)) {
       allocation_failure info;
       info.requested_bytes = blocks_per_chunk_ * block_size_;
       info.resource = "fixed_size";
@@ -94,7 +94,8 @@ void* fixed_size_memory_resource::grow_and_allocate(std::size_t bytes, detail::s
   throw out_of_memory(std::move(info));
 }
 
-bool fixed_size_memory_resource::grow(std::size_t blocks, detail::stream_ref const& s, std::string& why) {
+bool fixed_size_memory_resource::grow(std::size_t blocks, detail::stream_ref const& s, std::string& why,
+                                      bool at_construction) {
   stream_view const stream = to_stream_view(s);
   for (std::size_t n = blocks; n >= 1; n /= 2) {
     if (n > std::numeric_limits<std::size_t>::max() / block_size_) { continue; }
@@ -111,7 +112,8 @@ bool fixed_size_memory_resource::grow(std::size_t blocks, detail::stream_ref con
       auto const first = detail::align_up(reinterpret_cast<std::uintptr_t>(allocation), block_alignment_);
       chunks_.push_back(chunk{allocation, allocation_size, first, n});
       pool_size_ += allocation_size;
-      blocks_.add_blocks(first, n, s);
+      if (at_construction) { blocks_.sync().synchronize(s.handle); }
+      blocks_.add_blocks(first, n, s, at_construction);
       return true;
     } catch (out_of_memory const& e) {
       why = std::string{"upstream refused: "} + e.what();

@@ -45,7 +45,14 @@ pool_memory_resource::pool_memory_resource(resource_ptr upstream, std::size_t in
   if (initial > 0) {
     detail::stream_ref const s = to_stream_ref(options_.initial_stream);
     void* base = upstream_->allocate(initial, options_.initial_stream, granularity);
-    core_.add_chunk(reinterpret_cast<std::uintptr_t>(base), initial, s);
+    try {
+      // Waiting for the upstream once makes the initial chunk usable by every stream.
+      core_.owners().sync().synchronize(s.handle);
+    } catch (...) {
+      upstream_->deallocate(base, initial, options_.initial_stream, granularity);
+      throw;
+    }
+    core_.blocks().add_chunk(reinterpret_cast<std::uintptr_t>(base), initial, detail::block_pool::synchronized);
     ++upstream_allocations_;
     peak_pool_size_ = initial;
   }

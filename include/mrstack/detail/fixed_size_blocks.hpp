@@ -35,17 +35,19 @@ class fixed_size_blocks {
     ++free_;
     owners_.note_free(o, s);
   }
-  /// Adds `count` consecutive blocks starting at `base`, owned by `s`.
-  void add_blocks(std::uintptr_t base, std::size_t count, stream_ref const& s) {
-    owner_id const o = owner_of(s);
+  /// Adds `count` consecutive blocks starting at `base`, owned by `s` (or, with
+  /// `synchronized`, usable by every stream: the caller waited for the upstream's work).
+  void add_blocks(std::uintptr_t base, std::size_t count, stream_ref const& s, bool synchronized = false) {
+    owner_id const o = synchronized ? block_pool::synchronized : owner_of(s);
     auto& stack = stacks_[o];
     stack.reserve(stack.size() + count);
     // Pushed in reverse so the lowest address is handed out first.
     for (std::size_t i = count; i-- > 0;) { stack.push_back(base + i * block_size_); }
     free_ += count;
     total_ += count;
-    owners_.note_acquired(o);
+    if (o != block_pool::synchronized) { owners_.note_acquired(o); }
   }
+  [[nodiscard]] stream_sync& sync() const noexcept { return owners_.sync(); }
   /// Synchronizes when other streams hold free blocks; then all are synchronized.
   bool synchronize_everything() {
     bool pending = false;

@@ -21,8 +21,9 @@
 ///   global arena and retries, then synchronizes the device and retries; then throws
 ///   `out_of_memory` naming the request, the arena size, its free bytes and its largest
 ///   free block.
-/// - `release()` returns wholly free superblocks to the global arena (the region itself
-///   stays until destruction). Destruction returns the region to the upstream.
+/// - `release()` returns wholly free superblocks to the global arena and, when streams
+///   other than one hold free memory, synchronizes the device so it all merges (the
+///   region itself stays until destruction). Destruction returns the region to the upstream.
 /// - A foreign or double free is a `logic_error`. Thread-safe.
 #include <cstddef>
 #include <memory>

@@ -11,7 +11,8 @@
 /// - Memory comes from the upstream in chunks of `blocks_per_chunk` blocks (the
 ///   constructor's `blocks_to_preallocate`; the first chunk is taken at construction).
 ///   When the upstream refuses, fewer blocks are asked for, down to one; then
-///   `out_of_memory` names the request, footprint and free bytes.
+///   `out_of_memory` names the request, footprint and free bytes. The first chunk is
+///   taken on the default stream, which is synchronized once so every stream may use it.
 /// - Streams: as the pool (see pool_memory_resource.hpp): a block freed on stream s is
 ///   reused on s at once; another stream takes over s's free blocks after an event wait,
 ///   recorded lazily. One stream in use: no CUDA calls.
@@ -66,7 +67,7 @@ class fixed_size_memory_resource final : public memory_resource {
 
   void* grow_and_allocate(std::size_t bytes, detail::stream_ref const& s);
   /// Takes a chunk of up to `blocks` blocks (fewer when the upstream refuses); false when none.
-  bool grow(std::size_t blocks, detail::stream_ref const& s, std::string& why);
+  bool grow(std::size_t blocks, detail::stream_ref const& s, std::string& why, bool at_construction = false);
   [[noreturn]] void reject(std::size_t bytes, std::size_t alignment) const;
   void return_all_chunks();
 

@@ -57,7 +57,8 @@ struct pool_options {
   /// contiguous range instead of staying stranded next to a growing footprint.
   /// Only chunks that need no synchronization to return are consolidated.
   bool consolidate_on_growth = true;
-  /// The stream the initial chunk is taken on (its free memory belongs to that stream).
+  /// The stream the initial chunk is taken on; it is synchronized once, after which the
+  /// chunk is usable by every stream without an event.
   stream_view initial_stream{};
   /// The seam to CUDA events; null: CUDA over device/managed/pinned memory, no-ops over
   /// host and simulated memory (see suballoc/stream_sync.hpp).
