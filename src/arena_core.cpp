@@ -244,7 +244,9 @@ std::uintptr_t arena_core::allocate_small(std::size_t size, stream_ref const& s)
 std::uintptr_t arena_core::allocate_large(std::size_t size, std::size_t alignment, stream_ref const& s) {
   for (int attempt = 0; attempt < 3; ++attempt) {
     if (attempt == 1 && reclaim() == 0) { continue; }
-    if (attempt == 2 && !synchronize_everything()) { break; }
+    // Retried even when this call found nothing to synchronize: another thread may have
+    // just done it (between our attempts), which is as good.
+    if (attempt == 2) { synchronize_everything(); }
     std::lock_guard lock{global_mutex_};
     if (std::uintptr_t const p = global_.allocate(size, alignment, s)) { return p; }
   }

@@ -33,6 +33,11 @@ void block_pool::delete_node(std::uint32_t i) noexcept {
   free_nodes_ = i;
 }
 
+void block_pool::set_exclusive(owner_id owner, bool exclusive) {
+  if (owner >= exclusive_.size()) { exclusive_.resize(std::size_t{owner} + 1, 0); }
+  exclusive_[owner] = exclusive ? 1 : 0;
+}
+
 block_pool::class_index& block_pool::index_of(owner_id owner) {
   if (owner >= indexes_.size()) { indexes_.resize(std::size_t{owner} + 1); }
   auto& slot = indexes_[owner];
@@ -139,7 +144,7 @@ std::uint32_t block_pool::coalesce(std::uint32_t b, owner_id owner, owner_id als
     if (n == npos) { return false; }
     block const& nb = at(n);
     return nb.state == state_free &&
-           (merge_any || nb.owner == result || nb.owner == also_mergeable || nb.owner == synchronized || result == synchronized);
+           (merge_any || nb.owner == result || nb.owner == also_mergeable || sync_mergeable(result, nb.owner));
   };
   auto adopt = [&](owner_id neighbour_owner) {
     // A synchronized result takes on the pending work of a stream-owned neighbour.
@@ -217,7 +222,7 @@ void block_pool::extend_chunk(chunk_id c, std::size_t bytes, owner_id owner) {
   std::uint32_t const last = rec.last;
   block& tail = at(last);
   if (tail.state == state_free &&
-      (tail.owner == owner || tail.owner == synchronized || owner == synchronized)) {
+      (tail.owner == owner || sync_mergeable(tail.owner, owner))) {
     owner_id const merged = owner != synchronized ? owner : tail.owner;
     remove_free(last);
     at(last).size += bytes;
@@ -503,7 +508,7 @@ std::string block_pool::check_invariants() const {
         if (prev != npos) {
           block const& p = at(prev);
           if (p.state == state_free &&
-              (p.owner == n.owner || p.owner == synchronized || n.owner == synchronized)) {
+              (p.owner == n.owner || sync_mergeable(p.owner, n.owner))) {
             return fail(where + ": mergeable free neighbours left unmerged");
           }
         }

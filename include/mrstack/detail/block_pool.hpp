@@ -31,7 +31,10 @@
 /// Merging rule: a freed block merges with a free neighbour when both belong to the same
 /// owner or one of them is `synchronized`; the merged block belongs to the non-synchronized
 /// owner (it inherits that stream's pending work). Blocks of two different streams never
-/// merge: neither may be used by the other stream without a wait.
+/// merge: neither may be used by the other stream without a wait. An *exclusive* owner
+/// (`set_exclusive`: a stream other streams can only wait for at great cost, such as
+/// another thread's per-thread default stream) never absorbs synchronized memory, so
+/// that memory stays available to every stream.
 ///
 /// Growth in place (for an expandable virtual-memory upstream):
 /// - `add_chunk(base, size, owner)` adds a chunk (one free block).
@@ -124,6 +127,11 @@ class block_pool {
   [[nodiscard]] std::size_t free_blocks(owner_id owner) const noexcept;
   /// Owners that currently hold free blocks are < owner_limit().
   [[nodiscard]] std::size_t owner_limit() const noexcept { return indexes_.size(); }
+  /// Marks `owner` exclusive (see the merging rule above).
+  void set_exclusive(owner_id owner, bool exclusive);
+  [[nodiscard]] bool exclusive(owner_id owner) const noexcept {
+    return owner < exclusive_.size() && exclusive_[owner] != 0;
+  }
 
   // ---- holes (in-place growth support) -------------------------------------------------
   struct range {
@@ -259,11 +267,16 @@ class block_pool {
   std::uint32_t coalesce(std::uint32_t b, owner_id owner, owner_id also_mergeable, bool merge_any = false);
   std::uint32_t withdraw(std::uint32_t b, std::size_t offset, std::size_t length);
   std::uintptr_t take(std::uint32_t b, std::size_t size, std::size_t alignment, owner_id owner);
+  /// Two different owners' free blocks may merge: one is synchronized, the other not exclusive.
+  [[nodiscard]] bool sync_mergeable(owner_id a, owner_id b) const noexcept {
+    return (a == synchronized && !exclusive(b)) || (b == synchronized && !exclusive(a));
+  }
 
   std::vector<std::unique_ptr<block[]>> pages_;
   std::uint32_t node_count_ = 0;       // nodes ever created
   std::uint32_t free_nodes_ = npos;    // free list of unused nodes (through `next`)
   std::vector<std::unique_ptr<class_index>> indexes_;
+  std::vector<std::uint8_t> exclusive_;  // per owner
   std::vector<chunk_record> chunks_;
   std::vector<chunk_id> free_chunk_slots_;
   address_map live_;                   // start address -> node, for live and withdrawn blocks

@@ -214,7 +214,11 @@ class stream_ordered_pool {
 
   /// Owner id of stream `s` (creating its slot when new).
   owner_id owner_of(stream_ref const& s) {
-    return owners_.acquire(s, [this](owner_id o) { return blocks_.free_blocks(o) != 0; });
+    owner_id const o = owners_.acquire(s, [this](owner_id x) { return blocks_.free_blocks(x) != 0; });
+    // Another thread's default stream can only be waited for through its thread (or a
+    // device synchronization): keep synchronized memory out of its hands.
+    if (blocks_.exclusive(o) != s.thread_bound) { blocks_.set_exclusive(o, s.thread_bound); }
+    return o;
   }
 
   /// Synchronizes the device when any stream holds free blocks, then makes every free
