@@ -93,6 +93,8 @@ class block_pool {
     std::size_t withdrawn_blocks = 0;
   };
   [[nodiscard]] chunk_info chunk(chunk_id c) const;
+  /// The largest chunk (or extended chunk) a pool can manage: 2^32 granules.
+  static constexpr std::size_t max_chunk_size = (std::size_t{1} << 32) * 256 - 256;
   /// Calls f(chunk_id, chunk_info) for every chunk.
   template <typename F>
   void for_each_chunk(F&& f) const {
@@ -152,7 +154,7 @@ class block_pool {
           b = node.next;
           continue;
         }
-        range const r = choose(node.addr, node.size, owner_id{node.owner});
+        range const r = choose(addr_of(node), size_of(node), owner_id{node.owner});
         if (r.length == 0) {
           b = node.next;
           continue;
@@ -193,7 +195,7 @@ class block_pool {
       if (!chunks_[c].in_use) { continue; }
       for (std::uint32_t b = chunks_[c].first; b != npos; b = at(b).next) {
         block const& node = at(b);
-        if (node.state == state_free) { f(node.addr, node.size, owner_id{node.owner}); }
+        if (node.state == state_free) { f(addr_of(node), size_of(node), owner_id{node.owner}); }
       }
     }
   }
@@ -213,9 +215,13 @@ class block_pool {
   static constexpr std::uint8_t state_withdrawn = 2;
   static constexpr std::uint8_t state_unused = 3;      // on the node free list
 
+  // 32 bytes, two to a cache line: the hot path touches a handful of nodes per call, so
+  // their size is what the per-call cost is made of once they no longer fit in cache.
+  // Addresses are the chunk's base plus an offset; sizes count 256-byte granules (a
+  // chunk holds at most 2^32 of them: 1 TiB).
   struct block {
-    std::uintptr_t addr;
-    std::size_t size;
+    std::uint32_t offset;     // from the chunk's base, in granules
+    std::uint32_t units;      // size in granules
     std::uint32_t prev;       // physical neighbours inside the chunk (npos at the ends)
     std::uint32_t next;
     std::uint32_t free_prev;  // size-class list links (free blocks only)
@@ -224,6 +230,7 @@ class block_pool {
     std::uint16_t owner;
     std::uint8_t state;
   };
+  static_assert(sizeof(block) == 32, "block nodes are meant to be two to a cache line");
 
   struct class_index {
     std::uint64_t fl_bitmap = 0;
@@ -244,6 +251,10 @@ class block_pool {
     bool in_use = false;
   };
 
+  [[nodiscard]] std::uintptr_t addr_of(block const& n) const noexcept {
+    return chunks_[n.chunk].base + std::uintptr_t{n.offset} * granularity;
+  }
+  [[nodiscard]] static std::size_t size_of(block const& n) noexcept { return std::size_t{n.units} * granularity; }
   [[nodiscard]] block& at(std::uint32_t i) noexcept { return pages_[i >> page_bits][i & ((1U << page_bits) - 1)]; }
   [[nodiscard]] block const& at(std::uint32_t i) const noexcept {
     return pages_[i >> page_bits][i & ((1U << page_bits) - 1)];
@@ -274,7 +285,7 @@ class block_pool {
 
   std::vector<std::unique_ptr<block[]>> pages_;
   std::uint32_t node_count_ = 0;       // nodes ever created
-  std::uint32_t free_nodes_ = npos;    // free list of unused nodes (through `next`)
+  std::vector<std::uint32_t> free_nodes_;  // unused node indices
   std::vector<std::unique_ptr<class_index>> indexes_;
   std::vector<std::uint8_t> exclusive_;  // per owner
   std::vector<chunk_record> chunks_;
