@@ -52,7 +52,7 @@ class arena_core {
   struct options {
     std::size_t superblock_size = std::size_t{4} << 20;
     std::size_t max_small_size = std::size_t{1} << 20;
-    std::size_t empty_superblocks_kept = 2;  ///< per stream arena, before they go back to the global arena
+    std::size_t empty_superblocks_kept = 4;  ///< per stream arena, before they go back to the global arena
   };
 
   /// Manages [base, base + size); `base` must be aligned to the superblock size.
@@ -106,7 +106,7 @@ class arena_core {
     std::vector<std::uint16_t> free_stack;
     std::vector<std::uint64_t> live_bits;
   };
-  struct stream_arena {
+  struct alignas(64) stream_arena {
     std::mutex mutex;
     stream_ref stream;
     std::array<superblock*, arena_size_classes::max_classes> lists{};  // superblocks with free blocks
