@@ -20,6 +20,13 @@ constexpr std::size_t G = 2 * MiB;
 std::byte* at(virtual_range const& r, std::size_t offset) { return r.range_base() + offset; }
 }  // namespace
 
+TEST_CASE("simulated_vmm: defaults: 2 MiB granules, 16 per physical allocation, like vmm on current GPUs") {
+  simulated_vmm_memory_resource vmm;
+  CHECK(vmm.granularity() == 2 * MiB);
+  CHECK(vmm.map_granules() == 16);
+  CHECK(vmm.range_bytes() == std::size_t{1} << 40);
+}
+
 TEST_CASE("simulated_vmm: as a plain upstream, allocations are whole granules, committed, and checked") {
   simulated_vmm_memory_resource vmm{64 * G};
   CHECK(vmm.name() == "simulated_vmm");
@@ -79,8 +86,10 @@ TEST_CASE("simulated_vmm: capacity and range exhaustion refuse with out_of_memor
   roomy.deallocate(blocks[3], G);
 }
 
+constexpr std::size_t unlimited = std::numeric_limits<std::size_t>::max();
+
 TEST_CASE("simulated_vmm: commit touches, decommit gives back only whole granules inside") {
-  simulated_vmm_memory_resource vmm{64 * G};
+  simulated_vmm_memory_resource vmm{64 * G, G, unlimited, 1};  // one granule per mapping: exact release
   CHECK_THROWS_WITH(vmm.commit(at(vmm, 0), G), Catch::Contains("without a claim"));
   vmm.claim("test");
   CHECK(vmm.claimant() == "test");
@@ -126,7 +135,7 @@ TEST_CASE("simulated_vmm: decommit of 1 byte short of a granule keeps it (the [p
 }
 
 TEST_CASE("simulated_vmm: several granules per physical allocation strand until wholly free") {
-  simulated_vmm_memory_resource vmm{64 * G, G, std::numeric_limits<std::size_t>::max(), 4};
+  simulated_vmm_memory_resource vmm{64 * G, G, unlimited, 4};
   CHECK(vmm.map_granules() == 4);
   vmm.claim("test");
   vmm.commit(at(vmm, 0), 8 * G);
@@ -144,7 +153,7 @@ TEST_CASE("simulated_vmm: several granules per physical allocation strand until 
 }
 
 TEST_CASE("simulated_vmm: a commit past capacity maps nothing new, then succeeds once room is made") {
-  simulated_vmm_memory_resource vmm{64 * G, G, 10 * G};
+  simulated_vmm_memory_resource vmm{64 * G, G, 10 * G, 1};
   vmm.claim("test");
   vmm.commit(at(vmm, 0), 6 * G);
   CHECK_THROWS_AS(vmm.commit(at(vmm, 4 * G), 8 * G), out_of_memory);  // needs 6 more, 4 left

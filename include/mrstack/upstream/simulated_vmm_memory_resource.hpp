@@ -23,12 +23,14 @@ class simulated_vmm_memory_resource final : public virtual_range_resource, priva
  public:
   static constexpr std::size_t default_granularity = std::size_t{2} << 20;  // what current GPUs use
   static constexpr std::size_t default_reserve = std::size_t{1} << 40;      // 1 TiB of addresses
+  /// As vmm's default, so a replay here counts the driver calls the device would make.
+  static constexpr std::size_t default_map_granules = 16;
 
   /// `reserve_bytes` is rounded up to `granularity` (a power of two, at least 256 B).
   explicit simulated_vmm_memory_resource(std::size_t reserve_bytes = default_reserve,
                                          std::size_t granularity = default_granularity,
                                          std::size_t capacity = std::numeric_limits<std::size_t>::max(),
-                                         std::size_t map_granules = 1);
+                                         std::size_t map_granules = default_map_granules);
   ~simulated_vmm_memory_resource() override;
 
   [[nodiscard]] std::size_t capacity() const noexcept { return capacity_; }

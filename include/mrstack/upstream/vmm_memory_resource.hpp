@@ -11,8 +11,8 @@
 ///   `cuda_error` naming the reason when it cannot — including a device or driver without
 ///   virtual memory management (CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED).
 /// - The granularity is the driver's minimum for device memory (2 MiB on current GPUs).
-///   `map_granules` granules share one physical allocation (see granule_map.hpp: 1 gives
-///   exact release, larger values fewer driver calls). Physical memory is made
+///   Up to `map_granules` granules share one physical allocation (see granule_map.hpp: 1
+///   gives exact release, larger values fewer driver calls). Physical memory is made
 ///   read-write for `device` only.
 /// - Running out of device memory throws `out_of_memory` with the device's free memory.
 /// - Giving memory back (decommit, deallocate) first waits for all work on the device's
@@ -31,8 +31,15 @@ namespace mrstack {
 
 class vmm_memory_resource final : public virtual_range_resource, private detail::granule_backend {
  public:
+  /// Granules per physical allocation by default: 16 (32 MiB on current GPUs). Replaying a
+  /// ResNet-50 training log, 16 made 8x fewer driver calls than 1 at the same peak
+  /// footprint; it only coarsens what a release can give back while blocks stay live
+  /// (docs/vmm.md).
+  static constexpr std::size_t default_map_granules = 16;
+
   /// `reserve_bytes` 0: twice the device's total memory. `device` -1: the current device.
-  explicit vmm_memory_resource(std::size_t reserve_bytes = 0, std::size_t map_granules = 1, int device = -1);
+  explicit vmm_memory_resource(std::size_t reserve_bytes = 0, std::size_t map_granules = default_map_granules,
+                               int device = -1);
   ~vmm_memory_resource() override;
 
   [[nodiscard]] int device() const noexcept;
