@@ -141,6 +141,7 @@ TEST_CASE("in_place_growth: release gives back exactly the granules no live bloc
   pool.deallocate(blocks[39]);
   std::size_t const given_back = pool.growth.release(pool.core);
   CHECK(given_back > 0);
+  CHECK(pool.core.releases_prepared == 1);  // the core got to wait for in-flight work first
   pool.check_exact();
   pool.check_consistent();
   CHECK(pool.vmm.mapped_bytes() == pool.vmm.committed_bytes());

@@ -125,6 +125,10 @@ class reference_core {
     }
   }
 
+  /// Counts the calls: a stream-ordered core synchronizes here.
+  void before_release() noexcept { ++releases_prepared; }
+  std::size_t releases_prepared = 0;
+
   [[nodiscard]] std::size_t free_bytes() const noexcept { return free_; }
   [[nodiscard]] std::size_t live_bytes() const noexcept { return live_; }
   [[nodiscard]] std::size_t withdrawn_bytes() const noexcept { return withdrawn_; }

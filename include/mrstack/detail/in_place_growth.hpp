@@ -26,8 +26,10 @@
 /// The core (block_pool) must offer: add_chunk(base, size, owner) -> chunk id,
 /// extend_chunk(chunk, bytes, owner), withdraw_free_ranges(choose) with
 /// choose(address, size, owner) -> Core::range{offset, length}, restore(address, owner),
-/// for_each_free_block(f) with f(address, size, owner), free_bytes(), and the constants
-/// Core::granularity (its unit) and Core::synchronized (the owner that merges with any). Sizes and addresses given to it are multiples of the range's granularity.
+/// for_each_free_block(f) with f(address, size, owner), free_bytes(), before_release()
+/// (called first in every release: a stream-ordered core waits there for the work queued
+/// on the streams that freed its blocks), and the constants Core::granularity (its unit)
+/// and Core::synchronized (the owner that merges with any). Sizes and addresses given to it are multiples of the range's granularity.
 /// Not thread-safe: the pool calls it under its own lock.
 #include <algorithm>
 #include <cstddef>
@@ -133,6 +135,9 @@ class in_place_growth {
   /// Withdraws every whole granule inside a free block of `core` and decommits it.
   /// Returns the bytes given back.
   std::size_t release(Core& core) {
+    // Free blocks may still be in use by work queued on the streams that freed them:
+    // the core waits for that before their granules are unmapped or handed to another stream.
+    core.before_release();
     ++releases_;
     withdrawn_.clear();
     std::size_t const g = granularity_;
@@ -158,8 +163,8 @@ class in_place_growth {
 
   /// Call after each deallocate: releases when free bytes passed the threshold. O(1) when not.
   void after_deallocate(Core& core) {
-    std::size_t const free_now = core.free_bytes();
     if (threshold_ == std::numeric_limits<std::size_t>::max()) { return; }
+    std::size_t const free_now = core.free_bytes();
     if (free_now > threshold_ && free_now - threshold_ > unreleasable_) { release(core); }
   }
 
