@@ -4,11 +4,11 @@
 // fragments, releases and refills it, and the return to the starting free memory.
 #include <catch2/catch.hpp>
 
-#include <mrstack/detail/in_place_growth.hpp>
 #include <mrstack/stream.hpp>
+#include <mrstack/suballoc/pool_memory_resource.hpp>
 #include <mrstack/upstream/vmm_memory_resource.hpp>
 
-#include <reference_core.hpp>
+#include <memory>
 
 #include <algorithm>
 #include <cmath>
@@ -54,30 +54,6 @@ bool holds_pattern(void const* p, std::size_t bytes, unsigned char value, std::s
                               cudaMemcpyDeviceToHost));
   return std::all_of(host.begin(), host.end(), [&](unsigned char c) { return c == value; });
 }
-
-// The pool-like layer the issue asks for, at its smallest: the reference core grown in
-// place over vmm by the same policy the pool uses.
-struct vmm_pool {
-  vmm_memory_resource& vmm;
-  test::reference_core core;
-  detail::in_place_growth<test::reference_core> growth;
-  vmm_pool(vmm_memory_resource& v, detail::in_place_growth_options const& options)
-      : vmm{v}, growth{v, "gpu test pool", options} {}
-  void* allocate(std::size_t bytes) {
-    std::size_t const size = detail::align_up(bytes, 256);
-    std::uintptr_t p = core.allocate(size, 256, 0);
-    if (p == 0) {
-      growth.grow(core, size, 256, 0);
-      p = core.allocate(size, 256, 0);
-    }
-    REQUIRE(p != 0);
-    return reinterpret_cast<void*>(p);
-  }
-  void deallocate(void* p) {
-    REQUIRE(core.deallocate(reinterpret_cast<std::uintptr_t>(p), 0) != 0);
-    growth.after_deallocate(core);
-  }
-};
 
 }  // namespace
 
@@ -166,16 +142,18 @@ TEST_CASE("vmm: memory cannot go through cudaIpcGetMemHandle, and IPC paths can 
   vmm.deallocate(p, MiB);
 }
 
-TEST_CASE("vmm: a pool grown in place fills over half the device in fragments, keeps data, and gives it all back") {
+TEST_CASE("pool > vmm: fills over half the device in fragments, keeps data, follows live bytes, gives it all back") {
   std::size_t const start_free = device_free();
   std::size_t const target = start_free / 100 * 55;
   std::size_t const slack = 64 * MiB;  // the driver's own bookkeeping (page tables) may move by this much
   std::mt19937_64 rng{2024};
   stream s;
   {
-    vmm_memory_resource vmm;
+    auto const vmm_ptr = std::make_shared<vmm_memory_resource>();
+    vmm_memory_resource& vmm = *vmm_ptr;
     std::size_t const g = vmm.granularity();
-    vmm_pool pool{vmm, {}};
+    pool_memory_resource pool{vmm_ptr};
+    REQUIRE(pool.grows_in_place());
     struct fragment {
       void* p;
       std::size_t bytes;
@@ -185,7 +163,7 @@ TEST_CASE("vmm: a pool grown in place fills over half the device in fragments, k
     std::size_t live_bytes = 0;
     std::size_t counter = 0;
     auto add = [&](std::size_t bytes) {
-      void* p = pool.allocate(bytes);
+      void* p = pool.allocate(bytes, s);
       unsigned char const v = pattern_of(counter++);
       MRSTACK_CUDA_TRY(cudaMemsetAsync(p, v, bytes, s.view().value()));
       live.push_back({p, bytes, v});
@@ -213,17 +191,20 @@ TEST_CASE("vmm: a pool grown in place fills over half the device in fragments, k
     CHECK(used_by_driver() <= vmm.mapped_bytes() + slack);
     // ... and grown in place, the pool commits no more than the live bytes plus rounding.
     CHECK(vmm.committed_bytes() <= detail::align_up(live_bytes, g) + live.size() * 256 + g);
+    CHECK(pool.chunk_count() == 1);
 
     // 2. Free 60% in random order, release: the footprint follows the live bytes.
     std::shuffle(live.begin(), live.end(), rng);
     while (live.size() > 0 && live.size() * 10 > counter * 4) {
-      pool.deallocate(live.back().p);
+      pool.deallocate(live.back().p, live.back().bytes, s);
       live_bytes -= live.back().bytes;
       live.pop_back();
     }
     std::size_t const before_release = used_by_driver();
     std::size_t const mapped_before = vmm.mapped_bytes();
-    std::size_t const given_back = pool.growth.release(pool.core);
+    std::size_t const committed_before = vmm.committed_bytes();
+    pool.release();
+    std::size_t const given_back = committed_before - vmm.committed_bytes();
     std::printf("freed to %zu fragments (%.2f GiB live); release decommitted %.2f GiB and unmapped %.2f GiB; %.2f GiB "
                 "committed, %.2f GiB mapped, driver reports %.2f GiB used\n",
                 live.size(), static_cast<double>(live_bytes) / (1 << 30), static_cast<double>(given_back) / (1 << 30),
@@ -237,22 +218,22 @@ TEST_CASE("vmm: a pool grown in place fills over half the device in fragments, k
     CHECK(all_intact() == 0);  // releasing never touched a live byte
 
     // 3. Refill to 55%: holes are reused, data stays intact.
-    std::size_t const frontier = pool.growth.frontier_bytes();
+    std::size_t const grown_before = pool.stats().upstream_allocations;
     while (live_bytes < target) {
       double const exponent = std::uniform_real_distribution<double>{10.0, 24.0}(rng);
       add(static_cast<std::size_t>(std::exp2(exponent)));
     }
-    std::printf("refilled: %zu fragments; frontier moved %.2f GiB; %.2f GiB committed\n", live.size(),
-                static_cast<double>(pool.growth.frontier_bytes() - frontier) / (1 << 30),
-                static_cast<double>(vmm.committed_bytes()) / (1 << 30));
+    std::printf("refilled: %zu fragments; %zu growths; %.2f GiB committed, %.2f GiB live\n", live.size(),
+                pool.stats().upstream_allocations - grown_before, static_cast<double>(vmm.committed_bytes()) / (1 << 30),
+                static_cast<double>(live_bytes) / (1 << 30));
     CHECK(all_intact() == 0);
     CHECK(used_by_driver() <= vmm.mapped_bytes() + slack);
 
     // 4. Free everything in random order and release: back to where the device started.
     std::shuffle(live.begin(), live.end(), rng);
-    for (auto const& f : live) { pool.deallocate(f.p); }
+    for (auto const& f : live) { pool.deallocate(f.p, f.bytes, s); }
     live.clear();
-    pool.growth.release(pool.core);
+    pool.release();
     CHECK(vmm.committed_bytes() == 0);
     CHECK(vmm.mapped_bytes() == 0);
     std::size_t const end_free = device_free();

@@ -230,7 +230,9 @@ class in_place_growth {
     }
     std::uintptr_t block_start = base_ + start;
     core.for_each_free_block([&](std::uintptr_t address, std::size_t size, auto block_owner) {
-      if (address + size == base_ + start && (block_owner == owner || block_owner == Core::synchronized)) {
+      // The core's merge rule: same owner, or either side synchronized.
+      bool const merges = block_owner == owner || block_owner == Core::synchronized || owner == Core::synchronized;
+      if (address + size == base_ + start && merges) {
         block_start = address;
       }
     });
