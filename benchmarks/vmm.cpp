@@ -146,7 +146,9 @@ void BM_pool_random(benchmark::State& state, upstream_kind kind) {
     ++i;
   };
   for (std::size_t k = 0; k < 4 * ops; ++k) { step(); }  // warm: the pool has grown to the working set
+  std::size_t const growths = pool.stats().upstream_allocations;
   for (auto _ : state) { step(); }
+  state.counters["growths_while_timed"] = static_cast<double>(pool.stats().upstream_allocations - growths);
   state.counters["ns_per_call"] = benchmark::Counter(static_cast<double>(state.iterations()),
                                                      benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
   state.counters["pool_MiB"] = static_cast<double>(pool.pool_size()) / MiB;
