@@ -22,14 +22,28 @@
 
 namespace mrstack::detail {
 
-std::size_t capture_stack(void** frames, std::size_t max_frames, std::size_t skip) noexcept {
+[[gnu::noinline]] std::size_t capture_stack(void** frames, std::size_t max_frames, std::size_t skip) noexcept {
   constexpr std::size_t local_max = 128;
   void* local[local_max];
-  std::size_t const want = std::min(local_max, max_frames + skip + 1);
+  // Unwinding costs per frame: ask only for what is kept, plus room for our own frame
+  // and any wrapper around backtrace().
+  std::size_t const want = std::min(local_max, max_frames + skip + 4);
   int const got = ::backtrace(local, static_cast<int>(want));
-  std::size_t const first = skip + 1;  // +1: this function
-  if (got <= 0 || static_cast<std::size_t>(got) <= first) { return 0; }
-  std::size_t const n = std::min(max_frames, static_cast<std::size_t>(got) - first);
+  if (got <= 0) { return 0; }
+  auto const count = static_cast<std::size_t>(got);
+  // Start at our caller: find the frame that returns into it. Counting frames instead
+  // would be thrown off by whatever wraps backtrace() (sanitizers intercept it).
+  void* const caller = __builtin_return_address(0);
+  std::size_t first = 1;
+  for (std::size_t i = 0; i < count; ++i) {
+    if (local[i] == caller) {
+      first = i;
+      break;
+    }
+  }
+  first += skip;
+  if (first >= count) { return 0; }
+  std::size_t const n = std::min(max_frames, count - first);
   std::copy_n(local + first, n, frames);
   return n;
 }
