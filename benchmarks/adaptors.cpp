@@ -2,10 +2,12 @@
 // over the same base resource, bare or under one adaptor, so the difference is the
 // adaptor's overhead. The base is the pool over the simulated upstream when the pool is
 // built (a fast, realistic layer to sit on), else the system upstream. Memory is never
-// touched, so no device is needed.
+// touched, so no device is needed — unless MRSTACK_BENCH_DEVICE=1, which puts the pool
+// over cudaMalloc on the current device (skipped, saying so, without one).
 //
 //   bench_adaptors --benchmark_min_time=0.2
 //   bench_adaptors --benchmark_filter='/threads:2'   # contention with two threads
+//   MRSTACK_BENCH_DEVICE=1 bench_adaptors            # over pool > cuda
 #include <benchmark/benchmark.h>
 
 #include <mrstack/adaptor/aligned_resource_adaptor.hpp>
@@ -15,6 +17,7 @@
 #include <mrstack/adaptor/statistics_resource_adaptor.hpp>
 #include <mrstack/adaptor/thread_safe_resource_adaptor.hpp>
 #include <mrstack/adaptor/tracking_resource_adaptor.hpp>
+#include <mrstack/upstream/cuda_memory_resource.hpp>
 #include <mrstack/upstream/simulated_memory_resource.hpp>
 #include <mrstack/upstream/system_memory_resource.hpp>
 
@@ -26,22 +29,50 @@
 #endif
 
 #include <chrono>
+#include <cstdlib>
 #include <memory>
 
 namespace {
 
 using mrstack::resource_ptr;
 
+bool on_device() {
+  char const* v = std::getenv("MRSTACK_BENCH_DEVICE");
+  return v != nullptr && *v != '\0' && *v != '0';
+}
+
+bool have_device() {
+  int n = 0;
+  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+}
+
 resource_ptr make_base() {
+  resource_ptr bottom;
+  if (on_device()) {
+    bottom = std::make_shared<mrstack::cuda_memory_resource>();
+  } else {
+    bottom = std::make_shared<mrstack::simulated_memory_resource>();
+  }
 #if MRSTACK_BENCH_HAVE_POOL
-  return std::make_shared<mrstack::pool_memory_resource>(std::make_shared<mrstack::simulated_memory_resource>(),
-                                                         std::size_t{256} << 20);
+  return std::make_shared<mrstack::pool_memory_resource>(std::move(bottom), std::size_t{256} << 20);
 #else
-  return std::make_shared<mrstack::system_memory_resource>();
+  return on_device() ? bottom : std::make_shared<mrstack::system_memory_resource>();
 #endif
 }
 
-char const* base_name() { return MRSTACK_BENCH_HAVE_POOL ? "pool>simulated" : "system"; }
+char const* base_name() {
+  if (on_device()) { return MRSTACK_BENCH_HAVE_POOL ? "pool>cuda" : "cuda"; }
+  return MRSTACK_BENCH_HAVE_POOL ? "pool>simulated" : "system";
+}
+
+/// False (and the benchmark marked skipped) when the device base is asked for without a device.
+bool base_available(benchmark::State& state) {
+  if (on_device() && !have_device()) {
+    state.SkipWithError("no CUDA device");
+    return false;
+  }
+  return true;
+}
 
 // Shared by the threads of one benchmark: thread 0 builds it before the timed loop (whose
 // start is a barrier for all threads) and drops it after (the end is a barrier too).
@@ -49,6 +80,7 @@ resource_ptr shared_resource;
 
 template <typename Make>
 void allocate_free_pair(benchmark::State& state, Make make) {
+  if (!base_available(state)) { return; }
   if (state.thread_index() == 0) {
     shared_resource = make(make_base());
     state.SetLabel(mrstack::describe_stack(*shared_resource) + " (base " + base_name() + ")");
@@ -124,6 +156,7 @@ void BM_retry(benchmark::State& s) {
 // burst is outside the timing. Compare with BM_logging_async, which is the sustained
 // rate: there the writer thread's formatting bounds the pace once the ring is full.
 void BM_logging_async_burst(benchmark::State& state) {
+  if (!base_available(state)) { return; }
   auto base = make_base();
   mrstack::logging_resource_adaptor log{base, "/dev/null", false, true};
   state.SetLabel(mrstack::describe_stack(log) + " (base " + base_name() + ")");
