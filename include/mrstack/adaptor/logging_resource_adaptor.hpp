@@ -22,7 +22,8 @@
 /// Ordering: an allocation is logged after the upstream returned it and a free before it
 /// is forwarded, so in file order a pointer's `free` always precedes its reuse by any
 /// thread: the file is a valid serial history. Rows from many threads never interleave
-/// within a line (each write to a sink is whole lines under the sink's lock).
+/// within a line (each write to a sink is whole lines under the sink's lock). A free that
+/// a checking layer below rejects is still logged: the row records the call.
 ///
 /// Modes:
 /// - synchronous (default): the calling thread formats its row and writes it through
@@ -38,7 +39,7 @@
 ///
 /// Output goes to a file (truncated; the path defaults from `MRSTACK_LOG_FILE`), to a
 /// `std::ostream` (which must outlive the adaptor) or to any spdlog sinks (use their
-/// `_mt` variants if they are shared with other loggers).
+/// `_mt` variants; the adaptor sets their pattern to `%v`, as RMM's does).
 ///
 /// Thread-safe. `name()` is "logging". `free_bytes_held`/`release` go to the upstream.
 #include <cstddef>
