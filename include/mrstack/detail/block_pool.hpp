@@ -20,8 +20,8 @@
 /// - Each owner has a two-level segregated-fit index (TLSF): 64 first-level classes by
 ///   power of two of the size, each split into 32 linear second-level classes, with one
 ///   bitmap word per level. Finding a free block that fits is two find-first-set
-///   instructions. Good fit, not just first fit: the request's own class is scanned for a
-///   few entries (`exact_class_scan`) before falling back to the next larger non-empty
+///   instructions. Good fit, not just first fit: the request's own class is looked at for
+///   its first entries (`exact_class_scan`) before falling back to the next larger non-empty
 ///   class (every block there fits; sizes within a class differ by at most 1/32, so the
 ///   waste of a split is bounded and the remainder stays free).
 /// - Live (and withdrawn) blocks are found by address through `address_map`, an
@@ -68,9 +68,11 @@ class block_pool {
   static constexpr owner_id synchronized = 0;
   static constexpr std::uint32_t npos = 0xffffffffU;
   /// How many blocks of the request's own size class are looked at for a better fit
-  /// before taking the next larger class. Small: bounds the cost, still catches the
-  /// common case of a freed block of exactly the size asked for again.
-  static constexpr int exact_class_scan = 8;
+  /// before taking the next larger class. Each one is a dependent (usually cold) load,
+  /// so this is kept tiny: the list head is the block freed last, which catches the
+  /// common case of a size freed and asked for again (measured: 2 costs no more than 0
+  /// at 1e5 live blocks, 8 costs ~1.6x; the ResNet-50 footprint is the same for all).
+  static constexpr int exact_class_scan = 2;
 
   block_pool();
   ~block_pool();
