@@ -22,6 +22,7 @@
 #include <atomic>
 #include <chrono>
 #include <map>
+#include <mutex>
 #include <string>
 #include <thread>
 
@@ -72,10 +73,12 @@ void run(benchmark::State& state, std::string const& name, bool device) {
   }
   std::size_t calls = 0;
   for (auto const& s : seqs) { calls += s.ops.size(); }
+  std::string error;
   auto run_once = [&]() -> double {
     std::atomic<std::size_t> ready{0};
     std::atomic<bool> go{false};
     std::atomic<bool> failed{false};
+    std::mutex error_mutex;
     std::vector<std::thread> workers;
     std::vector<std::chrono::steady_clock::time_point> ends(threads);
     for (std::size_t t = 0; t < threads; ++t) {
@@ -85,8 +88,9 @@ void run(benchmark::State& state, std::string const& name, bool device) {
         while (!go.load(std::memory_order_acquire)) {}
         try {
           bench::replay(*mr, seqs[t], ptrs, stream_view::per_thread());
-        } catch (...) {
-          failed = true;
+        } catch (std::exception const& e) {
+          std::lock_guard lock{error_mutex};
+          if (!failed.exchange(true)) { error = e.what(); }
         }
         ends[t] = std::chrono::steady_clock::now();
       });
@@ -100,13 +104,13 @@ void run(benchmark::State& state, std::string const& name, bool device) {
     return std::chrono::duration<double>(end - start).count();
   };
   if (name != "cuda" && run_once() < 0) {  // warm up
-    state.SkipWithError("a thread's allocation failed");
+    state.SkipWithError(("a thread's call failed: " + error).c_str());
     return;
   }
   for (auto _ : state) {
     double const seconds = run_once();
     if (seconds < 0) {
-      state.SkipWithError("a thread's allocation failed");
+      state.SkipWithError(("a thread's call failed: " + error).c_str());
       return;
     }
     state.SetIterationTime(seconds);
