@@ -1,15 +1,55 @@
 #include <mrstack/detail/stream_ordering.hpp>
 
 #include <atomic>
+#include <mutex>
+#include <unordered_set>
 #include <stdexcept>
 #include <string>
 
 namespace mrstack::detail {
 
+namespace {
+
+// Keys of threads that have exited: their per-thread default streams get no more work,
+// so their free memory can be taken over whole. Leaked on purpose: threads may exit
+// after static destruction.
+std::mutex& exited_mutex() {
+  static auto* m = new std::mutex;
+  return *m;
+}
+std::unordered_set<std::uintptr_t>& exited_threads() {
+  static auto* keys = new std::unordered_set<std::uintptr_t>;
+  return *keys;
+}
+
+struct thread_identity {
+  std::uintptr_t key;
+  thread_identity() {
+    static std::atomic<std::uintptr_t> next_thread{1};
+    key = (next_thread.fetch_add(1, std::memory_order_relaxed) << 1) | 1U;
+  }
+  thread_identity(thread_identity const&) = delete;
+  thread_identity& operator=(thread_identity const&) = delete;
+  ~thread_identity() {
+    try {
+      std::lock_guard lock{exited_mutex()};
+      exited_threads().insert(key);
+    } catch (...) {
+      // Without the note the thread's memory is still reachable, one block at a time.
+    }
+  }
+};
+
+}  // namespace
+
 std::uintptr_t this_thread_key() noexcept {
-  static std::atomic<std::uintptr_t> next_thread{1};
-  thread_local std::uintptr_t const key = (next_thread.fetch_add(1, std::memory_order_relaxed) << 1) | 1U;
-  return key;
+  thread_local thread_identity const identity;
+  return identity.key;
+}
+
+bool thread_has_exited(std::uintptr_t key) {
+  std::lock_guard lock{exited_mutex()};
+  return exited_threads().count(key) != 0;
 }
 
 // ---- stream_owners ------------------------------------------------------------------------
@@ -40,7 +80,7 @@ owner_id stream_owners::install(stream_ref const& s, owner_id reuse) {
   sl.ref = s;
   sl.in_use = true;
   sl.dirty = false;
-  sl.recorded = false;
+  sl.cover = 0;
   sl.wanted = false;
   by_key_.insert(s.key, o);
   return o;
@@ -60,15 +100,15 @@ void stream_owners::record_now(slot& sl, stream_ref const& s) {
   if (sync_->record(sl.event, s.handle)) {
     ++records_;
     sl.dirty = false;
-    sl.recorded = true;
+    sl.cover = sl.event;
   }
 }
 
 stream_owners::handover stream_owners::hand_over(owner_id from, stream_ref const& to) {
   slot& f = slots_[from];
-  if (!f.dirty && f.recorded) {
-    // Every block `from` holds was freed before its last record: waiting on it is enough.
-    sync_->wait(to.handle, f.event);
+  if (!f.dirty && f.cover != 0) {
+    // Every block `from` holds was freed before that record: waiting on it is enough.
+    sync_->wait(to.handle, f.cover);
     ++waits_;
     f.wanted = false;
     return handover::ready;
@@ -84,6 +124,8 @@ stream_owners::handover stream_owners::hand_over(owner_id from, stream_ref const
       return handover::everything_synchronized;
     }
     ++records_;
+    f.dirty = false;
+    f.cover = barrier_event_;  // re-recorded later only ever covers more
     sync_->wait(to.handle, barrier_event_);
     ++waits_;
     return handover::ready;
@@ -95,7 +137,7 @@ stream_owners::handover stream_owners::hand_over(owner_id from, stream_ref const
   }
   ++records_;
   f.dirty = false;
-  f.recorded = true;
+  f.cover = f.event;
   f.wanted = false;
   sync_->wait(to.handle, f.event);
   ++waits_;
@@ -137,6 +179,12 @@ std::uintptr_t stream_ordered_pool::allocate_from_other_streams(std::size_t size
     if (t == o || !blocks_.can_allocate(size, alignment, t)) { continue; }
     switch (owners_.hand_over(t, s)) {
       case stream_owners::handover::ready:
+        if (owners_.ref(t).thread_bound && !thread_has_exited(owners_.ref(t).key)) {
+          // Another thread's cache: take just the block needed, leave the rest to it
+          // (moving it all would have the two threads pass their memory back and forth).
+          if (std::uintptr_t const a = blocks_.allocate(size, alignment, t)) { return a; }
+          break;
+        }
         blocks_.transfer(t, o);
         owners_.note_acquired(o);
         if (std::uintptr_t const a = blocks_.allocate(size, alignment, o)) { return a; }

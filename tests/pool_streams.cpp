@@ -15,6 +15,7 @@
 #include <iterator>
 #include <map>
 #include <random>
+#include <thread>
 #include <vector>
 
 using namespace mrstack;
@@ -266,4 +267,25 @@ TEST_CASE("pool streams: a stream that can no longer record falls back to synchr
   CHECK(core.allocate(4 * MiB, 256, b) == p);
   CHECK(fake->sync_alls == 1);
   CHECK(fake->ordered_after(b.handle, a.handle, clock));
+}
+
+TEST_CASE("pool streams: an exited thread's free memory is taken over whole, with one ordering point") {
+  auto fake = std::make_shared<fake_stream_sync>();
+  auto sim = std::make_shared<simulated_memory_resource>();
+  pool_options options;
+  options.stream_sync = fake;
+  pool_memory_resource pool{sim, 0, std::nullopt, options};
+  std::thread worker{[&] {
+    std::vector<void*> blocks;
+    for (int i = 0; i < 100; ++i) { blocks.push_back(pool.allocate(64 * KiB, stream_view::per_thread())); }
+    for (void* p : blocks) { pool.deallocate(p, 64 * KiB, stream_view::per_thread()); }
+  }};
+  worker.join();
+  std::size_t const size_before = pool.pool_size();
+  std::vector<void*> mine;
+  for (int i = 0; i < 100; ++i) { mine.push_back(pool.allocate(64 * KiB, stream_view::per_thread())); }
+  CHECK(fake->records == 1);  // one event on the legacy stream covers the exited thread's work
+  CHECK(fake->waits == 1);    // and everything it held moved over at once
+  CHECK(pool.pool_size() == size_before);
+  for (void* p : mine) { pool.deallocate(p, 64 * KiB, stream_view::per_thread()); }
 }

@@ -116,6 +116,9 @@ class fixed_size_blocks {
       if (t == o || stacks_[t].empty()) { continue; }
       switch (owners_.hand_over(t, s)) {
         case stream_owners::handover::ready:
+          if (owners_.ref(t).thread_bound && !thread_has_exited(owners_.ref(t).key)) {
+            return pop(t);  // a live thread's cache: take one block
+          }
           move_all(t, o);
           owners_.note_acquired(o);
           return pop(o);

@@ -65,6 +65,8 @@ struct stream_ref {
 /// A key unique to the calling thread, never reused by a later thread (odd, so it cannot
 /// equal a stream handle, which is an aligned pointer, or 0).
 std::uintptr_t this_thread_key() noexcept;
+/// True once the thread with that key has exited (its default stream gets no more work).
+bool thread_has_exited(std::uintptr_t key);
 /// Where the ordering logic asks "which thread is calling?" (tests simulate threads).
 using thread_key_fn = std::uintptr_t (*)() noexcept;
 
@@ -143,7 +145,7 @@ class stream_owners {
     stream_sync::handle event = 0;
     bool in_use = false;
     bool dirty = false;     // freed into since the event was last recorded
-    bool recorded = false;  // the event holds a record
+    stream_sync::handle cover = 0;  // an event recorded after every free `dirty` does not flag
     bool wanted = false;    // another thread asked this thread-bound stream to record
   };
 
@@ -180,7 +182,9 @@ class stream_ordered_pool {
   explicit stream_ordered_pool(std::shared_ptr<stream_sync> sync, thread_key_fn thread_key = &this_thread_key);
 
   /// A block for stream `s`: from s's own free blocks, then synchronized ones, then
-  /// blocks taken over from other streams (with an event wait). 0 when nothing fits: the
+  /// blocks taken over from other streams (with an event wait: all of another stream's
+  /// free blocks move to s; from a live thread's default stream only the block needed,
+  /// so threads do not pass their caches back and forth; an exited thread's all). 0 when nothing fits: the
   /// caller grows or gives up. With a single stream this makes no `stream_sync` calls.
   std::uintptr_t allocate(std::size_t size, std::size_t alignment, stream_ref const& s) {
     owner_id const o = owner_of(s);
