@@ -19,8 +19,9 @@
 ///   of different streams never merge. With one stream in use the pool makes no CUDA
 ///   call per allocate or deallocate. Per-thread default streams are told apart by
 ///   thread. Rules in detail: detail/stream_ordering.hpp.
-/// - Growth: when nothing fits (after taking over what other streams hold), the pool asks
-///   its upstream for a chunk of max(request, pool_size / growth_divisor,
+/// - Growth: when nothing fits (after taking over what other streams hold), the pool
+///   returns wholly free chunks (folding their bytes into the new one) and asks its
+///   upstream for a chunk of max(request, pool_size / growth_divisor,
 ///   minimum_growth), rounded up to growth_granularity and capped by the maximum; when the
 ///   upstream refuses it tries smaller sizes down to the request, then synchronizes and
 ///   returns wholly free chunks, and only then throws. The default policy holds the peak
