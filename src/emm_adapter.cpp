@@ -9,6 +9,8 @@
 #include <cudaTypedefs.h>    // PFN_* signatures of the driver entry points
 #include <unistd.h>
 
+#include "device_scope.hpp"
+
 namespace mrstack::emm {
 
 namespace {
@@ -66,31 +68,9 @@ driver_api const& driver() {
                      static_cast<int>(code));
 }
 
-// Makes `device` current for a scope when it is not already (restores the previous one).
-class device_scope {
- public:
-  explicit device_scope(int device) {
-    if (cudaGetDevice(&previous_) != cudaSuccess) {
-      (void)cudaGetLastError();
-      previous_ = -1;
-      return;
-    }
-    if (previous_ != device) { MRSTACK_CUDA_TRY(cudaSetDevice(device)); }
-    else { previous_ = -1; }
-  }
-  ~device_scope() {
-    if (previous_ >= 0) { MRSTACK_CUDA_ASSERT_NOEXCEPT(cudaSetDevice(previous_)); }
-  }
-  device_scope(device_scope const&) = delete;
-  device_scope& operator=(device_scope const&) = delete;
-
- private:
-  int previous_ = -1;
-};
-
 memory_info default_memory_info(int device, memory_kind kind) {
   if (kind == memory_kind::device || kind == memory_kind::managed) {
-    device_scope scope{device};
+    detail::device_scope scope{device};
     memory_info info;
     MRSTACK_CUDA_TRY(cudaMemGetInfo(&info.free, &info.total));
     return info;
@@ -208,7 +188,7 @@ ipc_handle adapter::get_ipc_handle(void const* ptr) const {
   }
   if (ptr == nullptr) { throw logic_error("emm::adapter::get_ipc_handle: the pointer is null"); }
   driver_api const& api = driver();
-  device_scope scope{options_.device};
+  detail::device_scope scope{options_.device};
   auto const address = static_cast<CUdeviceptr>(reinterpret_cast<std::uintptr_t>(ptr));
   int capable = 0;
   if (CUresult const r = api.pointer_get_attribute(&capable, CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE, address);
