@@ -311,3 +311,28 @@ TEST_CASE("c api: many threads allocate and free through one stack; the books ba
   CHECK(total_allocations == 8 * 2000);
   CHECK(mrstack_stack_destroy(sys) == MRSTACK_SUCCESS);
 }
+
+TEST_CASE("c api: the last failure's status is kept for calls that return a token or a pointer") {
+  auto* sys = make("system");
+  std::uint64_t ptr = 0;
+  CHECK(mrstack_emm_memalloc_token(sys, std::size_t{1} << 62, MRSTACK_CLIENT_NUMBA, &ptr) == 0);
+  CHECK(mrstack_last_error_status() == MRSTACK_ERROR_OUT_OF_MEMORY);
+  CHECK(mrstack_emm_memalloc_token(sys, 16, 42, &ptr) == 0);
+  CHECK(mrstack_last_error_status() == MRSTACK_ERROR_INVALID_ARGUMENT);
+  CHECK(mrstack_stack_destroy(sys) == MRSTACK_SUCCESS);
+}
+
+TEST_CASE("c api: memalloc_pair returns pointer and token together, token 0 on failure") {
+  auto* sys = make("system");
+  auto a = mrstack_emm_memalloc_pair(sys, 1024, MRSTACK_CLIENT_NUMBA);
+  CHECK(a.token != 0);
+  CHECK(a.ptr != 0);
+  std::memset(reinterpret_cast<void*>(a.ptr), 0, 1024);
+  CHECK(stats(sys).clients[MRSTACK_CLIENT_NUMBA].live_bytes == 1024);
+  CHECK(mrstack_emm_free(sys, a.token) == 1);
+  auto bad = mrstack_emm_memalloc_pair(sys, std::size_t{1} << 62, MRSTACK_CLIENT_NUMBA);
+  CHECK(bad.token == 0);
+  CHECK(bad.ptr == 0);
+  CHECK(mrstack_last_error_status() == MRSTACK_ERROR_OUT_OF_MEMORY);
+  CHECK(mrstack_stack_destroy(sys) == MRSTACK_SUCCESS);
+}

@@ -103,6 +103,8 @@ MRSTACK_C_EXPORT int mrstack_c_api_version(void);
 MRSTACK_C_EXPORT const char* mrstack_last_error(void);
 /* 1-based column of the last spec error on this thread; 0 when the last error was not one. */
 MRSTACK_C_EXPORT size_t mrstack_last_error_column(void);
+/* The status of this thread's last failure (for calls that return a token or a pointer). */
+MRSTACK_C_EXPORT int mrstack_last_error_status(void);
 /* "MRSTACK_ERROR_SPEC" and so on; "unknown status" for anything else. */
 MRSTACK_C_EXPORT const char* mrstack_status_name(int status);
 /* "numba", "cupy", "torch", "other"; NULL for anything else. */
@@ -143,8 +145,15 @@ MRSTACK_C_EXPORT mrstack_status mrstack_emm_initialize(mrstack_stack* stack);
 MRSTACK_C_EXPORT mrstack_status mrstack_emm_memalloc(mrstack_stack* stack, size_t bytes, int client,
                                                      mrstack_memory_pointer* out);
 /* The same, for hot callers: returns the token and writes the pointer to `*ptr`; returns 0
- * on failure (the message is in mrstack_last_error()). */
+ * on failure (mrstack_last_error() and mrstack_last_error_status() say why). */
 MRSTACK_C_EXPORT uint64_t mrstack_emm_memalloc_token(mrstack_stack* stack, size_t bytes, int client, uint64_t* ptr);
+/* The same again, both results in registers (fastest through ctypes: no out-parameter to
+ * build); `token` is 0 on failure. */
+typedef struct mrstack_emm_allocation {
+  uint64_t ptr;
+  uint64_t token;
+} mrstack_emm_allocation;
+MRSTACK_C_EXPORT mrstack_emm_allocation mrstack_emm_memalloc_pair(mrstack_stack* stack, size_t bytes, int client);
 /* The finalizer: returns the memory of `token` to the stack exactly once. Returns 1 when
  * it freed (or queued) memory, 0 when the token was already freed or made stale by a
  * reset (a no-op), -1 on failure. */

@@ -36,8 +36,10 @@ struct mrstack_stack {
 
 namespace mrstack::c_api {
 
-/// Records `message` (and a spec column, 0 for none) as this thread's last error.
-void set_last_error(std::string message, std::size_t column = 0) noexcept;
+/// Records `message` (a spec column, 0 for none, and the status the failing call returns)
+/// as this thread's last error.
+void set_last_error(std::string message, std::size_t column = 0,
+                    int status = MRSTACK_ERROR_INVALID_ARGUMENT) noexcept;
 
 /// Turns the exception being handled into a status and this thread's last error. Call
 /// only inside a catch block.

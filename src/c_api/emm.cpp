@@ -65,6 +65,12 @@ uint64_t mrstack_emm_memalloc_token(mrstack_stack* stack, size_t bytes, int clie
   }
 }
 
+mrstack_emm_allocation mrstack_emm_memalloc_pair(mrstack_stack* stack, size_t bytes, int client) {
+  std::uint64_t ptr = 0;
+  std::uint64_t const token = mrstack_emm_memalloc_token(stack, bytes, client, &ptr);
+  return mrstack_emm_allocation{ptr, token};
+}
+
 int mrstack_emm_free(mrstack_stack* stack, uint64_t token) {
   if (stack == nullptr) {
     (void)null_stack("mrstack_emm_free");

@@ -161,7 +161,7 @@ mrstack_status mrstack_configure(const char* spec) {
   });
   if (status != MRSTACK_SUCCESS) { return status; }
   if (!conflict.empty()) {
-    set_last_error(std::move(conflict));
+    set_last_error(std::move(conflict), 0, MRSTACK_ERROR_STATE);
     return MRSTACK_ERROR_STATE;
   }
   return MRSTACK_SUCCESS;
@@ -199,7 +199,8 @@ mrstack_status mrstack_stack_destroy(mrstack_stack* stack) {
   if (stack == nullptr) { return MRSTACK_SUCCESS; }
   if (stack->process_wide) {
     set_last_error("mrstack_stack_destroy: device " + std::to_string(stack->device) +
-                   "'s stack is process-wide and lives until the process exits");
+                   "'s stack is process-wide and lives until the process exits",
+                   0, MRSTACK_ERROR_STATE);
     return MRSTACK_ERROR_STATE;
   }
   return guarded([&] { delete stack; });

@@ -28,7 +28,8 @@ void mrstack_torch_free(void* ptr, size_t size, int device, void* stream) {
   mrstack_stack* const stack = mrstack::c_api::built_device_stack(device);
   if (stack == nullptr) {
     mrstack::c_api::set_last_error("mrstack_torch_free: device " + std::to_string(device) +
-                                   " has no stack, so this pointer did not come from mrstack");
+                                   " has no stack, so this pointer did not come from mrstack",
+                                   0, MRSTACK_ERROR_LOGIC);
     std::fprintf(stderr, "mrstack: %s\n", mrstack_last_error());
     return;
   }
