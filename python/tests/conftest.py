@@ -8,6 +8,7 @@ tools/run-tests.sh), where a missing library is a failure.
 import os
 import subprocess
 import sys
+import tempfile
 import textwrap
 
 import pytest
@@ -53,20 +54,16 @@ def run_python(library_path):
                 environment.pop(key, None)
             else:
                 environment[key] = value
-        done = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=environment,
-                              capture_output=True, text=True, timeout=120)
+        # A file, not -c: multiprocessing's spawn start method re-imports the main module.
+        with tempfile.NamedTemporaryFile("w", suffix=".py", prefix="mrstack_snippet_", delete=False) as f:
+            f.write(textwrap.dedent(code))
+        try:
+            done = subprocess.run([sys.executable, f.name], env=environment, capture_output=True, text=True,
+                                  timeout=300)
+        finally:
+            os.unlink(f.name)
         if check and done.returncode != 0:
             raise AssertionError(f"snippet failed ({done.returncode}):\nstdout:\n{done.stdout}\n"
                                  f"stderr:\n{done.stderr}")
         return done
     return run
-
-
-def have_cuda_device():
-    """True when a CUDA device can be used (asked through Numba's driver, in a subprocess so
-    the test process itself never initializes CUDA)."""
-    code = "from numba import cuda; import sys; sys.exit(0 if cuda.is_available() else 1)"
-    try:
-        return subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=120).returncode == 0
-    except Exception:
-        return False
