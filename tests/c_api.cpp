@@ -11,6 +11,8 @@
 #include <thread>
 #include <vector>
 
+#include <unistd.h>
+
 namespace {
 
 std::string last_error() { return mrstack_last_error(); }
@@ -335,4 +337,12 @@ TEST_CASE("c api: memalloc_pair returns pointer and token together, token 0 on f
   CHECK(bad.ptr == 0);
   CHECK(mrstack_last_error_status() == MRSTACK_ERROR_OUT_OF_MEMORY);
   CHECK(mrstack_stack_destroy(sys) == MRSTACK_SUCCESS);
+}
+
+TEST_CASE("c api: {pid} in a spec becomes the process id") {
+  mrstack_stack* s = nullptr;
+  CHECK(mrstack_stack_create("system > nothing_called_{pid}", 0, &s) == MRSTACK_ERROR_SPEC);
+  std::string const message = last_error();
+  CHECK_THAT(message, Catch::Contains("nothing_called_" + std::to_string(static_cast<long>(getpid()))));
+  CHECK_THAT(message, !Catch::Contains("{pid}"));
 }

@@ -10,7 +10,10 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <utility>
+
+#include <unistd.h>
 
 #include "../device_scope.hpp"
 
@@ -101,6 +104,17 @@ mrstack_status copy_out(std::string const& text, char* buffer, std::size_t capac
   return MRSTACK_SUCCESS;
 }
 
+// "{pid}" in a spec becomes this process's id, so that every process of a multi-process
+// program (pytest-xdist workers, DataLoader workers) can log to a file of its own.
+std::string expand_spec(std::string spec) {
+  static constexpr std::string_view pid_field = "{pid}";
+  std::string const pid = std::to_string(static_cast<long>(getpid()));
+  for (auto at = spec.find(pid_field); at != std::string::npos; at = spec.find(pid_field, at + pid.size())) {
+    spec.replace(at, pid_field.size(), pid);
+  }
+  return spec;
+}
+
 mrstack_status invalid(std::string message) {
   set_last_error(std::move(message));
   return MRSTACK_ERROR_INVALID_ARGUMENT;
@@ -124,7 +138,7 @@ mrstack_stack& device_stack(int device) {
   resource_ptr top;
   {
     detail::device_scope on_device{device};  // a pool's first chunk is allocated now
-    top = make_stack(spec);
+    top = make_stack(expand_spec(spec));
   }
   auto* stack = new mrstack_stack(std::move(top), device, /*process_wide=*/true);
   config.in_use = spec;
@@ -192,7 +206,9 @@ mrstack_status mrstack_stack_create(const char* spec, int device, mrstack_stack*
   *out = nullptr;
   if (spec == nullptr) { return invalid("mrstack_stack_create: the spec is null"); }
   if (device < 0) { return invalid("mrstack_stack_create: device ordinal " + std::to_string(device) + " is negative"); }
-  return guarded([&] { *out = new mrstack_stack(mrstack::make_stack(spec), device, /*process_wide=*/false); });
+  return guarded([&] {
+    *out = new mrstack_stack(mrstack::make_stack(mrstack::c_api::expand_spec(spec)), device, /*process_wide=*/false);
+  });
 }
 
 mrstack_status mrstack_stack_destroy(mrstack_stack* stack) {
