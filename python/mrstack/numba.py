@@ -2,7 +2,7 @@
 
     NUMBA_CUDA_MEMORY_MANAGER=mrstack.numba python app.py
     # or, before Numba creates a context:
-    numba.cuda.set_memory_manager(mrstack.numba.MrstackNumbaMemoryManager)
+    mrstack.numba.install()   # numba.cuda.set_memory_manager(mrstack.numba.MrstackNumbaMemoryManager)
 
 Device memory comes from the device's process-wide mrstack stack (the spec from
 `mrstack.configure` or MRSTACK_RESOURCE), the same stack CuPy and PyTorch use through
@@ -33,7 +33,7 @@ from numba.cuda.cudadrv import driver as _driver
 
 from . import _lib
 
-__all__ = ["MrstackNumbaMemoryManager", "_numba_memory_manager"]
+__all__ = ["MrstackNumbaMemoryManager", "_numba_memory_manager", "install"]
 
 _CUdeviceptr = _driver.binding.CUdeviceptr
 _CUipcMemHandle = _driver.binding.CUipcMemHandle
@@ -130,3 +130,9 @@ class MrstackNumbaMemoryManager(_cuda.HostOnlyCUDAMemoryManager):
 
 # The name Numba looks for in the module NUMBA_CUDA_MEMORY_MANAGER names.
 _numba_memory_manager = MrstackNumbaMemoryManager
+
+
+def install():
+    """``numba.cuda.set_memory_manager(MrstackNumbaMemoryManager)``: call it before Numba
+    creates its CUDA context (its first CUDA call); contexts made earlier keep their manager."""
+    _cuda.set_memory_manager(MrstackNumbaMemoryManager)

@@ -55,6 +55,9 @@ def test_set_memory_manager_accepts_it(run_python):
         import mrstack.numba
         cuda.set_memory_manager(mrstack.numba.MrstackNumbaMemoryManager)
         assert driver._memory_manager is mrstack.numba.MrstackNumbaMemoryManager
+        driver._memory_manager = None
+        mrstack.numba.install()
+        assert driver._memory_manager is mrstack.numba.MrstackNumbaMemoryManager
         assert calls == [], calls
         assert not _lib.is_loaded()
     """)
