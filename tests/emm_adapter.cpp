@@ -4,6 +4,7 @@
 #include <catch2/catch.hpp>
 
 #include <mrstack/emm/adapter.hpp>
+#include <mrstack/suballoc/pool_memory_resource.hpp>
 #include <mrstack/upstream/simulated_memory_resource.hpp>
 #include <mrstack/upstream/system_memory_resource.hpp>
 
@@ -409,4 +410,27 @@ TEST_CASE("emm adapter: concurrent memalloc and free from many threads") {
   // Every token issued was distinct across all threads.
   CHECK(issued > static_cast<std::size_t>(threads) * rounds / 2);
   CHECK(all_tokens.size() == issued);
+}
+
+TEST_CASE("emm adapter over a real pool: held-free bytes count as free, reset gives the chunks back") {
+  auto sim = std::make_shared<simulated_memory_resource>();
+  auto pool = std::make_shared<pool_memory_resource>(sim, std::size_t{4} << 20);
+  adapter::options opts;
+  opts.query_memory = [](int, memory_kind) { return emm::memory_info{std::size_t{100} << 20, std::size_t{1} << 30}; };
+  adapter a{pool, opts};
+  auto const free_at_start = a.get_memory_info().free;
+  CHECK(free_at_start == (std::size_t{100} << 20) + pool->free_bytes());  // the initial chunk is free
+  std::vector<emm::memory_pointer> ms;
+  for (int i = 0; i < 16; ++i) { ms.push_back(a.memalloc(std::size_t{64} << 10)); }
+  CHECK(a.get_memory_info().free == free_at_start - std::size_t{16} * (64 << 10));
+  for (int i = 0; i < 8; ++i) { REQUIRE(a.free(ms[static_cast<std::size_t>(i)].token).has_value()); }
+  CHECK(a.get_memory_info().free == free_at_start - std::size_t{8} * (64 << 10));
+  CHECK(sim->footprint() > 0);
+  CHECK(a.reset().size() == 8);
+  // Everything was freed, so every chunk is wholly free and goes back to the upstream.
+  CHECK(pool->pool_size() == 0);
+  CHECK(sim->footprint() == 0);
+  auto again = a.memalloc(1000);  // still usable: the pool grows again
+  CHECK(sim->footprint() > 0);
+  CHECK(a.free(again.token).has_value());
 }

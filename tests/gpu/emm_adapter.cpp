@@ -5,6 +5,7 @@
 #include <catch2/catch.hpp>
 
 #include <mrstack/emm/adapter.hpp>
+#include <mrstack/suballoc/pool_memory_resource.hpp>
 #include <mrstack/upstream/cuda_async_memory_resource.hpp>
 #include <mrstack/upstream/cuda_memory_resource.hpp>
 #include <mrstack/upstream/managed_memory_resource.hpp>
@@ -231,4 +232,24 @@ TEST_CASE("emm adapter on a device: reset returns a cuda stack's memory to the d
   MRSTACK_CUDA_TRY(cudaMemGetInfo(&free_after, &total));
   CHECK(free_after >= free_during + (std::size_t{448} << 20));
   for (auto const& m : ms) { CHECK_FALSE(a.free(m.token).has_value()); }
+}
+
+TEST_CASE("emm adapter on a device: a pool block's IPC handle names its chunk and offset, and opens elsewhere") {
+  auto pool = std::make_shared<pool_memory_resource>(std::make_shared<cuda_memory_resource>(), std::size_t{8} << 20);
+  adapter a{pool, on_current_device()};
+  auto first = a.memalloc(3000);  // pushes the next block off the chunk's start
+  std::size_t const size = 1 << 16;
+  auto m = a.memalloc(size);
+  MRSTACK_CUDA_TRY(cudaMemset(m.ptr, 0x11, size));
+  MRSTACK_CUDA_TRY(cudaMemset(static_cast<char*>(m.ptr) + 8192, 0x5c, 256));
+  MRSTACK_CUDA_TRY(cudaDeviceSynchronize());
+  auto h = a.get_ipc_handle(static_cast<char*>(m.ptr) + 8192);
+  CHECK(h.offset == static_cast<std::size_t>(static_cast<char*>(m.ptr) - static_cast<char*>(h.base)) + 8192);
+  CHECK(h.offset > 8192);
+  CHECK(h.base_size >= (std::size_t{8} << 20));
+  int const status = run_self({"[ipc_child]"}, {"MRSTACK_TEST_IPC_HANDLE=" + to_hex(&h.handle, sizeof h.handle),
+                                                "MRSTACK_TEST_IPC_OFFSET=" + std::to_string(h.offset)});
+  CHECK(status == 0);
+  CHECK(a.free(m.token).has_value());
+  CHECK(a.free(first.token).has_value());
 }
