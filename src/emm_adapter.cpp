@@ -9,6 +9,8 @@
 #include <cudaTypedefs.h>    // PFN_* signatures of the driver entry points
 #include <unistd.h>
 
+#include <mrstack/upstream/virtual_range.hpp>
+
 #include "device_scope.hpp"
 
 namespace mrstack::emm {
@@ -181,6 +183,12 @@ memory_info adapter::get_memory_info() const {
 }
 
 ipc_handle adapter::get_ipc_handle(void const* ptr) const {
+  if (ptr != nullptr && find_virtual_range(*stack_, ptr) != nullptr) {
+    throw logic_error("emm::adapter::get_ipc_handle: " + hex(ptr) + " lies in the address range of a virtual-memory "
+                      "(vmm) layer of \"" + describe_stack(*stack_) + "\": memory mapped through CUDA's virtual "
+                      "memory management has no legacy IPC handle, so CUDA IPC cannot share it; share memory from a "
+                      "stack over the cuda upstream instead");
+  }
   memory_kind const kind = stack_->kind();
   if (kind != memory_kind::device) {
     throw logic_error("emm::adapter::get_ipc_handle: the stack \"" + describe_stack(*stack_) + "\" serves " +

@@ -6,6 +6,7 @@
 #include <mrstack/emm/adapter.hpp>
 #include <mrstack/suballoc/pool_memory_resource.hpp>
 #include <mrstack/upstream/simulated_memory_resource.hpp>
+#include <mrstack/upstream/simulated_vmm_memory_resource.hpp>
 #include <mrstack/upstream/system_memory_resource.hpp>
 
 #include <atomic>
@@ -278,6 +279,16 @@ TEST_CASE("emm adapter: get_ipc_handle refuses host memory with a clear message"
                                                  Catch::Contains("CUDA IPC"));
   adapter s{std::make_shared<simulated_memory_resource>()};
   CHECK_THROWS_WITH(s.get_ipc_handle(reinterpret_cast<void*>(0x1000)), Catch::Contains("none memory"));
+  CHECK(a.free(m.token).has_value());
+}
+
+TEST_CASE("emm adapter: get_ipc_handle names a virtual-memory layer as the reason it cannot share") {
+  auto vmm = std::make_shared<simulated_vmm_memory_resource>();
+  adapter a{std::make_shared<pool_memory_resource>(vmm)};
+  auto m = a.memalloc(4096);
+  CHECK_THROWS_WITH(a.get_ipc_handle(m.ptr), Catch::Contains("virtual-memory (vmm)") &&
+                                                 Catch::Contains("no legacy IPC handle") &&
+                                                 Catch::Contains("cuda upstream"));
   CHECK(a.free(m.token).has_value());
 }
 

@@ -9,6 +9,7 @@
 #include <mrstack/upstream/cuda_async_memory_resource.hpp>
 #include <mrstack/upstream/cuda_memory_resource.hpp>
 #include <mrstack/upstream/managed_memory_resource.hpp>
+#include <mrstack/upstream/vmm_memory_resource.hpp>
 
 #include <cstdio>
 #include <cstdlib>
@@ -208,6 +209,13 @@ TEST_CASE("emm adapter on a device: memory from a stream-ordered pool is refused
                                                  Catch::Contains("cuda upstream"));
   CHECK(a.free(m.token).has_value());
   MRSTACK_CUDA_TRY(cudaDeviceSynchronize());
+}
+
+TEST_CASE("emm adapter on a device: memory from a virtual-memory (vmm) upstream is refused for IPC, saying why") {
+  adapter a{std::make_shared<pool_memory_resource>(std::make_shared<vmm_memory_resource>()), on_current_device()};
+  auto m = a.memalloc(4096);
+  CHECK_THROWS_WITH(a.get_ipc_handle(m.ptr), Catch::Contains("virtual-memory (vmm)") && Catch::Contains("cuda upstream"));
+  CHECK(a.free(m.token).has_value());
 }
 
 TEST_CASE("emm adapter on a device: managed memory is refused for IPC") {
