@@ -141,7 +141,8 @@ def test_ipc_handle_of_a_suballocated_array_opens_in_another_process(run_python)
     """), env=PLUGIN_ENV)
 
 
-def test_memory_ipc_cannot_share_is_refused_with_a_clear_message(run_python):
+@pytest.mark.parametrize("spec,reason", [("pool > cuda_async", "stream-ordered"), ("pool > vmm", "virtual-memory")])
+def test_memory_ipc_cannot_share_is_refused_with_a_clear_message(run_python, spec, reason):
     done = run_python("""
         import numpy as np
         from numba import cuda
@@ -151,8 +152,9 @@ def test_memory_ipc_cannot_share_is_refused_with_a_clear_message(run_python):
             d.get_ipc_handle()
         except mrstack.MrstackError as e:
             print("REFUSED:", e)
-    """, env={**PLUGIN_ENV, "MRSTACK_RESOURCE": "pool > cuda_async"})
+    """, env={**PLUGIN_ENV, "MRSTACK_RESOURCE": spec})
     assert "REFUSED" in done.stdout and "cannot share" in done.stdout, done.stdout + done.stderr
+    assert reason in done.stdout
 
 
 def test_out_of_memory_is_a_memory_error_naming_the_request(run_python):
