@@ -1,6 +1,7 @@
 // The replay engine: one parsed log, one stack, timed runs in the log's exact order.
 #include <mrstack/replay/footprint_meter.hpp>
 #include <mrstack/replay/replay.hpp>
+#include <mrstack/spec_registry.hpp>
 #include <mrstack/upstream/cuda_async_memory_resource.hpp>
 
 #include <algorithm>
@@ -275,9 +276,16 @@ one_run run_once(allocation_log const& log, stack_spec const& spec, replay_optio
 stack_spec replay_spec_for(std::string const& spec_text, bool simulate, std::size_t simulated_capacity) {
   stack_spec spec = parse_stack_spec(spec_text);
   check_stack_spec(spec);
-  if (simulate) {
-    spec.layers.back() =
-        spec_layer{"simulated", {spec_argument{"capacity", std::to_string(simulated_capacity), 0, 0}}, 0};
+  auto const* bottom = find_resource(spec.layers.back().name);  // checked above: registered
+  if (simulate && !bottom->is_simulation) {
+    std::string const twin = bottom->simulation_twin.empty() ? "simulated" : bottom->simulation_twin;
+    auto const* twin_entry = find_resource(twin);
+    if (twin_entry == nullptr || twin_entry->capacity_parameter.empty()) {
+      throw logic_error("mrstack-replay: " + bottom->name + "'s simulation twin '" + twin +
+                        "' is not registered with a capacity parameter");
+    }
+    spec.layers.back() = spec_layer{
+        twin, {spec_argument{twin_entry->capacity_parameter, std::to_string(simulated_capacity), 0, 0}}, 0};
   }
   bool const measured_by_driver = !simulate && spec.layers.back().name == "cuda_async";
   bool const has_meter = std::any_of(spec.layers.begin(), spec.layers.end(),

@@ -24,7 +24,7 @@ std::vector<spec_resource> builtin_resources() {
                [](spec_arguments const&, resource_ptr) -> resource_ptr {
                  return std::make_shared<cuda_memory_resource>();
                },
-               {}, true});
+               });
   r.push_back({"cuda_async", "the driver's stream-ordered pool (cudaMallocFromPoolAsync) over a pool of its own",
                bottom_resource,
                {size_param("initial", optional_param, "bytes allocated and freed once at construction (a warm pool)", "0"),
@@ -34,12 +34,12 @@ std::vector<spec_resource> builtin_resources() {
                  return std::make_shared<cuda_async_memory_resource>(a.size("initial").value_or(0),
                                                                      a.size("release_threshold"));
                },
-               {}, true});
+               });
   r.push_back({"managed", "unified memory from cudaMallocManaged", bottom_resource, {},
                [](spec_arguments const&, resource_ptr) -> resource_ptr {
                  return std::make_shared<managed_memory_resource>();
                },
-               {}, true});
+               });
   r.push_back({"pinned_host", "page-locked host memory from cudaHostAlloc", bottom_resource, {},
                [](spec_arguments const&, resource_ptr) -> resource_ptr {
                  return std::make_shared<pinned_host_memory_resource>();
@@ -55,7 +55,7 @@ std::vector<spec_resource> builtin_resources() {
                  return std::make_shared<simulated_memory_resource>(
                      a.size("capacity").value_or(std::numeric_limits<std::size_t>::max()));
                },
-               "capacity"});
+               "capacity", "", true});
 
   // ---- measuring ----------------------------------------------------------------------
   r.push_back({"footprint_meter", "counts the bytes held from the layer below and their peak (mrstack-replay "

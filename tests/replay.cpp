@@ -330,6 +330,9 @@ TEST_CASE("replay: the spec it builds: bottom replaced under simulation, meter a
   CHECK(to_string(replay_spec_for("cuda_async(initial=1GiB)", true, 1024)) ==
         "footprint_meter > simulated(capacity=1024)");
   CHECK(to_string(replay_spec_for("footprint_meter > simulated", false, 1024)) == "footprint_meter > simulated");
+  // A bottom that is a simulation already keeps the capacity the spec gives it.
+  CHECK(to_string(replay_spec_for("simulated(capacity=1MiB)", true, 1024)) ==
+        "footprint_meter > simulated(capacity=1MiB)");
   CHECK_THROWS_AS(replay_spec_for("cuda > cuda", true, 1024), spec_error);
 }
 

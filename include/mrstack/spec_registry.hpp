@@ -110,8 +110,13 @@ struct spec_resource {
   /// For a bottom resource: the parameter whose absolute size is what percentages in this
   /// stack are shares of (`simulated`'s capacity). Empty: device memory.
   std::string capacity_parameter{};
-  /// True for resources whose memory lives on a CUDA device (for tools: what --simulate replaces).
-  bool is_device_memory = false;
+  /// For a bottom resource: what a simulation (mrstack-replay --simulate) builds in its
+  /// place, given `capacity=`. Empty: `simulated`. The vmm upstream names `simulated_vmm`,
+  /// so a simulated replay keeps its granule rounding.
+  std::string simulation_twin{};
+  /// For a bottom resource that touches no memory itself (`simulated`, `simulated_vmm`):
+  /// a simulation keeps it as the spec gives it.
+  bool is_simulation = false;
 };
 
 /// Adds a resource; a name already registered is a `logic_error`. Thread-safe.

@@ -17,9 +17,10 @@
 ///   its peak is the stack's peak footprint. When the bottom is a real `cuda_async`, the
 ///   driver pool's own high-water mark (cudaMemPoolAttrReservedMemHigh) is used instead,
 ///   because the driver pools memory itself and no layer above can see that.
-/// - Simulation (`options.simulate`): the bottom is replaced by
-///   `simulated(capacity=options.simulated_capacity)`, which touches no memory, so any log
-///   replays on any machine; percentages in the spec are shares of that capacity.
+/// - Simulation (`options.simulate`): the bottom is replaced by its simulation twin
+///   (`simulated`, or `simulated_vmm` for `vmm`) with `capacity=options.simulated_capacity`,
+///   which touches no memory, so any log replays on any machine; percentages in the spec
+///   are shares of that capacity. A bottom that is itself a simulation is kept as given.
 /// - A refused allocation (`std::bad_alloc`, including `out_of_memory`) is counted, its
 ///   first line and message kept, and its free skipped; the replay goes on. Any other
 ///   exception stops the run and is reported in `error`. Allocations the log never frees
@@ -74,8 +75,8 @@ struct replay_result {
   }
 };
 
-/// The spec mrstack-replay builds for `spec`: with `simulate`, the bottom replaced by
-/// simulated(capacity); then a footprint_meter above the bottom (unless the bottom is a
+/// The spec mrstack-replay builds for `spec`: with `simulate`, the bottom replaced by its
+/// simulation twin with that capacity (unless it is a simulation already); then a footprint_meter above the bottom (unless the bottom is a
 /// real cuda_async, measured by its pool instead). Throws `spec_error`.
 stack_spec replay_spec_for(std::string const& spec, bool simulate, std::size_t simulated_capacity);
 
