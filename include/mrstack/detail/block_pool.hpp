@@ -1,0 +1,277 @@
+#pragma once
+/// `block_pool`: the coalescing core of `pool_memory_resource` (and of the arena's global
+/// arena). CUDA-free, not thread-safe (its owner locks), never touches the memory it
+/// manages — all metadata lives out of band, so it works for device memory, pinned host
+/// memory, or the fake addresses of the `simulated` upstream.
+///
+/// Model. The pool manages *chunks* (address ranges handed to it with `add_chunk`). Each
+/// chunk is cut into *blocks* that tile it exactly, in address order; a block is live
+/// (handed out), free, or withdrawn (a hole: the caller took its backing away, see
+/// below). Every free block belongs to one *owner* — a small integer the caller maps to a
+/// CUDA stream; owner 0 (`synchronized`) means "no pending work anywhere: any stream may
+/// use it". `allocate(n, a, o)` only ever hands out blocks owned by `o`: choosing when
+/// memory moves between owners (and what synchronization that takes) is the caller's job
+/// (`transfer`).
+///
+/// Structures, all O(1) per operation:
+/// - Block nodes live in a paged slab with a free list of its own (no system allocator on
+///   the hot path once the slab has grown to the peak block count), addressed by 32-bit
+///   index. Each node links its physical neighbours, so merging on free is O(1).
+/// - Each owner has a two-level segregated-fit index (TLSF): 64 first-level classes by
+///   power of two of the size, each split into 32 linear second-level classes, with one
+///   bitmap word per level. Finding a free block that fits is two find-first-set
+///   instructions. Good fit, not just first fit: the request's own class is scanned for a
+///   few entries (`exact_class_scan`) before falling back to the next larger non-empty
+///   class (every block there fits; sizes within a class differ by at most 1/32, so the
+///   waste of a split is bounded and the remainder stays free).
+/// - Live (and withdrawn) blocks are found by address through `address_map`, an
+///   open-addressing hash table: deallocate costs one or two cache lines, flat in the
+///   number of live blocks.
+///
+/// Merging rule: a freed block merges with a free neighbour when both belong to the same
+/// owner or one of them is `synchronized`; the merged block belongs to the non-synchronized
+/// owner (it inherits that stream's pending work). Blocks of two different streams never
+/// merge: neither may be used by the other stream without a wait.
+///
+/// Growth in place (for an expandable virtual-memory upstream):
+/// - `add_chunk(base, size, owner)` adds a chunk (one free block).
+/// - `extend_chunk(chunk, bytes, owner)` appends `bytes` at the chunk's end; they merge
+///   into the free block at its end when the owners allow, else form a new free block.
+/// - `withdraw_free_ranges(choose)` visits every free block and lets the caller carve a
+///   sub-range out of it (e.g. the whole 2 MiB granules inside it, to unmap them); the
+///   range becomes a withdrawn hole that is never handed out and not counted as free.
+///   `restore(address, owner)` turns a hole back into free memory (after re-mapping).
+/// - `remove_chunk(chunk)` drops a chunk with no live blocks (free and withdrawn blocks
+///   go with it), so the caller can hand the range back to its upstream.
+///
+/// All sizes and addresses are multiples of `granularity` (256 bytes).
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <mrstack/detail/address_map.hpp>
+
+namespace mrstack::detail {
+
+using owner_id = std::uint16_t;
+using chunk_id = std::uint32_t;
+
+class block_pool {
+ public:
+  static constexpr std::size_t granularity = 256;
+  static constexpr owner_id synchronized = 0;
+  static constexpr std::uint32_t npos = 0xffffffffU;
+  /// How many blocks of the request's own size class are looked at for a better fit
+  /// before taking the next larger class. Small: bounds the cost, still catches the
+  /// common case of a freed block of exactly the size asked for again.
+  static constexpr int exact_class_scan = 8;
+
+  block_pool();
+  ~block_pool();
+  block_pool(block_pool const&) = delete;
+  block_pool& operator=(block_pool const&) = delete;
+
+  // ---- chunks ------------------------------------------------------------------------
+  /// Adds [base, base + size) as a new chunk, wholly free and owned by `owner`.
+  /// `base` and `size` must be multiples of `granularity`, size > 0.
+  chunk_id add_chunk(std::uintptr_t base, std::size_t size, owner_id owner);
+  /// Appends `bytes` (a multiple of `granularity`) at the end of `chunk`, owned by `owner`.
+  void extend_chunk(chunk_id chunk, std::size_t bytes, owner_id owner);
+  /// Removes a chunk that has no live block. Returns false (and changes nothing) when it has one.
+  bool remove_chunk(chunk_id chunk);
+
+  struct chunk_info {
+    std::uintptr_t base = 0;
+    std::size_t size = 0;
+    std::size_t live_blocks = 0;
+    std::size_t withdrawn_blocks = 0;
+  };
+  [[nodiscard]] chunk_info chunk(chunk_id c) const;
+  /// Calls f(chunk_id, chunk_info) for every chunk.
+  template <typename F>
+  void for_each_chunk(F&& f) const {
+    for (chunk_id c = 0; c < chunks_.size(); ++c) {
+      if (chunks_[c].in_use) { f(c, chunk(c)); }
+    }
+  }
+  /// The owners of the free blocks of `c` (each owner once, in address order of first appearance).
+  [[nodiscard]] std::vector<owner_id> chunk_owners(chunk_id c) const;
+
+  // ---- allocation --------------------------------------------------------------------
+  /// A block of `size` bytes aligned to `alignment` (a power of two >= granularity) from
+  /// `owner`'s free blocks; 0 when none fits. `size` must be a multiple of granularity.
+  std::uintptr_t allocate(std::size_t size, std::size_t alignment, owner_id owner);
+  /// True when `allocate(size, alignment, owner)` would succeed. O(1) (may be
+  /// conservative for alignments above `granularity`: then it asks for room to align).
+  [[nodiscard]] bool can_allocate(std::size_t size, std::size_t alignment, owner_id owner) const;
+  /// Frees the live block at `address` into `owner`; returns its size, or 0 when no live
+  /// block starts there (the caller reports the foreign pointer).
+  std::size_t deallocate(std::uintptr_t address, owner_id owner);
+  /// Size of the live block at `address`, or 0.
+  [[nodiscard]] std::size_t live_size(std::uintptr_t address) const;
+
+  // ---- owners ------------------------------------------------------------------------
+  /// Moves every free block of `from` to `to`, merging with `to`'s (and synchronized)
+  /// neighbours. O(free blocks of `from`).
+  void transfer(owner_id from, owner_id to);
+  /// After the whole device was synchronized: every free block becomes `synchronized`,
+  /// merged with every free neighbour.
+  void synchronize_all_owners();
+  [[nodiscard]] std::size_t free_bytes(owner_id owner) const noexcept;
+  [[nodiscard]] std::size_t free_blocks(owner_id owner) const noexcept;
+  /// Owners that currently hold free blocks are < owner_limit().
+  [[nodiscard]] std::size_t owner_limit() const noexcept { return indexes_.size(); }
+
+  // ---- holes (in-place growth support) -------------------------------------------------
+  struct range {
+    std::size_t offset = 0;  ///< from the start of the free block
+    std::size_t length = 0;  ///< 0: withdraw nothing from this block
+  };
+  /// For every free block, `choose(address, size, owner)` returns a sub-range to withdraw
+  /// (offset and length multiples of granularity, inside the block). Returns the bytes
+  /// withdrawn. Withdrawn ranges are holes until `restore`.
+  template <typename Choose>
+  std::size_t withdraw_free_ranges(Choose&& choose) {
+    std::size_t total = 0;
+    for (chunk_id c = 0; c < chunks_.size(); ++c) {
+      if (!chunks_[c].in_use) { continue; }
+      for (std::uint32_t b = chunks_[c].first; b != npos;) {
+        block const& node = at(b);
+        if (node.state != state_free) {
+          b = node.next;
+          continue;
+        }
+        range const r = choose(node.addr, node.size, owner_id{node.owner});
+        if (r.length == 0) {
+          b = node.next;
+          continue;
+        }
+        std::uint32_t const hole = withdraw(b, r.offset, r.length);
+        total += r.length;
+        b = at(hole).next;
+      }
+    }
+    return total;
+  }
+  /// Turns the hole starting at `address` back into free memory owned by `owner`.
+  /// Returns its size, or 0 when no hole starts there.
+  std::size_t restore(std::uintptr_t address, owner_id owner);
+
+  // ---- introspection -------------------------------------------------------------------
+  [[nodiscard]] std::size_t total_bytes() const noexcept { return total_bytes_; }
+  [[nodiscard]] std::size_t free_bytes() const noexcept { return free_bytes_total_; }
+  [[nodiscard]] std::size_t live_bytes() const noexcept { return live_bytes_; }
+  [[nodiscard]] std::size_t withdrawn_bytes() const noexcept { return withdrawn_bytes_; }
+  [[nodiscard]] std::size_t live_blocks() const noexcept { return live_.size(); }
+  [[nodiscard]] std::size_t chunk_count() const noexcept { return chunk_count_; }
+  /// Free blocks of all owners (O(owners)).
+  [[nodiscard]] std::size_t free_block_count() const noexcept {
+    std::size_t n = 0;
+    for (auto const& idx : indexes_) { n += idx ? idx->count : 0; }
+    return n;
+  }
+  /// The largest free block of any owner (exact; O(owners + blocks in the top class)).
+  [[nodiscard]] std::size_t largest_free_block() const noexcept;
+  /// The largest free block of `owner`.
+  [[nodiscard]] std::size_t largest_free_block(owner_id owner) const noexcept;
+
+  /// Calls f(address, size, owner) for every free block, in address order within each chunk.
+  template <typename F>
+  void for_each_free_block(F&& f) const {
+    for (chunk_id c = 0; c < chunks_.size(); ++c) {
+      if (!chunks_[c].in_use) { continue; }
+      for (std::uint32_t b = chunks_[c].first; b != npos; b = at(b).next) {
+        block const& node = at(b);
+        if (node.state == state_free) { f(node.addr, node.size, owner_id{node.owner}); }
+      }
+    }
+  }
+
+  /// Checks every structural invariant (tiling, links, indexes, accounting, no two
+  /// mergeable neighbours); returns an empty string when all hold, else what broke.
+  /// O(blocks): for tests.
+  [[nodiscard]] std::string check_invariants() const;
+
+ private:
+  static constexpr unsigned sl_bits = 5;
+  static constexpr unsigned sl_count = 1U << sl_bits;  // 32 second-level classes
+  static constexpr unsigned fl_count = 64;
+  static constexpr unsigned page_bits = 10;            // 1024 nodes per slab page
+  static constexpr std::uint8_t state_free = 0;
+  static constexpr std::uint8_t state_live = 1;
+  static constexpr std::uint8_t state_withdrawn = 2;
+  static constexpr std::uint8_t state_unused = 3;      // on the node free list
+
+  struct block {
+    std::uintptr_t addr;
+    std::size_t size;
+    std::uint32_t prev;       // physical neighbours inside the chunk (npos at the ends)
+    std::uint32_t next;
+    std::uint32_t free_prev;  // size-class list links (free blocks only)
+    std::uint32_t free_next;
+    chunk_id chunk;
+    std::uint16_t owner;
+    std::uint8_t state;
+  };
+
+  struct class_index {
+    std::uint64_t fl_bitmap = 0;
+    std::array<std::uint32_t, fl_count> sl_bitmap{};
+    std::array<std::uint32_t, std::size_t{fl_count} * sl_count> heads;
+    std::size_t bytes = 0;
+    std::size_t count = 0;
+    class_index() { heads.fill(npos); }
+  };
+
+  struct chunk_record {
+    std::uintptr_t base = 0;
+    std::size_t size = 0;
+    std::uint32_t first = npos;
+    std::uint32_t last = npos;
+    std::size_t live_blocks = 0;
+    std::size_t withdrawn_blocks = 0;
+    bool in_use = false;
+  };
+
+  [[nodiscard]] block& at(std::uint32_t i) noexcept { return pages_[i >> page_bits][i & ((1U << page_bits) - 1)]; }
+  [[nodiscard]] block const& at(std::uint32_t i) const noexcept {
+    return pages_[i >> page_bits][i & ((1U << page_bits) - 1)];
+  }
+  std::uint32_t new_node();
+  void delete_node(std::uint32_t i) noexcept;
+  class_index& index_of(owner_id owner);
+
+  static unsigned class_of(std::size_t units) noexcept;
+  static std::size_t class_floor(unsigned cls) noexcept;
+  void insert_free(std::uint32_t b, owner_id owner);
+  void remove_free(std::uint32_t b) noexcept;
+  /// First block in `owner`'s index, in a class > cls, or npos.
+  [[nodiscard]] std::uint32_t first_in_larger_class(class_index const& idx, unsigned cls) const noexcept;
+  /// Splits b at `offset` bytes; returns the node of the upper part (same state/owner fields).
+  std::uint32_t split(std::uint32_t b, std::size_t offset);
+  /// Merges free block b with mergeable free neighbours (b is not in any index); returns
+  /// the surviving node and sets its owner.
+  /// `merge_any`: every free neighbour is mergeable and the result stays `owner` (used
+  /// once the device has been synchronized).
+  std::uint32_t coalesce(std::uint32_t b, owner_id owner, owner_id also_mergeable, bool merge_any = false);
+  std::uint32_t withdraw(std::uint32_t b, std::size_t offset, std::size_t length);
+  std::uintptr_t take(std::uint32_t b, std::size_t size, std::size_t alignment, owner_id owner);
+
+  std::vector<std::unique_ptr<block[]>> pages_;
+  std::uint32_t node_count_ = 0;       // nodes ever created
+  std::uint32_t free_nodes_ = npos;    // free list of unused nodes (through `next`)
+  std::vector<std::unique_ptr<class_index>> indexes_;
+  std::vector<chunk_record> chunks_;
+  std::vector<chunk_id> free_chunk_slots_;
+  address_map live_;                   // start address -> node, for live and withdrawn blocks
+  std::size_t total_bytes_ = 0;
+  std::size_t free_bytes_total_ = 0;
+  std::size_t live_bytes_ = 0;
+  std::size_t withdrawn_bytes_ = 0;
+  std::size_t chunk_count_ = 0;
+};
+
+}  // namespace mrstack::detail

@@ -1,0 +1,244 @@
+#pragma once
+/// Stream-ordered reuse, CUDA-free: which stream owns which free memory, and what it takes
+/// for another stream to use it. Shared by the pool, the fixed-size resource and the
+/// arena.
+///
+/// The rule every resource keeps: memory freed on stream s is reusable on s at once;
+/// another stream t may use it only after `cudaStreamWaitEvent(t, e)` on an event `e`
+/// recorded on s no earlier than the free. Events are recorded *lazily*: nothing happens
+/// on a free; only when t first wants s's memory does the resource record an event on s
+/// (it then covers every free s has made so far) and make t wait on it. With one stream
+/// in use there are no CUDA calls at all.
+///
+/// Per-thread default streams are a twist: every thread passing `cudaStreamPerThread`
+/// names a different stream with the same handle, and only the thread that owns one can
+/// record an event on it. So such a stream is keyed by its thread (`this_thread_key`),
+/// and when another thread wants its memory the owner is asked (`wanted`) to record on
+/// its next call into the resource; the asking thread meanwhile looks elsewhere (other
+/// streams, growth). As a last resort (nothing else left) the resource synchronizes the
+/// whole device, after which every free block is usable by every stream.
+///
+/// CUDA enters only through `stream_sync`, an interface with a CUDA implementation
+/// (suballoc/stream_sync.hpp) and a recording fake in the tests, so the cross-stream
+/// logic is model-tested on machines without a GPU.
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include <mrstack/detail/address_map.hpp>
+#include <mrstack/detail/block_pool.hpp>
+
+namespace mrstack::detail {
+
+/// The seam between stream-ordering logic and CUDA. Handles are opaque integers: a
+/// `cudaStream_t` / `cudaEvent_t` for the CUDA implementation, anything for a fake.
+class stream_sync {
+ public:
+  using handle = std::uintptr_t;
+  virtual ~stream_sync() = default;
+  virtual handle create_event() = 0;
+  virtual void destroy_event(handle event) noexcept = 0;
+  /// Records `event` on `stream`. False when the stream cannot take it (destroyed): the
+  /// caller then falls back to `synchronize_all`.
+  virtual bool record(handle event, handle stream) = 0;
+  /// Makes future work on `stream` wait for the last record of `event`.
+  virtual void wait(handle stream, handle event) = 0;
+  /// Blocks the host until all work on `stream` has finished.
+  virtual void synchronize(handle stream) = 0;
+  /// Blocks the host until all work on the device has finished.
+  virtual void synchronize_all() = 0;
+};
+
+/// A stream as the ordering logic sees it.
+struct stream_ref {
+  std::uintptr_t key = 0;     ///< identity: equal keys are the same stream
+  std::uintptr_t handle = 0;  ///< what `stream_sync` is given
+  bool thread_bound = false;  ///< a per-thread default stream: only its thread may record on it
+};
+
+/// A key unique to the calling thread, never reused by a later thread (odd, so it cannot
+/// equal a stream handle, which is an aligned pointer, or 0).
+std::uintptr_t this_thread_key() noexcept;
+/// Where the ordering logic asks "which thread is calling?" (tests simulate threads).
+using thread_key_fn = std::uintptr_t (*)() noexcept;
+
+/// Stream slots: maps streams to the small owner ids `block_pool` (and the others) use,
+/// and holds each stream's lazily recorded event. Owner 0 is "synchronized". Not
+/// thread-safe (its resource locks).
+class stream_owners {
+ public:
+  explicit stream_owners(std::shared_ptr<stream_sync> sync, thread_key_fn thread_key = &this_thread_key);
+  ~stream_owners();
+  stream_owners(stream_owners const&) = delete;
+  stream_owners& operator=(stream_owners const&) = delete;
+
+  /// The owner id of `s`, creating a slot for a stream not seen before. `holds_memory(o)`
+  /// tells whether owner o still holds free memory (slots that do not may be recycled).
+  template <typename HoldsMemory>
+  owner_id acquire(stream_ref const& s, HoldsMemory&& holds_memory) {
+    if (s.key == cached_key_) { return cached_owner_; }
+    std::uint32_t const found = by_key_.find(s.key);
+    owner_id const o = found != address_map::npos ? static_cast<owner_id>(found) : create(s, holds_memory);
+    cached_key_ = s.key;
+    cached_owner_ = o;
+    return o;
+  }
+
+  /// After memory was freed into `o` by its stream `s`. (A thread-bound stream's memory
+  /// freed by another thread — an arena reclaiming superblocks — records nothing.)
+  void note_free(owner_id o, stream_ref const& s) {
+    slot& sl = slots_[o];
+    sl.dirty = true;
+    if (sl.wanted && (!s.thread_bound || s.key == thread_key_())) { record_now(sl, s); }
+  }
+  /// Memory entered `o` some other way than a free on its stream (taken over from another
+  /// stream after a wait, or a new chunk allocated on it): a later handover must record
+  /// anew so that the event covers that wait or allocation too.
+  void note_acquired(owner_id o) noexcept { slots_[o].dirty = true; }
+  /// On every allocation by `o`'s stream: a thread-bound stream records here when
+  /// another thread asked for its memory.
+  void note_use(owner_id o, stream_ref const& s) {
+    slot& sl = slots_[o];
+    if (sl.wanted && sl.dirty && (!s.thread_bound || s.key == thread_key_())) { record_now(sl, s); }
+  }
+
+  enum class handover {
+    ready,                   ///< `to` now waits for `from`'s frees: move from's free memory to `to`
+    later,                   ///< `from` is another thread's default stream; it was asked to record
+    everything_synchronized  ///< the device was synchronized: every free block is usable by all
+  };
+  /// Makes stream `to` (on the calling thread) safe to use every block `from` holds free.
+  handover hand_over(owner_id from, stream_ref const& to);
+
+  /// Blocks until the device is idle; marks every slot clean. The caller then treats all
+  /// free memory as synchronized.
+  void synchronize_all();
+  /// Blocks until `o`'s stream is idle (its owner thread, or any thread for ordinary streams).
+  void synchronize(owner_id o);
+
+  /// True when the calling thread may name `o`'s stream (record on it, free on it).
+  [[nodiscard]] bool nameable_here(owner_id o) const noexcept {
+    return !slots_[o].ref.thread_bound || slots_[o].ref.key == thread_key_();
+  }
+  [[nodiscard]] stream_ref const& ref(owner_id o) const noexcept { return slots_[o].ref; }
+  [[nodiscard]] std::size_t limit() const noexcept { return slots_.size(); }
+  [[nodiscard]] stream_sync& sync() const noexcept { return *sync_; }
+  /// Counts of CUDA-facing calls made so far (for tests and statistics).
+  [[nodiscard]] std::size_t records() const noexcept { return records_; }
+  [[nodiscard]] std::size_t waits() const noexcept { return waits_; }
+
+  /// Slots beyond this many are recycled from streams that hold no free memory.
+  static constexpr std::size_t soft_slot_limit = 1024;
+
+ private:
+  struct slot {
+    stream_ref ref{};
+    stream_sync::handle event = 0;
+    bool in_use = false;
+    bool dirty = false;     // freed into since the event was last recorded
+    bool recorded = false;  // the event holds a record
+    bool wanted = false;    // another thread asked this thread-bound stream to record
+  };
+
+  template <typename HoldsMemory>
+  owner_id create(stream_ref const& s, HoldsMemory& holds_memory) {
+    owner_id o = 0;
+    if (slots_.size() >= soft_slot_limit) {
+      for (std::size_t i = 1; i < slots_.size() && o == 0; ++i) {
+        if (!holds_memory(static_cast<owner_id>(i)) && !slots_[i].wanted) { o = static_cast<owner_id>(i); }
+      }
+      if (o != 0) { retire(o); }
+    }
+    return install(s, o);
+  }
+  owner_id install(stream_ref const& s, owner_id reuse);
+  void retire(owner_id o) noexcept;
+  void record_now(slot& sl, stream_ref const& s);
+
+  std::shared_ptr<stream_sync> sync_;
+  thread_key_fn thread_key_;
+  std::vector<slot> slots_;  // index = owner id; slot 0 stands for "synchronized"
+  address_map by_key_;       // stream key -> owner id
+  std::uintptr_t cached_key_ = address_map::empty_key;
+  owner_id cached_owner_ = 0;
+  std::size_t records_ = 0;
+  std::size_t waits_ = 0;
+};
+
+/// `block_pool` plus stream ownership: the stream-ordered coalescing allocator shared by
+/// `pool_memory_resource` and the arena's global arena. Not thread-safe (its owner locks).
+class stream_ordered_pool {
+ public:
+  explicit stream_ordered_pool(std::shared_ptr<stream_sync> sync, thread_key_fn thread_key = &this_thread_key);
+
+  /// A block for stream `s`: from s's own free blocks, then synchronized ones, then
+  /// blocks taken over from other streams (with an event wait). 0 when nothing fits: the
+  /// caller grows or gives up. With a single stream this makes no `stream_sync` calls.
+  std::uintptr_t allocate(std::size_t size, std::size_t alignment, stream_ref const& s) {
+    owner_id const o = owner_of(s);
+    owners_.note_use(o, s);
+    if (std::uintptr_t const a = blocks_.allocate(size, alignment, o)) { return a; }
+    if (std::uintptr_t const a = blocks_.allocate(size, alignment, block_pool::synchronized)) { return a; }
+    return allocate_from_other_streams(size, alignment, s, o);
+  }
+  /// Frees the live block at `address` on stream `s`; returns its size (0: not ours).
+  std::size_t deallocate(std::uintptr_t address, stream_ref const& s) {
+    owner_id const o = owner_of(s);
+    std::size_t const size = blocks_.deallocate(address, o);
+    if (size != 0) { owners_.note_free(o, s); }
+    return size;
+  }
+
+  /// Adds a chunk the upstream allocated on stream `s`; its memory belongs to `s`.
+  chunk_id add_chunk(std::uintptr_t base, std::size_t size, stream_ref const& s) {
+    owner_id const o = owner_of(s);
+    chunk_id const c = blocks_.add_chunk(base, size, o);
+    owners_.note_acquired(o);
+    return c;
+  }
+
+  /// Grows chunk `c` in place by `bytes` mapped for stream `s` (see block_pool::extend_chunk).
+  void extend_chunk(chunk_id c, std::size_t bytes, stream_ref const& s) {
+    owner_id const o = owner_of(s);
+    blocks_.extend_chunk(c, bytes, o);
+    owners_.note_acquired(o);
+  }
+  /// Returns a withdrawn hole to the free memory of stream `s` (see block_pool::restore).
+  std::size_t restore(std::uintptr_t address, stream_ref const& s) {
+    owner_id const o = owner_of(s);
+    std::size_t const size = blocks_.restore(address, o);
+    owners_.note_acquired(o);
+    return size;
+  }
+
+  /// Owner id of stream `s` (creating its slot when new).
+  owner_id owner_of(stream_ref const& s) {
+    return owners_.acquire(s, [this](owner_id o) { return blocks_.free_blocks(o) != 0; });
+  }
+
+  /// Synchronizes the device when any stream holds free blocks, then makes every free
+  /// block synchronized (usable by all, merged as far as possible). Returns whether it
+  /// had to synchronize.
+  bool synchronize_everything();
+
+  /// The stream to give chunk `c` (which has no live blocks) back to the upstream on:
+  /// the one stream its free blocks belong to, or — when they belong to several, or to
+  /// another thread's default stream — the default stream after synchronizing everything.
+  stream_ref return_stream(chunk_id c);
+  /// As `return_stream`, but false (and no synchronization) when one would be needed.
+  bool return_stream_without_sync(chunk_id c, stream_ref& out) const;
+
+  [[nodiscard]] block_pool& blocks() noexcept { return blocks_; }
+  [[nodiscard]] block_pool const& blocks() const noexcept { return blocks_; }
+  [[nodiscard]] stream_owners& owners() noexcept { return owners_; }
+  [[nodiscard]] stream_owners const& owners() const noexcept { return owners_; }
+
+ private:
+  std::uintptr_t allocate_from_other_streams(std::size_t size, std::size_t alignment, stream_ref const& s,
+                                             owner_id o);
+  block_pool blocks_;
+  stream_owners owners_;
+};
+
+}  // namespace mrstack::detail

@@ -1,0 +1,93 @@
+#pragma once
+/// `binning_memory_resource`: size classes. Each bin serves the requests that fit its
+/// block size (and alignment) from a resource of its own — a `fixed_size_memory_resource`
+/// by default, so a served request costs a bin lookup plus an O(1) pop. Requests above
+/// the largest bin go to the `large` resource (the upstream unless another is given).
+///
+/// Contract:
+/// - `binning_memory_resource(upstream, min, max)`: one bin per power of two from `min`
+///   (rounded up to a power of two, at least 256) to `max` (rounded up likewise). Custom
+///   bins: `add_bin(size, resource)` (any multiple of 256; `resource` null: a
+///   fixed_size of that size over the upstream), or construct with no bins and add them.
+/// - A request (n, a) goes to the smallest bin whose size is >= n and whose blocks are
+///   aligned to >= a; deallocate routes (n, a) the same way, so it reaches the same bin.
+///   Power-of-two bins of size s are s-aligned, so large alignments are served by bins too.
+/// - Streams, errors and thread safety are those of the bin and large resources (each
+///   is thread-safe on its own; the bin table is fixed once allocation starts — add bins
+///   before sharing the resource between threads).
+/// - `free_bytes_held()` counts the bins' free blocks, the large resource's and the
+///   upstream's free bytes once; `release()` releases every bin, then the large resource
+///   and the upstream.
+#include <array>
+#include <bit>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include <mrstack/resource.hpp>
+
+namespace mrstack {
+
+class binning_memory_resource final : public memory_resource {
+ public:
+  /// Power-of-two bins from `min_size` to `max_size` (both rounded up to powers of two);
+  /// `max_size` 0: no bins (add them with add_bin). `large`: where bigger requests go
+  /// (null: the upstream).
+  binning_memory_resource(resource_ptr upstream, std::size_t min_size, std::size_t max_size, resource_ptr large = nullptr);
+  /// No bins yet: add them with `add_bin`.
+  explicit binning_memory_resource(resource_ptr upstream, resource_ptr large = nullptr);
+
+  /// Adds a bin of `size` bytes served by `resource` (null: a fixed_size resource of that
+  /// size over the upstream, blocks aligned to the largest power of two dividing `size`).
+  /// A bin of a size already present replaces it.
+  void add_bin(std::size_t size, resource_ptr resource = nullptr, std::size_t alignment = 0);
+
+  struct bin {
+    std::size_t size;
+    std::size_t alignment;  ///< alignment every block of this bin has
+    resource_ptr resource;
+  };
+  [[nodiscard]] std::vector<bin> const& bins() const noexcept { return bins_; }
+  [[nodiscard]] memory_resource& large_resource() const noexcept { return *large_; }
+  /// The resource a request (bytes, alignment) goes to.
+  [[nodiscard]] memory_resource& resource_for(std::size_t bytes, std::size_t alignment = default_alignment) const noexcept {
+    return *target(bytes, alignment);
+  }
+
+ private:
+  void* do_allocate(std::size_t bytes, std::size_t alignment, stream_view stream) override {
+    return target(bytes, alignment)->allocate(bytes, stream, alignment);
+  }
+  void do_deallocate(void* ptr, std::size_t bytes, std::size_t alignment, stream_view stream) override {
+    target(bytes, alignment)->deallocate(ptr, bytes, stream, alignment);
+  }
+  bool do_is_equal(memory_resource const& other) const noexcept override { return this == &other; }
+  std::string do_name() const override { return "binning"; }
+  memory_resource* do_upstream() const noexcept override { return upstream_.get(); }
+  std::size_t do_free_bytes_held() const noexcept override;
+  void do_release() override;
+
+  /// Bin lookup: `first_bin_[ceil_log2(n)]` is the first bin that may hold n bytes; a
+  /// short forward walk settles size and alignment (one step for power-of-two bins).
+  [[nodiscard]] memory_resource* target(std::size_t bytes, std::size_t alignment) const noexcept {
+    std::size_t const need = bytes < alignment ? alignment : bytes;
+    if (need > largest_bin_) { return large_; }
+    unsigned const log = need <= 1 ? 0U : static_cast<unsigned>(std::bit_width(need - 1));
+    for (std::size_t i = first_bin_[log]; i < bins_.size(); ++i) {
+      bin const& b = bins_[i];
+      if (b.size >= bytes && b.alignment >= alignment) { return b.resource.get(); }
+    }
+    return large_;
+  }
+  void rebuild_index();
+
+  resource_ptr upstream_;
+  resource_ptr large_owner_;
+  memory_resource* large_;
+  std::vector<bin> bins_;  // ascending size
+  std::array<std::uint8_t, 65> first_bin_{};
+  std::size_t largest_bin_ = 0;
+};
+
+}  // namespace mrstack

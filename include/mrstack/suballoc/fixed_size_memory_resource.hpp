@@ -1,0 +1,91 @@
+#pragma once
+/// `fixed_size_memory_resource`: blocks of one size, O(1) allocate and free (a pop and a
+/// push on a per-stream stack of free blocks), for programs that allocate one size over
+/// and over — and as the bins of `binning_memory_resource`.
+///
+/// Contract:
+/// - Every block is `block_size()` bytes (the size asked at construction, rounded up to
+///   256) and aligned to `block_alignment()` (the largest power of two dividing the block
+///   size, at least 256). A request larger than the block size, or asking for a larger
+///   alignment, is a `logic_error` that says so — this resource serves one size only.
+/// - Memory comes from the upstream in chunks of `blocks_per_chunk` blocks (the
+///   constructor's `blocks_to_preallocate`; the first chunk is taken at construction).
+///   When the upstream refuses, fewer blocks are asked for, down to one; then
+///   `out_of_memory` names the request, footprint and free bytes. The first chunk is
+///   taken on the default stream, which is synchronized once so every stream may use it.
+/// - Streams: as the pool (see pool_memory_resource.hpp): a block freed on stream s is
+///   reused on s at once; another stream takes over s's free blocks after an event wait,
+///   recorded lazily. One stream in use: no CUDA calls.
+/// - `release()` returns every chunk to the upstream when no block is in use (blocks of a
+///   chunk are not tracked individually, so a partly used resource keeps its chunks).
+///   Destruction returns every chunk.
+/// - Thread-safe (one mutex). Works over any upstream (asks it for 256-byte alignment only).
+#include <cstddef>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include <mrstack/detail/fixed_size_blocks.hpp>
+#include <mrstack/resource.hpp>
+
+namespace mrstack {
+
+class fixed_size_memory_resource final : public memory_resource {
+ public:
+  static constexpr std::size_t default_block_size = std::size_t{1} << 20;
+  static constexpr std::size_t default_blocks_to_preallocate = 128;
+
+  explicit fixed_size_memory_resource(resource_ptr upstream, std::size_t block_size = default_block_size,
+                                      std::size_t blocks_to_preallocate = default_blocks_to_preallocate,
+                                      std::shared_ptr<detail::stream_sync> stream_sync = nullptr);
+  ~fixed_size_memory_resource() override;
+
+  [[nodiscard]] std::size_t block_size() const noexcept { return block_size_; }
+  [[nodiscard]] std::size_t block_alignment() const noexcept { return block_alignment_; }
+  [[nodiscard]] std::size_t blocks_per_chunk() const noexcept { return blocks_per_chunk_; }
+  /// Bytes held from the upstream (chunks, including any alignment slack).
+  [[nodiscard]] std::size_t pool_size() const;
+  [[nodiscard]] std::size_t free_bytes() const;
+  [[nodiscard]] std::size_t free_blocks() const;
+  [[nodiscard]] std::size_t total_blocks() const;
+  [[nodiscard]] std::size_t chunk_count() const;
+  /// Calls f(base, size) for every chunk's usable range (under the lock).
+  template <typename F>
+  void for_each_chunk(F&& f) const {
+    std::lock_guard lock{mutex_};
+    for (auto const& c : chunks_) { f(c.first_block, c.blocks * block_size_); }
+  }
+
+ private:
+  void* do_allocate(std::size_t bytes, std::size_t alignment, stream_view stream) override;
+  void do_deallocate(void* ptr, std::size_t bytes, std::size_t alignment, stream_view stream) override;
+  bool do_is_equal(memory_resource const& other) const noexcept override { return this == &other; }
+  std::string do_name() const override { return "fixed_size"; }
+  memory_resource* do_upstream() const noexcept override { return upstream_.get(); }
+  std::size_t do_free_bytes_held() const noexcept override;
+  void do_release() override;
+
+  void* grow_and_allocate(std::size_t bytes, detail::stream_ref const& s);
+  /// Takes a chunk of up to `blocks` blocks (fewer when the upstream refuses); false when none.
+  bool grow(std::size_t blocks, detail::stream_ref const& s, std::string& why, bool at_construction = false);
+  [[noreturn]] void reject(std::size_t bytes, std::size_t alignment) const;
+  void return_all_chunks();
+
+  struct chunk {
+    void* allocation;          // what the upstream returned
+    std::size_t allocation_size;
+    std::uintptr_t first_block;
+    std::size_t blocks;
+  };
+
+  resource_ptr upstream_;
+  std::size_t block_size_;
+  std::size_t block_alignment_;
+  std::size_t blocks_per_chunk_;
+  mutable std::mutex mutex_;
+  detail::fixed_size_blocks blocks_;
+  std::vector<chunk> chunks_;
+  std::size_t pool_size_ = 0;
+};
+
+}  // namespace mrstack

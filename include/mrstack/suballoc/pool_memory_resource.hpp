@@ -1,0 +1,137 @@
+#pragma once
+/// `pool_memory_resource`: a coalescing, stream-ordered suballocator. It takes chunks from
+/// its upstream and carves them into blocks in O(1) per call, flat in the number of live
+/// blocks (design, numbers and the footprint it gives on real logs: docs/suballocators.md).
+///
+/// Contract:
+/// - `allocate(n, s, a)`: a block of n bytes (rounded up to 256) aligned to max(a, 256)
+///   (any power of two), usable on stream s at once. Good fit from a two-level
+///   segregated-fit index; metadata lives out of band, so the memory may be device
+///   memory the host cannot touch. Throws `out_of_memory` naming the request, the pool's
+///   footprint, its free bytes, its largest free block and the maximum.
+/// - `deallocate(p, n, s, a)`: the block merges with free neighbours and is reusable on s
+///   at once. A pointer the pool never handed out, or freed twice, is a `logic_error`
+///   (the lookup that finds the block detects it for free).
+/// - Streams: a block freed on stream s is reused on s without synchronization; another
+///   stream t takes it only after `cudaStreamWaitEvent(t, e)` on an event `e` recorded on
+///   s no earlier than the free. Events are recorded lazily — when t first wants s's
+///   memory, not on every free — and then t takes over everything s holds free. Blocks
+///   of different streams never merge. With one stream in use the pool makes no CUDA
+///   call per allocate or deallocate. Per-thread default streams are told apart by
+///   thread. Rules in detail: detail/stream_ordering.hpp.
+/// - Growth: when nothing fits (after taking over what other streams hold), the pool asks
+///   its upstream for a chunk of max(request, pool_size / growth_divisor,
+///   minimum_growth), rounded up to growth_granularity and capped by the maximum; when the
+///   upstream refuses it tries smaller sizes down to the request, then synchronizes and
+///   returns wholly free chunks, and only then throws. The default policy holds the peak
+///   footprint of a real PyTorch training log within 1.10x of its peak live bytes
+///   (tests/pool_footprint.cpp).
+/// - `release()` returns every wholly free chunk to the upstream (synchronizing first
+///   only when their free blocks belong to several streams). Destruction returns every
+///   chunk, live blocks or not.
+/// - Thread-safe (one mutex; the arena is the resource for many threads).
+/// - Works over any upstream: cuda, cuda_async, managed, pinned_host, system, simulated.
+///   The upstream is only ever asked for 256-byte alignment.
+#include <cstddef>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+
+#include <mrstack/detail/stream_ordering.hpp>
+#include <mrstack/resource.hpp>
+
+namespace mrstack {
+
+struct pool_options {
+  /// A new chunk is at least pool_size / growth_divisor: growth is geometric (few chunks,
+  /// O(log) of them for any footprint) but by a small factor (1 + 1/growth_divisor), so
+  /// the last chunk overshoots what the program needs by little.
+  std::size_t growth_divisor = 12;
+  /// A new chunk is at least this big (avoids many tiny chunks early on).
+  std::size_t minimum_growth = std::size_t{4} << 20;
+  /// Chunk sizes are rounded up to this (2 MiB: the device's large-page granule).
+  std::size_t growth_granularity = std::size_t{2} << 20;
+  /// Before growing, return wholly free chunks to the upstream and take their bytes back
+  /// as part of the one new chunk: free memory scattered over small chunks becomes one
+  /// contiguous range instead of staying stranded next to a growing footprint.
+  /// Only chunks that need no synchronization to return are consolidated.
+  bool consolidate_on_growth = true;
+  /// The stream the initial chunk is taken on; it is synchronized once, after which the
+  /// chunk is usable by every stream without an event.
+  stream_view initial_stream{};
+  /// The seam to CUDA events; null: CUDA over device/managed/pinned memory, no-ops over
+  /// host and simulated memory (see suballoc/stream_sync.hpp).
+  std::shared_ptr<detail::stream_sync> stream_sync;
+};
+
+class pool_memory_resource final : public memory_resource {
+ public:
+  /// `initial_size` bytes are taken at once (rounded up to 256); the pool never holds
+  /// more than `maximum_size` (unbounded when empty).
+  explicit pool_memory_resource(resource_ptr upstream, std::size_t initial_size = 0,
+                                std::optional<std::size_t> maximum_size = std::nullopt, pool_options options = {});
+  ~pool_memory_resource() override;
+
+  /// Bytes held from the upstream.
+  [[nodiscard]] std::size_t pool_size() const;
+  /// Bytes held free (any stream).
+  [[nodiscard]] std::size_t free_bytes() const;
+  /// Bytes handed out (rounded to 256).
+  [[nodiscard]] std::size_t used_bytes() const;
+  [[nodiscard]] std::size_t largest_free_block() const;
+  [[nodiscard]] std::size_t chunk_count() const;
+  [[nodiscard]] std::optional<std::size_t> maximum_size() const noexcept { return maximum_size_; }
+  [[nodiscard]] pool_options const& options() const noexcept { return options_; }
+
+  struct statistics {
+    std::size_t pool_size = 0;
+    std::size_t free_bytes = 0;
+    std::size_t used_bytes = 0;
+    std::size_t largest_free_block = 0;
+    std::size_t chunks = 0;
+    std::size_t live_blocks = 0;
+    std::size_t free_blocks = 0;
+    std::size_t peak_pool_size = 0;
+    std::size_t upstream_allocations = 0;  ///< chunks ever taken
+    std::size_t events_recorded = 0;       ///< cross-stream handovers that recorded an event
+    std::size_t stream_waits = 0;          ///< cudaStreamWaitEvent calls
+  };
+  [[nodiscard]] statistics stats() const;
+
+  /// Every structural invariant of the pool's bookkeeping; empty when all hold (O(blocks)).
+  [[nodiscard]] std::string check_invariants() const;
+  /// Calls f(base, size) for every chunk (under the pool's lock: do not call the pool from f).
+  template <typename F>
+  void for_each_chunk(F&& f) const {
+    std::lock_guard lock{mutex_};
+    core_.blocks().for_each_chunk([&](detail::chunk_id, detail::block_pool::chunk_info const& c) { f(c.base, c.size); });
+  }
+
+ private:
+  void* do_allocate(std::size_t bytes, std::size_t alignment, stream_view stream) override;
+  void do_deallocate(void* ptr, std::size_t bytes, std::size_t alignment, stream_view stream) override;
+  bool do_is_equal(memory_resource const& other) const noexcept override { return this == &other; }
+  std::string do_name() const override { return "pool"; }
+  memory_resource* do_upstream() const noexcept override { return upstream_.get(); }
+  std::size_t do_free_bytes_held() const noexcept override;
+  void do_release() override;
+
+  void* grow_and_allocate(std::size_t bytes, std::size_t size, std::size_t alignment, detail::stream_ref const& s);
+  /// Tries to take a chunk that can serve `needed` bytes; false when the cap or the upstream refuses.
+  bool grow(std::size_t needed, detail::stream_ref const& s, std::string& why);
+  /// Returns wholly free chunks to the upstream; the bytes returned. Without
+  /// `may_synchronize`, chunks whose return would need a device synchronization stay.
+  std::size_t release_free_chunks(bool may_synchronize = true);
+  [[noreturn]] void throw_out_of_memory(std::size_t bytes, std::string why) const;
+
+  resource_ptr upstream_;
+  std::optional<std::size_t> maximum_size_;
+  pool_options options_;
+  mutable std::mutex mutex_;
+  detail::stream_ordered_pool core_;
+  std::size_t peak_pool_size_ = 0;
+  std::size_t upstream_allocations_ = 0;
+};
+
+}  // namespace mrstack

@@ -1,0 +1,367 @@
+#include <mrstack/detail/arena_core.hpp>
+
+#include <bit>
+#include <stdexcept>
+
+#include <mrstack/detail/align.hpp>
+
+namespace mrstack::detail {
+
+// ---- size classes ------------------------------------------------------------------------------
+
+unsigned arena_size_classes::class_of(std::size_t size) noexcept {
+  std::size_t const units = size / 256;
+  if (units <= 4) { return static_cast<unsigned>(units == 0 ? 0 : units - 1); }
+  std::size_t const v = units - 1;
+  auto const m = static_cast<unsigned>(std::bit_width(v) - 1);  // v in [2^m, 2^(m+1))
+  auto const sub = static_cast<unsigned>((v >> (m - 2)) & 3U);
+  return 4 + (m - 2) * 4 + sub;
+}
+
+std::size_t arena_size_classes::class_size(unsigned cls) noexcept {
+  if (cls < 4) { return std::size_t{cls + 1} * 256; }
+  unsigned const m = (cls - 4) / 4 + 2;
+  unsigned const sub = (cls - 4) % 4;
+  std::size_t const units = (std::size_t{1} << m) + (std::size_t{sub + 1} << (m - 2));
+  return units * 256;
+}
+
+// ---- the thread's arena cache --------------------------------------------------------------------
+
+namespace {
+
+struct cache_entry {
+  std::uint64_t core_id = 0;
+  std::uintptr_t key = 0;
+  void* arena = nullptr;
+};
+// Each thread remembers the arenas it used last, keyed by (arena_core id, stream key). Ids
+// are never reused, so an entry of a destroyed arena_core can never be hit again.
+thread_local std::array<cache_entry, 8> arena_cache{};
+thread_local unsigned arena_cache_next = 0;
+std::atomic<std::uint64_t> next_core_id{1};
+
+}  // namespace
+
+// ---- construction ----------------------------------------------------------------------------------
+
+arena_core::arena_core(std::uintptr_t base, std::size_t size, options const& opts, std::shared_ptr<stream_sync> sync,
+                       thread_key_fn thread_key)
+    : opts_{opts},
+      shift_{0},
+      base_{base},
+      size_{size},
+      id_{next_core_id.fetch_add(1, std::memory_order_relaxed)},
+      sync_{sync},
+      thread_key_{thread_key},
+      global_{std::move(sync), thread_key},
+      slots_{0} {
+  if (!is_pow2(opts_.superblock_size) || opts_.superblock_size < (std::size_t{64} << 10) ||
+      opts_.superblock_size > (std::size_t{16} << 20)) {
+    throw std::invalid_argument("arena: superblock size must be a power of two from 64 KiB to 16 MiB");
+  }
+  if (opts_.max_small_size % 256 != 0 || opts_.max_small_size > opts_.superblock_size / 2) {
+    throw std::invalid_argument("arena: the small-request limit must be a multiple of 256 and at most half a superblock");
+  }
+  if (base % opts_.superblock_size != 0 || size % opts_.superblock_size != 0 || size == 0) {
+    throw std::invalid_argument("arena: the region must be a non-empty whole number of aligned superblocks");
+  }
+  shift_ = static_cast<unsigned>(std::countr_zero(opts_.superblock_size));
+  slots_ = size >> shift_;
+  descriptors_.resize(slots_);
+  table_ = std::make_unique<std::atomic<superblock*>[]>(slots_);
+  for (std::size_t i = 0; i < slots_; ++i) { table_[i].store(nullptr, std::memory_order_relaxed); }
+  global_.blocks().add_chunk(base, size, block_pool::synchronized);
+}
+
+arena_core::~arena_core() = default;
+
+// ---- stream arenas ---------------------------------------------------------------------------------
+
+arena_core::stream_arena* arena_core::arena_for(stream_ref const& s) {
+  for (auto const& e : arena_cache) {
+    if (e.core_id == id_ && e.key == s.key) { return static_cast<stream_arena*>(e.arena); }
+  }
+  stream_arena* a = create_arena(s);
+  arena_cache[arena_cache_next++ % arena_cache.size()] = cache_entry{id_, s.key, a};
+  return a;
+}
+
+arena_core::stream_arena* arena_core::create_arena(stream_ref const& s) {
+  std::lock_guard lock{registry_mutex_};
+  std::uint32_t const found = arena_by_key_.find(s.key);
+  if (found != address_map::npos) { return arenas_[found].get(); }
+  auto a = std::make_unique<stream_arena>();
+  a->stream = s;
+  arenas_.push_back(std::move(a));
+  arena_by_key_.insert(s.key, static_cast<std::uint32_t>(arenas_.size() - 1));
+  return arenas_.back().get();
+}
+
+void arena_core::list_push(stream_arena& a, superblock& sb) noexcept {
+  superblock*& head = a.lists[sb.cls];
+  sb.prev = nullptr;
+  sb.next = head;
+  if (head != nullptr) { head->prev = &sb; }
+  head = &sb;
+  sb.listed = true;
+}
+
+void arena_core::list_remove(stream_arena& a, superblock& sb) noexcept {
+  if (sb.prev != nullptr) {
+    sb.prev->next = sb.next;
+  } else {
+    a.lists[sb.cls] = sb.next;
+  }
+  if (sb.next != nullptr) { sb.next->prev = sb.prev; }
+  sb.prev = sb.next = nullptr;
+  sb.listed = false;
+}
+
+std::uintptr_t arena_core::pop_block(stream_arena& a, superblock& sb) noexcept {
+  std::uint32_t index = 0;
+  if (!sb.free_stack.empty()) {
+    index = sb.free_stack.back();
+    sb.free_stack.pop_back();
+  } else {
+    index = sb.bump++;
+  }
+  if (sb.free_count == sb.capacity) { --a.empty; }
+  --sb.free_count;
+  a.free_bytes -= sb.block_size;
+  sb.live_bits[index / 64] |= std::uint64_t{1} << (index % 64);
+  if (sb.free_count == 0) { list_remove(a, sb); }
+  return sb.base + std::size_t{index} * sb.block_size;
+}
+
+void arena_core::push_block(stream_arena& a, superblock& sb, std::uint32_t index) {
+  sb.live_bits[index / 64] &= ~(std::uint64_t{1} << (index % 64));
+  sb.free_stack.push_back(static_cast<std::uint16_t>(index));
+  ++sb.free_count;
+  a.free_bytes += sb.block_size;
+  if (!sb.listed) { list_push(a, sb); }
+  if (sb.free_count == sb.capacity) {
+    ++a.empty;
+    if (a.empty > opts_.empty_superblocks_kept) { surrender_superblock(a, sb); }
+  }
+}
+
+arena_core::superblock* arena_core::acquire_superblock(stream_arena& a, unsigned cls) {
+  std::uintptr_t addr = 0;
+  superblock* sb = nullptr;
+  {
+    std::lock_guard lock{global_mutex_};
+    addr = global_.allocate(opts_.superblock_size, opts_.superblock_size, a.stream);
+    if (addr == 0) { return nullptr; }
+    auto& d = descriptors_[(addr - base_) >> shift_];
+    if (!d) { d = std::make_unique<superblock>(); }
+    sb = d.get();
+  }
+  sb->base = addr;
+  sb->arena = &a;
+  sb->cls = cls;
+  sb->block_size = arena_size_classes::class_size(cls);
+  sb->capacity = static_cast<std::uint32_t>(opts_.superblock_size / sb->block_size);
+  sb->free_count = sb->capacity;
+  sb->bump = 0;
+  sb->free_stack.clear();
+  sb->free_stack.reserve(sb->capacity);
+  sb->live_bits.assign((sb->capacity + 63) / 64, 0);
+  sb->listed = false;
+  ++a.superblocks;
+  ++a.empty;
+  a.free_bytes += std::size_t{sb->capacity} * sb->block_size;
+  list_push(a, *sb);
+  table_[(addr - base_) >> shift_].store(sb, std::memory_order_release);
+  return sb;
+}
+
+void arena_core::surrender_superblock(stream_arena& a, superblock& sb) {
+  if (sb.listed) { list_remove(a, sb); }
+  --a.empty;
+  --a.superblocks;
+  a.free_bytes -= std::size_t{sb.capacity} * sb.block_size;
+  table_[(sb.base - base_) >> shift_].store(nullptr, std::memory_order_release);
+  sb.arena = nullptr;
+  std::lock_guard lock{global_mutex_};
+  global_.deallocate(sb.base, a.stream);
+}
+
+std::size_t arena_core::reclaim_from(stream_arena& a) {
+  std::size_t returned = 0;
+  for (auto& head : a.lists) {
+    for (superblock* sb = head; sb != nullptr;) {
+      superblock* const next = sb->next;
+      if (sb->free_count == sb->capacity) {
+        surrender_superblock(a, *sb);
+        returned += opts_.superblock_size;
+      }
+      sb = next;
+    }
+  }
+  return returned;
+}
+
+std::size_t arena_core::reclaim() {
+  std::vector<stream_arena*> all;
+  {
+    std::lock_guard lock{registry_mutex_};
+    for (auto const& a : arenas_) { all.push_back(a.get()); }
+  }
+  std::size_t returned = 0;
+  for (stream_arena* a : all) {
+    std::lock_guard lock{a->mutex};
+    returned += reclaim_from(*a);
+  }
+  return returned;
+}
+
+bool arena_core::synchronize_everything() {
+  std::lock_guard lock{global_mutex_};
+  return global_.synchronize_everything();
+}
+
+// ---- allocation -------------------------------------------------------------------------------------
+
+std::uintptr_t arena_core::allocate(std::size_t size, std::size_t alignment, stream_ref const& s) {
+  return is_small(size, alignment) ? allocate_small(size, s) : allocate_large(size, alignment, s);
+}
+
+std::uintptr_t arena_core::allocate_small(std::size_t size, stream_ref const& s) {
+  stream_arena* const a = arena_for(s);
+  unsigned const cls = arena_size_classes::class_of(size);
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    if (attempt == 1) { reclaim(); }  // never while holding an arena lock: reclaim takes them all
+    if (attempt == 2) { synchronize_everything(); }
+    std::lock_guard lock{a->mutex};
+    superblock* sb = a->lists[cls];
+    if (sb == nullptr) { sb = acquire_superblock(*a, cls); }
+    if (sb != nullptr) { return pop_block(*a, *sb); }
+  }
+  return 0;
+}
+
+std::uintptr_t arena_core::allocate_large(std::size_t size, std::size_t alignment, stream_ref const& s) {
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    if (attempt == 1 && reclaim() == 0) { continue; }
+    if (attempt == 2 && !synchronize_everything()) { break; }
+    std::lock_guard lock{global_mutex_};
+    if (std::uintptr_t const p = global_.allocate(size, alignment, s)) { return p; }
+  }
+  return 0;
+}
+
+bool arena_core::deallocate(std::uintptr_t p, std::size_t size, std::size_t alignment, stream_ref const& s) {
+  if (!is_small(size, alignment)) {
+    std::lock_guard lock{global_mutex_};
+    std::size_t const freed = global_.deallocate(p, s);
+    return freed != 0;
+  }
+  if (p < base_ || p >= base_ + size_) { return false; }
+  superblock* const sb = table_[(p - base_) >> shift_].load(std::memory_order_acquire);
+  if (sb == nullptr) { return false; }
+  std::size_t const offset = p - sb->base;
+  if (offset % sb->block_size != 0 || sb->block_size != arena_size_classes::class_size(arena_size_classes::class_of(size))) {
+    return false;
+  }
+  auto const index = static_cast<std::uint32_t>(offset / sb->block_size);
+  stream_arena* const mine = arena_for(s);
+  stream_arena* const owner = sb->arena;
+  if (owner == nullptr) { return false; }
+  if (owner != mine) {
+    // Another stream's arena: its stream may reuse the block at once, so this stream's
+    // work on it must be finished first.
+    sync_->synchronize(s.handle);
+  }
+  std::lock_guard lock{owner->mutex};
+  if (sb->arena != owner || (sb->live_bits[index / 64] >> (index % 64) & 1U) == 0) { return false; }
+  push_block(*owner, *sb, index);
+  return true;
+}
+
+// ---- introspection ------------------------------------------------------------------------------------
+
+stream_ref arena_core::return_stream() {
+  std::vector<stream_arena*> all;
+  {
+    std::lock_guard lock{registry_mutex_};
+    for (auto const& a : arenas_) { all.push_back(a.get()); }
+  }
+  std::lock_guard lock{global_mutex_};
+  if (all.empty()) { return global_.return_stream(0); }
+  std::vector<owner_id> owners = global_.blocks().chunk_owners(0);
+  std::erase(owners, block_pool::synchronized);
+  bool single = all.size() == 1 && global_.owners().nameable_here(global_.owner_of(all.front()->stream));
+  for (owner_id o : owners) { single = single && global_.owners().ref(o).key == all.front()->stream.key; }
+  if (single) { return all.front()->stream; }
+  global_.synchronize_everything();
+  sync_->synchronize_all();
+  return stream_ref{};
+}
+
+arena_core::statistics arena_core::stats() const {
+  statistics st;
+  {
+    std::lock_guard lock{global_mutex_};
+    st.global_free_bytes = global_.blocks().free_bytes();
+    st.largest_free_block = global_.blocks().largest_free_block();
+    st.large_live_bytes = global_.blocks().live_bytes();
+  }
+  std::lock_guard lock{registry_mutex_};
+  st.stream_arenas = arenas_.size();
+  for (auto const& a : arenas_) {
+    std::lock_guard arena_lock{a->mutex};
+    st.superblocks_in_arenas += a->superblocks;
+    st.free_bytes_in_arenas += a->free_bytes;
+  }
+  st.large_live_bytes -= st.superblocks_in_arenas * opts_.superblock_size;
+  return st;
+}
+
+std::string arena_core::check_invariants() const {
+  std::lock_guard registry_lock{registry_mutex_};
+  std::vector<std::unique_lock<std::mutex>> locks;
+  for (auto const& a : arenas_) { locks.emplace_back(a->mutex); }
+  std::lock_guard global_lock{global_mutex_};
+  if (std::string const e = global_.blocks().check_invariants(); !e.empty()) { return "global arena: " + e; }
+  std::size_t carved = 0;
+  for (std::size_t slot = 0; slot < slots_; ++slot) {
+    superblock const* sb = table_[slot].load(std::memory_order_relaxed);
+    if (sb == nullptr) { continue; }
+    ++carved;
+    std::string const where = "superblock " + std::to_string(slot);
+    if (sb != descriptors_[slot].get()) { return where + ": table and descriptor disagree"; }
+    if (sb->arena == nullptr) { return where + ": carved but owned by no arena"; }
+    if (sb->base != base_ + (slot << shift_)) { return where + ": wrong base"; }
+    if (global_.blocks().live_size(sb->base) != opts_.superblock_size) { return where + ": not live in the global arena"; }
+    std::size_t live = 0;
+    for (auto w : sb->live_bits) { live += static_cast<std::size_t>(std::popcount(w)); }
+    if (live + sb->free_count != sb->capacity) { return where + ": live bits and free count disagree"; }
+    if (sb->free_stack.size() + (sb->capacity - sb->bump) != sb->free_count) { return where + ": free stack wrong"; }
+    if (sb->listed != (sb->free_count > 0)) { return where + ": listed iff it has free blocks"; }
+  }
+  std::size_t owned = 0;
+  for (auto const& a : arenas_) {
+    std::size_t free_bytes = 0;
+    std::size_t listed = 0;
+    std::size_t empty = 0;
+    for (unsigned cls = 0; cls < a->lists.size(); ++cls) {
+      superblock const* prev = nullptr;
+      for (superblock const* sb = a->lists[cls]; sb != nullptr; prev = sb, sb = sb->next) {
+        if (sb->arena != a.get() || sb->cls != cls || sb->prev != prev) { return "arena list corrupt"; }
+        free_bytes += std::size_t{sb->free_count} * sb->block_size;
+        empty += sb->free_count == sb->capacity ? 1 : 0;
+        ++listed;
+      }
+    }
+    if (free_bytes != a->free_bytes) { return "arena free bytes wrong"; }
+    if (empty != a->empty) { return "arena empty count wrong"; }
+    if (empty > opts_.empty_superblocks_kept) { return "arena keeps too many empty superblocks"; }
+    if (listed > a->superblocks) { return "arena lists more superblocks than it owns"; }
+    owned += a->superblocks;
+  }
+  if (owned != carved) { return "superblocks owned by arenas and carved in the table disagree"; }
+  return {};
+}
+
+}  // namespace mrstack::detail

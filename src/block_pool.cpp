@@ -1,0 +1,570 @@
+#include <mrstack/detail/block_pool.hpp>
+
+#include <bit>
+#include <cassert>
+#include <stdexcept>
+
+#include <mrstack/detail/align.hpp>
+
+namespace mrstack::detail {
+
+block_pool::block_pool() = default;
+block_pool::~block_pool() = default;
+
+// ---- node slab ---------------------------------------------------------------------------
+
+std::uint32_t block_pool::new_node() {
+  if (free_nodes_ != npos) {
+    std::uint32_t const i = free_nodes_;
+    free_nodes_ = at(i).next;
+    return i;
+  }
+  if (node_count_ == npos - 1) { throw std::length_error("block_pool: more than 4 billion blocks"); }
+  if ((node_count_ & ((1U << page_bits) - 1)) == 0) {
+    pages_.push_back(std::make_unique<block[]>(std::size_t{1} << page_bits));
+  }
+  return node_count_++;
+}
+
+void block_pool::delete_node(std::uint32_t i) noexcept {
+  block& n = at(i);
+  n.state = state_unused;
+  n.next = free_nodes_;
+  free_nodes_ = i;
+}
+
+block_pool::class_index& block_pool::index_of(owner_id owner) {
+  if (owner >= indexes_.size()) { indexes_.resize(std::size_t{owner} + 1); }
+  auto& slot = indexes_[owner];
+  if (!slot) { slot = std::make_unique<class_index>(); }
+  return *slot;
+}
+
+// ---- size classes --------------------------------------------------------------------------
+
+unsigned block_pool::class_of(std::size_t units) noexcept {
+  if (units < sl_count) { return static_cast<unsigned>(units); }  // first level 0: one class per unit
+  auto const msb = static_cast<unsigned>(63 - std::countl_zero(static_cast<std::uint64_t>(units)));
+  unsigned const fl = msb - sl_bits + 1;
+  auto const sl = static_cast<unsigned>((units >> (msb - sl_bits)) & (sl_count - 1));
+  return fl * sl_count + sl;
+}
+
+std::size_t block_pool::class_floor(unsigned cls) noexcept {
+  unsigned const fl = cls / sl_count;
+  unsigned const sl = cls % sl_count;
+  if (fl == 0) { return sl; }
+  return std::size_t{sl_count + sl} << (fl - 1);
+}
+
+void block_pool::insert_free(std::uint32_t b, owner_id owner) {
+  class_index& idx = index_of(owner);
+  block& n = at(b);
+  n.owner = owner;
+  n.state = state_free;
+  unsigned const cls = class_of(n.size / granularity);
+  std::uint32_t const head = idx.heads[cls];
+  n.free_prev = npos;
+  n.free_next = head;
+  if (head != npos) { at(head).free_prev = b; }
+  idx.heads[cls] = b;
+  idx.sl_bitmap[cls / sl_count] |= 1U << (cls % sl_count);
+  idx.fl_bitmap |= std::uint64_t{1} << (cls / sl_count);
+  idx.bytes += n.size;
+  ++idx.count;
+  free_bytes_total_ += n.size;
+}
+
+void block_pool::remove_free(std::uint32_t b) noexcept {
+  block& n = at(b);
+  class_index& idx = *indexes_[n.owner];
+  unsigned const cls = class_of(n.size / granularity);
+  if (n.free_prev != npos) {
+    at(n.free_prev).free_next = n.free_next;
+  } else {
+    idx.heads[cls] = n.free_next;
+    if (n.free_next == npos) {
+      unsigned const fl = cls / sl_count;
+      idx.sl_bitmap[fl] &= ~(1U << (cls % sl_count));
+      if (idx.sl_bitmap[fl] == 0) { idx.fl_bitmap &= ~(std::uint64_t{1} << fl); }
+    }
+  }
+  if (n.free_next != npos) { at(n.free_next).free_prev = n.free_prev; }
+  idx.bytes -= n.size;
+  --idx.count;
+  free_bytes_total_ -= n.size;
+}
+
+std::uint32_t block_pool::first_in_larger_class(class_index const& idx, unsigned cls) const noexcept {
+  unsigned fl = cls / sl_count;
+  unsigned const sl = cls % sl_count;
+  std::uint32_t sl_map = sl + 1 < sl_count ? idx.sl_bitmap[fl] & (~0U << (sl + 1)) : 0U;
+  if (sl_map == 0) {
+    std::uint64_t const fl_map = fl + 1 < fl_count ? idx.fl_bitmap & (~std::uint64_t{0} << (fl + 1)) : 0U;
+    if (fl_map == 0) { return npos; }
+    fl = static_cast<unsigned>(std::countr_zero(fl_map));
+    sl_map = idx.sl_bitmap[fl];
+  }
+  return idx.heads[fl * sl_count + static_cast<unsigned>(std::countr_zero(sl_map))];
+}
+
+// ---- splitting and merging ---------------------------------------------------------------------
+
+std::uint32_t block_pool::split(std::uint32_t b, std::size_t offset) {
+  std::uint32_t const u = new_node();
+  block& lower = at(b);
+  block& upper = at(u);
+  upper.addr = lower.addr + offset;
+  upper.size = lower.size - offset;
+  upper.prev = b;
+  upper.next = lower.next;
+  upper.free_prev = npos;
+  upper.free_next = npos;
+  upper.chunk = lower.chunk;
+  upper.owner = lower.owner;
+  upper.state = lower.state;
+  if (lower.next != npos) {
+    at(lower.next).prev = u;
+  } else {
+    chunks_[lower.chunk].last = u;
+  }
+  lower.next = u;
+  lower.size = offset;
+  return u;
+}
+
+std::uint32_t block_pool::coalesce(std::uint32_t b, owner_id owner, owner_id also_mergeable, bool merge_any) {
+  owner_id result = owner;
+  auto mergeable = [&](std::uint32_t n) {
+    if (n == npos) { return false; }
+    block const& nb = at(n);
+    return nb.state == state_free &&
+           (merge_any || nb.owner == result || nb.owner == also_mergeable || nb.owner == synchronized || result == synchronized);
+  };
+  auto adopt = [&](owner_id neighbour_owner) {
+    // A synchronized result takes on the pending work of a stream-owned neighbour.
+    if (!merge_any && result == synchronized && neighbour_owner != also_mergeable) { result = neighbour_owner; }
+  };
+  // Loops, not single steps: when ownership changes (transfer, a full synchronization)
+  // a whole run of formerly separate free blocks may become mergeable.
+  for (std::uint32_t prev = at(b).prev; mergeable(prev); prev = at(b).prev) {
+    adopt(at(prev).owner);
+    remove_free(prev);
+    block& p = at(prev);
+    block const& cur = at(b);
+    p.size += cur.size;
+    p.next = cur.next;
+    if (cur.next != npos) {
+      at(cur.next).prev = prev;
+    } else {
+      chunks_[cur.chunk].last = prev;
+    }
+    delete_node(b);
+    b = prev;
+  }
+  for (std::uint32_t next = at(b).next; mergeable(next); next = at(b).next) {
+    adopt(at(next).owner);
+    remove_free(next);
+    block& cur = at(b);
+    block const& nx = at(next);
+    cur.size += nx.size;
+    cur.next = nx.next;
+    if (nx.next != npos) {
+      at(nx.next).prev = b;
+    } else {
+      chunks_[cur.chunk].last = b;
+    }
+    delete_node(next);
+  }
+  at(b).owner = result;
+  return b;
+}
+
+// ---- chunks ---------------------------------------------------------------------------------------
+
+chunk_id block_pool::add_chunk(std::uintptr_t base, std::size_t size, owner_id owner) {
+  if (size == 0 || size % granularity != 0 || base % granularity != 0) {
+    throw std::invalid_argument("block_pool::add_chunk: base and size must be non-zero multiples of 256");
+  }
+  chunk_id c = 0;
+  if (!free_chunk_slots_.empty()) {
+    c = free_chunk_slots_.back();
+    free_chunk_slots_.pop_back();
+  } else {
+    c = static_cast<chunk_id>(chunks_.size());
+    chunks_.emplace_back();
+  }
+  std::uint32_t const b = new_node();
+  block& n = at(b);
+  n.addr = base;
+  n.size = size;
+  n.prev = npos;
+  n.next = npos;
+  n.chunk = c;
+  chunks_[c] = chunk_record{base, size, b, b, 0, 0, true};
+  insert_free(b, owner);
+  total_bytes_ += size;
+  ++chunk_count_;
+  return c;
+}
+
+void block_pool::extend_chunk(chunk_id c, std::size_t bytes, owner_id owner) {
+  if (c >= chunks_.size() || !chunks_[c].in_use) { throw std::invalid_argument("block_pool::extend_chunk: no such chunk"); }
+  if (bytes == 0 || bytes % granularity != 0) {
+    throw std::invalid_argument("block_pool::extend_chunk: bytes must be a non-zero multiple of 256");
+  }
+  chunk_record& rec = chunks_[c];
+  std::uint32_t const last = rec.last;
+  block& tail = at(last);
+  if (tail.state == state_free &&
+      (tail.owner == owner || tail.owner == synchronized || owner == synchronized)) {
+    owner_id const merged = owner != synchronized ? owner : tail.owner;
+    remove_free(last);
+    at(last).size += bytes;
+    insert_free(last, merged);
+  } else {
+    std::uint32_t const b = new_node();
+    block& n = at(b);
+    n.addr = rec.base + rec.size;
+    n.size = bytes;
+    n.prev = last;
+    n.next = npos;
+    n.chunk = c;
+    at(last).next = b;
+    rec.last = b;
+    insert_free(b, owner);
+  }
+  rec.size += bytes;
+  total_bytes_ += bytes;
+}
+
+bool block_pool::remove_chunk(chunk_id c) {
+  if (c >= chunks_.size() || !chunks_[c].in_use) { throw std::invalid_argument("block_pool::remove_chunk: no such chunk"); }
+  chunk_record& rec = chunks_[c];
+  if (rec.live_blocks != 0) { return false; }
+  for (std::uint32_t b = rec.first; b != npos;) {
+    block const& n = at(b);
+    std::uint32_t const next = n.next;
+    if (n.state == state_free) {
+      remove_free(b);
+    } else {  // withdrawn
+      live_.erase(n.addr);
+      withdrawn_bytes_ -= n.size;
+    }
+    delete_node(b);
+    b = next;
+  }
+  total_bytes_ -= rec.size;
+  rec = chunk_record{};
+  free_chunk_slots_.push_back(c);
+  --chunk_count_;
+  return true;
+}
+
+block_pool::chunk_info block_pool::chunk(chunk_id c) const {
+  chunk_record const& rec = chunks_.at(c);
+  return chunk_info{rec.base, rec.size, rec.live_blocks, rec.withdrawn_blocks};
+}
+
+std::vector<owner_id> block_pool::chunk_owners(chunk_id c) const {
+  std::vector<owner_id> owners;
+  for (std::uint32_t b = chunks_.at(c).first; b != npos; b = at(b).next) {
+    block const& n = at(b);
+    if (n.state != state_free) { continue; }
+    bool seen = false;
+    for (owner_id o : owners) { seen = seen || o == n.owner; }
+    if (!seen) { owners.push_back(n.owner); }
+  }
+  return owners;
+}
+
+// ---- allocation ----------------------------------------------------------------------------------
+
+bool block_pool::can_allocate(std::size_t size, std::size_t alignment, owner_id owner) const {
+  if (owner >= indexes_.size() || !indexes_[owner] || indexes_[owner]->count == 0) { return false; }
+  class_index const& idx = *indexes_[owner];
+  std::size_t const need = (size + (alignment > granularity ? alignment - granularity : 0)) / granularity;
+  unsigned const cls = class_of(need);
+  if (class_floor(cls) == need && idx.heads[cls] != npos) { return true; }
+  if (first_in_larger_class(idx, cls) != npos) { return true; }
+  // The request's own class may still hold a block that fits.
+  std::uint32_t b = idx.heads[class_of(size / granularity)];
+  for (int k = 0; b != npos && k < exact_class_scan; ++k, b = at(b).free_next) {
+    block const& n = at(b);
+    if (align_up(n.addr, alignment) - n.addr + size <= n.size) { return true; }
+  }
+  return false;
+}
+
+std::uintptr_t block_pool::allocate(std::size_t size, std::size_t alignment, owner_id owner) {
+  assert(size % granularity == 0 && size > 0 && alignment >= granularity);
+  if (owner >= indexes_.size() || !indexes_[owner]) { return 0; }
+  class_index const& idx = *indexes_[owner];
+  if (idx.count == 0) { return 0; }
+  // 1. The request's own class: blocks here may or may not fit; look at a few, keep the tightest.
+  std::uint32_t best = npos;
+  std::size_t best_size = 0;
+  std::uint32_t b = idx.heads[class_of(size / granularity)];
+  for (int k = 0; b != npos && k < exact_class_scan; ++k, b = at(b).free_next) {
+    block const& n = at(b);
+    if (align_up(n.addr, alignment) - n.addr + size > n.size) { continue; }
+    if (best == npos || n.size < best_size) {
+      best = b;
+      best_size = n.size;
+      if (n.size == size) { break; }
+    }
+  }
+  if (best == npos) {
+    // 2. The smallest class all of whose blocks fit (with room to align).
+    std::size_t const need = (size + (alignment > granularity ? alignment - granularity : 0)) / granularity;
+    unsigned const cls = class_of(need);
+    best = class_floor(cls) == need && idx.heads[cls] != npos ? idx.heads[cls] : first_in_larger_class(idx, cls);
+    if (best == npos) { return 0; }
+  }
+  return take(best, size, alignment, owner);
+}
+
+std::uintptr_t block_pool::take(std::uint32_t b, std::size_t size, std::size_t alignment, owner_id owner) {
+  remove_free(b);
+  std::uintptr_t const addr = at(b).addr;
+  std::size_t const lead = align_up(addr, alignment) - addr;
+  if (lead != 0) {
+    std::uint32_t const upper = split(b, lead);
+    insert_free(b, owner);
+    b = upper;
+  }
+  if (at(b).size > size) {
+    std::uint32_t const tail = split(b, size);
+    insert_free(tail, owner);
+  }
+  block& n = at(b);
+  n.state = state_live;
+  live_.insert(n.addr, b);
+  ++chunks_[n.chunk].live_blocks;
+  live_bytes_ += size;
+  return n.addr;
+}
+
+std::size_t block_pool::deallocate(std::uintptr_t address, owner_id owner) {
+  std::uint32_t const b = live_.erase(address);
+  if (b == npos) { return 0; }
+  block& n = at(b);
+  if (n.state != state_live) {  // a hole, not a live block: put it back and refuse
+    live_.insert(address, b);
+    return 0;
+  }
+  std::size_t const size = n.size;
+  live_bytes_ -= size;
+  --chunks_[n.chunk].live_blocks;
+  n.state = state_free;
+  std::uint32_t const merged = coalesce(b, owner, owner);
+  insert_free(merged, at(merged).owner);
+  return size;
+}
+
+std::size_t block_pool::live_size(std::uintptr_t address) const {
+  std::uint32_t const b = live_.find(address);
+  if (b == npos || at(b).state != state_live) { return 0; }
+  return at(b).size;
+}
+
+// ---- owners ---------------------------------------------------------------------------------------
+
+void block_pool::transfer(owner_id from, owner_id to) {
+  if (from == to || from >= indexes_.size() || !indexes_[from]) { return; }
+  class_index& src = *indexes_[from];
+  index_of(to);  // make sure the destination exists before nodes move
+  while (src.count != 0) {
+    auto const fl = static_cast<unsigned>(std::countr_zero(src.fl_bitmap));
+    auto const sl = static_cast<unsigned>(std::countr_zero(src.sl_bitmap[fl]));
+    std::uint32_t const b = src.heads[fl * sl_count + sl];
+    remove_free(b);
+    std::uint32_t const merged = coalesce(b, to, from);
+    insert_free(merged, at(merged).owner);
+  }
+}
+
+void block_pool::synchronize_all_owners() {
+  index_of(synchronized);
+  for (std::size_t o = 1; o < indexes_.size(); ++o) {
+    if (!indexes_[o]) { continue; }
+    class_index& src = *indexes_[o];
+    while (src.count != 0) {
+      auto const fl = static_cast<unsigned>(std::countr_zero(src.fl_bitmap));
+      auto const sl = static_cast<unsigned>(std::countr_zero(src.sl_bitmap[fl]));
+      std::uint32_t const b = src.heads[fl * sl_count + sl];
+      remove_free(b);
+      std::uint32_t const merged = coalesce(b, synchronized, synchronized, true);
+      insert_free(merged, synchronized);
+    }
+  }
+}
+
+std::size_t block_pool::free_bytes(owner_id owner) const noexcept {
+  return owner < indexes_.size() && indexes_[owner] ? indexes_[owner]->bytes : 0;
+}
+
+std::size_t block_pool::free_blocks(owner_id owner) const noexcept {
+  return owner < indexes_.size() && indexes_[owner] ? indexes_[owner]->count : 0;
+}
+
+// ---- holes ------------------------------------------------------------------------------------------
+
+std::uint32_t block_pool::withdraw(std::uint32_t b, std::size_t offset, std::size_t length) {
+  block const& n = at(b);
+  if (offset % granularity != 0 || length % granularity != 0 || offset + length > n.size || offset + length < offset) {
+    throw std::invalid_argument("block_pool::withdraw_free_ranges: range must be granular and inside the free block");
+  }
+  owner_id const owner = n.owner;
+  remove_free(b);
+  std::uint32_t hole = b;
+  if (offset != 0) {
+    hole = split(b, offset);
+    insert_free(b, owner);
+  }
+  if (at(hole).size > length) {
+    std::uint32_t const tail = split(hole, length);
+    insert_free(tail, owner);
+  }
+  block& h = at(hole);
+  h.state = state_withdrawn;
+  live_.insert(h.addr, hole);
+  ++chunks_[h.chunk].withdrawn_blocks;
+  withdrawn_bytes_ += length;
+  return hole;
+}
+
+std::size_t block_pool::restore(std::uintptr_t address, owner_id owner) {
+  std::uint32_t const b = live_.find(address);
+  if (b == npos || at(b).state != state_withdrawn) { return 0; }
+  live_.erase(address);
+  block& n = at(b);
+  std::size_t const size = n.size;
+  withdrawn_bytes_ -= size;
+  --chunks_[n.chunk].withdrawn_blocks;
+  n.state = state_free;
+  std::uint32_t const merged = coalesce(b, owner, owner);
+  insert_free(merged, at(merged).owner);
+  return size;
+}
+
+// ---- introspection ------------------------------------------------------------------------------------
+
+std::size_t block_pool::largest_free_block(owner_id owner) const noexcept {
+  if (owner >= indexes_.size() || !indexes_[owner] || indexes_[owner]->count == 0) { return 0; }
+  class_index const& idx = *indexes_[owner];
+  auto const fl = static_cast<unsigned>(63 - std::countl_zero(idx.fl_bitmap));
+  auto const sl = static_cast<unsigned>(31 - std::countl_zero(idx.sl_bitmap[fl]));
+  std::size_t largest = 0;
+  for (std::uint32_t b = idx.heads[fl * sl_count + sl]; b != npos; b = at(b).free_next) {
+    largest = std::max(largest, at(b).size);
+  }
+  return largest;
+}
+
+std::size_t block_pool::largest_free_block() const noexcept {
+  std::size_t largest = 0;
+  for (std::size_t o = 0; o < indexes_.size(); ++o) {
+    largest = std::max(largest, largest_free_block(static_cast<owner_id>(o)));
+  }
+  return largest;
+}
+
+std::string block_pool::check_invariants() const {
+  auto fail = [](std::string what) { return what; };
+  std::size_t total = 0;
+  std::size_t free_total = 0;
+  std::size_t live_total = 0;
+  std::size_t withdrawn_total = 0;
+  std::size_t free_count = 0;
+  std::size_t keyed_count = 0;
+  std::size_t chunks_in_use = 0;
+  for (chunk_id c = 0; c < chunks_.size(); ++c) {
+    chunk_record const& rec = chunks_[c];
+    if (!rec.in_use) { continue; }
+    ++chunks_in_use;
+    total += rec.size;
+    std::uintptr_t expect = rec.base;
+    std::uint32_t prev = npos;
+    std::size_t live = 0;
+    std::size_t withdrawn = 0;
+    std::uint32_t b = rec.first;
+    for (; b != npos; prev = b, b = at(b).next) {
+      block const& n = at(b);
+      std::string const where = "chunk " + std::to_string(c) + " block at offset " + std::to_string(n.addr - rec.base);
+      if (n.addr != expect) { return fail(where + ": does not start where the previous block ends"); }
+      if (n.size == 0 || n.size % granularity != 0) { return fail(where + ": bad size " + std::to_string(n.size)); }
+      if (n.prev != prev) { return fail(where + ": broken prev link"); }
+      if (n.chunk != c) { return fail(where + ": wrong chunk"); }
+      expect += n.size;
+      if (n.state == state_free) {
+        free_total += n.size;
+        ++free_count;
+        if (prev != npos) {
+          block const& p = at(prev);
+          if (p.state == state_free &&
+              (p.owner == n.owner || p.owner == synchronized || n.owner == synchronized)) {
+            return fail(where + ": mergeable free neighbours left unmerged");
+          }
+        }
+      } else if (n.state == state_live) {
+        live_total += n.size;
+        ++live;
+        if (live_.find(n.addr) != b) { return fail(where + ": live block missing from the address map"); }
+      } else if (n.state == state_withdrawn) {
+        withdrawn_total += n.size;
+        ++withdrawn;
+        if (live_.find(n.addr) != b) { return fail(where + ": hole missing from the address map"); }
+      } else {
+        return fail(where + ": unused node linked into a chunk");
+      }
+    }
+    if (expect != rec.base + rec.size) { return fail("chunk " + std::to_string(c) + ": blocks do not tile it"); }
+    if (rec.last != prev) { return fail("chunk " + std::to_string(c) + ": wrong last block"); }
+    if (live != rec.live_blocks || withdrawn != rec.withdrawn_blocks) {
+      return fail("chunk " + std::to_string(c) + ": wrong live/withdrawn counts");
+    }
+    keyed_count += live + withdrawn;
+  }
+  if (chunks_in_use != chunk_count_) { return fail("chunk count mismatch"); }
+  if (total != total_bytes_) { return fail("total bytes mismatch"); }
+  if (free_total != free_bytes_total_) { return fail("free bytes mismatch"); }
+  if (live_total != live_bytes_) { return fail("live bytes mismatch"); }
+  if (withdrawn_total != withdrawn_bytes_) { return fail("withdrawn bytes mismatch"); }
+  if (keyed_count != live_.size()) { return fail("address map holds stale entries"); }
+  if (free_total + live_total + withdrawn_total != total) { return fail("bytes do not add up"); }
+  std::size_t indexed_count = 0;
+  for (std::size_t o = 0; o < indexes_.size(); ++o) {
+    if (!indexes_[o]) { continue; }
+    class_index const& idx = *indexes_[o];
+    std::size_t bytes = 0;
+    std::size_t count = 0;
+    for (unsigned cls = 0; cls < fl_count * sl_count; ++cls) {
+      bool const bit = ((idx.sl_bitmap[cls / sl_count] >> (cls % sl_count)) & 1U) != 0;
+      bool const fl_bit = ((idx.fl_bitmap >> (cls / sl_count)) & 1U) != 0;
+      if (bit != (idx.heads[cls] != npos)) { return fail("owner " + std::to_string(o) + ": bitmap disagrees with list"); }
+      if (bit && !fl_bit) { return fail("owner " + std::to_string(o) + ": first-level bit missing"); }
+      std::uint32_t prev = npos;
+      for (std::uint32_t b = idx.heads[cls]; b != npos; prev = b, b = at(b).free_next) {
+        block const& n = at(b);
+        if (n.state != state_free || n.owner != o) { return fail("owner " + std::to_string(o) + ": foreign node in list"); }
+        if (class_of(n.size / granularity) != cls) { return fail("owner " + std::to_string(o) + ": block in wrong class"); }
+        if (n.free_prev != prev) { return fail("owner " + std::to_string(o) + ": broken free_prev link"); }
+        bytes += n.size;
+        ++count;
+        if (count > free_count) { return fail("owner " + std::to_string(o) + ": cycle in a free list"); }
+      }
+    }
+    for (unsigned fl = 0; fl < fl_count; ++fl) {
+      if ((((idx.fl_bitmap >> fl) & 1U) != 0) != (idx.sl_bitmap[fl] != 0)) {
+        return fail("owner " + std::to_string(o) + ": stale first-level bit");
+      }
+    }
+    if (bytes != idx.bytes || count != idx.count) { return fail("owner " + std::to_string(o) + ": wrong totals"); }
+    indexed_count += count;
+  }
+  if (indexed_count != free_count) { return fail("free blocks missing from the indexes"); }
+  return {};
+}
+
+}  // namespace mrstack::detail

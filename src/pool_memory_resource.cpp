@@ -1,0 +1,270 @@
+#include <mrstack/suballoc/pool_memory_resource.hpp>
+
+#include <algorithm>
+#include <cstdio>
+#include <limits>
+#include <vector>
+
+#include <mrstack/suballoc/stream_sync.hpp>
+
+namespace mrstack {
+
+namespace {
+
+constexpr std::size_t granularity = detail::block_pool::granularity;
+
+std::string hex(void const* p) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%p", p);
+  return buf;
+}
+
+std::shared_ptr<detail::stream_sync> pick_sync(pool_options const& options, resource_ptr const& upstream) {
+  if (!upstream) { throw logic_error("pool: the upstream resource is null"); }
+  return options.stream_sync ? options.stream_sync : default_stream_sync(upstream->kind());
+}
+
+}  // namespace
+
+pool_memory_resource::pool_memory_resource(resource_ptr upstream, std::size_t initial_size,
+                                           std::optional<std::size_t> maximum_size, pool_options options)
+    : upstream_{std::move(upstream)},
+      maximum_size_{maximum_size},
+      options_{std::move(options)},
+      core_{pick_sync(options_, upstream_)} {
+  if (options_.growth_divisor == 0) { throw logic_error("pool: growth_divisor must be at least 1"); }
+  if (!detail::is_pow2(options_.growth_granularity) || options_.growth_granularity < granularity) {
+    throw logic_error("pool: growth_granularity " + std::to_string(options_.growth_granularity) +
+                      " must be a power of two of at least 256");
+  }
+  std::size_t const initial = detail::align_up(initial_size, granularity);
+  if (maximum_size_ && initial > *maximum_size_) {
+    throw logic_error("pool: initial size " + format_bytes(initial) + " exceeds the maximum size " +
+                      format_bytes(*maximum_size_));
+  }
+  if (initial > 0) {
+    detail::stream_ref const s = to_stream_ref(options_.initial_stream);
+    void* base = upstream_->allocate(initial, options_.initial_stream, granularity);
+    try {
+      // Waiting for the upstream once makes the initial chunk usable by every stream.
+      core_.owners().sync().synchronize(s.handle);
+    } catch (...) {
+      upstream_->deallocate(base, initial, options_.initial_stream, granularity);
+      throw;
+    }
+    core_.blocks().add_chunk(reinterpret_cast<std::uintptr_t>(base), initial, detail::block_pool::synchronized);
+    ++upstream_allocations_;
+    peak_pool_size_ = initial;
+  }
+}
+
+pool_memory_resource::~pool_memory_resource() {
+  struct chunk_return {
+    std::uintptr_t base;
+    std::size_t size;
+    detail::stream_ref stream;
+  };
+  std::vector<chunk_return> returns;
+  try {
+    std::vector<detail::chunk_id> ids;
+    core_.blocks().for_each_chunk([&](detail::chunk_id c, detail::block_pool::chunk_info const&) { ids.push_back(c); });
+    for (detail::chunk_id c : ids) {
+      auto const info = core_.blocks().chunk(c);
+      detail::stream_ref s{};
+      try {
+        s = core_.return_stream(c);
+      } catch (std::exception const& e) {
+        std::fprintf(stderr, "mrstack: pool destructor could not synchronize before returning memory: %s\n", e.what());
+      }
+      returns.push_back({info.base, info.size, s});
+    }
+  } catch (std::exception const& e) {
+    std::fprintf(stderr, "mrstack: pool destructor: %s\n", e.what());
+  }
+  for (auto const& r : returns) {
+    try {
+      upstream_->deallocate(reinterpret_cast<void*>(r.base), r.size, to_stream_view(r.stream), granularity);
+    } catch (std::exception const& e) {
+      std::fprintf(stderr, "mrstack: pool destructor could not return a chunk to its upstream: %s\n", e.what());
+    }
+  }
+}
+
+void* pool_memory_resource::do_allocate(std::size_t bytes, std::size_t alignment, stream_view stream) {
+  alignment = std::max(alignment, granularity);
+  std::size_t const size = detail::align_up(bytes, granularity);
+  if (size == std::numeric_limits<std::size_t>::max()) { throw_out_of_memory(bytes, "request too large"); }
+  detail::stream_ref const s = to_stream_ref(stream);
+  std::lock_guard lock{mutex_};
+  if (std::uintptr_t const a = core_.allocate(size, alignment, s)) { return reinterpret_cast<void*>(a); }
+  return grow_and_allocate(bytes, size, alignment, s);
+}
+
+void pool_memory_resource::do_deallocate(void* ptr, std::size_t bytes, std::size_t, stream_view stream) {
+  detail::stream_ref const s = to_stream_ref(stream);
+  std::size_t freed = 0;
+  {
+    std::lock_guard lock{mutex_};
+    freed = core_.deallocate(reinterpret_cast<std::uintptr_t>(ptr), s);
+  }
+  if (freed == 0) {
+    throw logic_error("pool: deallocate of " + hex(ptr) + " (" + std::to_string(bytes) +
+                      " B), which this pool did not hand out or has already taken back");
+  }
+  if (freed != detail::align_up(bytes, granularity)) {
+    throw logic_error("pool: deallocate of " + hex(ptr) + " with size " + std::to_string(bytes) +
+                      " B, but its block is " + std::to_string(freed) + " B (freed anyway)");
+  }
+}
+
+void* pool_memory_resource::grow_and_allocate(std::size_t bytes, std::size_t size, std::size_t alignment,
+                                              detail::stream_ref const& s) {
+  // Room to align inside a chunk the upstream only aligns to 256.
+  std::size_t const pad = alignment - granularity;
+  if (size > std::numeric_limits<std::size_t>::max() - pad) { throw_out_of_memory(bytes, "request too large"); }
+  std::size_t const needed = size + pad;
+  auto retry = [&]() { return core_.allocate(size, alignment, s); };
+  std::string why;
+  if (grow(needed, s, why)) {
+    if (std::uintptr_t const a = retry()) { return reinterpret_cast<void*>(a); }
+  }
+  // The upstream (or the maximum) refused. Memory other threads' streams still hold
+  // becomes usable once the device is idle; then wholly free chunks can make room.
+  if (core_.synchronize_everything()) {
+    if (std::uintptr_t const a = retry()) { return reinterpret_cast<void*>(a); }
+  }
+  if (release_free_chunks() > 0 && grow(needed, s, why)) {
+    if (std::uintptr_t const a = retry()) { return reinterpret_cast<void*>(a); }
+  }
+  throw_out_of_memory(bytes, why);
+}
+
+bool pool_memory_resource::grow(std::size_t needed, detail::stream_ref const& s, std::string& why) {
+  std::size_t const pool_before = core_.blocks().total_bytes();
+  std::size_t const released = options_.consolidate_on_growth ? release_free_chunks(false) : 0;
+  needed += released;
+  std::size_t const pool = core_.blocks().total_bytes();
+  std::size_t const cap = !maximum_size_ ? std::numeric_limits<std::size_t>::max()
+                          : *maximum_size_ > pool ? detail::align_down(*maximum_size_ - pool, granularity)
+                                                  : 0;
+  if (needed > cap) {
+    why = "the pool would exceed its maximum size";
+    return false;
+  }
+  std::size_t want = std::max({needed, pool_before / options_.growth_divisor, options_.minimum_growth});
+  want = std::min(detail::align_up(want, options_.growth_granularity), cap);
+  for (std::size_t chunk = want;;) {
+    try {
+      void* base = upstream_->allocate(chunk, to_stream_view(s), granularity);
+      if (!detail::is_aligned(base, granularity)) {
+        upstream_->deallocate(base, chunk, to_stream_view(s), granularity);
+        throw logic_error("pool: upstream " + upstream_->name() + " returned " + hex(base) +
+                          ", which is not 256-byte aligned");
+      }
+      core_.add_chunk(reinterpret_cast<std::uintptr_t>(base), chunk, s);
+      ++upstream_allocations_;
+      peak_pool_size_ = std::max(peak_pool_size_, core_.blocks().total_bytes());
+      return true;
+    } catch (out_of_memory const& e) {
+      why = std::string{"upstream refused: "} + e.what();
+      if (chunk == needed) { return false; }
+      chunk = std::max(needed, detail::align_down(chunk / 2, granularity));
+    }
+  }
+}
+
+std::size_t pool_memory_resource::release_free_chunks(bool may_synchronize) {
+  std::vector<detail::chunk_id> free_chunks;
+  core_.blocks().for_each_chunk([&](detail::chunk_id c, detail::block_pool::chunk_info const& info) {
+    if (info.live_blocks == 0) { free_chunks.push_back(c); }
+  });
+  std::size_t released = 0;
+  for (detail::chunk_id c : free_chunks) {
+    detail::stream_ref s{};
+    if (may_synchronize) {
+      s = core_.return_stream(c);
+    } else if (!core_.return_stream_without_sync(c, s)) {
+      continue;
+    }
+    auto const info = core_.blocks().chunk(c);
+    core_.blocks().remove_chunk(c);
+    upstream_->deallocate(reinterpret_cast<void*>(info.base), info.size, to_stream_view(s), granularity);
+    released += info.size;
+  }
+  return released;
+}
+
+void pool_memory_resource::do_release() {
+  {
+    std::lock_guard lock{mutex_};
+    release_free_chunks();
+  }
+  upstream_->release();
+}
+
+std::size_t pool_memory_resource::do_free_bytes_held() const noexcept {
+  std::size_t held = 0;
+  {
+    std::lock_guard lock{mutex_};
+    held = core_.blocks().free_bytes();
+  }
+  return held + upstream_->free_bytes_held();
+}
+
+void pool_memory_resource::throw_out_of_memory(std::size_t bytes, std::string why) const {
+  allocation_failure info;
+  info.requested_bytes = bytes;
+  info.resource = "pool";
+  info.footprint_bytes = core_.blocks().total_bytes();
+  info.free_bytes = core_.blocks().free_bytes();
+  info.largest_free_block = core_.blocks().largest_free_block();
+  info.limit_bytes = maximum_size_;
+  info.detail = std::move(why);
+  throw out_of_memory(std::move(info));
+}
+
+std::size_t pool_memory_resource::pool_size() const {
+  std::lock_guard lock{mutex_};
+  return core_.blocks().total_bytes();
+}
+std::size_t pool_memory_resource::free_bytes() const {
+  std::lock_guard lock{mutex_};
+  return core_.blocks().free_bytes();
+}
+std::size_t pool_memory_resource::used_bytes() const {
+  std::lock_guard lock{mutex_};
+  return core_.blocks().live_bytes();
+}
+std::size_t pool_memory_resource::largest_free_block() const {
+  std::lock_guard lock{mutex_};
+  return core_.blocks().largest_free_block();
+}
+std::size_t pool_memory_resource::chunk_count() const {
+  std::lock_guard lock{mutex_};
+  return core_.blocks().chunk_count();
+}
+
+pool_memory_resource::statistics pool_memory_resource::stats() const {
+  std::lock_guard lock{mutex_};
+  statistics st;
+  auto const& b = core_.blocks();
+  st.pool_size = b.total_bytes();
+  st.free_bytes = b.free_bytes();
+  st.used_bytes = b.live_bytes();
+  st.largest_free_block = b.largest_free_block();
+  st.chunks = b.chunk_count();
+  st.live_blocks = b.live_blocks();
+  st.free_blocks = b.free_block_count();
+  st.peak_pool_size = peak_pool_size_;
+  st.upstream_allocations = upstream_allocations_;
+  st.events_recorded = core_.owners().records();
+  st.stream_waits = core_.owners().waits();
+  return st;
+}
+
+std::string pool_memory_resource::check_invariants() const {
+  std::lock_guard lock{mutex_};
+  return core_.blocks().check_invariants();
+}
+
+}  // namespace mrstack

@@ -1,0 +1,181 @@
+// arena_memory_resource: size classes, random sequences on several streams against a
+// model (contents checked over system memory), superblocks going back on exhaustion,
+// cross-stream frees, refusals and bad frees. Longer sweeps: MRSTACK_LONG_TESTS=1.
+#include <catch2/catch.hpp>
+
+#include <fake_stream_sync.hpp>
+
+#include <mrstack/detail/arena_core.hpp>
+#include <mrstack/suballoc/arena_memory_resource.hpp>
+#include <mrstack/upstream/simulated_memory_resource.hpp>
+#include <mrstack/upstream/system_memory_resource.hpp>
+
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <random>
+
+using namespace mrstack;
+using detail::arena_size_classes;
+
+namespace {
+constexpr std::size_t KiB = 1024;
+constexpr std::size_t MiB = 1024 * KiB;
+bool long_tests() { return std::getenv("MRSTACK_LONG_TESTS") != nullptr; }
+stream_view fake_stream(int i) {
+  return i == 0 ? stream_view{} : stream_view{reinterpret_cast<cudaStream_t>(std::uintptr_t(0x1000) * i)};
+}
+}  // namespace
+
+TEST_CASE("arena: size classes cover every size with at most 25% rounding") {
+  unsigned prev = 0;
+  for (std::size_t size = 256; size <= 1 * MiB; size += 256) {
+    unsigned const cls = arena_size_classes::class_of(size);
+    std::size_t const cs = arena_size_classes::class_size(cls);
+    REQUIRE(cs >= size);
+    REQUIRE(cs * 4 <= size * 5 + 1024);  // within 25% (plus one unit for the smallest)
+    REQUIRE(cls >= prev);                // monotonic
+    REQUIRE(arena_size_classes::class_of(cs) == cls);
+    if (cls > 0) { REQUIRE(arena_size_classes::class_size(cls - 1) < size); }  // the smallest class that fits
+    prev = cls;
+  }
+  CHECK(arena_size_classes::class_of(1 * MiB) < arena_size_classes::max_classes);
+}
+
+TEST_CASE("arena: random sequences on several streams match the model") {
+  for (bool real_memory : {true, false}) {
+    CAPTURE(real_memory);
+    resource_ptr up = real_memory ? resource_ptr{std::make_shared<system_memory_resource>()}
+                                  : resource_ptr{std::make_shared<simulated_memory_resource>()};
+    arena_options options;
+    options.superblock_size = 1 * MiB;
+    options.max_small_size = 256 * KiB;
+    arena_memory_resource mr{up, 256 * MiB, options};
+    CHECK(mr.name() == "arena");
+    auto const base = reinterpret_cast<std::uintptr_t>(mr.base());
+    CHECK(base % (1 * MiB) == 0);
+    std::mt19937_64 rng{real_memory ? 11U : 12U};
+    struct block {
+      std::size_t bytes;
+      std::size_t alignment;
+      int stream;
+      unsigned char tag;
+    };
+    std::map<std::uintptr_t, block> live;
+    std::size_t refusals = 0;
+    int const steps = long_tests() ? 400000 : 60000;
+    for (int step = 0; step < steps; ++step) {
+      if (live.empty() || rng() % 100 < 55) {
+        std::size_t const bytes = 1 + rng() % (rng() % 8 == 0 ? 8 * MiB : 64 * KiB);
+        std::size_t const alignment = rng() % 10 == 0 ? std::size_t{512} << (rng() % 10) : 256;
+        int const stream = static_cast<int>(rng() % 3);
+        void* p = nullptr;
+        try {
+          p = mr.allocate(bytes, fake_stream(stream), alignment);
+        } catch (out_of_memory const& e) {
+          ++refusals;
+          CHECK(e.info().resource == "arena");
+          continue;
+        }
+        auto const a = reinterpret_cast<std::uintptr_t>(p);
+        REQUIRE(a % alignment == 0);
+        REQUIRE(a >= base);
+        REQUIRE(a + bytes <= base + mr.arena_size());
+        auto next = live.lower_bound(a);
+        if (next != live.end()) { REQUIRE(a + bytes <= next->first); }
+        if (next != live.begin()) { REQUIRE(std::prev(next)->first + std::prev(next)->second.bytes <= a); }
+        auto const tag = static_cast<unsigned char>(rng());
+        if (real_memory) {
+          std::memset(p, tag, std::min<std::size_t>(bytes, 32));
+          static_cast<unsigned char*>(p)[bytes - 1] = tag;
+        }
+        live.emplace(a, block{bytes, alignment, stream, tag});
+      } else {
+        auto it = std::next(live.begin(), static_cast<std::ptrdiff_t>(rng() % live.size()));
+        auto* p = reinterpret_cast<unsigned char*>(it->first);
+        if (real_memory) {
+          REQUIRE(p[0] == it->second.tag);
+          REQUIRE(p[it->second.bytes - 1] == it->second.tag);
+        }
+        int const stream = rng() % 5 == 0 ? static_cast<int>(rng() % 3) : it->second.stream;  // sometimes another stream
+        mr.deallocate(p, it->second.bytes, fake_stream(stream), it->second.alignment);
+        live.erase(it);
+      }
+      if (step % 500 == 0) { REQUIRE(mr.check_invariants() == ""); }
+    }
+    INFO("refusals: " << refusals);
+    for (auto const& [a, b] : live) { mr.deallocate(reinterpret_cast<void*>(a), b.bytes, fake_stream(b.stream), b.alignment); }
+    REQUIRE(mr.check_invariants() == "");
+    mr.release();  // wholly free superblocks go back: the global arena is one free block again
+    auto const st = mr.stats();
+    CHECK(st.superblocks_in_arenas == 0);
+    CHECK(st.global_free_bytes == mr.arena_size());
+    CHECK(st.largest_free_block == mr.arena_size());
+  }
+}
+
+TEST_CASE("arena: exhaustion takes superblocks back from stream arenas before refusing") {
+  auto sim = std::make_shared<simulated_memory_resource>();
+  arena_options options;
+  options.superblock_size = 1 * MiB;
+  options.max_small_size = 64 * KiB;
+  options.empty_superblocks_kept = 100;  // arenas keep their empty superblocks until pressed
+  arena_memory_resource mr{sim, 16 * MiB, options};
+  std::vector<void*> small;
+  for (int i = 0; i < 16 * 16; ++i) { small.push_back(mr.allocate(64 * KiB, fake_stream(1))); }  // all 16 superblocks
+  CHECK(mr.stats().superblocks_in_arenas == 16);
+  CHECK_THROWS_AS(mr.allocate(1 * MiB, fake_stream(2)), out_of_memory);
+  for (void* p : small) { mr.deallocate(p, 64 * KiB, fake_stream(1)); }
+  CHECK(mr.stats().superblocks_in_arenas == 16);  // kept, empty
+  void* big = mr.allocate(8 * MiB, fake_stream(2));  // reclaims them, then succeeds
+  CHECK(mr.stats().superblocks_in_arenas == 0);
+  try {
+    (void)mr.allocate(9 * MiB, fake_stream(2));
+    FAIL("expected out_of_memory");
+  } catch (out_of_memory const& e) {
+    CHECK(*e.info().footprint_bytes == 16 * MiB);
+    CHECK(*e.info().largest_free_block == 8 * MiB);
+    CHECK(std::string{e.what()}.find("arena") != std::string::npos);
+  }
+  mr.deallocate(big, 8 * MiB, fake_stream(2));
+}
+
+TEST_CASE("arena: a small block freed on another stream waits for that stream first") {
+  auto fake = std::make_shared<test::fake_stream_sync>();
+  auto sim = std::make_shared<simulated_memory_resource>();
+  arena_options options;
+  options.stream_sync = fake;
+  arena_memory_resource mr{sim, 64 * MiB, options};
+  std::size_t const at_start = fake->calls();
+  auto const a = fake_stream(1);
+  auto const b = fake_stream(2);
+  for (int i = 0; i < 1000; ++i) { mr.deallocate(mr.allocate(1000, a), 1000, a); }
+  CHECK(fake->calls() == at_start);  // one stream: no CUDA calls
+  void* p = mr.allocate(1000, a);
+  std::uint64_t const clock = fake->enqueue(0x2000);  // b works on the block, then frees it
+  mr.deallocate(p, 1000, b);
+  CHECK(fake->syncs == 2);  // construction, then b before its block goes back to a's arena
+  CHECK(fake->ordered_after(0x1000, 0x2000, clock));
+  CHECK(mr.allocate(1000, a) == p);
+}
+
+TEST_CASE("arena: bad frees are logic_errors; destruction returns the region") {
+  auto sim = std::make_shared<simulated_memory_resource>();
+  {
+    arena_memory_resource mr{sim, 32 * MiB};
+    void* p = mr.allocate(1000);
+    void* big = mr.allocate(3 * MiB);
+    CHECK_THROWS_AS(mr.deallocate(static_cast<char*>(p) + 256, 1000), logic_error);
+    CHECK_THROWS_AS(mr.deallocate(p, 100000), logic_error);  // another size class
+    mr.deallocate(p, 1000);
+    CHECK_THROWS_WITH(mr.deallocate(p, 1000), Catch::Contains("already taken back"));
+    int on_stack = 0;
+    CHECK_THROWS_AS(mr.deallocate(&on_stack, 4), logic_error);
+    (void)big;  // leaked on purpose
+  }
+  CHECK(sim->footprint() == 0);
+  CHECK_THROWS_AS(arena_memory_resource(sim, 0), logic_error);
+  arena_options bad;
+  bad.superblock_size = 3 * MiB;
+  CHECK_THROWS_AS(arena_memory_resource(sim, 64 * MiB, bad), logic_error);
+}

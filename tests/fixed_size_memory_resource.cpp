@@ -1,0 +1,152 @@
+// fixed_size_memory_resource: one size, O(1); random sequences against a model over
+// system (contents checked) and simulated memory; growth, refusals, errors, release,
+// and stream-ordered reuse through the fake event seam.
+#include <catch2/catch.hpp>
+
+#include <fake_stream_sync.hpp>
+
+#include <mrstack/suballoc/fixed_size_memory_resource.hpp>
+#include <mrstack/upstream/simulated_memory_resource.hpp>
+#include <mrstack/upstream/system_memory_resource.hpp>
+
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <random>
+#include <set>
+
+using namespace mrstack;
+
+namespace {
+constexpr std::size_t KiB = 1024;
+constexpr std::size_t MiB = 1024 * KiB;
+bool long_tests() { return std::getenv("MRSTACK_LONG_TESTS") != nullptr; }
+}  // namespace
+
+TEST_CASE("fixed_size: random sequences match the model, over system and simulated memory") {
+  for (bool real_memory : {true, false}) {
+    for (std::size_t block : {std::size_t{256}, std::size_t{3000}, std::size_t{64} * KiB, std::size_t{1} * MiB}) {
+      CAPTURE(real_memory, block);
+      resource_ptr up = real_memory ? resource_ptr{std::make_shared<system_memory_resource>()}
+                                    : resource_ptr{std::make_shared<simulated_memory_resource>()};
+      fixed_size_memory_resource mr{up, block, 16};
+      std::size_t const bs = mr.block_size();
+      CHECK(bs == detail::align_up(block, 256));
+      CHECK(detail::is_pow2(mr.block_alignment()));
+      CHECK(bs % mr.block_alignment() == 0);
+      std::mt19937_64 rng{block};
+      std::map<std::uintptr_t, unsigned char> live;
+      int const steps = long_tests() ? 200000 : (block >= MiB && real_memory ? 5000 : 30000);
+      for (int step = 0; step < steps; ++step) {
+        if (live.empty() || rng() % 100 < 55) {
+          std::size_t const bytes = 1 + rng() % bs;
+          void* p = mr.allocate(bytes);
+          auto const a = reinterpret_cast<std::uintptr_t>(p);
+          REQUIRE(a % mr.block_alignment() == 0);
+          REQUIRE(live.count(a) == 0);
+          auto next = live.lower_bound(a);
+          if (next != live.end()) { REQUIRE(a + bs <= next->first); }
+          bool inside = false;
+          mr.for_each_chunk([&](std::uintptr_t base, std::size_t size) { inside = inside || (a >= base && a + bs <= base + size); });
+          REQUIRE(inside);
+          auto const tag = static_cast<unsigned char>(rng());
+          if (real_memory) {
+            std::memset(p, tag, 16);
+            static_cast<unsigned char*>(p)[bs - 1] = tag;
+          }
+          live.emplace(a, tag);
+        } else {
+          auto it = std::next(live.begin(), static_cast<std::ptrdiff_t>(rng() % live.size()));
+          auto* p = reinterpret_cast<unsigned char*>(it->first);
+          if (real_memory) {
+            for (int i = 0; i < 16; ++i) { REQUIRE(p[i] == it->second); }
+            REQUIRE(p[bs - 1] == it->second);
+          }
+          mr.deallocate(p, 1 + rng() % bs);
+          live.erase(it);
+        }
+        REQUIRE(mr.free_blocks() + live.size() == mr.total_blocks());
+        REQUIRE(mr.free_bytes() == mr.free_blocks() * bs);
+      }
+      for (auto const& [a, tag] : live) { mr.deallocate(reinterpret_cast<void*>(a), bs); }
+      CHECK(mr.free_blocks() == mr.total_blocks());
+      CHECK(mr.total_blocks() == mr.chunk_count() * 16);
+    }
+  }
+}
+
+TEST_CASE("fixed_size: larger requests and alignments are errors that say so") {
+  auto sim = std::make_shared<simulated_memory_resource>();
+  fixed_size_memory_resource mr{sim, 4 * KiB, 8};
+  CHECK(mr.name() == "fixed_size");
+  CHECK(mr.block_alignment() == 4 * KiB);
+  CHECK_THROWS_WITH(mr.allocate(4 * KiB + 1), Catch::Contains("exceeds its block size"));
+  CHECK_THROWS_WITH(mr.allocate(100, {}, 8 * KiB), Catch::Contains("alignment 8192"));
+  void* p = mr.allocate(100, {}, 4 * KiB);
+  CHECK(detail::is_aligned(p, 4 * KiB));
+  mr.deallocate(p, 100, {}, 4 * KiB);
+  CHECK_THROWS_AS(fixed_size_memory_resource(nullptr), logic_error);
+  CHECK_THROWS_AS(fixed_size_memory_resource(sim, 0), logic_error);
+}
+
+TEST_CASE("fixed_size: grows by chunks, asks fewer blocks when refused, then refuses with details") {
+  auto sim = std::make_shared<simulated_memory_resource>(10 * MiB);
+  fixed_size_memory_resource mr{sim, 1 * MiB, 4};
+  CHECK(mr.chunk_count() == 1);
+  CHECK(sim->footprint() == 4 * MiB);
+  std::vector<void*> blocks;
+  for (int i = 0; i < 10; ++i) { blocks.push_back(mr.allocate(1 * MiB)); }
+  CHECK(std::set<void*>(blocks.begin(), blocks.end()).size() == 10);
+  CHECK(mr.total_blocks() == 10);  // 4 + 4 + 2 (the upstream had room for 2 more only)
+  CHECK(sim->footprint() == 10 * MiB);
+  try {
+    (void)mr.allocate(1);
+    FAIL("expected out_of_memory");
+  } catch (out_of_memory const& e) {
+    CHECK(e.info().resource == "fixed_size");
+    CHECK(*e.info().footprint_bytes == 10 * MiB);
+    CHECK(*e.info().free_bytes == 0);
+  }
+  for (void* p : blocks) { mr.deallocate(p, 1 * MiB); }
+  mr.release();  // every block free: every chunk goes back
+  CHECK(sim->footprint() == 0);
+  CHECK(mr.chunk_count() == 0);
+  void* again = mr.allocate(10);  // and it grows again on demand
+  CHECK(mr.chunk_count() == 1);
+  mr.release();  // in use: keeps its chunk
+  CHECK(mr.chunk_count() == 1);
+  mr.deallocate(again, 10);
+}
+
+TEST_CASE("fixed_size: destruction returns every chunk") {
+  auto sim = std::make_shared<simulated_memory_resource>();
+  {
+    fixed_size_memory_resource mr{sim, 256, 1000};
+    for (int i = 0; i < 5000; ++i) { (void)mr.allocate(200); }  // never freed
+    CHECK(mr.chunk_count() == 5);
+  }
+  CHECK(sim->footprint() == 0);
+}
+
+TEST_CASE("fixed_size: stream-ordered reuse through the event seam") {
+  auto fake = std::make_shared<test::fake_stream_sync>();
+  auto sim = std::make_shared<simulated_memory_resource>();
+  auto const a = stream_view{reinterpret_cast<cudaStream_t>(0x100)};
+  auto const b = stream_view{reinterpret_cast<cudaStream_t>(0x200)};
+  fixed_size_memory_resource mr{sim, 64 * KiB, 4, fake};
+  CHECK(fake->syncs == 1);  // the preallocated chunk: waited for once, then usable by any stream
+  std::size_t const at_start = fake->calls();
+  std::vector<void*> on_a;
+  for (int i = 0; i < 4; ++i) { on_a.push_back(mr.allocate(1000, a)); }
+  std::uint64_t const clock = fake->enqueue(0x100);
+  for (void* p : on_a) { mr.deallocate(p, 1000, a); }
+  for (int i = 0; i < 1000; ++i) { mr.deallocate(mr.allocate(10, a), 10, a); }
+  CHECK(fake->calls() == at_start);  // one stream: no event calls
+  void* p = mr.allocate(1000, b);  // b takes over a's free blocks: one record on a, one wait on b
+  CHECK(fake->records == 1);
+  CHECK(fake->waits == 1);
+  CHECK(fake->ordered_after(0x200, 0x100, clock));
+  CHECK(std::find(on_a.begin(), on_a.end(), p) != on_a.end());
+  CHECK(mr.chunk_count() == 1);  // no growth: the blocks moved
+  mr.deallocate(p, 1000, b);
+}

@@ -1,0 +1,264 @@
+// pool_memory_resource through the public interface, over the `system` (real host memory:
+// contents are written and checked, so overlaps corrupt data and ASan sees misuse) and
+// `simulated` (exact footprint) upstreams: random sizes, alignments and streams, checked
+// against a model after every step; growth, the maximum, retry-smaller, release, errors.
+// Longer sweeps: MRSTACK_LONG_TESTS=1.
+#include <catch2/catch.hpp>
+
+#include <mrstack/suballoc/pool_memory_resource.hpp>
+#include <mrstack/upstream/simulated_memory_resource.hpp>
+#include <mrstack/upstream/system_memory_resource.hpp>
+
+#include <cstdlib>
+#include <cstring>
+#include <iterator>
+#include <map>
+#include <random>
+
+using namespace mrstack;
+
+namespace {
+
+bool long_tests() { return std::getenv("MRSTACK_LONG_TESTS") != nullptr; }
+constexpr std::size_t KiB = 1024;
+constexpr std::size_t MiB = 1024 * KiB;
+
+struct live_alloc {
+  std::size_t bytes;
+  std::size_t alignment;
+  stream_view stream;
+  unsigned char tag;
+};
+
+stream_view fake_stream(int i) {
+  return i == 0 ? stream_view{} : stream_view{reinterpret_cast<cudaStream_t>(std::uintptr_t(0x1000) * i)};
+}
+
+std::size_t random_bytes(std::mt19937_64& rng) {
+  switch (rng() % 10) {
+    case 0: return 1 + rng() % 255;              // tiny
+    case 1: case 2: case 3: case 4: return 1 + rng() % (16 * KiB);
+    case 5: case 6: case 7: return 1 + rng() % (1 * MiB);
+    case 8: return 1 + rng() % (8 * MiB);
+    default: return (1 + rng() % 64) * 256;     // exact multiples of 256
+  }
+}
+
+std::size_t random_alignment(std::mt19937_64& rng) {
+  std::size_t const k = rng() % 16;
+  return k < 10 ? 256 : k < 12 ? std::size_t{1} << (rng() % 8) : std::size_t{512} << (rng() % 8);  // 1..128 or 512..64K
+}
+
+/// Drives one pool with a random sequence, checking the model after every step.
+void random_run(pool_memory_resource& pool, std::uint64_t seed, int steps, bool touch_memory, int streams,
+                simulated_memory_resource const* sim) {
+  std::mt19937_64 rng{seed};
+  std::map<std::uintptr_t, live_alloc> live;
+  std::size_t used = 0;
+  std::map<std::uintptr_t, std::size_t> chunks;
+  std::size_t chunks_seen_at = ~std::size_t{0};
+  auto refresh_chunks = [&] {
+    chunks.clear();
+    pool.for_each_chunk([&](std::uintptr_t base, std::size_t size) { chunks.emplace(base, size); });
+  };
+  auto inside_chunk = [&](std::uintptr_t a, std::size_t n) {
+    auto it = chunks.upper_bound(a);
+    if (it == chunks.begin()) { return false; }
+    --it;
+    return a >= it->first && a + n <= it->first + it->second;
+  };
+  for (int step = 0; step < steps; ++step) {
+    if (live.empty() || rng() % 100 < 55) {
+      std::size_t const bytes = random_bytes(rng);
+      std::size_t const alignment = random_alignment(rng);
+      stream_view const s = fake_stream(static_cast<int>(rng() % streams));
+      void* p = pool.allocate(bytes, s, alignment);
+      auto const a = reinterpret_cast<std::uintptr_t>(p);
+      REQUIRE(p != nullptr);
+      REQUIRE(a % std::max<std::size_t>(alignment, 256) == 0);
+      if (pool.stats().upstream_allocations != chunks_seen_at) {
+        refresh_chunks();
+        chunks_seen_at = pool.stats().upstream_allocations;
+      }
+      if (chunks.size() != pool.chunk_count()) { refresh_chunks(); }
+      REQUIRE(inside_chunk(a, bytes));
+      auto next = live.lower_bound(a);
+      if (next != live.end()) { REQUIRE(a + bytes <= next->first); }
+      if (next != live.begin()) { REQUIRE(std::prev(next)->first + std::prev(next)->second.bytes <= a); }
+      auto const tag = static_cast<unsigned char>(rng());
+      if (touch_memory) {
+        std::memset(p, tag, std::min<std::size_t>(bytes, 64));
+        static_cast<unsigned char*>(p)[bytes - 1] = tag;
+      }
+      live.emplace(a, live_alloc{bytes, alignment, s, tag});
+      used += detail::align_up(bytes, 256);
+    } else {
+      auto it = std::next(live.begin(), static_cast<std::ptrdiff_t>(rng() % live.size()));
+      auto* p = reinterpret_cast<unsigned char*>(it->first);
+      if (touch_memory) {  // nobody else wrote into this block while it was live
+        for (std::size_t i = 0; i < std::min<std::size_t>(it->second.bytes, 64); ++i) { REQUIRE(p[i] == it->second.tag); }
+        REQUIRE(p[it->second.bytes - 1] == it->second.tag);
+      }
+      // Usually freed on the stream it was allocated on; sometimes on another.
+      stream_view const s = rng() % 4 == 0 ? fake_stream(static_cast<int>(rng() % streams)) : it->second.stream;
+      pool.deallocate(p, it->second.bytes, s, it->second.alignment);
+      used -= detail::align_up(it->second.bytes, 256);
+      live.erase(it);
+    }
+    auto const st = pool.stats();
+    REQUIRE(st.used_bytes == used);
+    REQUIRE(st.live_blocks == live.size());
+    REQUIRE(st.free_bytes + st.used_bytes == st.pool_size);
+    if (sim != nullptr) { REQUIRE(sim->footprint() == st.pool_size); }
+    if (step % 256 == 0) { REQUIRE(pool.check_invariants() == ""); }
+  }
+  for (auto const& [a, l] : live) { pool.deallocate(reinterpret_cast<void*>(a), l.bytes, l.stream, l.alignment); }
+  REQUIRE(pool.check_invariants() == "");
+  auto const st = pool.stats();
+  CHECK(st.used_bytes == 0);
+  CHECK(st.free_bytes == st.pool_size);
+  if (streams == 1) { CHECK(st.free_blocks == st.chunks); }  // every chunk is one free block again
+}
+
+}  // namespace
+
+TEST_CASE("pool: random sequences over system memory, contents intact, model exact") {
+  int const seeds = long_tests() ? 24 : 3;
+  for (int seed = 1; seed <= seeds; ++seed) {
+    CAPTURE(seed);
+    auto sys = std::make_shared<system_memory_resource>();
+    pool_memory_resource pool{sys, 0};
+    random_run(pool, static_cast<std::uint64_t>(seed), long_tests() ? 200000 : 60000, true, 1, nullptr);
+  }
+}
+
+TEST_CASE("pool: random sequences over simulated memory with several streams") {
+  int const seeds = long_tests() ? 24 : 3;
+  for (int seed = 1; seed <= seeds; ++seed) {
+    CAPTURE(seed);
+    auto sim = std::make_shared<simulated_memory_resource>();
+    {
+      pool_memory_resource pool{sim, 32 * MiB};
+      random_run(pool, static_cast<std::uint64_t>(seed) + 1000, long_tests() ? 400000 : 100000, false, 4, sim.get());
+      pool.release();  // everything is free: every chunk goes back
+      CHECK(pool.pool_size() == 0);
+      CHECK(pool.chunk_count() == 0);
+      CHECK(sim->footprint() == 0);
+    }
+    CHECK(sim->footprint() == 0);
+  }
+}
+
+TEST_CASE("pool: a maximum is never exceeded and refusals explain themselves") {
+  auto sim = std::make_shared<simulated_memory_resource>();
+  pool_memory_resource pool{sim, 16 * MiB, 64 * MiB};
+  std::mt19937_64 rng{7};
+  std::vector<std::pair<void*, std::size_t>> live;
+  int refusals = 0;
+  for (int i = 0; i < 20000; ++i) {
+    if (live.empty() || rng() % 100 < 60) {
+      std::size_t const bytes = 1 + rng() % (4 * MiB);
+      try {
+        live.emplace_back(pool.allocate(bytes), bytes);
+      } catch (out_of_memory const& e) {
+        ++refusals;
+        auto const& info = e.info();
+        CHECK(info.requested_bytes == bytes);
+        CHECK(info.resource == "pool");
+        REQUIRE(info.footprint_bytes);
+        REQUIRE(info.largest_free_block);
+        REQUIRE(info.limit_bytes);
+        CHECK(*info.limit_bytes == 64 * MiB);
+        // Refused only when no block could take it and the pool could not grow enough.
+        CHECK(*info.largest_free_block < detail::align_up(bytes, 256) * 33 / 32 + 256);
+        CHECK(*info.footprint_bytes + detail::align_up(bytes, 256) > 64 * MiB);
+        CHECK(std::string{e.what()}.find("pool") != std::string::npos);
+      }
+    } else {
+      std::size_t const k = rng() % live.size();
+      pool.deallocate(live[k].first, live[k].second);
+      live[k] = live.back();
+      live.pop_back();
+    }
+    REQUIRE(pool.pool_size() <= 64 * MiB);
+    REQUIRE(sim->peak_footprint() <= 64 * MiB);
+  }
+  CHECK(refusals > 0);
+  for (auto& [p, n] : live) { pool.deallocate(p, n); }
+}
+
+TEST_CASE("pool: growth asks less when the upstream refuses, down to the request") {
+  auto sim = std::make_shared<simulated_memory_resource>(50 * MiB);
+  pool_options options;
+  options.minimum_growth = 32 * MiB;
+  pool_memory_resource pool{sim, 0, std::nullopt, options};
+  void* a = pool.allocate(30 * MiB);
+  CHECK(pool.pool_size() == 32 * MiB);
+  void* b = pool.allocate(10 * MiB);  // wants 32 MiB more, the upstream holds 18: takes 16
+  CHECK(pool.pool_size() == 48 * MiB);
+  CHECK(pool.chunk_count() == 2);
+  CHECK_THROWS_AS(pool.allocate(8 * MiB), out_of_memory);  // 2 MiB left upstream
+  pool.deallocate(b, 10 * MiB);
+  pool.deallocate(a, 30 * MiB);
+  CHECK(pool.free_bytes() == 48 * MiB);
+}
+
+TEST_CASE("pool: wholly free chunks are returned by release() and consolidated on growth") {
+  auto sim = std::make_shared<simulated_memory_resource>();
+  pool_options options;
+  options.minimum_growth = 4 * MiB;
+  pool_memory_resource pool{sim, 0, std::nullopt, options};
+  void* a = pool.allocate(4 * MiB);
+  void* b = pool.allocate(4 * MiB);  // a second chunk
+  CHECK(pool.chunk_count() == 2);
+  pool.deallocate(a, 4 * MiB);
+  pool.release();  // a's chunk is wholly free; b's is not
+  CHECK(pool.chunk_count() == 1);
+  CHECK(pool.pool_size() == 4 * MiB);
+  CHECK(sim->footprint() == 4 * MiB);
+  void* c = pool.allocate(2 * MiB);
+  void* d = pool.allocate(2 * MiB);
+  pool.deallocate(c, 2 * MiB);
+  pool.deallocate(b, 4 * MiB);  // b's chunk is now free, d's chunk holds 2 MiB free
+  std::size_t const before = pool.pool_size();
+  void* e = pool.allocate(6 * MiB);  // nothing fits: the free chunk is returned and folded into the new one
+  CHECK(pool.pool_size() <= before + 6 * MiB - 4 * MiB + 4 * MiB);
+  CHECK(pool.chunk_count() == 2);
+  pool.deallocate(d, 2 * MiB);
+  pool.deallocate(e, 6 * MiB);
+  CHECK(pool.check_invariants() == "");
+}
+
+TEST_CASE("pool: bad frees are logic_errors naming the pointer; destruction returns everything") {
+  auto sim = std::make_shared<simulated_memory_resource>();
+  {
+    pool_memory_resource pool{sim, 8 * MiB};
+    void* a = pool.allocate(1000);
+    CHECK_THROWS_WITH(pool.deallocate(static_cast<char*>(a) + 256, 10), Catch::Contains("did not hand out"));
+    CHECK_THROWS_WITH(pool.deallocate(a, 5000), Catch::Contains("5000"));  // wrong size (the block is freed anyway)
+    CHECK_THROWS_AS(pool.deallocate(a, 1000), logic_error);                 // now a double free
+    void* leaked = pool.allocate(3 * MiB);
+    (void)leaked;
+    CHECK(pool.name() == "pool");
+    CHECK(pool.upstream() == sim.get());
+    CHECK(pool.kind() == memory_kind::none);
+    CHECK(pool.free_bytes_held() == pool.free_bytes());
+  }
+  CHECK(sim->footprint() == 0);  // the leaked block's chunk went back too
+  CHECK_THROWS_AS((pool_memory_resource{sim, 8 * MiB, 4 * MiB}), logic_error);
+  CHECK_THROWS_AS((pool_memory_resource{nullptr, 0}), logic_error);
+}
+
+TEST_CASE("pool: large alignments are honoured inside a 256-aligned upstream") {
+  auto sim = std::make_shared<simulated_memory_resource>();
+  pool_memory_resource pool{sim, 0};
+  std::vector<std::pair<void*, std::size_t>> blocks;
+  for (std::size_t alignment = 256; alignment <= 16 * MiB; alignment *= 2) {
+    void* p = pool.allocate(300, {}, alignment);
+    CHECK(detail::is_aligned(p, alignment));
+    blocks.emplace_back(p, alignment);
+  }
+  for (auto& [p, alignment] : blocks) { pool.deallocate(p, 300, {}, alignment); }
+  CHECK(pool.check_invariants() == "");
+  CHECK(pool.stats().free_blocks == pool.chunk_count());
+}

@@ -1,0 +1,265 @@
+// Stream-ordered reuse of the pool, model-tested on the CPU through the fake event seam:
+// every block handed to a stream must be ordered after the work of whichever stream
+// freed it (same stream, an event wait, or a synchronization); events are recorded
+// lazily; one stream means no CUDA calls; per-thread default streams are only recorded
+// on by their own thread. Longer sweeps: MRSTACK_LONG_TESTS=1.
+#include <catch2/catch.hpp>
+
+#include <fake_stream_sync.hpp>
+
+#include <mrstack/detail/stream_ordering.hpp>
+#include <mrstack/suballoc/pool_memory_resource.hpp>
+#include <mrstack/upstream/simulated_memory_resource.hpp>
+
+#include <cstdlib>
+#include <iterator>
+#include <map>
+#include <random>
+#include <vector>
+
+using namespace mrstack;
+using detail::stream_ref;
+using test::fake_stream_sync;
+
+namespace {
+
+bool long_tests() { return std::getenv("MRSTACK_LONG_TESTS") != nullptr; }
+constexpr std::size_t KiB = 1024;
+constexpr std::size_t MiB = 1024 * KiB;
+
+// Simulated threads: the ordering logic asks this function which thread is calling.
+std::uintptr_t current_thread = 3;
+std::uintptr_t simulated_thread_key() noexcept { return current_thread; }
+constexpr std::uintptr_t ptds_handle_base = 0x100000;
+stream_ref ptds_of(std::uintptr_t thread) { return stream_ref{thread, ptds_handle_base + thread, true}; }
+stream_ref shared_stream(std::uintptr_t handle) { return stream_ref{handle, handle, false}; }
+
+/// Freed ranges not yet handed out again: who freed them, and when (the freer's clock).
+class freed_ranges {
+ public:
+  void add(std::uintptr_t a, std::size_t n, std::uintptr_t freer, std::uint64_t clock) {
+    ranges_[a] = range{a + n, freer, clock};
+  }
+  /// Everything in [a, a+n) must be ordered before new work on `user`; then it is live.
+  void take(std::uintptr_t a, std::size_t n, std::uintptr_t user, fake_stream_sync const& fake) {
+    std::uintptr_t const end = a + n;
+    auto it = ranges_.upper_bound(a);
+    if (it != ranges_.begin() && std::prev(it)->second.end > a) { --it; }
+    std::vector<std::pair<std::uintptr_t, range>> keep;
+    while (it != ranges_.end() && it->first < end) {
+      INFO("block at " << a << " for stream " << user << " overlaps memory freed on stream " << it->second.freer
+                       << " at its clock " << it->second.clock);
+      REQUIRE(fake.ordered_after(user, it->second.freer, it->second.clock));
+      if (it->first < a) { keep.emplace_back(it->first, range{a, it->second.freer, it->second.clock}); }
+      if (it->second.end > end) { keep.emplace_back(end, range{it->second.end, it->second.freer, it->second.clock}); }
+      it = ranges_.erase(it);
+    }
+    for (auto const& [k, r] : keep) { ranges_[k] = r; }
+  }
+
+ private:
+  struct range {
+    std::uintptr_t end;
+    std::uintptr_t freer;
+    std::uint64_t clock;
+  };
+  std::map<std::uintptr_t, range> ranges_;
+};
+
+struct live_block {
+  std::size_t size;
+  stream_ref stream;
+  std::uintptr_t thread;
+};
+
+}  // namespace
+
+TEST_CASE("pool streams: random work on shared and per-thread streams never reuses memory early") {
+  int const seeds = long_tests() ? 40 : 5;
+  int const steps = long_tests() ? 300000 : 100000;
+  std::uintptr_t const threads[] = {3, 5, 7};
+  stream_ref const shared[] = {shared_stream(0x100), shared_stream(0x200), shared_stream(0)};
+  for (int seed = 1; seed <= seeds; ++seed) {
+    CAPTURE(seed);
+    std::mt19937_64 rng{static_cast<std::uint64_t>(seed)};
+    auto fake = std::make_shared<fake_stream_sync>();
+    fake->on_record = [&](std::uintptr_t stream) {
+      if (stream >= ptds_handle_base) {
+        INFO("recorded on the per-thread stream of thread " << stream - ptds_handle_base << " from thread "
+                                                            << current_thread);
+        REQUIRE(stream - ptds_handle_base == current_thread);
+      }
+    };
+    detail::stream_ordered_pool core{fake, &simulated_thread_key};
+    freed_ranges freed;
+    std::map<std::uintptr_t, live_block> live;
+    std::uintptr_t next_chunk = 0x500000000000;
+    std::size_t syncs = 0;
+    for (int step = 0; step < steps; ++step) {
+      if (live.empty() || rng() % 100 < 52) {
+        current_thread = threads[rng() % 3];
+        stream_ref const s = rng() % 2 == 0 ? shared[rng() % 3] : ptds_of(current_thread);
+        std::size_t const size = (1 + rng() % (rng() % 8 == 0 ? 4096 : 64)) * 256;
+        std::size_t const alignment = rng() % 8 == 0 ? 4 * KiB : 256;
+        std::uintptr_t a = core.allocate(size, alignment, s);
+        if (a == 0 && core.blocks().total_bytes() > 256 * MiB && core.synchronize_everything()) {
+          ++syncs;  // the pool's last resort before growing past a cap
+          a = core.allocate(size, alignment, s);
+        }
+        if (a == 0) {
+          std::size_t const chunk = std::max<std::size_t>(8 * MiB, size + alignment);
+          core.add_chunk(next_chunk, chunk, s);
+          next_chunk += chunk + 64 * MiB;
+          a = core.allocate(size, alignment, s);
+          REQUIRE(a != 0);
+        }
+        REQUIRE(a % alignment == 0);
+        freed.take(a, size, s.handle, *fake);
+        auto next = live.lower_bound(a);
+        if (next != live.end()) { REQUIRE(a + size <= next->first); }
+        if (next != live.begin()) { REQUIRE(std::prev(next)->first + std::prev(next)->second.size <= a); }
+        live.emplace(a, live_block{size, s, current_thread});
+        fake->enqueue(s.handle);  // work on the new block
+      } else {
+        auto it = std::next(live.begin(), static_cast<std::ptrdiff_t>(rng() % live.size()));
+        // Freed on the stream it was used on; a per-thread stream only by its own thread.
+        current_thread = it->second.stream.thread_bound ? it->second.thread : threads[rng() % 3];
+        std::uint64_t const clock = fake->enqueue(it->second.stream.handle);  // its last use
+        REQUIRE(core.deallocate(it->first, it->second.stream) == it->second.size);
+        freed.add(it->first, it->second.size, it->second.stream.handle, clock);
+        live.erase(it);
+      }
+      if (step % 128 == 0) { REQUIRE(core.blocks().check_invariants() == ""); }
+    }
+    INFO("records " << fake->records << ", waits " << fake->waits << ", device syncs " << fake->sync_alls);
+    CHECK(fake->records > 0);  // the test did exercise cross-stream handovers
+    CHECK(fake->waits > 0);
+    for (auto const& [a, b] : live) {
+      current_thread = b.thread;
+      REQUIRE(core.deallocate(a, b.stream) == b.size);
+    }
+    core.synchronize_everything();
+    REQUIRE(core.blocks().check_invariants() == "");
+    std::size_t free_blocks = 0;
+    core.blocks().for_each_free_block([&](std::uintptr_t, std::size_t, detail::owner_id) { ++free_blocks; });
+    CHECK(free_blocks == core.blocks().chunk_count());
+    (void)syncs;
+  }
+  current_thread = 3;
+}
+
+TEST_CASE("pool streams: the pool fails the model when the event wait is skipped (the model can fail)") {
+  // A stand-in seam that "forgets" to make the waiting stream wait: the model must notice.
+  class forgetful final : public detail::stream_sync {
+   public:
+    explicit forgetful(std::shared_ptr<fake_stream_sync> inner) : inner_{std::move(inner)} {}
+    handle create_event() override { return inner_->create_event(); }
+    void destroy_event(handle e) noexcept override { inner_->destroy_event(e); }
+    bool record(handle e, handle s) override { return inner_->record(e, s); }
+    void wait(handle, handle) override {}
+    void synchronize(handle s) override { inner_->synchronize(s); }
+    void synchronize_all() override { inner_->synchronize_all(); }
+
+   private:
+    std::shared_ptr<fake_stream_sync> inner_;
+  };
+  auto fake = std::make_shared<fake_stream_sync>();
+  detail::stream_ordered_pool core{std::make_shared<forgetful>(fake), &simulated_thread_key};
+  core.add_chunk(0x600000000000, 1 * MiB, shared_stream(0x100));
+  std::uintptr_t const a = core.allocate(1 * MiB, 256, shared_stream(0x100));
+  std::uint64_t const clock = fake->enqueue(0x100);
+  core.deallocate(a, shared_stream(0x100));
+  std::uintptr_t const b = core.allocate(1 * MiB, 256, shared_stream(0x200));
+  REQUIRE(b == a);
+  CHECK_FALSE(fake->ordered_after(0x200, 0x100, clock));
+}
+
+TEST_CASE("pool streams: one stream makes no CUDA calls; a second records lazily, once per handover") {
+  auto fake = std::make_shared<fake_stream_sync>();
+  auto sim = std::make_shared<simulated_memory_resource>();
+  pool_options options;
+  options.stream_sync = fake;
+  auto const a_stream = stream_view{reinterpret_cast<cudaStream_t>(0x100)};
+  auto const b_stream = stream_view{reinterpret_cast<cudaStream_t>(0x200)};
+  options.initial_stream = a_stream;
+  pool_memory_resource pool{sim, 64 * MiB, std::nullopt, options};
+  CHECK(fake->syncs == 1);  // the initial chunk: waited for once, then usable by any stream
+  std::size_t const at_start = fake->calls();
+
+  std::mt19937_64 rng{42};
+  std::vector<std::pair<void*, std::size_t>> live;
+  for (int i = 0; i < 20000; ++i) {
+    if (live.empty() || rng() % 2 == 0) {
+      std::size_t const size = 1 + rng() % (256 * KiB);
+      live.emplace_back(pool.allocate(size, a_stream), size);
+    } else {
+      std::size_t const k = rng() % live.size();
+      pool.deallocate(live[k].first, live[k].second, a_stream);
+      live[k] = live.back();
+      live.pop_back();
+    }
+  }
+  CHECK(fake->calls() == at_start);  // one stream: not a single event call, however many frees
+
+  for (auto& [p, size] : live) { pool.deallocate(p, size, a_stream); }
+  live.clear();
+  CHECK(fake->calls() == at_start);  // frees never record
+
+  void* on_b = pool.allocate(32 * MiB, b_stream);  // B takes over what A holds: one record, one wait
+  CHECK(fake->records == 1);
+  CHECK(fake->waits == 1);
+  CHECK(pool.stats().events_recorded == 1);
+  std::size_t const calls = fake->calls();
+  pool.deallocate(on_b, 32 * MiB, b_stream);
+  for (int i = 0; i < 1000; ++i) { pool.deallocate(pool.allocate(4 * KiB, b_stream), 4 * KiB, b_stream); }
+  CHECK(fake->calls() == calls);  // B now owns that memory: no more calls
+  CHECK(pool.pool_size() == 64 * MiB);  // no growth: the memory moved between streams
+}
+
+TEST_CASE("pool streams: another thread's default stream is asked to record, never recorded on by others") {
+  auto fake = std::make_shared<fake_stream_sync>();
+  fake->on_record = [](std::uintptr_t stream) {
+    if (stream >= ptds_handle_base) { REQUIRE(stream - ptds_handle_base == current_thread); }
+  };
+  detail::stream_ordered_pool core{fake, &simulated_thread_key};
+  stream_ref const t1 = ptds_of(3);
+  stream_ref const t2 = ptds_of(5);
+  current_thread = 3;
+  core.add_chunk(0x700000000000, 16 * MiB, t1);
+  std::uintptr_t const a = core.allocate(8 * MiB, 256, t1);
+  std::uintptr_t const c = core.allocate(8 * MiB, 256, t1);
+  fake->enqueue(t1.handle);
+  core.deallocate(a, t1);
+
+  current_thread = 5;  // thread 2 wants it: thread 1's stream cannot be recorded on from here
+  CHECK(core.allocate(8 * MiB, 256, t2) == 0);
+  CHECK(fake->records == 0);
+
+  current_thread = 3;  // thread 1's next call (a free) records for it, after the free
+  std::uint64_t const clock = fake->enqueue(t1.handle);
+  core.deallocate(c, t1);
+  CHECK(fake->records == 1);
+
+  current_thread = 5;  // now thread 2 takes it over with a wait only
+  std::uintptr_t const b = core.allocate(8 * MiB, 256, t2);
+  CHECK(b == a);
+  CHECK(fake->records == 1);
+  CHECK(fake->waits == 1);
+  CHECK(fake->ordered_after(t2.handle, t1.handle, clock));
+  current_thread = 3;
+}
+
+TEST_CASE("pool streams: a stream that can no longer record falls back to synchronizing the device") {
+  auto fake = std::make_shared<fake_stream_sync>();
+  detail::stream_ordered_pool core{fake, &simulated_thread_key};
+  stream_ref const a = shared_stream(0x100);
+  stream_ref const b = shared_stream(0x200);
+  core.add_chunk(0x710000000000, 4 * MiB, a);
+  std::uintptr_t const p = core.allocate(4 * MiB, 256, a);
+  std::uint64_t const clock = fake->enqueue(a.handle);
+  core.deallocate(p, a);
+  fake->kill(a.handle);  // destroyed
+  CHECK(core.allocate(4 * MiB, 256, b) == p);
+  CHECK(fake->sync_alls == 1);
+  CHECK(fake->ordered_after(b.handle, a.handle, clock));
+}

@@ -1,0 +1,89 @@
+#pragma once
+// A recording, checking stand-in for CUDA events, so stream-ordered reuse is model-tested
+// on the CPU. Each stream has a clock (how much work was enqueued on it) and a vector
+// clock of what it has waited for; events capture the recording stream's vector clock
+// and `wait` merges it into the waiter's, exactly as cudaEventRecord/cudaStreamWaitEvent
+// order work. `ordered_after` answers the question a correct allocator must respect:
+// is work now enqueued on `user` guaranteed to run after work `clock` of `freer`?
+#include <mrstack/detail/stream_ordering.hpp>
+
+#include <algorithm>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <set>
+
+namespace mrstack::test {
+
+class fake_stream_sync final : public detail::stream_sync {
+ public:
+  using vclock = std::map<handle, std::uint64_t>;
+
+  // ---- the test's side ----
+  /// Enqueues one unit of work on `stream`; returns its clock value.
+  std::uint64_t enqueue(handle stream) { return ++now_[stream]; }
+  /// True when new work on `user` is ordered after work number `clock` of `freer`.
+  bool ordered_after(handle user, handle freer, std::uint64_t clock) const {
+    if (user == freer) { return true; }
+    auto const done = done_.find(freer);
+    if (done != done_.end() && done->second >= clock) { return true; }
+    auto const known = known_.find(user);
+    if (known == known_.end()) { return false; }
+    auto const k = known->second.find(freer);
+    return k != known->second.end() && k->second >= clock;
+  }
+  /// Records on this stream fail from now on (a destroyed stream).
+  void kill(handle stream) { dead_.insert(stream); }
+  /// Called on every record with the stream handle (tests check who may record where).
+  std::function<void(handle)> on_record;
+
+  std::size_t creates = 0, destroys = 0, records = 0, waits = 0, syncs = 0, sync_alls = 0;
+  [[nodiscard]] std::size_t calls() const { return creates + destroys + records + waits + syncs + sync_alls; }
+  [[nodiscard]] std::size_t live_events() const { return events_.size(); }
+
+  // ---- the seam ----
+  handle create_event() override {
+    ++creates;
+    handle const e = ++next_event_;
+    events_[e] = vclock{};
+    return e;
+  }
+  void destroy_event(handle event) noexcept override {
+    ++destroys;
+    events_.erase(event);
+  }
+  bool record(handle event, handle stream) override {
+    ++records;
+    if (on_record) { on_record(stream); }
+    if (dead_.count(stream) != 0) { return false; }
+    vclock c = known_[stream];
+    c[stream] = now_[stream];
+    events_.at(event) = c;
+    return true;
+  }
+  void wait(handle stream, handle event) override {
+    ++waits;
+    for (auto const& [s, t] : events_.at(event)) {
+      auto& mine = known_[stream][s];
+      mine = std::max(mine, t);
+    }
+  }
+  void synchronize(handle stream) override {
+    ++syncs;
+    done_[stream] = now_[stream];
+  }
+  void synchronize_all() override {
+    ++sync_alls;
+    for (auto const& [s, t] : now_) { done_[s] = t; }
+  }
+
+ private:
+  std::map<handle, std::uint64_t> now_;
+  std::map<handle, vclock> known_;
+  std::map<handle, std::uint64_t> done_;
+  std::map<handle, vclock> events_;
+  std::set<handle> dead_;
+  handle next_event_ = 0;
+};
+
+}  // namespace mrstack::test
