@@ -170,6 +170,12 @@ class spec_builder {
     }
     for (std::size_t i = 0; i < entry.parameters.size(); ++i) {
       auto const& param = entry.parameters[i];
+      if (!given[i] && param.default_is_value) {
+        // A default in spec syntax counts as written, at the layer's column.
+        spec_argument const implied{param.name, param.default_text, layer.column, layer.column};
+        args.set(param.name, convert(implied, param, entry));
+        continue;
+      }
       if (param.is_required && !given[i]) {
         fail(layer.column, entry.name + " needs its parameter '" + param.name + "' (" + param.doc + "), for example " +
                                entry.name + "(" + param.name + "=" + example_of(param.type) + ")");

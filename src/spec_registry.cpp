@@ -40,6 +40,11 @@ struct registry {
     if (entry.name.empty() || entry.make == nullptr) {
       throw logic_error("register_resource: an entry needs a name and a make function");
     }
+    for (auto const& p : entry.parameters) {
+      if (p.default_is_value && p.default_text.empty()) {
+        throw logic_error("register_resource: " + entry.name + "'s parameter '" + p.name + "' defaults to no value");
+      }
+    }
     for (auto const& e : entries) {
       if (e.name == entry.name) { throw logic_error("register_resource: '" + entry.name + "' is already registered"); }
     }
@@ -68,6 +73,12 @@ spec_parameter flag_param(std::string name, bool is_required, std::string doc, s
 }
 spec_parameter text_param(std::string name, bool is_required, std::string doc, std::string default_text) {
   return make_param(std::move(name), param_type::text, is_required, std::move(doc), std::move(default_text));
+}
+
+spec_parameter size_param_defaulting_to(std::string name, std::string default_value, std::string doc) {
+  auto p = make_param(std::move(name), param_type::size, false, std::move(doc), std::move(default_value));
+  p.default_is_value = true;
+  return p;
 }
 
 void register_resource(spec_resource resource) {

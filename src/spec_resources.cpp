@@ -3,6 +3,10 @@
 // people; keep the two together when adding an entry.
 #include <mrstack/replay/footprint_meter.hpp>
 #include <mrstack/spec_registry.hpp>
+#include <mrstack/suballoc/arena_memory_resource.hpp>
+#include <mrstack/suballoc/binning_memory_resource.hpp>
+#include <mrstack/suballoc/fixed_size_memory_resource.hpp>
+#include <mrstack/suballoc/pool_memory_resource.hpp>
 #include <mrstack/upstream/cuda_async_memory_resource.hpp>
 #include <mrstack/upstream/cuda_memory_resource.hpp>
 #include <mrstack/upstream/managed_memory_resource.hpp>
@@ -56,6 +60,57 @@ std::vector<spec_resource> builtin_resources() {
                      a.size("capacity").value_or(std::numeric_limits<std::size_t>::max()));
                },
                "capacity", "", true});
+
+  // ---- suballocators --------------------------------------------------------------------
+  r.push_back({"pool", "coalescing, stream-ordered suballocator (two-level segregated fit); grows by chunks",
+               needs_upstream,
+               {size_param("initial", optional_param, "bytes taken from the upstream at construction", "0"),
+                size_param("max", optional_param, "the most bytes it may hold", "unbounded"),
+                count_param("growth_divisor", optional_param, "a new chunk is at least pool size / this", "12"),
+                size_param("minimum_growth", optional_param, "a new chunk is at least this", "4MiB"),
+                size_param("growth_granularity", optional_param, "chunk sizes are rounded up to this", "2MiB"),
+                flag_param("consolidate_on_growth", optional_param,
+                           "return wholly free chunks and take their bytes back in the new one", "true")},
+               [](spec_arguments const& a, resource_ptr up) -> resource_ptr {
+                 pool_options o;
+                 o.growth_divisor = a.count("growth_divisor").value_or(o.growth_divisor);
+                 o.minimum_growth = a.size("minimum_growth").value_or(o.minimum_growth);
+                 o.growth_granularity = a.size("growth_granularity").value_or(o.growth_granularity);
+                 o.consolidate_on_growth = a.flag("consolidate_on_growth").value_or(o.consolidate_on_growth);
+                 return std::make_shared<pool_memory_resource>(std::move(up), a.size("initial").value_or(0), a.size("max"),
+                                                               o);
+               }});
+  r.push_back({"fixed_size", "blocks of one size, O(1) allocate and free", needs_upstream,
+               {size_param("block_size", optional_param, "the size of every block (rounded up to 256)", "1MiB"),
+                count_param("blocks_to_preallocate", optional_param, "blocks per chunk taken from the upstream", "128")},
+               [](spec_arguments const& a, resource_ptr up) -> resource_ptr {
+                 return std::make_shared<fixed_size_memory_resource>(
+                     std::move(up), a.size("block_size").value_or(fixed_size_memory_resource::default_block_size),
+                     a.count("blocks_to_preallocate").value_or(fixed_size_memory_resource::default_blocks_to_preallocate));
+               }});
+  r.push_back({"binning", "power-of-two size classes, each a fixed_size over the upstream; larger requests go "
+                          "to the upstream",
+               needs_upstream,
+               {size_param_defaulting_to("min", "256B", "the smallest bin (rounded up to a power of two, at least 256)"),
+                size_param_defaulting_to("max", "64KiB", "the largest bin (rounded up to a power of two)")},
+               [](spec_arguments const& a, resource_ptr up) -> resource_ptr {
+                 return std::make_shared<binning_memory_resource>(std::move(up), *a.size("min"), *a.size("max"));
+               }});
+  r.push_back({"arena", "per-stream arenas of size-classed superblocks over a global arena; takes its whole "
+                        "size up front",
+               needs_upstream,
+               {size_param_defaulting_to("size", "50%", "the arena: taken from the upstream at construction, never grown"),
+                size_param("superblock_size", optional_param, "a power of two from 64KiB to 16MiB", "4MiB"),
+                size_param("max_small_size", optional_param, "requests up to this go to the stream arenas", "1MiB"),
+                count_param("empty_superblocks_kept", optional_param,
+                            "wholly free superblocks a stream arena keeps", "2")},
+               [](spec_arguments const& a, resource_ptr up) -> resource_ptr {
+                 arena_options o;
+                 o.superblock_size = a.size("superblock_size").value_or(o.superblock_size);
+                 o.max_small_size = a.size("max_small_size").value_or(o.max_small_size);
+                 o.empty_superblocks_kept = a.count("empty_superblocks_kept").value_or(o.empty_superblocks_kept);
+                 return std::make_shared<arena_memory_resource>(std::move(up), *a.size("size"), o);
+               }});
 
   // ---- measuring ----------------------------------------------------------------------
   r.push_back({"footprint_meter", "counts the bytes held from the layer below and their peak (mrstack-replay "

@@ -5,6 +5,10 @@
 #include <mrstack/replay/footprint_meter.hpp>
 #include <mrstack/spec.hpp>
 #include <mrstack/spec_registry.hpp>
+#include <mrstack/suballoc/arena_memory_resource.hpp>
+#include <mrstack/suballoc/binning_memory_resource.hpp>
+#include <mrstack/suballoc/fixed_size_memory_resource.hpp>
+#include <mrstack/suballoc/pool_memory_resource.hpp>
 #include <mrstack/upstream/simulated_memory_resource.hpp>
 #include <mrstack/upstream/system_memory_resource.hpp>
 
@@ -322,7 +326,8 @@ TEST_CASE("spec: the registry refuses duplicates and lists every resource sorted
   auto const all = registered_resources();
   REQUIRE(all.size() >= 7);
   for (std::size_t i = 1; i < all.size(); ++i) { CHECK(all[i - 1]->name < all[i]->name); }
-  for (char const* name : {"cuda", "cuda_async", "managed", "pinned_host", "system", "simulated", "footprint_meter"}) {
+  for (char const* name : {"cuda", "cuda_async", "managed", "pinned_host", "system", "simulated", "footprint_meter",
+                           "pool", "fixed_size", "binning", "arena"}) {
     CHECK(find_resource(name) != nullptr);
   }
   CHECK(find_resource("simulated")->capacity_parameter == "capacity");
@@ -343,4 +348,31 @@ TEST_CASE("spec: MRSTACK_RESOURCE picks the stack; its errors name the variable"
   }
   ::unsetenv("MRSTACK_RESOURCE");
   CHECK(describe_stack(*make_stack_from_environment("simulated")) == "simulated");
+}
+
+TEST_CASE("spec: suballocators take every parameter by name; defaults in spec syntax resolve like written ones") {
+  auto const pool = make_stack("pool(initial=1MiB, max=1GiB, growth_divisor=4, minimum_growth=8MiB, "
+                               "growth_granularity=4MiB, consolidate_on_growth=off) > simulated");
+  auto* p = dynamic_cast<pool_memory_resource*>(pool.get());
+  REQUIRE(p != nullptr);
+  CHECK(p->pool_size() == (1u << 20));
+  auto const arena = make_stack("arena > simulated(capacity=1GiB)");  // size defaults to 50% of the capacity
+  auto* a = dynamic_cast<arena_memory_resource*>(arena.get());
+  REQUIRE(a != nullptr);
+  CHECK(a->arena_size() == (512u << 20));
+  auto const sized = make_stack("arena(size=64MiB, superblock_size=1MiB, max_small_size=256KiB, "
+                                "empty_superblocks_kept=1) > simulated");
+  CHECK(dynamic_cast<arena_memory_resource*>(sized.get())->arena_size() == (64u << 20));
+  auto const bins = make_stack("binning(min=1KiB, max=8KiB) > pool > simulated");
+  auto* b = dynamic_cast<binning_memory_resource*>(bins.get());
+  REQUIRE(b != nullptr);
+  void* x = b->allocate(3000);
+  b->deallocate(x, 3000);
+  CHECK(describe_stack(*make_stack("binning > pool > simulated")) == "binning > pool > simulated");
+  auto const fixed = make_stack("fixed_size(block_size=4KiB, blocks_to_preallocate=16) > simulated");
+  CHECK(dynamic_cast<fixed_size_memory_resource*>(fixed.get())->block_size() == 4096u);
+  // A constructor's refusal points at its layer.
+  require_spec_error("pool(initial=2GiB, max=1GiB) > simulated", 1, "pool refused its arguments: pool: initial size", true);
+  require_spec_error("arena(superblock_size=3MiB) > simulated(capacity=1GiB)", 1, "arena refused its arguments", true);
+  require_spec_error("pool(growth_divisor=half) > cuda", 21, "bad value 'half' for pool's growth_divisor (a count)");
 }

@@ -46,6 +46,10 @@ struct spec_parameter {
   bool is_required = false;
   std::string default_text;  ///< what the resource uses when it is not given (for docs and --list)
   std::string doc;           ///< one line
+  /// When true, `default_text` is a value in spec syntax that the builder uses when the
+  /// parameter is not given, exactly as if written (so a default of `50%` resolves like a
+  /// written percentage, and `make` always sees the parameter).
+  bool default_is_value = false;
 };
 
 spec_parameter size_param(std::string name, bool is_required, std::string doc, std::string default_text = {});
@@ -53,6 +57,9 @@ spec_parameter count_param(std::string name, bool is_required, std::string doc, 
 spec_parameter number_param(std::string name, bool is_required, std::string doc, std::string default_text = {});
 spec_parameter flag_param(std::string name, bool is_required, std::string doc, std::string default_text = {});
 spec_parameter text_param(std::string name, bool is_required, std::string doc, std::string default_text = {});
+/// An optional size parameter whose default is a spec value (`"50%"`, `"64KiB"`) that the
+/// builder applies when the parameter is not given.
+spec_parameter size_param_defaulting_to(std::string name, std::string default_value, std::string doc);
 
 /// The typed arguments of one layer, as the builder checked them.
 class spec_arguments {
