@@ -427,12 +427,12 @@ int run(arguments const& a, std::FILE* out, std::FILE* err) {
   }
   if (simulate) {
     if (a.simulate) {
-      std::fprintf(out, "  memory:  SIMULATED (--simulate): each stack's bottom is replaced by\n");
+      std::fprintf(out, "  memory:  SIMULATED (--simulate);\n");
     } else {
-      std::fprintf(out, "  memory:  SIMULATED: no CUDA device (%s), so each stack's bottom is replaced by\n",
-                   device.why_not.c_str());
+      std::fprintf(out, "  memory:  SIMULATED: no CUDA device (%s);\n", device.why_not.c_str());
     }
-    std::fprintf(out, "           simulated(capacity=%s), which touches no memory\n", short_bytes(capacity).c_str());
+    std::fprintf(out, "           each stack's bottom is simulated(capacity=%s), touching no memory\n",
+                 short_bytes(capacity).c_str());
     if (!device.available && log.streams.size() > 1) {
       std::fprintf(out, "           without a device the log's %zu streams replay on one stream handle\n", log.streams.size());
     }
