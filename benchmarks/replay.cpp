@@ -1,7 +1,7 @@
 // Replays an allocation log against stacks under Google Benchmark, reporting the time per
 // event: for profiling one stack on one workload (perf, nsys) with benchmark's statistics.
 //
-//   bench_replay [--log FILE] [--resource SPEC]... [--simulate] [benchmark flags]
+//   bench_replay [--log FILE] [--resource SPEC]... [--simulate] [--warmup] [benchmark flags]
 //
 // --log and --resource are taken out of argv before benchmark::Initialize (so they mix
 // with --benchmark_* flags); without them the environment decides: MRSTACK_REPLAY_LOG
@@ -12,6 +12,7 @@
 //
 // Each iteration replays the whole log on a freshly built stack, timed by the replay
 // engine itself (manual time: building and tearing down the stack are not counted).
+// --warmup times a second replay on the same stack instead (its steady state).
 // Counters: ns_per_event (mean), events, peak_live_MiB, peak_footprint_MiB, footprint_ratio.
 #include <benchmark/benchmark.h>
 
@@ -33,9 +34,10 @@ struct bench_config {
   std::string log_path;
   std::vector<std::string> resources;
   bool simulate = false;
+  bool warmup = false;
 };
 
-/// Takes --log, --resource and --simulate out of argv (both "--x value" and "--x=value").
+/// Takes --log, --resource, --simulate and --warmup out of argv (both "--x value" and "--x=value").
 bench_config take_own_flags(int& argc, char** argv) {
   bench_config config;
   int kept = 1;
@@ -53,6 +55,8 @@ bench_config take_own_flags(int& argc, char** argv) {
       config.resources.push_back(*r);
     } else if (arg == "--simulate") {
       config.simulate = true;
+    } else if (arg == "--warmup") {
+      config.warmup = true;
     } else {
       argv[kept++] = argv[i];
     }
@@ -113,6 +117,7 @@ int main(int argc, char** argv) {
   }
   mrstack::replay_options options;
   options.simulate = config.simulate || !mrstack::probe_device().available;
+  options.warmup = config.warmup;
   for (auto const& spec : config.resources) {
     try {
       (void)mrstack::replay_spec_for(spec, options.simulate, options.simulated_capacity);

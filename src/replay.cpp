@@ -222,13 +222,50 @@ one_run run_once(allocation_log const& log, stack_spec const& spec, replay_optio
   }
 
   replay_streams const streams{log, real_streams};
-  run_state s;
-  s.log = &log;
-  s.top = top.get();
-  s.streams = streams.data();
-  s.pointers.assign(log.allocation_count, nullptr);
-  s.refused.assign(log.allocation_count, false);
   bool const multi_thread = log.events_by_thread.size() > 1;
+  auto prepare = [&](run_state& s) {
+    s.log = &log;
+    s.top = top.get();
+    s.streams = streams.data();
+    s.pointers.assign(log.allocation_count, nullptr);
+    s.refused.assign(log.allocation_count, false);
+  };
+  // Whatever is still live after a pass (the log's leaks, or everything after a stop)
+  // goes back before the next pass and before the stack is destroyed.
+  auto free_leftovers = [&](run_state& s, bool count_leaks) {
+    try {
+      if (real_streams) { streams.synchronize(); }
+      for (std::uint32_t a = 0; a < log.allocation_count; ++a) {
+        if (s.pointers[a] == nullptr) { continue; }
+        log_event const& e = log.events[log.allocation_events[a]];
+        top->deallocate(s.pointers[a], e.bytes, streams.data()[e.stream]);
+        s.pointers[a] = nullptr;
+        if (count_leaks && s.error.empty()) {
+          ++out.leaks;
+          out.leaked_bytes += e.bytes;
+        }
+      }
+      if (real_streams) { streams.synchronize(); }
+    } catch (std::exception const& e) {
+      if (s.error.empty()) { s.error = std::string{"after the replay: "} + e.what(); }
+    }
+  };
+  if (options.warmup) {
+    run_state warm;
+    prepare(warm);
+    if (multi_thread) {
+      run_multi_thread(warm);
+    } else {
+      run_single_thread(warm);
+    }
+    free_leftovers(warm, false);
+    if (!warm.error.empty()) {
+      out.error = "in the warm-up run: " + warm.error;
+      return out;
+    }
+  }
+  run_state s;
+  prepare(s);
   {
     progress_monitor const monitor{options, s, multi_thread};
     auto const t0 = std::chrono::steady_clock::now();
@@ -248,21 +285,10 @@ one_run run_once(allocation_log const& log, stack_spec const& spec, replay_optio
       out.peak_footprint = meter->peak_bytes_held();
       out.upstream_allocations = meter->upstream_allocations();
     }
-    // Whatever is still live (the log's leaks, or everything after a stop) goes back
-    // before the stack is destroyed.
-    for (std::uint32_t a = 0; a < log.allocation_count; ++a) {
-      if (s.pointers[a] == nullptr) { continue; }
-      log_event const& e = log.events[log.allocation_events[a]];
-      top->deallocate(s.pointers[a], e.bytes, streams.data()[e.stream]);
-      if (s.error.empty()) {
-        ++out.leaks;
-        out.leaked_bytes += e.bytes;
-      }
-    }
-    if (real_streams) { streams.synchronize(); }
   } catch (std::exception const& e) {
     if (s.error.empty()) { s.error = std::string{"after the replay: "} + e.what(); }
   }
+  free_leftovers(s, true);
   out.failures = s.failures;
   out.first_failure_event = s.first_failure_event;
   out.first_failure_message = std::move(s.first_failure_message);

@@ -32,6 +32,8 @@ char const* const usage_text =
     "                       (automatic when there is no CUDA device)\n"
     "  --capacity SIZE      memory of the simulated device (default: the GPU's, else 80GiB)\n"
     "  --repeat N           replay each stack N times; times are the median (default 1)\n"
+    "  --warmup             before each timed run, replay once untimed on the same stack:\n"
+    "                       time the steady state (a pool already grown), not growth\n"
     "  --json FILE          also write the results as a JSON list, one object per stack\n"
     "  --list-resources     every resource and parameter a spec can name\n"
     "  -h, --help           this text\n"
@@ -53,6 +55,7 @@ struct arguments {
   bool simulate = false;
   std::optional<std::size_t> capacity;
   int repeat = 1;
+  bool warmup = false;
   std::optional<std::string> json_path;
   bool list_resources = false;
   bool help = false;
@@ -96,6 +99,9 @@ arguments parse_arguments(std::vector<std::string> const& args) {
         throw usage_error{"--repeat '" + text + "': expected a whole number of runs, at least 1"};
       }
       a.repeat = static_cast<int>(n);
+    } else if (arg == "--warmup") {
+      no_value();
+      a.warmup = true;
     } else if (arg == "--json") {
       a.json_path = value();
       if (a.json_path->empty()) { throw usage_error{"--json needs a file name"}; }
@@ -245,7 +251,7 @@ class json_object {
   std::string text_;
 };
 
-std::string results_json(std::vector<replay_result> const& results, std::string const& log_path) {
+std::string results_json(std::vector<replay_result> const& results, std::string const& log_path, bool warmup) {
   std::string out = "[\n";
   for (std::size_t i = 0; i < results.size(); ++i) {
     auto const& r = results[i];
@@ -257,7 +263,7 @@ std::string results_json(std::vector<replay_result> const& results, std::string 
     seconds_list += "]";
     json_object o;
     o.string("resource", r.resource).string("built_as", r.built_as).string("log", log_path);
-    o.boolean("simulated", r.simulated).integer("events", r.events).integer("failures", r.failures);
+    o.boolean("simulated", r.simulated).boolean("warmup", warmup).integer("events", r.events).integer("failures", r.failures);
     if (r.failures > 0) {
       o.integer("first_failure_line", r.first_failure_line).integer("first_failure_bytes", r.first_failure_bytes);
       o.string("first_failure_message", r.first_failure_message);
@@ -441,7 +447,12 @@ int run(arguments const& a, std::FILE* out, std::FILE* err) {
                  short_bytes(device.total_bytes).c_str(), short_bytes(device.free_bytes).c_str());
   }
   std::fprintf(out, "  machine: %s\n", machine_description().c_str());
-  if (a.repeat > 1) { std::fprintf(out, "  timing:  median of %d runs per stack\n", a.repeat); }
+  if (a.repeat > 1 || a.warmup) {
+    std::string runs{"one run per stack"};
+    if (a.repeat > 1) { runs = std::string{"median of "}.append(std::to_string(a.repeat)).append(" runs per stack"); }
+    std::fprintf(out, "  timing:  %s%s\n", runs.c_str(),
+                 a.warmup ? ", each after an untimed warm-up run on the same stack" : "");
+  }
   std::fprintf(out, "\n");
 
   // 5. Replay, one stack after another, printing each row as it is done.
@@ -462,6 +473,7 @@ int run(arguments const& a, std::FILE* out, std::FILE* err) {
     options.simulate = simulate;
     options.simulated_capacity = capacity;
     options.repeat = a.repeat;
+    options.warmup = a.warmup;
     auto progress = std::make_shared<terminal_progress>(terminal_progress{err, resources[i]});
     if (tty) {
       options.progress = [progress](std::size_t done, std::size_t total) { (*progress)(done, total); };
@@ -538,7 +550,7 @@ int run(arguments const& a, std::FILE* out, std::FILE* err) {
   // 7. --json, whole or not at all.
   if (a.json_path) {
     try {
-      write_atomically(*a.json_path, results_json(results, a.log_path));
+      write_atomically(*a.json_path, results_json(results, a.log_path, a.warmup));
     } catch (std::exception const& e) {
       std::fprintf(err, "mrstack-replay: --json: %s\n", e.what());
       return 2;

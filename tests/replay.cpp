@@ -323,6 +323,27 @@ TEST_CASE("replay: repeats time each run and report the median") {
   CHECK(r.peak_footprint_bytes == 12288);  // each run builds a fresh stack
 }
 
+TEST_CASE("replay: a warm-up run on the same stack first; the footprint covers both") {
+  register_test_layers();
+  // A hoard keeps every block: after the warm-up it holds 9000 bytes, and the timed run
+  // adds 9000 more, so the footprint proves both runs used the same stack.
+  auto const log = parse_allocation_log(small_log);
+  auto options = simulated();
+  options.warmup = true;
+  auto const r = replay_stack(log, "test_hoard > cuda", options);
+  CHECK(r.complete());
+  CHECK(r.peak_footprint_bytes == 18000);
+  CHECK(r.seconds.size() == 1);
+  auto const leaky = parse_allocation_log(header + "1,0,allocate,0x1000,1000,0\n");
+  auto const l = replay_stack(leaky, "test_round_up(to=4KiB) > cuda", options);
+  CHECK(l.complete());
+  CHECK(l.leaks == 1);                      // counted once, for the timed run
+  CHECK(l.peak_footprint_bytes == 4096);    // the warm-up's leak was freed before the timed run
+  auto const c = run_tool({write_file("small.csv", small_log), "--simulate", "--warmup", "--repeat", "3", "-r", "cuda"});
+  CHECK(c.status == 0);
+  CHECK_THAT(c.out, Catch::Contains("timing:  median of 3 runs per stack, each after an untimed warm-up run on the same stack"));
+}
+
 TEST_CASE("replay: the spec it builds: bottom replaced under simulation, meter above the bottom") {
   CHECK(to_string(replay_spec_for("cuda", true, 1024)) == "footprint_meter > simulated(capacity=1024)");
   CHECK(to_string(replay_spec_for("system", false, 1024)) == "footprint_meter > system");

@@ -22,7 +22,8 @@
 ///   which touches no memory, so any log replays on any machine; percentages in the spec
 ///   are shares of that capacity. A bottom that is itself a simulation is kept as given.
 /// - A refused allocation (`std::bad_alloc`, including `out_of_memory`) is counted, its
-///   first line and message kept, and its free skipped; the replay goes on. Any other
+///   first line and message kept, and its free skipped; the replay goes on (`warmup`
+///   runs' refusals are not counted: the timed run's are). Any other
 ///   exception stops the run and is reported in `error`. Allocations the log never frees
 ///   are freed after the clock stops and counted as leaks.
 #include <cstddef>
@@ -40,6 +41,10 @@ struct replay_options {
   bool simulate = false;
   std::size_t simulated_capacity = std::size_t{80} << 30;
   int repeat = 1;  ///< runs; the reported time is their median
+  /// Before each timed run, replay the log once, untimed, on the same stack (and free what
+  /// it leaves): the timed run then sees a stack in its steady state (a pool already
+  /// grown). The peak footprint covers both runs.
+  bool warmup = false;
   /// Called about five times a second from a monitor thread while a run is under way
   /// (events done, events in the log). Empty: no monitor thread.
   std::function<void(std::size_t done, std::size_t total)> progress;
