@@ -5,6 +5,7 @@
 #include <limits>
 #include <vector>
 
+#include <mrstack/suballoc/in_place_pool_growth.hpp>
 #include <mrstack/suballoc/stream_sync.hpp>
 
 namespace mrstack {
@@ -42,7 +43,17 @@ pool_memory_resource::pool_memory_resource(resource_ptr upstream, std::size_t in
     throw logic_error("pool: initial size " + format_bytes(initial) + " exceeds the maximum size " +
                       format_bytes(*maximum_size_));
   }
-  if (initial > 0) {
+  if (options_.grow_in_place) {
+    detail::in_place_growth_options growth;
+    growth.initial_bytes = initial;
+    growth.maximum_bytes = maximum_size_.value_or(std::numeric_limits<std::size_t>::max());
+    growth.release_threshold = options_.release_threshold;
+    growth_ = detail::in_place_pool_growth::detect(*upstream_, growth);
+  }
+  if (growth_) {
+    growth_->start(core_);  // freshly mapped memory has no pending work: usable by every stream
+    peak_pool_size_ = footprint();
+  } else if (initial > 0) {
     detail::stream_ref const s = to_stream_ref(options_.initial_stream);
     void* base = upstream_->allocate(initial, options_.initial_stream, granularity);
     try {
@@ -59,6 +70,10 @@ pool_memory_resource::pool_memory_resource(resource_ptr upstream, std::size_t in
 }
 
 pool_memory_resource::~pool_memory_resource() {
+  if (growth_) {
+    growth_.reset();  // gives up the claim: every granule goes back (after the device is idle)
+    return;
+  }
   struct chunk_return {
     std::uintptr_t base;
     std::size_t size;
@@ -106,6 +121,7 @@ void pool_memory_resource::do_deallocate(void* ptr, std::size_t bytes, std::size
   {
     std::lock_guard lock{mutex_};
     freed = core_.deallocate(reinterpret_cast<std::uintptr_t>(ptr), s);
+    if (growth_ && freed != 0) { growth_->after_deallocate(core_); }
   }
   if (freed == 0) {
     throw logic_error("pool: deallocate of " + hex(ptr) + " (" + std::to_string(bytes) +
@@ -122,6 +138,7 @@ void* pool_memory_resource::grow_and_allocate(std::size_t bytes, std::size_t siz
   // Room to align inside a chunk the upstream only aligns to 256.
   std::size_t const pad = alignment - granularity;
   if (size > std::numeric_limits<std::size_t>::max() - pad) { throw_out_of_memory(bytes, "request too large"); }
+  if (growth_) { return grow_in_place_and_allocate(bytes, size, alignment, s); }
   std::size_t const needed = size + pad;
   auto retry = [&]() { return core_.allocate(size, alignment, s); };
   std::string why;
@@ -134,6 +151,26 @@ void* pool_memory_resource::grow_and_allocate(std::size_t bytes, std::size_t siz
     if (std::uintptr_t const a = retry()) { return reinterpret_cast<void*>(a); }
   }
   if (release_free_chunks() > 0 && grow(needed, s, why)) {
+    if (std::uintptr_t const a = retry()) { return reinterpret_cast<void*>(a); }
+  }
+  throw_out_of_memory(bytes, why);
+}
+
+void* pool_memory_resource::grow_in_place_and_allocate(std::size_t bytes, std::size_t size, std::size_t alignment,
+                                                       detail::stream_ref const& s) {
+  auto retry = [&]() { return core_.allocate(size, alignment, s); };
+  std::string why = "grown in place, yet no free block fits";
+  try {
+    // Growth releases free granules itself (and plans again) when the device is full.
+    growth_->grow(core_, size, alignment, s);
+    ++upstream_allocations_;
+    peak_pool_size_ = std::max(peak_pool_size_, footprint());
+    if (std::uintptr_t const a = retry()) { return reinterpret_cast<void*>(a); }
+  } catch (detail::growth_failure const& e) {
+    why = e.what();
+  }
+  // Other streams' free memory becomes usable once the device is idle.
+  if (core_.synchronize_everything()) {
     if (std::uintptr_t const a = retry()) { return reinterpret_cast<void*>(a); }
   }
   throw_out_of_memory(bytes, why);
@@ -197,7 +234,11 @@ std::size_t pool_memory_resource::release_free_chunks(bool may_synchronize) {
 void pool_memory_resource::do_release() {
   {
     std::lock_guard lock{mutex_};
-    release_free_chunks();
+    if (growth_) {
+      growth_->release(core_);
+    } else {
+      release_free_chunks();
+    }
   }
   upstream_->release();
 }
@@ -215,7 +256,7 @@ void pool_memory_resource::throw_out_of_memory(std::size_t bytes, std::string wh
   allocation_failure info;
   info.requested_bytes = bytes;
   info.resource = "pool";
-  info.footprint_bytes = core_.blocks().total_bytes();
+  info.footprint_bytes = footprint();
   info.free_bytes = core_.blocks().free_bytes();
   info.largest_free_block = core_.blocks().largest_free_block();
   info.limit_bytes = maximum_size_;
@@ -223,9 +264,13 @@ void pool_memory_resource::throw_out_of_memory(std::size_t bytes, std::string wh
   throw out_of_memory(std::move(info));
 }
 
+std::size_t pool_memory_resource::footprint() const noexcept {
+  return core_.blocks().total_bytes() - core_.blocks().withdrawn_bytes();
+}
+
 std::size_t pool_memory_resource::pool_size() const {
   std::lock_guard lock{mutex_};
-  return core_.blocks().total_bytes();
+  return footprint();
 }
 std::size_t pool_memory_resource::free_bytes() const {
   std::lock_guard lock{mutex_};
@@ -248,7 +293,7 @@ pool_memory_resource::statistics pool_memory_resource::stats() const {
   std::lock_guard lock{mutex_};
   statistics st;
   auto const& b = core_.blocks();
-  st.pool_size = b.total_bytes();
+  st.pool_size = footprint();
   st.free_bytes = b.free_bytes();
   st.used_bytes = b.live_bytes();
   st.largest_free_block = b.largest_free_block();

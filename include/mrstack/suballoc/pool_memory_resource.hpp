@@ -33,6 +33,7 @@
 /// - Works over any upstream: cuda, cuda_async, managed, pinned_host, system, simulated.
 ///   The upstream is only ever asked for 256-byte alignment.
 #include <cstddef>
+#include <limits>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -42,6 +43,10 @@
 #include <mrstack/resource.hpp>
 
 namespace mrstack {
+
+namespace detail {
+class in_place_pool_growth;
+}
 
 struct pool_options {
   /// A new chunk is at least pool_size / growth_divisor: growth is geometric (few chunks,
@@ -60,6 +65,14 @@ struct pool_options {
   /// The stream the initial chunk is taken on; it is synchronized once, after which the
   /// chunk is usable by every stream without an event.
   stream_view initial_stream{};
+  /// Over an upstream with the virtual_range capability (vmm, simulated_vmm): grow one
+  /// chunk in place and give whole free granules back (suballoc/in_place_pool_growth.hpp,
+  /// docs/vmm.md); the growth settings above do not apply then. false: take separate
+  /// chunks, as from any upstream.
+  bool grow_in_place = true;
+  /// When growing in place: give free granules back whenever more than this many bytes
+  /// are free (max: only on release() and when the device runs out of memory).
+  std::size_t release_threshold = std::numeric_limits<std::size_t>::max();
   /// The seam to CUDA events; null: CUDA over device/managed/pinned memory, no-ops over
   /// host and simulated memory (see suballoc/stream_sync.hpp).
   std::shared_ptr<detail::stream_sync> stream_sync;
@@ -82,6 +95,9 @@ class pool_memory_resource final : public memory_resource {
   [[nodiscard]] std::size_t largest_free_block() const;
   [[nodiscard]] std::size_t chunk_count() const;
   [[nodiscard]] std::optional<std::size_t> maximum_size() const noexcept { return maximum_size_; }
+  /// True when the pool grows in place over a virtual-range upstream (then `pool_size` is
+  /// the physical memory committed, without released holes).
+  [[nodiscard]] bool grows_in_place() const noexcept { return growth_ != nullptr; }
   [[nodiscard]] pool_options const& options() const noexcept { return options_; }
 
   struct statistics {
@@ -124,6 +140,10 @@ class pool_memory_resource final : public memory_resource {
   /// `may_synchronize`, chunks whose return would need a device synchronization stay.
   std::size_t release_free_chunks(bool may_synchronize = true);
   [[noreturn]] void throw_out_of_memory(std::size_t bytes, std::string why) const;
+  void* grow_in_place_and_allocate(std::size_t bytes, std::size_t size, std::size_t alignment,
+                                   detail::stream_ref const& s);
+  /// Bytes held from the upstream: the chunks, less the holes released in place.
+  [[nodiscard]] std::size_t footprint() const noexcept;
 
   resource_ptr upstream_;
   std::optional<std::size_t> maximum_size_;
@@ -132,6 +152,7 @@ class pool_memory_resource final : public memory_resource {
   detail::stream_ordered_pool core_;
   std::size_t peak_pool_size_ = 0;
   std::size_t upstream_allocations_ = 0;
+  std::unique_ptr<detail::in_place_pool_growth> growth_;  // set over a virtual range; destroyed first
 };
 
 }  // namespace mrstack

@@ -1,0 +1,334 @@
+#pragma once
+/// `in_place_growth`: how a pool grows and shrinks over a `virtual_range` upstream (vmm,
+/// simulated_vmm) instead of taking separate chunks. CUDA-free; the pool's own algorithm
+/// core does all the allocating — this object only decides where physical memory goes.
+///
+/// Why: a pool over an ordinary upstream takes memory in chunks, and free bytes on the two
+/// sides of a chunk boundary never merge, so fragmentation piles up (RMM's pool holds up to
+/// 1.8x the live bytes on real workloads). Over a virtual range the pool keeps ONE chunk,
+/// starting at the range's base: growing commits the granules right after its end (the
+/// *frontier*) and extends the chunk, so the new bytes merge with the free block at its end.
+///
+/// Release: `release(core)` withdraws every whole granule lying inside a free block from
+/// the core (it becomes a *hole*: never handed out, not counted free) and decommits it.
+/// Afterwards the committed granules are exactly those a live block touches. Holes are
+/// reused before the frontier moves: `grow` takes the smallest stretch of adjacent holes
+/// that fits (committing only the part it needs and withdrawing the rest again), else the
+/// holes that end at the frontier plus an extension, else an extension alone. So a long
+/// run of grow/release cycles reuses addresses instead of walking off the range's end.
+/// When is release called:
+/// - on demand (the pool's `release()`);
+/// - `after_deallocate`: when the core's free bytes exceed `release_threshold` above what
+///   the previous release could not give back (the margin stops a pool whose free bytes
+///   hover above the threshold from rescanning on every free);
+/// - in `grow`, when the upstream is out of physical memory: release, then retry once.
+///
+/// The core (block_pool) must offer: add_chunk(base, size, owner) -> chunk id,
+/// extend_chunk(chunk, bytes, owner), withdraw_free_ranges(choose) with
+/// choose(address, size, owner) -> Core::range{offset, length}, restore(address, owner),
+/// for_each_free_block(f) with f(address, size, owner), free_bytes(), before_release()
+/// (called first in every release: a stream-ordered core waits there for the work queued
+/// on the streams that freed its blocks), and the constants Core::granularity (its unit)
+/// and Core::synchronized (the owner that merges with any). Sizes and addresses given to it are multiples of the range's granularity.
+/// Not thread-safe: the pool calls it under its own lock.
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <iterator>
+#include <limits>
+#include <map>
+#include <new>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include <mrstack/detail/align.hpp>
+#include <mrstack/upstream/virtual_range.hpp>
+
+namespace mrstack::detail {
+
+struct in_place_growth_options {
+  /// Committed at construction (rounded up to granules); the pool starts with this much.
+  std::size_t initial_bytes = 0;
+  /// The pool never commits more than this (rounded down to granules).
+  std::size_t maximum_bytes = std::numeric_limits<std::size_t>::max();
+  /// Least bytes one extension of the frontier commits (fewer, larger commits when a
+  /// workload grows in small steps). 0: exactly the granules a request needs.
+  std::size_t growth_step = 0;
+  /// `after_deallocate` releases when free bytes exceed this (see above). max: never.
+  std::size_t release_threshold = std::numeric_limits<std::size_t>::max();
+};
+
+/// Thrown by `grow` when no physical memory or address range can be found even after a
+/// release. Carries numbers for the pool's out_of_memory message.
+struct growth_failure : std::bad_alloc {
+  std::string message;
+  std::size_t committed_bytes = 0;
+  explicit growth_failure(std::string m, std::size_t committed) : message{std::move(m)}, committed_bytes{committed} {}
+  [[nodiscard]] char const* what() const noexcept override { return message.c_str(); }
+};
+
+template <typename Core>
+class in_place_growth {
+ public:
+  in_place_growth(virtual_range& range, std::string_view claimant, in_place_growth_options const& options)
+      : range_{range},
+        granularity_{range.granularity()},
+        base_{reinterpret_cast<std::uintptr_t>(range.range_base())},
+        range_bytes_{range.range_bytes()},
+        maximum_{align_down(std::min(options.maximum_bytes, range.range_bytes()), range.granularity())},
+        step_{align_up(options.growth_step, range.granularity())},
+        initial_{align_up(options.initial_bytes, range.granularity())},
+        threshold_{options.release_threshold} {
+    if (initial_ > maximum_) {
+      throw std::invalid_argument("in_place_growth: initial size " + std::to_string(initial_) +
+                                  " B is above the maximum " + std::to_string(maximum_) + " B");
+    }
+    range_.claim(claimant);
+  }
+  ~in_place_growth() { range_.unclaim(); }  // decommits everything the pool held
+  in_place_growth(in_place_growth const&) = delete;
+  in_place_growth& operator=(in_place_growth const&) = delete;
+
+  /// Commits the initial size and gives it to the core. Call once, right after construction.
+  template <typename Owner>
+  void start(Core& core, Owner owner) {
+    if (initial_ > 0) { extend(core, initial_, owner); }
+  }
+
+  /// Makes room in `core` for one block of `bytes` aligned to `alignment`, owned by
+  /// `owner`: afterwards the core holds a free block (of `owner` or merged into one) where
+  /// such a block fits. Pass the size the core's search is certain to find: for a
+  /// segregated-fit core, the request rounded up to its next size class. When there is no
+  /// physical memory, or the maximum or the range's end is in the way, releases every free
+  /// granule and plans again once; then throws `growth_failure` saying why.
+  template <typename Owner>
+  void grow(Core& core, std::size_t bytes, std::size_t alignment, Owner owner) {
+    std::size_t const slack = alignment > Core::granularity ? alignment : 0;
+    if (bytes > range_bytes_ || slack > range_bytes_ - bytes) {
+      fail("a block of " + std::to_string(bytes) + " B is larger than the reserved range of " +
+           std::to_string(range_bytes_) + " B (raise reserve=)");
+    }
+    ++grows_;
+    // The pool ran short, so whatever the last release could not give back is in use by now.
+    unreleasable_ = std::min(unreleasable_, core.free_bytes());
+    try {
+      plan_and_commit(core, bytes, alignment, owner);
+      return;
+    } catch (std::bad_alloc const&) {
+      // Out of memory, maximum or addresses: the pool's free granules may be the answer.
+    }
+    release(core);
+    try {
+      plan_and_commit(core, bytes, alignment, owner);
+    } catch (growth_failure const&) {
+      throw;
+    } catch (std::bad_alloc const& e) {
+      fail("no physical memory for " + std::to_string(bytes) + " B even after releasing every free granule (" +
+           std::to_string(range_.committed_bytes()) + " B committed): " + e.what());
+    }
+  }
+
+  /// Withdraws every whole granule inside a free block of `core` and decommits it.
+  /// Returns the bytes given back.
+  std::size_t release(Core& core) {
+    // Free blocks may still be in use by work queued on the streams that freed them:
+    // the core waits for that before their granules are unmapped or handed to another stream.
+    core.before_release();
+    ++releases_;
+    withdrawn_.clear();
+    std::size_t const g = granularity_;
+    std::uintptr_t const base = base_;
+    core.withdraw_free_ranges([&](std::uintptr_t address, std::size_t size, auto) {
+      std::uintptr_t const lo = align_up(address, g);
+      std::uintptr_t const hi = align_down(address + size, g);
+      if (address < base || hi <= lo) { return typename Core::range{0, 0}; }
+      withdrawn_.emplace_back(lo - base, hi - lo);
+      return typename Core::range{lo - address, hi - lo};
+    });
+    std::size_t given_back = 0;
+    for (auto const& [offset, length] : withdrawn_) {
+      holes_.emplace(offset, length);  // a hole even if the decommit below fails: commit is idempotent
+      hole_bytes_ += length;
+    }
+    for (auto const& [offset, length] : withdrawn_) {
+      given_back += range_.decommit(reinterpret_cast<void*>(base_ + offset), length);
+    }
+    unreleasable_ = core.free_bytes();
+    return given_back;
+  }
+
+  /// Call after each deallocate: releases when free bytes passed the threshold. O(1) when not.
+  void after_deallocate(Core& core) {
+    if (threshold_ == std::numeric_limits<std::size_t>::max()) { return; }
+    std::size_t const free_now = core.free_bytes();
+    if (free_now > threshold_ && free_now - threshold_ > unreleasable_) { release(core); }
+  }
+
+  [[nodiscard]] virtual_range& range() const noexcept { return range_; }
+  [[nodiscard]] std::size_t committed_bytes() const noexcept { return range_.committed_bytes(); }
+  /// Bytes from the range's base to the end of the pool's chunk (committed or in holes).
+  [[nodiscard]] std::size_t frontier_bytes() const noexcept { return frontier_; }
+  [[nodiscard]] std::size_t hole_bytes() const noexcept { return hole_bytes_; }
+  [[nodiscard]] std::size_t hole_count() const noexcept { return holes_.size(); }
+  [[nodiscard]] std::size_t maximum_bytes() const noexcept { return maximum_; }
+  [[nodiscard]] std::size_t release_threshold() const noexcept { return threshold_; }
+  [[nodiscard]] std::size_t grow_count() const noexcept { return grows_; }
+  [[nodiscard]] std::size_t release_count() const noexcept { return releases_; }
+
+ private:
+  struct hole_run {
+    std::size_t start;
+    std::size_t bytes;
+  };
+
+  [[noreturn]] void fail(std::string const& why) const {
+    throw growth_failure(std::string{"in-place growth: "} + why, range_.committed_bytes());
+  }
+
+  std::size_t hole_run_start(std::map<std::size_t, std::size_t>::const_iterator last) const {
+    std::size_t start = last->first;
+    while (last != holes_.begin()) {
+      auto const before = std::prev(last);
+      if (before->first + before->second != start) { break; }
+      start = before->first;
+      last = before;
+    }
+    return start;
+  }
+
+  /// The smallest stretch of adjacent holes holding `need` bytes (lowest address on ties).
+  [[nodiscard]] std::optional<hole_run> best_hole_run(std::size_t need) const {
+    std::optional<hole_run> best;
+    for (auto it = holes_.begin(); it != holes_.end();) {
+      std::size_t const start = it->first;
+      std::size_t end = it->first + it->second;
+      for (++it; it != holes_.end() && it->first == end; ++it) { end += it->second; }
+      if (end - start >= need && (!best || end - start < best->bytes)) { best = hole_run{start, end - start}; }
+    }
+    return best;
+  }
+
+  /// One attempt: the smallest stretch of holes that fits, else the frontier (counting the
+  /// holes and the free block already at the end). Throws std::bad_alloc-derived errors
+  /// and leaves the core and the range as they were.
+  template <typename Owner>
+  void plan_and_commit(Core& core, std::size_t bytes, std::size_t alignment, Owner owner) {
+    std::size_t const slack = alignment > Core::granularity ? alignment : 0;
+    std::size_t const need = align_up(bytes + slack, granularity_);
+    if (auto const run = best_hole_run(need)) {
+      reuse_holes(core, *run, need, owner);
+      return;
+    }
+    std::size_t start = frontier_;
+    if (!holes_.empty()) {
+      auto const last = std::prev(holes_.end());
+      if (last->first + last->second == frontier_) { start = hole_run_start(last); }
+    }
+    std::uintptr_t block_start = base_ + start;
+    core.for_each_free_block([&](std::uintptr_t address, std::size_t size, auto block_owner) {
+      // The core's merge rule: same owner, or either side synchronized.
+      bool const merges = block_owner == owner || block_owner == Core::synchronized || owner == Core::synchronized;
+      if (address + size == base_ + start && merges) {
+        block_start = address;
+      }
+    });
+    std::uintptr_t const block_end = align_up(block_start, std::max(alignment, Core::granularity)) + bytes;
+    std::size_t const target = align_up(block_end - base_, granularity_);
+    std::size_t extension = target > frontier_ ? target - frontier_ : 0;
+    if (extension > range_bytes_ - frontier_) {
+      fail("the reserved range of " + std::to_string(range_bytes_) + " B is exhausted at " +
+           std::to_string(frontier_) + " B (" + std::to_string(hole_bytes_) +
+           " B of it in released holes too small for " + std::to_string(bytes) + " B; raise reserve=)");
+    }
+    if (extension > 0) { extension = std::min(std::max(extension, step_), range_bytes_ - frontier_); }
+    commit_checked(start, frontier_ + extension - start);
+    restore_holes(core, start, frontier_, owner);
+    append(core, extension, owner);
+  }
+
+  template <typename Owner>
+  void reuse_holes(Core& core, hole_run run, std::size_t need, Owner owner) {
+    commit_checked(run.start, need);
+    restore_holes(core, run.start, run.start + run.bytes, owner);
+    if (run.bytes > need) {
+      // The restored stretch is free in the core, but only its first `need` bytes are
+      // committed: withdraw the rest again before anyone can allocate it.
+      std::uintptr_t const lo = base_ + run.start + need;
+      std::uintptr_t const hi = base_ + run.start + run.bytes;
+      core.withdraw_free_ranges([&](std::uintptr_t address, std::size_t size, auto) {
+        if (address <= lo && hi <= address + size) { return typename Core::range{lo - address, hi - lo}; }
+        return typename Core::range{0, 0};
+      });
+      holes_.emplace(run.start + need, run.bytes - need);
+      hole_bytes_ += run.bytes - need;
+    }
+  }
+
+  /// Gives every hole in [start, end) back to the core (they must be committed by now).
+  template <typename Owner>
+  void restore_holes(Core& core, std::size_t start, std::size_t end, Owner owner) {
+    auto it = holes_.lower_bound(start);
+    while (it != holes_.end() && it->first < end) {
+      std::size_t const restored = core.restore(base_ + it->first, owner);
+      if (restored != it->second) {
+        throw std::logic_error("in_place_growth: the core restored " + std::to_string(restored) + " B of the " +
+                               std::to_string(it->second) + " B hole at offset " + std::to_string(it->first));
+      }
+      hole_bytes_ -= it->second;
+      it = holes_.erase(it);
+    }
+  }
+
+  /// Commits [offset, offset + bytes) (all of it uncommitted: holes or past the frontier)
+  /// unless that would pass the maximum. Throws out_of_memory (a std::bad_alloc) or
+  /// growth_failure; commits nothing then.
+  void commit_checked(std::size_t offset, std::size_t bytes) {
+    if (range_.committed_bytes() + bytes > maximum_) {
+      fail("committing " + std::to_string(bytes) + " B more would pass the maximum of " + std::to_string(maximum_) +
+           " B (" + std::to_string(range_.committed_bytes()) + " B committed)");
+    }
+    range_.commit(reinterpret_cast<void*>(base_ + offset), bytes);
+  }
+
+  /// Commits and appends `bytes` at the frontier (the first call adds the chunk).
+  template <typename Owner>
+  void extend(Core& core, std::size_t bytes, Owner owner) {
+    commit_checked(frontier_, bytes);
+    append(core, bytes, owner);
+  }
+
+  template <typename Owner>
+  void append(Core& core, std::size_t bytes, Owner owner) {
+    if (bytes == 0) { return; }
+    if (!chunk_) {
+      chunk_ = core.add_chunk(base_, bytes, owner);
+    } else {
+      core.extend_chunk(*chunk_, bytes, owner);
+    }
+    frontier_ += bytes;
+  }
+
+  virtual_range& range_;
+  std::size_t granularity_;
+  std::uintptr_t base_;
+  std::size_t range_bytes_;
+  std::size_t maximum_;
+  std::size_t step_;
+  std::size_t initial_;
+  std::size_t threshold_;
+
+  std::optional<decltype(std::declval<Core&>().add_chunk(0, 0, {}))> chunk_;
+  std::size_t frontier_ = 0;                   // offset of the chunk's end
+  std::map<std::size_t, std::size_t> holes_;   // offset -> bytes, one entry per core hole (not merged)
+  std::size_t hole_bytes_ = 0;
+  std::size_t unreleasable_ = 0;               // free bytes the last release left in the core
+  std::vector<std::pair<std::size_t, std::size_t>> withdrawn_;  // scratch for release
+  std::size_t grows_ = 0;
+  std::size_t releases_ = 0;
+};
+
+}  // namespace mrstack::detail

@@ -1,0 +1,349 @@
+#include <mrstack/upstream/virtual_range_resource.hpp>
+
+#include <algorithm>
+#include <cstdio>
+#include <iterator>
+#include <limits>
+#include <stdexcept>
+#include <vector>
+
+namespace mrstack {
+
+namespace {
+
+std::string hex(std::uintptr_t v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "0x%zx", static_cast<std::size_t>(v));
+  return buf;
+}
+
+// Every live virtual range in the process, so an IPC path can recognise such memory from
+// the pointer alone, and so simulated ranges get fake addresses that never overlap.
+struct range_registry {
+  std::mutex mutex;
+  std::vector<std::pair<std::uintptr_t, std::size_t>> ranges;  // (base, bytes), sorted by base
+
+  // Fake ranges live far above any canonical user-space address, so they can never alias
+  // real memory (simulated pointers are never dereferenced).
+  static constexpr std::uintptr_t fake_floor = 0x4000000000000000ULL;
+  static constexpr std::uintptr_t fake_ceiling = 0x7000000000000000ULL;
+
+  std::uintptr_t add(std::uintptr_t base, std::size_t bytes, std::size_t align) {
+    std::lock_guard lock{mutex};
+    if (base == 0) {
+      std::uintptr_t candidate = fake_floor;
+      for (auto const& [b, n] : ranges) {
+        if (b + n <= candidate) { continue; }
+        if (b >= candidate && b - candidate >= bytes) { break; }
+        candidate = detail::align_up(b + n, align);
+      }
+      if (candidate < fake_floor || candidate >= fake_ceiling || fake_ceiling - candidate < bytes) {
+        throw logic_error("simulated_vmm: no fake address range of " + format_bytes(bytes) + " left");
+      }
+      base = candidate;
+    }
+    auto const at = std::lower_bound(ranges.begin(), ranges.end(), std::make_pair(base, std::size_t{0}));
+    ranges.insert(at, {base, bytes});
+    return base;
+  }
+  void remove(std::uintptr_t base) noexcept {
+    std::lock_guard lock{mutex};
+    auto const at = std::find_if(ranges.begin(), ranges.end(), [&](auto const& r) { return r.first == base; });
+    if (at != ranges.end()) { ranges.erase(at); }
+  }
+  bool contains(std::uintptr_t p) noexcept {
+    std::lock_guard lock{mutex};
+    auto at = std::upper_bound(ranges.begin(), ranges.end(), std::make_pair(p, std::numeric_limits<std::size_t>::max()));
+    if (at == ranges.begin()) { return false; }
+    --at;
+    return p - at->first < at->second;
+  }
+};
+
+range_registry& registry() {
+  static range_registry r;  // leaked order-safely: function-local static
+  return r;
+}
+
+}  // namespace
+
+virtual_range const* find_virtual_range(memory_resource const& top, void const* ptr) noexcept {
+  for (memory_resource const* layer = &top; layer != nullptr; layer = layer->upstream()) {
+    auto const* range = dynamic_cast<virtual_range const*>(layer);
+    if (range != nullptr && range->owns(ptr)) { return range; }
+  }
+  return nullptr;
+}
+
+bool is_virtual_range_address(void const* ptr) noexcept {
+  return registry().contains(reinterpret_cast<std::uintptr_t>(ptr));
+}
+
+// ---- construction ------------------------------------------------------------------------
+
+virtual_range_resource::virtual_range_resource(std::string name, std::uintptr_t base, std::size_t range_bytes,
+                                               std::size_t granularity, std::size_t map_granules,
+                                               detail::granule_backend& backend)
+    : name_{std::move(name)},
+      base_{0},
+      range_bytes_{range_bytes},
+      granularity_{granularity},
+      map_granules_{map_granules},
+      map_{range_bytes, granularity, map_granules},  // validates the sizes
+      backend_{*this, backend} {
+  if (!detail::is_pow2(granularity) || granularity < default_alignment) {
+    throw logic_error(name_ + ": granularity " + std::to_string(granularity) +
+                      " B must be a power of two of at least 256 B");
+  }
+  if (base % granularity != 0) {
+    throw logic_error(name_ + ": reserved range at " + hex(base) + " is not aligned to the granularity");
+  }
+  base_ = registry().add(base, range_bytes, granularity);
+  free_addresses_.emplace(0, range_bytes);
+}
+
+virtual_range_resource::~virtual_range_resource() {
+  if (map_.mapped_granules() != 0) {
+    std::fprintf(stderr,
+                 "mrstack: %s destroyed with %zu granules still mapped (its destructor must call "
+                 "release_everything)\n",
+                 name_.c_str(), map_.mapped_granules());
+  }
+  registry().remove(base_);
+}
+
+void virtual_range_resource::release_everything() noexcept {
+  std::lock_guard lock{mutex_};
+  try {
+    map_.decommit(0, map_.granule_count(), backend_);
+  } catch (std::exception const& e) {
+    std::fprintf(stderr, "mrstack: %s could not give back its memory: %s\n", name_.c_str(), e.what());
+  }
+  sync_counters();
+  if (!live_.empty()) {
+    std::fprintf(stderr, "mrstack: %s destroyed with %zu allocations outstanding\n", name_.c_str(), live_.size());
+  }
+}
+
+// ---- counting ----------------------------------------------------------------------------
+
+std::uint64_t virtual_range_resource::counting_backend::map(std::size_t offset, std::size_t bytes) {
+  std::uint64_t const handle = inner_.map(offset, bytes);
+  owner_.map_calls_.fetch_add(1, std::memory_order_relaxed);
+  return handle;
+}
+
+void virtual_range_resource::counting_backend::unmap(std::size_t offset, std::size_t bytes, std::uint64_t handle) {
+  inner_.unmap(offset, bytes, handle);
+  owner_.unmap_calls_.fetch_add(1, std::memory_order_relaxed);
+}
+
+void virtual_range_resource::sync_counters() noexcept {
+  std::size_t const mapped = map_.mapped_granules() * granularity_;
+  committed_bytes_.store(map_.committed_granules() * granularity_, std::memory_order_relaxed);
+  mapped_bytes_.store(mapped, std::memory_order_relaxed);
+  if (mapped > peak_mapped_bytes_.load(std::memory_order_relaxed)) {
+    peak_mapped_bytes_.store(mapped, std::memory_order_relaxed);
+  }
+}
+
+// ---- the virtual_range capability ---------------------------------------------------------
+
+std::size_t virtual_range_resource::offset_of(void const* ptr, std::size_t bytes, char const* op) const {
+  auto const p = reinterpret_cast<std::uintptr_t>(ptr);
+  if (p < base_ || p - base_ > range_bytes_ || bytes > range_bytes_ - (p - base_)) {
+    throw logic_error(name_ + ": " + op + " of [" + hex(p) + ", +" + std::to_string(bytes) +
+                      " B) is outside its reserved range [" + hex(base_) + ", +" + format_bytes(range_bytes_) + ")");
+  }
+  return p - base_;
+}
+
+void virtual_range_resource::claim(std::string_view claimant) {
+  std::lock_guard lock{mutex_};
+  if (claimed_) {
+    throw logic_error(name_ + ": its range is already claimed by " + claimant_ + "; " + std::string{claimant} +
+                      " needs a " + name_ + " of its own");
+  }
+  if (!live_.empty()) {
+    throw logic_error(name_ + ": cannot be claimed by " + std::string{claimant} + " while " +
+                      std::to_string(live_.size()) + " allocations from it are outstanding");
+  }
+  claimed_ = true;
+  claimant_ = claimant;
+}
+
+void virtual_range_resource::unclaim() noexcept {
+  std::lock_guard lock{mutex_};
+  if (!claimed_) { return; }
+  try {
+    map_.decommit(0, map_.granule_count(), backend_);
+  } catch (std::exception const& e) {
+    std::fprintf(stderr, "mrstack: %s could not give back what %s committed: %s\n", name_.c_str(), claimant_.c_str(),
+                 e.what());
+  }
+  sync_counters();
+  claimed_ = false;
+  claimant_.clear();
+}
+
+std::size_t virtual_range_resource::commit(void* ptr, std::size_t bytes) {
+  std::lock_guard lock{mutex_};
+  std::size_t const offset = offset_of(ptr, bytes, "commit");
+  if (!claimed_) { throw logic_error(name_ + ": commit without a claim on its range (call claim first)"); }
+  if (bytes == 0) { return 0; }
+  std::size_t const first = offset / granularity_;
+  std::size_t const last = detail::align_up(offset + bytes, granularity_) / granularity_;
+  std::size_t newly = 0;
+  try {
+    newly = map_.commit(first, last, backend_);
+  } catch (...) {
+    sync_counters();
+    throw;
+  }
+  sync_counters();
+  return newly * granularity_;
+}
+
+std::size_t virtual_range_resource::decommit(void* ptr, std::size_t bytes) {
+  std::lock_guard lock{mutex_};
+  std::size_t const offset = offset_of(ptr, bytes, "decommit");
+  if (!claimed_) { throw logic_error(name_ + ": decommit without a claim on its range (call claim first)"); }
+  std::size_t const first = detail::align_up(offset, granularity_) / granularity_;
+  std::size_t const last = (offset + bytes) / granularity_;
+  if (first >= last) { return 0; }
+  std::size_t released = 0;
+  try {
+    released = map_.decommit(first, last, backend_);
+  } catch (...) {
+    sync_counters();
+    throw;
+  }
+  sync_counters();
+  return released * granularity_;
+}
+
+bool virtual_range_resource::is_committed(void const* ptr, std::size_t bytes) const {
+  std::lock_guard lock{mutex_};
+  std::size_t const offset = offset_of(ptr, bytes, "is_committed");
+  if (bytes == 0) { return true; }
+  return map_.all_committed(offset / granularity_, detail::align_up(offset + bytes, granularity_) / granularity_);
+}
+
+std::string virtual_range_resource::claimant() const {
+  std::lock_guard lock{mutex_};
+  return claimant_;
+}
+
+void virtual_range_resource::check_invariants() const {
+  std::lock_guard lock{mutex_};
+  map_.check_invariants();
+  std::size_t live_granules = 0;
+  for (auto const& [offset, bytes] : live_) {
+    std::size_t const span = detail::align_up(bytes, granularity_);
+    if (!map_.all_committed(offset / granularity_, (offset + span) / granularity_)) {
+      throw std::logic_error(name_ + ": a live allocation at offset " + std::to_string(offset) + " is not committed");
+    }
+    live_granules += span / granularity_;
+  }
+  if (!claimed_ && live_granules != map_.committed_granules()) {
+    throw std::logic_error(name_ + ": committed granules (" + std::to_string(map_.committed_granules()) +
+                           ") differ from those of live allocations (" + std::to_string(live_granules) + ")");
+  }
+  if (committed_bytes() != map_.committed_granules() * granularity_ ||
+      mapped_bytes() != map_.mapped_granules() * granularity_) {
+    throw std::logic_error(name_ + ": byte counters disagree with the granule map");
+  }
+}
+
+// ---- the plain-upstream path ---------------------------------------------------------------
+
+void* virtual_range_resource::do_allocate(std::size_t bytes, std::size_t alignment, stream_view) {
+  std::size_t const span = detail::align_up(bytes, granularity_);
+  std::size_t const align = std::max(alignment, granularity_);
+  std::lock_guard lock{mutex_};
+  if (claimed_) {
+    throw logic_error(name_ + ": allocate while its range is claimed by " + claimant_ + "; allocate from " +
+                      claimant_ + " instead");
+  }
+  auto refuse = [&](std::string why) -> void* {
+    allocation_failure info;
+    info.requested_bytes = bytes;
+    info.resource = name_;
+    info.footprint_bytes = mapped_bytes();
+    info.detail = std::move(why);
+    throw out_of_memory(std::move(info));
+  };
+  if (span == std::numeric_limits<std::size_t>::max() || span > range_bytes_) {
+    return refuse("larger than its reserved range of " + format_bytes(range_bytes_) + " (raise reserve=)");
+  }
+  // First fit in address order: allocations here are few and large; first fit keeps the
+  // used part of the range compact.
+  for (auto it = free_addresses_.begin(); it != free_addresses_.end(); ++it) {
+    std::size_t const start = detail::align_up(base_ + it->first, align) - base_;
+    std::size_t const lead = start - it->first;
+    if (lead > it->second || it->second - lead < span) { continue; }
+    std::size_t const block = it->first;
+    std::size_t const block_size = it->second;
+    free_addresses_.erase(it);
+    if (lead > 0) { free_addresses_.emplace(block, lead); }
+    if (block_size - lead > span) { free_addresses_.emplace(start + span, block_size - lead - span); }
+    try {
+      map_.commit(start / granularity_, (start + span) / granularity_, backend_);
+    } catch (...) {
+      insert_free_addresses(start, span);
+      sync_counters();
+      throw;
+    }
+    sync_counters();
+    live_.emplace(start, bytes);
+    return reinterpret_cast<void*>(base_ + start);
+  }
+  return refuse("no free stretch of " + format_bytes(span) + " left in its reserved range of " +
+                format_bytes(range_bytes_) + " (raise reserve=)");
+}
+
+void virtual_range_resource::do_deallocate(void* ptr, std::size_t bytes, std::size_t, stream_view) {
+  auto const p = reinterpret_cast<std::uintptr_t>(ptr);
+  std::lock_guard lock{mutex_};
+  auto const it = p >= base_ ? live_.find(p - base_) : live_.end();
+  if (it == live_.end()) {
+    throw logic_error(name_ + ": deallocate of " + hex(p) + " (" + std::to_string(bytes) +
+                      " B), which it did not hand out or was already freed");
+  }
+  if (it->second != bytes) {
+    throw logic_error(name_ + ": deallocate of " + hex(p) + " with size " + std::to_string(bytes) +
+                      " B, but it was allocated with " + std::to_string(it->second) + " B");
+  }
+  std::size_t const offset = it->first;
+  std::size_t const span = detail::align_up(bytes, granularity_);
+  try {
+    map_.decommit(offset / granularity_, (offset + span) / granularity_, backend_);
+  } catch (...) {
+    // The addresses stay out of circulation: their memory may still be mapped.
+    live_.erase(it);
+    sync_counters();
+    throw;
+  }
+  live_.erase(it);
+  sync_counters();
+  insert_free_addresses(offset, span);
+}
+
+void virtual_range_resource::insert_free_addresses(std::size_t offset, std::size_t bytes) {
+  auto next = free_addresses_.lower_bound(offset);
+  if (next != free_addresses_.begin()) {
+    auto prev = std::prev(next);
+    if (prev->first + prev->second == offset) {
+      offset = prev->first;
+      bytes += prev->second;
+      free_addresses_.erase(prev);
+    }
+  }
+  if (next != free_addresses_.end() && offset + bytes == next->first) {
+    bytes += next->second;
+    free_addresses_.erase(next);
+  }
+  free_addresses_.emplace(offset, bytes);
+}
+
+}  // namespace mrstack

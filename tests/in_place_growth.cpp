@@ -1,0 +1,342 @@
+// in_place_growth over simulated_vmm, driving a simple reference pool core: growth in
+// place, coalescing across what would have been chunk boundaries, release of exactly the
+// untouched granules, hole reuse, release on out-of-memory and above a threshold, and the
+// accounting (committed bytes == granules touched by live blocks after a release), over
+// many random seeds.
+#include <catch2/catch.hpp>
+
+#include <mrstack/detail/in_place_growth.hpp>
+#include <mrstack/upstream/simulated_vmm_memory_resource.hpp>
+
+#include <reference_core.hpp>
+
+#include <map>
+#include <memory>
+#include <random>
+#include <set>
+
+using namespace mrstack;
+using mrstack::test::reference_core;
+
+namespace {
+
+constexpr std::size_t KiB = std::size_t{1} << 10;
+constexpr std::size_t MiB = std::size_t{1} << 20;
+constexpr std::size_t G = 2 * MiB;
+
+// The smallest pool that uses the policy the way a real pool does: allocate from the core,
+// grow on a miss, notify after a free.
+struct grown_pool {
+  simulated_vmm_memory_resource vmm;
+  reference_core core;
+  detail::in_place_growth<reference_core> growth;
+  std::map<std::uintptr_t, std::size_t> live;  // address -> size
+
+  explicit grown_pool(std::size_t reserve = 1024 * G, std::size_t capacity = std::numeric_limits<std::size_t>::max(),
+                      detail::in_place_growth_options options = {}, std::size_t map_granules = 1)
+      : vmm{reserve, G, capacity, map_granules}, growth{vmm, "grown_pool", options} {
+    growth.start(core, 0);
+  }
+  ~grown_pool() {
+    for (auto const& [p, n] : live) { core.deallocate(p, 0); }
+  }
+
+  std::uintptr_t base() const { return reinterpret_cast<std::uintptr_t>(vmm.range_base()); }
+
+  std::uintptr_t allocate(std::size_t bytes, std::size_t alignment = 256) {
+    std::size_t const size = detail::align_up(bytes, 256);
+    std::uintptr_t p = core.allocate(size, alignment, 0);
+    if (p == 0) {
+      growth.grow(core, size, alignment, 0);
+      p = core.allocate(size, alignment, 0);
+      REQUIRE(p != 0);  // the policy promised room
+    }
+    REQUIRE(vmm.is_accessible(reinterpret_cast<void*>(p), size));  // never hand out unbacked memory
+    REQUIRE(p % alignment == 0);
+    live.emplace(p, size);
+    return p;
+  }
+
+  void deallocate(std::uintptr_t p) {
+    auto it = live.find(p);
+    REQUIRE(it != live.end());
+    REQUIRE(core.deallocate(p, 0) == it->second);
+    live.erase(it);
+    growth.after_deallocate(core);
+  }
+
+  /// The granules (as offsets / G) that live blocks touch.
+  std::set<std::size_t> touched() const {
+    std::set<std::size_t> out;
+    for (auto const& [p, n] : live) {
+      for (std::size_t g = (p - base()) / G; g <= (p - base() + n - 1) / G; ++g) { out.insert(g); }
+    }
+    return out;
+  }
+
+  /// Committed granules are exactly the touched ones (true right after a release).
+  void check_exact() const {
+    auto const t = touched();
+    REQUIRE(vmm.committed_bytes() == t.size() * G);
+    for (std::size_t g : t) { REQUIRE(vmm.is_committed(vmm.range_base() + g * G, G)); }
+  }
+
+  void check_consistent() const {
+    INFO(core.check());
+    REQUIRE(core.check().empty());
+    REQUIRE(core.total_bytes() == growth.frontier_bytes());
+    REQUIRE(core.withdrawn_bytes() == growth.hole_bytes());
+    // What the core may hand out plus what is live is exactly what is committed.
+    REQUIRE(vmm.committed_bytes() == core.free_bytes() + core.live_bytes());
+    vmm.check_invariants();
+  }
+};
+
+}  // namespace
+
+TEST_CASE("in_place_growth: the pool grows at its end, and new memory merges with the free block there") {
+  grown_pool pool;
+  std::uintptr_t const a = pool.allocate(1 * MiB);
+  CHECK(a == pool.base());
+  CHECK(pool.growth.frontier_bytes() == G);
+  // 1 MiB is left free at the end; 1.5 MiB does not fit there, so the pool grows, and the
+  // block starts in the old memory and runs into the new: across the old chunk's end.
+  std::uintptr_t const b = pool.allocate(3 * MiB / 2);
+  CHECK(b == pool.base() + 1 * MiB);
+  CHECK(pool.growth.frontier_bytes() == 2 * G);
+  CHECK(pool.vmm.committed_bytes() == 2 * G);
+  pool.check_consistent();
+  // Free both: one free block spans both growth steps, so a block of the whole size fits
+  // without growing.
+  pool.deallocate(a);
+  pool.deallocate(b);
+  CHECK(pool.core.blocks().size() == 1);
+  std::uintptr_t const whole = pool.allocate(2 * G);
+  CHECK(whole == pool.base());
+  CHECK(pool.growth.frontier_bytes() == 2 * G);
+  CHECK(pool.growth.grow_count() == 2);
+  pool.deallocate(whole);
+  pool.check_consistent();
+}
+
+TEST_CASE("in_place_growth: growth commits only what the free block at the end lacks") {
+  grown_pool pool;
+  std::uintptr_t const a = pool.allocate(MiB / 2);   // 1.5 MiB stays free at the end
+  std::uintptr_t const b = pool.allocate(3 * MiB);   // 1.5 MiB short: one more granule, not two
+  CHECK(b == a + MiB / 2);
+  CHECK(pool.vmm.committed_bytes() == 2 * G);
+  pool.deallocate(a);
+  pool.deallocate(b);
+  pool.check_consistent();
+}
+
+TEST_CASE("in_place_growth: release gives back exactly the granules no live block touches") {
+  grown_pool pool;
+  std::vector<std::uintptr_t> blocks;
+  for (int i = 0; i < 40; ++i) { blocks.push_back(pool.allocate(700 * KiB)); }  // 28 MiB over 14 granules
+  CHECK(pool.vmm.committed_bytes() == 14 * G);
+  // Free a long middle stretch and scattered singles.
+  for (int i = 5; i < 30; ++i) { pool.deallocate(blocks[static_cast<std::size_t>(i)]); }
+  pool.deallocate(blocks[33]);
+  pool.deallocate(blocks[39]);
+  std::size_t const given_back = pool.growth.release(pool.core);
+  CHECK(given_back > 0);
+  CHECK(pool.core.releases_prepared == 1);  // the core got to wait for in-flight work first
+  pool.check_exact();
+  pool.check_consistent();
+  CHECK(pool.vmm.mapped_bytes() == pool.vmm.committed_bytes());
+  CHECK(pool.growth.release(pool.core) == 0);  // idempotent: nothing more to give
+  for (std::size_t i : {0, 1, 2, 3, 4, 30, 31, 32, 34, 35, 36, 37, 38}) { pool.deallocate(blocks[i]); }
+  pool.growth.release(pool.core);
+  CHECK(pool.vmm.committed_bytes() == 0);
+  CHECK(pool.vmm.mapped_bytes() == 0);
+  pool.check_consistent();
+}
+
+TEST_CASE("in_place_growth: holes are reused before the frontier moves, committing only what is needed") {
+  grown_pool pool;
+  std::uintptr_t const head = pool.allocate(G);
+  std::uintptr_t const middle = pool.allocate(10 * G);
+  std::uintptr_t const tail = pool.allocate(G);
+  pool.deallocate(middle);
+  pool.growth.release(pool.core);
+  CHECK(pool.growth.hole_bytes() == 10 * G);
+  CHECK(pool.vmm.committed_bytes() == 2 * G);
+  std::size_t const frontier = pool.growth.frontier_bytes();
+
+  std::uintptr_t const small = pool.allocate(G + 1 * KiB);  // needs two granules of the hole
+  CHECK(small == middle);
+  CHECK(pool.growth.frontier_bytes() == frontier);
+  CHECK(pool.vmm.committed_bytes() == 4 * G);
+  CHECK(pool.growth.hole_bytes() == 8 * G);  // the rest stays a hole
+  pool.check_consistent();
+
+  // The rest of the hole, restored, merges with the free tail of the second granule, and
+  // best fit starts the block there (lower address).
+  std::uintptr_t const rest = pool.allocate(8 * G);
+  CHECK(rest == small + G + 1 * KiB);
+  CHECK(pool.growth.frontier_bytes() == frontier);
+  CHECK(pool.growth.hole_count() == 0);
+  pool.check_consistent();
+  for (auto p : {head, small, rest, tail}) { pool.deallocate(p); }
+  pool.growth.release(pool.core);
+  CHECK(pool.vmm.committed_bytes() == 0);
+}
+
+TEST_CASE("in_place_growth: the smallest stretch of adjacent holes that fits is chosen") {
+  grown_pool pool;
+  std::vector<std::uintptr_t> b;
+  for (int i = 0; i < 12; ++i) { b.push_back(pool.allocate(G)); }
+  // Holes: [1,4) (three granules, released in two steps so it is two core holes) and [6,8) and [9,10).
+  pool.deallocate(b[1]);
+  pool.growth.release(pool.core);
+  pool.deallocate(b[2]);
+  pool.deallocate(b[3]);
+  pool.deallocate(b[6]);
+  pool.deallocate(b[7]);
+  pool.deallocate(b[9]);
+  pool.growth.release(pool.core);
+  CHECK(pool.growth.hole_count() == 4);
+  CHECK(pool.allocate(2 * G) == b[6]);       // [6,8) fits exactly; [1,4) would waste
+  CHECK(pool.allocate(3 * G) == b[1]);       // only the two adjacent core holes together fit
+  CHECK(pool.allocate(G / 2) == b[9]);
+  CHECK(pool.growth.hole_count() == 0);
+  CHECK(pool.growth.frontier_bytes() == 12 * G);
+  pool.check_consistent();
+}
+
+TEST_CASE("in_place_growth: holes at the frontier are extended rather than skipped") {
+  grown_pool pool;
+  std::uintptr_t const a = pool.allocate(G);
+  std::uintptr_t const b = pool.allocate(3 * G);
+  pool.deallocate(b);
+  pool.growth.release(pool.core);
+  CHECK(pool.growth.hole_bytes() == 3 * G);
+  std::uintptr_t const c = pool.allocate(5 * G);  // larger than the tail hole: hole + 2 granules more
+  CHECK(c == b);
+  CHECK(pool.growth.frontier_bytes() == 6 * G);
+  CHECK(pool.vmm.committed_bytes() == 6 * G);
+  pool.check_consistent();
+  pool.deallocate(a);
+  pool.deallocate(c);
+}
+
+TEST_CASE("in_place_growth: out of physical memory, the pool releases its free granules and retries") {
+  grown_pool pool{1024 * G, 10 * G};
+  std::vector<std::uintptr_t> blocks;
+  for (int i = 0; i < 8; ++i) { blocks.push_back(pool.allocate(G)); }
+  for (int i = 0; i < 8; i += 2) { pool.deallocate(blocks[static_cast<std::size_t>(i)]); }
+  // 4 granules live, 4 free but committed, 2 left on the "device". 5 granules in one piece
+  // only fit after the free ones are given back.
+  std::uintptr_t const big = pool.allocate(5 * G);
+  CHECK(pool.growth.release_count() == 1);
+  CHECK(pool.vmm.mapped_bytes() == 9 * G);
+  pool.check_consistent();
+  // Past everything: a clear failure, and nothing changed.
+  try {
+    (void)pool.allocate(2 * G);
+    FAIL("allocated past the device");
+  } catch (detail::growth_failure const& e) {
+    CHECK_THAT(e.what(), Catch::Contains("no physical memory") && Catch::Contains("capacity reached"));
+  }
+  pool.check_consistent();
+  pool.deallocate(big);
+  for (int i = 1; i < 8; i += 2) { pool.deallocate(blocks[static_cast<std::size_t>(i)]); }
+}
+
+TEST_CASE("in_place_growth: a maximum caps what the pool commits") {
+  detail::in_place_growth_options options;
+  options.maximum_bytes = 4 * G + 1;  // rounds down to 4 granules
+  options.initial_bytes = 3 * MiB;    // rounds up to 2
+  grown_pool pool{1024 * G, std::numeric_limits<std::size_t>::max(), options};
+  CHECK(pool.vmm.committed_bytes() == 2 * G);
+  CHECK(pool.growth.maximum_bytes() == 4 * G);
+  std::uintptr_t const a = pool.allocate(4 * G);
+  CHECK_THROWS_WITH(pool.allocate(1), Catch::Contains("pass the maximum"));
+  pool.deallocate(a);
+  options.initial_bytes = 5 * G;
+  CHECK_THROWS_WITH(grown_pool(1024 * G, std::numeric_limits<std::size_t>::max(), options),
+                    Catch::Contains("above the maximum"));
+}
+
+TEST_CASE("in_place_growth: a release threshold returns free granules as frees pass it, without rescanning each free") {
+  detail::in_place_growth_options options;
+  options.release_threshold = 4 * G;
+  grown_pool pool{1024 * G, std::numeric_limits<std::size_t>::max(), options};
+  std::vector<std::uintptr_t> blocks;
+  for (int i = 0; i < 16; ++i) { blocks.push_back(pool.allocate(G)); }
+  for (int i = 0; i < 4; ++i) { pool.deallocate(blocks[static_cast<std::size_t>(i)]); }
+  CHECK(pool.growth.release_count() == 0);  // exactly at the threshold: kept
+  pool.deallocate(blocks[4]);
+  CHECK(pool.growth.release_count() == 1);
+  CHECK(pool.vmm.committed_bytes() == 11 * G);
+  // Free bytes that cannot be given back (half granules) do not trigger a release per free.
+  std::vector<std::uintptr_t> halves;
+  for (int i = 0; i < 24; ++i) { halves.push_back(pool.allocate(G / 2)); }
+  std::size_t const releases = pool.growth.release_count();
+  for (std::size_t i = 0; i < halves.size(); i += 2) { pool.deallocate(halves[i]); }  // 6 granules' worth, none whole
+  CHECK(pool.growth.release_count() <= releases + 1);
+  pool.check_consistent();
+  for (std::size_t i = 1; i < halves.size(); i += 2) { pool.deallocate(halves[i]); }
+  for (std::size_t i = 5; i < blocks.size(); ++i) { pool.deallocate(blocks[i]); }
+  pool.growth.release(pool.core);
+  CHECK(pool.vmm.committed_bytes() == 0);
+}
+
+TEST_CASE("in_place_growth: the range's claim is held for the policy's lifetime") {
+  simulated_vmm_memory_resource vmm{64 * G};
+  {
+    reference_core core;
+    detail::in_place_growth<reference_core> growth{vmm, "pool", {}};
+    CHECK(vmm.claimant() == "pool");
+    CHECK_THROWS_WITH(detail::in_place_growth<reference_core>(vmm, "second pool", {}),
+                      Catch::Contains("already claimed by pool"));
+    growth.grow(core, 3 * G, 256, 0);
+    CHECK(vmm.committed_bytes() == 3 * G);
+  }
+  CHECK(vmm.claimant().empty());
+  CHECK(vmm.mapped_bytes() == 0);  // the policy's end gave everything back
+}
+
+TEST_CASE("in_place_growth: randomized traffic, releases and thresholds, many seeds") {
+  for (unsigned seed = 1; seed <= 40; ++seed) {
+    std::mt19937_64 rng{seed};
+    detail::in_place_growth_options options;
+    if (rng() % 2 == 0) { options.release_threshold = (rng() % 16) * G; }
+    if (rng() % 3 == 0) { options.growth_step = (1 + rng() % 8) * G; }
+    std::size_t const capacity = rng() % 2 == 0 ? std::numeric_limits<std::size_t>::max() : (40 + rng() % 60) * G;
+    std::size_t const per_run = rng() % 3 == 0 ? 4 : 1;
+    grown_pool pool{512 * G, capacity, options, per_run};
+    INFO("seed " << seed << " threshold " << options.release_threshold << " step " << options.growth_step
+                 << " capacity " << capacity << " per_run " << per_run);
+    std::vector<std::uintptr_t> order;
+    for (int step = 0; step < 1500; ++step) {
+      unsigned const what = static_cast<unsigned>(rng() % 100);
+      if (what < 55 || order.empty()) {
+        std::size_t const bytes = rng() % 4 == 0 ? 1 + rng() % (6 * G) : 1 + rng() % (256 * KiB);
+        std::size_t const alignment = rng() % 10 == 0 ? std::size_t{4096} << (rng() % 10) : 256;
+        try {
+          order.push_back(pool.allocate(bytes, alignment));
+        } catch (detail::growth_failure const&) {
+          REQUIRE(capacity != std::numeric_limits<std::size_t>::max());  // only a full device refuses
+        }
+      } else if (what < 97) {
+        std::size_t const i = rng() % order.size();
+        pool.deallocate(order[i]);
+        order[i] = order.back();
+        order.pop_back();
+      } else {
+        pool.growth.release(pool.core);
+        pool.check_exact();
+      }
+      pool.check_consistent();
+      if (per_run == 1) { REQUIRE(pool.vmm.mapped_bytes() == pool.vmm.committed_bytes()); }
+      REQUIRE(pool.vmm.mapped_bytes() <= capacity);
+    }
+    for (auto p : order) { pool.deallocate(p); }
+    pool.growth.release(pool.core);
+    CHECK(pool.vmm.committed_bytes() == 0);
+    CHECK(pool.vmm.mapped_bytes() == 0);
+    pool.check_consistent();
+  }
+}
