@@ -3,6 +3,7 @@
 #include <mrstack/replay/replay.hpp>
 #include <mrstack/spec_registry.hpp>
 #include <mrstack/upstream/cuda_async_memory_resource.hpp>
+#include <mrstack/upstream/virtual_range_resource.hpp>
 
 #include <algorithm>
 #include <atomic>
@@ -212,15 +213,17 @@ one_run run_once(allocation_log const& log, stack_spec const& spec, replay_optio
     if (auto* m = dynamic_cast<footprint_meter*>(layer)) { meter = m; }
   }
   auto* driver_pool = dynamic_cast<cuda_async_memory_resource*>(&bottom_of_stack(*top));
+  auto* range = dynamic_cast<virtual_range_resource*>(&bottom_of_stack(*top));
   if (driver_pool != nullptr) {
     std::uint64_t zero = 0;  // resets the high-water mark to what is reserved now
     MRSTACK_CUDA_TRY(cudaMemPoolSetAttribute(driver_pool->pool_handle(), cudaMemPoolAttrReservedMemHigh, &zero));
     measured_by = "cuda_async pool's reserved high-water mark";
+  } else if (range != nullptr) {
+    measured_by = range->name() + "'s peak mapped physical memory";  // a fresh stack: its peak is this run's
   } else if (meter != nullptr) {
     measured_by = "footprint_meter above " + bottom_of_stack(*top).name();
     meter->reset_peak();
   }
-
   replay_streams const streams{log, real_streams};
   bool const multi_thread = log.events_by_thread.size() > 1;
   auto prepare = [&](run_state& s) {
@@ -281,6 +284,9 @@ one_run run_once(allocation_log const& log, stack_spec const& spec, replay_optio
     if (real_streams) { streams.synchronize(); }
     if (driver_pool != nullptr) {
       out.peak_footprint = pool_attribute(driver_pool->pool_handle(), cudaMemPoolAttrReservedMemHigh);
+    } else if (range != nullptr) {
+      out.peak_footprint = range->peak_mapped_bytes();
+      out.upstream_allocations = range->map_calls();
     } else if (meter != nullptr) {
       out.peak_footprint = meter->peak_bytes_held();
       out.upstream_allocations = meter->upstream_allocations();
@@ -313,17 +319,17 @@ stack_spec replay_spec_for(std::string const& spec_text, bool simulate, std::siz
     spec.layers.back() = spec_layer{
         twin, {spec_argument{twin_entry->capacity_parameter, std::to_string(simulated_capacity), 0, 0}}, 0};
   }
-  bool const measured_by_driver = !simulate && spec.layers.back().name == "cuda_async";
+  bool const measured_by_bottom = find_resource(spec.layers.back().name)->reports_own_footprint;
   bool const has_meter = std::any_of(spec.layers.begin(), spec.layers.end(),
                                      [](spec_layer const& l) { return l.name == "footprint_meter"; });
-  if (!measured_by_driver && !has_meter) { spec.layers.insert(spec.layers.end() - 1, spec_layer{"footprint_meter", {}, 0}); }
+  if (!measured_by_bottom && !has_meter) { spec.layers.insert(spec.layers.end() - 1, spec_layer{"footprint_meter", {}, 0}); }
   return spec;
 }
 
 bool footprint_is_lower_bound(std::string const& spec_text, bool simulate) {
-  auto const spec = parse_stack_spec(spec_text);
-  bool const measured_by_driver = !simulate && spec.layers.back().name == "cuda_async";
-  return spec.layers.size() == 1 && !measured_by_driver;
+  // Nothing but the meter above the bottom: the meter sees exactly the bytes asked.
+  auto const built = replay_spec_for(spec_text, simulate, 1);
+  return built.layers.size() == 2 && built.layers.front().name == "footprint_meter";
 }
 
 replay_result replay_stack(allocation_log const& log, std::string const& spec_text, replay_options const& options) {

@@ -12,6 +12,8 @@
 #include <mrstack/upstream/managed_memory_resource.hpp>
 #include <mrstack/upstream/pinned_host_memory_resource.hpp>
 #include <mrstack/upstream/simulated_memory_resource.hpp>
+#include <mrstack/upstream/simulated_vmm_memory_resource.hpp>
+#include <mrstack/upstream/vmm_memory_resource.hpp>
 #include <mrstack/upstream/system_memory_resource.hpp>
 
 #include <limits>
@@ -38,7 +40,7 @@ std::vector<spec_resource> builtin_resources() {
                  return std::make_shared<cuda_async_memory_resource>(a.size("initial").value_or(0),
                                                                      a.size("release_threshold"));
                },
-               });
+               {}, {}, false, true});
   r.push_back({"managed", "unified memory from cudaMallocManaged", bottom_resource, {},
                [](spec_arguments const&, resource_ptr) -> resource_ptr {
                  return std::make_shared<managed_memory_resource>();
@@ -60,6 +62,33 @@ std::vector<spec_resource> builtin_resources() {
                      a.size("capacity").value_or(std::numeric_limits<std::size_t>::max()));
                },
                "capacity", "", true});
+  r.push_back({"vmm", "one reserved virtual range per device, physical memory mapped on demand (cuMemCreate/Map); "
+                      "a pool above it grows in place",
+               bottom_resource,
+               {size_param("reserve", optional_param, "addresses to reserve (cost no memory)", "twice the device's memory"),
+                count_param("map_granules", optional_param, "granules per physical allocation (1: exact release)", "16"),
+                count_param("device", optional_param, "the device ordinal", "the current device")},
+               [](spec_arguments const& a, resource_ptr) -> resource_ptr {
+                 auto const device = a.count("device");
+                 return std::make_shared<vmm_memory_resource>(
+                     a.size("reserve").value_or(0),
+                     a.count("map_granules").value_or(vmm_memory_resource::default_map_granules),
+                     device ? static_cast<int>(*device) : -1);
+               },
+               {}, "simulated_vmm", false, true});
+  r.push_back({"simulated_vmm", "the CPU twin of vmm: the same granule bookkeeping over fake addresses", bottom_resource,
+               {size_param("capacity", optional_param, "physical memory of the simulated device", "unlimited"),
+                size_param("reserve", optional_param, "addresses to reserve",  "1TiB"),
+                size_param("granularity", optional_param, "the granule (a power of two)", "2MiB"),
+                count_param("map_granules", optional_param, "granules per physical allocation", "16")},
+               [](spec_arguments const& a, resource_ptr) -> resource_ptr {
+                 return std::make_shared<simulated_vmm_memory_resource>(
+                     a.size("reserve").value_or(simulated_vmm_memory_resource::default_reserve),
+                     a.size("granularity").value_or(simulated_vmm_memory_resource::default_granularity),
+                     a.size("capacity").value_or(std::numeric_limits<std::size_t>::max()),
+                     a.count("map_granules").value_or(simulated_vmm_memory_resource::default_map_granules));
+               },
+               "capacity", "", true, true});
 
   // ---- suballocators --------------------------------------------------------------------
   r.push_back({"pool", "coalescing, stream-ordered suballocator (two-level segregated fit); grows by chunks",
@@ -70,13 +99,20 @@ std::vector<spec_resource> builtin_resources() {
                 size_param("minimum_growth", optional_param, "a new chunk is at least this", "4MiB"),
                 size_param("growth_granularity", optional_param, "chunk sizes are rounded up to this", "2MiB"),
                 flag_param("consolidate_on_growth", optional_param,
-                           "return wholly free chunks and take their bytes back in the new one", "true")},
+                           "return wholly free chunks and take their bytes back in the new one", "true"),
+                flag_param("grow_in_place", optional_param,
+                           "over vmm/simulated_vmm: one chunk grown in place, free granules given back", "true"),
+                size_param("release_threshold", optional_param,
+                           "growing in place: give free granules back when more than this is free",
+                           "only on release() and when the device is full")},
                [](spec_arguments const& a, resource_ptr up) -> resource_ptr {
                  pool_options o;
                  o.growth_divisor = a.count("growth_divisor").value_or(o.growth_divisor);
                  o.minimum_growth = a.size("minimum_growth").value_or(o.minimum_growth);
                  o.growth_granularity = a.size("growth_granularity").value_or(o.growth_granularity);
                  o.consolidate_on_growth = a.flag("consolidate_on_growth").value_or(o.consolidate_on_growth);
+                 o.grow_in_place = a.flag("grow_in_place").value_or(o.grow_in_place);
+                 o.release_threshold = a.size("release_threshold").value_or(o.release_threshold);
                  return std::make_shared<pool_memory_resource>(std::move(up), a.size("initial").value_or(0), a.size("max"),
                                                                o);
                }});

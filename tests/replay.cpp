@@ -323,6 +323,21 @@ TEST_CASE("replay: repeats time each run and report the median") {
   CHECK(r.peak_footprint_bytes == 12288);  // each run builds a fresh stack
 }
 
+TEST_CASE("replay: a pool over simulated_vmm is measured by the physical memory mapped") {
+  register_test_layers();
+  auto const log = parse_allocation_log(small_log);
+  // One granule of 2 MiB holds all 8000 live bytes, mapped one granule at a time.
+  auto const r = replay_stack(log, "pool > vmm(map_granules=1)", simulated());
+  CHECK(r.complete());
+  CHECK(r.built_as == "pool > simulated_vmm(capacity=1099511627776)");
+  CHECK(r.footprint_measured_by == "simulated_vmm's peak mapped physical memory");
+  CHECK(r.peak_footprint_bytes == (2u << 20));
+  CHECK_FALSE(r.footprint_lower_bound);
+  auto const plain = replay_stack(log, "simulated_vmm(granularity=4KiB, map_granules=1)", simulated());
+  CHECK(plain.complete());
+  CHECK(plain.peak_footprint_bytes == 12288);  // each allocation rounded to 4 KiB granules: 4096 + 8192
+}
+
 TEST_CASE("replay: a warm-up run on the same stack first; the footprint covers both") {
   register_test_layers();
   // A hoard keeps every block: after the warm-up it holds 9000 bytes, and the timed run
@@ -355,6 +370,9 @@ TEST_CASE("replay: the spec it builds: bottom replaced under simulation, meter a
   CHECK(to_string(replay_spec_for("simulated(capacity=1MiB)", true, 1024)) ==
         "footprint_meter > simulated(capacity=1MiB)");
   CHECK_THROWS_AS(replay_spec_for("cuda > cuda", true, 1024), spec_error);
+  // vmm is simulated by its twin, and measures its own footprint: no meter between it and the pool.
+  CHECK(to_string(replay_spec_for("pool > vmm(map_granules=1)", true, 1024)) == "pool > simulated_vmm(capacity=1024)");
+  CHECK(to_string(replay_spec_for("pool > simulated_vmm", false, 1024)) == "pool > simulated_vmm");
 }
 
 TEST_CASE("mrstack-replay: the table, the header and the verdict") {

@@ -10,6 +10,7 @@
 #include <mrstack/suballoc/fixed_size_memory_resource.hpp>
 #include <mrstack/suballoc/pool_memory_resource.hpp>
 #include <mrstack/upstream/simulated_memory_resource.hpp>
+#include <mrstack/upstream/simulated_vmm_memory_resource.hpp>
 #include <mrstack/upstream/system_memory_resource.hpp>
 
 #include <cstdlib>
@@ -216,7 +217,7 @@ TEST_CASE("spec: duplicate parameters, by name or by position, are errors at the
 
 TEST_CASE("spec: the shape of the stack: missing upstream, upstream under a bottom resource") {
   require_spec_error("probe", 6, "probe needs an upstream below it: expected '> ' and a resource, for example 'probe > cuda'");
-  require_spec_error("probe", 6, "bottom resources: cuda, cuda_async, managed, pinned_host, simulated or system");
+  require_spec_error("probe", 6, "bottom resources: cuda, cuda_async, managed, pinned_host, simulated, simulated_vmm, system or vmm");
   require_spec_error("probe > probe(size=1)", 22, "probe needs an upstream below it");
   require_spec_error("cuda > probe > cuda", 8,
                      "'probe' is given as the upstream of cuda, but cuda is a bottom resource (it takes its memory from the "
@@ -327,7 +328,7 @@ TEST_CASE("spec: the registry refuses duplicates and lists every resource sorted
   REQUIRE(all.size() >= 7);
   for (std::size_t i = 1; i < all.size(); ++i) { CHECK(all[i - 1]->name < all[i]->name); }
   for (char const* name : {"cuda", "cuda_async", "managed", "pinned_host", "system", "simulated", "footprint_meter",
-                           "pool", "fixed_size", "binning", "arena"}) {
+                           "pool", "fixed_size", "binning", "arena", "vmm", "simulated_vmm"}) {
     CHECK(find_resource(name) != nullptr);
   }
   CHECK(find_resource("simulated")->capacity_parameter == "capacity");
@@ -375,4 +376,15 @@ TEST_CASE("spec: suballocators take every parameter by name; defaults in spec sy
   require_spec_error("pool(initial=2GiB, max=1GiB) > simulated", 1, "pool refused its arguments: pool: initial size", true);
   require_spec_error("arena(superblock_size=3MiB) > simulated(capacity=1GiB)", 1, "arena refused its arguments", true);
   require_spec_error("pool(growth_divisor=half) > cuda", 21, "bad value 'half' for pool's growth_divisor (a count)");
+  // The pool grows in place directly over a virtual range; its options by name.
+  auto const grown = make_stack("pool(release_threshold=64MiB, grow_in_place=true) > "
+                                "simulated_vmm(capacity=1GiB, reserve=4GiB, granularity=2MiB, map_granules=1)");
+  void* big = grown->allocate(100u << 20);
+  auto* range = dynamic_cast<simulated_vmm_memory_resource*>(grown->upstream());
+  REQUIRE(range != nullptr);
+  CHECK(range->committed_bytes() >= (100u << 20));
+  CHECK(range->capacity() == (1u << 30));
+  grown->deallocate(big, 100u << 20);
+  CHECK(find_resource("vmm")->simulation_twin == "simulated_vmm");
+  CHECK(find_resource("simulated_vmm")->is_simulation);
 }

@@ -124,6 +124,11 @@ struct spec_resource {
   /// For a bottom resource that touches no memory itself (`simulated`, `simulated_vmm`):
   /// a simulation keeps it as the spec gives it.
   bool is_simulation = false;
+  /// For a bottom resource that knows its own footprint better than a layer above it can
+  /// (cuda_async: the driver pool's reserved memory; vmm: the physical memory mapped, and
+  /// a pool must sit directly on it to grow in place): mrstack-replay puts no
+  /// footprint_meter above it and asks it instead.
+  bool reports_own_footprint = false;
 };
 
 /// Adds a resource; a name already registered is a `logic_error`. Thread-safe.
