@@ -1,0 +1,199 @@
+// What each adaptor adds to one allocate+free pair: every benchmark runs the same loop
+// over the same base resource, bare or under one adaptor, so the difference is the
+// adaptor's overhead. The base is the pool over the simulated upstream when the pool is
+// built (a fast, realistic layer to sit on), else the system upstream. Memory is never
+// touched, so no device is needed — unless MRSTACK_BENCH_DEVICE=1, which puts the pool
+// over cudaMalloc on the current device (skipped, saying so, without one).
+//
+//   bench_adaptors --benchmark_min_time=0.2
+//   bench_adaptors --benchmark_filter='/threads:2'   # contention with two threads
+//   MRSTACK_BENCH_DEVICE=1 bench_adaptors            # over pool > cuda
+#include <benchmark/benchmark.h>
+
+#include <mrstack/adaptor/aligned_resource_adaptor.hpp>
+#include <mrstack/adaptor/failure_callback_resource_adaptor.hpp>
+#include <mrstack/adaptor/limiting_resource_adaptor.hpp>
+#include <mrstack/adaptor/logging_resource_adaptor.hpp>
+#include <mrstack/adaptor/statistics_resource_adaptor.hpp>
+#include <mrstack/adaptor/thread_safe_resource_adaptor.hpp>
+#include <mrstack/adaptor/tracking_resource_adaptor.hpp>
+#include <mrstack/upstream/cuda_memory_resource.hpp>
+#include <mrstack/upstream/simulated_memory_resource.hpp>
+#include <mrstack/upstream/system_memory_resource.hpp>
+
+#if __has_include(<mrstack/suballoc/pool_memory_resource.hpp>)
+#include <mrstack/suballoc/pool_memory_resource.hpp>
+#define MRSTACK_BENCH_HAVE_POOL 1
+#else
+#define MRSTACK_BENCH_HAVE_POOL 0
+#endif
+
+#include <chrono>
+#include <cstdlib>
+#include <memory>
+
+namespace {
+
+using mrstack::resource_ptr;
+
+bool on_device() {
+  char const* v = std::getenv("MRSTACK_BENCH_DEVICE");
+  return v != nullptr && *v != '\0' && *v != '0';
+}
+
+bool have_device() {
+  int n = 0;
+  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+}
+
+resource_ptr make_base() {
+  resource_ptr bottom;
+  if (on_device()) {
+    bottom = std::make_shared<mrstack::cuda_memory_resource>();
+  } else {
+    bottom = std::make_shared<mrstack::simulated_memory_resource>();
+  }
+#if MRSTACK_BENCH_HAVE_POOL
+  return std::make_shared<mrstack::pool_memory_resource>(std::move(bottom), std::size_t{256} << 20);
+#else
+  return on_device() ? bottom : std::make_shared<mrstack::system_memory_resource>();
+#endif
+}
+
+char const* base_name() {
+  if (on_device()) { return MRSTACK_BENCH_HAVE_POOL ? "pool>cuda" : "cuda"; }
+  return MRSTACK_BENCH_HAVE_POOL ? "pool>simulated" : "system";
+}
+
+/// False (and the benchmark marked skipped) when the device base is asked for without a device.
+bool base_available(benchmark::State& state) {
+  if (on_device() && !have_device()) {
+    state.SkipWithError("no CUDA device");
+    return false;
+  }
+  return true;
+}
+
+// Shared by the threads of one benchmark: thread 0 builds it before the timed loop (whose
+// start is a barrier for all threads) and drops it after (the end is a barrier too).
+resource_ptr shared_resource;
+
+template <typename Make>
+void allocate_free_pair(benchmark::State& state, Make make) {
+  if (!base_available(state)) { return; }
+  if (state.thread_index() == 0) {
+    shared_resource = make(make_base());
+    state.SetLabel(mrstack::describe_stack(*shared_resource) + " (base " + base_name() + ")");
+  }
+  auto const bytes = static_cast<std::size_t>(state.range(0));
+  mrstack::memory_resource* mr = nullptr;
+  for (auto _ : state) {
+    if (mr == nullptr) { mr = shared_resource.get(); }
+    void* p = mr->allocate(bytes);
+    benchmark::DoNotOptimize(p);
+    mr->deallocate(p, bytes);
+  }
+  state.SetItemsProcessed(static_cast<std::int64_t>(state.iterations()));
+  if (state.thread_index() == 0) { shared_resource.reset(); }
+}
+
+void BM_bare(benchmark::State& s) {
+  allocate_free_pair(s, [](resource_ptr base) { return base; });
+}
+void BM_logging_sync(benchmark::State& s) {
+  allocate_free_pair(s, [](resource_ptr base) {
+    return std::make_shared<mrstack::logging_resource_adaptor>(std::move(base), "/dev/null");
+  });
+}
+void BM_logging_async(benchmark::State& s) {
+  allocate_free_pair(s, [](resource_ptr base) {
+    return std::make_shared<mrstack::logging_resource_adaptor>(std::move(base), "/dev/null", false, true);
+  });
+}
+void BM_limiting(benchmark::State& s) {
+  allocate_free_pair(s, [](resource_ptr base) {
+    return std::make_shared<mrstack::limiting_resource_adaptor>(std::move(base), std::size_t{1} << 40);
+  });
+}
+void BM_statistics(benchmark::State& s) {
+  allocate_free_pair(s, [](resource_ptr base) {
+    return std::make_shared<mrstack::statistics_resource_adaptor>(std::move(base));
+  });
+}
+void BM_tracking(benchmark::State& s) {
+  allocate_free_pair(s, [](resource_ptr base) {
+    return std::make_shared<mrstack::tracking_resource_adaptor>(std::move(base));
+  });
+}
+void BM_tracking_stacks(benchmark::State& s) {
+  allocate_free_pair(s, [](resource_ptr base) {
+    return std::make_shared<mrstack::tracking_resource_adaptor>(std::move(base), true);
+  });
+}
+void BM_thread_safe(benchmark::State& s) {
+  allocate_free_pair(s, [](resource_ptr base) {
+    return std::make_shared<mrstack::thread_safe_resource_adaptor>(std::move(base));
+  });
+}
+void BM_aligned_passthrough(benchmark::State& s) {
+  allocate_free_pair(s, [](resource_ptr base) {
+    return std::make_shared<mrstack::aligned_resource_adaptor>(std::move(base), 256);
+  });
+}
+void BM_aligned_4096(benchmark::State& s) {
+  allocate_free_pair(s, [](resource_ptr base) {
+    return std::make_shared<mrstack::aligned_resource_adaptor>(std::move(base), 4096);
+  });
+}
+void BM_retry(benchmark::State& s) {
+  allocate_free_pair(s, [](resource_ptr base) {
+    return std::make_shared<mrstack::failure_callback_resource_adaptor>(std::move(base), std::size_t{1});
+  });
+}
+
+// The asynchronous logger's hot path on its own: bursts of pairs that fit in the ring
+// (so the caller never waits for the writer), timed by hand; the flush that drains each
+// burst is outside the timing. Compare with BM_logging_async, which is the sustained
+// rate: there the writer thread's formatting bounds the pace once the ring is full.
+void BM_logging_async_burst(benchmark::State& state) {
+  if (!base_available(state)) { return; }
+  auto base = make_base();
+  mrstack::logging_resource_adaptor log{base, "/dev/null", false, true};
+  state.SetLabel(mrstack::describe_stack(log) + " (base " + base_name() + ")");
+  auto const bytes = static_cast<std::size_t>(state.range(0));
+  constexpr int burst = 8192;  // 16384 records: a quarter of the default ring
+  double timed_seconds = 0;
+  for (auto _ : state) {
+    auto const start = std::chrono::steady_clock::now();
+    for (int i = 0; i < burst; ++i) {
+      void* p = log.allocate(bytes);
+      benchmark::DoNotOptimize(p);
+      log.deallocate(p, bytes);
+    }
+    auto const stop = std::chrono::steady_clock::now();
+    double const seconds = std::chrono::duration<double>(stop - start).count();
+    state.SetIterationTime(seconds);  // one iteration is one burst
+    timed_seconds += seconds;
+    log.flush();
+  }
+  state.counters["ns_per_pair"] = timed_seconds * 1e9 / (static_cast<double>(state.iterations()) * burst);
+}
+
+}  // namespace
+
+BENCHMARK(BM_logging_async_burst)->Arg(1 << 10)->UseManualTime();
+
+// One thread: the overhead itself. Two threads (this machine's cores): what contention adds.
+#define MRSTACK_ADAPTOR_BENCH(fn) BENCHMARK(fn)->Arg(1 << 10)->Threads(1)->Threads(2)->UseRealTime()
+MRSTACK_ADAPTOR_BENCH(BM_bare);
+MRSTACK_ADAPTOR_BENCH(BM_logging_sync);
+MRSTACK_ADAPTOR_BENCH(BM_logging_async);
+MRSTACK_ADAPTOR_BENCH(BM_limiting);
+MRSTACK_ADAPTOR_BENCH(BM_statistics);
+MRSTACK_ADAPTOR_BENCH(BM_tracking);
+MRSTACK_ADAPTOR_BENCH(BM_tracking_stacks);
+MRSTACK_ADAPTOR_BENCH(BM_thread_safe);
+MRSTACK_ADAPTOR_BENCH(BM_aligned_passthrough);
+MRSTACK_ADAPTOR_BENCH(BM_aligned_4096);
+MRSTACK_ADAPTOR_BENCH(BM_retry);
+BENCHMARK_MAIN();

@@ -1,0 +1,118 @@
+#pragma once
+/// `logging_resource_adaptor`: writes one CSV row per allocation event of the resource
+/// below it, in the format of RMM's logging adaptor so logs move between the two tools
+/// (and feed mrstack's replay tool):
+///
+///     Thread,Time,Action,Pointer,Size,Stream
+///     81234,14:03:07.123456,allocate,0x7f864d700000,37632,0
+///     81234,14:03:07.123502,free,0x7f864d700000,37632,0
+///     81240,14:03:07.123611,allocate failure,(nil),1099511627776,0x55d1c2a3b4c0
+///
+/// - Thread: the OS thread id (gettid on Linux, the value spdlog's `%t` prints).
+/// - Time: local wall-clock time of the event, HH:MM:SS.microseconds (spdlog's
+///   `%H:%M:%S.%f`, as RMM writes it).
+/// - Action: `allocate`, `allocate failure` (the upstream threw; the row is written and
+///   the exception rethrown) or `free`.
+/// - Pointer: lower-case hex with `0x`; `(nil)` on an allocate failure (what RMM writes
+///   through printf's `%p`). Readers should also accept an empty field, `nil`, `0` or `0x0`.
+/// - Size: the bytes the caller asked for, in decimal.
+/// - Stream: the `cudaStream_t` handle in hex: `0` for the default stream (as RMM's
+///   ostream formatting prints a null handle), `0x...` for any other handle.
+///
+/// Ordering: an allocation is logged after the upstream returned it and a free before it
+/// is forwarded, so in file order a pointer's `free` always precedes its reuse by any
+/// thread: the file is a valid serial history. Rows from many threads never interleave
+/// within a line (each write to a sink is whole lines under the sink's lock). A free that
+/// a checking layer below rejects is still logged: the row records the call.
+///
+/// Modes:
+/// - synchronous (default): the calling thread formats its row and writes it through
+///   spdlog before returning. With `auto_flush` each row is flushed at once, so a crash
+///   loses nothing.
+/// - asynchronous (`async = true`): the calling thread only stamps the event (clock,
+///   thread id) and pushes a 48-byte record into a lock-free ring (`detail::mpsc_ring`);
+///   a writer thread formats rows in batches and hands them to the sinks. The hot path
+///   takes no lock, makes no system call in the common case and never allocates; when the
+///   ring is full the caller waits for room (records are never dropped). `auto_flush`
+///   then flushes after each batch the writer takes. `flush()` returns once every event
+///   logged before it is in the sinks and they are flushed. The destructor drains.
+///
+/// Output goes to a file (truncated; the path defaults from `MRSTACK_LOG_FILE`), to a
+/// `std::ostream` (which must outlive the adaptor) or to any spdlog sinks (use their
+/// `_mt` variants; the adaptor sets their pattern to `%v`, as RMM's does).
+///
+/// Thread-safe. `name()` is "logging". `free_bytes_held`/`release` go to the upstream.
+#include <cstddef>
+#include <cstdint>
+#include <iosfwd>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <spdlog/common.h>
+
+#include <mrstack/resource.hpp>
+
+namespace spdlog {
+class logger;
+}
+
+namespace mrstack {
+
+namespace detail {
+class async_log_writer;
+}
+
+class logging_resource_adaptor final : public memory_resource {
+ public:
+  /// The environment variable naming the log file when no path is given.
+  static constexpr char const* log_file_variable = "MRSTACK_LOG_FILE";
+  /// Records the asynchronous ring holds (64 B each) before callers wait for the writer.
+  static constexpr std::size_t default_queue_capacity = std::size_t{1} << 16;
+
+  /// Logs to the file at `path` (created or truncated; parent folders are created). An
+  /// empty `path` means the file named by MRSTACK_LOG_FILE; a `logic_error` when that is
+  /// unset. A file that cannot be opened throws `std::runtime_error` naming the path.
+  explicit logging_resource_adaptor(resource_ptr upstream, std::string const& path = {}, bool auto_flush = false,
+                                    bool async = false, std::size_t queue_capacity = default_queue_capacity);
+  /// Logs to `stream`, which must outlive the adaptor.
+  logging_resource_adaptor(resource_ptr upstream, std::ostream& stream, bool auto_flush = false, bool async = false,
+                           std::size_t queue_capacity = default_queue_capacity);
+  /// Logs to every sink in `sinks` (at least one).
+  logging_resource_adaptor(resource_ptr upstream, std::vector<spdlog::sink_ptr> sinks, bool auto_flush = false,
+                           bool async = false, std::size_t queue_capacity = default_queue_capacity);
+  ~logging_resource_adaptor() override;
+
+  /// Writes out every row logged so far (in asynchronous mode: waits for the writer to
+  /// take them) and flushes the sinks.
+  void flush();
+
+  /// The CSV header line, without a newline.
+  [[nodiscard]] static std::string header();
+  /// The id this thread's rows carry in the Thread column.
+  [[nodiscard]] static std::size_t current_thread_id() noexcept;
+
+  [[nodiscard]] bool is_async() const noexcept { return writer_ != nullptr; }
+  /// The file being written, or empty for ostream/sink output.
+  [[nodiscard]] std::string const& path() const noexcept { return path_; }
+  [[nodiscard]] resource_ptr const& upstream_resource() const noexcept { return upstream_; }
+
+ private:
+  logging_resource_adaptor(resource_ptr upstream, std::vector<spdlog::sink_ptr> sinks, std::string path,
+                           bool auto_flush, bool async, std::size_t queue_capacity, int /*tag*/);
+
+  void* do_allocate(std::size_t bytes, std::size_t alignment, stream_view stream) override;
+  void do_deallocate(void* ptr, std::size_t bytes, std::size_t alignment, stream_view stream) override;
+  std::string do_name() const override { return "logging"; }
+  memory_resource* do_upstream() const noexcept override { return upstream_.get(); }
+
+  enum class action : std::uint8_t { allocate, allocate_failure, free };
+  void log_event(action what, void const* ptr, std::size_t bytes, stream_view stream) noexcept;
+
+  resource_ptr upstream_;
+  std::string path_;
+  std::shared_ptr<spdlog::logger> logger_;
+  std::unique_ptr<detail::async_log_writer> writer_;  // null in synchronous mode
+};
+
+}  // namespace mrstack

@@ -1,0 +1,126 @@
+#pragma once
+/// `tracking_resource_adaptor`: remembers every allocation outstanding through it — its
+/// size, alignment, stream, thread, order and (with `capture_stacks`) the call stack that
+/// made it — and checks every free against that record. It is the checked mode to turn
+/// on when debugging memory errors and leaks.
+///
+/// - Checks: a deallocate of a pointer it never handed out (or already took back) or
+///   with a size or alignment other than the allocation's throws `logic_error` naming
+///   the pointer and both sizes, and is NOT forwarded: the upstream never sees a bad free.
+/// - Reports on demand: `outstanding()` (structured, oldest first), `call_sites()`
+///   (outstanding allocations grouped by call stack, most bytes first) and `report()`
+///   (the same as text).
+/// - Leak report: with `report_leaks`, the destructor writes `report()` to stderr (or the
+///   stream given) when anything is still outstanding: count, bytes, top call sites.
+/// - Stacks: captured with glibc's backtrace() (a few microseconds per allocation) and
+///   symbolized only when a report is made (`detail::describe_frame`: function names from
+///   the ELF symbol tables, module+offset for addr2line; no extra runtime library).
+///
+/// Cost: one lock of a shard (16 shards chosen by address) and an open-addressing table
+/// insert per allocation (`detail::pointer_map`, no allocation per call), plus the
+/// capture when stacks are on (interned: each distinct stack is stored once).
+///
+/// Thread-safe. `name()` is "tracking". `free_bytes_held`/`release` go to the upstream.
+#include <array>
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <iosfwd>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include <mrstack/detail/pointer_map.hpp>
+#include <mrstack/resource.hpp>
+
+namespace mrstack {
+
+class tracking_resource_adaptor final : public memory_resource {
+ public:
+  /// One outstanding allocation.
+  struct allocation_info {
+    void* pointer = nullptr;
+    std::size_t bytes = 0;
+    std::size_t alignment = 0;
+    std::uintptr_t stream = 0;           ///< the cudaStream_t handle it was allocated on
+    std::uint64_t sequence = 0;          ///< order among this adaptor's allocations (0 = first)
+    std::size_t thread = 0;              ///< OS thread id (as the logging adaptor writes it)
+    std::vector<std::string> stack;      ///< innermost first; empty without capture_stacks
+  };
+  /// Outstanding allocations that share one call stack.
+  struct call_site {
+    std::size_t count = 0;
+    std::size_t bytes = 0;
+    std::vector<std::string> stack;  ///< innermost first; empty without capture_stacks
+  };
+
+  /// Frames kept per stack.
+  static constexpr std::size_t max_stack_frames = 32;
+
+  /// `capture_stacks`: record each allocation's call stack. `report_leaks`: write a
+  /// report at destruction if anything is outstanding, to `*report_stream` (which must
+  /// outlive the adaptor) or, when null, to stderr.
+  explicit tracking_resource_adaptor(resource_ptr upstream, bool capture_stacks = false, bool report_leaks = false,
+                                     std::ostream* report_stream = nullptr);
+  ~tracking_resource_adaptor() override;
+
+  [[nodiscard]] bool captures_stacks() const noexcept { return capture_stacks_; }
+  [[nodiscard]] std::size_t outstanding_count() const noexcept { return count_.load(std::memory_order_relaxed); }
+  [[nodiscard]] std::size_t outstanding_bytes() const noexcept { return bytes_.load(std::memory_order_relaxed); }
+  /// Every outstanding allocation, oldest first (stacks symbolized).
+  [[nodiscard]] std::vector<allocation_info> outstanding() const;
+  /// Outstanding allocations grouped by call stack, most bytes first (one group in all
+  /// without capture_stacks).
+  [[nodiscard]] std::vector<call_site> call_sites() const;
+  /// Text: count and bytes outstanding, the top `max_call_sites` call sites, and the
+  /// oldest `max_allocations` allocations.
+  [[nodiscard]] std::string report(std::size_t max_call_sites = 10, std::size_t max_allocations = 20) const;
+  [[nodiscard]] resource_ptr const& upstream_resource() const noexcept { return upstream_; }
+
+ private:
+  struct record {
+    std::size_t bytes;
+    std::size_t alignment;
+    std::uintptr_t stream;
+    std::uint64_t sequence;
+    std::size_t thread;
+    std::uint32_t stack_id;  // index into stacks_, or no_stack
+  };
+  static constexpr std::uint32_t no_stack = 0xffffffffU;
+
+  struct shard {
+    std::mutex mutex;
+    detail::pointer_map<record> records;
+  };
+  static constexpr std::size_t shard_count = 16;
+  [[nodiscard]] shard& shard_for(std::uintptr_t address) const noexcept {
+    return shards_[static_cast<std::size_t>((address >> 8) * 0x9e3779b97f4a7c15ULL >> 60) % shard_count];
+  }
+
+  void* do_allocate(std::size_t bytes, std::size_t alignment, stream_view stream) override;
+  void do_deallocate(void* ptr, std::size_t bytes, std::size_t alignment, stream_view stream) override;
+  std::string do_name() const override { return "tracking"; }
+  memory_resource* do_upstream() const noexcept override { return upstream_.get(); }
+
+  std::uint32_t intern_current_stack();
+  [[nodiscard]] std::vector<std::pair<void*, record>> snapshot() const;
+  [[nodiscard]] std::vector<std::string> symbolized(std::uint32_t stack_id) const;
+
+  resource_ptr upstream_;
+  bool capture_stacks_;
+  bool report_leaks_;
+  std::ostream* report_stream_;
+  mutable std::array<shard, shard_count> shards_;
+  std::atomic<std::uint64_t> sequence_{0};
+  std::atomic<std::size_t> count_{0};
+  std::atomic<std::size_t> bytes_{0};
+
+  // Interned call stacks: each distinct one stored once, looked up by a hash of its frames.
+  mutable std::mutex stacks_mutex_;
+  std::vector<std::vector<void*>> stacks_;
+  std::unordered_multimap<std::uint64_t, std::uint32_t> stack_index_;
+};
+
+}  // namespace mrstack

@@ -1,0 +1,232 @@
+#include <mrstack/adaptor/tracking_resource_adaptor.hpp>
+
+#include <algorithm>
+#include <cstdio>
+#include <map>
+#include <ostream>
+#include <sstream>
+
+#include <spdlog/details/os.h>
+
+#include <mrstack/detail/stack_trace.hpp>
+
+namespace mrstack {
+
+namespace {
+
+std::string hex(std::uintptr_t v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "0x%zx", static_cast<std::size_t>(v));
+  return buf;
+}
+
+std::uint64_t hash_frames(void* const* frames, std::size_t n) noexcept {
+  std::uint64_t h = 0xcbf29ce484222325ULL ^ n;
+  for (std::size_t i = 0; i < n; ++i) {
+    h ^= reinterpret_cast<std::uintptr_t>(frames[i]);
+    h *= 0x100000001b3ULL;
+    h ^= h >> 29;
+  }
+  return h;
+}
+
+}  // namespace
+
+tracking_resource_adaptor::tracking_resource_adaptor(resource_ptr upstream, bool capture_stacks, bool report_leaks,
+                                                     std::ostream* report_stream)
+    : upstream_{std::move(upstream)},
+      capture_stacks_{capture_stacks},
+      report_leaks_{report_leaks},
+      report_stream_{report_stream} {
+  if (upstream_ == nullptr) { throw logic_error("tracking: upstream resource is null"); }
+}
+
+tracking_resource_adaptor::~tracking_resource_adaptor() {
+  if (!report_leaks_ || outstanding_count() == 0) { return; }
+  try {
+    std::string const text = "mrstack leak report (" + describe_stack(*this) + ")\n" + report();
+    if (report_stream_ != nullptr) {
+      *report_stream_ << text << std::flush;
+    } else {
+      std::fputs(text.c_str(), stderr);
+      std::fflush(stderr);
+    }
+  } catch (...) {
+    std::fputs("mrstack: tracking adaptor could not write its leak report\n", stderr);
+  }
+}
+
+std::uint32_t tracking_resource_adaptor::intern_current_stack() {
+  void* frames[max_stack_frames];
+  // Skip this function and do_allocate: the stack starts at whoever called allocate().
+  std::size_t const n = detail::capture_stack(frames, max_stack_frames, 2);
+  std::uint64_t const h = hash_frames(frames, n);
+  std::lock_guard lock{stacks_mutex_};
+  auto [first, last] = stack_index_.equal_range(h);
+  for (auto it = first; it != last; ++it) {
+    auto const& known = stacks_[it->second];
+    if (known.size() == n && std::equal(known.begin(), known.end(), frames)) { return it->second; }
+  }
+  auto const id = static_cast<std::uint32_t>(stacks_.size());
+  stacks_.emplace_back(frames, frames + n);
+  stack_index_.emplace(h, id);
+  return id;
+}
+
+void* tracking_resource_adaptor::do_allocate(std::size_t bytes, std::size_t alignment, stream_view stream) {
+  std::uint32_t const stack_id = capture_stacks_ ? intern_current_stack() : no_stack;
+  void* const ptr = upstream_->allocate(bytes, stream, alignment);
+  auto const address = reinterpret_cast<std::uintptr_t>(ptr);
+  record const r{bytes, alignment, stream.id(), sequence_.fetch_add(1, std::memory_order_relaxed),
+                 spdlog::details::os::thread_id(), stack_id};
+  bool inserted = false;
+  try {
+    shard& s = shard_for(address);
+    std::lock_guard lock{s.mutex};
+    inserted = s.records.insert(address, r);
+  } catch (...) {
+    upstream_->deallocate(ptr, bytes, stream, alignment);  // the table could not grow: nothing leaks
+    throw;
+  }
+  if (!inserted) {
+    // The upstream handed out a pointer that is still outstanding: a bug below this layer.
+    // Leave the memory alone (it may be in use) and say so.
+    throw logic_error("tracking: the upstream (" + upstream_->name() + ") handed out " + hex(address) +
+                      " again while it is still outstanding");
+  }
+  count_.fetch_add(1, std::memory_order_relaxed);
+  bytes_.fetch_add(bytes, std::memory_order_relaxed);
+  return ptr;
+}
+
+void tracking_resource_adaptor::do_deallocate(void* ptr, std::size_t bytes, std::size_t alignment,
+                                              stream_view stream) {
+  auto const address = reinterpret_cast<std::uintptr_t>(ptr);
+  shard& s = shard_for(address);
+  record taken{};
+  {
+    std::lock_guard lock{s.mutex};
+    record const* r = s.records.find(address);
+    if (r == nullptr) {
+      throw logic_error("tracking: deallocate of " + hex(address) + " (" + std::to_string(bytes) +
+                        " B), which this resource never handed out or has already taken back");
+    }
+    if (r->bytes != bytes || r->alignment != alignment) {
+      throw logic_error("tracking: deallocate of " + hex(address) + " with size " + std::to_string(bytes) +
+                        " B and alignment " + std::to_string(alignment) + ", but it was allocated with size " +
+                        std::to_string(r->bytes) + " B and alignment " + std::to_string(r->alignment));
+    }
+    taken = *r;
+    s.records.erase(address);
+  }
+  count_.fetch_sub(1, std::memory_order_relaxed);
+  bytes_.fetch_sub(bytes, std::memory_order_relaxed);
+  try {
+    upstream_->deallocate(ptr, bytes, stream, alignment);
+  } catch (...) {
+    // Refused below: the allocation is still out, so keep tracking it.
+    {
+      std::lock_guard lock{s.mutex};
+      s.records.insert(address, taken);
+    }
+    count_.fetch_add(1, std::memory_order_relaxed);
+    bytes_.fetch_add(bytes, std::memory_order_relaxed);
+    throw;
+  }
+}
+
+std::vector<std::pair<void*, tracking_resource_adaptor::record>> tracking_resource_adaptor::snapshot() const {
+  std::vector<std::pair<void*, record>> all;
+  for (auto& s : shards_) {
+    std::lock_guard lock{s.mutex};
+    s.records.for_each([&](std::uintptr_t address, record const& r) {
+      all.emplace_back(reinterpret_cast<void*>(address), r);
+    });
+  }
+  std::sort(all.begin(), all.end(), [](auto const& a, auto const& b) { return a.second.sequence < b.second.sequence; });
+  return all;
+}
+
+std::vector<std::string> tracking_resource_adaptor::symbolized(std::uint32_t stack_id) const {
+  std::vector<std::string> out;
+  if (stack_id == no_stack) { return out; }
+  std::vector<void*> frames;
+  {
+    std::lock_guard lock{stacks_mutex_};
+    frames = stacks_[stack_id];
+  }
+  out.reserve(frames.size());
+  for (void* f : frames) { out.push_back(detail::describe_frame(f)); }
+  return out;
+}
+
+std::vector<tracking_resource_adaptor::allocation_info> tracking_resource_adaptor::outstanding() const {
+  auto const all = snapshot();
+  std::map<std::uint32_t, std::vector<std::string>> stacks;  // symbolize each distinct stack once
+  std::vector<allocation_info> out;
+  out.reserve(all.size());
+  for (auto const& [ptr, r] : all) {
+    allocation_info info{ptr, r.bytes, r.alignment, r.stream, r.sequence, r.thread, {}};
+    if (r.stack_id != no_stack) {
+      auto it = stacks.find(r.stack_id);
+      if (it == stacks.end()) { it = stacks.emplace(r.stack_id, symbolized(r.stack_id)).first; }
+      info.stack = it->second;
+    }
+    out.push_back(std::move(info));
+  }
+  return out;
+}
+
+std::vector<tracking_resource_adaptor::call_site> tracking_resource_adaptor::call_sites() const {
+  std::map<std::uint32_t, call_site> by_stack;
+  for (auto const& [ptr, r] : snapshot()) {
+    auto& site = by_stack[r.stack_id];
+    ++site.count;
+    site.bytes += r.bytes;
+  }
+  std::vector<call_site> out;
+  out.reserve(by_stack.size());
+  for (auto& [id, site] : by_stack) {
+    site.stack = symbolized(id);
+    out.push_back(std::move(site));
+  }
+  std::stable_sort(out.begin(), out.end(), [](call_site const& a, call_site const& b) {
+    return a.bytes != b.bytes ? a.bytes > b.bytes : a.count > b.count;
+  });
+  return out;
+}
+
+std::string tracking_resource_adaptor::report(std::size_t max_call_sites, std::size_t max_allocations) const {
+  auto const all = outstanding();
+  std::size_t bytes = 0;
+  for (auto const& a : all) { bytes += a.bytes; }
+  std::ostringstream os;
+  os << "tracking: " << all.size() << " allocation" << (all.size() == 1 ? "" : "s") << " outstanding, "
+     << format_bytes(bytes) << "\n";
+  if (all.empty()) { return os.str(); }
+  auto const sites = call_sites();
+  if (!capture_stacks_) {
+    os << "call sites: not captured (construct the tracking adaptor with capture_stacks = true)\n";
+  } else {
+    std::size_t const shown = std::min(max_call_sites, sites.size());
+    os << "top " << shown << " of " << sites.size() << " call site" << (sites.size() == 1 ? "" : "s")
+       << " by bytes outstanding:\n";
+    for (std::size_t i = 0; i < shown; ++i) {
+      os << "  #" << i + 1 << ": " << sites[i].count << " allocation" << (sites[i].count == 1 ? "" : "s") << ", "
+         << format_bytes(sites[i].bytes) << "\n";
+      for (auto const& frame : sites[i].stack) { os << "      at " << frame << "\n"; }
+    }
+  }
+  std::size_t const listed = std::min(max_allocations, all.size());
+  os << "oldest " << listed << " of " << all.size() << " outstanding allocation" << (all.size() == 1 ? "" : "s")
+     << ":\n";
+  for (std::size_t i = 0; i < listed; ++i) {
+    auto const& a = all[i];
+    os << "  " << hex(reinterpret_cast<std::uintptr_t>(a.pointer)) << " " << a.bytes << " B, alignment "
+       << a.alignment << ", stream " << (a.stream == 0 ? std::string{"0"} : hex(a.stream)) << ", thread " << a.thread
+       << ", allocation #" << a.sequence << "\n";
+  }
+  return os.str();
+}
+
+}  // namespace mrstack

@@ -1,0 +1,105 @@
+// The thread-safe adaptor: an upstream that notices overlapping calls sees none through
+// the adaptor, from 8 threads — while the same upstream, called directly, does see them
+// (so the detector works and the test can fail).
+#include <catch2/catch.hpp>
+
+#include <mrstack/adaptor/thread_safe_resource_adaptor.hpp>
+#include <mrstack/upstream/simulated_memory_resource.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <thread>
+#include <vector>
+
+using namespace mrstack;
+
+namespace {
+
+/// Stands in for a single-threaded resource: counts calls that overlap another call into
+/// it (widening the window with a yield), and forwards to a simulated upstream.
+class overlap_detector final : public memory_resource {
+ public:
+  explicit overlap_detector(resource_ptr below) : below_{std::move(below)} {}
+  mutable std::atomic<int> overlaps{0};
+  std::atomic<int> releases{0};
+
+ private:
+  struct entered {
+    explicit entered(overlap_detector& d) : d_{d} {
+      if (d_.inside_.fetch_add(1) != 0) { d_.overlaps.fetch_add(1); }
+      std::this_thread::yield();
+    }
+    ~entered() { d_.inside_.fetch_sub(1); }
+    overlap_detector& d_;
+  };
+  void* do_allocate(std::size_t bytes, std::size_t alignment, stream_view stream) override {
+    entered e{*this};
+    return below_->allocate(bytes, stream, alignment);
+  }
+  void do_deallocate(void* ptr, std::size_t bytes, std::size_t alignment, stream_view stream) override {
+    entered e{*this};
+    below_->deallocate(ptr, bytes, stream, alignment);
+  }
+  std::size_t do_free_bytes_held() const noexcept override {
+    if (inside_.load() != 0) { overlaps.fetch_add(1); }
+    return 12345;
+  }
+  void do_release() override {
+    entered e{*this};
+    releases.fetch_add(1);
+  }
+  std::string do_name() const override { return "overlap_detector"; }
+  memory_resource* do_upstream() const noexcept override { return below_.get(); }
+
+  resource_ptr below_;
+  std::atomic<int> inside_{0};
+};
+
+void hammer(memory_resource& mr, int threads, int ops, std::atomic<bool> const* stop = nullptr) {
+  std::vector<std::thread> pool;
+  for (int t = 0; t < threads; ++t) {
+    pool.emplace_back([&, t] {
+      std::vector<std::pair<void*, std::size_t>> mine;
+      for (int i = 0; i < ops && (stop == nullptr || !stop->load()); ++i) {
+        if (mine.size() < 8 && (i + t) % 3 != 0) {
+          std::size_t const n = 256 + static_cast<std::size_t>((i * 37 + t) % 4096);
+          mine.emplace_back(mr.allocate(n), n);
+        } else if (!mine.empty()) {
+          mr.deallocate(mine.back().first, mine.back().second);
+          mine.pop_back();
+        }
+        if (i % 100 == 0) {
+          (void)mr.free_bytes_held();
+          mr.release();
+        }
+      }
+      for (auto const& [p, n] : mine) { mr.deallocate(p, n); }
+    });
+  }
+  for (auto& th : pool) { th.join(); }
+}
+
+}  // namespace
+
+TEST_CASE("thread_safe: no call into the upstream ever overlaps another") {
+  auto sim = std::make_shared<simulated_memory_resource>();
+  auto detector = std::make_shared<overlap_detector>(sim);
+  thread_safe_resource_adaptor safe{detector};
+  CHECK(safe.name() == "thread_safe");
+  CHECK(safe.upstream() == detector.get());
+  hammer(safe, 8, 5000);
+  CHECK(detector->overlaps.load() == 0);
+  CHECK(detector->releases.load() > 0);  // release() goes through
+  CHECK(safe.free_bytes_held() == 12345);
+  CHECK(sim->allocation_count() == 0);
+  CHECK_THROWS_WITH(thread_safe_resource_adaptor(nullptr), Catch::Contains("upstream"));
+}
+
+TEST_CASE("thread_safe: the detector does see overlaps without the adaptor") {
+  auto sim = std::make_shared<simulated_memory_resource>();
+  overlap_detector detector{sim};
+  auto const deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (detector.overlaps.load() == 0 && std::chrono::steady_clock::now() < deadline) { hammer(detector, 8, 2000); }
+  CHECK(detector.overlaps.load() > 0);
+  CHECK(sim->allocation_count() == 0);
+}
