@@ -65,6 +65,10 @@ bool is_time(std::string_view t) {
 }
 
 bool parse_hex(std::string_view t, std::uint64_t& out) {
+  if (t == "(nil)") {  // how glibc's %p prints a null pointer (the logging adaptor's failure rows)
+    out = 0;
+    return true;
+  }
   if (t.size() >= 2 && t[0] == '0' && (t[1] == 'x' || t[1] == 'X')) { t.remove_prefix(2); }
   if (t.empty() || t.size() > 16) { return false; }
   auto const [end, ec] = std::from_chars(t.data(), t.data() + t.size(), out, 16);

@@ -1,6 +1,13 @@
 // Every resource a stack spec can name: one entry each (name, summary, whether it sits on
 // an upstream, its parameters, how to build it). docs/spec.md lists the same table for
 // people; keep the two together when adding an entry.
+#include <mrstack/adaptor/aligned_resource_adaptor.hpp>
+#include <mrstack/adaptor/failure_callback_resource_adaptor.hpp>
+#include <mrstack/adaptor/limiting_resource_adaptor.hpp>
+#include <mrstack/adaptor/logging_resource_adaptor.hpp>
+#include <mrstack/adaptor/statistics_resource_adaptor.hpp>
+#include <mrstack/adaptor/thread_safe_resource_adaptor.hpp>
+#include <mrstack/adaptor/tracking_resource_adaptor.hpp>
 #include <mrstack/replay/footprint_meter.hpp>
 #include <mrstack/spec_registry.hpp>
 #include <mrstack/suballoc/arena_memory_resource.hpp>
@@ -146,6 +153,58 @@ std::vector<spec_resource> builtin_resources() {
                  o.max_small_size = a.size("max_small_size").value_or(o.max_small_size);
                  o.empty_superblocks_kept = a.count("empty_superblocks_kept").value_or(o.empty_superblocks_kept);
                  return std::make_shared<arena_memory_resource>(std::move(up), *a.size("size"), o);
+               }});
+
+  // ---- adaptors ------------------------------------------------------------------------
+  r.push_back({"logging", "writes every allocate/free as CSV (RMM's format; replayable)", needs_upstream,
+               {text_param("file", optional_param, "the log file (created or truncated)", "$MRSTACK_LOG_FILE"),
+                flag_param("auto_flush", optional_param, "flush after every record", "false"),
+                flag_param("async", optional_param, "format and write on a background thread", "false"),
+                count_param("queue_capacity", optional_param, "records the async ring holds",
+                            std::to_string(logging_resource_adaptor::default_queue_capacity))},
+               [](spec_arguments const& a, resource_ptr up) -> resource_ptr {
+                 return std::make_shared<logging_resource_adaptor>(
+                     std::move(up), a.text("file").value_or(""), a.flag("auto_flush").value_or(false),
+                     a.flag("async").value_or(false),
+                     a.count("queue_capacity").value_or(logging_resource_adaptor::default_queue_capacity));
+               }});
+  r.push_back({"limiting", "refuses allocations past a byte limit", needs_upstream,
+               {size_param("limit", required, "bytes it may hand out at once"),
+                size_param("granularity", optional_param, "each allocation counts rounded up to this", "256B")},
+               [](spec_arguments const& a, resource_ptr up) -> resource_ptr {
+                 return std::make_shared<limiting_resource_adaptor>(std::move(up), *a.size("limit"),
+                                                                    a.size("granularity").value_or(default_alignment));
+               }});
+  r.push_back({"tracking", "remembers every outstanding allocation (optionally its call stack); foreign and double "
+                           "frees become errors",
+               needs_upstream,
+               {flag_param("capture_stacks", optional_param, "record each allocation's call stack", "false"),
+                flag_param("report_leaks", optional_param, "report what is outstanding at destruction (stderr)", "false")},
+               [](spec_arguments const& a, resource_ptr up) -> resource_ptr {
+                 return std::make_shared<tracking_resource_adaptor>(std::move(up), a.flag("capture_stacks").value_or(false),
+                                                                    a.flag("report_leaks").value_or(false));
+               }});
+  r.push_back({"statistics", "counts bytes and allocations: current, peak, total", needs_upstream, {},
+               [](spec_arguments const&, resource_ptr up) -> resource_ptr {
+                 return std::make_shared<statistics_resource_adaptor>(std::move(up));
+               }});
+  r.push_back({"thread_safe", "one mutex around the layer below", needs_upstream, {},
+               [](spec_arguments const&, resource_ptr up) -> resource_ptr {
+                 return std::make_shared<thread_safe_resource_adaptor>(std::move(up));
+               }});
+  r.push_back({"aligned", "hands out memory aligned to more than 256 bytes", needs_upstream,
+               {size_param("alignment", optional_param, "alignment for requests of at least threshold bytes", "256B"),
+                size_param("threshold", optional_param, "requests this big or bigger get the alignment", "0")},
+               [](spec_arguments const& a, resource_ptr up) -> resource_ptr {
+                 return std::make_shared<aligned_resource_adaptor>(std::move(up),
+                                                                   a.size("alignment").value_or(default_alignment),
+                                                                   a.size("threshold").value_or(0));
+               }});
+  r.push_back({"retry", "when the upstream refuses, releases the stack below and tries again", needs_upstream,
+               {count_param("max_retries", optional_param, "retries per refused request", "1")},
+               [](spec_arguments const& a, resource_ptr up) -> resource_ptr {
+                 return std::make_shared<failure_callback_resource_adaptor>(std::move(up),
+                                                                            a.count("max_retries").value_or(1));
                }});
 
   // ---- measuring ----------------------------------------------------------------------

@@ -105,11 +105,14 @@ TEST_CASE("log: header names ignore case, extra columns are ignored, CRLF and bl
       "   \n"
       "7,13,free,a0,256,0,x\r\n"
       "7,0:00:01,free,0x0,0,0\n"     // a free of nullptr: skipped
-      "7,0:00:02,allocate,0,0,0\n";  // an allocation of nothing: skipped
+      "7,0:00:02,allocate,0,0,0\n"   // an allocation of nothing: skipped
+      "7,0:00:03,allocate failure,(nil),4096,0\n";  // glibc's null pointer
   auto const log = parse_allocation_log(text);
   CHECK(log.events.size() == 2);
   CHECK(log.event_lines == std::vector<std::uint32_t>{2, 5});
   CHECK(log.skipped_null_rows == 2);
+  REQUIRE(log.recorded_failures.size() == 1);
+  CHECK(log.recorded_failures[0].bytes == 4096);
   CHECK(log.leaked_allocations.empty());
 }
 

@@ -14,6 +14,11 @@
 #include <mrstack/upstream/system_memory_resource.hpp>
 
 #include <cstdlib>
+#include <filesystem>
+
+#include <unistd.h>
+
+#include <mrstack/log/allocation_log.hpp>
 #include <random>
 
 #include <cuda_runtime_api.h>
@@ -328,7 +333,8 @@ TEST_CASE("spec: the registry refuses duplicates and lists every resource sorted
   REQUIRE(all.size() >= 7);
   for (std::size_t i = 1; i < all.size(); ++i) { CHECK(all[i - 1]->name < all[i]->name); }
   for (char const* name : {"cuda", "cuda_async", "managed", "pinned_host", "system", "simulated", "footprint_meter",
-                           "pool", "fixed_size", "binning", "arena", "vmm", "simulated_vmm"}) {
+                           "pool", "fixed_size", "binning", "arena", "vmm", "simulated_vmm", "logging", "limiting",
+                           "tracking", "statistics", "thread_safe", "aligned", "retry"}) {
     CHECK(find_resource(name) != nullptr);
   }
   CHECK(find_resource("simulated")->capacity_parameter == "capacity");
@@ -387,4 +393,27 @@ TEST_CASE("spec: suballocators take every parameter by name; defaults in spec sy
   grown->deallocate(big, 100u << 20);
   CHECK(find_resource("vmm")->simulation_twin == "simulated_vmm");
   CHECK(find_resource("simulated_vmm")->is_simulation);
+}
+
+TEST_CASE("spec: the adaptors take every parameter by name") {
+  auto const dir = std::filesystem::temp_directory_path() / ("mrstack_spec_test_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  auto const file = (dir / "a, b.csv").string();
+  {
+    auto const top = make_stack("statistics > logging(file=\"" + file + "\", auto_flush=true, async=false, "
+                                "queue_capacity=1024) > limiting(8KiB, granularity=1KiB) > tracking(capture_stacks=false, "
+                                "report_leaks=false) > thread_safe > aligned(alignment=4KiB, threshold=1KiB) > "
+                                "retry(max_retries=2) > simulated");
+    CHECK(describe_stack(*top) ==
+          "statistics > logging > limiting > tracking > thread_safe > aligned > retry > simulated");
+    void* p = top->allocate(1000);
+    CHECK(detail::is_aligned(p, 1u << 10));
+    CHECK_THROWS_AS(top->allocate(8u << 10), out_of_memory);  // the limit counts 1 KiB granules
+    top->deallocate(p, 1000);
+  }
+  auto const log = read_allocation_log(file);  // what logging wrote replays
+  CHECK(log.events.size() == 2);
+  std::filesystem::remove_all(dir);
+  require_spec_error("limiting > simulated", 1, "limiting needs its parameter 'limit'");
+  require_spec_error("aligned(alignment=3KiB) > simulated", 1, "aligned refused its arguments", true);
 }

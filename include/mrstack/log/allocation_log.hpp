@@ -7,7 +7,8 @@
 /// - Thread: any non-empty text (a thread id); each distinct value is one replay thread;
 /// - Time: `H:MM:SS[.ffffff]` (as RMM writes it) or a number of seconds; checked, not used;
 /// - Action: `allocate`, `allocate failure` or `free`;
-/// - Pointer, Stream: hexadecimal, with or without `0x` (a stream may be `0`);
+/// - Pointer, Stream: hexadecimal, with or without `0x` (a stream may be `0`; `(nil)`, as
+///   glibc prints a null pointer, is 0);
 /// - Size: bytes, decimal.
 /// Blank lines are skipped; a file may be gzip-compressed (detected by its content).
 ///
