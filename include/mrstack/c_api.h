@@ -116,7 +116,8 @@ MRSTACK_C_EXPORT const char* mrstack_client_name(int client);
 /* ---- the process-wide per-device stacks ------------------------------------------- */
 /* Sets the spec every device stack is built from. Before any device stack exists; again
  * later only with the same spec (MRSTACK_ERROR_STATE otherwise). NULL goes back to
- * MRSTACK_RESOURCE / MRSTACK_DEFAULT_SPEC. The spec is checked when a stack is built. */
+ * MRSTACK_RESOURCE / MRSTACK_DEFAULT_SPEC. The spec's names, parameters and values are
+ * checked here (MRSTACK_ERROR_SPEC), without building anything or calling CUDA. */
 MRSTACK_C_EXPORT mrstack_status mrstack_configure(const char* spec);
 /* Copies the spec device stacks are (or will be) built from into `buffer` (NUL-terminated,
  * truncated to `capacity`); `*length` (if not NULL) gets its full length. */

@@ -41,10 +41,10 @@ def configure(spec):
     """Sets the spec every device's stack is built from (instead of MRSTACK_RESOURCE).
 
     Call it before the first allocation through mrstack; calling it again later with the
-    same spec is fine, with another one raises `StateError`. A malformed spec raises
-    `SpecError` (with the parser's message and column) here, when the library can check a
-    spec without building it, or else when the stack is first built. ``None`` goes back to
-    MRSTACK_RESOURCE or the default.
+    same spec is fine, with another one raises `StateError`. A malformed spec (unknown
+    names, parameters or values) raises `SpecError` here, with the parser's message and
+    column; nothing is built and CUDA is not touched until the first allocation. ``None``
+    goes back to MRSTACK_RESOURCE or the default.
     """
     lib = _lib.library()
     encoded = None if spec is None else str(spec).encode()

@@ -126,13 +126,12 @@ def test_configuration_is_process_wide_and_one_shot(run_python):
     run_python("""
         import mrstack
         assert mrstack.statistics().stack == ""          # nothing built, nothing touched
-        mrstack.configure("no_such_layer_qq")            # checked when the stack is built
         try:
-            mrstack.device_stack(0)
+            mrstack.configure("pool(initial=12 parsecs) > system")   # checked at once
         except mrstack.SpecError as e:
-            assert "no_such_layer_qq" in str(e)
+            assert "parsecs" in str(e) and e.column > 1, (str(e), e.column)
         else:
-            raise AssertionError("a bad spec built a stack")
+            raise AssertionError("a bad spec was accepted")
         mrstack.configure("system")
         assert mrstack.configured_spec() == "system"
         stack = mrstack.device_stack(0)
@@ -148,6 +147,17 @@ def test_configuration_is_process_wide_and_one_shot(run_python):
         assert mrstack.statistics(0).clients["numba"].live_bytes == 4096
         stack.deallocate(p, 4096, client="numba")
     """)
+
+
+def test_a_bad_spec_in_the_environment_names_the_variable(run_python):
+    done = run_python("""
+        import mrstack
+        try:
+            mrstack.device_stack(0)
+        except mrstack.SpecError as e:
+            print("SPEC ERROR:", e)
+    """, env={"MRSTACK_RESOURCE": "pool > nonsense_layer_zz"})
+    assert "SPEC ERROR: MRSTACK_RESOURCE" in done.stdout and "nonsense_layer_zz" in done.stdout, done.stdout
 
 
 def test_environment_variable_names_the_spec(run_python):

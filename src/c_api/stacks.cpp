@@ -136,9 +136,15 @@ mrstack_stack& device_stack(int device) {
   if (auto* built = slot.load(std::memory_order_acquire)) { return *built; }
   std::string const spec = spec_to_use(config);
   resource_ptr top;
-  {
+  try {
     detail::device_scope on_device{device};  // a pool's first chunk is allocated now
     top = make_stack(expand_spec(spec));
+  } catch (spec_error const& e) {
+    // Say where a spec nobody passed in a call came from.
+    if (!config.configured && std::getenv("MRSTACK_RESOURCE") != nullptr) {
+      throw spec_error(std::string{"MRSTACK_RESOURCE: "} + e.what(), e.column());
+    }
+    throw;
   }
   auto* stack = new mrstack_stack(std::move(top), device, /*process_wide=*/true);
   config.in_use = spec;
@@ -149,6 +155,8 @@ mrstack_stack& device_stack(int device) {
 }  // namespace mrstack::c_api
 
 using mrstack::c_api::invalid;
+using mrstack::check_stack_spec;
+using mrstack::parse_stack_spec;
 
 extern "C" {
 
@@ -171,6 +179,9 @@ mrstack_status mrstack_configure(const char* spec) {
       }
       return;
     }
+    // Check the spec now (names, parameters, values: no CUDA, nothing built), so a bad one
+    // fails here, where the caller can still fix it, rather than at the first allocation.
+    if (wanted) { check_stack_spec(parse_stack_spec(mrstack::c_api::expand_spec(*wanted))); }
     config.configured = std::move(wanted);
   });
   if (status != MRSTACK_SUCCESS) { return status; }
