@@ -38,10 +38,10 @@ def test_bad_spec_raises_spec_error_with_parser_message_and_column(lib):
 
 
 def test_out_of_memory_and_broken_contracts_become_exceptions(lib):
-    with mrstack.Stack("system") as stack:
+    with mrstack.Stack("limiting(limit=1MiB) > system") as stack:
         with pytest.raises(mrstack.OutOfMemoryError) as caught:
-            stack.allocate(1 << 62)
-        assert "system" in str(caught.value)
+            stack.allocate(2 << 20)
+        assert "limiting" in str(caught.value)
         assert isinstance(caught.value, MemoryError)
         assert stack.statistics().live_bytes == 0
     with mrstack.Stack("simulated") as stack:
