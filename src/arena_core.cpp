@@ -1,6 +1,7 @@
 #include <mrstack/detail/arena_core.hpp>
 
 #include <bit>
+#include <unordered_map>
 #include <stdexcept>
 
 #include <mrstack/detail/align.hpp>
@@ -41,6 +42,33 @@ thread_local std::array<cache_entry, 8> arena_cache{};
 thread_local unsigned arena_cache_next = 0;
 std::atomic<std::uint64_t> next_core_id{1};
 
+// Arena cores alive now, so a thread that exits can hand its per-thread arenas' free
+// superblocks back (nobody else will use that arena again). Leaked on purpose: threads
+// may exit after static destruction.
+std::mutex& live_cores_mutex() {
+  static auto* m = new std::mutex;
+  return *m;
+}
+std::unordered_map<std::uint64_t, arena_core*>& live_cores() {
+  static auto* cores = new std::unordered_map<std::uint64_t, arena_core*>;
+  return *cores;
+}
+
+struct thread_exit_hook {
+  thread_exit_hook() = default;
+  thread_exit_hook(thread_exit_hook const&) = delete;
+  thread_exit_hook& operator=(thread_exit_hook const&) = delete;
+  ~thread_exit_hook() {
+    std::lock_guard lock{live_cores_mutex()};
+    for (auto const& e : arena_cache) {
+      if (e.core_id == 0) { continue; }
+      auto const it = live_cores().find(e.core_id);
+      if (it != live_cores().end()) { it->second->thread_exiting(e.arena); }
+    }
+  }
+};
+thread_local thread_exit_hook exit_hook;
+
 }  // namespace
 
 // ---- construction ----------------------------------------------------------------------------------
@@ -72,9 +100,26 @@ arena_core::arena_core(std::uintptr_t base, std::size_t size, options const& opt
   table_ = std::make_unique<std::atomic<superblock*>[]>(slots_);
   for (std::size_t i = 0; i < slots_; ++i) { table_[i].store(nullptr, std::memory_order_relaxed); }
   global_.blocks().add_chunk(base, size, block_pool::synchronized);
+  std::lock_guard lock{live_cores_mutex()};
+  live_cores().emplace(id_, this);
 }
 
-arena_core::~arena_core() = default;
+arena_core::~arena_core() {
+  std::lock_guard lock{live_cores_mutex()};
+  live_cores().erase(id_);
+}
+
+void arena_core::thread_exiting(void* arena) noexcept {
+  auto* a = static_cast<stream_arena*>(arena);
+  // Only the exiting thread's own default-stream arena: no one will allocate from it again.
+  if (!a->stream.thread_bound || a->stream.key != thread_key_()) { return; }
+  try {
+    std::lock_guard lock{a->mutex};
+    reclaim_from(*a);
+  } catch (...) {
+    // Best effort: exhaustion reclaims it later anyway.
+  }
+}
 
 // ---- stream arenas ---------------------------------------------------------------------------------
 
@@ -83,6 +128,7 @@ arena_core::stream_arena* arena_core::arena_for(stream_ref const& s) {
     if (e.core_id == id_ && e.key == s.key) { return static_cast<stream_arena*>(e.arena); }
   }
   stream_arena* a = create_arena(s);
+  (void)&exit_hook;  // constructs this thread's hook (thread_local objects are built on first use)
   arena_cache[arena_cache_next++ % arena_cache.size()] = cache_entry{id_, s.key, a};
   return a;
 }
@@ -141,48 +187,87 @@ void arena_core::push_block(stream_arena& a, superblock& sb, std::uint32_t index
   a.free_bytes += sb.block_size;
   if (!sb.listed) { list_push(a, sb); }
   if (sb.free_count == sb.capacity) {
-    ++a.empty;
-    if (a.empty > opts_.empty_superblocks_kept) { surrender_superblock(a, sb); }
+    bool const alone = a.lists[sb.cls] == &sb && sb.next == nullptr;
+    if (alone && a.empty < opts_.empty_superblocks_kept) {
+      ++a.empty;  // stays ready for its class
+      return;
+    }
+    list_remove(a, sb);
+    if (a.spares.size() < opts_.empty_superblocks_kept) {
+      sb.spare = true;
+      a.spares.push_back(&sb);
+    } else {
+      surrender_superblock(a, sb);
+    }
   }
+}
+
+void arena_core::reclass(stream_arena& a, superblock& sb, unsigned cls) {
+  if (sb.cls == cls && sb.block_size != 0) { return; }  // wholly free already: nothing to reset
+  a.free_bytes -= std::size_t{sb.capacity} * sb.block_size;
+  sb.cls = cls;
+  sb.block_size = arena_size_classes::class_size(cls);
+  sb.capacity = static_cast<std::uint32_t>(opts_.superblock_size / sb.block_size);
+  sb.free_count = sb.capacity;
+  sb.bump = 0;
+  sb.free_stack.clear();
+  sb.free_stack.reserve(sb.capacity);
+  sb.live_bits.resize((sb.capacity + 63) / 64);  // all zero: no block of a free superblock is live
+  a.free_bytes += std::size_t{sb.capacity} * sb.block_size;
 }
 
 arena_core::superblock* arena_core::acquire_superblock(stream_arena& a, unsigned cls) {
-  std::uintptr_t addr = 0;
-  superblock* sb = nullptr;
+  if (!a.spares.empty()) {
+    superblock* sb = a.spares.back();
+    a.spares.pop_back();
+    sb->spare = false;
+    reclass(a, *sb, cls);
+    ++a.empty;
+    list_push(a, *sb);
+    return sb;
+  }
+  // A few at once: one trip to the global lock for this and the next superblocks.
+  std::size_t const want = 1 + (opts_.empty_superblocks_kept > 1 ? opts_.empty_superblocks_kept - 1 : 0);
+  std::array<superblock*, 16> got{};
+  std::size_t n = 0;
   {
     std::lock_guard lock{global_mutex_};
-    addr = global_.allocate(opts_.superblock_size, opts_.superblock_size, a.stream);
-    if (addr == 0) { return nullptr; }
-    auto& d = descriptors_[(addr - base_) >> shift_];
-    if (!d) { d = std::make_unique<superblock>(); }
-    sb = d.get();
+    while (n < want && n < got.size()) {
+      std::uintptr_t const addr = global_.allocate(opts_.superblock_size, opts_.superblock_size, a.stream);
+      if (addr == 0) { break; }
+      auto& d = descriptors_[(addr - base_) >> shift_];
+      if (!d) { d = std::make_unique<superblock>(); }
+      d->base = addr;
+      got[n++] = d.get();
+    }
   }
-  sb->base = addr;
-  sb->arena = &a;
-  sb->cls = cls;
-  sb->block_size = arena_size_classes::class_size(cls);
-  sb->capacity = static_cast<std::uint32_t>(opts_.superblock_size / sb->block_size);
-  sb->free_count = sb->capacity;
-  sb->bump = 0;
-  sb->free_stack.clear();
-  sb->free_stack.reserve(sb->capacity);
-  sb->live_bits.assign((sb->capacity + 63) / 64, 0);
-  sb->listed = false;
-  ++a.superblocks;
+  if (n == 0) { return nullptr; }
+  for (std::size_t i = 0; i < n; ++i) {
+    superblock& sb = *got[i];
+    sb.arena = &a;
+    sb.block_size = 0;  // reclass sets it up
+    sb.capacity = 0;
+    sb.listed = false;
+    sb.spare = false;
+    reclass(a, sb, cls);
+    ++a.superblocks;
+    table_[(sb.base - base_) >> shift_].store(&sb, std::memory_order_release);
+    if (i > 0) {
+      sb.spare = true;
+      a.spares.push_back(&sb);
+    }
+  }
   ++a.empty;
-  a.free_bytes += std::size_t{sb->capacity} * sb->block_size;
-  list_push(a, *sb);
-  table_[(addr - base_) >> shift_].store(sb, std::memory_order_release);
-  return sb;
+  list_push(a, *got[0]);
+  return got[0];
 }
 
 void arena_core::surrender_superblock(stream_arena& a, superblock& sb) {
-  if (sb.listed) { list_remove(a, sb); }
-  --a.empty;
   --a.superblocks;
   a.free_bytes -= std::size_t{sb.capacity} * sb.block_size;
   table_[(sb.base - base_) >> shift_].store(nullptr, std::memory_order_release);
   sb.arena = nullptr;
+  sb.spare = false;
   std::lock_guard lock{global_mutex_};
   global_.deallocate(sb.base, a.stream);
 }
@@ -193,12 +278,19 @@ std::size_t arena_core::reclaim_from(stream_arena& a) {
     for (superblock* sb = head; sb != nullptr;) {
       superblock* const next = sb->next;
       if (sb->free_count == sb->capacity) {
+        list_remove(a, *sb);
+        --a.empty;
         surrender_superblock(a, *sb);
         returned += opts_.superblock_size;
       }
       sb = next;
     }
   }
+  for (superblock* sb : a.spares) {
+    surrender_superblock(a, *sb);
+    returned += opts_.superblock_size;
+  }
+  a.spares.clear();
   return returned;
 }
 
@@ -244,7 +336,9 @@ std::uintptr_t arena_core::allocate_small(std::size_t size, stream_ref const& s)
 std::uintptr_t arena_core::allocate_large(std::size_t size, std::size_t alignment, stream_ref const& s) {
   for (int attempt = 0; attempt < 3; ++attempt) {
     if (attempt == 1 && reclaim() == 0) { continue; }
-    if (attempt == 2 && !synchronize_everything()) { break; }
+    // Retried even when this call found nothing to synchronize: another thread may have
+    // just done it (between our attempts), which is as good.
+    if (attempt == 2) { synchronize_everything(); }
     std::lock_guard lock{global_mutex_};
     if (std::uintptr_t const p = global_.allocate(size, alignment, s)) { return p; }
   }
@@ -261,7 +355,7 @@ bool arena_core::deallocate(std::uintptr_t p, std::size_t size, std::size_t alig
   superblock* const sb = table_[(p - base_) >> shift_].load(std::memory_order_acquire);
   if (sb == nullptr) { return false; }
   std::size_t const offset = p - sb->base;
-  if (offset % sb->block_size != 0 || sb->block_size != arena_size_classes::class_size(arena_size_classes::class_of(size))) {
+  if (sb->block_size == 0 || offset % sb->block_size != 0 || sb->block_size != arena_size_classes::class_size(arena_size_classes::class_of(size))) {
     return false;
   }
   auto const index = static_cast<std::uint32_t>(offset / sb->block_size);
@@ -338,7 +432,8 @@ std::string arena_core::check_invariants() const {
     for (auto w : sb->live_bits) { live += static_cast<std::size_t>(std::popcount(w)); }
     if (live + sb->free_count != sb->capacity) { return where + ": live bits and free count disagree"; }
     if (sb->free_stack.size() + (sb->capacity - sb->bump) != sb->free_count) { return where + ": free stack wrong"; }
-    if (sb->listed != (sb->free_count > 0)) { return where + ": listed iff it has free blocks"; }
+    if (sb->listed != (sb->free_count > 0 && !sb->spare)) { return where + ": listed iff it has free blocks and is no spare"; }
+    if (sb->spare && sb->free_count != sb->capacity) { return where + ": a spare with live blocks"; }
   }
   std::size_t owned = 0;
   for (auto const& a : arenas_) {
@@ -354,10 +449,16 @@ std::string arena_core::check_invariants() const {
         ++listed;
       }
     }
+    for (superblock const* sb : a->spares) {
+      if (sb->arena != a.get() || !sb->spare || sb->listed) { return "arena spare corrupt"; }
+      free_bytes += std::size_t{sb->free_count} * sb->block_size;
+    }
     if (free_bytes != a->free_bytes) { return "arena free bytes wrong"; }
     if (empty != a->empty) { return "arena empty count wrong"; }
-    if (empty > opts_.empty_superblocks_kept) { return "arena keeps too many empty superblocks"; }
-    if (listed > a->superblocks) { return "arena lists more superblocks than it owns"; }
+    if (empty > opts_.empty_superblocks_kept || a->spares.size() > opts_.empty_superblocks_kept) {
+      return "arena keeps too many empty superblocks";
+    }
+    if (listed + a->spares.size() > a->superblocks) { return "arena lists more superblocks than it owns"; }
     owned += a->superblocks;
   }
   if (owned != carved) { return "superblocks owned by arenas and carved in the table disagree"; }

@@ -1,5 +1,6 @@
 #include <mrstack/detail/block_pool.hpp>
 
+#include <algorithm>
 #include <bit>
 #include <cassert>
 #include <stdexcept>
@@ -14,23 +15,30 @@ block_pool::~block_pool() = default;
 // ---- node slab ---------------------------------------------------------------------------
 
 std::uint32_t block_pool::new_node() {
-  if (free_nodes_ != npos) {
-    std::uint32_t const i = free_nodes_;
-    free_nodes_ = at(i).next;
+  // Free node indices wait on a stack of their own: popping one reads hot memory, not
+  // the (cold) node it names.
+  if (!free_nodes_.empty()) {
+    std::uint32_t const i = free_nodes_.back();
+    free_nodes_.pop_back();
     return i;
   }
   if (node_count_ == npos - 1) { throw std::length_error("block_pool: more than 4 billion blocks"); }
   if ((node_count_ & ((1U << page_bits) - 1)) == 0) {
     pages_.push_back(std::make_unique<block[]>(std::size_t{1} << page_bits));
+    std::size_t const nodes = std::size_t{node_count_} + (1U << page_bits);
+    if (free_nodes_.capacity() < nodes) { free_nodes_.reserve(std::max(nodes, 2 * free_nodes_.capacity())); }
   }
   return node_count_++;
 }
 
 void block_pool::delete_node(std::uint32_t i) noexcept {
-  block& n = at(i);
-  n.state = state_unused;
-  n.next = free_nodes_;
-  free_nodes_ = i;
+  at(i).state = state_unused;
+  free_nodes_.push_back(i);  // never reallocates: reserved for every node that exists
+}
+
+void block_pool::set_exclusive(owner_id owner, bool exclusive) {
+  if (owner >= exclusive_.size()) { exclusive_.resize(std::size_t{owner} + 1, 0); }
+  exclusive_[owner] = exclusive ? 1 : 0;
 }
 
 block_pool::class_index& block_pool::index_of(owner_id owner) {
@@ -62,7 +70,7 @@ void block_pool::insert_free(std::uint32_t b, owner_id owner) {
   block& n = at(b);
   n.owner = owner;
   n.state = state_free;
-  unsigned const cls = class_of(n.size / granularity);
+  unsigned const cls = class_of(n.units);
   std::uint32_t const head = idx.heads[cls];
   n.free_prev = npos;
   n.free_next = head;
@@ -70,15 +78,15 @@ void block_pool::insert_free(std::uint32_t b, owner_id owner) {
   idx.heads[cls] = b;
   idx.sl_bitmap[cls / sl_count] |= 1U << (cls % sl_count);
   idx.fl_bitmap |= std::uint64_t{1} << (cls / sl_count);
-  idx.bytes += n.size;
+  idx.bytes += size_of(n);
   ++idx.count;
-  free_bytes_total_ += n.size;
+  free_bytes_total_ += size_of(n);
 }
 
 void block_pool::remove_free(std::uint32_t b) noexcept {
   block& n = at(b);
   class_index& idx = *indexes_[n.owner];
-  unsigned const cls = class_of(n.size / granularity);
+  unsigned const cls = class_of(n.units);
   if (n.free_prev != npos) {
     at(n.free_prev).free_next = n.free_next;
   } else {
@@ -90,9 +98,9 @@ void block_pool::remove_free(std::uint32_t b) noexcept {
     }
   }
   if (n.free_next != npos) { at(n.free_next).free_prev = n.free_prev; }
-  idx.bytes -= n.size;
+  idx.bytes -= size_of(n);
   --idx.count;
-  free_bytes_total_ -= n.size;
+  free_bytes_total_ -= size_of(n);
 }
 
 std::uint32_t block_pool::first_in_larger_class(class_index const& idx, unsigned cls) const noexcept {
@@ -114,8 +122,8 @@ std::uint32_t block_pool::split(std::uint32_t b, std::size_t offset) {
   std::uint32_t const u = new_node();
   block& lower = at(b);
   block& upper = at(u);
-  upper.addr = lower.addr + offset;
-  upper.size = lower.size - offset;
+  upper.offset = lower.offset + static_cast<std::uint32_t>(offset / granularity);
+  upper.units = lower.units - static_cast<std::uint32_t>(offset / granularity);
   upper.prev = b;
   upper.next = lower.next;
   upper.free_prev = npos;
@@ -129,7 +137,7 @@ std::uint32_t block_pool::split(std::uint32_t b, std::size_t offset) {
     chunks_[lower.chunk].last = u;
   }
   lower.next = u;
-  lower.size = offset;
+  lower.units = static_cast<std::uint32_t>(offset / granularity);
   return u;
 }
 
@@ -139,12 +147,15 @@ std::uint32_t block_pool::coalesce(std::uint32_t b, owner_id owner, owner_id als
     if (n == npos) { return false; }
     block const& nb = at(n);
     return nb.state == state_free &&
-           (merge_any || nb.owner == result || nb.owner == also_mergeable || nb.owner == synchronized || result == synchronized);
+           (merge_any || nb.owner == result || nb.owner == also_mergeable || sync_mergeable(result, nb.owner));
   };
   auto adopt = [&](owner_id neighbour_owner) {
     // A synchronized result takes on the pending work of a stream-owned neighbour.
     if (!merge_any && result == synchronized && neighbour_owner != also_mergeable) { result = neighbour_owner; }
   };
+  // Both neighbours are looked at: start both loads now so their cache misses overlap.
+  __builtin_prefetch(&at(at(b).prev == npos ? b : at(b).prev));
+  __builtin_prefetch(&at(at(b).next == npos ? b : at(b).next));
   // Loops, not single steps: when ownership changes (transfer, a full synchronization)
   // a whole run of formerly separate free blocks may become mergeable.
   for (std::uint32_t prev = at(b).prev; mergeable(prev); prev = at(b).prev) {
@@ -152,7 +163,7 @@ std::uint32_t block_pool::coalesce(std::uint32_t b, owner_id owner, owner_id als
     remove_free(prev);
     block& p = at(prev);
     block const& cur = at(b);
-    p.size += cur.size;
+    p.units += cur.units;
     p.next = cur.next;
     if (cur.next != npos) {
       at(cur.next).prev = prev;
@@ -167,7 +178,7 @@ std::uint32_t block_pool::coalesce(std::uint32_t b, owner_id owner, owner_id als
     remove_free(next);
     block& cur = at(b);
     block const& nx = at(next);
-    cur.size += nx.size;
+    cur.units += nx.units;
     cur.next = nx.next;
     if (nx.next != npos) {
       at(nx.next).prev = b;
@@ -186,6 +197,7 @@ chunk_id block_pool::add_chunk(std::uintptr_t base, std::size_t size, owner_id o
   if (size == 0 || size % granularity != 0 || base % granularity != 0) {
     throw std::invalid_argument("block_pool::add_chunk: base and size must be non-zero multiples of 256");
   }
+  if (size > max_chunk_size) { throw std::invalid_argument("block_pool::add_chunk: a chunk holds at most 1 TiB"); }
   chunk_id c = 0;
   if (!free_chunk_slots_.empty()) {
     c = free_chunk_slots_.back();
@@ -196,8 +208,8 @@ chunk_id block_pool::add_chunk(std::uintptr_t base, std::size_t size, owner_id o
   }
   std::uint32_t const b = new_node();
   block& n = at(b);
-  n.addr = base;
-  n.size = size;
+  n.offset = 0;
+  n.units = static_cast<std::uint32_t>(size / granularity);
   n.prev = npos;
   n.next = npos;
   n.chunk = c;
@@ -214,19 +226,20 @@ void block_pool::extend_chunk(chunk_id c, std::size_t bytes, owner_id owner) {
     throw std::invalid_argument("block_pool::extend_chunk: bytes must be a non-zero multiple of 256");
   }
   chunk_record& rec = chunks_[c];
+  if (bytes > max_chunk_size - rec.size) { throw std::invalid_argument("block_pool::extend_chunk: a chunk holds at most 1 TiB"); }
   std::uint32_t const last = rec.last;
   block& tail = at(last);
   if (tail.state == state_free &&
-      (tail.owner == owner || tail.owner == synchronized || owner == synchronized)) {
+      (tail.owner == owner || sync_mergeable(tail.owner, owner))) {
     owner_id const merged = owner != synchronized ? owner : tail.owner;
     remove_free(last);
-    at(last).size += bytes;
+    at(last).units += static_cast<std::uint32_t>(bytes / granularity);
     insert_free(last, merged);
   } else {
     std::uint32_t const b = new_node();
     block& n = at(b);
-    n.addr = rec.base + rec.size;
-    n.size = bytes;
+    n.offset = static_cast<std::uint32_t>(rec.size / granularity);
+    n.units = static_cast<std::uint32_t>(bytes / granularity);
     n.prev = last;
     n.next = npos;
     n.chunk = c;
@@ -248,8 +261,8 @@ bool block_pool::remove_chunk(chunk_id c) {
     if (n.state == state_free) {
       remove_free(b);
     } else {  // withdrawn
-      live_.erase(n.addr);
-      withdrawn_bytes_ -= n.size;
+      live_.erase(addr_of(n));
+      withdrawn_bytes_ -= size_of(n);
     }
     delete_node(b);
     b = next;
@@ -291,7 +304,7 @@ bool block_pool::can_allocate(std::size_t size, std::size_t alignment, owner_id 
   std::uint32_t b = idx.heads[class_of(size / granularity)];
   for (int k = 0; b != npos && k < exact_class_scan; ++k, b = at(b).free_next) {
     block const& n = at(b);
-    if (align_up(n.addr, alignment) - n.addr + size <= n.size) { return true; }
+    if (align_up(addr_of(n), alignment) - addr_of(n) + size <= size_of(n)) { return true; }
   }
   return false;
 }
@@ -307,11 +320,11 @@ std::uintptr_t block_pool::allocate(std::size_t size, std::size_t alignment, own
   std::uint32_t b = idx.heads[class_of(size / granularity)];
   for (int k = 0; b != npos && k < exact_class_scan; ++k, b = at(b).free_next) {
     block const& n = at(b);
-    if (align_up(n.addr, alignment) - n.addr + size > n.size) { continue; }
-    if (best == npos || n.size < best_size) {
+    if (align_up(addr_of(n), alignment) - addr_of(n) + size > size_of(n)) { continue; }
+    if (best == npos || size_of(n) < best_size) {
       best = b;
-      best_size = n.size;
-      if (n.size == size) { break; }
+      best_size = size_of(n);
+      if (size_of(n) == size) { break; }
     }
   }
   if (best == npos) {
@@ -326,23 +339,23 @@ std::uintptr_t block_pool::allocate(std::size_t size, std::size_t alignment, own
 
 std::uintptr_t block_pool::take(std::uint32_t b, std::size_t size, std::size_t alignment, owner_id owner) {
   remove_free(b);
-  std::uintptr_t const addr = at(b).addr;
+  std::uintptr_t const addr = addr_of(at(b));
   std::size_t const lead = align_up(addr, alignment) - addr;
   if (lead != 0) {
     std::uint32_t const upper = split(b, lead);
     insert_free(b, owner);
     b = upper;
   }
-  if (at(b).size > size) {
+  if (size_of(at(b)) > size) {
     std::uint32_t const tail = split(b, size);
     insert_free(tail, owner);
   }
   block& n = at(b);
   n.state = state_live;
-  live_.insert(n.addr, b);
+  live_.insert(addr_of(n), b);
   ++chunks_[n.chunk].live_blocks;
   live_bytes_ += size;
-  return n.addr;
+  return addr_of(n);
 }
 
 std::size_t block_pool::deallocate(std::uintptr_t address, owner_id owner) {
@@ -353,7 +366,7 @@ std::size_t block_pool::deallocate(std::uintptr_t address, owner_id owner) {
     live_.insert(address, b);
     return 0;
   }
-  std::size_t const size = n.size;
+  std::size_t const size = size_of(n);
   live_bytes_ -= size;
   --chunks_[n.chunk].live_blocks;
   n.state = state_free;
@@ -365,7 +378,7 @@ std::size_t block_pool::deallocate(std::uintptr_t address, owner_id owner) {
 std::size_t block_pool::live_size(std::uintptr_t address) const {
   std::uint32_t const b = live_.find(address);
   if (b == npos || at(b).state != state_live) { return 0; }
-  return at(b).size;
+  return size_of(at(b));
 }
 
 // ---- owners ---------------------------------------------------------------------------------------
@@ -412,7 +425,7 @@ std::size_t block_pool::free_blocks(owner_id owner) const noexcept {
 
 std::uint32_t block_pool::withdraw(std::uint32_t b, std::size_t offset, std::size_t length) {
   block const& n = at(b);
-  if (offset % granularity != 0 || length % granularity != 0 || offset + length > n.size || offset + length < offset) {
+  if (offset % granularity != 0 || length % granularity != 0 || offset + length > size_of(n) || offset + length < offset) {
     throw std::invalid_argument("block_pool::withdraw_free_ranges: range must be granular and inside the free block");
   }
   owner_id const owner = n.owner;
@@ -422,13 +435,13 @@ std::uint32_t block_pool::withdraw(std::uint32_t b, std::size_t offset, std::siz
     hole = split(b, offset);
     insert_free(b, owner);
   }
-  if (at(hole).size > length) {
+  if (size_of(at(hole)) > length) {
     std::uint32_t const tail = split(hole, length);
     insert_free(tail, owner);
   }
   block& h = at(hole);
   h.state = state_withdrawn;
-  live_.insert(h.addr, hole);
+  live_.insert(addr_of(h), hole);
   ++chunks_[h.chunk].withdrawn_blocks;
   withdrawn_bytes_ += length;
   return hole;
@@ -439,7 +452,7 @@ std::size_t block_pool::restore(std::uintptr_t address, owner_id owner) {
   if (b == npos || at(b).state != state_withdrawn) { return 0; }
   live_.erase(address);
   block& n = at(b);
-  std::size_t const size = n.size;
+  std::size_t const size = size_of(n);
   withdrawn_bytes_ -= size;
   --chunks_[n.chunk].withdrawn_blocks;
   n.state = state_free;
@@ -457,7 +470,7 @@ std::size_t block_pool::largest_free_block(owner_id owner) const noexcept {
   auto const sl = static_cast<unsigned>(31 - std::countl_zero(idx.sl_bitmap[fl]));
   std::size_t largest = 0;
   for (std::uint32_t b = idx.heads[fl * sl_count + sl]; b != npos; b = at(b).free_next) {
-    largest = std::max(largest, at(b).size);
+    largest = std::max(largest, size_of(at(b)));
   }
   return largest;
 }
@@ -491,30 +504,30 @@ std::string block_pool::check_invariants() const {
     std::uint32_t b = rec.first;
     for (; b != npos; prev = b, b = at(b).next) {
       block const& n = at(b);
-      std::string const where = "chunk " + std::to_string(c) + " block at offset " + std::to_string(n.addr - rec.base);
-      if (n.addr != expect) { return fail(where + ": does not start where the previous block ends"); }
-      if (n.size == 0 || n.size % granularity != 0) { return fail(where + ": bad size " + std::to_string(n.size)); }
+      std::string const where = "chunk " + std::to_string(c) + " block at offset " + std::to_string(addr_of(n) - rec.base);
+      if (addr_of(n) != expect) { return fail(where + ": does not start where the previous block ends"); }
+      if (size_of(n) == 0 || size_of(n) % granularity != 0) { return fail(where + ": bad size " + std::to_string(size_of(n))); }
       if (n.prev != prev) { return fail(where + ": broken prev link"); }
       if (n.chunk != c) { return fail(where + ": wrong chunk"); }
-      expect += n.size;
+      expect += size_of(n);
       if (n.state == state_free) {
-        free_total += n.size;
+        free_total += size_of(n);
         ++free_count;
         if (prev != npos) {
           block const& p = at(prev);
           if (p.state == state_free &&
-              (p.owner == n.owner || p.owner == synchronized || n.owner == synchronized)) {
+              (p.owner == n.owner || sync_mergeable(p.owner, n.owner))) {
             return fail(where + ": mergeable free neighbours left unmerged");
           }
         }
       } else if (n.state == state_live) {
-        live_total += n.size;
+        live_total += size_of(n);
         ++live;
-        if (live_.find(n.addr) != b) { return fail(where + ": live block missing from the address map"); }
+        if (live_.find(addr_of(n)) != b) { return fail(where + ": live block missing from the address map"); }
       } else if (n.state == state_withdrawn) {
-        withdrawn_total += n.size;
+        withdrawn_total += size_of(n);
         ++withdrawn;
-        if (live_.find(n.addr) != b) { return fail(where + ": hole missing from the address map"); }
+        if (live_.find(addr_of(n)) != b) { return fail(where + ": hole missing from the address map"); }
       } else {
         return fail(where + ": unused node linked into a chunk");
       }
@@ -548,9 +561,9 @@ std::string block_pool::check_invariants() const {
       for (std::uint32_t b = idx.heads[cls]; b != npos; prev = b, b = at(b).free_next) {
         block const& n = at(b);
         if (n.state != state_free || n.owner != o) { return fail("owner " + std::to_string(o) + ": foreign node in list"); }
-        if (class_of(n.size / granularity) != cls) { return fail("owner " + std::to_string(o) + ": block in wrong class"); }
+        if (class_of(n.units) != cls) { return fail("owner " + std::to_string(o) + ": block in wrong class"); }
         if (n.free_prev != prev) { return fail("owner " + std::to_string(o) + ": broken free_prev link"); }
-        bytes += n.size;
+        bytes += size_of(n);
         ++count;
         if (count > free_count) { return fail("owner " + std::to_string(o) + ": cycle in a free list"); }
       }

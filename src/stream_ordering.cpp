@@ -24,6 +24,7 @@ stream_owners::~stream_owners() {
   for (auto const& sl : slots_) {
     if (sl.event != 0) { sync_->destroy_event(sl.event); }
   }
+  if (barrier_event_ != 0) { sync_->destroy_event(barrier_event_); }
 }
 
 owner_id stream_owners::install(stream_ref const& s, owner_id reuse) {
@@ -73,8 +74,19 @@ stream_owners::handover stream_owners::hand_over(owner_id from, stream_ref const
     return handover::ready;
   }
   if (f.ref.thread_bound && f.ref.key != thread_key_()) {
-    f.wanted = true;  // its thread records on its next call; until then look elsewhere
-    return handover::later;
+    // Another thread's default stream: ask its thread to record from now on (precise
+    // events next time), and order `to` after it now through the legacy default stream,
+    // which waits for every blocking stream — per-thread default streams are blocking.
+    f.wanted = true;
+    if (barrier_event_ == 0) { barrier_event_ = sync_->create_event(); }
+    if (!sync_->record(barrier_event_, legacy_stream)) {
+      synchronize_all();
+      return handover::everything_synchronized;
+    }
+    ++records_;
+    sync_->wait(to.handle, barrier_event_);
+    ++waits_;
+    return handover::ready;
   }
   if (f.event == 0) { f.event = sync_->create_event(); }
   if (!sync_->record(f.event, f.ref.handle)) {
@@ -129,8 +141,6 @@ std::uintptr_t stream_ordered_pool::allocate_from_other_streams(std::size_t size
         owners_.note_acquired(o);
         if (std::uintptr_t const a = blocks_.allocate(size, alignment, o)) { return a; }
         break;
-      case stream_owners::handover::later:
-        break;
       case stream_owners::handover::everything_synchronized:
         return after_full_sync();
     }
@@ -145,8 +155,6 @@ std::uintptr_t stream_ordered_pool::allocate_from_other_streams(std::size_t size
         blocks_.transfer(t, o);
         owners_.note_acquired(o);
         moved = true;
-        break;
-      case stream_owners::handover::later:
         break;
       case stream_owners::handover::everything_synchronized:
         return after_full_sync();

@@ -14,6 +14,7 @@
 #include <cstring>
 #include <map>
 #include <random>
+#include <thread>
 
 using namespace mrstack;
 using detail::arena_size_classes;
@@ -178,4 +179,21 @@ TEST_CASE("arena: bad frees are logic_errors; destruction returns the region") {
   arena_options bad;
   bad.superblock_size = 3 * MiB;
   CHECK_THROWS_AS(arena_memory_resource(sim, 64 * MiB, bad), logic_error);
+}
+
+TEST_CASE("arena: a thread that exits hands its arena's free superblocks back") {
+  auto sim = std::make_shared<simulated_memory_resource>();
+  arena_options options;
+  options.superblock_size = 1 * MiB;
+  options.max_small_size = 64 * KiB;
+  arena_memory_resource mr{sim, 64 * MiB, options};
+  std::thread worker{[&] {
+    std::vector<void*> blocks;
+    for (int i = 0; i < 200; ++i) { blocks.push_back(mr.allocate(16 * KiB, stream_view::per_thread())); }
+    for (void* p : blocks) { mr.deallocate(p, 16 * KiB, stream_view::per_thread()); }
+  }};
+  worker.join();
+  CHECK(mr.stats().superblocks_in_arenas == 0);
+  CHECK(mr.stats().global_free_bytes == mr.arena_size());
+  CHECK(mr.check_invariants() == "");
 }

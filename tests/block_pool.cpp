@@ -188,6 +188,20 @@ TEST_CASE("block_pool: blocks of different owners never merge; synchronized bloc
   CHECK(pool.free_bytes(1) == 64 * KiB);
   CHECK(pool.check_invariants() == "");
   check_fully_coalesced(pool);
+
+  // An exclusive owner (another thread's default stream) never absorbs synchronized memory.
+  pool.transfer(1, block_pool::synchronized);
+  pool.set_exclusive(5, true);
+  std::uintptr_t const x = pool.allocate(16 * KiB, 256, block_pool::synchronized);
+  pool.deallocate(x, 5);
+  CHECK(pool.free_blocks(5) == 1);
+  CHECK(pool.free_bytes(block_pool::synchronized) == 48 * KiB);
+  CHECK(pool.check_invariants() == "");
+  std::uintptr_t const y = pool.allocate(48 * KiB, 256, block_pool::synchronized);
+  pool.deallocate(y, 5);  // both neighbours are its own: merges with them
+  CHECK(pool.free_blocks(5) == 1);
+  CHECK(pool.free_bytes(5) == 64 * KiB);
+  CHECK(pool.check_invariants() == "");
 }
 
 TEST_CASE("block_pool: random allocate/free over several chunks matches the model") {

@@ -83,6 +83,7 @@ TEST_CASE("pool streams: random work on shared and per-thread streams never reus
     CAPTURE(seed);
     std::mt19937_64 rng{static_cast<std::uint64_t>(seed)};
     auto fake = std::make_shared<fake_stream_sync>();
+    for (std::uintptr_t t : threads) { fake->set_blocking(ptds_of(t).handle); }
     fake->on_record = [&](std::uintptr_t stream) {
       if (stream >= ptds_handle_base) {
         INFO("recorded on the per-thread stream of thread " << stream - ptds_handle_base << " from thread "
@@ -216,7 +217,7 @@ TEST_CASE("pool streams: one stream makes no CUDA calls; a second records lazily
   CHECK(pool.pool_size() == 64 * MiB);  // no growth: the memory moved between streams
 }
 
-TEST_CASE("pool streams: another thread's default stream is asked to record, never recorded on by others") {
+TEST_CASE("pool streams: another thread's default stream is waited for through the legacy stream, then precisely") {
   auto fake = std::make_shared<fake_stream_sync>();
   fake->on_record = [](std::uintptr_t stream) {
     if (stream >= ptds_handle_base) { REQUIRE(stream - ptds_handle_base == current_thread); }
@@ -224,28 +225,31 @@ TEST_CASE("pool streams: another thread's default stream is asked to record, nev
   detail::stream_ordered_pool core{fake, &simulated_thread_key};
   stream_ref const t1 = ptds_of(3);
   stream_ref const t2 = ptds_of(5);
+  fake->set_blocking(t1.handle);
+  fake->set_blocking(t2.handle);
   current_thread = 3;
   core.add_chunk(0x700000000000, 16 * MiB, t1);
   std::uintptr_t const a = core.allocate(8 * MiB, 256, t1);
   std::uintptr_t const c = core.allocate(8 * MiB, 256, t1);
-  fake->enqueue(t1.handle);
+  std::uint64_t const clock_a = fake->enqueue(t1.handle);
   core.deallocate(a, t1);
 
-  current_thread = 5;  // thread 2 wants it: thread 1's stream cannot be recorded on from here
-  CHECK(core.allocate(8 * MiB, 256, t2) == 0);
-  CHECK(fake->records == 0);
-
-  current_thread = 3;  // thread 1's next call (a free) records for it, after the free
-  std::uint64_t const clock = fake->enqueue(t1.handle);
-  core.deallocate(c, t1);
-  CHECK(fake->records == 1);
-
-  current_thread = 5;  // now thread 2 takes it over with a wait only
-  std::uintptr_t const b = core.allocate(8 * MiB, 256, t2);
-  CHECK(b == a);
-  CHECK(fake->records == 1);
+  current_thread = 5;  // thread 2 wants it: thread 1's stream cannot be named from here
+  CHECK(core.allocate(8 * MiB, 256, t2) == a);
+  CHECK(fake->records == 1);  // on the legacy stream: it waits for every blocking stream
   CHECK(fake->waits == 1);
-  CHECK(fake->ordered_after(t2.handle, t1.handle, clock));
+  CHECK(fake->ordered_after(t2.handle, t1.handle, clock_a));
+
+  current_thread = 3;  // thread 1 was asked to record: its next free does, on its own stream
+  std::uint64_t const clock_c = fake->enqueue(t1.handle);
+  core.deallocate(c, t1);
+  CHECK(fake->records == 2);
+
+  current_thread = 5;  // now a precise wait on thread 1's event is enough
+  CHECK(core.allocate(8 * MiB, 256, t2) == c);
+  CHECK(fake->records == 2);
+  CHECK(fake->waits == 2);
+  CHECK(fake->ordered_after(t2.handle, t1.handle, clock_c));
   current_thread = 3;
 }
 

@@ -51,6 +51,7 @@ int hammer(memory_resource& mr, int threads, int steps, std::size_t max_bytes) {
   std::atomic<int> failures{0};
   std::mutex exchange_mutex;
   std::vector<stamped> exchange;  // blocks handed from one thread to another
+  std::string first_refusal;
   std::vector<std::thread> pool;
   for (int t = 0; t < threads; ++t) {
     pool.emplace_back([&, t] {
@@ -65,8 +66,11 @@ int hammer(memory_resource& mr, int threads, int steps, std::size_t max_bytes) {
             stamped b{mr.allocate(bytes, stream), bytes, (std::uint64_t(t) << 48) | std::uint64_t(step)};
             stamp(b);
             mine.push_back(b);
-          } catch (out_of_memory const&) {
-            failures.fetch_add(1);
+          } catch (out_of_memory const& e) {
+            if (failures.fetch_add(1) == 0) {
+              std::lock_guard lock{exchange_mutex};
+              first_refusal = e.what();
+            }
           }
         } else if (r < 52) {
           std::lock_guard lock{exchange_mutex};
@@ -96,6 +100,7 @@ int hammer(memory_resource& mr, int threads, int steps, std::size_t max_bytes) {
     if (!intact(b)) { corrupted.fetch_add(1); }
     mr.deallocate(b.p, b.bytes, stream_view::per_thread());
   }
+  INFO("first refusal: " << first_refusal);
   CHECK(failures.load() == 0);
   return corrupted.load();
 }

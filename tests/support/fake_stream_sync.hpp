@@ -34,6 +34,9 @@ class fake_stream_sync final : public detail::stream_sync {
   }
   /// Records on this stream fail from now on (a destroyed stream).
   void kill(handle stream) { dead_.insert(stream); }
+  /// A blocking stream (as per-thread default streams are): it orders with the legacy
+  /// default stream (handle 0) both ways, as CUDA specifies.
+  void set_blocking(handle stream) { blocking_.insert(stream); }
   /// Called on every record with the stream handle (tests check who may record where).
   std::function<void(handle)> on_record;
 
@@ -56,6 +59,7 @@ class fake_stream_sync final : public detail::stream_sync {
     ++records;
     if (on_record) { on_record(stream); }
     if (dead_.count(stream) != 0) { return false; }
+    if (stream == legacy) { legacy_barrier(); }
     vclock c = known_[stream];
     c[stream] = now_[stream];
     events_.at(event) = c;
@@ -63,6 +67,7 @@ class fake_stream_sync final : public detail::stream_sync {
   }
   void wait(handle stream, handle event) override {
     ++waits;
+    if (stream == legacy) { legacy_barrier(); }
     for (auto const& [s, t] : events_.at(event)) {
       auto& mine = known_[stream][s];
       mine = std::max(mine, t);
@@ -78,6 +83,24 @@ class fake_stream_sync final : public detail::stream_sync {
   }
 
  private:
+  static constexpr handle legacy = 0;
+  static void merge(vclock& into, vclock const& from) {
+    for (auto const& [s, t] : from) { into[s] = std::max(into[s], t); }
+  }
+  /// Work on the legacy stream waits for all earlier work of every blocking stream, and
+  /// every blocking stream's later work waits for it.
+  void legacy_barrier() {
+    vclock& mine = known_[legacy];
+    for (handle b : blocking_) {
+      mine[b] = std::max(mine[b], now_[b]);
+      merge(mine, known_[b]);
+    }
+    vclock after = mine;
+    after[legacy] = now_[legacy];
+    for (handle b : blocking_) { merge(known_[b], after); }
+  }
+
+  std::set<handle> blocking_;
   std::map<handle, std::uint64_t> now_;
   std::map<handle, vclock> known_;
   std::map<handle, std::uint64_t> done_;

@@ -20,9 +20,13 @@
 /// the block at once — as RMM's arena does. A bitmap per superblock catches double and
 /// foreign frees.
 ///
-/// Superblocks that become wholly free return to the global arena (beyond a few kept per
-/// arena), owned by the arena's stream: the global arena's stream ordering then decides
-/// when another stream may take them (event wait). When the global arena cannot serve a
+/// A superblock that becomes wholly free stays in its class list when it is the only one
+/// there (a class that churns one block does not pay for re-setting it), else it becomes a
+/// *spare* of its arena, ready for any class; beyond a few spares (and a few listed empty
+/// ones) it returns to the global arena, owned by the arena's stream: the global arena's
+/// stream ordering then decides when another stream may take it (event wait). Superblocks
+/// come from the global arena a few at a time (one lock for up to `empty_superblocks_kept`),
+/// the extras kept as spares, so threads seldom meet at the global lock. When the global arena cannot serve a
 /// request, every arena's empty superblocks are reclaimed and the request retried; then
 /// the device is synchronized (free memory of other threads' streams becomes usable);
 /// only then does it fail.
@@ -52,7 +56,7 @@ class arena_core {
   struct options {
     std::size_t superblock_size = std::size_t{4} << 20;
     std::size_t max_small_size = std::size_t{1} << 20;
-    std::size_t empty_superblocks_kept = 2;  ///< per stream arena, before they go back to the global arena
+    std::size_t empty_superblocks_kept = 4;  ///< per stream arena, before they go back to the global arena
   };
 
   /// Manages [base, base + size); `base` must be aligned to the superblock size.
@@ -72,6 +76,9 @@ class arena_core {
   }
   /// Returns every stream arena's wholly free superblocks to the global arena; the bytes returned.
   std::size_t reclaim();
+  /// Called on a thread that exits, for each arena it used last: its own per-thread
+  /// stream's arena returns its free superblocks (nobody allocates from it again).
+  void thread_exiting(void* arena) noexcept;
   /// Makes all free memory usable by any stream (synchronizing the device if needed).
   bool synchronize_everything();
   /// The stream to give the region back on (synchronizing when several streams used it).
@@ -101,16 +108,18 @@ class arena_core {
     std::uint32_t bump = 0;           // blocks [bump, capacity) were never handed out
     unsigned cls = 0;
     bool listed = false;              // in its arena's list for its class
+    bool spare = false;               // wholly free, held by its arena for any class
     superblock* prev = nullptr;
     superblock* next = nullptr;
     std::vector<std::uint16_t> free_stack;
     std::vector<std::uint64_t> live_bits;
   };
-  struct stream_arena {
+  struct alignas(64) stream_arena {
     std::mutex mutex;
     stream_ref stream;
     std::array<superblock*, arena_size_classes::max_classes> lists{};  // superblocks with free blocks
-    std::size_t empty = 0;             // wholly free superblocks still held
+    std::size_t empty = 0;             // wholly free superblocks still in a class list
+    std::vector<superblock*> spares;   // wholly free superblocks ready for any class
     std::size_t superblocks = 0;
     std::size_t free_bytes = 0;
   };
@@ -121,8 +130,10 @@ class arena_core {
   std::uintptr_t allocate_large(std::size_t size, std::size_t alignment, stream_ref const& s);
   /// Takes a superblock from the global arena for `a` (locked by the caller); null when none.
   superblock* acquire_superblock(stream_arena& a, unsigned cls);
-  /// Gives `sb` (wholly free, owned by `a`, locked by the caller) back to the global arena.
+  /// Gives `sb` (wholly free, owned by `a`, in no list, locked by the caller) back to the global arena.
   void surrender_superblock(stream_arena& a, superblock& sb);
+  /// Sets up `sb` (wholly free) for blocks of class `cls`.
+  void reclass(stream_arena& a, superblock& sb, unsigned cls);
   std::size_t reclaim_from(stream_arena& a);
   static void list_push(stream_arena& a, superblock& sb) noexcept;
   static void list_remove(stream_arena& a, superblock& sb) noexcept;

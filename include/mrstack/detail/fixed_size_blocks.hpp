@@ -119,8 +119,6 @@ class fixed_size_blocks {
           move_all(t, o);
           owners_.note_acquired(o);
           return pop(o);
-        case stream_owners::handover::later:
-          break;
         case stream_owners::handover::everything_synchronized:
           for (std::size_t x = 1; x < stacks_.size(); ++x) { move_all(static_cast<owner_id>(x), block_pool::synchronized); }
           return stacks_[block_pool::synchronized].empty() ? 0 : pop(block_pool::synchronized);

@@ -12,11 +12,16 @@
 ///
 /// Per-thread default streams are a twist: every thread passing `cudaStreamPerThread`
 /// names a different stream with the same handle, and only the thread that owns one can
-/// record an event on it. So such a stream is keyed by its thread (`this_thread_key`),
-/// and when another thread wants its memory the owner is asked (`wanted`) to record on
-/// its next call into the resource; the asking thread meanwhile looks elsewhere (other
-/// streams, growth). As a last resort (nothing else left) the resource synchronizes the
-/// whole device, after which every free block is usable by every stream.
+/// record an event on it. So such a stream is keyed by its thread (`this_thread_key`).
+/// When another thread wants its memory, two ways remain: (1) the owner records for it —
+/// the asking thread sets `wanted`, and the owner records on its next call into the
+/// resource, so later handovers wait on that precise event; (2) right now, an event
+/// recorded on the *legacy* default stream: per-thread default streams are blocking
+/// streams, and CUDA makes work on the legacy stream wait for all earlier work of every
+/// blocking stream, so that event covers the owner's frees — an ordering point for all
+/// blocking streams, but no host wait. (It also covers threads that have exited, whose
+/// streams nobody can name any more.) A stream that cannot take a record any more (a
+/// destroyed one) makes the resource synchronize the whole device instead.
 ///
 /// CUDA enters only through `stream_sync`, an interface with a CUDA implementation
 /// (suballoc/stream_sync.hpp) and a recording fake in the tests, so the cross-stream
@@ -105,7 +110,6 @@ class stream_owners {
 
   enum class handover {
     ready,                   ///< `to` now waits for `from`'s frees: move from's free memory to `to`
-    later,                   ///< `from` is another thread's default stream; it was asked to record
     everything_synchronized  ///< the device was synchronized: every free block is usable by all
   };
   /// Makes stream `to` (on the calling thread) safe to use every block `from` holds free.
@@ -128,6 +132,8 @@ class stream_owners {
   [[nodiscard]] std::size_t records() const noexcept { return records_; }
   [[nodiscard]] std::size_t waits() const noexcept { return waits_; }
 
+  /// The legacy default stream's handle as `stream_sync` is given it.
+  static constexpr std::uintptr_t legacy_stream = 0;
   /// Slots beyond this many are recycled from streams that hold no free memory.
   static constexpr std::size_t soft_slot_limit = 1024;
 
@@ -159,6 +165,7 @@ class stream_owners {
   std::shared_ptr<stream_sync> sync_;
   thread_key_fn thread_key_;
   std::vector<slot> slots_;  // index = owner id; slot 0 stands for "synchronized"
+  stream_sync::handle barrier_event_ = 0;  // recorded on the legacy default stream
   address_map by_key_;       // stream key -> owner id
   std::uintptr_t cached_key_ = address_map::empty_key;
   owner_id cached_owner_ = 0;
@@ -214,7 +221,11 @@ class stream_ordered_pool {
 
   /// Owner id of stream `s` (creating its slot when new).
   owner_id owner_of(stream_ref const& s) {
-    return owners_.acquire(s, [this](owner_id o) { return blocks_.free_blocks(o) != 0; });
+    owner_id const o = owners_.acquire(s, [this](owner_id x) { return blocks_.free_blocks(x) != 0; });
+    // Another thread's default stream can only be waited for through its thread (or a
+    // device synchronization): keep synchronized memory out of its hands.
+    if (blocks_.exclusive(o) != s.thread_bound) { blocks_.set_exclusive(o, s.thread_bound); }
+    return o;
   }
 
   /// Synchronizes the device when any stream holds free blocks, then makes every free

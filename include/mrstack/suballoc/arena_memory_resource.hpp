@@ -39,7 +39,7 @@ struct arena_options {
   /// Requests up to this size go to the stream arenas (at most half a superblock).
   std::size_t max_small_size = std::size_t{1} << 20;
   /// Wholly free superblocks a stream arena keeps before handing them back.
-  std::size_t empty_superblocks_kept = 2;
+  std::size_t empty_superblocks_kept = 4;
   /// The seam to CUDA events (null: CUDA over device memory, no-ops over host/simulated).
   std::shared_ptr<detail::stream_sync> stream_sync;
 };

@@ -1,0 +1,139 @@
+// multithreaded: T threads (1, 2, 4, 8, 16) share one resource; each replays its own
+// pre-generated sequence (random sizes in [1 B, 1 MiB], allocate with probability 0.73,
+// otherwise free a random live block of its own) on its per-thread default stream.
+// Reports calls_per_s: allocate-or-free calls per second, all threads together (wall
+// time from a common start to the last thread's end).
+//
+// Resources: <name>/cuda over the device (arena, pool, binning, fixed_size over cudaMalloc;
+// cuda_async; cuda), skipped without a GPU; <name>/simulated, the suballocators over fake
+// addresses, runs anywhere. Threads beyond the machine's cores measure contention, not speed.
+#include <benchmark/benchmark.h>
+
+#include <allocation_sequence.hpp>
+
+#include <mrstack/suballoc/arena_memory_resource.hpp>
+#include <mrstack/suballoc/binning_memory_resource.hpp>
+#include <mrstack/suballoc/fixed_size_memory_resource.hpp>
+#include <mrstack/suballoc/pool_memory_resource.hpp>
+#include <mrstack/upstream/cuda_async_memory_resource.hpp>
+#include <mrstack/upstream/cuda_memory_resource.hpp>
+#include <mrstack/upstream/simulated_memory_resource.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <map>
+#include <mutex>
+#include <string>
+#include <thread>
+
+using namespace mrstack;
+
+namespace {
+
+constexpr std::size_t MiB = std::size_t{1} << 20;
+constexpr std::size_t GiB = std::size_t{1} << 30;
+constexpr std::size_t allocations_per_thread = 20000;
+
+resource_ptr make_resource(std::string const& name, bool device, std::size_t budget) {
+  if (name == "cuda") { return std::make_shared<cuda_memory_resource>(); }
+  if (name == "cuda_async") { return std::make_shared<cuda_async_memory_resource>(); }
+  resource_ptr up = device ? resource_ptr{std::make_shared<cuda_memory_resource>()}
+                           : resource_ptr{std::make_shared<simulated_memory_resource>()};
+  if (name == "arena") { return std::make_shared<arena_memory_resource>(up, budget); }
+  if (name == "pool") { return std::make_shared<pool_memory_resource>(up, 0); }
+  if (name == "binning") {
+    return std::make_shared<binning_memory_resource>(up, 256, 1 * MiB, std::make_shared<pool_memory_resource>(up, 0));
+  }
+  if (name == "fixed_size") { return std::make_shared<fixed_size_memory_resource>(up, 1 * MiB, 256); }
+  return nullptr;
+}
+
+void run(benchmark::State& state, std::string const& name, bool device) {
+  if (device && !bench::have_device()) {
+    state.SkipWithError("no CUDA device");
+    return;
+  }
+  auto const threads = static_cast<std::size_t>(state.range(0));
+  // Memory: the arena gets 80% of free device memory; sequences cap live bytes at half of
+  // that (size classes round up), split between the threads.
+  std::size_t const budget = device ? bench::device_free_memory() / 10 * 8 : 64 * GiB;
+  std::size_t const per_thread_cap = budget / 2 / threads;
+  bool const fixed = name == "fixed_size";
+  std::vector<bench::allocation_sequence> seqs;
+  for (std::size_t t = 0; t < threads; ++t) {
+    auto charge = [&](std::size_t bytes) { return fixed ? MiB : (bytes + 255) / 256 * 256 * 5 / 4; };
+    seqs.push_back(bench::make_sequence(allocations_per_thread, 1 * MiB, per_thread_cap, charge, 1000 + t));
+  }
+  resource_ptr mr;
+  try {
+    mr = make_resource(name, device, budget);
+  } catch (std::exception const& e) {
+    state.SkipWithError(e.what());
+    return;
+  }
+  std::size_t calls = 0;
+  for (auto const& s : seqs) { calls += s.ops.size(); }
+  std::string error;
+  auto run_once = [&]() -> double {
+    std::atomic<std::size_t> ready{0};
+    std::atomic<bool> go{false};
+    std::atomic<bool> failed{false};
+    std::mutex error_mutex;
+    std::vector<std::thread> workers;
+    std::vector<std::chrono::steady_clock::time_point> ends(threads);
+    for (std::size_t t = 0; t < threads; ++t) {
+      workers.emplace_back([&, t] {
+        std::vector<void*> ptrs(seqs[t].slots);
+        ready.fetch_add(1);
+        while (!go.load(std::memory_order_acquire)) {}
+        try {
+          bench::replay(*mr, seqs[t], ptrs, stream_view::per_thread());
+        } catch (std::exception const& e) {
+          std::lock_guard lock{error_mutex};
+          if (!failed.exchange(true)) { error = e.what(); }
+        }
+        ends[t] = std::chrono::steady_clock::now();
+      });
+    }
+    while (ready.load() != threads) {}
+    auto const start = std::chrono::steady_clock::now();
+    go.store(true, std::memory_order_release);
+    for (auto& w : workers) { w.join(); }
+    if (failed) { return -1; }
+    auto const end = *std::max_element(ends.begin(), ends.end());
+    return std::chrono::duration<double>(end - start).count();
+  };
+  if (name != "cuda" && run_once() < 0) {  // warm up
+    state.SkipWithError(("a thread's call failed: " + error).c_str());
+    return;
+  }
+  for (auto _ : state) {
+    double const seconds = run_once();
+    if (seconds < 0) {
+      state.SkipWithError(("a thread's call failed: " + error).c_str());
+      return;
+    }
+    state.SetIterationTime(seconds);
+  }
+  state.counters["calls_per_s"] = benchmark::Counter(static_cast<double>(calls), benchmark::Counter::kIsIterationInvariantRate);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  for (std::string const name : {"arena", "pool", "binning", "fixed_size", "cuda_async", "cuda"}) {
+    for (bool device : {true, false}) {
+      if (!device && (name == "cuda" || name == "cuda_async")) { continue; }
+      std::string const label = "multithreaded/" + name + (device ? "/cuda" : "/simulated");
+      auto* b = benchmark::RegisterBenchmark(label.c_str(), [name, device](benchmark::State& s) { run(s, name, device); });
+      b->ArgName("threads")->UseManualTime()->Unit(benchmark::kMillisecond);
+      for (std::int64_t t : {1, 2, 4, 8, 16}) { b->Arg(t); }
+      if (name == "cuda" || name == "cuda_async") { b->Iterations(1); }
+    }
+  }
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) { return 1; }
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}
