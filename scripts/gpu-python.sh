@@ -10,7 +10,9 @@
 #   scripts/gpu-python.sh [OUTDIR]
 #
 # Needs python3 with numba-cuda, pytest, pytest-xdist (cupy and torch for the three-client
-# test), and a built libmrstack_c.so: MRSTACK_LIBRARY, else the newest build/*/libmrstack_c.so.
+# test), and a built libmrstack_c.so: MRSTACK_LIBRARY, else MRSTACK_BUNDLE/libmrstack_c.so
+# (a bundle made by shared/tools/gpu-bundle from a release build; its tests/ are used too),
+# else the newest build/*/libmrstack_c.so.
 # NUMBA_SUITE names the numba-suite folder (default: shared/tools/numba-suite, then
 # /work/shared/tools/numba-suite); its sitecustomize (numpy >= 2.5 shim) goes on PYTHONPATH.
 # GPU_PYTHON_STEPS picks steps (default "cpp pytest suite bench"), to split the run over
@@ -25,8 +27,15 @@ out="${1:-${OUT:-$repo/gpu-python-out}}"
 mkdir -p "$out"
 status=0
 
+bundle="${MRSTACK_BUNDLE:-}"
+if [ -n "$bundle" ]; then
+  bundle="$(cd "$bundle" && pwd)"
+  # shellcheck disable=SC1091
+  [ -f "$bundle/env.sh" ] && source "$bundle/env.sh"
+fi
 if [ -z "${MRSTACK_LIBRARY:-}" ]; then
-  MRSTACK_LIBRARY="$(ls -t build/*/libmrstack_c.so 2>/dev/null | head -1)"
+  if [ -n "$bundle" ]; then MRSTACK_LIBRARY="$bundle/libmrstack_c.so"
+  else MRSTACK_LIBRARY="$(ls -t build/*/libmrstack_c.so 2>/dev/null | head -1)"; fi
 fi
 if [ -z "$MRSTACK_LIBRARY" ] || [ ! -f "$MRSTACK_LIBRARY" ]; then
   echo "gpu-python: no libmrstack_c.so (build it, or set MRSTACK_LIBRARY)" >&2
@@ -70,7 +79,8 @@ PY
 
 if wants cpp; then
 step "C++ GPU tests of the EMM adapter"
-gpu_test="$(ls -t build/*/tests/gpu_test_emm_adapter 2>/dev/null | head -1)"
+if [ -n "$bundle" ]; then gpu_test="$bundle/tests/gpu_test_emm_adapter"; [ -x "$gpu_test" ] || gpu_test=""
+else gpu_test="$(ls -t build/*/tests/gpu_test_emm_adapter 2>/dev/null | head -1)"; fi
 if [ -n "$gpu_test" ]; then
   timeout 120 "$gpu_test" >"$out/gpu_test_emm_adapter.log" 2>&1; rc=$?
   tail -3 "$out/gpu_test_emm_adapter.log"
