@@ -91,8 +91,9 @@ def measure(iterations, rounds):
                 del a
             per_round.append((time.perf_counter_ns() - start) / iterations / 1000.0)
         results[size] = per_round
-    manager = type(cuda.current_context().memory_manager).__name__
-    name = cuda.get_current_device().name
+    # (getattr: the CUDA simulator, which can dry-run this script, has no memory manager)
+    manager = type(getattr(cuda.current_context(), "memory_manager", None)).__name__
+    name = getattr(cuda.get_current_device(), "name", "CUDA simulator")
     return {"manager": manager, "device": name.decode() if isinstance(name, bytes) else str(name),
             "us_per_pair": {str(k): v for k, v in results.items()}}
 
@@ -129,9 +130,15 @@ def main():
         "floor": run_child("floor", {"NUMBA_CUDA_MEMORY_MANAGER": "numba_alloc"}, args.iterations, args.rounds),
     }
     device = runs["builtin"]["device"]
+    expected = {"builtin": "NumbaCUDAMemoryManager", "mrstack": "MrstackNumbaMemoryManager",
+                "floor": "FloorMemoryManager"}
+    used = {name: run["manager"] for name, run in runs.items()}
+    if device != "CUDA simulator" and used != expected:
+        raise SystemExit(f"numba_alloc: a process did not use the manager it was meant to: {used}")
     print(f"Numba cuda.device_array allocate+free, microseconds per pair "
           f"({args.iterations} pairs x {args.rounds} rounds, each manager in its own process)")
-    print(f"device: {device}; mrstack stack: {args.spec}")
+    print(f"device: {device}; mrstack stack: {args.spec}; managers: "
+          + ", ".join(f"{k}={v}" for k, v in used.items()))
     header = f"{'manager':34s}" + "".join(f"{_size_name(s):>24s}" for s in SIZES)
     print(header)
     print("-" * len(header))
