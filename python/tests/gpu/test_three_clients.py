@@ -33,9 +33,9 @@ def test_numba_cupy_torch_share_one_pool(run_python, all_three):
 
         n = 1 << 20
         t = torch.arange(n, dtype=torch.float32, device="cuda")           # PyTorch
-        assert float((t * 2).sum()) == float(n * (n - 1))
+        assert abs(float((t * 2).sum()) / (n * (n - 1)) - 1) < 1e-4       # float32 sums round
         c = cupy.arange(n, dtype=cupy.float32)                             # CuPy
-        assert float((c * 3).sum()) == 3.0 * n * (n - 1) / 2
+        assert abs(float((c * 3).sum()) / (3.0 * n * (n - 1) / 2) - 1) < 1e-4
 
         @cuda.jit
         def add(out, a, b):
