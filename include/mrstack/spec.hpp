@@ -5,9 +5,20 @@
 /// below). The grammar and every resource's parameters are documented in docs/spec.md.
 /// A bad spec throws `spec_error`, whose message quotes the spec, points at the column
 /// and says what was expected.
+///
+/// Two steps, both public so tools can rewrite a stack before building it:
+/// - `parse_stack_spec` checks the syntax only and returns the AST (`stack_spec`: the
+///   layers top to bottom, each a name and its arguments, with their columns);
+/// - `build_stack` checks names, parameters and values against the registry
+///   (mrstack/spec_registry.hpp) and builds bottom-up. `check_stack_spec` does the same
+///   checks without building anything (no CUDA call, no allocation).
+/// mrstack-replay, for example, replaces the bottom layer by `simulated` and inserts a
+/// footprint meter above it, then builds the rewritten AST.
 #include <cstddef>
+#include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include <mrstack/error.hpp>
 #include <mrstack/resource.hpp>
@@ -24,11 +35,64 @@ class spec_error : public logic_error {
   std::size_t column_;
 };
 
-/// Builds the stack `spec` describes. Throws `spec_error` for a bad spec, and whatever the
-/// resources' constructors throw (`cuda_error`, `out_of_memory`) when building it fails.
+/// One argument inside a layer's parentheses: `name=value`, or a positional `value`.
+struct spec_argument {
+  std::string name;              ///< empty for a positional argument
+  std::string value;             ///< the value's text, quotes removed
+  std::size_t name_column = 0;   ///< 1-based; 0 when a tool added it (it is not in the text)
+  std::size_t value_column = 0;  ///< 1-based; 0 when a tool added it
+};
+
+/// One layer: a resource name and its arguments.
+struct spec_layer {
+  std::string name;
+  std::vector<spec_argument> arguments;
+  std::size_t column = 0;  ///< 1-based column of the name; 0 when a tool added the layer
+};
+
+/// The syntax tree of a spec: its layers from top to bottom.
+struct stack_spec {
+  std::string text;               ///< the text it was parsed from; errors quote it
+  std::vector<spec_layer> layers; ///< top first, bottom last; never empty after parsing
+};
+
+/// Parses the syntax of `text` (names and parameters are not checked here; see
+/// `check_stack_spec`). Throws `spec_error`.
+stack_spec parse_stack_spec(std::string_view text);
+
+/// The spec written back as text, in canonical form: `a(x=1) > b`. Values that would not
+/// read back as themselves are quoted.
+std::string to_string(stack_spec const& spec);
+
+/// How to build a stack.
+struct build_options {
+  /// The memory a percentage (`size=50%`) is a share of. Unset: a `simulated` bottom with
+  /// an absolute capacity, else the device's free memory (cudaMemGetInfo, asked once per
+  /// build). mrstack-replay sets it to the simulated device's capacity.
+  std::optional<std::size_t> percent_base;
+};
+
+/// Checks every name, parameter and value of `spec` against the registry and the shape of
+/// the stack (an upstream below every layer that needs one, none below a bottom resource),
+/// without building anything. Percentages are checked for syntax only. Throws `spec_error`.
+void check_stack_spec(stack_spec const& spec);
+
+/// Builds the stack `spec` describes, bottom first. Throws `spec_error` for a bad spec
+/// (including a resource constructor's `logic_error`, then pointing at that layer), and
+/// passes on `cuda_error` and `out_of_memory` from the resources' constructors.
+resource_ptr build_stack(stack_spec const& spec, build_options const& options = {});
+
+/// Builds the stack `spec` describes: `build_stack(parse_stack_spec(spec))`.
 resource_ptr make_stack(std::string_view spec);
 
-/// The stack named by the MRSTACK_RESOURCE environment variable, or `fallback` when it is unset.
+/// The stack named by the MRSTACK_RESOURCE environment variable, or `fallback` when it is
+/// unset or empty. A bad spec's error names the variable.
 resource_ptr make_stack_from_environment(std::string_view fallback = "cuda");
+
+/// Parses a size as a spec writes it: `4096`, `64KiB`, `1.5GiB`, `2GB`; units are
+/// case-insensitive; KiB/MiB/GiB/TiB are powers of 1024, KB/MB/GB/TB powers of 1000.
+/// Percentages are not accepted here. Returns nullopt (and says why in `why`) when `text`
+/// is not a size.
+std::optional<std::size_t> parse_size(std::string_view text, std::string* why = nullptr);
 
 }  // namespace mrstack

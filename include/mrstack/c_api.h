@@ -1,0 +1,193 @@
+/* mrstack's C ABI: a small stable surface for any foreign host (ctypes, cffi, Julia, Rust,
+ * PyTorch's pluggable allocator). Built into libmrstack_c.so.
+ *
+ * Rules of the surface:
+ * - No C++ exception crosses it. Every call that can fail returns an `mrstack_status`;
+ *   on failure `mrstack_last_error()` gives this thread's message (and, for a bad spec,
+ *   `mrstack_last_error_column()` the 1-based column the parser points at). A successful
+ *   call leaves the last error as it was.
+ * - The header needs no CUDA header: streams are `void*` (a cudaStream_t; NULL is the
+ *   legacy default stream).
+ * - Stacks are opaque. `mrstack_device_stack(device)` gives the process-wide stack of a
+ *   device, built on first use from the configured spec (`mrstack_configure`, else the
+ *   MRSTACK_RESOURCE environment variable, else MRSTACK_DEFAULT_SPEC) and kept until the
+ *   process exits; Numba, CuPy and PyTorch all allocate from it, so one pool serves all
+ *   three. `mrstack_stack_create(spec)` makes a private stack the caller destroys.
+ * - In a spec given here, `{pid}` becomes the process id when the stack is built, so each
+ *   process of a multi-process program can log to a file of its own:
+ *   `logging(file="alloc-{pid}.csv") > pool > cuda`.
+ * - Every allocation is tagged with a client (numba, cupy, torch, other); per-client live
+ *   and peak bytes are in `mrstack_statistics`.
+ * - Thread-safe throughout.
+ */
+#ifndef MRSTACK_C_API_H
+#define MRSTACK_C_API_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* libmrstack_c.so is built with hidden visibility: only what carries this is exported. */
+#if defined(__GNUC__) || defined(__clang__)
+#define MRSTACK_C_EXPORT __attribute__((visibility("default")))
+#else
+#define MRSTACK_C_EXPORT
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Bumped when a function's signature or a struct's layout changes. */
+#define MRSTACK_C_API_VERSION 1
+/* The stack a device gets when neither mrstack_configure nor MRSTACK_RESOURCE says otherwise. */
+#define MRSTACK_DEFAULT_SPEC "pool > cuda"
+/* Size of the opaque CUDA IPC handle (cudaIpcMemHandle_t / CUipcMemHandle). */
+#define MRSTACK_IPC_HANDLE_BYTES 64
+
+typedef enum mrstack_status {
+  MRSTACK_SUCCESS = 0,
+  MRSTACK_ERROR_INVALID_ARGUMENT = 1, /* a null handle or out-pointer, an unknown client, a bad device */
+  MRSTACK_ERROR_SPEC = 2,             /* the spec is malformed: see mrstack_last_error_column() */
+  MRSTACK_ERROR_OUT_OF_MEMORY = 3,    /* the stack refused: the message names sizes and free memory */
+  MRSTACK_ERROR_CUDA = 4,             /* a CUDA runtime or driver call failed */
+  MRSTACK_ERROR_LOGIC = 5,            /* a contract was broken: foreign pointer, unshareable memory, ... */
+  MRSTACK_ERROR_STATE = 6,            /* the call comes too late or too early (configure after first use) */
+  MRSTACK_ERROR_UNKNOWN = 7
+} mrstack_status;
+
+typedef enum mrstack_client {
+  MRSTACK_CLIENT_OTHER = 0,
+  MRSTACK_CLIENT_NUMBA = 1,
+  MRSTACK_CLIENT_CUPY = 2,
+  MRSTACK_CLIENT_TORCH = 3,
+  MRSTACK_CLIENT_COUNT = 4
+} mrstack_client;
+
+typedef struct mrstack_stack mrstack_stack;
+
+/* An EMM allocation: `token` is its finalizer's key (unique, never 0, never an address). */
+typedef struct mrstack_memory_pointer {
+  uint64_t ptr;
+  uint64_t size;
+  uint64_t token;
+  int32_t device;
+  int32_t client;
+} mrstack_memory_pointer;
+
+typedef struct mrstack_ipc_handle {
+  unsigned char handle[MRSTACK_IPC_HANDLE_BYTES]; /* of the base allocation */
+  uint64_t base;      /* start of the upstream allocation containing the pointer */
+  uint64_t base_size; /* its size */
+  uint64_t offset;    /* pointer - base */
+  int32_t device;
+  int32_t reserved;
+} mrstack_ipc_handle;
+
+typedef struct mrstack_client_statistics {
+  uint64_t live_bytes;  /* bytes this client holds now */
+  uint64_t peak_bytes;  /* the most it held at once */
+  uint64_t live_count;  /* allocations it holds now */
+  uint64_t allocations; /* allocations it ever made */
+} mrstack_client_statistics;
+
+typedef struct mrstack_statistics {
+  uint64_t live_bytes;       /* all clients together */
+  uint64_t peak_bytes;
+  uint64_t free_bytes_held;  /* what the stack holds free (a pool's free blocks) */
+  uint64_t emm_outstanding;  /* EMM allocations not yet finalized */
+  int32_t device;
+  int32_t deferral_depth;    /* active EMM cleanup guards */
+  mrstack_client_statistics clients[MRSTACK_CLIENT_COUNT];
+} mrstack_statistics;
+
+/* ---- errors and versions ----------------------------------------------------------- */
+MRSTACK_C_EXPORT int mrstack_c_api_version(void);
+/* This thread's last error message; "" when none. Valid until this thread's next failing call. */
+MRSTACK_C_EXPORT const char* mrstack_last_error(void);
+/* 1-based column of the last spec error on this thread; 0 when the last error was not one. */
+MRSTACK_C_EXPORT size_t mrstack_last_error_column(void);
+/* The status of this thread's last failure (for calls that return a token or a pointer). */
+MRSTACK_C_EXPORT int mrstack_last_error_status(void);
+/* "MRSTACK_ERROR_SPEC" and so on; "unknown status" for anything else. */
+MRSTACK_C_EXPORT const char* mrstack_status_name(int status);
+/* "numba", "cupy", "torch", "other"; NULL for anything else. */
+MRSTACK_C_EXPORT const char* mrstack_client_name(int client);
+
+/* ---- the process-wide per-device stacks ------------------------------------------- */
+/* Sets the spec every device stack is built from. Before any device stack exists; again
+ * later only with the same spec (MRSTACK_ERROR_STATE otherwise). NULL goes back to
+ * MRSTACK_RESOURCE / MRSTACK_DEFAULT_SPEC. The spec's names, parameters and values are
+ * checked here (MRSTACK_ERROR_SPEC), without building anything or calling CUDA. */
+MRSTACK_C_EXPORT mrstack_status mrstack_configure(const char* spec);
+/* Copies the spec device stacks are (or will be) built from into `buffer` (NUL-terminated,
+ * truncated to `capacity`); `*length` (if not NULL) gets its full length. */
+MRSTACK_C_EXPORT mrstack_status mrstack_configured_spec(char* buffer, size_t capacity, size_t* length);
+/* The stack of `device`, built on first use (on that device) and kept for the process. */
+MRSTACK_C_EXPORT mrstack_status mrstack_device_stack(int device, mrstack_stack** out);
+/* The device stack if it was built already, else NULL (never builds one). */
+MRSTACK_C_EXPORT mrstack_stack* mrstack_device_stack_if_built(int device);
+
+/* ---- private stacks ------------------------------------------------------------------ */
+/* Builds the stack `spec` describes, on the device current now; `device` is what it reports. */
+MRSTACK_C_EXPORT mrstack_status mrstack_stack_create(const char* spec, int device, mrstack_stack** out);
+/* Frees everything its EMM adapter still holds and destroys it. Device stacks are refused. */
+MRSTACK_C_EXPORT mrstack_status mrstack_stack_destroy(mrstack_stack* stack);
+/* "pool > cuda": the layers as the spec names them, copied as mrstack_configured_spec does. */
+MRSTACK_C_EXPORT mrstack_status mrstack_stack_describe(const mrstack_stack* stack, char* buffer, size_t capacity,
+                                                       size_t* length);
+
+/* ---- plain allocation --------------------------------------------------------------- */
+MRSTACK_C_EXPORT mrstack_status mrstack_allocate(mrstack_stack* stack, size_t bytes, void* stream, int client,
+                                                 void** out);
+/* `bytes` and `client` as allocated. */
+MRSTACK_C_EXPORT mrstack_status mrstack_deallocate(mrstack_stack* stack, void* ptr, size_t bytes, void* stream,
+                                                   int client);
+
+/* ---- Numba's External Memory Management plugin interface ---------------------------- */
+MRSTACK_C_EXPORT int mrstack_emm_interface_version(void);
+MRSTACK_C_EXPORT mrstack_status mrstack_emm_initialize(mrstack_stack* stack);
+MRSTACK_C_EXPORT mrstack_status mrstack_emm_memalloc(mrstack_stack* stack, size_t bytes, int client,
+                                                     mrstack_memory_pointer* out);
+/* The same, for hot callers: returns the token and writes the pointer to `*ptr`; returns 0
+ * on failure (mrstack_last_error() and mrstack_last_error_status() say why). */
+MRSTACK_C_EXPORT uint64_t mrstack_emm_memalloc_token(mrstack_stack* stack, size_t bytes, int client, uint64_t* ptr);
+/* The same again, both results in registers (fastest through ctypes: no out-parameter to
+ * build); `token` is 0 on failure. */
+typedef struct mrstack_emm_allocation {
+  uint64_t ptr;
+  uint64_t token;
+} mrstack_emm_allocation;
+MRSTACK_C_EXPORT mrstack_emm_allocation mrstack_emm_memalloc_pair(mrstack_stack* stack, size_t bytes, int client);
+/* The finalizer: returns the memory of `token` to the stack exactly once. Returns 1 when
+ * it freed (or queued) memory, 0 when the token was already freed or made stale by a
+ * reset (a no-op), -1 on failure. */
+MRSTACK_C_EXPORT int mrstack_emm_free(mrstack_stack* stack, uint64_t token);
+/* (free, total) bytes of the stack's device, counting what the stack holds free as free. */
+MRSTACK_C_EXPORT mrstack_status mrstack_emm_get_memory_info(mrstack_stack* stack, size_t* free_bytes,
+                                                            size_t* total_bytes);
+MRSTACK_C_EXPORT mrstack_status mrstack_emm_get_ipc_handle(mrstack_stack* stack, const void* ptr,
+                                                           mrstack_ipc_handle* out);
+/* Frees every outstanding EMM allocation (stale finalizers become no-ops); `*released`
+ * (if not NULL) gets how many. */
+MRSTACK_C_EXPORT mrstack_status mrstack_emm_reset(mrstack_stack* stack, size_t* released);
+/* A cleanup guard in two calls: frees wait until the outermost end. */
+MRSTACK_C_EXPORT mrstack_status mrstack_emm_defer_begin(mrstack_stack* stack);
+MRSTACK_C_EXPORT mrstack_status mrstack_emm_defer_end(mrstack_stack* stack);
+
+/* ---- statistics --------------------------------------------------------------------- */
+MRSTACK_C_EXPORT mrstack_status mrstack_get_statistics(mrstack_stack* stack, mrstack_statistics* out);
+/* Sets every client's peak to what it holds now. */
+MRSTACK_C_EXPORT mrstack_status mrstack_reset_peaks(mrstack_stack* stack);
+
+/* ---- PyTorch's pluggable allocator (torch.cuda.memory.CUDAPluggableAllocator) -------- */
+/* Serve `device`'s process-wide stack, tagged as client torch. PyTorch does not check the
+ * result: on failure mrstack_torch_alloc prints the reason to stderr, records it as this
+ * thread's last error and returns NULL. */
+MRSTACK_C_EXPORT void* mrstack_torch_alloc(size_t size, int device, void* stream);
+MRSTACK_C_EXPORT void mrstack_torch_free(void* ptr, size_t size, int device, void* stream);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* MRSTACK_C_API_H */

@@ -1,0 +1,141 @@
+#pragma once
+/// The registry of resources a stack spec can name: for each, its parameters (name, type,
+/// default, one line of documentation) and a function that builds it over its upstream.
+///
+/// Adding a resource is one entry (see src/spec_resources.cpp for the built-in ones):
+///
+///   {"limiting", "refuses allocations past a byte limit", needs_upstream,
+///    {size_param("limit", required, "bytes it may hand out at once")},
+///    [](spec_arguments const& a, resource_ptr up) -> resource_ptr {
+///      return std::make_shared<limiting_memory_resource>(std::move(up), *a.size("limit"));
+///    }}
+///
+/// The builder checks every argument against the entry before `make` is called — unknown,
+/// duplicate, missing and badly typed values are `spec_error`s pointing at the text — so
+/// `make` only reads typed values. Positional arguments fill the parameters in the order
+/// the entry lists them. `register_resource` adds entries at run time (tests, plugins).
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <variant>
+#include <vector>
+
+#include <mrstack/resource.hpp>
+
+namespace mrstack {
+
+/// The type of a parameter's value, as the spec writes it.
+enum class param_type {
+  size,    ///< bytes: 4096, 64KiB, 1.5GiB, 2GB, or a percentage 50% (see build_options)
+  count,   ///< a non-negative integer: 4, 1000
+  number,  ///< a real number: 0.5, 2
+  flag,    ///< true/false, yes/no, on/off, 1/0
+  text,    ///< any text (quote it to include ',' or ')')
+};
+char const* to_string(param_type type) noexcept;
+
+inline constexpr bool required = true;
+inline constexpr bool optional_param = false;
+
+/// One parameter a resource takes.
+struct spec_parameter {
+  std::string name;
+  param_type type = param_type::text;
+  bool is_required = false;
+  std::string default_text;  ///< what the resource uses when it is not given (for docs and --list)
+  std::string doc;           ///< one line
+  /// When true, `default_text` is a value in spec syntax that the builder uses when the
+  /// parameter is not given, exactly as if written (so a default of `50%` resolves like a
+  /// written percentage, and `make` always sees the parameter).
+  bool default_is_value = false;
+};
+
+spec_parameter size_param(std::string name, bool is_required, std::string doc, std::string default_text = {});
+spec_parameter count_param(std::string name, bool is_required, std::string doc, std::string default_text = {});
+spec_parameter number_param(std::string name, bool is_required, std::string doc, std::string default_text = {});
+spec_parameter flag_param(std::string name, bool is_required, std::string doc, std::string default_text = {});
+spec_parameter text_param(std::string name, bool is_required, std::string doc, std::string default_text = {});
+/// An optional size parameter whose default is a spec value (`"50%"`, `"64KiB"`) that the
+/// builder applies when the parameter is not given.
+spec_parameter size_param_defaulting_to(std::string name, std::string default_value, std::string doc);
+
+/// The typed arguments of one layer, as the builder checked them.
+class spec_arguments {
+ public:
+  struct size_value { std::size_t bytes; };
+  struct count_value { std::uint64_t n; };
+  using value = std::variant<size_value, count_value, double, bool, std::string>;
+
+  void set(std::string name, value v) { values_.emplace_back(std::move(name), std::move(v)); }
+  [[nodiscard]] bool has(std::string_view name) const noexcept { return find(name) != nullptr; }
+  /// The value of a size/count/number/flag/text parameter, or nullopt when not given.
+  [[nodiscard]] std::optional<std::size_t> size(std::string_view name) const {
+    auto const v = get<size_value>(name);
+    return v ? std::optional<std::size_t>{v->bytes} : std::nullopt;
+  }
+  [[nodiscard]] std::optional<std::uint64_t> count(std::string_view name) const {
+    auto const v = get<count_value>(name);
+    return v ? std::optional<std::uint64_t>{v->n} : std::nullopt;
+  }
+  [[nodiscard]] std::optional<double> number(std::string_view name) const { return get<double>(name); }
+  [[nodiscard]] std::optional<bool> flag(std::string_view name) const { return get<bool>(name); }
+  [[nodiscard]] std::optional<std::string> text(std::string_view name) const { return get<std::string>(name); }
+
+ private:
+  [[nodiscard]] value const* find(std::string_view name) const noexcept {
+    for (auto const& [n, v] : values_) {
+      if (n == name) { return &v; }
+    }
+    return nullptr;
+  }
+  template <typename T>
+  [[nodiscard]] std::optional<T> get(std::string_view name) const {
+    auto const* v = find(name);
+    if (v == nullptr) { return std::nullopt; }
+    if (auto const* typed = std::get_if<T>(v)) { return *typed; }
+    throw logic_error("spec registry: parameter '" + std::string{name} + "' was read with the wrong type");
+  }
+  std::vector<std::pair<std::string, value>> values_;
+};
+
+/// Whether a resource sits above another (adaptors, suballocators) or at the bottom.
+enum class upstream_rule { none, required };
+inline constexpr upstream_rule bottom_resource = upstream_rule::none;
+inline constexpr upstream_rule needs_upstream = upstream_rule::required;
+
+/// One resource a spec can name.
+struct spec_resource {
+  using make_fn = resource_ptr (*)(spec_arguments const& args, resource_ptr upstream);
+
+  std::string name;
+  std::string summary;  ///< one line: what it is
+  upstream_rule upstream = upstream_rule::required;
+  std::vector<spec_parameter> parameters;
+  make_fn make = nullptr;
+  /// For a bottom resource: the parameter whose absolute size is what percentages in this
+  /// stack are shares of (`simulated`'s capacity). Empty: device memory.
+  std::string capacity_parameter{};
+  /// For a bottom resource: what a simulation (mrstack-replay --simulate) builds in its
+  /// place, given `capacity=`. Empty: `simulated`. The vmm upstream names `simulated_vmm`,
+  /// so a simulated replay keeps its granule rounding.
+  std::string simulation_twin{};
+  /// For a bottom resource that touches no memory itself (`simulated`, `simulated_vmm`):
+  /// a simulation keeps it as the spec gives it.
+  bool is_simulation = false;
+  /// For a bottom resource that knows its own footprint better than a layer above it can
+  /// (cuda_async: the driver pool's reserved memory; vmm: the physical memory mapped, and
+  /// a pool must sit directly on it to grow in place): mrstack-replay puts no
+  /// footprint_meter above it and asks it instead.
+  bool reports_own_footprint = false;
+};
+
+/// Adds a resource; a name already registered is a `logic_error`. Thread-safe.
+void register_resource(spec_resource resource);
+/// The resource called `name`, or nullptr. The pointer stays valid for the process.
+spec_resource const* find_resource(std::string_view name);
+/// Every registered resource, sorted by name.
+std::vector<spec_resource const*> registered_resources();
+
+}  // namespace mrstack

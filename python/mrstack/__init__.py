@@ -1,0 +1,209 @@
+"""mrstack: one composable CUDA memory stack for Numba, CuPy and PyTorch in one process.
+
+    import mrstack
+    mrstack.configure("pool(initial=1GiB) > cuda")  # or MRSTACK_RESOURCE; before first use
+    mrstack.cupy.install()                          # CuPy allocates from the device's stack
+    mrstack.torch.install()                         # PyTorch too (before it touches CUDA)
+    # Numba: NUMBA_CUDA_MEMORY_MANAGER=mrstack.numba, or
+    #        numba.cuda.set_memory_manager(mrstack.numba.MrstackNumbaMemoryManager)
+    print(mrstack.statistics())                     # what the stack holds, per client
+
+Importing the package loads nothing and touches no GPU: the shared library
+(libmrstack_c.so, found as `mrstack._lib` describes) is loaded on first use.
+"""
+
+from dataclasses import dataclass, field
+import ctypes
+
+from . import _lib
+from ._lib import (CudaError, LibraryNotFoundError, MrstackError, OutOfMemoryError, SpecError,
+                   StateError, library_path)
+
+__all__ = [
+    "configure", "configured_spec", "statistics", "reset_peaks", "device_stack", "Stack",
+    "Statistics", "ClientStatistics", "MrstackError", "SpecError", "OutOfMemoryError",
+    "CudaError", "StateError", "LibraryNotFoundError", "library_path", "CLIENTS",
+]
+
+CLIENTS = _lib.CLIENT_NAMES
+
+
+def _client_id(client):
+    if isinstance(client, int) and 0 <= client < len(CLIENTS):
+        return client
+    try:
+        return CLIENTS.index(client)
+    except ValueError:
+        raise ValueError(f"unknown client {client!r}; one of {', '.join(CLIENTS)}") from None
+
+
+def configure(spec):
+    """Sets the spec every device's stack is built from (instead of MRSTACK_RESOURCE).
+
+    Call it before the first allocation through mrstack; calling it again later with the
+    same spec is fine, with another one raises `StateError`. A malformed spec (unknown
+    names, parameters or values) raises `SpecError` here, with the parser's message and
+    column; nothing is built and CUDA is not touched until the first allocation. ``None``
+    goes back to MRSTACK_RESOURCE or the default.
+    """
+    lib = _lib.library()
+    encoded = None if spec is None else str(spec).encode()
+    lib.check(lib.dll.mrstack_configure(encoded))
+
+
+def configured_spec():
+    """The spec device stacks are (or will be) built from."""
+    lib = _lib.library()
+    length = ctypes.c_size_t()
+    lib.check(lib.dll.mrstack_configured_spec(None, 0, ctypes.byref(length)))
+    buffer = ctypes.create_string_buffer(length.value + 1)
+    lib.check(lib.dll.mrstack_configured_spec(buffer, len(buffer), None))
+    return buffer.value.decode()
+
+
+@dataclass(frozen=True)
+class ClientStatistics:
+    live_bytes: int = 0    #: bytes this client holds now
+    peak_bytes: int = 0    #: the most it held at once
+    live_count: int = 0    #: allocations it holds now
+    allocations: int = 0   #: allocations it ever made
+
+
+@dataclass(frozen=True)
+class Statistics:
+    device: int
+    stack: str              #: the layers, "pool > cuda"; "" when the stack is not built yet
+    live_bytes: int         #: all clients together
+    peak_bytes: int
+    free_bytes_held: int    #: what the stack holds free (a pool's free blocks)
+    emm_outstanding: int    #: Numba allocations not yet finalized
+    clients: dict = field(default_factory=dict)  #: client name -> ClientStatistics
+
+    def __str__(self):
+        def mib(n):
+            return f"{n / 2**20:10.2f} MiB"
+        lines = [f"mrstack device {self.device}: {self.stack or '(not built yet)'}",
+                 f"  live {mib(self.live_bytes)}   peak {mib(self.peak_bytes)}   "
+                 f"held free {mib(self.free_bytes_held)}",
+                 f"  {'client':8s} {'live':>14s} {'peak':>14s} {'live allocs':>12s} {'allocs ever':>12s}"]
+        for name, c in self.clients.items():
+            lines.append(f"  {name:8s} {mib(c.live_bytes):>14s} {mib(c.peak_bytes):>14s} "
+                         f"{c.live_count:12d} {c.allocations:12d}")
+        return "\n".join(lines)
+
+
+class Stack:
+    """A stack: `Stack(spec)` builds a private one (closed with `close()` or `with`);
+    `device_stack(device)` gives the process-wide stack Numba, CuPy and PyTorch share."""
+
+    __slots__ = ("_lib", "_handle", "_owned", "device")
+
+    def __init__(self, spec, device=0):
+        lib = _lib.library()
+        handle = ctypes.c_void_p()
+        lib.check(lib.dll.mrstack_stack_create(str(spec).encode(), int(device), ctypes.byref(handle)))
+        self._lib, self._handle, self._owned, self.device = lib, handle.value, True, int(device)
+
+    @classmethod
+    def _wrap(cls, lib, handle, device):
+        self = cls.__new__(cls)
+        self._lib, self._handle, self._owned, self.device = lib, handle, False, device
+        return self
+
+    @property
+    def handle(self):
+        """The C ABI's `mrstack_stack*`, as an int."""
+        if self._handle is None:
+            raise MrstackError("the stack was closed")
+        return self._handle
+
+    def describe(self):
+        """The layers as a spec names them: "pool > cuda"."""
+        lib = self._lib
+        length = ctypes.c_size_t()
+        lib.check(lib.dll.mrstack_stack_describe(self.handle, None, 0, ctypes.byref(length)))
+        buffer = ctypes.create_string_buffer(length.value + 1)
+        lib.check(lib.dll.mrstack_stack_describe(self.handle, buffer, len(buffer), None))
+        return buffer.value.decode()
+
+    def allocate(self, nbytes, stream=0, client="other"):
+        """Allocates `nbytes` usable on `stream` (a cudaStream_t as an int); returns the address."""
+        out = ctypes.c_void_p()
+        self._lib.check(self._lib.dll.mrstack_allocate(self.handle, int(nbytes), stream or None,
+                                                       _client_id(client), ctypes.byref(out)))
+        return out.value or 0
+
+    def deallocate(self, ptr, nbytes, stream=0, client="other"):
+        """Frees what `allocate` returned, with the same size and client."""
+        self._lib.check(self._lib.dll.mrstack_deallocate(self.handle, ptr or None, int(nbytes), stream or None,
+                                                         _client_id(client)))
+
+    def statistics(self):
+        raw = _lib._Statistics()
+        self._lib.check(self._lib.dll.mrstack_get_statistics(self.handle, ctypes.byref(raw)))
+        return _statistics_from(raw, self.describe())
+
+    def reset_peaks(self):
+        self._lib.check(self._lib.dll.mrstack_reset_peaks(self.handle))
+
+    def close(self):
+        """Destroys a private stack (freeing what Numba-style allocations it still holds)."""
+        if self._owned and self._handle is not None:
+            self._lib.check(self._lib.dll.mrstack_stack_destroy(self._handle))
+            self._handle = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __repr__(self):
+        kind = "private" if self._owned else "device"
+        state = self.describe() if self._handle is not None else "closed"
+        return f"<mrstack.Stack {kind} device={self.device}: {state}>"
+
+
+def _statistics_from(raw, description):
+    clients = {name: ClientStatistics(c.live_bytes, c.peak_bytes, c.live_count, c.allocations)
+               for name, c in zip(CLIENTS, raw.clients)}
+    return Statistics(device=raw.device, stack=description, live_bytes=raw.live_bytes,
+                      peak_bytes=raw.peak_bytes, free_bytes_held=raw.free_bytes_held,
+                      emm_outstanding=raw.emm_outstanding, clients=clients)
+
+
+def device_stack(device=0):
+    """The process-wide stack of `device`, built from the configured spec on first use."""
+    lib = _lib.library()
+    handle = ctypes.c_void_p()
+    lib.check(lib.dll.mrstack_device_stack(int(device), ctypes.byref(handle)))
+    return Stack._wrap(lib, handle.value, int(device))
+
+
+def statistics(device=0):
+    """What `device`'s stack holds and, per client (numba, cupy, torch, other), how many
+    bytes each holds now and held at peak. Builds nothing: before the stack exists every
+    number is 0."""
+    lib = _lib.library()
+    handle = lib.dll.mrstack_device_stack_if_built(int(device))
+    if not handle:
+        return Statistics(device=int(device), stack="", live_bytes=0, peak_bytes=0, free_bytes_held=0,
+                          emm_outstanding=0, clients={name: ClientStatistics() for name in CLIENTS})
+    return Stack._wrap(lib, handle, int(device)).statistics()
+
+
+def reset_peaks(device=0):
+    """Sets every client's peak on `device` to what it holds now."""
+    lib = _lib.library()
+    handle = lib.dll.mrstack_device_stack_if_built(int(device))
+    if handle:
+        lib.check(lib.dll.mrstack_reset_peaks(handle))
+
+
+def __getattr__(name):
+    # `mrstack.numba`, `mrstack.cupy`, `mrstack.torch` import on first access, so that
+    # `import mrstack` never imports Numba, CuPy or PyTorch.
+    if name in ("numba", "cupy", "torch"):
+        import importlib
+        return importlib.import_module(f"{__name__}.{name}")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,248 @@
+"""Finds and loads libmrstack_c.so (mrstack's C ABI) with ctypes, lazily.
+
+Nothing here runs at import time: the library is looked for and loaded on the first call
+of `library()`, so `import mrstack` works on a machine without the library or a GPU.
+
+Where the library is looked for, in order:
+
+1. ``MRSTACK_LIBRARY``: the path of the library file, or a folder holding it;
+2. the package's own folder (``pip install`` copies a built library there);
+3. the repository's build folders, ``<repo>/build/*/libmrstack_c.so`` (the most recently
+   built first), when the package runs from a checkout;
+4. the dynamic loader's search path (``LD_LIBRARY_PATH``, the system's folders).
+"""
+
+import ctypes
+import glob
+import os
+import threading
+
+LIBRARY_NAME = "libmrstack_c.so"
+
+# mrstack_status (c_api.h)
+SUCCESS = 0
+ERROR_INVALID_ARGUMENT = 1
+ERROR_SPEC = 2
+ERROR_OUT_OF_MEMORY = 3
+ERROR_CUDA = 4
+ERROR_LOGIC = 5
+ERROR_STATE = 6
+ERROR_UNKNOWN = 7
+
+# mrstack_client (c_api.h)
+CLIENT_OTHER = 0
+CLIENT_NUMBA = 1
+CLIENT_CUPY = 2
+CLIENT_TORCH = 3
+CLIENT_NAMES = ("other", "numba", "cupy", "torch")
+C_API_VERSION = 1
+IPC_HANDLE_BYTES = 64
+
+
+class MrstackError(RuntimeError):
+    """A call into mrstack failed. ``status`` is the C ABI's status name."""
+
+    def __init__(self, message, status="MRSTACK_ERROR_UNKNOWN"):
+        super().__init__(message)
+        self.status = status
+
+
+class LibraryNotFoundError(MrstackError, OSError):
+    """libmrstack_c.so was not found or could not be loaded."""
+
+
+class SpecError(MrstackError, ValueError):
+    """A stack spec does not parse or names what does not exist. ``column`` is the 1-based
+    column the parser points at (0 when unknown)."""
+
+    def __init__(self, message, column=0):
+        super().__init__(message, "MRSTACK_ERROR_SPEC")
+        self.column = column
+
+
+class OutOfMemoryError(MrstackError, MemoryError):
+    """The stack could not satisfy a request; the message names sizes and free memory."""
+
+
+class CudaError(MrstackError):
+    """A CUDA call failed inside mrstack."""
+
+
+class StateError(MrstackError):
+    """The call came at the wrong time (configure after the first allocation)."""
+
+
+class _MemoryPointer(ctypes.Structure):
+    _fields_ = [("ptr", ctypes.c_uint64), ("size", ctypes.c_uint64), ("token", ctypes.c_uint64),
+                ("device", ctypes.c_int32), ("client", ctypes.c_int32)]
+
+
+class EmmAllocation(ctypes.Structure):
+    _fields_ = [("ptr", ctypes.c_uint64), ("token", ctypes.c_uint64)]
+
+
+class IpcHandleInfo(ctypes.Structure):
+    _fields_ = [("handle", ctypes.c_ubyte * IPC_HANDLE_BYTES), ("base", ctypes.c_uint64),
+                ("base_size", ctypes.c_uint64), ("offset", ctypes.c_uint64),
+                ("device", ctypes.c_int32), ("reserved", ctypes.c_int32)]
+
+
+class _ClientStatistics(ctypes.Structure):
+    _fields_ = [("live_bytes", ctypes.c_uint64), ("peak_bytes", ctypes.c_uint64),
+                ("live_count", ctypes.c_uint64), ("allocations", ctypes.c_uint64)]
+
+
+class _Statistics(ctypes.Structure):
+    _fields_ = [("live_bytes", ctypes.c_uint64), ("peak_bytes", ctypes.c_uint64),
+                ("free_bytes_held", ctypes.c_uint64), ("emm_outstanding", ctypes.c_uint64),
+                ("device", ctypes.c_int32), ("deferral_depth", ctypes.c_int32),
+                ("clients", _ClientStatistics * len(CLIENT_NAMES))]
+
+
+def _package_dir():
+    return os.path.dirname(os.path.abspath(__file__))
+
+
+def candidate_paths():
+    """Every place the library is looked for, in order (see the module's doc)."""
+    paths = []
+    env = os.environ.get("MRSTACK_LIBRARY")
+    if env:
+        paths.append(os.path.join(env, LIBRARY_NAME) if os.path.isdir(env) else env)
+    package = _package_dir()
+    paths.append(os.path.join(package, LIBRARY_NAME))
+    repo = os.path.dirname(os.path.dirname(package))  # <repo>/python/mrstack -> <repo>
+    built = glob.glob(os.path.join(repo, "build", "*", LIBRARY_NAME))
+    built.sort(key=lambda p: os.path.getmtime(p), reverse=True)
+    paths.extend(built)
+    return paths
+
+
+def library_path():
+    """The path of the library `library()` loads (or would load), or None when only the
+    dynamic loader's search path is left."""
+    env = os.environ.get("MRSTACK_LIBRARY")
+    for path in candidate_paths():
+        if os.path.isfile(path):
+            return path
+        if env and path in (env, os.path.join(env, LIBRARY_NAME)):
+            # An explicit MRSTACK_LIBRARY that does not exist is an error, not a hint.
+            raise LibraryNotFoundError(f"MRSTACK_LIBRARY={env!r}: no {LIBRARY_NAME} there")
+    return None
+
+
+_STATUS_NAMES = {
+    SUCCESS: "MRSTACK_SUCCESS", ERROR_INVALID_ARGUMENT: "MRSTACK_ERROR_INVALID_ARGUMENT",
+    ERROR_SPEC: "MRSTACK_ERROR_SPEC", ERROR_OUT_OF_MEMORY: "MRSTACK_ERROR_OUT_OF_MEMORY",
+    ERROR_CUDA: "MRSTACK_ERROR_CUDA", ERROR_LOGIC: "MRSTACK_ERROR_LOGIC",
+    ERROR_STATE: "MRSTACK_ERROR_STATE", ERROR_UNKNOWN: "MRSTACK_ERROR_UNKNOWN",
+}
+_STATUS_CLASSES = {ERROR_OUT_OF_MEMORY: OutOfMemoryError, ERROR_CUDA: CudaError, ERROR_STATE: StateError}
+
+
+class Library:
+    """The loaded C ABI: ctypes function objects with their signatures, and the error check."""
+
+    def __init__(self, path):
+        self.path = path
+        try:
+            # CDLL releases the GIL around every call: a free may synchronize the device
+            # (cudaFree), and a pending host callback may need the GIL to finish.
+            self.dll = ctypes.CDLL(path)
+        except OSError as e:
+            raise LibraryNotFoundError(f"cannot load {path}: {e}") from e
+        self._declare()
+        version = self.dll.mrstack_c_api_version()
+        if version != C_API_VERSION:
+            raise LibraryNotFoundError(
+                f"{path} implements C ABI version {version}; this package needs {C_API_VERSION}")
+
+    def _declare(self):
+        d = self.dll
+        c_size, c_void, c_int, c_u64 = ctypes.c_size_t, ctypes.c_void_p, ctypes.c_int, ctypes.c_uint64
+        p_stack = ctypes.POINTER(ctypes.c_void_p)
+        status = ctypes.c_int
+
+        def sig(name, restype, *argtypes):
+            fn = getattr(d, name)
+            fn.restype = restype
+            fn.argtypes = list(argtypes)
+            return fn
+
+        sig("mrstack_c_api_version", c_int)
+        sig("mrstack_last_error", ctypes.c_char_p)
+        sig("mrstack_last_error_column", c_size)
+        sig("mrstack_last_error_status", c_int)
+        sig("mrstack_emm_interface_version", c_int)
+        sig("mrstack_configure", status, ctypes.c_char_p)
+        sig("mrstack_configured_spec", status, ctypes.c_char_p, c_size, ctypes.POINTER(c_size))
+        sig("mrstack_device_stack", status, c_int, p_stack)
+        sig("mrstack_device_stack_if_built", c_void, c_int)
+        sig("mrstack_stack_create", status, ctypes.c_char_p, c_int, p_stack)
+        sig("mrstack_stack_destroy", status, c_void)
+        sig("mrstack_stack_describe", status, c_void, ctypes.c_char_p, c_size, ctypes.POINTER(c_size))
+        sig("mrstack_allocate", status, c_void, c_size, c_void, c_int, ctypes.POINTER(c_void))
+        sig("mrstack_deallocate", status, c_void, c_void, c_size, c_void, c_int)
+        sig("mrstack_emm_initialize", status, c_void)
+        sig("mrstack_emm_memalloc", status, c_void, c_size, c_int, ctypes.POINTER(_MemoryPointer))
+        sig("mrstack_emm_memalloc_token", c_u64, c_void, c_size, c_int, ctypes.POINTER(c_u64))
+        sig("mrstack_emm_memalloc_pair", EmmAllocation, c_void, c_size, c_int)
+        sig("mrstack_emm_free", c_int, c_void, c_u64)
+        sig("mrstack_emm_get_memory_info", status, c_void, ctypes.POINTER(c_size), ctypes.POINTER(c_size))
+        sig("mrstack_emm_get_ipc_handle", status, c_void, c_void, ctypes.POINTER(IpcHandleInfo))
+        sig("mrstack_emm_reset", status, c_void, ctypes.POINTER(c_size))
+        sig("mrstack_emm_defer_begin", status, c_void)
+        sig("mrstack_emm_defer_end", status, c_void)
+        sig("mrstack_get_statistics", status, c_void, ctypes.POINTER(_Statistics))
+        sig("mrstack_reset_peaks", status, c_void)
+        sig("mrstack_torch_alloc", c_void, c_size, c_int, c_void)
+        sig("mrstack_torch_free", None, c_void, c_size, c_int, c_void)
+
+    def last_error(self):
+        return self.dll.mrstack_last_error().decode("utf-8", "replace")
+
+    def error(self, status, what=""):
+        """The exception for a failed call's status, carrying this thread's last error."""
+        message = self.last_error()
+        if what:
+            message = f"{what}: {message}" if message else what
+        name = _STATUS_NAMES.get(status, f"status {status}")
+        if status == ERROR_SPEC:
+            return SpecError(message, int(self.dll.mrstack_last_error_column()))
+        return _STATUS_CLASSES.get(status, MrstackError)(message, name)
+
+    def check(self, status, what=""):
+        if status != SUCCESS:
+            raise self.error(status, what)
+
+
+_lock = threading.Lock()
+_library = None
+
+
+def library():
+    """The loaded library (loaded on the first call)."""
+    global _library
+    lib = _library
+    if lib is not None:
+        return lib
+    with _lock:
+        if _library is None:
+            path = library_path()
+            if path is None:
+                try:
+                    _library = Library(LIBRARY_NAME)  # the dynamic loader's search path
+                except LibraryNotFoundError:
+                    looked = "\n  ".join(candidate_paths()) or "(nowhere)"
+                    raise LibraryNotFoundError(
+                        f"{LIBRARY_NAME} not found. Looked in:\n  {looked}\n  and the dynamic loader's "
+                        "path. Build it (cmake --preset release && cmake --build --preset release "
+                        "--target mrstack_c) or set MRSTACK_LIBRARY to its path.") from None
+            else:
+                _library = Library(path)
+        return _library
+
+
+def is_loaded():
+    """True once the library was loaded (tests check that import alone does not load it)."""
+    return _library is not None

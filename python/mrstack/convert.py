@@ -1,0 +1,282 @@
+"""Convert allocation traces from other tools into mrstack's allocation-log CSV.
+
+    python -m mrstack.convert torch SNAPSHOT.pickle -o LOG.csv [--device N]
+
+The output is the log format mrstack-replay reads (and mrstack's and RMM's logging
+adaptors write): a header ``Thread,Time,Action,Pointer,Size,Stream`` and one row per
+event, so a PyTorch training run can be replayed on any mrstack stack:
+
+    mrstack-replay LOG.csv -r "pool > cuda" -r cuda_async
+
+PyTorch snapshots
+-----------------
+Record one with::
+
+    torch.cuda.memory._record_memory_history()          # before the work to record
+    ...                                                  # the work
+    torch.cuda.memory._dump_snapshot("snapshot.pickle")  # a pickled dict
+
+The snapshot's ``device_traces`` holds, per device, the allocator's trace entries (dicts
+with ``action``, ``addr``, ``size``, ``stream`` and, in recent versions, ``time_us``).
+One device is converted at a time:
+
+- ``alloc`` becomes ``allocate``; ``free_requested`` (the program let go of the block)
+  becomes ``free``; ``oom`` becomes ``allocate failure`` (the size asked, pointer 0);
+- ``free_completed``, ``segment_alloc``/``segment_free``/``segment_map``/
+  ``segment_unmap`` and ``snapshot`` describe PyTorch's own caching, not the program's
+  requests, and are left out;
+- a free of a block allocated before recording began (or before the trace's ring buffer
+  window: ``max_entries``) has no allocation to pair with; it is left out and counted.
+
+Sizes are the caching allocator's block sizes (requests rounded up to 512 bytes, or more
+for large blocks), which is what the program held. The snapshot has no thread ids, so
+every row is thread 1. Times are relative to the first entry (``H:MM:SS.ffffff``).
+
+Only convert snapshots you trust: reading a pickle can run code.
+"""
+
+import argparse
+import gzip
+import os
+import pickle
+import sys
+import tempfile
+
+__all__ = ["ConversionError", "TorchConversion", "convert_torch_snapshot", "load_snapshot", "write_log", "main"]
+
+HEADER = "Thread,Time,Action,Pointer,Size,Stream"
+
+# Trace actions that describe PyTorch's own caching rather than the program's requests.
+_IGNORED_TORCH_ACTIONS = frozenset(
+    {"free_completed", "segment_alloc", "segment_free", "segment_map", "segment_unmap", "snapshot"})
+
+
+class ConversionError(Exception):
+    """The input cannot be converted; the message says what and where."""
+
+
+class TorchConversion:
+    """The rows of one converted device trace, and what was left out."""
+
+    def __init__(self, device):
+        self.device = device
+        self.lines = [HEADER]
+        self.allocations = 0
+        self.frees = 0
+        self.failures = 0
+        self.unpaired_frees = 0    # frees of blocks allocated before the trace began
+        self.ignored_entries = 0   # PyTorch's caching bookkeeping (segments, free_completed...)
+        self.unknown_actions = {}  # action -> count, for actions this converter does not know
+        self.leaks = 0             # blocks still allocated when the snapshot was taken
+
+    @property
+    def events(self):
+        return self.allocations + self.frees
+
+    def summary(self):
+        parts = [f"{self.events:,} events ({self.allocations:,} allocate, {self.frees:,} free) from device {self.device}"]
+        if self.failures:
+            parts.append(f"{self.failures:,} allocation failures")
+        if self.unpaired_frees:
+            parts.append(f"{self.unpaired_frees:,} frees of blocks allocated before recording began left out")
+        if self.leaks:
+            parts.append(f"{self.leaks:,} blocks still allocated at the snapshot")
+        if self.ignored_entries:
+            parts.append(f"{self.ignored_entries:,} caching entries (segments, free_completed) left out")
+        for action, count in sorted(self.unknown_actions.items()):
+            parts.append(f"{count:,} entries with unknown action {action!r} left out")
+        return "; ".join(parts)
+
+
+def _hex(value):
+    return "0" if value == 0 else f"0x{value & 0xFFFFFFFFFFFFFFFF:x}"
+
+
+def _time_text(microseconds):
+    seconds, micro = divmod(max(0, int(microseconds)), 1_000_000)
+    minutes, sec = divmod(seconds, 60)
+    hours, minute = divmod(minutes, 60)
+    return f"{hours}:{minute:02d}:{sec:02d}.{micro:06d}"
+
+
+def _int_field(entry, key, where, action, required=True, default=0):
+    if key not in entry:
+        if required:
+            raise ConversionError(f"{where}: the {action!r} entry has no {key!r}")
+        return default
+    value = entry[key]
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConversionError(f"{where}: {key!r} of the {action!r} entry is {value!r}, expected an integer")
+    return value
+
+
+def _choose_device(traces, device):
+    with_entries = [(d, len(t)) for d, t in enumerate(traces) if len(t) > 0]
+    if device is not None:
+        if not 0 <= device < len(traces):
+            raise ConversionError(
+                f"--device {device}: the snapshot has traces for devices 0 to {len(traces) - 1}" if traces else
+                f"--device {device}: the snapshot has no device traces")
+        if not traces[device]:
+            listing = ", ".join(f"{d} ({n:,} entries)" for d, n in with_entries) or "none"
+            raise ConversionError(f"--device {device}: its trace is empty; devices with entries: {listing}")
+        return device
+    if not with_entries:
+        raise ConversionError(
+            "the snapshot's device_traces are empty: record them with "
+            "torch.cuda.memory._record_memory_history() before the work, then take the snapshot")
+    if len(with_entries) > 1:
+        listing = ", ".join(f"{d} ({n:,} entries)" for d, n in with_entries)
+        raise ConversionError(f"the snapshot has traces for several devices: {listing}; choose one with --device")
+    return with_entries[0][0]
+
+
+def convert_torch_snapshot(snapshot, device=None):
+    """Converts one device's trace of a PyTorch memory snapshot (the dict
+    ``torch.cuda.memory._snapshot()`` returns) into log lines. Raises ConversionError."""
+    if not isinstance(snapshot, dict):
+        raise ConversionError(
+            f"the snapshot is a {type(snapshot).__name__}, expected the dict torch.cuda.memory._snapshot() returns")
+    if "device_traces" not in snapshot:
+        raise ConversionError(
+            "the snapshot has no 'device_traces': record them with torch.cuda.memory._record_memory_history() "
+            "before the work, then take the snapshot")
+    traces = snapshot["device_traces"]
+    if not isinstance(traces, (list, tuple)) or not all(isinstance(t, (list, tuple)) for t in traces):
+        raise ConversionError("'device_traces' must be a list with one list of trace entries per device")
+    device = _choose_device(traces, device)
+    trace = traces[device]
+    out = TorchConversion(device)
+    live = {}  # address -> (size, entry index)
+    # Times count from the trace's first entry, whatever its action.
+    start_us = next((e["time_us"] for e in trace if isinstance(e, dict) and isinstance(e.get("time_us"), int)), None)
+    for index, entry in enumerate(trace):
+        where = f"device_traces[{device}][{index}]"
+        if not isinstance(entry, dict) or "action" not in entry:
+            raise ConversionError(f"{where}: expected a dict with an 'action', found {entry!r:.80}")
+        action = entry["action"]
+        if action in _IGNORED_TORCH_ACTIONS:
+            out.ignored_entries += 1
+            continue
+        if action not in ("alloc", "free_requested", "oom"):
+            out.unknown_actions[action] = out.unknown_actions.get(action, 0) + 1
+            continue
+        time_us = None if entry.get("time_us") is None else _int_field(entry, "time_us", where, action)
+        time = _time_text(time_us - start_us if time_us is not None else 0)
+        size = _int_field(entry, "size", where, action)
+        if size < 0:
+            raise ConversionError(f"{where}: 'size' of the {action!r} entry is negative ({size})")
+        stream = _int_field(entry, "stream", where, action, required=False, default=0)
+        if action == "oom":
+            out.lines.append(f"1,{time},allocate failure,0,{size},{_hex(stream)}")
+            out.failures += 1
+            continue
+        addr = _int_field(entry, "addr", where, action)
+        if addr == 0:
+            raise ConversionError(f"{where}: the {action!r} entry has a null 'addr'")
+        if action == "alloc":
+            if addr in live:
+                raise ConversionError(
+                    f"{where}: 'alloc' of {_hex(addr)}, which entry {live[addr][1]} allocated and no entry freed "
+                    "since: the trace is inconsistent")
+            live[addr] = (size, index)
+            out.lines.append(f"1,{time},allocate,{_hex(addr)},{size},{_hex(stream)}")
+            out.allocations += 1
+        else:
+            if addr not in live:
+                out.unpaired_frees += 1
+                continue
+            allocated_size, allocated_at = live.pop(addr)
+            if allocated_size != size:
+                raise ConversionError(
+                    f"{where}: 'free_requested' of {_hex(addr)} with size {size}, but entry {allocated_at} "
+                    f"allocated it with {allocated_size}")
+            out.lines.append(f"1,{time},free,{_hex(addr)},{size},{_hex(stream)}")
+            out.frees += 1
+    out.leaks = len(live)
+    return out
+
+
+def load_snapshot(path):
+    """Reads a pickled snapshot (as torch.cuda.memory._dump_snapshot writes it)."""
+    try:
+        with open(path, "rb") as f:
+            return pickle.load(f)
+    except FileNotFoundError:
+        raise ConversionError(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise ConversionError(f"{path}: is a directory, expected a snapshot file") from None
+    except PermissionError as e:
+        raise ConversionError(f"{path}: cannot read it ({e.strerror})") from None
+    except ModuleNotFoundError as e:
+        raise ConversionError(
+            f"{path}: reading it needs the Python module {e.name!r}; snapshots from "
+            "torch.cuda.memory._dump_snapshot() are plain dicts and need none") from None
+    except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError, ImportError) as e:
+        raise ConversionError(
+            f"{path}: not a readable pickle ({type(e).__name__}: {e}); expected a file written by "
+            "torch.cuda.memory._dump_snapshot()") from None
+
+
+def write_log(lines, path):
+    """Writes the log atomically: a temporary file beside `path`, then a rename, so no
+    reader ever sees half a log and a failure leaves none. A name ending in .gz is
+    gzip-compressed; "-" writes to standard output."""
+    text = "\n".join(lines) + "\n"
+    if path == "-":
+        sys.stdout.write(text)
+        return
+    directory = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=os.path.basename(path) + ".", suffix=".tmp", dir=directory)
+    try:
+        with os.fdopen(fd, "wb") as raw:
+            if path.endswith(".gz"):
+                with gzip.GzipFile(filename=os.path.basename(path)[:-3], mode="wb", fileobj=raw, mtime=0) as gz:
+                    gz.write(text.encode())
+            else:
+                raw.write(text.encode())
+            raw.flush()
+            os.fsync(raw.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(
+        prog="python -m mrstack.convert",
+        description="Convert allocation traces into mrstack's allocation-log CSV (for mrstack-replay).")
+    sources = parser.add_subparsers(dest="source", required=True, metavar="SOURCE")
+    torch_parser = sources.add_parser(
+        "torch", help="a PyTorch memory snapshot (torch.cuda.memory._dump_snapshot)",
+        description="Convert a PyTorch memory snapshot recorded with torch.cuda.memory._record_memory_history(): "
+                    "alloc -> allocate, free_requested -> free, oom -> allocate failure, one device at a time.")
+    torch_parser.add_argument("snapshot", metavar="SNAPSHOT.pickle")
+    torch_parser.add_argument("-o", "--output", required=True, metavar="LOG.csv",
+                              help="the log to write (.gz: compressed; -: standard output)")
+    torch_parser.add_argument("--device", type=int, default=None, metavar="N",
+                              help="the device whose trace to convert (default: the only one with entries)")
+    args = parser.parse_args(argv)
+    try:
+        conversion = convert_torch_snapshot(load_snapshot(args.snapshot), args.device)
+        if conversion.events == 0 and conversion.failures == 0:
+            raise ConversionError(
+                f"{args.snapshot}: device {conversion.device}'s trace has no alloc or free_requested entries")
+        write_log(conversion.lines, args.output)
+    except ConversionError as e:
+        print(f"python -m mrstack.convert: error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:
+        print(f"python -m mrstack.convert: error: cannot write {args.output}: {e.strerror or e}", file=sys.stderr)
+        return 2
+    where = "standard output" if args.output == "-" else args.output
+    print(f"wrote {where}: {conversion.summary()}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,82 @@
+"""mrstack as CuPy's allocator.
+
+    import mrstack.cupy
+    mrstack.cupy.install()        # cupy.cuda.set_allocator(mrstack.cupy.allocator)
+
+Every CuPy allocation then comes from the current device's process-wide mrstack stack (the
+one Numba and PyTorch share through `mrstack.numba` and `mrstack.torch`), ordered on
+CuPy's current stream: the memory is usable on that stream at once and goes back to the
+stack on the same stream when CuPy drops its last reference. The books count it under the
+client "cupy" (`mrstack.statistics()`).
+"""
+
+import ctypes
+
+import cupy as _cupy
+
+from . import _lib
+
+__all__ = ["allocator", "install", "uninstall"]
+
+_stacks = {}  # device ordinal -> mrstack_stack* (device stacks live as long as the process)
+_UnownedMemory = _cupy.cuda.UnownedMemory
+_MemoryPointer = _cupy.cuda.MemoryPointer
+_get_current_stream = _cupy.cuda.get_current_stream
+_get_device_id = _cupy.cuda.runtime.getDevice
+_CLIENT_CUPY = _lib.CLIENT_CUPY
+
+
+class _Allocation:
+    """Owns one allocation: CuPy keeps it alive as the memory's owner and drops it when the
+    array dies, which returns the memory to the stack on the stream it was allocated on."""
+
+    __slots__ = ("ptr", "size", "stream", "stack", "deallocate")
+    client = _lib.CLIENT_CUPY  # a class attribute: still there while the interpreter exits
+
+    def __init__(self, ptr, size, stream, stack, deallocate):
+        self.ptr, self.size, self.stream, self.stack, self.deallocate = ptr, size, stream, stack, deallocate
+
+    def __del__(self):
+        if self.ptr:
+            self.deallocate(self.stack, self.ptr, self.size, self.stream, self.client)
+
+
+def _stack_of(device):
+    stack = _stacks.get(device)
+    if stack is None:
+        lib = _lib.library()
+        handle = ctypes.c_void_p()
+        lib.check(lib.dll.mrstack_device_stack(device, ctypes.byref(handle)))
+        stack = _stacks[device] = handle.value
+    return stack
+
+
+def allocator(nbytes):
+    """A ``cupy.cuda.set_allocator`` allocator: `nbytes` from the current device's stack on
+    CuPy's current stream."""
+    device = _get_device_id()
+    stack = _stack_of(device)
+    lib = _lib.library()
+    stream = _get_current_stream().ptr
+    out = ctypes.c_void_p()
+    status = lib.dll.mrstack_allocate(stack, nbytes, stream or None, _CLIENT_CUPY, ctypes.byref(out))
+    if status != _lib.SUCCESS:
+        error = lib.error(status, f"mrstack.cupy: allocating {nbytes} bytes on device {device}")
+        if status == _lib.ERROR_OUT_OF_MEMORY:
+            # CuPy's callers expect its own OutOfMemoryError (a MemoryError) on a refusal.
+            raise _cupy.cuda.memory.OutOfMemoryError(nbytes, -1) from error
+        raise error
+    ptr = out.value or 0
+    owner = _Allocation(ptr, nbytes, stream, stack, lib.dll.mrstack_deallocate)
+    return _MemoryPointer(_UnownedMemory(ptr, nbytes, owner, device), 0)
+
+
+def install():
+    """Makes CuPy allocate from mrstack (for every device)."""
+    _cupy.cuda.set_allocator(allocator)
+
+
+def uninstall():
+    """Gives CuPy back its default memory pool. Memory CuPy holds from mrstack stays valid
+    and returns to mrstack when freed."""
+    _cupy.cuda.set_allocator(_cupy.get_default_memory_pool().malloc)

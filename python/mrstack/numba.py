@@ -1,0 +1,138 @@
+"""mrstack as Numba's External Memory Management (EMM) plugin.
+
+    NUMBA_CUDA_MEMORY_MANAGER=mrstack.numba python app.py
+    # or, before Numba creates a context:
+    mrstack.numba.install()   # numba.cuda.set_memory_manager(mrstack.numba.MrstackNumbaMemoryManager)
+
+Device memory comes from the device's process-wide mrstack stack (the spec from
+`mrstack.configure` or MRSTACK_RESOURCE), the same stack CuPy and PyTorch use through
+`mrstack.cupy` and `mrstack.torch`. Pinned and mapped host memory stay Numba's own
+(`HostOnlyCUDAMemoryManager`).
+
+The plugin follows Numba's interface (numba-cuda 0.30) to the letter:
+- ``__init__`` touches neither CUDA nor the shared library: Numba builds one instance with
+  ``context=None`` only to read ``interface_version`` (a property: 1).
+- ``initialize`` (Numba calls it every time it pushes the context) binds the device's stack
+  once and is cheap afterwards.
+- ``memalloc`` returns a ``MemoryPointer`` over a ``cuda.bindings.driver.CUdeviceptr``
+  whose finalizer frees by a unique token, never by address: after a ``reset`` the same
+  address is handed out again, and an old finalizer running late must not free it.
+- ``get_memory_info`` counts what the stack holds free as free; ``get_ipc_handle``
+  returns Numba's ``IpcHandle`` for the upstream allocation containing the memory, with
+  the offset into it; ``reset`` frees every outstanding allocation; ``defer_cleanup``
+  holds frees back until the outermost block ends.
+"""
+
+import contextlib
+import ctypes
+import weakref
+from functools import partial
+
+from numba import cuda as _cuda
+from numba.cuda.cudadrv import driver as _driver
+
+from . import _lib
+
+__all__ = ["MrstackNumbaMemoryManager", "_numba_memory_manager", "install"]
+
+_CUdeviceptr = _driver.binding.CUdeviceptr
+_CUipcMemHandle = _driver.binding.CUipcMemHandle
+_MemoryPointer = _driver.MemoryPointer
+_CLIENT_NUMBA = _lib.CLIENT_NUMBA
+
+
+class MrstackNumbaMemoryManager(_cuda.HostOnlyCUDAMemoryManager):
+    """Numba EMM plugin serving device memory from mrstack's per-device stack."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        # Bound by initialize(); nothing here may load the library or touch CUDA.
+        self._stack = None
+
+    @property
+    def interface_version(self):
+        return 1
+
+    def initialize(self):
+        if self._stack is not None:
+            return
+        lib = _lib.library()
+        device = int(self.context.device.id)
+        handle = ctypes.c_void_p()
+        lib.check(lib.dll.mrstack_device_stack(device, ctypes.byref(handle)))
+        lib.check(lib.dll.mrstack_emm_initialize(handle.value))
+        self._lib = lib
+        self._device = device
+        self._ctx = weakref.proxy(self.context)
+        # The hot path's pieces, looked up once: memalloc makes one foreign call, and the
+        # finalizer is a C-level partial over the foreign free function.
+        self._memalloc_pair = lib.dll.mrstack_emm_memalloc_pair
+        self._free = lib.dll.mrstack_emm_free
+        self._stack = handle.value
+        # As Numba's own manager does: pinned and mapped host frees are batched against the
+        # device's size.
+        if self.deallocations.memory_capacity == _driver._SizeNotSet:
+            self.deallocations.memory_capacity = self.get_memory_info().total
+
+    def memalloc(self, size):
+        stack = self._stack
+        if stack is None:
+            self.initialize()
+            stack = self._stack
+        allocation = self._memalloc_pair(stack, size, _CLIENT_NUMBA)
+        token = allocation.token
+        if not token:
+            raise self._allocation_error(size)
+        return _MemoryPointer(self._ctx, _CUdeviceptr(allocation.ptr), size,
+                              finalizer=partial(self._free, stack, token))
+
+    def _allocation_error(self, size):
+        lib = self._lib
+        return lib.error(lib.dll.mrstack_last_error_status(), f"mrstack.numba: memalloc({size})")
+
+    def get_memory_info(self):
+        self.initialize()
+        free = ctypes.c_size_t()
+        total = ctypes.c_size_t()
+        self._lib.check(self._lib.dll.mrstack_emm_get_memory_info(self._stack, ctypes.byref(free),
+                                                                   ctypes.byref(total)))
+        return _cuda.MemoryInfo(free=free.value, total=total.value)
+
+    def get_ipc_handle(self, memory):
+        self.initialize()
+        ptr = memory.device_pointer_value or 0
+        info = _lib.IpcHandleInfo()
+        self._lib.check(self._lib.dll.mrstack_emm_get_ipc_handle(self._stack, ptr, ctypes.byref(info)),
+                        "mrstack.numba: get_ipc_handle")
+        handle = _CUipcMemHandle()
+        # Copy the 64 opaque bytes into the binding's struct through its address: the
+        # field's Python accessor is not present in every cuda-bindings release.
+        ctypes.memmove(handle.getPtr(), ctypes.addressof(info.handle), _lib.IPC_HANDLE_BYTES)
+        source_info = self.context.device.get_device_identity()
+        return _cuda.IpcHandle(memory, handle, memory.size, source_info, offset=info.offset)
+
+    def reset(self):
+        super().reset()  # Numba's own host allocations
+        if self._stack is not None:
+            self._lib.check(self._lib.dll.mrstack_emm_reset(self._stack, None), "mrstack.numba: reset")
+
+    @contextlib.contextmanager
+    def defer_cleanup(self):
+        self.initialize()
+        lib, stack = self._lib, self._stack
+        lib.check(lib.dll.mrstack_emm_defer_begin(stack))
+        try:
+            with super().defer_cleanup():  # Numba's own host frees wait too
+                yield
+        finally:
+            lib.check(lib.dll.mrstack_emm_defer_end(stack), "mrstack.numba: end of defer_cleanup")
+
+
+# The name Numba looks for in the module NUMBA_CUDA_MEMORY_MANAGER names.
+_numba_memory_manager = MrstackNumbaMemoryManager
+
+
+def install():
+    """``numba.cuda.set_memory_manager(MrstackNumbaMemoryManager)``: call it before Numba
+    creates its CUDA context (its first CUDA call); contexts made earlier keep their manager."""
+    _cuda.set_memory_manager(MrstackNumbaMemoryManager)

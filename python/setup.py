@@ -1,0 +1,47 @@
+"""Builds the mrstack wheel. The package is pure Python over a shared library that CMake
+builds (libmrstack_c.so): when one is found — $MRSTACK_LIBRARY, or the newest
+../build/*/libmrstack_c.so of this checkout — it is copied into the package, so the
+installed package finds it next to itself. Without one the package still installs, and
+looks for the library at run time (see mrstack/_lib.py)."""
+import glob
+import os
+import shutil
+
+from setuptools import setup
+from setuptools.command.build_py import build_py
+from setuptools.dist import Distribution
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+LIBRARY = "libmrstack_c.so"
+
+
+def built_library():
+    env = os.environ.get("MRSTACK_LIBRARY")
+    if env:
+        path = os.path.join(env, LIBRARY) if os.path.isdir(env) else env
+        if not os.path.isfile(path):
+            raise SystemExit(f"MRSTACK_LIBRARY={env!r}: no {LIBRARY} there")
+        return path
+    built = glob.glob(os.path.join(HERE, "..", "build", "*", LIBRARY))
+    return max(built, key=os.path.getmtime) if built else None
+
+
+class build_py_with_library(build_py):
+    def run(self):
+        super().run()
+        library = built_library()
+        if library is None:
+            self.announce(f"mrstack: no {LIBRARY} found; the package will look for it at run time", level=3)
+            return
+        target = os.path.join(self.build_lib, "mrstack", LIBRARY)
+        self.announce(f"mrstack: bundling {os.path.abspath(library)}", level=3)
+        shutil.copy2(library, target)
+
+
+class BinaryDistribution(Distribution):
+    # The wheel carries a shared library when one was found: tag it for this platform.
+    def has_ext_modules(self):
+        return built_library() is not None
+
+
+setup(cmdclass={"build_py": build_py_with_library}, distclass=BinaryDistribution)

@@ -1,0 +1,192 @@
+"""The C ABI through ctypes, on the CPU: errors come back as statuses with a per-thread
+message and become the package's exceptions; spec errors carry the parser's message and
+column; the per-client books add up; the process-wide configuration rules hold."""
+import ctypes
+import threading
+
+import pytest
+
+import mrstack
+from mrstack import _lib
+
+
+@pytest.fixture
+def lib(library_path):
+    return _lib.library()
+
+
+def test_import_loads_nothing(run_python):
+    run_python("""
+        import sys
+        import mrstack
+        from mrstack import _lib
+        assert not _lib.is_loaded()
+        assert "numba" not in sys.modules and "cupy" not in sys.modules and "torch" not in sys.modules
+        mrstack.statistics()  # first use loads it
+        assert _lib.is_loaded()
+    """)
+
+
+def test_bad_spec_raises_spec_error_with_parser_message_and_column(lib):
+    with pytest.raises(mrstack.SpecError) as caught:
+        mrstack.Stack("system > no_such_layer_qq(size=1)")
+    error = caught.value
+    assert "no_such_layer_qq" in str(error)
+    assert error.column >= 1
+    assert error.status == "MRSTACK_ERROR_SPEC"
+    assert isinstance(error, ValueError) and isinstance(error, mrstack.MrstackError)
+
+
+def test_out_of_memory_and_broken_contracts_become_exceptions(lib):
+    with mrstack.Stack("limiting(limit=1MiB) > system") as stack:
+        with pytest.raises(mrstack.OutOfMemoryError) as caught:
+            stack.allocate(2 << 20)
+        assert "limiting" in str(caught.value)
+        assert isinstance(caught.value, MemoryError)
+        assert stack.statistics().live_bytes == 0
+    with mrstack.Stack("simulated") as stack:
+        foreign = ctypes.c_int()
+        with pytest.raises(mrstack.MrstackError) as caught:
+            stack.deallocate(ctypes.addressof(foreign), 256)
+        assert caught.value.status == "MRSTACK_ERROR_LOGIC"
+
+
+def test_null_arguments_are_refused_with_a_message_naming_the_call(lib):
+    dll = lib.dll
+    out = ctypes.c_void_p()
+    assert dll.mrstack_allocate(None, 16, None, 0, ctypes.byref(out)) == _lib.ERROR_INVALID_ARGUMENT
+    assert "mrstack_allocate" in lib.last_error()
+    assert dll.mrstack_emm_free(None, 5) == -1
+    assert "mrstack_emm_free" in lib.last_error()
+    assert dll.mrstack_stack_create(None, 0, ctypes.byref(out)) == _lib.ERROR_INVALID_ARGUMENT
+    assert dll.mrstack_device_stack(5000, ctypes.byref(out)) == _lib.ERROR_INVALID_ARGUMENT
+    assert "5000" in lib.last_error()
+    with pytest.raises(mrstack.MrstackError) as caught:
+        lib.check(dll.mrstack_device_stack(-2, ctypes.byref(out)))
+    assert caught.value.status == "MRSTACK_ERROR_INVALID_ARGUMENT"
+    assert "-2" in str(caught.value)
+
+
+def test_last_error_is_per_thread(lib):
+    dll = lib.dll
+    out = ctypes.c_void_p()
+    dll.mrstack_stack_create(b"system", -11, ctypes.byref(out))
+    mine = lib.last_error()
+    seen = {}
+
+    def other():
+        seen["before"] = lib.last_error()
+        dll.mrstack_stack_create(b"system", -22, ctypes.byref(ctypes.c_void_p()))
+        seen["after"] = lib.last_error()
+
+    t = threading.Thread(target=other)
+    t.start()
+    t.join()
+    assert seen["before"] == ""
+    assert "-22" in seen["after"]
+    assert lib.last_error() == mine and "-11" in mine
+
+
+def test_per_client_books(lib):
+    with mrstack.Stack("system") as stack:
+        assert stack.describe() == "system"
+        a = stack.allocate(1000, client="cupy")
+        b = stack.allocate(3000, client="torch")
+        c = stack.allocate(500)
+        ctypes.memset(a, 7, 1000)
+        s = stack.statistics()
+        assert s.live_bytes == 4500 and s.peak_bytes == 4500
+        assert s.clients["cupy"].live_bytes == 1000
+        assert s.clients["torch"].live_bytes == 3000
+        assert s.clients["other"].live_bytes == 500
+        assert s.clients["numba"].live_bytes == 0
+        stack.deallocate(b, 3000, client="torch")
+        s = stack.statistics()
+        assert s.clients["torch"].live_bytes == 0 and s.clients["torch"].peak_bytes == 3000
+        assert s.live_bytes == 1500 and s.peak_bytes == 4500
+        stack.reset_peaks()
+        assert stack.statistics().peak_bytes == 1500
+        stack.deallocate(a, 1000, client="cupy")
+        stack.deallocate(c, 500)
+        assert stack.statistics().live_bytes == 0
+        assert "cupy" in str(stack.statistics())
+        with pytest.raises(ValueError, match="unknown client"):
+            stack.allocate(16, client="jax")
+
+
+def test_closed_stack_is_refused(lib):
+    stack = mrstack.Stack("system")
+    stack.close()
+    stack.close()  # twice is fine
+    with pytest.raises(mrstack.MrstackError, match="closed"):
+        stack.allocate(16)
+
+
+def test_configuration_is_process_wide_and_one_shot(run_python):
+    run_python("""
+        import mrstack
+        assert mrstack.statistics().stack == ""          # nothing built, nothing touched
+        try:
+            mrstack.configure("pool(initial=12 parsecs) > system")   # checked at once
+        except mrstack.SpecError as e:
+            assert "parsecs" in str(e) and e.column > 1, (str(e), e.column)
+        else:
+            raise AssertionError("a bad spec was accepted")
+        mrstack.configure("system")
+        assert mrstack.configured_spec() == "system"
+        stack = mrstack.device_stack(0)
+        assert stack.describe() == "system"
+        mrstack.configure("system")                      # the same again is fine
+        try:
+            mrstack.configure("simulated")
+        except mrstack.StateError as e:
+            assert "already built" in str(e)
+        else:
+            raise AssertionError("reconfigured a built stack")
+        p = stack.allocate(4096, client="numba")
+        assert mrstack.statistics(0).clients["numba"].live_bytes == 4096
+        stack.deallocate(p, 4096, client="numba")
+    """)
+
+
+def test_a_bad_spec_in_the_environment_names_the_variable(run_python):
+    done = run_python("""
+        import mrstack
+        try:
+            mrstack.device_stack(0)
+        except mrstack.SpecError as e:
+            print("SPEC ERROR:", e)
+    """, env={"MRSTACK_RESOURCE": "pool > nonsense_layer_zz"})
+    assert "SPEC ERROR: MRSTACK_RESOURCE" in done.stdout and "nonsense_layer_zz" in done.stdout, done.stdout
+
+
+def test_environment_variable_names_the_spec(run_python):
+    done = run_python("""
+        import mrstack
+        print(mrstack.configured_spec())
+        print(mrstack.device_stack(0).describe())
+    """, env={"MRSTACK_RESOURCE": "simulated"})
+    assert done.stdout.split() == ["simulated", "simulated"]
+
+
+def test_missing_library_is_a_clear_error(run_python, tmp_path):
+    done = run_python("""
+        import mrstack
+        try:
+            mrstack.statistics()
+        except mrstack.LibraryNotFoundError as e:
+            print("ERROR", e)
+    """, env={"MRSTACK_LIBRARY": str(tmp_path / "nowhere.so")})
+    assert "ERROR" in done.stdout and "nowhere.so" in done.stdout
+
+
+def test_library_search_order(tmp_path, monkeypatch, library_path):
+    monkeypatch.setenv("MRSTACK_LIBRARY", str(tmp_path))
+    paths = _lib.candidate_paths()
+    assert paths[0] == str(tmp_path / _lib.LIBRARY_NAME)          # a folder: the file in it
+    assert paths[1].endswith("mrstack/" + _lib.LIBRARY_NAME)        # then the package folder
+    assert all("/build/" in p for p in paths[2:])                  # then the build folders
+    with pytest.raises(mrstack.LibraryNotFoundError, match="MRSTACK_LIBRARY"):
+        _lib.library_path()
+    monkeypatch.setenv("MRSTACK_LIBRARY", library_path)
+    assert _lib.library_path() == library_path

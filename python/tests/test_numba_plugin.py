@@ -1,0 +1,209 @@
+"""The Numba EMM plugin's contract against numba-cuda, on the CPU: the class Numba expects,
+an __init__ that touches neither CUDA nor the library, both ways of installing it, and
+the finalizer/reset/defer behaviour over a host-memory (`system`) stack with a stand-in
+context — everything that needs no GPU."""
+import pytest
+
+numba_cuda = pytest.importorskip("numba.cuda", reason="numba-cuda is not installed")
+
+from numba.cuda.cudadrv import driver as numba_driver  # noqa: E402
+
+import mrstack.numba as plugin  # noqa: E402
+
+
+def test_class_contract():
+    cls = plugin._numba_memory_manager
+    assert cls is plugin.MrstackNumbaMemoryManager
+    assert issubclass(cls, numba_cuda.HostOnlyCUDAMemoryManager)
+    assert issubclass(cls, numba_cuda.BaseCUDAMemoryManager)
+    assert isinstance(cls.__dict__["interface_version"], property)
+    assert not cls.__abstractmethods__
+    for name in ("memalloc", "initialize", "get_memory_info", "get_ipc_handle", "reset", "defer_cleanup"):
+        assert name in cls.__dict__, f"{name} is Numba's, not the plugin's"
+
+
+def test_init_touches_neither_cuda_nor_the_library(run_python):
+    # As Numba does in set_memory_manager: an instance with context=None, to read the version.
+    run_python("""
+        from numba.cuda.cudadrv import driver
+        calls = []  # every driver function Numba's driver object is asked for
+        original_getattr = driver.Driver.__getattr__
+        def spy(self, name):
+            calls.append(name)
+            return original_getattr(self, name)
+        driver.Driver.__getattr__ = spy
+        from mrstack import _lib
+        import mrstack.numba
+        m = mrstack.numba._numba_memory_manager(context=None)
+        assert m.interface_version == 1
+        assert calls == [], f"__init__ called the CUDA driver: {calls}"
+        assert not _lib.is_loaded(), "__init__ loaded the shared library"
+    """)
+
+
+def test_set_memory_manager_accepts_it(run_python):
+    run_python("""
+        from numba.cuda.cudadrv import driver
+        calls = []  # every driver function Numba's driver object is asked for
+        original_getattr = driver.Driver.__getattr__
+        def spy(self, name):
+            calls.append(name)
+            return original_getattr(self, name)
+        driver.Driver.__getattr__ = spy
+        from numba import cuda
+        from mrstack import _lib
+        import mrstack.numba
+        cuda.set_memory_manager(mrstack.numba.MrstackNumbaMemoryManager)
+        assert driver._memory_manager is mrstack.numba.MrstackNumbaMemoryManager
+        driver._memory_manager = None
+        mrstack.numba.install()
+        assert driver._memory_manager is mrstack.numba.MrstackNumbaMemoryManager
+        assert calls == [], calls
+        assert not _lib.is_loaded()
+    """)
+
+
+def test_environment_variable_selects_it(run_python):
+    run_python("""
+        from numba.cuda.cudadrv import driver
+        calls = []  # every driver function Numba's driver object is asked for
+        original_getattr = driver.Driver.__getattr__
+        def spy(self, name):
+            calls.append(name)
+            return original_getattr(self, name)
+        driver.Driver.__getattr__ = spy
+        driver._ensure_memory_manager()
+        import mrstack.numba
+        assert driver._memory_manager is mrstack.numba._numba_memory_manager, driver._memory_manager
+        assert calls == [], calls
+    """, env={"NUMBA_CUDA_MEMORY_MANAGER": "mrstack.numba"})
+
+
+# A stand-in for Numba's Context: the plugin needs its device's id and identity, and a
+# weak reference to it. Runs over a `system` stack, so memory is host memory.
+FAKE_CONTEXT = """
+    import gc, weakref
+    import mrstack, mrstack.numba
+    from numba import cuda
+    from numba.cuda.cudadrv import driver as numba_driver
+
+    class Device:
+        id = 0
+        def get_device_identity(self):
+            return {"pci_domain_id": 0, "pci_bus_id": 0, "pci_device_id": 0}
+
+    class Context:
+        device = Device()
+
+    ctx = Context()
+    mgr = mrstack.numba.MrstackNumbaMemoryManager(context=ctx)
+    mgr.initialize()
+    mgr.initialize()   # idempotent
+
+    def numba_books():
+        return mrstack.statistics(0).clients["numba"]
+"""
+
+
+def test_memalloc_and_finalizer_exactly_once(run_python):
+    run_python(FAKE_CONTEXT + """
+    import ctypes
+    import cuda.bindings.driver as binding
+    mem = mgr.memalloc(4096)
+    assert isinstance(mem, cuda.MemoryPointer)
+    assert isinstance(mem.device_pointer, binding.CUdeviceptr)
+    assert mem.size == 4096 and mem.device_pointer_value
+    ctypes.memset(mem.device_pointer_value, 0x5a, 4096)     # host memory under `system`
+    assert numba_books().live_bytes == 4096 and numba_books().live_count == 1
+
+    # The finalizer frees by token, exactly once.
+    callback = mem._finalizer.peek()[1]        # (object, func, args, kwargs): func is our partial
+    free, (stack, token) = callback.func, callback.args
+    assert token != 0 and token != mem.device_pointer_value
+    mem.free()
+    assert numba_books().live_bytes == 0
+    assert free(stack, token) == 0              # a second run does nothing
+    assert numba_books().live_count == 0
+
+    # Dropping the last reference finalizes, too.
+    for size in (256, 1000, 1 << 20):
+        m = mgr.memalloc(size)
+        assert numba_books().live_bytes == size
+        del m
+        gc.collect()
+        assert numba_books().live_bytes == 0
+    assert mrstack.statistics(0).clients["numba"].allocations == 4
+
+    # Zero bytes: a null pointer, and nothing to free.
+    z = mgr.memalloc(0)
+    assert z.device_pointer_value is None
+    del z
+    """)
+
+
+def test_reset_frees_everything_and_stale_finalizers_are_noops(run_python):
+    run_python(FAKE_CONTEXT + """
+    before = [mgr.memalloc(512) for _ in range(3)]
+    assert numba_books().live_count == 3
+    mgr.reset()
+    assert numba_books().live_count == 0 and numba_books().live_bytes == 0
+    # A new allocation may reuse an address a stale pointer still names; the stale
+    # finalizers must not free it.
+    after = mgr.memalloc(512)
+    del before
+    gc.collect()
+    assert numba_books().live_count == 1 and numba_books().live_bytes == 512
+    del after
+    gc.collect()
+    assert numba_books().live_count == 0
+    assert mrstack.statistics(0).emm_outstanding == 0
+    """)
+
+
+def test_defer_cleanup_nests(run_python):
+    run_python(FAKE_CONTEXT + """
+    assert mrstack.statistics(0).emm_outstanding == 0
+    with mgr.defer_cleanup():
+        m = mgr.memalloc(256)
+        with mgr.defer_cleanup():
+            assert mrstack.statistics(0).emm_outstanding == 1
+            del m
+            gc.collect()
+            assert mrstack.device_stack(0).statistics().emm_outstanding == 0
+        assert mgr.deallocations.is_disabled   # Numba's own host frees wait too
+    assert not mgr.deallocations.is_disabled
+    assert mrstack.statistics(0).emm_outstanding == 0
+    """)
+
+
+def test_memory_info_and_ipc_refusal_on_host_memory(run_python):
+    run_python(FAKE_CONTEXT + """
+    info = mgr.get_memory_info()
+    assert isinstance(info, cuda.MemoryInfo)
+    assert 0 < info.free <= info.total
+    mem = mgr.memalloc(1024)
+    try:
+        mgr.get_ipc_handle(mem)
+    except mrstack.MrstackError as e:
+        assert "CUDA IPC" in str(e) and "host memory" in str(e), e
+    else:
+        raise AssertionError("an IPC handle for host memory")
+    """)
+
+
+def test_bad_spec_in_environment_raises_spec_error_at_initialize(run_python):
+    done = run_python(FAKE_CONTEXT.replace("mgr.initialize()\n    mgr.initialize()   # idempotent", "") + """
+    try:
+        mgr.initialize()
+    except mrstack.SpecError as e:
+        print("SPEC ERROR:", e)
+    """, env={"MRSTACK_RESOURCE": "system > nonsense_layer_zz"})
+    assert "SPEC ERROR" in done.stdout and "nonsense_layer_zz" in done.stdout
+
+
+@pytest.fixture
+def run_python(run_python):
+    # These tests run over host memory: a `system` stack unless a test says otherwise.
+    def run(code, env=None, check=True):
+        return run_python(code, env={"MRSTACK_RESOURCE": "system", **(env or {})}, check=check)
+    return run

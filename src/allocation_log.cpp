@@ -1,0 +1,369 @@
+// The allocation-log reader: CSV (plain or gzip) -> a checked, compact event array.
+#include <mrstack/log/allocation_log.hpp>
+
+#include <algorithm>
+#include <cctype>
+#include <cerrno>
+#include <charconv>
+#include <cstdio>
+#include <cstring>
+#include <limits>
+#include <unordered_map>
+
+#include <zlib.h>
+
+namespace mrstack {
+
+namespace {
+
+constexpr std::string_view expected_header = "Thread,Time,Action,Pointer,Size,Stream";
+constexpr std::string_view column_names[] = {"Thread", "Time", "Action", "Pointer", "Size", "Stream"};
+
+std::string hex(std::uint64_t v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "0x%llx", static_cast<unsigned long long>(v));
+  return buf;
+}
+
+std::string_view trim(std::string_view s) {
+  while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) { s.remove_prefix(1); }
+  while (!s.empty() && (s.back() == ' ' || s.back() == '\t')) { s.remove_suffix(1); }
+  return s;
+}
+
+bool equal_ignoring_case(std::string_view a, std::string_view b) {
+  return a.size() == b.size() && std::equal(a.begin(), a.end(), b.begin(), [](char x, char y) {
+           return std::tolower(static_cast<unsigned char>(x)) == std::tolower(static_cast<unsigned char>(y));
+         });
+}
+
+struct field {
+  std::string_view text;  // trimmed
+  std::size_t column;     // 1-based column of the trimmed text
+};
+
+/// `H:MM:SS[.f]` (any number of hour digits) or a plain decimal number of seconds.
+bool is_time(std::string_view t) {
+  auto digits = [&](std::size_t& i) {
+    std::size_t const start = i;
+    while (i < t.size() && std::isdigit(static_cast<unsigned char>(t[i])) != 0) { ++i; }
+    return i - start;
+  };
+  std::size_t i = 0;
+  if (digits(i) == 0) { return false; }
+  if (i < t.size() && t[i] == ':') {
+    ++i;
+    if (digits(i) != 2 || i >= t.size() || t[i] != ':') { return false; }
+    ++i;
+    if (digits(i) != 2) { return false; }
+  }
+  if (i < t.size() && t[i] == '.') {
+    ++i;
+    if (digits(i) == 0) { return false; }
+  }
+  return i == t.size();
+}
+
+bool parse_hex(std::string_view t, std::uint64_t& out) {
+  if (t == "(nil)") {  // how glibc's %p prints a null pointer (the logging adaptor's failure rows)
+    out = 0;
+    return true;
+  }
+  if (t.size() >= 2 && t[0] == '0' && (t[1] == 'x' || t[1] == 'X')) { t.remove_prefix(2); }
+  if (t.empty() || t.size() > 16) { return false; }
+  auto const [end, ec] = std::from_chars(t.data(), t.data() + t.size(), out, 16);
+  return ec == std::errc{} && end == t.data() + t.size();
+}
+
+class log_parser {
+ public:
+  log_parser(std::string_view text, std::string source) : text_{text} { log_.source = std::move(source); }
+
+  allocation_log parse() {
+    read_header();
+    while (next_line()) {
+      if (trim(line_).empty()) { continue; }
+      read_row();
+    }
+    finish();
+    return std::move(log_);
+  }
+
+ private:
+  bool next_line() {
+    if (pos_ >= text_.size()) { return false; }
+    std::size_t end = text_.find('\n', pos_);
+    if (end == std::string_view::npos) { end = text_.size(); }
+    line_ = text_.substr(pos_, end - pos_);
+    if (!line_.empty() && line_.back() == '\r') { line_.remove_suffix(1); }
+    pos_ = end + 1;
+    if (line_number_ == std::numeric_limits<std::uint32_t>::max()) { fail(0, "the log has more than 4294967295 lines"); }
+    ++line_number_;
+    return true;
+  }
+
+  void split() {
+    fields_.clear();
+    std::size_t start = 0;
+    while (true) {
+      std::size_t const comma = line_.find(',', start);
+      std::size_t const end = comma == std::string_view::npos ? line_.size() : comma;
+      std::string_view raw = line_.substr(start, end - start);
+      std::size_t lead = 0;
+      while (lead < raw.size() && (raw[lead] == ' ' || raw[lead] == '\t')) { ++lead; }
+      fields_.push_back({trim(raw), start + lead + 1});
+      if (comma == std::string_view::npos) { break; }
+      start = comma + 1;
+    }
+  }
+
+  void read_header() {
+    if (!next_line()) { fail(0, "the log is empty: expected the header " + std::string{expected_header}); }
+    split();
+    for (std::size_t i = 0; i < std::size(column_names); ++i) {
+      if (i >= fields_.size()) {
+        fail(line_.size() + 1, "the header ends after " + std::to_string(fields_.size()) +
+                                   " columns: expected " + std::string{expected_header} + " (more columns may follow)");
+      }
+      if (!equal_ignoring_case(fields_[i].text, column_names[i])) {
+        fail(fields_[i].column, "header column " + std::to_string(i + 1) + " is '" + std::string{fields_[i].text} +
+                                    "', expected '" + std::string{column_names[i]} + "': the header must start with " +
+                                    std::string{expected_header});
+      }
+    }
+  }
+
+  void read_row() {
+    split();
+    if (fields_.size() < std::size(column_names)) {
+      fail(line_.size() + 1, "expected 6 columns (" + std::string{expected_header} + "), found " +
+                                 std::to_string(fields_.size()));
+    }
+    field const& thread = fields_[0];
+    field const& time = fields_[1];
+    field const& action = fields_[2];
+    field const& pointer = fields_[3];
+    field const& size = fields_[4];
+    field const& stream = fields_[5];
+    if (thread.text.empty()) { fail(thread.column, "the Thread column is empty: expected a thread id"); }
+    if (!is_time(time.text)) {
+      fail(time.column, "bad Time '" + std::string{time.text} +
+                            "': expected a time such as 01:00:00.000123 (H:MM:SS[.fraction]) or a number of seconds");
+    }
+    enum class kind { allocate, failure, free } row_kind{};
+    if (action.text == "allocate") {
+      row_kind = kind::allocate;
+    } else if (action.text == "free") {
+      row_kind = kind::free;
+    } else if (action.text == "allocate failure") {
+      row_kind = kind::failure;
+    } else {
+      fail(action.column, "bad Action '" + std::string{action.text} +
+                              "': expected allocate, free or allocate failure");
+    }
+    std::uint64_t address = 0;
+    if (!parse_hex(pointer.text, address)) {
+      fail(pointer.column, "bad Pointer '" + std::string{pointer.text} +
+                               "': expected a hexadecimal address such as 0x7f3a00000000 (with or without 0x)");
+    }
+    std::uint64_t bytes = 0;
+    {
+      auto const [end, ec] = std::from_chars(size.text.data(), size.text.data() + size.text.size(), bytes);
+      if (size.text.empty() || ec != std::errc{} || end != size.text.data() + size.text.size() ||
+          bytes > std::numeric_limits<std::size_t>::max()) {
+        fail(size.column, "bad Size '" + std::string{size.text} + "': expected a number of bytes (decimal digits)" +
+                              (ec == std::errc::result_out_of_range ? ", and at most 18446744073709551615" : ""));
+      }
+    }
+    std::uint64_t stream_handle = 0;
+    if (!parse_hex(stream.text, stream_handle)) {
+      fail(stream.column, "bad Stream '" + std::string{stream.text} +
+                              "': expected a hexadecimal stream handle such as 0x5581c0a0 or 0 (with or without 0x)");
+    }
+
+    std::uint32_t const thread_index = intern_thread(thread.text);
+    if (row_kind == kind::failure) {
+      log_.recorded_failures.push_back({line_number_, static_cast<std::size_t>(bytes), thread_index});
+      return;
+    }
+    if (address == 0) {
+      if (bytes == 0 || row_kind == kind::free) {
+        ++log_.skipped_null_rows;  // an allocation of nothing, or a free of nullptr: a no-op
+        return;
+      }
+      fail(pointer.column, "an allocate row of " + std::to_string(bytes) + " bytes has a null Pointer");
+    }
+    std::uint16_t const stream_index = intern_stream(stream_handle, stream.column);
+    if (log_.events.size() == std::numeric_limits<std::uint32_t>::max()) {
+      fail(0, "the log has more than 4294967295 events, more than a replay can index");
+    }
+    auto const event_index = static_cast<std::uint32_t>(log_.events.size());
+    log_event event;
+    event.bytes = static_cast<std::size_t>(bytes);
+    event.stream = stream_index;
+    if (row_kind == kind::allocate) {
+      auto [it, inserted] = pointers_.try_emplace(address);
+      auto& state = it->second;
+      if (!inserted && state.live) {
+        fail(pointer.column, "allocate of " + hex(address) + ", which is still live: line " +
+                                 std::to_string(state.allocated_line) + " allocated it and no line freed it since");
+      }
+      state = pointer_state{static_cast<std::uint32_t>(log_.allocation_count), line_number_, 0, true};
+      event.action = log_action::allocate;
+      event.allocation = state.allocation;
+      log_.allocation_events.push_back(event_index);
+      ++log_.allocation_count;
+      live_bytes_ += event.bytes;
+      log_.total_allocated_bytes += event.bytes;
+      log_.peak_live_bytes = std::max(log_.peak_live_bytes, live_bytes_);
+    } else {
+      auto const it = pointers_.find(address);
+      if (it == pointers_.end()) {
+        fail(pointer.column, "free of " + hex(address) + ", which no earlier line allocated");
+      }
+      auto& state = it->second;
+      if (!state.live) {
+        fail(pointer.column, "free of " + hex(address) + ", which is not live: line " +
+                                 std::to_string(state.allocated_line) + " allocated it and line " +
+                                 std::to_string(state.freed_line) + " already freed it");
+      }
+      std::size_t const allocated_bytes = log_.events[log_.allocation_events[state.allocation]].bytes;
+      if (allocated_bytes != event.bytes) {
+        fail(size.column, "free of " + hex(address) + " with Size " + std::to_string(bytes) + ", but line " +
+                              std::to_string(state.allocated_line) + " allocated it with " +
+                              std::to_string(allocated_bytes) + " bytes");
+      }
+      state.live = false;
+      state.freed_line = line_number_;
+      event.action = log_action::free;
+      event.allocation = state.allocation;
+      live_bytes_ -= event.bytes;
+    }
+    log_.events.push_back(event);
+    log_.event_lines.push_back(line_number_);
+    log_.event_threads.push_back(thread_index);
+    log_.events_by_thread[thread_index].push_back(event_index);
+  }
+
+  std::uint32_t intern_thread(std::string_view name) {
+    auto const [it, inserted] = threads_.try_emplace(std::string{name}, static_cast<std::uint32_t>(log_.thread_names.size()));
+    if (inserted) {
+      log_.thread_names.emplace_back(name);
+      log_.events_by_thread.emplace_back();
+    }
+    return it->second;
+  }
+
+  std::uint16_t intern_stream(std::uint64_t handle, std::size_t column) {
+    auto const [it, inserted] = streams_.try_emplace(handle, static_cast<std::uint16_t>(log_.streams.size()));
+    if (inserted) {
+      if (log_.streams.size() == std::numeric_limits<std::uint16_t>::max()) {
+        fail(column, "the log uses more than 65535 streams");
+      }
+      log_.streams.push_back(handle);
+    }
+    return it->second;
+  }
+
+  void finish() {
+    log_.line_count = line_number_;
+    std::vector<bool> freed(log_.allocation_count, false);
+    for (auto const& e : log_.events) {
+      if (e.action == log_action::free) { freed[e.allocation] = true; }
+    }
+    for (std::uint32_t a = 0; a < log_.allocation_count; ++a) {
+      if (!freed[a]) {
+        log_.leaked_allocations.push_back(a);
+        log_.leaked_bytes += log_.events[log_.allocation_events[a]].bytes;
+      }
+    }
+  }
+
+  [[noreturn]] void fail(std::size_t column, std::string const& what) const {
+    std::string message = log_.source + ":" + std::to_string(line_number_);
+    if (column > 0) { message += ":" + std::to_string(column); }
+    message += ": " + what;
+    if (line_number_ > 0 && column > 0) {
+      std::string shown{line_};
+      std::replace(shown.begin(), shown.end(), '\t', ' ');
+      message += "\n  " + shown + "\n  " + std::string(column - 1, ' ') + "^";
+    }
+    throw log_error(message, log_.source, line_number_, column);
+  }
+
+  struct pointer_state {
+    std::uint32_t allocation = 0;
+    std::uint32_t allocated_line = 0;
+    std::uint32_t freed_line = 0;
+    bool live = false;
+  };
+
+  std::string_view text_;
+  std::size_t pos_ = 0;
+  std::string_view line_;
+  std::uint32_t line_number_ = 0;
+  std::vector<field> fields_;
+  allocation_log log_;
+  std::unordered_map<std::uint64_t, pointer_state> pointers_;
+  std::unordered_map<std::string, std::uint32_t> threads_;
+  std::unordered_map<std::uint64_t, std::uint16_t> streams_;
+  std::size_t live_bytes_ = 0;
+};
+
+}  // namespace
+
+allocation_log parse_allocation_log(std::string_view text, std::string source) {
+  return log_parser{text, std::move(source)}.parse();
+}
+
+allocation_log read_allocation_log(std::string const& path) {
+  auto fail = [&](std::string const& what) -> allocation_log { throw log_error(path + ": " + what, path, 0, 0); };
+  // fopen first: zlib's gzopen does not say why a file cannot be opened.
+  std::FILE* probe = std::fopen(path.c_str(), "rb");
+  if (probe == nullptr) { return fail(std::string{"cannot open the log: "} + std::strerror(errno)); }
+  std::fclose(probe);
+  gzFile file = gzopen(path.c_str(), "rb");  // reads gzip and plain files alike
+  if (file == nullptr) { return fail("cannot open the log"); }
+  std::string text;
+  char buffer[1 << 16];
+  while (true) {
+    int const n = gzread(file, buffer, sizeof buffer);
+    if (n < 0) {
+      int code = 0;
+      std::string const why = gzerror(file, &code);
+      gzclose(file);
+      return fail("cannot read the log (" + why + ")");
+    }
+    if (n == 0) { break; }
+    text.append(buffer, static_cast<std::size_t>(n));
+  }
+  int code = 0;
+  char const* why = gzerror(file, &code);
+  if (code != Z_OK) {
+    std::string const reason = why;
+    gzclose(file);
+    return fail("the compressed log is damaged or cut short (" + reason + ")");
+  }
+  gzclose(file);
+  if (text.find('\0') != std::string::npos) {
+    return fail("the log holds binary data: expected CSV text (or gzip-compressed CSV)");
+  }
+  return parse_allocation_log(text, path);
+}
+
+std::size_t peak_live_bytes_without(allocation_log const& log, std::vector<bool> const& skipped) {
+  std::size_t live = 0;
+  std::size_t peak = 0;
+  for (auto const& e : log.events) {
+    if (e.allocation < skipped.size() && skipped[e.allocation]) { continue; }
+    if (e.action == log_action::allocate) {
+      live += e.bytes;
+      peak = std::max(peak, live);
+    } else {
+      live -= e.bytes;
+    }
+  }
+  return peak;
+}
+
+}  // namespace mrstack

@@ -1,0 +1,139 @@
+// Numba's EMM plugin interface through the C ABI: each stack carries an emm::adapter; the
+// client tag of an EMM allocation rides in the adapter's slot so its free closes the right
+// books.
+#include "c_api_internal.hpp"
+
+#include <cstring>
+#include <string>
+
+using mrstack::c_api::guarded;
+using mrstack::c_api::set_last_error;
+using mrstack::c_api::valid_client;
+
+namespace {
+
+mrstack_status null_stack(char const* function) {
+  set_last_error(std::string{function} + ": the stack is null");
+  return MRSTACK_ERROR_INVALID_ARGUMENT;
+}
+
+std::uint64_t as_u64(void const* p) { return static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(p)); }
+
+}  // namespace
+
+extern "C" {
+
+int mrstack_emm_interface_version(void) { return mrstack::emm::adapter::interface_version(); }
+
+mrstack_status mrstack_emm_initialize(mrstack_stack* stack) {
+  if (stack == nullptr) { return null_stack("mrstack_emm_initialize"); }
+  stack->emm.initialize();
+  return MRSTACK_SUCCESS;
+}
+
+mrstack_status mrstack_emm_memalloc(mrstack_stack* stack, size_t bytes, int client, mrstack_memory_pointer* out) {
+  if (stack == nullptr) { return null_stack("mrstack_emm_memalloc"); }
+  if (out == nullptr) {
+    set_last_error("mrstack_emm_memalloc: the out-pointer is null");
+    return MRSTACK_ERROR_INVALID_ARGUMENT;
+  }
+  if (!valid_client(client)) {
+    set_last_error("mrstack_emm_memalloc: unknown client " + std::to_string(client));
+    return MRSTACK_ERROR_INVALID_ARGUMENT;
+  }
+  return guarded([&] {
+    auto const m = stack->emm.memalloc(bytes, static_cast<std::uint32_t>(client));
+    stack->count_allocation(client, bytes);
+    *out = mrstack_memory_pointer{as_u64(m.ptr), m.size, m.token, m.device, client};
+  });
+}
+
+uint64_t mrstack_emm_memalloc_token(mrstack_stack* stack, size_t bytes, int client, uint64_t* ptr) {
+  // The hot path for Python: one call, two results, no struct for the caller to build.
+  if (stack == nullptr || ptr == nullptr || !valid_client(client)) {
+    set_last_error("mrstack_emm_memalloc_token: the stack or the out-pointer is null, or the client is unknown");
+    return 0;
+  }
+  try {
+    auto const m = stack->emm.memalloc(bytes, static_cast<std::uint32_t>(client));
+    stack->count_allocation(client, bytes);
+    *ptr = as_u64(m.ptr);
+    return m.token;
+  } catch (...) {
+    (void)mrstack::c_api::status_from_current_exception();
+    return 0;
+  }
+}
+
+mrstack_emm_allocation mrstack_emm_memalloc_pair(mrstack_stack* stack, size_t bytes, int client) {
+  std::uint64_t ptr = 0;
+  std::uint64_t const token = mrstack_emm_memalloc_token(stack, bytes, client, &ptr);
+  return mrstack_emm_allocation{ptr, token};
+}
+
+int mrstack_emm_free(mrstack_stack* stack, uint64_t token) {
+  if (stack == nullptr) {
+    (void)null_stack("mrstack_emm_free");
+    return -1;
+  }
+  try {
+    auto const freed = stack->emm.free(token);
+    if (!freed) { return 0; }
+    stack->count_free(static_cast<int>(freed->tag), freed->size);
+    return 1;
+  } catch (...) {
+    (void)mrstack::c_api::status_from_current_exception();
+    return -1;
+  }
+}
+
+mrstack_status mrstack_emm_get_memory_info(mrstack_stack* stack, size_t* free_bytes, size_t* total_bytes) {
+  if (stack == nullptr) { return null_stack("mrstack_emm_get_memory_info"); }
+  return guarded([&] {
+    auto const info = stack->emm.get_memory_info();
+    if (free_bytes != nullptr) { *free_bytes = info.free; }
+    if (total_bytes != nullptr) { *total_bytes = info.total; }
+  });
+}
+
+mrstack_status mrstack_emm_get_ipc_handle(mrstack_stack* stack, const void* ptr, mrstack_ipc_handle* out) {
+  if (stack == nullptr) { return null_stack("mrstack_emm_get_ipc_handle"); }
+  if (out == nullptr) {
+    set_last_error("mrstack_emm_get_ipc_handle: the out-pointer is null");
+    return MRSTACK_ERROR_INVALID_ARGUMENT;
+  }
+  static_assert(sizeof(cudaIpcMemHandle_t) == MRSTACK_IPC_HANDLE_BYTES);
+  return guarded([&] {
+    auto const h = stack->emm.get_ipc_handle(ptr);
+    mrstack_ipc_handle result{};
+    std::memcpy(result.handle, &h.handle, sizeof h.handle);
+    result.base = as_u64(h.base);
+    result.base_size = h.base_size;
+    result.offset = h.offset;
+    result.device = h.device;
+    *out = result;
+  });
+}
+
+mrstack_status mrstack_emm_reset(mrstack_stack* stack, size_t* released) {
+  if (stack == nullptr) { return null_stack("mrstack_emm_reset"); }
+  if (released != nullptr) { *released = 0; }
+  return guarded([&] {
+    auto const freed = stack->emm.reset();
+    for (auto const& m : freed) { stack->count_free(static_cast<int>(m.tag), m.size); }
+    if (released != nullptr) { *released = freed.size(); }
+  });
+}
+
+mrstack_status mrstack_emm_defer_begin(mrstack_stack* stack) {
+  if (stack == nullptr) { return null_stack("mrstack_emm_defer_begin"); }
+  stack->emm.begin_deferral();
+  return MRSTACK_SUCCESS;
+}
+
+mrstack_status mrstack_emm_defer_end(mrstack_stack* stack) {
+  if (stack == nullptr) { return null_stack("mrstack_emm_defer_end"); }
+  return guarded([&] { stack->emm.end_deferral(); });
+}
+
+}  // extern "C"

@@ -1,0 +1,294 @@
+// Stacks behind the C ABI: the process-wide per-device stacks and their configuration,
+// private stacks, plain allocation with per-client books, and statistics.
+#include "c_api_internal.hpp"
+
+#include <mrstack/spec.hpp>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+
+#include <unistd.h>
+
+#include "../device_scope.hpp"
+
+using mrstack::c_api::guarded;
+using mrstack::c_api::set_last_error;
+using mrstack::c_api::valid_client;
+
+namespace {
+
+mrstack::emm::adapter::options emm_options(int device) {
+  mrstack::emm::adapter::options opts;
+  opts.device = device;
+  return opts;
+}
+
+void raise_peak(std::atomic<std::uint64_t>& peak, std::uint64_t now) noexcept {
+  std::uint64_t seen = peak.load(std::memory_order_relaxed);
+  while (now > seen && !peak.compare_exchange_weak(seen, now, std::memory_order_relaxed)) {}
+}
+
+}  // namespace
+
+mrstack_stack::mrstack_stack(mrstack::resource_ptr stack, int device_ordinal, bool is_process_wide)
+    : top{stack}, emm{std::move(stack), emm_options(device_ordinal)}, device{device_ordinal},
+      process_wide{is_process_wide} {}
+
+void mrstack_stack::count_allocation(int client, std::uint64_t bytes) noexcept {
+  auto& books = clients[static_cast<std::size_t>(client)];
+  raise_peak(books.peak_bytes, books.live_bytes.fetch_add(bytes, std::memory_order_relaxed) + bytes);
+  books.live_count.fetch_add(1, std::memory_order_relaxed);
+  books.allocations.fetch_add(1, std::memory_order_relaxed);
+  raise_peak(peak_bytes, live_bytes.fetch_add(bytes, std::memory_order_relaxed) + bytes);
+}
+
+void mrstack_stack::count_free(int client, std::uint64_t bytes) noexcept {
+  auto& books = clients[static_cast<std::size_t>(client)];
+  books.live_bytes.fetch_sub(bytes, std::memory_order_relaxed);
+  books.live_count.fetch_sub(1, std::memory_order_relaxed);
+  live_bytes.fetch_sub(bytes, std::memory_order_relaxed);
+}
+
+namespace mrstack::c_api {
+
+namespace {
+
+constexpr int max_devices = 64;
+
+struct process_configuration {
+  std::mutex mutex;
+  std::optional<std::string> configured;  // from mrstack_configure
+  std::optional<std::string> in_use;      // the spec the built device stacks came from
+  std::array<std::atomic<mrstack_stack*>, max_devices> device_stacks{};
+};
+
+process_configuration& configuration() {
+  // Never destroyed: device stacks must outlive every finalizer that may still run while
+  // the process exits (Python runs weakref finalizers at exit), and destroying a pool
+  // after the CUDA context is gone would fail anyway.
+  static auto* config = new process_configuration;
+  return *config;
+}
+
+// What a device stack would be built from if none were built yet.
+std::string spec_to_use_ignoring_built(process_configuration const& config) {
+  if (config.configured) { return *config.configured; }
+  if (char const* env = std::getenv("MRSTACK_RESOURCE"); env != nullptr && *env != '\0') { return env; }
+  return MRSTACK_DEFAULT_SPEC;
+}
+
+std::string spec_to_use(process_configuration const& config) {
+  return config.in_use ? *config.in_use : spec_to_use_ignoring_built(config);
+}
+
+void check_device(int device) {
+  if (device < 0 || device >= max_devices) {
+    throw std::invalid_argument("device ordinal " + std::to_string(device) + " is outside [0, " +
+                                std::to_string(max_devices) + ")");
+  }
+}
+
+mrstack_status copy_out(std::string const& text, char* buffer, std::size_t capacity, std::size_t* length) {
+  if (length != nullptr) { *length = text.size(); }
+  if (buffer != nullptr && capacity > 0) {
+    std::size_t const n = std::min(capacity - 1, text.size());
+    std::memcpy(buffer, text.data(), n);
+    buffer[n] = '\0';
+  }
+  return MRSTACK_SUCCESS;
+}
+
+// "{pid}" in a spec becomes this process's id, so that every process of a multi-process
+// program (pytest-xdist workers, DataLoader workers) can log to a file of its own.
+std::string expand_spec(std::string spec) {
+  static constexpr std::string_view pid_field = "{pid}";
+  std::string const pid = std::to_string(static_cast<long>(getpid()));
+  for (auto at = spec.find(pid_field); at != std::string::npos; at = spec.find(pid_field, at + pid.size())) {
+    spec.replace(at, pid_field.size(), pid);
+  }
+  return spec;
+}
+
+mrstack_status invalid(std::string message) {
+  set_last_error(std::move(message));
+  return MRSTACK_ERROR_INVALID_ARGUMENT;
+}
+
+}  // namespace
+
+mrstack_stack* built_device_stack(int device) noexcept {
+  if (device < 0 || device >= max_devices) { return nullptr; }
+  return configuration().device_stacks[static_cast<std::size_t>(device)].load(std::memory_order_acquire);
+}
+
+mrstack_stack& device_stack(int device) {
+  check_device(device);
+  auto& config = configuration();
+  auto& slot = config.device_stacks[static_cast<std::size_t>(device)];
+  if (auto* built = slot.load(std::memory_order_acquire)) { return *built; }
+  std::lock_guard lock{config.mutex};
+  if (auto* built = slot.load(std::memory_order_acquire)) { return *built; }
+  std::string const spec = spec_to_use(config);
+  resource_ptr top;
+  try {
+    detail::device_scope on_device{device};  // a pool's first chunk is allocated now
+    top = make_stack(expand_spec(spec));
+  } catch (spec_error const& e) {
+    // Say where a spec nobody passed in a call came from.
+    if (!config.configured && std::getenv("MRSTACK_RESOURCE") != nullptr) {
+      throw spec_error(std::string{"MRSTACK_RESOURCE: "} + e.what(), e.column());
+    }
+    throw;
+  }
+  auto* stack = new mrstack_stack(std::move(top), device, /*process_wide=*/true);
+  config.in_use = spec;
+  slot.store(stack, std::memory_order_release);
+  return *stack;
+}
+
+}  // namespace mrstack::c_api
+
+using mrstack::c_api::invalid;
+using mrstack::check_stack_spec;
+using mrstack::parse_stack_spec;
+
+extern "C" {
+
+mrstack_status mrstack_configure(const char* spec) {
+  std::string conflict;
+  auto const status = guarded([&] {
+    auto& config = mrstack::c_api::configuration();
+    std::lock_guard lock{config.mutex};
+    std::optional<std::string> wanted;
+    if (spec != nullptr) { wanted = std::string{spec}; }
+    if (config.in_use) {
+      // Too late to change, but saying the same thing again is fine.
+      std::optional<std::string> const previous = std::exchange(config.configured, wanted);
+      std::string const effective = mrstack::c_api::spec_to_use_ignoring_built(config);
+      config.configured = previous;
+      if (effective != *config.in_use) {
+        conflict = "mrstack_configure(" + (wanted ? "\"" + *wanted + "\"" : std::string{"NULL"}) +
+                   "): the device stacks were already built from \"" + *config.in_use +
+                   "\"; configure before the first allocation";
+      }
+      return;
+    }
+    // Check the spec now (names, parameters, values: no CUDA, nothing built), so a bad one
+    // fails here, where the caller can still fix it, rather than at the first allocation.
+    if (wanted) { check_stack_spec(parse_stack_spec(mrstack::c_api::expand_spec(*wanted))); }
+    config.configured = std::move(wanted);
+  });
+  if (status != MRSTACK_SUCCESS) { return status; }
+  if (!conflict.empty()) {
+    set_last_error(std::move(conflict), 0, MRSTACK_ERROR_STATE);
+    return MRSTACK_ERROR_STATE;
+  }
+  return MRSTACK_SUCCESS;
+}
+
+mrstack_status mrstack_configured_spec(char* buffer, size_t capacity, size_t* length) {
+  std::string spec;
+  auto const status = guarded([&] {
+    auto& config = mrstack::c_api::configuration();
+    std::lock_guard lock{config.mutex};
+    spec = mrstack::c_api::spec_to_use(config);
+  });
+  if (status != MRSTACK_SUCCESS) { return status; }
+  return mrstack::c_api::copy_out(spec, buffer, capacity, length);
+}
+
+mrstack_status mrstack_device_stack(int device, mrstack_stack** out) {
+  if (out == nullptr) { return invalid("mrstack_device_stack: the out-pointer is null"); }
+  *out = nullptr;
+  if (device < 0) { return invalid("mrstack_device_stack: device ordinal " + std::to_string(device) + " is negative"); }
+  return guarded([&] { *out = &mrstack::c_api::device_stack(device); });
+}
+
+mrstack_stack* mrstack_device_stack_if_built(int device) { return mrstack::c_api::built_device_stack(device); }
+
+mrstack_status mrstack_stack_create(const char* spec, int device, mrstack_stack** out) {
+  if (out == nullptr) { return invalid("mrstack_stack_create: the out-pointer is null"); }
+  *out = nullptr;
+  if (spec == nullptr) { return invalid("mrstack_stack_create: the spec is null"); }
+  if (device < 0) { return invalid("mrstack_stack_create: device ordinal " + std::to_string(device) + " is negative"); }
+  return guarded([&] {
+    *out = new mrstack_stack(mrstack::make_stack(mrstack::c_api::expand_spec(spec)), device, /*process_wide=*/false);
+  });
+}
+
+mrstack_status mrstack_stack_destroy(mrstack_stack* stack) {
+  if (stack == nullptr) { return MRSTACK_SUCCESS; }
+  if (stack->process_wide) {
+    set_last_error("mrstack_stack_destroy: device " + std::to_string(stack->device) +
+                   "'s stack is process-wide and lives until the process exits",
+                   0, MRSTACK_ERROR_STATE);
+    return MRSTACK_ERROR_STATE;
+  }
+  return guarded([&] { delete stack; });
+}
+
+mrstack_status mrstack_stack_describe(const mrstack_stack* stack, char* buffer, size_t capacity, size_t* length) {
+  if (stack == nullptr) { return invalid("mrstack_stack_describe: the stack is null"); }
+  std::string text;
+  auto const status = guarded([&] { text = mrstack::describe_stack(*stack->top); });
+  if (status != MRSTACK_SUCCESS) { return status; }
+  return mrstack::c_api::copy_out(text, buffer, capacity, length);
+}
+
+mrstack_status mrstack_allocate(mrstack_stack* stack, size_t bytes, void* stream, int client, void** out) {
+  if (stack == nullptr || out == nullptr) { return invalid("mrstack_allocate: the stack or the out-pointer is null"); }
+  *out = nullptr;
+  if (!valid_client(client)) { return invalid("mrstack_allocate: unknown client " + std::to_string(client)); }
+  return guarded([&] {
+    *out = stack->top->allocate(bytes, mrstack::stream_view{static_cast<cudaStream_t>(stream)});
+    if (*out != nullptr) { stack->count_allocation(client, bytes); }
+  });
+}
+
+mrstack_status mrstack_deallocate(mrstack_stack* stack, void* ptr, size_t bytes, void* stream, int client) {
+  if (stack == nullptr) { return invalid("mrstack_deallocate: the stack is null"); }
+  if (!valid_client(client)) { return invalid("mrstack_deallocate: unknown client " + std::to_string(client)); }
+  if (ptr == nullptr) { return MRSTACK_SUCCESS; }
+  return guarded([&] {
+    stack->top->deallocate(ptr, bytes, mrstack::stream_view{static_cast<cudaStream_t>(stream)});
+    stack->count_free(client, bytes);
+  });
+}
+
+mrstack_status mrstack_get_statistics(mrstack_stack* stack, mrstack_statistics* out) {
+  if (stack == nullptr || out == nullptr) { return invalid("mrstack_get_statistics: the stack or the out-pointer is null"); }
+  return guarded([&] {
+    mrstack_statistics s{};
+    s.live_bytes = stack->live_bytes.load(std::memory_order_relaxed);
+    s.peak_bytes = stack->peak_bytes.load(std::memory_order_relaxed);
+    s.free_bytes_held = stack->top->free_bytes_held();
+    s.emm_outstanding = stack->emm.outstanding_count();
+    s.device = stack->device;
+    s.deferral_depth = stack->emm.deferral_depth();
+    for (std::size_t c = 0; c < stack->clients.size(); ++c) {
+      auto const& books = stack->clients[c];
+      s.clients[c].live_bytes = books.live_bytes.load(std::memory_order_relaxed);
+      s.clients[c].peak_bytes = books.peak_bytes.load(std::memory_order_relaxed);
+      s.clients[c].live_count = books.live_count.load(std::memory_order_relaxed);
+      s.clients[c].allocations = books.allocations.load(std::memory_order_relaxed);
+    }
+    *out = s;
+  });
+}
+
+mrstack_status mrstack_reset_peaks(mrstack_stack* stack) {
+  if (stack == nullptr) { return invalid("mrstack_reset_peaks: the stack is null"); }
+  for (auto& books : stack->clients) {
+    books.peak_bytes.store(books.live_bytes.load(std::memory_order_relaxed), std::memory_order_relaxed);
+  }
+  stack->peak_bytes.store(stack->live_bytes.load(std::memory_order_relaxed), std::memory_order_relaxed);
+  return MRSTACK_SUCCESS;
+}
+
+}  // extern "C"

@@ -1,0 +1,108 @@
+// The registry: the built-in entries (src/spec_resources.cpp) plus any registered at run
+// time. Entries live in a deque so the pointers handed out stay valid as it grows.
+#include <mrstack/spec_registry.hpp>
+
+#include <algorithm>
+#include <deque>
+#include <mutex>
+
+#include "spec_detail.hpp"
+
+namespace mrstack {
+
+char const* to_string(param_type type) noexcept {
+  switch (type) {
+    case param_type::size: return "size";
+    case param_type::count: return "count";
+    case param_type::number: return "number";
+    case param_type::flag: return "flag";
+    case param_type::text: return "text";
+  }
+  return "value";
+}
+
+namespace {
+
+spec_parameter make_param(std::string name, param_type type, bool is_required, std::string doc,
+                          std::string default_text) {
+  return spec_parameter{std::move(name), type, is_required, std::move(default_text), std::move(doc)};
+}
+
+struct registry {
+  std::mutex mutex;
+  std::deque<spec_resource> entries;
+
+  registry() {
+    for (auto& entry : detail::builtin_resources()) { add(std::move(entry)); }
+  }
+
+  void add(spec_resource entry) {
+    if (entry.name.empty() || entry.make == nullptr) {
+      throw logic_error("register_resource: an entry needs a name and a make function");
+    }
+    for (auto const& p : entry.parameters) {
+      if (p.default_is_value && p.default_text.empty()) {
+        throw logic_error("register_resource: " + entry.name + "'s parameter '" + p.name + "' defaults to no value");
+      }
+    }
+    for (auto const& e : entries) {
+      if (e.name == entry.name) { throw logic_error("register_resource: '" + entry.name + "' is already registered"); }
+    }
+    entries.push_back(std::move(entry));
+  }
+};
+
+registry& the_registry() {
+  static registry r;
+  return r;
+}
+
+}  // namespace
+
+spec_parameter size_param(std::string name, bool is_required, std::string doc, std::string default_text) {
+  return make_param(std::move(name), param_type::size, is_required, std::move(doc), std::move(default_text));
+}
+spec_parameter count_param(std::string name, bool is_required, std::string doc, std::string default_text) {
+  return make_param(std::move(name), param_type::count, is_required, std::move(doc), std::move(default_text));
+}
+spec_parameter number_param(std::string name, bool is_required, std::string doc, std::string default_text) {
+  return make_param(std::move(name), param_type::number, is_required, std::move(doc), std::move(default_text));
+}
+spec_parameter flag_param(std::string name, bool is_required, std::string doc, std::string default_text) {
+  return make_param(std::move(name), param_type::flag, is_required, std::move(doc), std::move(default_text));
+}
+spec_parameter text_param(std::string name, bool is_required, std::string doc, std::string default_text) {
+  return make_param(std::move(name), param_type::text, is_required, std::move(doc), std::move(default_text));
+}
+
+spec_parameter size_param_defaulting_to(std::string name, std::string default_value, std::string doc) {
+  auto p = make_param(std::move(name), param_type::size, false, std::move(doc), std::move(default_value));
+  p.default_is_value = true;
+  return p;
+}
+
+void register_resource(spec_resource resource) {
+  auto& r = the_registry();
+  std::lock_guard lock{r.mutex};
+  r.add(std::move(resource));
+}
+
+spec_resource const* find_resource(std::string_view name) {
+  auto& r = the_registry();
+  std::lock_guard lock{r.mutex};
+  for (auto const& e : r.entries) {
+    if (e.name == name) { return &e; }
+  }
+  return nullptr;
+}
+
+std::vector<spec_resource const*> registered_resources() {
+  auto& r = the_registry();
+  std::lock_guard lock{r.mutex};
+  std::vector<spec_resource const*> out;
+  for (auto const& e : r.entries) { out.push_back(&e); }
+  std::sort(out.begin(), out.end(), [](auto const* a, auto const* b) { return a->name < b->name; });
+  return out;
+}
+
+}  // namespace mrstack

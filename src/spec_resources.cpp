@@ -1,0 +1,221 @@
+// Every resource a stack spec can name: one entry each (name, summary, whether it sits on
+// an upstream, its parameters, how to build it). docs/spec.md lists the same table for
+// people; keep the two together when adding an entry.
+#include <mrstack/adaptor/aligned_resource_adaptor.hpp>
+#include <mrstack/adaptor/failure_callback_resource_adaptor.hpp>
+#include <mrstack/adaptor/limiting_resource_adaptor.hpp>
+#include <mrstack/adaptor/logging_resource_adaptor.hpp>
+#include <mrstack/adaptor/statistics_resource_adaptor.hpp>
+#include <mrstack/adaptor/thread_safe_resource_adaptor.hpp>
+#include <mrstack/adaptor/tracking_resource_adaptor.hpp>
+#include <mrstack/replay/footprint_meter.hpp>
+#include <mrstack/spec_registry.hpp>
+#include <mrstack/suballoc/arena_memory_resource.hpp>
+#include <mrstack/suballoc/binning_memory_resource.hpp>
+#include <mrstack/suballoc/fixed_size_memory_resource.hpp>
+#include <mrstack/suballoc/pool_memory_resource.hpp>
+#include <mrstack/upstream/cuda_async_memory_resource.hpp>
+#include <mrstack/upstream/cuda_memory_resource.hpp>
+#include <mrstack/upstream/managed_memory_resource.hpp>
+#include <mrstack/upstream/pinned_host_memory_resource.hpp>
+#include <mrstack/upstream/simulated_memory_resource.hpp>
+#include <mrstack/upstream/simulated_vmm_memory_resource.hpp>
+#include <mrstack/upstream/vmm_memory_resource.hpp>
+#include <mrstack/upstream/system_memory_resource.hpp>
+
+#include <limits>
+
+#include "spec_detail.hpp"
+
+namespace mrstack::detail {
+
+std::vector<spec_resource> builtin_resources() {
+  std::vector<spec_resource> r;
+
+  // ---- upstreams (bottom resources) ---------------------------------------------------
+  r.push_back({"cuda", "device memory from cudaMalloc/cudaFree (synchronous)", bottom_resource, {},
+               [](spec_arguments const&, resource_ptr) -> resource_ptr {
+                 return std::make_shared<cuda_memory_resource>();
+               },
+               });
+  r.push_back({"cuda_async", "the driver's stream-ordered pool (cudaMallocFromPoolAsync) over a pool of its own",
+               bottom_resource,
+               {size_param("initial", optional_param, "bytes allocated and freed once at construction (a warm pool)", "0"),
+                size_param("release_threshold", optional_param,
+                           "bytes the pool keeps when the device synchronizes; the rest goes back", "keep everything")},
+               [](spec_arguments const& a, resource_ptr) -> resource_ptr {
+                 return std::make_shared<cuda_async_memory_resource>(a.size("initial").value_or(0),
+                                                                     a.size("release_threshold"));
+               },
+               {}, {}, false, true});
+  r.push_back({"managed", "unified memory from cudaMallocManaged", bottom_resource, {},
+               [](spec_arguments const&, resource_ptr) -> resource_ptr {
+                 return std::make_shared<managed_memory_resource>();
+               },
+               });
+  r.push_back({"pinned_host", "page-locked host memory from cudaHostAlloc", bottom_resource, {},
+               [](spec_arguments const&, resource_ptr) -> resource_ptr {
+                 return std::make_shared<pinned_host_memory_resource>();
+               }});
+  r.push_back({"system", "ordinary host memory (aligned operator new); for tests without a GPU", bottom_resource, {},
+               [](spec_arguments const&, resource_ptr) -> resource_ptr {
+                 return std::make_shared<system_memory_resource>();
+               }});
+  r.push_back({"simulated", "fake addresses, no memory touched; counts footprint, checks frees", bottom_resource,
+               {size_param("capacity", optional_param, "refuse past this many bytes, like a full device; "
+                                                       "percentages in the stack are shares of it", "unlimited")},
+               [](spec_arguments const& a, resource_ptr) -> resource_ptr {
+                 return std::make_shared<simulated_memory_resource>(
+                     a.size("capacity").value_or(std::numeric_limits<std::size_t>::max()));
+               },
+               "capacity", "", true});
+  r.push_back({"vmm", "one reserved virtual range per device, physical memory mapped on demand (cuMemCreate/Map); "
+                      "a pool above it grows in place",
+               bottom_resource,
+               {size_param("reserve", optional_param, "addresses to reserve (cost no memory)", "twice the device's memory"),
+                count_param("map_granules", optional_param, "granules per physical allocation (1: exact release)", "16"),
+                count_param("device", optional_param, "the device ordinal", "the current device")},
+               [](spec_arguments const& a, resource_ptr) -> resource_ptr {
+                 auto const device = a.count("device");
+                 return std::make_shared<vmm_memory_resource>(
+                     a.size("reserve").value_or(0),
+                     a.count("map_granules").value_or(vmm_memory_resource::default_map_granules),
+                     device ? static_cast<int>(*device) : -1);
+               },
+               {}, "simulated_vmm", false, true});
+  r.push_back({"simulated_vmm", "the CPU twin of vmm: the same granule bookkeeping over fake addresses", bottom_resource,
+               {size_param("capacity", optional_param, "physical memory of the simulated device", "unlimited"),
+                size_param("reserve", optional_param, "addresses to reserve",  "1TiB"),
+                size_param("granularity", optional_param, "the granule (a power of two)", "2MiB"),
+                count_param("map_granules", optional_param, "granules per physical allocation", "16")},
+               [](spec_arguments const& a, resource_ptr) -> resource_ptr {
+                 return std::make_shared<simulated_vmm_memory_resource>(
+                     a.size("reserve").value_or(simulated_vmm_memory_resource::default_reserve),
+                     a.size("granularity").value_or(simulated_vmm_memory_resource::default_granularity),
+                     a.size("capacity").value_or(std::numeric_limits<std::size_t>::max()),
+                     a.count("map_granules").value_or(simulated_vmm_memory_resource::default_map_granules));
+               },
+               "capacity", "", true, true});
+
+  // ---- suballocators --------------------------------------------------------------------
+  r.push_back({"pool", "coalescing, stream-ordered suballocator (two-level segregated fit); grows by chunks",
+               needs_upstream,
+               {size_param("initial", optional_param, "bytes taken from the upstream at construction", "0"),
+                size_param("max", optional_param, "the most bytes it may hold", "unbounded"),
+                count_param("growth_divisor", optional_param, "a new chunk is at least pool size / this", "12"),
+                size_param("minimum_growth", optional_param, "a new chunk is at least this", "4MiB"),
+                size_param("growth_granularity", optional_param, "chunk sizes are rounded up to this", "2MiB"),
+                flag_param("consolidate_on_growth", optional_param,
+                           "return wholly free chunks and take their bytes back in the new one", "true"),
+                flag_param("grow_in_place", optional_param,
+                           "over vmm/simulated_vmm: one chunk grown in place, free granules given back", "true"),
+                size_param("release_threshold", optional_param,
+                           "growing in place: give free granules back when more than this is free",
+                           "only on release() and when the device is full")},
+               [](spec_arguments const& a, resource_ptr up) -> resource_ptr {
+                 pool_options o;
+                 o.growth_divisor = a.count("growth_divisor").value_or(o.growth_divisor);
+                 o.minimum_growth = a.size("minimum_growth").value_or(o.minimum_growth);
+                 o.growth_granularity = a.size("growth_granularity").value_or(o.growth_granularity);
+                 o.consolidate_on_growth = a.flag("consolidate_on_growth").value_or(o.consolidate_on_growth);
+                 o.grow_in_place = a.flag("grow_in_place").value_or(o.grow_in_place);
+                 o.release_threshold = a.size("release_threshold").value_or(o.release_threshold);
+                 return std::make_shared<pool_memory_resource>(std::move(up), a.size("initial").value_or(0), a.size("max"),
+                                                               o);
+               }});
+  r.push_back({"fixed_size", "blocks of one size, O(1) allocate and free", needs_upstream,
+               {size_param("block_size", optional_param, "the size of every block (rounded up to 256)", "1MiB"),
+                count_param("blocks_to_preallocate", optional_param, "blocks per chunk taken from the upstream", "128")},
+               [](spec_arguments const& a, resource_ptr up) -> resource_ptr {
+                 return std::make_shared<fixed_size_memory_resource>(
+                     std::move(up), a.size("block_size").value_or(fixed_size_memory_resource::default_block_size),
+                     a.count("blocks_to_preallocate").value_or(fixed_size_memory_resource::default_blocks_to_preallocate));
+               }});
+  r.push_back({"binning", "power-of-two size classes, each a fixed_size over the upstream; larger requests go "
+                          "to the upstream",
+               needs_upstream,
+               {size_param_defaulting_to("min", "256B", "the smallest bin (rounded up to a power of two, at least 256)"),
+                size_param_defaulting_to("max", "64KiB", "the largest bin (rounded up to a power of two)")},
+               [](spec_arguments const& a, resource_ptr up) -> resource_ptr {
+                 return std::make_shared<binning_memory_resource>(std::move(up), *a.size("min"), *a.size("max"));
+               }});
+  r.push_back({"arena", "per-stream arenas of size-classed superblocks over a global arena; takes its whole "
+                        "size up front",
+               needs_upstream,
+               {size_param_defaulting_to("size", "50%", "the arena: taken from the upstream at construction, never grown"),
+                size_param("superblock_size", optional_param, "a power of two from 64KiB to 16MiB", "4MiB"),
+                size_param("max_small_size", optional_param, "requests up to this go to the stream arenas", "1MiB"),
+                count_param("empty_superblocks_kept", optional_param,
+                            "wholly free superblocks a stream arena keeps", "2")},
+               [](spec_arguments const& a, resource_ptr up) -> resource_ptr {
+                 arena_options o;
+                 o.superblock_size = a.size("superblock_size").value_or(o.superblock_size);
+                 o.max_small_size = a.size("max_small_size").value_or(o.max_small_size);
+                 o.empty_superblocks_kept = a.count("empty_superblocks_kept").value_or(o.empty_superblocks_kept);
+                 return std::make_shared<arena_memory_resource>(std::move(up), *a.size("size"), o);
+               }});
+
+  // ---- adaptors ------------------------------------------------------------------------
+  r.push_back({"logging", "writes every allocate/free as CSV (RMM's format; replayable)", needs_upstream,
+               {text_param("file", optional_param, "the log file (created or truncated)", "$MRSTACK_LOG_FILE"),
+                flag_param("auto_flush", optional_param, "flush after every record", "false"),
+                flag_param("async", optional_param, "format and write on a background thread", "false"),
+                count_param("queue_capacity", optional_param, "records the async ring holds",
+                            std::to_string(logging_resource_adaptor::default_queue_capacity))},
+               [](spec_arguments const& a, resource_ptr up) -> resource_ptr {
+                 return std::make_shared<logging_resource_adaptor>(
+                     std::move(up), a.text("file").value_or(""), a.flag("auto_flush").value_or(false),
+                     a.flag("async").value_or(false),
+                     a.count("queue_capacity").value_or(logging_resource_adaptor::default_queue_capacity));
+               }});
+  r.push_back({"limiting", "refuses allocations past a byte limit", needs_upstream,
+               {size_param("limit", required, "bytes it may hand out at once"),
+                size_param("granularity", optional_param, "each allocation counts rounded up to this", "256B")},
+               [](spec_arguments const& a, resource_ptr up) -> resource_ptr {
+                 return std::make_shared<limiting_resource_adaptor>(std::move(up), *a.size("limit"),
+                                                                    a.size("granularity").value_or(default_alignment));
+               }});
+  r.push_back({"tracking", "remembers every outstanding allocation (optionally its call stack); foreign and double "
+                           "frees become errors",
+               needs_upstream,
+               {flag_param("capture_stacks", optional_param, "record each allocation's call stack", "false"),
+                flag_param("report_leaks", optional_param, "report what is outstanding at destruction (stderr)", "false")},
+               [](spec_arguments const& a, resource_ptr up) -> resource_ptr {
+                 return std::make_shared<tracking_resource_adaptor>(std::move(up), a.flag("capture_stacks").value_or(false),
+                                                                    a.flag("report_leaks").value_or(false));
+               }});
+  r.push_back({"statistics", "counts bytes and allocations: current, peak, total", needs_upstream, {},
+               [](spec_arguments const&, resource_ptr up) -> resource_ptr {
+                 return std::make_shared<statistics_resource_adaptor>(std::move(up));
+               }});
+  r.push_back({"thread_safe", "one mutex around the layer below", needs_upstream, {},
+               [](spec_arguments const&, resource_ptr up) -> resource_ptr {
+                 return std::make_shared<thread_safe_resource_adaptor>(std::move(up));
+               }});
+  r.push_back({"aligned", "hands out memory aligned to more than 256 bytes", needs_upstream,
+               {size_param("alignment", optional_param, "alignment for requests of at least threshold bytes", "256B"),
+                size_param("threshold", optional_param, "requests this big or bigger get the alignment", "0")},
+               [](spec_arguments const& a, resource_ptr up) -> resource_ptr {
+                 return std::make_shared<aligned_resource_adaptor>(std::move(up),
+                                                                   a.size("alignment").value_or(default_alignment),
+                                                                   a.size("threshold").value_or(0));
+               }});
+  r.push_back({"retry", "when the upstream refuses, releases the stack below and tries again", needs_upstream,
+               {count_param("max_retries", optional_param, "retries per refused request", "1")},
+               [](spec_arguments const& a, resource_ptr up) -> resource_ptr {
+                 return std::make_shared<failure_callback_resource_adaptor>(std::move(up),
+                                                                            a.count("max_retries").value_or(1));
+               }});
+
+  // ---- measuring ----------------------------------------------------------------------
+  r.push_back({"footprint_meter", "counts the bytes held from the layer below and their peak (mrstack-replay "
+                                  "puts it above the bottom)",
+               needs_upstream, {},
+               [](spec_arguments const&, resource_ptr up) -> resource_ptr {
+                 return std::make_shared<footprint_meter>(std::move(up));
+               }});
+
+  return r;
+}
+
+}  // namespace mrstack::detail

@@ -1,0 +1,362 @@
+// The C ABI on the CPU, through libmrstack_c.so itself (or its sources where the shared
+// library is not built): every failure comes back as a status with a per-thread message,
+// spec errors carry the parser's message and column, the per-client books add up, the EMM
+// operations behave as emm::adapter's, and the process-wide configuration rules hold.
+#include <catch2/catch.hpp>
+
+#include <mrstack/c_api.h>
+
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <unistd.h>
+
+namespace {
+
+std::string last_error() { return mrstack_last_error(); }
+
+mrstack_stack* make(char const* spec) {
+  mrstack_stack* s = nullptr;
+  REQUIRE(mrstack_stack_create(spec, 0, &s) == MRSTACK_SUCCESS);
+  REQUIRE(s != nullptr);
+  return s;
+}
+
+mrstack_statistics stats(mrstack_stack* s) {
+  mrstack_statistics out{};
+  REQUIRE(mrstack_get_statistics(s, &out) == MRSTACK_SUCCESS);
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("c api: versions and names") {
+  CHECK(mrstack_c_api_version() == MRSTACK_C_API_VERSION);
+  CHECK(mrstack_emm_interface_version() == 1);
+  CHECK(std::string{mrstack_status_name(MRSTACK_ERROR_SPEC)} == "MRSTACK_ERROR_SPEC");
+  CHECK(std::string{mrstack_status_name(99)} == "unknown status");
+  CHECK(std::string{mrstack_client_name(MRSTACK_CLIENT_TORCH)} == "torch");
+  CHECK(mrstack_client_name(MRSTACK_CLIENT_COUNT) == nullptr);
+}
+
+TEST_CASE("c api: a bad spec is MRSTACK_ERROR_SPEC with the parser's message and column") {
+  mrstack_stack* s = reinterpret_cast<mrstack_stack*>(0x1);
+  CHECK(mrstack_stack_create("no_such_resource_xyz > system", 0, &s) == MRSTACK_ERROR_SPEC);
+  CHECK(s == nullptr);
+  CHECK_THAT(last_error(), Catch::Contains("no_such_resource_xyz"));
+  CHECK(mrstack_last_error_column() >= 1);
+  // A later error of another kind resets the column.
+  CHECK(mrstack_stack_create(nullptr, 0, &s) == MRSTACK_ERROR_INVALID_ARGUMENT);
+  CHECK(mrstack_last_error_column() == 0);
+}
+
+TEST_CASE("c api: null and out-of-range arguments are refused with a message naming the call") {
+  mrstack_stack* s = nullptr;
+  CHECK(mrstack_stack_create("system", 0, nullptr) == MRSTACK_ERROR_INVALID_ARGUMENT);
+  CHECK_THAT(last_error(), Catch::Contains("mrstack_stack_create"));
+  CHECK(mrstack_stack_create("system", -1, &s) == MRSTACK_ERROR_INVALID_ARGUMENT);
+  CHECK_THAT(last_error(), Catch::Contains("-1"));
+  void* p = nullptr;
+  CHECK(mrstack_allocate(nullptr, 16, nullptr, 0, &p) == MRSTACK_ERROR_INVALID_ARGUMENT);
+  CHECK_THAT(last_error(), Catch::Contains("mrstack_allocate"));
+  CHECK(mrstack_emm_memalloc(nullptr, 16, 0, nullptr) == MRSTACK_ERROR_INVALID_ARGUMENT);
+  CHECK(mrstack_emm_free(nullptr, 1) == -1);
+  CHECK_THAT(last_error(), Catch::Contains("mrstack_emm_free"));
+  CHECK(mrstack_device_stack(-3, &s) == MRSTACK_ERROR_INVALID_ARGUMENT);
+  CHECK(mrstack_device_stack(1000, &s) == MRSTACK_ERROR_INVALID_ARGUMENT);
+  CHECK_THAT(last_error(), Catch::Contains("1000"));
+  CHECK(mrstack_device_stack_if_built(1000) == nullptr);
+  CHECK(mrstack_stack_destroy(nullptr) == MRSTACK_SUCCESS);
+
+  auto* sys = make("system");
+  CHECK(mrstack_allocate(sys, 16, nullptr, 17, &p) == MRSTACK_ERROR_INVALID_ARGUMENT);
+  CHECK_THAT(last_error(), Catch::Contains("client 17"));
+  mrstack_memory_pointer m{};
+  CHECK(mrstack_emm_memalloc(sys, 16, -1, &m) == MRSTACK_ERROR_INVALID_ARGUMENT);
+  std::uint64_t ptr = 0;
+  CHECK(mrstack_emm_memalloc_token(sys, 16, 9, &ptr) == 0);
+  CHECK(mrstack_stack_destroy(sys) == MRSTACK_SUCCESS);
+}
+
+TEST_CASE("c api: exceptions inside become statuses: out of memory, a broken contract") {
+  // A limit makes the refusal (a 4 EiB request would also do, but sanitizers abort on it).
+  auto* sys = make("limiting(limit=1MiB) > system");
+  void* p = reinterpret_cast<void*>(0x1);
+  CHECK(mrstack_allocate(sys, 2 << 20, nullptr, MRSTACK_CLIENT_OTHER, &p) == MRSTACK_ERROR_OUT_OF_MEMORY);
+  CHECK(p == nullptr);
+  CHECK_THAT(last_error(), Catch::Contains("limiting"));
+  CHECK(stats(sys).live_bytes == 0);  // a refusal is not counted
+  CHECK(mrstack_stack_destroy(sys) == MRSTACK_SUCCESS);
+
+  auto* sim = make("simulated");
+  int foreign = 0;
+  CHECK(mrstack_deallocate(sim, &foreign, 256, nullptr, MRSTACK_CLIENT_OTHER) == MRSTACK_ERROR_LOGIC);
+  CHECK_FALSE(last_error().empty());
+  CHECK(mrstack_stack_destroy(sim) == MRSTACK_SUCCESS);
+}
+
+TEST_CASE("c api: the last error belongs to the thread that failed") {
+  mrstack_stack* s = nullptr;
+  CHECK(mrstack_stack_create("system", -7, &s) == MRSTACK_ERROR_INVALID_ARGUMENT);
+  std::string mine = last_error();
+  std::string other_before;
+  std::string other_after;
+  std::thread t([&] {
+    other_before = mrstack_last_error();
+    mrstack_stack* s2 = nullptr;
+    (void)mrstack_stack_create("system", -9, &s2);
+    other_after = mrstack_last_error();
+  });
+  t.join();
+  CHECK(other_before.empty());
+  CHECK_THAT(other_after, Catch::Contains("-9"));
+  CHECK(last_error() == mine);
+  CHECK_THAT(mine, Catch::Contains("-7"));
+}
+
+TEST_CASE("c api: per-client live and peak bytes") {
+  auto* sys = make("system");
+  char text[64];
+  std::size_t length = 0;
+  REQUIRE(mrstack_stack_describe(sys, text, sizeof text, &length) == MRSTACK_SUCCESS);
+  CHECK(std::string{text} == "system");
+  CHECK(length == 6);
+  char tiny[4];
+  REQUIRE(mrstack_stack_describe(sys, tiny, sizeof tiny, &length) == MRSTACK_SUCCESS);
+  CHECK(std::string{tiny} == "sys");  // truncated, NUL-terminated
+  CHECK(length == 6);
+
+  void* a = nullptr;
+  void* b = nullptr;
+  void* c = nullptr;
+  REQUIRE(mrstack_allocate(sys, 1000, nullptr, MRSTACK_CLIENT_CUPY, &a) == MRSTACK_SUCCESS);
+  REQUIRE(mrstack_allocate(sys, 3000, nullptr, MRSTACK_CLIENT_CUPY, &b) == MRSTACK_SUCCESS);
+  REQUIRE(mrstack_allocate(sys, 500, nullptr, MRSTACK_CLIENT_OTHER, &c) == MRSTACK_SUCCESS);
+  std::memset(a, 1, 1000);
+  mrstack_memory_pointer m{};
+  REQUIRE(mrstack_emm_memalloc(sys, 7000, MRSTACK_CLIENT_NUMBA, &m) == MRSTACK_SUCCESS);
+  CHECK(m.client == MRSTACK_CLIENT_NUMBA);
+  CHECK(m.size == 7000);
+  CHECK(m.token != 0);
+
+  auto s = stats(sys);
+  CHECK(s.live_bytes == 11500);
+  CHECK(s.peak_bytes == 11500);
+  CHECK(s.emm_outstanding == 1);
+  CHECK(s.clients[MRSTACK_CLIENT_CUPY].live_bytes == 4000);
+  CHECK(s.clients[MRSTACK_CLIENT_CUPY].live_count == 2);
+  CHECK(s.clients[MRSTACK_CLIENT_NUMBA].live_bytes == 7000);
+  CHECK(s.clients[MRSTACK_CLIENT_OTHER].live_bytes == 500);
+  CHECK(s.clients[MRSTACK_CLIENT_TORCH].live_bytes == 0);
+
+  REQUIRE(mrstack_deallocate(sys, b, 3000, nullptr, MRSTACK_CLIENT_CUPY) == MRSTACK_SUCCESS);
+  REQUIRE(mrstack_emm_free(sys, m.token) == 1);
+  CHECK(mrstack_emm_free(sys, m.token) == 0);  // exactly once
+  s = stats(sys);
+  CHECK(s.live_bytes == 1500);
+  CHECK(s.peak_bytes == 11500);
+  CHECK(s.clients[MRSTACK_CLIENT_CUPY].live_bytes == 1000);
+  CHECK(s.clients[MRSTACK_CLIENT_CUPY].peak_bytes == 4000);
+  CHECK(s.clients[MRSTACK_CLIENT_CUPY].allocations == 2);
+  CHECK(s.clients[MRSTACK_CLIENT_NUMBA].live_bytes == 0);
+  CHECK(s.clients[MRSTACK_CLIENT_NUMBA].peak_bytes == 7000);
+  CHECK(s.emm_outstanding == 0);
+
+  REQUIRE(mrstack_reset_peaks(sys) == MRSTACK_SUCCESS);
+  s = stats(sys);
+  CHECK(s.peak_bytes == 1500);
+  CHECK(s.clients[MRSTACK_CLIENT_NUMBA].peak_bytes == 0);
+  CHECK(s.clients[MRSTACK_CLIENT_CUPY].peak_bytes == 1000);
+
+  REQUIRE(mrstack_deallocate(sys, a, 1000, nullptr, MRSTACK_CLIENT_CUPY) == MRSTACK_SUCCESS);
+  REQUIRE(mrstack_deallocate(sys, c, 500, nullptr, MRSTACK_CLIENT_OTHER) == MRSTACK_SUCCESS);
+  CHECK(mrstack_deallocate(sys, nullptr, 0, nullptr, MRSTACK_CLIENT_OTHER) == MRSTACK_SUCCESS);
+  CHECK(stats(sys).live_bytes == 0);
+  CHECK(mrstack_stack_destroy(sys) == MRSTACK_SUCCESS);
+}
+
+TEST_CASE("c api: the EMM operations") {
+  auto* sim = make("simulated");
+  REQUIRE(mrstack_emm_initialize(sim) == MRSTACK_SUCCESS);
+  REQUIRE(mrstack_emm_initialize(sim) == MRSTACK_SUCCESS);
+
+  std::uint64_t ptr = 0;
+  std::uint64_t const t1 = mrstack_emm_memalloc_token(sim, 4096, MRSTACK_CLIENT_NUMBA, &ptr);
+  REQUIRE(t1 != 0);
+  CHECK(ptr != 0);
+  std::uint64_t ptr2 = 0;
+  std::uint64_t const t2 = mrstack_emm_memalloc_token(sim, 256, MRSTACK_CLIENT_NUMBA, &ptr2);
+  REQUIRE(t2 != 0);
+  CHECK(t2 != t1);
+
+  // Deferred cleanup: freed, but held until the outermost end.
+  REQUIRE(mrstack_emm_defer_begin(sim) == MRSTACK_SUCCESS);
+  REQUIRE(mrstack_emm_defer_begin(sim) == MRSTACK_SUCCESS);
+  CHECK(stats(sim).deferral_depth == 2);
+  CHECK(mrstack_emm_free(sim, t2) == 1);
+  REQUIRE(mrstack_emm_defer_end(sim) == MRSTACK_SUCCESS);
+  REQUIRE(mrstack_emm_defer_end(sim) == MRSTACK_SUCCESS);
+  CHECK(mrstack_emm_defer_end(sim) == MRSTACK_ERROR_LOGIC);
+  CHECK_THAT(last_error(), Catch::Contains("never begun"));
+
+  // Reset: everything outstanding goes, the books close, the token goes stale.
+  std::size_t released = 99;
+  REQUIRE(mrstack_emm_reset(sim, &released) == MRSTACK_SUCCESS);
+  CHECK(released == 1);
+  CHECK(mrstack_emm_free(sim, t1) == 0);
+  auto s = stats(sim);
+  CHECK(s.clients[MRSTACK_CLIENT_NUMBA].live_bytes == 0);
+  CHECK(s.clients[MRSTACK_CLIENT_NUMBA].live_count == 0);
+  CHECK(s.emm_outstanding == 0);
+
+  std::size_t free_bytes = 0;
+  std::size_t total_bytes = 0;
+  REQUIRE(mrstack_emm_get_memory_info(sim, &free_bytes, &total_bytes) == MRSTACK_SUCCESS);
+  CHECK(total_bytes > 0);
+  CHECK(free_bytes <= total_bytes);
+
+  mrstack_ipc_handle h{};
+  CHECK(mrstack_emm_get_ipc_handle(sim, reinterpret_cast<void*>(ptr), &h) == MRSTACK_ERROR_LOGIC);
+  CHECK_THAT(last_error(), Catch::Contains("CUDA IPC"));
+  CHECK(mrstack_emm_get_ipc_handle(sim, reinterpret_cast<void*>(ptr), nullptr) == MRSTACK_ERROR_INVALID_ARGUMENT);
+  CHECK(mrstack_stack_destroy(sim) == MRSTACK_SUCCESS);
+}
+
+TEST_CASE("c api: destroying a private stack frees what its EMM side still holds") {
+  auto* sys = make("system");
+  std::uint64_t ptr = 0;
+  REQUIRE(mrstack_emm_memalloc_token(sys, 1 << 20, MRSTACK_CLIENT_NUMBA, &ptr) != 0);
+  std::memset(reinterpret_cast<void*>(ptr), 0, 1 << 20);
+  CHECK(mrstack_stack_destroy(sys) == MRSTACK_SUCCESS);  // leak checkers (asan preset) would see it otherwise
+}
+
+TEST_CASE("c api: process-wide device stacks, configuration, and PyTorch's entry points") {
+  // One test case: the configuration is process-wide state.
+  char spec[64];
+  REQUIRE(mrstack_configured_spec(spec, sizeof spec, nullptr) == MRSTACK_SUCCESS);
+  CHECK(std::string{spec}.size() > 0);
+  // A bad spec is refused at once, with the parser's message, and changes nothing.
+  CHECK(mrstack_configure("pool(initial=12 parsecs) > cuda") == MRSTACK_ERROR_SPEC);
+  CHECK_THAT(last_error(), Catch::Contains("parsecs"));
+  CHECK(mrstack_last_error_column() > 1);
+  CHECK(mrstack_configure("no_such_resource_xyz") == MRSTACK_ERROR_SPEC);
+  REQUIRE(mrstack_configured_spec(spec, sizeof spec, nullptr) == MRSTACK_SUCCESS);
+  CHECK(std::string{spec}.find("no_such") == std::string::npos);
+
+  // A stack that fails to build (here: an upstream that needs a GPU this test may not
+  // have, or a limit too small) leaves the slot empty and says why; PyTorch's entry point
+  // reports it on stderr and returns null.
+  REQUIRE(mrstack_configure("pool(initial=1MiB) > limiting(limit=64KiB) > system") == MRSTACK_SUCCESS);
+  mrstack_stack* dev = nullptr;
+  CHECK(mrstack_device_stack(0, &dev) == MRSTACK_ERROR_OUT_OF_MEMORY);
+  CHECK(dev == nullptr);
+  CHECK(mrstack_device_stack_if_built(0) == nullptr);
+  CHECK(mrstack_torch_alloc(256, 0, nullptr) == nullptr);  // says why on stderr, no exception
+  CHECK(mrstack_last_error_status() == MRSTACK_ERROR_OUT_OF_MEMORY);
+
+  REQUIRE(mrstack_configure("system") == MRSTACK_SUCCESS);
+  REQUIRE(mrstack_configured_spec(spec, sizeof spec, nullptr) == MRSTACK_SUCCESS);
+  CHECK(std::string{spec} == "system");
+  REQUIRE(mrstack_device_stack(0, &dev) == MRSTACK_SUCCESS);
+  REQUIRE(dev != nullptr);
+  CHECK(mrstack_device_stack_if_built(0) == dev);
+  mrstack_stack* again = nullptr;
+  REQUIRE(mrstack_device_stack(0, &again) == MRSTACK_SUCCESS);
+  CHECK(again == dev);
+
+  // Too late to change it; saying the same again is fine.
+  CHECK(mrstack_configure("simulated") == MRSTACK_ERROR_STATE);
+  CHECK_THAT(last_error(), Catch::Contains("already built") && Catch::Contains("system"));
+  CHECK(mrstack_configure("system") == MRSTACK_SUCCESS);
+  CHECK(mrstack_stack_destroy(dev) == MRSTACK_ERROR_STATE);
+
+  // PyTorch's pair serves the same stack, on the torch client's books.
+  void* p = mrstack_torch_alloc(5000, 0, nullptr);
+  REQUIRE(p != nullptr);
+  std::memset(p, 0x3c, 5000);
+  void* q = mrstack_torch_alloc(0, 0, nullptr);
+  CHECK(q == nullptr);
+  auto s = stats(dev);
+  CHECK(s.clients[MRSTACK_CLIENT_TORCH].live_bytes == 5000);
+  CHECK(s.clients[MRSTACK_CLIENT_TORCH].live_count == 1);
+  mrstack_torch_free(p, 5000, 0, nullptr);
+  mrstack_torch_free(nullptr, 0, 0, nullptr);
+  s = stats(dev);
+  CHECK(s.clients[MRSTACK_CLIENT_TORCH].live_bytes == 0);
+  CHECK(s.clients[MRSTACK_CLIENT_TORCH].peak_bytes == 5000);
+
+  // A free on a device that never had a stack cannot be ours: reported, not thrown.
+  int x = 0;
+  mrstack_torch_free(&x, 4, 5, nullptr);
+  CHECK_THAT(last_error(), Catch::Contains("device 5"));
+}
+
+TEST_CASE("c api: many threads allocate and free through one stack; the books balance") {
+  auto* sys = make("system");
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 8; ++t) {
+    threads.emplace_back([sys, t] {
+      int const client = t % MRSTACK_CLIENT_COUNT;
+      for (int i = 0; i < 2000; ++i) {
+        if (i % 2 == 0) {
+          std::uint64_t ptr = 0;
+          std::uint64_t token = mrstack_emm_memalloc_token(sys, 64 + static_cast<std::size_t>(i), client, &ptr);
+          if (token != 0) { (void)mrstack_emm_free(sys, token); }
+        } else {
+          void* p = nullptr;
+          if (mrstack_allocate(sys, 128, nullptr, client, &p) == MRSTACK_SUCCESS) {
+            (void)mrstack_deallocate(sys, p, 128, nullptr, client);
+          }
+        }
+      }
+    });
+  }
+  for (auto& th : threads) { th.join(); }
+  auto s = stats(sys);
+  CHECK(s.live_bytes == 0);
+  std::uint64_t total_allocations = 0;
+  for (auto const& c : s.clients) {
+    CHECK(c.live_bytes == 0);
+    CHECK(c.live_count == 0);
+    total_allocations += c.allocations;
+  }
+  CHECK(total_allocations == 8 * 2000);
+  CHECK(mrstack_stack_destroy(sys) == MRSTACK_SUCCESS);
+}
+
+TEST_CASE("c api: the last failure's status is kept for calls that return a token or a pointer") {
+  auto* sys = make("limiting(limit=1MiB) > system");
+  std::uint64_t ptr = 0;
+  CHECK(mrstack_emm_memalloc_token(sys, 2 << 20, MRSTACK_CLIENT_NUMBA, &ptr) == 0);
+  CHECK(mrstack_last_error_status() == MRSTACK_ERROR_OUT_OF_MEMORY);
+  CHECK(mrstack_emm_memalloc_token(sys, 16, 42, &ptr) == 0);
+  CHECK(mrstack_last_error_status() == MRSTACK_ERROR_INVALID_ARGUMENT);
+  CHECK(mrstack_stack_destroy(sys) == MRSTACK_SUCCESS);
+}
+
+TEST_CASE("c api: memalloc_pair returns pointer and token together, token 0 on failure") {
+  auto* sys = make("system");
+  auto a = mrstack_emm_memalloc_pair(sys, 1024, MRSTACK_CLIENT_NUMBA);
+  CHECK(a.token != 0);
+  CHECK(a.ptr != 0);
+  std::memset(reinterpret_cast<void*>(a.ptr), 0, 1024);
+  CHECK(stats(sys).clients[MRSTACK_CLIENT_NUMBA].live_bytes == 1024);
+  CHECK(mrstack_emm_free(sys, a.token) == 1);
+  auto* limited = make("limiting(limit=1MiB) > system");
+  auto bad = mrstack_emm_memalloc_pair(limited, 2 << 20, MRSTACK_CLIENT_NUMBA);
+  CHECK(bad.token == 0);
+  CHECK(bad.ptr == 0);
+  CHECK(mrstack_last_error_status() == MRSTACK_ERROR_OUT_OF_MEMORY);
+  CHECK(mrstack_stack_destroy(limited) == MRSTACK_SUCCESS);
+  CHECK(mrstack_stack_destroy(sys) == MRSTACK_SUCCESS);
+}
+
+TEST_CASE("c api: {pid} in a spec becomes the process id") {
+  mrstack_stack* s = nullptr;
+  CHECK(mrstack_stack_create("system > nothing_called_{pid}", 0, &s) == MRSTACK_ERROR_SPEC);
+  std::string const message = last_error();
+  CHECK_THAT(message, Catch::Contains("nothing_called_" + std::to_string(static_cast<long>(getpid()))));
+  CHECK_THAT(message, !Catch::Contains("{pid}"));
+}

@@ -1,0 +1,497 @@
+// The replay engine and mrstack-replay, over simulated memory: exact peak live and
+// footprint on hand-made logs, failures, leaks, broken layers, the cross-thread order of a
+// multi-thread log, the rewritten spec, and the tool's output, exit codes and --json.
+#include <catch2/catch.hpp>
+
+#include <mrstack/log/allocation_log.hpp>
+#include <mrstack/replay/replay.hpp>
+#include <mrstack/spec_registry.hpp>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <mutex>
+#include <random>
+#include <sstream>
+
+#include <unistd.h>
+
+using namespace mrstack;
+
+namespace {
+
+std::string const header = "Thread,Time,Action,Pointer,Size,Stream\n";
+
+/// Asks its upstream for every request rounded up to `to` bytes: a footprint one can
+/// compute by hand.
+struct round_up_layer final : memory_resource {
+  round_up_layer(resource_ptr up, std::size_t to) : up_{std::move(up)}, to_{to} {}
+  resource_ptr up_;
+  std::size_t to_;
+  std::size_t rounded(std::size_t b) const { return (b + to_ - 1) / to_ * to_; }
+  void* do_allocate(std::size_t b, std::size_t al, stream_view s) override { return up_->allocate(rounded(b), s, al); }
+  void do_deallocate(void* p, std::size_t b, std::size_t al, stream_view s) override {
+    up_->deallocate(p, rounded(b), s, al);
+  }
+  std::string do_name() const override { return "test_round_up"; }
+  memory_resource* do_upstream() const noexcept override { return up_.get(); }
+};
+
+/// Keeps every allocation from its upstream until it is destroyed: footprint = all bytes
+/// ever allocated.
+struct hoard_layer final : memory_resource {
+  explicit hoard_layer(resource_ptr up) : up_{std::move(up)} {}
+  ~hoard_layer() override {
+    for (auto const& [p, b] : kept_) { up_->deallocate(p, b); }
+  }
+  resource_ptr up_;
+  std::mutex mutex_;
+  std::vector<std::pair<void*, std::size_t>> kept_;
+  void* do_allocate(std::size_t b, std::size_t al, stream_view s) override { return up_->allocate(b, s, al); }
+  void do_deallocate(void* p, std::size_t b, std::size_t, stream_view) override {
+    std::lock_guard lock{mutex_};
+    kept_.emplace_back(p, b);
+  }
+  std::string do_name() const override { return "test_hoard"; }
+  memory_resource* do_upstream() const noexcept override { return up_.get(); }
+};
+
+/// Records the order of calls it sees (the test reads it after the replay).
+struct recorder_layer final : memory_resource {
+  explicit recorder_layer(resource_ptr up) : up_{std::move(up)} {}
+  resource_ptr up_;
+  void* do_allocate(std::size_t b, std::size_t al, stream_view s) override {
+    record('a', b);
+    return up_->allocate(b, s, al);
+  }
+  void do_deallocate(void* p, std::size_t b, std::size_t al, stream_view s) override {
+    record('f', b);
+    up_->deallocate(p, b, s, al);
+  }
+  std::string do_name() const override { return "test_recorder"; }
+  memory_resource* do_upstream() const noexcept override { return up_.get(); }
+  static void record(char what, std::size_t b) {
+    std::lock_guard lock{mutex()};
+    calls().emplace_back(what, b);
+  }
+  static std::mutex& mutex() {
+    static std::mutex m;
+    return m;
+  }
+  static std::vector<std::pair<char, std::size_t>>& calls() {
+    static std::vector<std::pair<char, std::size_t>> c;
+    return c;
+  }
+};
+
+/// Breaks its contract (a logic_error) on the n-th call.
+struct breaking_layer final : memory_resource {
+  breaking_layer(resource_ptr up, std::uint64_t n) : up_{std::move(up)}, left_{n} {}
+  resource_ptr up_;
+  std::uint64_t left_;
+  void* do_allocate(std::size_t b, std::size_t al, stream_view s) override {
+    if (--left_ == 0) { throw logic_error("broken on purpose"); }
+    return up_->allocate(b, s, al);
+  }
+  void do_deallocate(void* p, std::size_t b, std::size_t al, stream_view s) override { up_->deallocate(p, b, s, al); }
+  std::string do_name() const override { return "test_breaks"; }
+  memory_resource* do_upstream() const noexcept override { return up_.get(); }
+};
+
+void register_test_layers() {
+  static bool const once = [] {
+    register_resource({"test_round_up", "rounds requests up", needs_upstream, {size_param("to", required, "granule")},
+                       [](spec_arguments const& a, resource_ptr up) -> resource_ptr {
+                         return std::make_shared<round_up_layer>(std::move(up), *a.size("to"));
+                       }});
+    register_resource({"test_hoard", "never gives memory back", needs_upstream, {},
+                       [](spec_arguments const&, resource_ptr up) -> resource_ptr {
+                         return std::make_shared<hoard_layer>(std::move(up));
+                       }});
+    register_resource({"test_recorder", "records calls", needs_upstream, {},
+                       [](spec_arguments const&, resource_ptr up) -> resource_ptr {
+                         return std::make_shared<recorder_layer>(std::move(up));
+                       }});
+    register_resource({"test_breaks", "throws logic_error on the n-th allocate", needs_upstream,
+                       {count_param("at", required, "which allocate breaks")},
+                       [](spec_arguments const& a, resource_ptr up) -> resource_ptr {
+                         return std::make_shared<breaking_layer>(std::move(up), *a.count("at"));
+                       }});
+    return true;
+  }();
+  (void)once;
+}
+
+replay_options simulated(std::size_t capacity = std::size_t{1} << 40) {
+  replay_options o;
+  o.simulate = true;
+  o.simulated_capacity = capacity;
+  return o;
+}
+
+// allocate 1000, allocate 3000, free 1000, allocate 5000, free 3000, free 5000
+// live: 1000, 4000, 3000, 8000, 5000, 0 -> peak live 8000 (line 5)
+std::string const small_log = header +
+                              "1,0,allocate,0x1000,1000,0\n"   // line 2
+                              "1,0,allocate,0x2000,3000,0\n"   // line 3
+                              "1,0,free,0x1000,1000,0\n"       // line 4
+                              "1,0,allocate,0x3000,5000,0\n"   // line 5
+                              "1,0,free,0x2000,3000,0\n"       // line 6
+                              "1,0,free,0x3000,5000,0\n";      // line 7
+
+struct captured {
+  int status;
+  std::string out;
+  std::string err;
+};
+
+std::string read_all(std::FILE* f) {
+  std::rewind(f);
+  std::string text;
+  char buf[4096];
+  std::size_t n = 0;
+  while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) { text.append(buf, n); }
+  return text;
+}
+
+captured run_tool(std::vector<std::string> const& args) {
+  std::FILE* out = std::tmpfile();
+  std::FILE* err = std::tmpfile();
+  REQUIRE(out != nullptr);
+  REQUIRE(err != nullptr);
+  int const status = run_replay_tool(args, out, err);
+  captured c{status, read_all(out), read_all(err)};
+  std::fclose(out);
+  std::fclose(err);
+  return c;
+}
+
+std::filesystem::path scratch_dir() {
+  auto dir = std::filesystem::temp_directory_path() / ("mrstack_replay_test_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  return dir;
+}
+
+std::string write_file(std::string const& name, std::string const& text) {
+  auto const path = scratch_dir() / name;
+  std::ofstream{path} << text;
+  return path.string();
+}
+
+std::string slurp(std::string const& path) {
+  std::ifstream f{path};
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+}  // namespace
+
+TEST_CASE("replay: peak live and footprint are exact on a hand-made log") {
+  register_test_layers();
+  auto const log = parse_allocation_log(small_log);
+  REQUIRE(log.peak_live_bytes == 8000);
+
+  auto const plain = replay_stack(log, "cuda", simulated());
+  CHECK(plain.complete());
+  CHECK(plain.events == 6);
+  CHECK(plain.peak_live_bytes == 8000);
+  CHECK(plain.peak_footprint_bytes == 8000);  // the meter counts the bytes asked of the bottom
+  CHECK(plain.footprint_lower_bound);
+  CHECK(plain.built_as == "footprint_meter > simulated(capacity=1099511627776)");
+  CHECK(plain.upstream_allocations == 3);
+
+  // Rounded to 4096: 4096 + 4096, then 4096 (free 1000), then 4096 + 8192 = 12288.
+  auto const rounded = replay_stack(log, "test_round_up(to=4KiB) > cuda", simulated());
+  CHECK(rounded.complete());
+  CHECK(rounded.peak_footprint_bytes == 12288);
+  CHECK(rounded.footprint_ratio() == Approx(12288.0 / 8000.0));
+  CHECK_FALSE(rounded.footprint_lower_bound);
+  CHECK(rounded.footprint_measured_by == "footprint_meter above simulated");
+  CHECK(rounded.built_as == "test_round_up(to=4KiB) > footprint_meter > simulated(capacity=1099511627776)");
+
+  // Keeping everything: 1000 + 3000 + 5000.
+  auto const hoard = replay_stack(log, "test_hoard > system", simulated());
+  CHECK(hoard.peak_footprint_bytes == 9000);
+  CHECK(hoard.leaks == 0);
+  CHECK(hoard.failures == 0);
+}
+
+TEST_CASE("replay: a refused allocation is counted, its free skipped, and peak live recomputed") {
+  register_test_layers();
+  auto const log = parse_allocation_log(small_log);
+  // Capacity 6000: the simulated bottom takes spans rounded to 256 (1024, 3072, 5120);
+  // 3072 + 5120 > 6000, so line 5 is refused.
+  auto const r = replay_stack(log, "cuda", simulated(6000));
+  CHECK_FALSE(r.complete());
+  CHECK(r.error.empty());
+  CHECK(r.failures == 1);
+  CHECK(r.first_failure_line == 5);
+  CHECK(r.first_failure_bytes == 5000);
+  CHECK_THAT(r.first_failure_message, Catch::Contains("simulated could not allocate"));
+  CHECK(r.peak_live_bytes == 4000);  // without the refused 5000
+  CHECK(r.peak_footprint_bytes == 4000);
+}
+
+TEST_CASE("replay: leaks are allocations the log never frees, freed after the clock stops") {
+  register_test_layers();
+  auto const log = parse_allocation_log(header +
+                                        "1,0,allocate,0x1000,1000,0\n"
+                                        "1,0,allocate,0x2000,3000,0\n"
+                                        "1,0,free,0x1000,1000,0\n"
+                                        "1,0,allocate,0x3000,5000,0\n");
+  auto const r = replay_stack(log, "test_round_up(to=1KiB) > cuda", simulated());
+  CHECK(r.complete());
+  CHECK(r.leaks == 2);
+  CHECK(r.leaked_bytes == 8000);
+  CHECK(r.peak_live_bytes == 8000);
+}
+
+TEST_CASE("replay: a layer that breaks its contract stops the run, naming the line") {
+  register_test_layers();
+  auto const log = parse_allocation_log(small_log);
+  auto const r = replay_stack(log, "test_breaks(at=3) > cuda", simulated());
+  CHECK_FALSE(r.complete());
+  CHECK_THAT(r.error, Catch::Contains("line 5: broken on purpose"));
+  // A stack that cannot be built is reported, not thrown.
+  auto const b = replay_stack(log, "test_round_up(to=1KiB) > cuda", simulated(0));
+  CHECK(b.failures == 3);
+  // Percentages are shares of the simulated capacity: 50% of 1 MiB is a 512 KiB granule.
+  auto const half = replay_stack(log, "test_round_up(to=50%) > cuda", simulated(std::size_t{1} << 20));
+  CHECK(half.complete());
+  CHECK(half.peak_footprint_bytes == std::size_t{1} << 20);
+  // A bad spec is an error to the caller.
+  CHECK_THROWS_AS(replay_stack(log, "pol > cuda", simulated()), spec_error);
+}
+
+TEST_CASE("replay: a multi-thread log replays in exactly the log's order across threads") {
+  register_test_layers();
+  std::mt19937_64 rng{11};
+  std::ostringstream text;
+  text << header;
+  std::map<std::uint64_t, std::size_t> live;
+  std::vector<std::pair<char, std::size_t>> expected;
+  std::uint64_t next = 0x10000;
+  for (int i = 0; i < 3000; ++i) {
+    int const thread = static_cast<int>(rng() % 4);
+    if (live.empty() || rng() % 2 == 0) {
+      std::size_t const bytes = 1 + rng() % 5000;
+      live[next] = bytes;
+      text << thread << ",0,allocate,0x" << std::hex << next << std::dec << "," << bytes << ",0\n";
+      expected.emplace_back('a', bytes);
+      next += 0x10000;
+    } else {
+      auto it = live.begin();
+      std::advance(it, static_cast<long>(rng() % live.size()));
+      // Often a thread other than the allocating one frees: the order across threads matters.
+      text << thread << ",0,free,0x" << std::hex << it->first << std::dec << "," << it->second << ",0\n";
+      expected.emplace_back('f', it->second);
+      live.erase(it);
+    }
+  }
+  auto const log = parse_allocation_log(text.str());
+  REQUIRE(log.events_by_thread.size() == 4);
+  recorder_layer::calls().clear();
+  auto const r = replay_stack(log, "test_recorder > cuda", simulated());
+  CHECK(r.complete());
+  CHECK(r.peak_live_bytes == log.peak_live_bytes);
+  CHECK(r.peak_footprint_bytes == log.peak_live_bytes);
+  std::vector<std::pair<char, std::size_t>> seen = recorder_layer::calls();
+  // The leaks are freed after the replay; the replay itself is the first expected.size() calls.
+  REQUIRE(seen.size() == expected.size() + live.size());
+  seen.resize(expected.size());
+  CHECK(seen == expected);
+}
+
+TEST_CASE("replay: repeats time each run and report the median") {
+  register_test_layers();
+  auto const log = parse_allocation_log(small_log);
+  auto options = simulated();
+  options.repeat = 3;
+  std::size_t progress_calls = 0;
+  options.progress = [&](std::size_t, std::size_t total) {
+    ++progress_calls;
+    CHECK(total == 6);
+  };
+  auto const r = replay_stack(log, "test_round_up(to=4KiB) > cuda", options);
+  REQUIRE(r.seconds.size() == 3);
+  std::vector<double> sorted = r.seconds;
+  std::sort(sorted.begin(), sorted.end());
+  CHECK(r.median_seconds == sorted[1]);
+  CHECK(r.ns_per_event == Approx(sorted[1] * 1e9 / 6));
+  CHECK(r.peak_footprint_bytes == 12288);  // each run builds a fresh stack
+}
+
+TEST_CASE("replay: a pool over simulated_vmm is measured by the physical memory mapped") {
+  register_test_layers();
+  auto const log = parse_allocation_log(small_log);
+  // One granule of 2 MiB holds all 8000 live bytes, mapped one granule at a time.
+  auto const r = replay_stack(log, "pool > vmm(map_granules=1)", simulated());
+  CHECK(r.complete());
+  CHECK(r.built_as == "pool > simulated_vmm(capacity=1099511627776)");
+  CHECK(r.footprint_measured_by == "simulated_vmm's peak mapped physical memory");
+  CHECK(r.peak_footprint_bytes == (2u << 20));
+  CHECK_FALSE(r.footprint_lower_bound);
+  auto const plain = replay_stack(log, "simulated_vmm(granularity=4KiB, map_granules=1)", simulated());
+  CHECK(plain.complete());
+  CHECK(plain.peak_footprint_bytes == 12288);  // each allocation rounded to 4 KiB granules: 4096 + 8192
+}
+
+TEST_CASE("replay: a warm-up run on the same stack first; the footprint covers both") {
+  register_test_layers();
+  // A hoard keeps every block: after the warm-up it holds 9000 bytes, and the timed run
+  // adds 9000 more, so the footprint proves both runs used the same stack.
+  auto const log = parse_allocation_log(small_log);
+  auto options = simulated();
+  options.warmup = true;
+  auto const r = replay_stack(log, "test_hoard > cuda", options);
+  CHECK(r.complete());
+  CHECK(r.peak_footprint_bytes == 18000);
+  CHECK(r.seconds.size() == 1);
+  auto const leaky = parse_allocation_log(header + "1,0,allocate,0x1000,1000,0\n");
+  auto const l = replay_stack(leaky, "test_round_up(to=4KiB) > cuda", options);
+  CHECK(l.complete());
+  CHECK(l.leaks == 1);                      // counted once, for the timed run
+  CHECK(l.peak_footprint_bytes == 4096);    // the warm-up's leak was freed before the timed run
+  auto const c = run_tool({write_file("small.csv", small_log), "--simulate", "--warmup", "--repeat", "3", "-r", "cuda"});
+  CHECK(c.status == 0);
+  CHECK_THAT(c.out, Catch::Contains("timing:  median of 3 runs per stack, each after an untimed warm-up run on the same stack"));
+}
+
+TEST_CASE("replay: the spec it builds: bottom replaced under simulation, meter above the bottom") {
+  CHECK(to_string(replay_spec_for("cuda", true, 1024)) == "footprint_meter > simulated(capacity=1024)");
+  CHECK(to_string(replay_spec_for("system", false, 1024)) == "footprint_meter > system");
+  CHECK(to_string(replay_spec_for("cuda_async", false, 1024)) == "cuda_async");  // measured by the driver pool
+  CHECK(to_string(replay_spec_for("cuda_async(initial=1GiB)", true, 1024)) ==
+        "footprint_meter > simulated(capacity=1024)");
+  CHECK(to_string(replay_spec_for("footprint_meter > simulated", false, 1024)) == "footprint_meter > simulated");
+  // A bottom that is a simulation already keeps the capacity the spec gives it.
+  CHECK(to_string(replay_spec_for("simulated(capacity=1MiB)", true, 1024)) ==
+        "footprint_meter > simulated(capacity=1MiB)");
+  CHECK_THROWS_AS(replay_spec_for("cuda > cuda", true, 1024), spec_error);
+  // vmm is simulated by its twin, and measures its own footprint: no meter between it and the pool.
+  CHECK(to_string(replay_spec_for("pool > vmm(map_granules=1)", true, 1024)) == "pool > simulated_vmm(capacity=1024)");
+  CHECK(to_string(replay_spec_for("pool > simulated_vmm", false, 1024)) == "pool > simulated_vmm");
+}
+
+TEST_CASE("mrstack-replay: the table, the header and the verdict") {
+  register_test_layers();
+  auto const log_path = write_file("small.csv", small_log);
+  auto const c = run_tool({log_path, "--simulate", "-r", "test_round_up(to=4KiB) > cuda", "--resource=test_hoard > cuda",
+                           "-r", "cuda", "--capacity", "1GiB"});
+  INFO(c.out << c.err);
+  CHECK(c.status == 0);
+  CHECK(c.err.empty());
+  CHECK_THAT(c.out, Catch::Contains("6 events (3 allocations, 3 frees) on 1 thread and 1 stream; peak live 7.8 KiB"));
+  CHECK_THAT(c.out, Catch::Contains("memory:  SIMULATED (--simulate);\n"
+                                    "           each stack's bottom is simulated(capacity=1.00 GiB), touching no memory"));
+  CHECK_THAT(c.out, Catch::Contains("events  wall time  ns/event   peak live  peak footprint  footprint/live  leaks  failures"));
+  CHECK_THAT(c.out, Catch::Contains("12.0 KiB          1.536x      0         0"));  // 12288 / 8000
+  CHECK_THAT(c.out, Catch::Contains("8.8 KiB          1.125x      0         0"));   // 9000 / 8000
+  CHECK_THAT(c.out, Catch::Contains("\ncuda*  "));
+  CHECK_THAT(c.out, Catch::Contains("most compact test_hoard > cuda (1.125x of peak live); all 3 stacks replayed the whole log."));
+}
+
+TEST_CASE("mrstack-replay: exit 1 when an allocation fails; --json holds the numbers") {
+  register_test_layers();
+  auto const log_path = write_file("small.csv", small_log);
+  auto const json = (scratch_dir() / "out.json").string();
+  std::filesystem::remove(json);
+  auto const c = run_tool({log_path, "--simulate", "--capacity", "6000", "-r", "cuda", "-r",
+                           "test_round_up(to=1KiB) > cuda", "--json", json});
+  INFO(c.out << c.err);
+  CHECK(c.status == 1);
+  CHECK_THAT(c.out, Catch::Contains("1 (line 5)"));
+  CHECK_THAT(c.out, Catch::Contains("cuda: 1 allocation refused; the first at line 5 (4.9 KiB): out of memory"));
+  CHECK_THAT(c.out, Catch::Contains("no stack replayed the whole log"));
+  std::string const j = slurp(json);
+  INFO(j);
+  CHECK_THAT(j, Catch::StartsWith("[\n  {\"resource\": \"cuda\", \"built_as\": \"footprint_meter > simulated(capacity=6000)\""));
+  CHECK_THAT(j, Catch::Contains("\"events\": 6, \"failures\": 1, \"first_failure_line\": 5, \"first_failure_bytes\": 5000"));
+  CHECK_THAT(j, Catch::Contains("\"peak_live_bytes\": 4000, \"peak_footprint_bytes\": 4000"));
+  CHECK_THAT(j, Catch::Contains("\"seconds\": "));
+  CHECK_THAT(j, Catch::Contains("{\"resource\": \"test_round_up(to=1KiB) > cuda\""));
+  CHECK_THAT(j, Catch::EndsWith("}\n]\n"));
+  // Every object has the keys machines rely on.
+  for (char const* key : {"\"resource\"", "\"events\"", "\"failures\"", "\"seconds\"", "\"peak_live_bytes\"",
+                          "\"peak_footprint_bytes\""}) {
+    std::size_t count = 0;
+    for (std::size_t at = j.find(key); at != std::string::npos; at = j.find(key, at + 1)) { ++count; }
+    CHECK(count == 2);
+  }
+}
+
+TEST_CASE("mrstack-replay: exit 2 for unusable input, with a clear message and no --json file") {
+  register_test_layers();
+  auto const good = write_file("small.csv", small_log);
+  auto const bad_log = write_file("bad.csv", header + "1,0,allocate,0x1000,1000,0\n1,0,free,0x1000,999,0\n");
+  auto const json = (scratch_dir() / "never.json").string();
+  std::filesystem::remove(json);
+  struct case_t {
+    std::vector<std::string> args;
+    std::string message;
+  };
+  std::vector<case_t> const cases = {
+      {{}, "mrstack-replay: no log given"},
+      {{good, "--repeat", "0"}, "--repeat '0': expected a whole number of runs, at least 1"},
+      {{good, "--repeat"}, "--repeat needs a value"},
+      {{good, "--capacity", "lots"}, "--capacity 'lots': expected a number"},
+      {{good, "--frobnicate"}, "unknown option '--frobnicate'"},
+      {{good, good}, "one log at a time"},
+      {{good, "--simulate=yes"}, "--simulate takes no value"},
+      {{good, "-r", "pol > cuda", "--json", json}, "--resource: bad stack spec at column 1: unknown resource 'pol'"},
+      {{good, "-r", "test_round_up > cuda", "--json", json}, "test_round_up needs its parameter 'to'"},
+      {{(scratch_dir() / "missing.csv").string(), "--json", json}, "missing.csv: cannot open the log"},
+      {{bad_log, "--json", json, "-r", "cuda"}, "bad.csv:3:17: free of 0x1000 with Size 999"},
+  };
+  for (auto const& k : cases) {
+    auto const c = run_tool(k.args);
+    INFO(c.out << c.err);
+    CHECK(c.status == 2);
+    CHECK_THAT(c.err, Catch::Contains(k.message));
+    CHECK_FALSE(std::filesystem::exists(json));
+  }
+  // Nothing half-written: no temporary file is left beside the --json target either.
+  for (auto const& entry : std::filesystem::directory_iterator{scratch_dir()}) {
+    CHECK(entry.path().filename().string().find(".tmp.") == std::string::npos);
+  }
+  auto const help = run_tool({"--help"});
+  CHECK(help.status == 0);
+  CHECK_THAT(help.out, Catch::Contains("usage: mrstack-replay LOG.csv[.gz]"));
+  auto const list = run_tool({"--list-resources"});
+  CHECK(list.status == 0);
+  CHECK_THAT(list.out, Catch::Contains("cuda_async  (bottom: takes no upstream)"));
+  CHECK_THAT(list.out, Catch::Contains("release_threshold"));
+}
+
+TEST_CASE("mrstack-replay: the sample log over simulated memory") {
+  register_test_layers();
+  auto const path = std::filesystem::path{__FILE__}.parent_path().parent_path() / "data" / "torch_resnet50_train.csv.gz";
+  if (!std::filesystem::exists(path)) {
+    WARN("sample log not found at " << path.string());
+    return;
+  }
+  auto const log = read_allocation_log(path.string());
+  // A reference for the rounded stack: replay the log by hand, rounding every request to 2 MiB.
+  std::size_t constexpr granule = std::size_t{2} << 20;
+  std::size_t live = 0;
+  std::size_t peak = 0;
+  for (auto const& e : log.events) {
+    std::size_t const rounded = (e.bytes + granule - 1) / granule * granule;
+    if (e.action == log_action::allocate) {
+      live += rounded;
+      peak = std::max(peak, live);
+    } else {
+      live -= rounded;
+    }
+  }
+  auto const r = replay_stack(log, "test_round_up(to=2MiB) > cuda", simulated());
+  CHECK(r.complete());
+  CHECK(r.events == 9094);
+  CHECK(r.peak_live_bytes == log.peak_live_bytes);
+  CHECK(r.peak_footprint_bytes == peak);
+  auto const c = run_tool({path.string(), "--simulate", "-r", "cuda", "-r", "cuda_async"});
+  CHECK(c.status == 0);
+  CHECK_THAT(c.out, Catch::Contains("9,094 events (4,547 allocations, 4,547 frees)"));
+}

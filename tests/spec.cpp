@@ -1,0 +1,419 @@
+// Stack specs: the parser (AST, columns, every syntax error), sizes, the builder (every
+// semantic error, typed arguments, percentages, bottom-up building) and the environment.
+#include <catch2/catch.hpp>
+
+#include <mrstack/replay/footprint_meter.hpp>
+#include <mrstack/spec.hpp>
+#include <mrstack/spec_registry.hpp>
+#include <mrstack/suballoc/arena_memory_resource.hpp>
+#include <mrstack/suballoc/binning_memory_resource.hpp>
+#include <mrstack/suballoc/fixed_size_memory_resource.hpp>
+#include <mrstack/suballoc/pool_memory_resource.hpp>
+#include <mrstack/upstream/simulated_memory_resource.hpp>
+#include <mrstack/upstream/simulated_vmm_memory_resource.hpp>
+#include <mrstack/upstream/system_memory_resource.hpp>
+
+#include <cstdlib>
+#include <filesystem>
+
+#include <unistd.h>
+
+#include <mrstack/log/allocation_log.hpp>
+#include <random>
+
+#include <cuda_runtime_api.h>
+
+using namespace mrstack;
+
+namespace {
+
+// A pass-through layer that remembers the arguments it was built with, registered once
+// so the builder can be tested on every parameter type without other helpers' resources.
+struct probe_resource final : memory_resource {
+  probe_resource(resource_ptr up, spec_arguments a) : upstream_{std::move(up)}, args{std::move(a)} {}
+  resource_ptr upstream_;
+  spec_arguments args;
+  void* do_allocate(std::size_t b, std::size_t al, stream_view s) override { return upstream_->allocate(b, s, al); }
+  void do_deallocate(void* p, std::size_t b, std::size_t al, stream_view s) override { upstream_->deallocate(p, b, s, al); }
+  std::string do_name() const override { return "probe"; }
+  memory_resource* do_upstream() const noexcept override { return upstream_.get(); }
+};
+
+void register_probe() {
+  static bool const once = [] {
+    register_resource({"probe", "test layer", needs_upstream,
+                       {size_param("size", optional_param, "a size"), count_param("count", optional_param, "a count"),
+                        number_param("ratio", optional_param, "a number"), flag_param("enabled", optional_param, "a flag"),
+                        text_param("file", optional_param, "a text")},
+                       [](spec_arguments const& a, resource_ptr up) -> resource_ptr {
+                         return std::make_shared<probe_resource>(std::move(up), a);
+                       }});
+    register_resource({"probe_needs", "test layer with a required parameter", needs_upstream,
+                       {size_param("limit", required, "bytes it may hand out")},
+                       [](spec_arguments const& a, resource_ptr up) -> resource_ptr {
+                         return std::make_shared<probe_resource>(std::move(up), a);
+                       }});
+    register_resource({"probe_refuses", "test layer whose constructor refuses", needs_upstream, {},
+                       [](spec_arguments const&, resource_ptr) -> resource_ptr {
+                         throw logic_error("initial must not exceed max");
+                       }});
+    return true;
+  }();
+  (void)once;
+}
+
+/// The spec must fail (at parse or at check) with `column` and a message containing `what`,
+/// quoting the spec with a caret under the column.
+void require_spec_error(std::string const& spec, std::size_t column, std::string const& what, bool build = false) {
+  register_probe();
+  INFO("spec: " << spec);
+  try {
+    auto const parsed = parse_stack_spec(spec);
+    check_stack_spec(parsed);
+    if (build) { (void)build_stack(parsed); }
+    FAIL("no error for a bad spec");
+  } catch (spec_error const& e) {
+    std::string const message = e.what();
+    INFO("message:\n" << message);
+    CHECK(e.column() == column);
+    CHECK_THAT(message, Catch::Contains(what));
+    std::string const caret = "\n  " + spec + "\n  " + std::string(column - 1, ' ') + "^";
+    CHECK_THAT(message, Catch::Contains(caret));
+  }
+}
+
+probe_resource& probe_of(resource_ptr const& top) {
+  auto* probe = dynamic_cast<probe_resource*>(top.get());
+  REQUIRE(probe != nullptr);
+  return *probe;
+}
+
+}  // namespace
+
+TEST_CASE("spec: the AST keeps layers top to bottom, arguments and their columns") {
+  auto const spec = parse_stack_spec("  statistics > logging(file=a.csv) >limiting( 8GiB ) > pool(initial=1GiB, max = 16GiB)>cuda");
+  REQUIRE(spec.layers.size() == 5);
+  CHECK(spec.layers[0].name == "statistics");
+  CHECK(spec.layers[0].column == 3);
+  CHECK(spec.layers[1].name == "logging");
+  REQUIRE(spec.layers[1].arguments.size() == 1);
+  CHECK(spec.layers[1].arguments[0].name == "file");
+  CHECK(spec.layers[1].arguments[0].value == "a.csv");
+  CHECK(spec.layers[1].arguments[0].name_column == 24);
+  CHECK(spec.layers[1].arguments[0].value_column == 29);
+  CHECK(spec.layers[2].arguments[0].name.empty());
+  CHECK(spec.layers[2].arguments[0].value == "8GiB");
+  CHECK(spec.layers[3].arguments[1].name == "max");
+  CHECK(spec.layers[3].arguments[1].value == "16GiB");
+  CHECK(spec.layers[4].name == "cuda");
+  CHECK(spec.layers[4].arguments.empty());
+  CHECK(to_string(spec) == "statistics > logging(file=a.csv) > limiting(8GiB) > pool(initial=1GiB, max=16GiB) > cuda");
+}
+
+TEST_CASE("spec: quoted values keep commas, parentheses and escapes, and print back quoted") {
+  auto const spec = parse_stack_spec(R"(logging(file="a,b) \"c\".csv", x=plain value) > cuda())");
+  REQUIRE(spec.layers[0].arguments.size() == 2);
+  CHECK(spec.layers[0].arguments[0].value == "a,b) \"c\".csv");
+  CHECK(spec.layers[0].arguments[1].value == "plain value");
+  CHECK(spec.layers[1].arguments.empty());
+  auto const again = parse_stack_spec(to_string(spec));
+  CHECK(again.layers[0].arguments[0].value == spec.layers[0].arguments[0].value);
+  CHECK(to_string(again) == to_string(spec));
+}
+
+TEST_CASE("spec: to_string round-trips random ASTs") {
+  std::mt19937 rng{42};
+  std::string const alphabet = "ab_9 ,()\"\\>=%.";
+  for (int round = 0; round < 500; ++round) {
+    stack_spec spec;
+    int const layers = 1 + static_cast<int>(rng() % 4);
+    for (int l = 0; l < layers; ++l) {
+      spec_layer layer;
+      layer.name = std::string{"layer_"}.append(std::to_string(rng() % 100));
+      int const args = static_cast<int>(rng() % 4);
+      for (int a = 0; a < args; ++a) {
+        spec_argument arg;
+        arg.name = std::string{"p"}.append(std::to_string(a));
+        int const len = static_cast<int>(rng() % 8);
+        for (int c = 0; c < len; ++c) { arg.value += alphabet[rng() % alphabet.size()]; }
+        layer.arguments.push_back(arg);
+      }
+      spec.layers.push_back(layer);
+    }
+    std::string const text = to_string(spec);
+    INFO(text);
+    auto const back = parse_stack_spec(text);
+    REQUIRE(back.layers.size() == spec.layers.size());
+    for (std::size_t l = 0; l < spec.layers.size(); ++l) {
+      REQUIRE(back.layers[l].arguments.size() == spec.layers[l].arguments.size());
+      for (std::size_t a = 0; a < spec.layers[l].arguments.size(); ++a) {
+        CHECK(back.layers[l].arguments[a].value == spec.layers[l].arguments[a].value);
+      }
+    }
+  }
+}
+
+TEST_CASE("spec: sizes") {
+  CHECK(parse_size("4096") == 4096u);
+  CHECK(parse_size("0") == 0u);
+  CHECK(parse_size("12B") == 12u);
+  CHECK(parse_size("64KiB") == 64u * 1024);
+  CHECK(parse_size("64kib") == 64u * 1024);
+  CHECK(parse_size("2 MiB") == 2u << 20);
+  CHECK(parse_size("1.5GiB") == 3ull << 29);
+  CHECK(parse_size("1TiB") == 1ull << 40);
+  CHECK(parse_size("2KB") == 2000u);
+  CHECK(parse_size("3MB") == 3000000u);
+  CHECK(parse_size("1GB") == 1000000000u);
+  CHECK(parse_size("1TB") == 1000000000000u);
+  CHECK(parse_size("0.1KiB") == 102u);  // fractions round down to whole bytes
+  std::string why;
+  CHECK_FALSE(parse_size("", &why));
+  CHECK_THAT(why, Catch::Contains("expected a size"));
+  CHECK_FALSE(parse_size("-1GiB", &why));
+  CHECK_THAT(why, Catch::Contains("negative"));
+  CHECK_FALSE(parse_size("GiB", &why));
+  CHECK_THAT(why, Catch::Contains("expected a number"));
+  CHECK_FALSE(parse_size("4G", &why));
+  CHECK_THAT(why, Catch::Contains("ambiguous: write GiB (powers of 1024) or GB"));
+  CHECK_FALSE(parse_size("4 furlongs", &why));
+  CHECK_THAT(why, Catch::Contains("unknown unit 'furlongs'"));
+  CHECK_FALSE(parse_size("99999999999TiB", &why));
+  CHECK_THAT(why, Catch::Contains("too large"));
+  CHECK_FALSE(parse_size("99999999999999999999999", &why));
+  CHECK_THAT(why, Catch::Contains("too large"));
+}
+
+TEST_CASE("spec: syntax errors point at the column and say what was expected") {
+  require_spec_error("", 1, "the spec is empty");
+  require_spec_error("   ", 4, "the spec is empty");
+  require_spec_error("pool >", 7, "expected a resource name after '>'");
+  require_spec_error("pool > > cuda", 8, "expected a resource name (letters, digits and '_'), found '>'");
+  require_spec_error("> cuda", 1, "expected a resource name");
+  require_spec_error("9pool > cuda", 1, "expected a resource name");
+  require_spec_error("pool cuda", 6, "expected '>' (then the layer below) or the end of the spec after layer 'pool', found 'c'");
+  require_spec_error("cuda )", 6, "found ')'");
+  require_spec_error("cuda(", 6, "the '(' of cuda at column 5 is never closed: expected an argument or ')'");
+  require_spec_error("pool(initial=1GiB > cuda", 25, "the '(' of pool at column 5 is never closed: expected ',' or ')'");
+  require_spec_error("pool(initial=) > cuda", 14, "expected a value for initial before ')'");
+  require_spec_error("pool(,) > cuda", 6, "expected an argument before ','");
+  require_spec_error("pool(initial=1GiB,) > cuda", 19, "expected an argument before ')'");
+  require_spec_error("pool(initial=", 14, "expected a value for initial in pool(...)");
+  require_spec_error("pool(max=2GiB, 1GiB) > cuda", 16, "a positional argument cannot follow a named one");
+  require_spec_error("logging(file=\"a.csv) > cuda", 14, "this quoted value is never closed");
+  require_spec_error("logging(file=\"a.csv\" x) > cuda", 22, "expected ',' or ')' after the value, found 'x'");
+}
+
+TEST_CASE("spec: unknown resources and parameters list the valid names") {
+  require_spec_error("pol > cuda", 1, "unknown resource 'pol'");
+  require_spec_error("probe > cdua", 9, "unknown resource 'cdua' (did you mean 'cuda'?); expected one of: ");
+  require_spec_error("probe > cdua", 9, "cuda, cuda_async");
+  require_spec_error("probe(sise=1GiB) > cuda", 7,
+                     "unknown parameter 'sise' for probe (did you mean 'size'?); expected size, count, ratio, enabled or file");
+  require_spec_error("cuda(x=1)", 6, "unknown parameter 'x' for cuda: cuda takes no parameters");
+  require_spec_error("cuda(1)", 6, "cuda takes no arguments");
+  require_spec_error("simulated(1GiB, 2GiB)", 17, "too many positional arguments for simulated: it takes capacity");
+}
+
+TEST_CASE("spec: duplicate parameters, by name or by position, are errors at the second") {
+  require_spec_error("probe(size=1GiB, size=2GiB) > cuda", 18, "parameter 'size' of probe is given twice (first at column 7)");
+  require_spec_error("simulated(1GiB, capacity=2GiB)", 17, "parameter 'capacity' of simulated is given twice (first at column 11)");
+}
+
+TEST_CASE("spec: the shape of the stack: missing upstream, upstream under a bottom resource") {
+  require_spec_error("probe", 6, "probe needs an upstream below it: expected '> ' and a resource, for example 'probe > cuda'");
+  require_spec_error("probe", 6, "bottom resources: cuda, cuda_async, managed, pinned_host, simulated, simulated_vmm, system or vmm");
+  require_spec_error("probe > probe(size=1)", 22, "probe needs an upstream below it");
+  require_spec_error("cuda > probe > cuda", 8,
+                     "'probe' is given as the upstream of cuda, but cuda is a bottom resource (it takes its memory from the "
+                     "system): end the stack at cuda");
+  require_spec_error("probe > simulated > system", 21, "upstream of simulated");
+}
+
+TEST_CASE("spec: bad values name the parameter, its type and what was expected") {
+  require_spec_error("probe(size=lots) > cuda", 12, "bad value 'lots' for probe's size (a size): expected a number");
+  require_spec_error("probe(size=4G) > cuda", 12, "ambiguous");
+  require_spec_error("probe(size=-4GiB) > cuda", 12, "negative");
+  require_spec_error("probe(size=0%) > cuda", 12, "more than 0% and at most 100%");
+  require_spec_error("probe(size=150%) > cuda", 12, "at most 100%");
+  require_spec_error("probe(size=x%) > cuda", 12, "expected a percentage such as 50%");
+  require_spec_error("probe(count=1.5) > cuda", 13, "probe's count (a count): expected a whole number");
+  require_spec_error("probe(count=99999999999999999999999) > cuda", 13, "too large");
+  require_spec_error("probe(ratio=half) > cuda", 13, "expected a number such as 0.5");
+  require_spec_error("probe(enabled=maybe) > cuda", 15, "expected true or false");
+  require_spec_error("probe_needs > cuda", 1, "probe_needs needs its parameter 'limit' (bytes it may hand out), for example probe_needs(limit=1GiB)");
+}
+
+TEST_CASE("spec: the builder passes typed values and builds bottom-up") {
+  register_probe();
+  auto const top = make_stack("probe(1.5KiB, count=7, ratio=0.25, enabled=off, file=\"x, y.csv\") > footprint_meter > system");
+  auto& probe = probe_of(top);
+  CHECK(probe.args.size("size") == 1536u);
+  CHECK(probe.args.count("count") == 7u);
+  CHECK(probe.args.number("ratio") == 0.25);
+  CHECK(probe.args.flag("enabled") == false);
+  CHECK(probe.args.text("file") == "x, y.csv");
+  CHECK_FALSE(probe.args.has("missing"));
+  CHECK(describe_stack(*top) == "probe > footprint_meter > system");
+  CHECK(dynamic_cast<footprint_meter*>(top->upstream()) != nullptr);
+  CHECK(dynamic_cast<system_memory_resource*>(top->upstream()->upstream()) != nullptr);
+  void* p = top->allocate(1000);
+  CHECK(dynamic_cast<footprint_meter*>(top->upstream())->bytes_held() == 1000);
+  top->deallocate(p, 1000);
+}
+
+TEST_CASE("spec: percentages are shares of the option, the simulated capacity, or the device") {
+  register_probe();
+  build_options options;
+  options.percent_base = 1000;
+  auto const a = build_stack(parse_stack_spec("probe(size=50%) > simulated"), options);
+  CHECK(probe_of(a).args.size("size") == 500u);
+  auto const b = make_stack("probe(size=12.5%) > simulated(capacity=1GiB)");
+  CHECK(probe_of(b).args.size("size") == (1u << 27));
+  auto const c = make_stack("probe(size=25%) > simulated(1GiB)");
+  CHECK(probe_of(c).args.size("size") == (1u << 28));
+  // With the option set, the capacity itself may be a percentage.
+  auto const d = build_stack(parse_stack_spec("probe(size=50%) > simulated(capacity=50%)"), options);
+  CHECK(probe_of(d).args.size("size") == 500u);
+  CHECK(dynamic_cast<simulated_memory_resource*>(d->upstream())->capacity() == 500u);
+
+  std::size_t free_bytes = 0;
+  std::size_t total_bytes = 0;
+  bool const have_device = cudaMemGetInfo(&free_bytes, &total_bytes) == cudaSuccess;
+  (void)cudaGetLastError();
+  if (have_device) {
+    auto const e = make_stack("probe(size=10%) > simulated");
+    CHECK(probe_of(e).args.size("size") > 0u);
+  } else {
+    require_spec_error("probe(size=10%) > simulated", 12,
+                       "'10%' is a share of the device's free memory, but there is no usable CUDA device", true);
+    require_spec_error("probe(size=10%) > simulated", 12, "give simulated an absolute capacity", true);
+    require_spec_error("probe(size=10%) > system", 12, "build the stack over simulated(capacity=...)", true);
+    // check_stack_spec checks the syntax of percentages only: no device needed.
+    CHECK_NOTHROW(check_stack_spec(parse_stack_spec("probe(size=10%) > simulated")));
+  }
+}
+
+TEST_CASE("spec: a constructor's logic_error becomes a spec_error at that layer") {
+  register_probe();
+  try {
+    (void)make_stack("probe > probe_refuses > system");
+    FAIL("built");
+  } catch (spec_error const& e) {
+    CHECK(e.column() == 9);
+    CHECK_THAT(e.what(), Catch::Contains("probe_refuses refused its arguments: initial must not exceed max"));
+  }
+}
+
+TEST_CASE("spec: a tool can rewrite the AST: replace the bottom, insert a layer") {
+  register_probe();
+  auto spec = parse_stack_spec("probe(size=1KiB) > cuda");
+  spec.layers.back() = spec_layer{"simulated", {spec_argument{"capacity", "1MiB", 0, 0}}, 0};
+  spec.layers.insert(spec.layers.end() - 1, spec_layer{"footprint_meter", {}, 0});
+  CHECK(to_string(spec) == "probe(size=1KiB) > footprint_meter > simulated(capacity=1MiB)");
+  auto const top = build_stack(spec);
+  CHECK(describe_stack(*top) == "probe > footprint_meter > simulated");
+  // An error in a part the tool added has no column in the user's text, and says so.
+  spec.layers.back().arguments[0].value = "lots";
+  try {
+    (void)build_stack(spec);
+    FAIL("built");
+  } catch (spec_error const& e) {
+    CHECK(e.column() == 0);
+    CHECK_THAT(e.what(), Catch::Contains("a part of the spec a tool added"));
+  }
+}
+
+TEST_CASE("spec: the registry refuses duplicates and lists every resource sorted") {
+  register_probe();
+  CHECK_THROWS_WITH(register_resource({"cuda", "again", bottom_resource, {},
+                                       [](spec_arguments const&, resource_ptr) -> resource_ptr { return nullptr; }}),
+                    Catch::Contains("'cuda' is already registered"));
+  auto const all = registered_resources();
+  REQUIRE(all.size() >= 7);
+  for (std::size_t i = 1; i < all.size(); ++i) { CHECK(all[i - 1]->name < all[i]->name); }
+  for (char const* name : {"cuda", "cuda_async", "managed", "pinned_host", "system", "simulated", "footprint_meter",
+                           "pool", "fixed_size", "binning", "arena", "vmm", "simulated_vmm", "logging", "limiting",
+                           "tracking", "statistics", "thread_safe", "aligned", "retry"}) {
+    CHECK(find_resource(name) != nullptr);
+  }
+  CHECK(find_resource("simulated")->capacity_parameter == "capacity");
+}
+
+TEST_CASE("spec: MRSTACK_RESOURCE picks the stack; its errors name the variable") {
+  ::setenv("MRSTACK_RESOURCE", "footprint_meter > simulated(capacity=1MiB)", 1);
+  auto const top = make_stack_from_environment();
+  CHECK(describe_stack(*top) == "footprint_meter > simulated");
+  ::setenv("MRSTACK_RESOURCE", "footprint_meter > simulted", 1);
+  try {
+    (void)make_stack_from_environment();
+    FAIL("built");
+  } catch (spec_error const& e) {
+    CHECK(e.column() == 19);
+    CHECK_THAT(e.what(), Catch::StartsWith("MRSTACK_RESOURCE: bad stack spec at column 19: unknown resource 'simulted' "
+                                           "(did you mean 'simulated'?)"));
+  }
+  ::unsetenv("MRSTACK_RESOURCE");
+  CHECK(describe_stack(*make_stack_from_environment("simulated")) == "simulated");
+}
+
+TEST_CASE("spec: suballocators take every parameter by name; defaults in spec syntax resolve like written ones") {
+  auto const pool = make_stack("pool(initial=1MiB, max=1GiB, growth_divisor=4, minimum_growth=8MiB, "
+                               "growth_granularity=4MiB, consolidate_on_growth=off) > simulated");
+  auto* p = dynamic_cast<pool_memory_resource*>(pool.get());
+  REQUIRE(p != nullptr);
+  CHECK(p->pool_size() == (1u << 20));
+  auto const arena = make_stack("arena > simulated(capacity=1GiB)");  // size defaults to 50% of the capacity
+  auto* a = dynamic_cast<arena_memory_resource*>(arena.get());
+  REQUIRE(a != nullptr);
+  CHECK(a->arena_size() == (512u << 20));
+  auto const sized = make_stack("arena(size=64MiB, superblock_size=1MiB, max_small_size=256KiB, "
+                                "empty_superblocks_kept=1) > simulated");
+  CHECK(dynamic_cast<arena_memory_resource*>(sized.get())->arena_size() == (64u << 20));
+  auto const bins = make_stack("binning(min=1KiB, max=8KiB) > pool > simulated");
+  auto* b = dynamic_cast<binning_memory_resource*>(bins.get());
+  REQUIRE(b != nullptr);
+  void* x = b->allocate(3000);
+  b->deallocate(x, 3000);
+  CHECK(describe_stack(*make_stack("binning > pool > simulated")) == "binning > pool > simulated");
+  auto const fixed = make_stack("fixed_size(block_size=4KiB, blocks_to_preallocate=16) > simulated");
+  CHECK(dynamic_cast<fixed_size_memory_resource*>(fixed.get())->block_size() == 4096u);
+  // A constructor's refusal points at its layer.
+  require_spec_error("pool(initial=2GiB, max=1GiB) > simulated", 1, "pool refused its arguments: pool: initial size", true);
+  require_spec_error("arena(superblock_size=3MiB) > simulated(capacity=1GiB)", 1, "arena refused its arguments", true);
+  require_spec_error("pool(growth_divisor=half) > cuda", 21, "bad value 'half' for pool's growth_divisor (a count)");
+  // The pool grows in place directly over a virtual range; its options by name.
+  auto const grown = make_stack("pool(release_threshold=64MiB, grow_in_place=true) > "
+                                "simulated_vmm(capacity=1GiB, reserve=4GiB, granularity=2MiB, map_granules=1)");
+  void* big = grown->allocate(100u << 20);
+  auto* range = dynamic_cast<simulated_vmm_memory_resource*>(grown->upstream());
+  REQUIRE(range != nullptr);
+  CHECK(range->committed_bytes() >= (100u << 20));
+  CHECK(range->capacity() == (1u << 30));
+  grown->deallocate(big, 100u << 20);
+  CHECK(find_resource("vmm")->simulation_twin == "simulated_vmm");
+  CHECK(find_resource("simulated_vmm")->is_simulation);
+}
+
+TEST_CASE("spec: the adaptors take every parameter by name") {
+  auto const dir = std::filesystem::temp_directory_path() / ("mrstack_spec_test_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  auto const file = (dir / "a, b.csv").string();
+  {
+    auto const top = make_stack("statistics > logging(file=\"" + file + "\", auto_flush=true, async=false, "
+                                "queue_capacity=1024) > limiting(8KiB, granularity=1KiB) > tracking(capture_stacks=false, "
+                                "report_leaks=false) > thread_safe > aligned(alignment=4KiB, threshold=1KiB) > "
+                                "retry(max_retries=2) > simulated");
+    CHECK(describe_stack(*top) ==
+          "statistics > logging > limiting > tracking > thread_safe > aligned > retry > simulated");
+    void* p = top->allocate(1000);
+    CHECK(detail::is_aligned(p, 1u << 10));
+    CHECK_THROWS_AS(top->allocate(8u << 10), out_of_memory);  // the limit counts 1 KiB granules
+    top->deallocate(p, 1000);
+  }
+  auto const log = read_allocation_log(file);  // what logging wrote replays
+  CHECK(log.events.size() == 2);
+  std::filesystem::remove_all(dir);
+  require_spec_error("limiting > simulated", 1, "limiting needs its parameter 'limit'");
+  require_spec_error("aligned(alignment=3KiB) > simulated", 1, "aligned refused its arguments", true);
+}

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Runs mrstack's GPU checks from a bundle made by ../shared/tools/gpu-bundle (a Release build
+# copied with the shared libraries it needs), on a GPU host without the toolchain:
+#   tools/gpu/run-cpp-checks.sh BUNDLE OUTDIR [quick]
+# Writes OUTDIR/gpu_tests.log, OUTDIR/replay.log (+ replay.json) and OUTDIR/bench_*.log.
+# Prints a one-line summary per GPU test. Exit status: 0 when every GPU test passed.
+set -u
+bundle="$(cd "${1:?usage: run-cpp-checks.sh BUNDLE OUTDIR [quick]}" && pwd)"
+out="${2:?usage: run-cpp-checks.sh BUNDLE OUTDIR [quick]}"
+quick="${3:-}"
+mkdir -p "$out"
+# shellcheck disable=SC1091
+source "$bundle/env.sh"
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$out/device.txt"
+status=0
+: >"$out/gpu_tests.log"
+for t in "$bundle"/tests/gpu_test_*; do
+  name="$(basename "$t")"
+  start=$(date +%s.%N)
+  timeout 300 "$t" >"$out/$name.log" 2>&1
+  rc=$?
+  secs=$(echo "$(date +%s.%N) - $start" | bc)
+  summary="$(grep -E '^(All tests passed|test cases:)' "$out/$name.log" | tail -1)"
+  printf '%-28s rc=%-3s %6.1fs  %s\n' "$name" "$rc" "$secs" "$summary" | tee -a "$out/gpu_tests.log"
+  [ "$rc" -eq 0 ] || { status=1; tail -40 "$out/$name.log" >>"$out/gpu_tests.log"; }
+done
+log="$bundle/../../data/torch_resnet50_train.csv.gz"
+[ -f "$log" ] || log="data/torch_resnet50_train.csv.gz"
+"$bundle/tools/mrstack-replay" "$log" --repeat 5 --json "$out/replay.json" >"$out/replay.log" 2>&1
+echo "replay rc=$?" >>"$out/replay.log"
+"$bundle/tools/mrstack-replay" "$log" --repeat 5 --warmup >"$out/replay_warm.log" 2>&1
+echo "replay (warm) rc=$?" >>"$out/replay_warm.log"
+[ "$quick" = quick ] && exit $status
+b="$bundle/benchmarks"
+mt=--benchmark_min_time=0.2
+"$b/bench_random_allocations" $mt \
+  --benchmark_filter='random_allocations/(pool|binning|arena|fixed_size|cuda_async)/cuda|random_allocations/cuda/cuda/N:1000/' \
+  >"$out/bench_random_allocations.log" 2>&1
+"$b/bench_multithreaded" $mt >"$out/bench_multithreaded.log" 2>&1
+MRSTACK_BENCH_DEVICE=1 "$b/bench_adaptors" $mt >"$out/bench_adaptors.log" 2>&1
+"$b/bench_vmm" $mt >"$out/bench_vmm.log" 2>&1
+"$b/bench_upstreams" $mt >"$out/bench_upstreams.log" 2>&1
+exit $status
