@@ -215,15 +215,25 @@ one_run run_once(allocation_log const& log, stack_spec const& spec, replay_optio
   auto* driver_pool = dynamic_cast<cuda_async_memory_resource*>(&bottom_of_stack(*top));
   auto* range = dynamic_cast<virtual_range_resource*>(&bottom_of_stack(*top));
   if (driver_pool != nullptr) {
-    std::uint64_t zero = 0;  // resets the high-water mark to what is reserved now
-    MRSTACK_CUDA_TRY(cudaMemPoolSetAttribute(driver_pool->pool_handle(), cudaMemPoolAttrReservedMemHigh, &zero));
     measured_by = "cuda_async pool's reserved high-water mark";
   } else if (range != nullptr) {
-    measured_by = range->name() + "'s peak mapped physical memory";  // a fresh stack: its peak is this run's
+    measured_by = range->name() + "'s peak mapped physical memory";
   } else if (meter != nullptr) {
     measured_by = "footprint_meter above " + bottom_of_stack(*top).name();
-    meter->reset_peak();
   }
+  // The footprint is the timed run's own: the peak restarts from what the stack holds
+  // just before it (after a warm-up, what the warm-up left cached counts, since the stack
+  // really holds it during the timed run; a higher transient peak of the warm-up does not).
+  auto start_peak = [&] {
+    if (driver_pool != nullptr) {
+      std::uint64_t zero = 0;  // resets the high-water mark to what is reserved now
+      MRSTACK_CUDA_TRY(cudaMemPoolSetAttribute(driver_pool->pool_handle(), cudaMemPoolAttrReservedMemHigh, &zero));
+    } else if (range != nullptr) {
+      range->reset_peak_mapped_bytes();
+    } else if (meter != nullptr) {
+      meter->reset_peak();
+    }
+  };
   replay_streams const streams{log, real_streams};
   bool const multi_thread = log.events_by_thread.size() > 1;
   auto prepare = [&](run_state& s) {
@@ -266,6 +276,12 @@ one_run run_once(allocation_log const& log, stack_spec const& spec, replay_optio
       out.error = "in the warm-up run: " + warm.error;
       return out;
     }
+  }
+  try {
+    start_peak();
+  } catch (std::exception const& e) {
+    out.error = std::string{"before the replay: "} + e.what();
+    return out;
   }
   run_state s;
   prepare(s);

@@ -99,6 +99,31 @@ struct breaking_layer final : memory_resource {
   memory_resource* do_upstream() const noexcept override { return up_.get(); }
 };
 
+/// Rounds its first `first` allocations up to `to` bytes, later ones not: a warm-up run
+/// with a higher peak than the timed run after it.
+struct first_pass_rounding_layer final : memory_resource {
+  first_pass_rounding_layer(resource_ptr up, std::size_t to, std::uint64_t first)
+      : up_{std::move(up)}, to_{to}, first_{first} {}
+  resource_ptr up_;
+  std::size_t to_;
+  std::uint64_t first_;
+  std::uint64_t seen_ = 0;
+  std::map<void*, std::size_t> asked_;
+  void* do_allocate(std::size_t b, std::size_t al, stream_view s) override {
+    std::size_t const ask = seen_++ < first_ ? (b + to_ - 1) / to_ * to_ : b;
+    void* p = up_->allocate(ask, s, al);
+    asked_[p] = ask;
+    return p;
+  }
+  void do_deallocate(void* p, std::size_t, std::size_t al, stream_view s) override {
+    auto const it = asked_.find(p);
+    up_->deallocate(p, it->second, s, al);
+    asked_.erase(it);
+  }
+  std::string do_name() const override { return "test_first_pass_rounding"; }
+  memory_resource* do_upstream() const noexcept override { return up_.get(); }
+};
+
 void register_test_layers() {
   static bool const once = [] {
     register_resource({"test_round_up", "rounds requests up", needs_upstream, {size_param("to", required, "granule")},
@@ -112,6 +137,12 @@ void register_test_layers() {
     register_resource({"test_recorder", "records calls", needs_upstream, {},
                        [](spec_arguments const&, resource_ptr up) -> resource_ptr {
                          return std::make_shared<recorder_layer>(std::move(up));
+                       }});
+    register_resource({"test_first_pass_rounding", "rounds its first allocations up", needs_upstream,
+                       {size_param("to", required, "granule"), count_param("first", required, "how many")},
+                       [](spec_arguments const& a, resource_ptr up) -> resource_ptr {
+                         return std::make_shared<first_pass_rounding_layer>(std::move(up), *a.size("to"),
+                                                                            *a.count("first"));
                        }});
     register_resource({"test_breaks", "throws logic_error on the n-th allocate", needs_upstream,
                        {count_param("at", required, "which allocate breaks")},
@@ -273,35 +304,70 @@ TEST_CASE("replay: a multi-thread log replays in exactly the log's order across 
   std::map<std::uint64_t, std::size_t> live;
   std::vector<std::pair<char, std::size_t>> expected;
   std::uint64_t next = 0x10000;
+  std::size_t live_bytes = 0;
+  std::size_t reference_peak = 0;  // walked here, in log order, independently of the reader
+  char const* const streams[] = {"0", "0x5500", "0x6600"};
   for (int i = 0; i < 3000; ++i) {
     int const thread = static_cast<int>(rng() % 4);
+    char const* const stream = streams[rng() % 3];  // frees often on another stream than their allocation
     if (live.empty() || rng() % 2 == 0) {
       std::size_t const bytes = 1 + rng() % 5000;
       live[next] = bytes;
-      text << thread << ",0,allocate,0x" << std::hex << next << std::dec << "," << bytes << ",0\n";
+      text << thread << ",0,allocate,0x" << std::hex << next << std::dec << "," << bytes << "," << stream << "\n";
       expected.emplace_back('a', bytes);
       next += 0x10000;
+      live_bytes += bytes;
+      reference_peak = std::max(reference_peak, live_bytes);
     } else {
       auto it = live.begin();
       std::advance(it, static_cast<long>(rng() % live.size()));
       // Often a thread other than the allocating one frees: the order across threads matters.
-      text << thread << ",0,free,0x" << std::hex << it->first << std::dec << "," << it->second << ",0\n";
+      text << thread << ",0,free,0x" << std::hex << it->first << std::dec << "," << it->second << "," << stream << "\n";
       expected.emplace_back('f', it->second);
+      live_bytes -= it->second;
       live.erase(it);
     }
   }
   auto const log = parse_allocation_log(text.str());
   REQUIRE(log.events_by_thread.size() == 4);
+  REQUIRE(log.streams.size() == 3);
   recorder_layer::calls().clear();
   auto const r = replay_stack(log, "test_recorder > cuda", simulated());
   CHECK(r.complete());
-  CHECK(r.peak_live_bytes == log.peak_live_bytes);
-  CHECK(r.peak_footprint_bytes == log.peak_live_bytes);
+  CHECK(r.peak_live_bytes == reference_peak);
+  // The meter counts what the threads really did: equal only if they kept the log's order.
+  CHECK(r.peak_footprint_bytes == reference_peak);
   std::vector<std::pair<char, std::size_t>> seen = recorder_layer::calls();
   // The leaks are freed after the replay; the replay itself is the first expected.size() calls.
   REQUIRE(seen.size() == expected.size() + live.size());
   seen.resize(expected.size());
   CHECK(seen == expected);
+}
+
+TEST_CASE("replay: peak live of a two-thread, three-stream log is the log's order, not the sum of its largest") {
+  // The log tests/gpu/replay.cpp replays on a GPU. Live bytes in log order:
+  // 1 MiB; +4 MiB; +300; -1 MiB (thread 2 frees thread 1's); -300; +8 MiB -> 12 MiB at
+  // line 7, when the 300 bytes are already freed. 4 MiB + 8 MiB + 300 never coexist.
+  register_test_layers();
+  auto const log = parse_allocation_log(header +
+                                        "1,0,allocate,0x1000,1048576,0\n"
+                                        "2,0,allocate,0x2000,4194304,0x5500\n"
+                                        "1,0,allocate,0x3000,300,0x6600\n"
+                                        "2,0,free,0x1000,1048576,0x5500\n"
+                                        "1,0,free,0x3000,300,0x6600\n"
+                                        "2,0,allocate,0x4000,8388608,0x5500\n"
+                                        "1,0,free,0x2000,4194304,0\n"
+                                        "1,0,free,0x4000,8388608,0x5500\n");
+  REQUIRE(log.streams.size() == 3);
+  REQUIRE(log.events_by_thread.size() == 2);
+  CHECK(log.peak_live_bytes == 12582912);
+  for (int round = 0; round < 20; ++round) {  // two real threads each time: any reordering shows in the meter
+    auto const r = replay_stack(log, "cuda", simulated());
+    REQUIRE(r.complete());
+    CHECK(r.peak_live_bytes == 12582912);
+    CHECK(r.peak_footprint_bytes == 12582912);  // had line 6 run after line 7: 12 MiB + 300
+    CHECK(r.upstream_allocations == 4);
+  }
 }
 
 TEST_CASE("replay: repeats time each run and report the median") {
@@ -338,7 +404,7 @@ TEST_CASE("replay: a pool over simulated_vmm is measured by the physical memory 
   CHECK(plain.peak_footprint_bytes == 12288);  // each allocation rounded to 4 KiB granules: 4096 + 8192
 }
 
-TEST_CASE("replay: a warm-up run on the same stack first; the footprint covers both") {
+TEST_CASE("replay: a warm-up run on the same stack first; the footprint is the timed run's") {
   register_test_layers();
   // A hoard keeps every block: after the warm-up it holds 9000 bytes, and the timed run
   // adds 9000 more, so the footprint proves both runs used the same stack.
@@ -354,6 +420,18 @@ TEST_CASE("replay: a warm-up run on the same stack first; the footprint covers b
   CHECK(l.complete());
   CHECK(l.leaks == 1);                      // counted once, for the timed run
   CHECK(l.peak_footprint_bytes == 4096);    // the warm-up's leak was freed before the timed run
+  // A warm-up whose peak (4096 + 8192 = 12288, rounded) is above the timed run's (8000,
+  // exact) does not count: the footprint is measured over the timed run alone.
+  auto const cold = replay_stack(log, "test_first_pass_rounding(to=4KiB, first=3) > cuda", simulated());
+  CHECK(cold.peak_footprint_bytes == 12288);
+  auto const warm = replay_stack(log, "test_first_pass_rounding(to=4KiB, first=3) > cuda", options);
+  CHECK(warm.complete());
+  CHECK(warm.peak_footprint_bytes == 8000);
+  // Over a virtual range too (4 KiB granules, unmapped when freed): the warm-up maps
+  // 8 KiB + 8 KiB at its peak, the timed run 4 KiB + 8 KiB.
+  auto const vmm = replay_stack(log, "test_first_pass_rounding(to=8KiB, first=3) > simulated_vmm(granularity=4KiB, map_granules=1)", options);
+  CHECK(vmm.complete());
+  CHECK(vmm.peak_footprint_bytes == 12288);
   auto const c = run_tool({write_file("small.csv", small_log), "--simulate", "--warmup", "--repeat", "3", "-r", "cuda"});
   CHECK(c.status == 0);
   CHECK_THAT(c.out, Catch::Contains("timing:  median of 3 runs per stack, each after an untimed warm-up run on the same stack"));

@@ -50,8 +50,10 @@ class virtual_range_resource : public memory_resource, public virtual_range {
 
   /// Granules per physical allocation (1: every granule is mapped and released alone).
   [[nodiscard]] std::size_t map_granules() const noexcept { return map_granules_; }
-  /// Most physical memory held at once since construction.
+  /// Most physical memory held at once since construction or the last `reset_peak_mapped_bytes()`.
   [[nodiscard]] std::size_t peak_mapped_bytes() const noexcept { return peak_mapped_bytes_.load(std::memory_order_relaxed); }
+  /// Starts a new peak from what is mapped now (the replay measures a timed run alone).
+  void reset_peak_mapped_bytes() noexcept { peak_mapped_bytes_.store(mapped_bytes(), std::memory_order_relaxed); }
   /// Physical allocations created / given back since construction (driver round trips).
   [[nodiscard]] std::size_t map_calls() const noexcept { return map_calls_.load(std::memory_order_relaxed); }
   [[nodiscard]] std::size_t unmap_calls() const noexcept { return unmap_calls_.load(std::memory_order_relaxed); }
