@@ -43,7 +43,8 @@ struct replay_options {
   int repeat = 1;  ///< runs; the reported time is their median
   /// Before each timed run, replay the log once, untimed, on the same stack (and free what
   /// it leaves): the timed run then sees a stack in its steady state (a pool already
-  /// grown). The peak footprint covers both runs.
+  /// grown). The peak footprint is the timed run's: what the stack held at its start (the
+  /// warm-up's cached memory included) and any growth during it, not a transient warm-up peak.
   bool warmup = false;
   /// Called about five times a second from a monitor thread while a run is under way
   /// (events done, events in the log). Empty: no monitor thread.
