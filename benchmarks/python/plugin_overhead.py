@@ -90,6 +90,26 @@ def main():
         med = {name: statistics.median(t) for name, t in times.items()}
         print(f"  {size:>8d} B: mrstack {med['mrstack']:7.0f}  floor {med['floor']:7.0f}  "
               f"mrstack's share {med['mrstack'] - med['floor']:6.0f}")
+    # Where mrstack's share goes: the two foreign calls by themselves (memalloc_pair and
+    # free through ctypes, no Numba objects), and an empty ctypes call for scale. The C++
+    # side (bench_emm_adapter) is ~30 ns a pair; the rest is ctypes' per-call cost.
+    m = managers["mrstack"]
+    pair, free, stack, client = m._memalloc_pair, m._free, m._stack, mrstack._lib.CLIENT_NUMBA
+    version = mrstack._lib.library().dll.mrstack_c_api_version
+    def calls_only():
+        for _ in range(args.pairs):
+            free(stack, pair(stack, 256, client).token)
+    def empty_call():
+        for _ in range(args.pairs):
+            version()
+    for label, fn in (("memalloc_pair + free through ctypes alone", calls_only),
+                      ("an argument-less ctypes call", empty_call)):
+        runs = []
+        for _ in range(args.rounds):
+            start = time.perf_counter_ns()
+            fn()
+            runs.append((time.perf_counter_ns() - start) / args.pairs)
+        print(f"  {label}: {statistics.median(runs):.0f}")
     assert mrstack.statistics(0).clients["numba"].live_bytes == 0
 
 

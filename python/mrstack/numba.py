@@ -41,6 +41,21 @@ _MemoryPointer = _driver.MemoryPointer
 _CLIENT_NUMBA = _lib.CLIENT_NUMBA
 
 
+def _device_ordinal(device):
+    """The ordinal of a Numba context's device. Numba's own contexts hold a ``Device``
+    (``.id``); a ``driver.Context`` built around a primary context a third party retained
+    holds the raw ``cuda.bindings.driver.CUdevice``, which has no ``.id`` but converts with
+    ``int()`` (Numba's test_context_stack.Test3rdPartyContext does exactly that)."""
+    ordinal = getattr(device, "id", None)
+    if ordinal is None:
+        try:
+            ordinal = int(device)
+        except (TypeError, ValueError):
+            raise TypeError(f"mrstack.numba: cannot tell the device ordinal of the context's device "
+                            f"{device!r} (neither .id nor int())") from None
+    return int(ordinal)
+
+
 class MrstackNumbaMemoryManager(_cuda.HostOnlyCUDAMemoryManager):
     """Numba EMM plugin serving device memory from mrstack's per-device stack."""
 
@@ -57,7 +72,7 @@ class MrstackNumbaMemoryManager(_cuda.HostOnlyCUDAMemoryManager):
         if self._stack is not None:
             return
         lib = _lib.library()
-        device = int(self.context.device.id)
+        device = _device_ordinal(self.context.device)
         handle = ctypes.c_void_p()
         lib.check(lib.dll.mrstack_device_stack(device, ctypes.byref(handle)))
         lib.check(lib.dll.mrstack_emm_initialize(handle.value))
@@ -108,7 +123,10 @@ class MrstackNumbaMemoryManager(_cuda.HostOnlyCUDAMemoryManager):
         # Copy the 64 opaque bytes into the binding's struct through its address: the
         # field's Python accessor is not present in every cuda-bindings release.
         ctypes.memmove(handle.getPtr(), ctypes.addressof(info.handle), _lib.IPC_HANDLE_BYTES)
-        source_info = self.context.device.get_device_identity()
+        device = self.context.device
+        if not hasattr(device, "get_device_identity"):  # a raw CUdevice: see _device_ordinal
+            device = _driver.driver.get_device(self._device)
+        source_info = device.get_device_identity()
         return _cuda.IpcHandle(memory, handle, memory.size, source_info, offset=info.offset)
 
     def reset(self):

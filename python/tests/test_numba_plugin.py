@@ -207,3 +207,36 @@ def run_python(run_python):
     def run(code, env=None, check=True):
         return run_python(code, env={"MRSTACK_RESOURCE": "system", **(env or {})}, check=check)
     return run
+
+
+def test_context_around_a_third_party_primary_context_holds_a_raw_cudevice(run_python):
+    # numba's Test3rdPartyContext builds driver.Context(CUdevice(0), hctx): its `device` is
+    # the binding's CUdevice, which has no `.id`. initialize() must still find the ordinal.
+    run_python("""
+    import gc, weakref
+    import cuda.bindings.driver as binding
+    import mrstack, mrstack.numba
+    from mrstack.numba import _device_ordinal
+
+    assert _device_ordinal(binding.CUdevice(3)) == 3
+    class WithId:
+        id = 2
+    assert _device_ordinal(WithId()) == 2
+    try:
+        _device_ordinal(object())
+    except TypeError as e:
+        assert "device ordinal" in str(e), e
+    else:
+        raise AssertionError("an object with no ordinal was accepted")
+
+    class Context:
+        device = binding.CUdevice(0)
+    ctx = Context()
+    mgr = mrstack.numba.MrstackNumbaMemoryManager(context=ctx)
+    mgr.initialize()
+    m = mgr.memalloc(4096)
+    assert mrstack.statistics(0).clients["numba"].live_bytes == 4096
+    del m
+    gc.collect()
+    assert mrstack.statistics(0).clients["numba"].live_bytes == 0
+    """)

@@ -102,7 +102,9 @@ def read_ipc(handle_bytes, offset, nbytes):
     view = mem.view(offset)
     out = np.empty(nbytes // 8, dtype=np.int64)
     driver.device_to_host(out, view, nbytes)
-    driver.cuIpcCloseMemHandle(mem.handle)
+    # As numba-cuda's IpcHandle.close does: through the module's Driver instance
+    # (`driver.driver`); the module itself has no cuIpcCloseMemHandle.
+    driver.driver.cuIpcCloseMemHandle(mem.handle)
     return out
 '''
 
