@@ -178,7 +178,7 @@ void* pool_memory_resource::grow_in_place_and_allocate(std::size_t bytes, std::s
 
 bool pool_memory_resource::grow(std::size_t needed, detail::stream_ref const& s, std::string& why) {
   std::size_t const pool_before = core_.blocks().total_bytes();
-  std::size_t const released = options_.consolidate_on_growth ? release_free_chunks(false) : 0;
+  std::size_t const released = options_.consolidate_on_growth ? release_free_chunks(false, s) : 0;
   needed += released;
   std::size_t const pool = core_.blocks().total_bytes();
   std::size_t const cap = !maximum_size_ ? std::numeric_limits<std::size_t>::max()
@@ -210,7 +210,7 @@ bool pool_memory_resource::grow(std::size_t needed, detail::stream_ref const& s,
   }
 }
 
-std::size_t pool_memory_resource::release_free_chunks(bool may_synchronize) {
+std::size_t pool_memory_resource::release_free_chunks(bool may_synchronize, detail::stream_ref const& caller) {
   std::vector<detail::chunk_id> free_chunks;
   core_.blocks().for_each_chunk([&](detail::chunk_id c, detail::block_pool::chunk_info const& info) {
     if (info.live_blocks == 0) { free_chunks.push_back(c); }
@@ -220,7 +220,7 @@ std::size_t pool_memory_resource::release_free_chunks(bool may_synchronize) {
     detail::stream_ref s{};
     if (may_synchronize) {
       s = core_.return_stream(c);
-    } else if (!core_.return_stream_without_sync(c, s)) {
+    } else if (!core_.return_stream_without_sync(c, s, caller)) {
       continue;
     }
     auto const info = core_.blocks().chunk(c);

@@ -79,6 +79,8 @@ owner_id stream_owners::install(stream_ref const& s, owner_id reuse) {
   slot& sl = slots_[o];
   sl.ref = s;
   sl.in_use = true;
+  // A second stream: from now on created streams record while they are named.
+  eager_ = eager_ || by_key_.size() >= 1;
   sl.dirty = false;
   sl.cover = 0;
   sl.wanted = false;
@@ -129,6 +131,12 @@ stream_owners::handover stream_owners::hand_over(owner_id from, stream_ref const
     sync_->wait(to.handle, barrier_event_);
     ++waits_;
     return handover::ready;
+  }
+  if (is_created(f.ref) && f.ref.key != to.key) {
+    // Its frees since the last record predate the second stream (or its record failed),
+    // and the stream itself may be destroyed: the device is the only thing to wait for.
+    synchronize_all();
+    return handover::everything_synchronized;
   }
   if (f.event == 0) { f.event = sync_->create_event(); }
   if (!sync_->record(f.event, f.ref.handle)) {
@@ -186,7 +194,7 @@ std::uintptr_t stream_ordered_pool::allocate_from_other_streams(std::size_t size
           break;
         }
         blocks_.transfer(t, o);
-        owners_.note_acquired(o);
+        owners_.note_acquired(o, s);
         if (std::uintptr_t const a = blocks_.allocate(size, alignment, o)) { return a; }
         break;
       case stream_owners::handover::everything_synchronized:
@@ -201,7 +209,7 @@ std::uintptr_t stream_ordered_pool::allocate_from_other_streams(std::size_t size
     switch (owners_.hand_over(t, s)) {
       case stream_owners::handover::ready:
         blocks_.transfer(t, o);
-        owners_.note_acquired(o);
+        owners_.note_acquired(o, s);
         moved = true;
         break;
       case stream_owners::handover::everything_synchronized:
@@ -222,14 +230,15 @@ bool stream_ordered_pool::synchronize_everything() {
   return true;
 }
 
-bool stream_ordered_pool::return_stream_without_sync(chunk_id c, stream_ref& out) const {
+bool stream_ordered_pool::return_stream_without_sync(chunk_id c, stream_ref& out, stream_ref const& caller) const {
   std::vector<owner_id> owners = blocks_.chunk_owners(c);
   std::erase(owners, block_pool::synchronized);
   if (owners.empty()) {
     out = stream_ref{};
     return true;
   }
-  if (owners.size() == 1 && owners_.nameable_here(owners.front())) {
+  if (owners.size() == 1 &&
+      (owners_.nameable_here(owners.front()) || owners_.ref(owners.front()).key == caller.key)) {
     out = owners_.ref(owners.front());
     return true;
   }

@@ -167,6 +167,7 @@ TEST_CASE("pool streams: the pool fails the model when the event wait is skipped
   };
   auto fake = std::make_shared<fake_stream_sync>();
   detail::stream_ordered_pool core{std::make_shared<forgetful>(fake), &simulated_thread_key};
+  (void)core.owner_of(shared_stream(0x200));  // both streams known: a's free records at once
   core.add_chunk(0x600000000000, 1 * MiB, shared_stream(0x100));
   std::uintptr_t const a = core.allocate(1 * MiB, 256, shared_stream(0x100));
   std::uint64_t const clock = fake->enqueue(0x100);
@@ -176,7 +177,7 @@ TEST_CASE("pool streams: the pool fails the model when the event wait is skipped
   CHECK_FALSE(fake->ordered_after(0x200, 0x100, clock));
 }
 
-TEST_CASE("pool streams: one stream makes no CUDA calls; a second records lazily, once per handover") {
+TEST_CASE("pool streams: one stream makes no CUDA calls; with two, created streams record at each free") {
   auto fake = std::make_shared<fake_stream_sync>();
   auto sim = std::make_shared<simulated_memory_resource>();
   pool_options options;
@@ -207,15 +208,30 @@ TEST_CASE("pool streams: one stream makes no CUDA calls; a second records lazily
   live.clear();
   CHECK(fake->calls() == at_start);  // frees never record
 
-  void* on_b = pool.allocate(32 * MiB, b_stream);  // B takes over what A holds: one record, one wait
-  CHECK(fake->records == 1);
-  CHECK(fake->waits == 1);
-  CHECK(pool.stats().events_recorded == 1);
+  // B takes over what A holds. A's frees predate the second stream, so no event covers
+  // them, and A may be destroyed by now (naming it would be undefined): one device sync.
+  void* on_b = pool.allocate(32 * MiB, b_stream);
+  CHECK(fake->records == 0);
+  CHECK(fake->waits == 0);
+  CHECK(fake->sync_alls == 1);
   std::size_t const calls = fake->calls();
+  std::uint64_t const clock_b = fake->enqueue(0x200);
   pool.deallocate(on_b, 32 * MiB, b_stream);
   for (int i = 0; i < 1000; ++i) { pool.deallocate(pool.allocate(4 * KiB, b_stream), 4 * KiB, b_stream); }
-  CHECK(fake->calls() == calls);  // B now owns that memory: no more calls
+  // Two streams in use: every free on B records while B is named (one event, re-recorded).
+  CHECK(fake->records == 1001);
+  CHECK(fake->creates + fake->records + fake->waits + fake->syncs + fake->sync_alls + fake->destroys == calls + 1002);
   CHECK(pool.pool_size() == 64 * MiB);  // no growth: the memory moved between streams
+  // A takes B's memory back: one wait on B's event, no sync; A records after the wait
+  // (while A is named) so that a later handover from A is ordered after it too.
+  void* on_a = pool.allocate(48 * MiB, a_stream);
+  CHECK(fake->waits == 1);
+  CHECK(fake->records == 1002);
+  CHECK(fake->sync_alls == 1);
+  CHECK(fake->ordered_after(0x100, 0x200, clock_b));
+  CHECK(pool.stats().stream_waits == 1);
+  pool.deallocate(on_a, 48 * MiB, a_stream);
+  CHECK(fake->dead_named == 0);
 }
 
 TEST_CASE("pool streams: another thread's default stream is waited for through the legacy stream, then precisely") {
@@ -266,7 +282,86 @@ TEST_CASE("pool streams: a stream that can no longer record falls back to synchr
   fake->kill(a.handle);  // destroyed
   CHECK(core.allocate(4 * MiB, 256, b) == p);
   CHECK(fake->sync_alls == 1);
+  CHECK(fake->dead_named == 0);  // a destroyed stream is never named: that is a crash on a GPU
   CHECK(fake->ordered_after(b.handle, a.handle, clock));
+}
+
+namespace {
+
+/// Forwards to a simulated upstream and checks that memory is never returned on a stream
+/// the test has destroyed (cudaFreeAsync on a destroyed stream crashes).
+class stream_checking_upstream final : public memory_resource {
+ public:
+  explicit stream_checking_upstream(std::shared_ptr<fake_stream_sync> fake) : fake_{std::move(fake)} {}
+  std::size_t returned_on_dead = 0;
+  std::size_t returns = 0;
+
+ private:
+  void* do_allocate(std::size_t bytes, std::size_t alignment, stream_view s) override {
+    return sim_.allocate(bytes, s, alignment);
+  }
+  void do_deallocate(void* p, std::size_t bytes, std::size_t alignment, stream_view s) override {
+    ++returns;
+    if (fake_->is_dead(reinterpret_cast<std::uintptr_t>(s.value()))) { ++returned_on_dead; }
+    sim_.deallocate(p, bytes, s, alignment);
+  }
+  std::string do_name() const override { return "stream_checking"; }
+  memory_kind do_kind() const noexcept override { return memory_kind::none; }
+  std::shared_ptr<fake_stream_sync> fake_;
+  simulated_memory_resource sim_;
+};
+
+}  // namespace
+
+TEST_CASE("pool streams: streams destroyed while the pool holds their free memory are never named again") {
+  // The GPU failures: (1) pool over cuda_async, a block handed from stream a to stream b,
+  // both streams destroyed, then the pool destroyed: it returned the chunk with
+  // cudaFreeAsync on b. (2) four threads, each with its own stream, destroyed when the
+  // thread ends; then a new stream took their memory over by recording an event on each
+  // dead stream. Both are undefined behaviour (SIGSEGV on the H100).
+  auto fake = std::make_shared<fake_stream_sync>();
+  auto upstream = std::make_shared<stream_checking_upstream>(fake);
+  pool_options options;
+  options.stream_sync = fake;
+  auto pool = std::make_unique<pool_memory_resource>(upstream, 0, std::nullopt, options);
+  std::vector<std::uintptr_t> const handles{0x100, 0x200, 0x300, 0x400};
+  std::map<std::uintptr_t, std::pair<std::uintptr_t, std::uint64_t>> freed;  // address -> freer, clock
+  for (std::uintptr_t h : handles) {
+    stream_view const s{reinterpret_cast<cudaStream_t>(h)};
+    std::vector<void*> mine;
+    for (int i = 0; i < 8; ++i) { mine.push_back(pool->allocate((std::size_t{1} << (12 + i)) + 5, s)); }
+    std::uint64_t const clock = fake->enqueue(h);  // work on the blocks, still queued
+    for (int i = 0; i < 8; ++i) {
+      pool->deallocate(mine[static_cast<std::size_t>(i)], (std::size_t{1} << (12 + i)) + 5, s);
+      freed[reinterpret_cast<std::uintptr_t>(mine[static_cast<std::size_t>(i)])] = {h, clock};
+    }
+    fake->kill(h);  // the thread's stream is destroyed with its frees still pending
+  }
+  stream_view const fresh{reinterpret_cast<cudaStream_t>(0x900)};
+  std::vector<void*> held;
+  for (int i = 0; i < 8; ++i) {
+    void* p = pool->allocate(64 * KiB, fresh);
+    held.push_back(p);
+    auto const it = freed.find(reinterpret_cast<std::uintptr_t>(p));
+    if (it != freed.end()) { CHECK(fake->ordered_after(0x900, it->second.first, it->second.second)); }
+  }
+  CHECK(fake->dead_named == 0);
+  for (void* p : held) { pool->deallocate(p, 64 * KiB, fresh); }
+
+  // Handed from a to b, both destroyed, then the pool: no chunk may go back on b.
+  stream_view const a{reinterpret_cast<cudaStream_t>(0xa00)};
+  stream_view const b{reinterpret_cast<cudaStream_t>(0xb00)};
+  void* x = pool->allocate(512 * MiB, a);
+  pool->deallocate(x, 512 * MiB, a);
+  void* y = pool->allocate(512 * MiB, b);
+  pool->deallocate(y, 512 * MiB, b);
+  fake->kill(0xa00);
+  fake->kill(0xb00);
+  fake->kill(0x900);
+  pool.reset();
+  CHECK(upstream->returns > 0);
+  CHECK(upstream->returned_on_dead == 0);
+  CHECK(fake->dead_named == 0);
 }
 
 TEST_CASE("pool streams: an exited thread's free memory is taken over whole, with one ordering point") {

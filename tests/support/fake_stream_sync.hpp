@@ -32,8 +32,13 @@ class fake_stream_sync final : public detail::stream_sync {
     auto const k = known->second.find(freer);
     return k != known->second.end() && k->second >= clock;
   }
-  /// Records on this stream fail from now on (a destroyed stream).
+  /// The stream is destroyed from now on. Real CUDA gives no error for a destroyed
+  /// stream handle — naming one is undefined behaviour (a crash in the driver) — so every
+  /// record, wait or synchronize on it is counted in `dead_named`; correct code keeps
+  /// that at 0. (The record still reports failure, as the kindest outcome UB could have.)
   void kill(handle stream) { dead_.insert(stream); }
+  [[nodiscard]] bool is_dead(handle stream) const { return dead_.count(stream) != 0; }
+  std::size_t dead_named = 0;
   /// A blocking stream (as per-thread default streams are): it orders with the legacy
   /// default stream (handle 0) both ways, as CUDA specifies.
   void set_blocking(handle stream) { blocking_.insert(stream); }
@@ -58,7 +63,10 @@ class fake_stream_sync final : public detail::stream_sync {
   bool record(handle event, handle stream) override {
     ++records;
     if (on_record) { on_record(stream); }
-    if (dead_.count(stream) != 0) { return false; }
+    if (dead_.count(stream) != 0) {
+      ++dead_named;
+      return false;
+    }
     if (stream == legacy) { legacy_barrier(); }
     vclock c = known_[stream];
     c[stream] = now_[stream];
@@ -67,6 +75,7 @@ class fake_stream_sync final : public detail::stream_sync {
   }
   void wait(handle stream, handle event) override {
     ++waits;
+    if (dead_.count(stream) != 0) { ++dead_named; }
     if (stream == legacy) { legacy_barrier(); }
     for (auto const& [s, t] : events_.at(event)) {
       auto& mine = known_[stream][s];
@@ -75,6 +84,7 @@ class fake_stream_sync final : public detail::stream_sync {
   }
   void synchronize(handle stream) override {
     ++syncs;
+    if (dead_.count(stream) != 0) { ++dead_named; }
     done_[stream] = now_[stream];
   }
   void synchronize_all() override {

@@ -45,7 +45,7 @@ class fixed_size_blocks {
     for (std::size_t i = count; i-- > 0;) { stack.push_back(base + i * block_size_); }
     free_ += count;
     total_ += count;
-    if (o != block_pool::synchronized) { owners_.note_acquired(o); }
+    if (o != block_pool::synchronized) { owners_.note_acquired(o, s); }
   }
   [[nodiscard]] stream_sync& sync() const noexcept { return owners_.sync(); }
   /// Synchronizes when other streams hold free blocks; then all are synchronized.
@@ -120,7 +120,7 @@ class fixed_size_blocks {
             return pop(t);  // a live thread's cache: take one block
           }
           move_all(t, o);
-          owners_.note_acquired(o);
+          owners_.note_acquired(o, s);
           return pop(o);
         case stream_owners::handover::everything_synchronized:
           for (std::size_t x = 1; x < stacks_.size(); ++x) { move_all(static_cast<owner_id>(x), block_pool::synchronized); }

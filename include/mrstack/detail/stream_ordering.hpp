@@ -20,8 +20,17 @@
 /// streams, and CUDA makes work on the legacy stream wait for all earlier work of every
 /// blocking stream, so that event covers the owner's frees — an ordering point for all
 /// blocking streams, but no host wait. (It also covers threads that have exited, whose
-/// streams nobody can name any more.) A stream that cannot take a record any more (a
-/// destroyed one) makes the resource synchronize the whole device instead.
+/// streams nobody can name any more.)
+///
+/// Streams the user created may be destroyed at any time after their last call, and CUDA
+/// gives no error for a destroyed handle: naming one is undefined behaviour (a crash).
+/// So such a stream is named only while a call is naming it. Lazy recording on it is safe
+/// only while it is the one stream in use; once a second stream appears, frees and
+/// acquisitions on a created stream record at once (what RMM does on every free), and
+/// a handover waits on that event alone. Memory such a stream freed before the second
+/// stream appeared has no event: taking it over synchronizes the device once. Chunks
+/// go back to the upstream on a created stream only when the caller names it; otherwise
+/// after a device synchronization, on the legacy default stream (always valid).
 ///
 /// CUDA enters only through `stream_sync`, an interface with a CUDA implementation
 /// (suballoc/stream_sync.hpp) and a recording fake in the tests, so the cross-stream
@@ -97,12 +106,20 @@ class stream_owners {
   void note_free(owner_id o, stream_ref const& s) {
     slot& sl = slots_[o];
     sl.dirty = true;
-    if (sl.wanted && (!s.thread_bound || s.key == thread_key_())) { record_now(sl, s); }
+    if (sl.wanted && (!s.thread_bound || s.key == thread_key_())) {
+      record_now(sl, s);
+    } else if (eager_ && is_created(s)) {
+      record_now(sl, s);  // s may be destroyed after this call: record while it is named
+    }
   }
-  /// Memory entered `o` some other way than a free on its stream (taken over from another
-  /// stream after a wait, or a new chunk allocated on it): a later handover must record
-  /// anew so that the event covers that wait or allocation too.
-  void note_acquired(owner_id o) noexcept { slots_[o].dirty = true; }
+  /// Memory entered `o` (the stream `s` the caller names) some other way than a free on
+  /// it (taken over from another stream after a wait, or a new chunk allocated on it): a
+  /// later handover must be ordered after that wait or allocation too.
+  void note_acquired(owner_id o, stream_ref const& s) {
+    slot& sl = slots_[o];
+    sl.dirty = true;
+    if (eager_ && is_created(s) && sl.ref.key == s.key) { record_now(sl, s); }
+  }
   /// On every allocation by `o`'s stream: a thread-bound stream records here when
   /// another thread asked for its memory.
   void note_use(owner_id o, stream_ref const& s) {
@@ -123,9 +140,17 @@ class stream_owners {
   /// Blocks until `o`'s stream is idle (its owner thread, or any thread for ordinary streams).
   void synchronize(owner_id o);
 
-  /// True when the calling thread may name `o`'s stream (record on it, free on it).
+  /// True when the calling thread may name `o`'s stream (record on it, free on it) with
+  /// no call naming it: the legacy default stream, or the caller's own default stream.
+  /// A stream the user created may be gone (see the header comment).
   [[nodiscard]] bool nameable_here(owner_id o) const noexcept {
-    return !slots_[o].ref.thread_bound || slots_[o].ref.key == thread_key_();
+    stream_ref const& r = slots_[o].ref;
+    return r.thread_bound ? r.key == thread_key_() : r.handle == legacy_stream;
+  }
+  /// A stream the user created (neither the legacy nor a per-thread default stream): it
+  /// may be destroyed after any call, so it is named only while a call names it.
+  [[nodiscard]] static bool is_created(stream_ref const& s) noexcept {
+    return !s.thread_bound && s.handle != legacy_stream;
   }
   [[nodiscard]] stream_ref const& ref(owner_id o) const noexcept { return slots_[o].ref; }
   [[nodiscard]] std::size_t limit() const noexcept { return slots_.size(); }
@@ -173,6 +198,7 @@ class stream_owners {
   owner_id cached_owner_ = 0;
   std::size_t records_ = 0;
   std::size_t waits_ = 0;
+  bool eager_ = false;  // a second stream was seen: created streams record on every free
 };
 
 /// `block_pool` plus stream ownership: the stream-ordered coalescing allocator shared by
@@ -205,7 +231,7 @@ class stream_ordered_pool {
   chunk_id add_chunk(std::uintptr_t base, std::size_t size, stream_ref const& s) {
     owner_id const o = owner_of(s);
     chunk_id const c = blocks_.add_chunk(base, size, o);
-    owners_.note_acquired(o);
+    owners_.note_acquired(o, s);
     return c;
   }
 
@@ -213,13 +239,13 @@ class stream_ordered_pool {
   void extend_chunk(chunk_id c, std::size_t bytes, stream_ref const& s) {
     owner_id const o = owner_of(s);
     blocks_.extend_chunk(c, bytes, o);
-    owners_.note_acquired(o);
+    owners_.note_acquired(o, s);
   }
   /// Returns a withdrawn hole to the free memory of stream `s` (see block_pool::restore).
   std::size_t restore(std::uintptr_t address, stream_ref const& s) {
     owner_id const o = owner_of(s);
     std::size_t const size = blocks_.restore(address, o);
-    owners_.note_acquired(o);
+    owners_.note_acquired(o, s);
     return size;
   }
 
@@ -242,7 +268,8 @@ class stream_ordered_pool {
   /// another thread's default stream — the default stream after synchronizing everything.
   stream_ref return_stream(chunk_id c);
   /// As `return_stream`, but false (and no synchronization) when one would be needed.
-  bool return_stream_without_sync(chunk_id c, stream_ref& out) const;
+  /// `caller` is the stream the current call names: a created stream is usable only then.
+  bool return_stream_without_sync(chunk_id c, stream_ref& out, stream_ref const& caller) const;
 
   [[nodiscard]] block_pool& blocks() noexcept { return blocks_; }
   [[nodiscard]] block_pool const& blocks() const noexcept { return blocks_; }

@@ -139,7 +139,7 @@ class pool_memory_resource final : public memory_resource {
   bool grow(std::size_t needed, detail::stream_ref const& s, std::string& why);
   /// Returns wholly free chunks to the upstream; the bytes returned. Without
   /// `may_synchronize`, chunks whose return would need a device synchronization stay.
-  std::size_t release_free_chunks(bool may_synchronize = true);
+  std::size_t release_free_chunks(bool may_synchronize = true, detail::stream_ref const& caller = {});
   [[noreturn]] void throw_out_of_memory(std::size_t bytes, std::string why) const;
   void* grow_in_place_and_allocate(std::size_t bytes, std::size_t size, std::size_t alignment,
                                    detail::stream_ref const& s);
