@@ -16,12 +16,12 @@ status=0
 : >"$out/gpu_tests.log"
 for t in "$bundle"/tests/gpu_test_*; do
   name="$(basename "$t")"
-  start=$(date +%s.%N)
+  start=$(date +%s)
   timeout 300 "$t" >"$out/$name.log" 2>&1
   rc=$?
-  secs=$(echo "$(date +%s.%N) - $start" | bc)
+  secs=$(( $(date +%s) - start ))
   summary="$(grep -E '^(All tests passed|test cases:)' "$out/$name.log" | tail -1)"
-  printf '%-28s rc=%-3s %6.1fs  %s\n' "$name" "$rc" "$secs" "$summary" | tee -a "$out/gpu_tests.log"
+  printf '%-28s rc=%-3s %4ss  %s\n' "$name" "$rc" "$secs" "$summary" | tee -a "$out/gpu_tests.log"
   [ "$rc" -eq 0 ] || { status=1; tail -40 "$out/$name.log" >>"$out/gpu_tests.log"; }
 done
 log="$bundle/../../data/torch_resnet50_train.csv.gz"
