@@ -1,3 +1,4 @@
+#include <mrstack/detail/coalescing_insert.hpp>
 #include <mrstack/upstream/simulated_memory_resource.hpp>
 
 #include <algorithm>
@@ -78,20 +79,7 @@ void simulated_memory_resource::do_deallocate(void* ptr, std::size_t bytes, std:
 }
 
 void simulated_memory_resource::insert_free(std::uintptr_t begin, std::size_t size) {
-  auto next = free_.lower_bound(begin);
-  if (next != free_.begin()) {
-    auto prev = std::prev(next);
-    if (prev->first + prev->second == begin) {
-      begin = prev->first;
-      size += prev->second;
-      free_.erase(prev);
-    }
-  }
-  if (next != free_.end() && begin + size == next->first) {
-    size += next->second;
-    free_.erase(next);
-  }
-  free_.emplace(begin, size);
+  detail::insert_coalesced(free_, begin, size);
 }
 
 std::size_t simulated_memory_resource::footprint() const {

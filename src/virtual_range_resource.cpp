@@ -1,3 +1,4 @@
+#include <mrstack/detail/coalescing_insert.hpp>
 #include <mrstack/upstream/virtual_range_resource.hpp>
 
 #include <algorithm>
@@ -330,20 +331,7 @@ void virtual_range_resource::do_deallocate(void* ptr, std::size_t bytes, std::si
 }
 
 void virtual_range_resource::insert_free_addresses(std::size_t offset, std::size_t bytes) {
-  auto next = free_addresses_.lower_bound(offset);
-  if (next != free_addresses_.begin()) {
-    auto prev = std::prev(next);
-    if (prev->first + prev->second == offset) {
-      offset = prev->first;
-      bytes += prev->second;
-      free_addresses_.erase(prev);
-    }
-  }
-  if (next != free_addresses_.end() && offset + bytes == next->first) {
-    bytes += next->second;
-    free_addresses_.erase(next);
-  }
-  free_addresses_.emplace(offset, bytes);
+  detail::insert_coalesced(free_addresses_, offset, bytes);
 }
 
 }  // namespace mrstack
