@@ -1,3 +1,4 @@
+#include <mrstack/error.hpp>
 #include <mrstack/adaptor/aligned_resource_adaptor.hpp>
 
 #include <cstdio>
@@ -5,13 +6,6 @@
 
 namespace mrstack {
 
-namespace {
-std::string hex(std::uintptr_t v) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "0x%zx", static_cast<std::size_t>(v));
-  return buf;
-}
-}  // namespace
 
 aligned_resource_adaptor::aligned_resource_adaptor(resource_ptr upstream, std::size_t alignment,
                                                    std::size_t threshold)
@@ -58,8 +52,8 @@ void* aligned_resource_adaptor::do_allocate(std::size_t bytes, std::size_t align
   if (!inserted) {
     // Only a broken upstream hands out overlapping memory; say so rather than corrupt the table.
     upstream_->deallocate(raw, bytes + padding, stream, default_alignment);
-    throw logic_error("aligned: the upstream handed out " + hex(original) + ", whose aligned address " +
-                      hex(aligned) + " is already outstanding");
+    throw logic_error("aligned: the upstream handed out " + format_hex(original) + ", whose aligned address " +
+                      format_hex(aligned) + " is already outstanding");
   }
   return reinterpret_cast<void*>(aligned);
 }
@@ -78,7 +72,7 @@ void aligned_resource_adaptor::do_deallocate(void* ptr, std::size_t bytes, std::
     std::lock_guard lock{s.mutex};
     std::uintptr_t const* found = s.original.find(aligned);
     if (found == nullptr) {
-      throw logic_error("aligned: deallocate of " + hex(aligned) + " (" + std::to_string(bytes) + " B, alignment " +
+      throw logic_error("aligned: deallocate of " + format_hex(aligned) + " (" + std::to_string(bytes) + " B, alignment " +
                         std::to_string(align) + "), which it did not hand out or was already freed");
     }
     original = *found;

@@ -1,4 +1,5 @@
 // The allocation-log reader: CSV (plain or gzip) -> a checked, compact event array.
+#include <mrstack/error.hpp>
 #include <mrstack/log/allocation_log.hpp>
 
 #include <algorithm>
@@ -18,12 +19,6 @@ namespace {
 
 constexpr std::string_view expected_header = "Thread,Time,Action,Pointer,Size,Stream";
 constexpr std::string_view column_names[] = {"Thread", "Time", "Action", "Pointer", "Size", "Stream"};
-
-std::string hex(std::uint64_t v) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "0x%llx", static_cast<unsigned long long>(v));
-  return buf;
-}
 
 std::string_view trim(std::string_view s) {
   while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) { s.remove_prefix(1); }
@@ -205,7 +200,7 @@ class log_parser {
       auto [it, inserted] = pointers_.try_emplace(address);
       auto& state = it->second;
       if (!inserted && state.live) {
-        fail(pointer.column, "allocate of " + hex(address) + ", which is still live: line " +
+        fail(pointer.column, "allocate of " + format_hex(address) + ", which is still live: line " +
                                  std::to_string(state.allocated_line) + " allocated it and no line freed it since");
       }
       state = pointer_state{static_cast<std::uint32_t>(log_.allocation_count), line_number_, 0, true};
@@ -219,17 +214,17 @@ class log_parser {
     } else {
       auto const it = pointers_.find(address);
       if (it == pointers_.end()) {
-        fail(pointer.column, "free of " + hex(address) + ", which no earlier line allocated");
+        fail(pointer.column, "free of " + format_hex(address) + ", which no earlier line allocated");
       }
       auto& state = it->second;
       if (!state.live) {
-        fail(pointer.column, "free of " + hex(address) + ", which is not live: line " +
+        fail(pointer.column, "free of " + format_hex(address) + ", which is not live: line " +
                                  std::to_string(state.allocated_line) + " allocated it and line " +
                                  std::to_string(state.freed_line) + " already freed it");
       }
       std::size_t const allocated_bytes = log_.events[log_.allocation_events[state.allocation]].bytes;
       if (allocated_bytes != event.bytes) {
-        fail(size.column, "free of " + hex(address) + " with Size " + std::to_string(bytes) + ", but line " +
+        fail(size.column, "free of " + format_hex(address) + " with Size " + std::to_string(bytes) + ", but line " +
                               std::to_string(state.allocated_line) + " allocated it with " +
                               std::to_string(allocated_bytes) + " bytes");
       }

@@ -1,3 +1,4 @@
+#include <mrstack/error.hpp>
 #include <mrstack/suballoc/arena_memory_resource.hpp>
 
 #include <cstdio>
@@ -10,12 +11,6 @@ namespace mrstack {
 namespace {
 
 constexpr std::size_t granularity = 256;
-
-std::string hex(void const* p) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%p", p);
-  return buf;
-}
 
 }  // namespace
 
@@ -89,7 +84,7 @@ void arena_memory_resource::do_deallocate(void* ptr, std::size_t bytes, std::siz
   alignment = std::max(alignment, granularity);
   if (!core_->deallocate(reinterpret_cast<std::uintptr_t>(ptr), detail::align_up(bytes, granularity), alignment,
                          to_stream_ref(stream))) {
-    throw logic_error("arena: deallocate of " + hex(ptr) + " (" + std::to_string(bytes) +
+    throw logic_error("arena: deallocate of " + format_hex(ptr) + " (" + std::to_string(bytes) +
                       " B), which this arena did not hand out with that size, or has already taken back");
   }
 }

@@ -1,3 +1,4 @@
+#include <mrstack/error.hpp>
 #include <mrstack/emm/adapter.hpp>
 
 #include <algorithm>
@@ -16,12 +17,6 @@
 namespace mrstack::emm {
 
 namespace {
-
-std::string hex(void const* p) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%#zx", reinterpret_cast<std::uintptr_t>(p));
-  return buf;
-}
 
 // The three driver functions get_ipc_handle needs, looked up once through the runtime so
 // that mrstack never links libcuda (the runtime finds the driver the process already uses).
@@ -184,7 +179,7 @@ memory_info adapter::get_memory_info() const {
 
 ipc_handle adapter::get_ipc_handle(void const* ptr) const {
   if (ptr != nullptr && find_virtual_range(*stack_, ptr) != nullptr) {
-    throw logic_error("emm::adapter::get_ipc_handle: " + hex(ptr) + " lies in the address range of a virtual-memory "
+    throw logic_error("emm::adapter::get_ipc_handle: " + format_hex(ptr) + " lies in the address range of a virtual-memory "
                       "(vmm) layer of \"" + describe_stack(*stack_) + "\": memory mapped through CUDA's virtual "
                       "memory management has no legacy IPC handle, so CUDA IPC cannot share it; share memory from a "
                       "stack over the cuda upstream instead");
@@ -201,10 +196,10 @@ ipc_handle adapter::get_ipc_handle(void const* ptr) const {
   int capable = 0;
   if (CUresult const r = api.pointer_get_attribute(&capable, CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE, address);
       r != CUDA_SUCCESS) {
-    throw_driver_error(api, r, "cuPointerGetAttribute(IS_LEGACY_CUDA_IPC_CAPABLE, " + hex(ptr) + ")");
+    throw_driver_error(api, r, "cuPointerGetAttribute(IS_LEGACY_CUDA_IPC_CAPABLE, " + format_hex(ptr) + ")");
   }
   if (capable == 0) {
-    throw logic_error("emm::adapter::get_ipc_handle: " + hex(ptr) + " (from \"" + describe_stack(*stack_) +
+    throw logic_error("emm::adapter::get_ipc_handle: " + format_hex(ptr) + " (from \"" + describe_stack(*stack_) +
                       "\") lies in memory CUDA IPC cannot share: memory from a virtual-memory (vmm) or "
                       "stream-ordered (cuda_async) upstream has no legacy IPC handle; share memory from a "
                       "stack over the cuda upstream instead");
@@ -212,7 +207,7 @@ ipc_handle adapter::get_ipc_handle(void const* ptr) const {
   CUdeviceptr base = 0;
   std::size_t base_size = 0;
   if (CUresult const r = api.mem_get_address_range(&base, &base_size, address); r != CUDA_SUCCESS) {
-    throw_driver_error(api, r, "cuMemGetAddressRange(" + hex(ptr) + ")");
+    throw_driver_error(api, r, "cuMemGetAddressRange(" + format_hex(ptr) + ")");
   }
   ipc_handle out;
   out.base = reinterpret_cast<void*>(static_cast<std::uintptr_t>(base));

@@ -22,6 +22,12 @@ std::string format_bytes(std::size_t bytes) {
   return buf;
 }
 
+std::string format_hex(unsigned long long value) {
+  char buf[24];
+  std::snprintf(buf, sizeof buf, "0x%llx", value);
+  return buf;
+}
+
 namespace {
 std::string describe(allocation_failure const& f) {
   std::ostringstream os;

@@ -1,3 +1,4 @@
+#include <mrstack/error.hpp>
 #include <mrstack/suballoc/pool_memory_resource.hpp>
 
 #include <algorithm>
@@ -13,12 +14,6 @@ namespace mrstack {
 namespace {
 
 constexpr std::size_t granularity = detail::block_pool::granularity;
-
-std::string hex(void const* p) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%p", p);
-  return buf;
-}
 
 std::shared_ptr<detail::stream_sync> pick_sync(pool_options const& options, resource_ptr const& upstream) {
   if (!upstream) { throw logic_error("pool: the upstream resource is null"); }
@@ -124,11 +119,11 @@ void pool_memory_resource::do_deallocate(void* ptr, std::size_t bytes, std::size
     if (growth_ && freed != 0) { growth_->after_deallocate(core_); }
   }
   if (freed == 0) {
-    throw logic_error("pool: deallocate of " + hex(ptr) + " (" + std::to_string(bytes) +
+    throw logic_error("pool: deallocate of " + format_hex(ptr) + " (" + std::to_string(bytes) +
                       " B), which this pool did not hand out or has already taken back");
   }
   if (freed != detail::align_up(bytes, granularity)) {
-    throw logic_error("pool: deallocate of " + hex(ptr) + " with size " + std::to_string(bytes) +
+    throw logic_error("pool: deallocate of " + format_hex(ptr) + " with size " + std::to_string(bytes) +
                       " B, but its block is " + std::to_string(freed) + " B (freed anyway)");
   }
 }
@@ -195,7 +190,7 @@ bool pool_memory_resource::grow(std::size_t needed, detail::stream_ref const& s,
       void* base = upstream_->allocate(chunk, to_stream_view(s), granularity);
       if (!detail::is_aligned(base, granularity)) {
         upstream_->deallocate(base, chunk, to_stream_view(s), granularity);
-        throw logic_error("pool: upstream " + upstream_->name() + " returned " + hex(base) +
+        throw logic_error("pool: upstream " + upstream_->name() + " returned " + format_hex(base) +
                           ", which is not 256-byte aligned");
       }
       core_.add_chunk(reinterpret_cast<std::uintptr_t>(base), chunk, s);

@@ -1,3 +1,4 @@
+#include <mrstack/error.hpp>
 #include <mrstack/detail/coalescing_insert.hpp>
 #include <mrstack/upstream/simulated_memory_resource.hpp>
 
@@ -7,19 +8,12 @@
 
 namespace mrstack {
 
-namespace {
-std::string hex(std::uintptr_t v) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "0x%zx", static_cast<std::size_t>(v));
-  return buf;
-}
-}  // namespace
 
 simulated_memory_resource::simulated_memory_resource(std::size_t capacity, std::uintptr_t base, std::size_t range)
     : capacity_{capacity} {
   if (!detail::is_aligned(reinterpret_cast<void const*>(base), default_alignment) || range < default_alignment ||
       base == 0) {
-    throw logic_error("simulated: base " + hex(base) + " must be non-zero and 256-byte aligned, range at least 256 B");
+    throw logic_error("simulated: base " + format_hex(base) + " must be non-zero and 256-byte aligned, range at least 256 B");
   }
   free_.emplace(base, detail::align_down(range, default_alignment));
 }
@@ -65,11 +59,11 @@ void simulated_memory_resource::do_deallocate(void* ptr, std::size_t bytes, std:
   std::lock_guard lock{mutex_};
   auto it = live_.find(address);
   if (it == live_.end()) {
-    throw logic_error("simulated: deallocate of " + hex(address) + " (" + std::to_string(bytes) +
+    throw logic_error("simulated: deallocate of " + format_hex(address) + " (" + std::to_string(bytes) +
                       " B), which it did not hand out or was already freed");
   }
   if (it->second != bytes) {
-    throw logic_error("simulated: deallocate of " + hex(address) + " with size " + std::to_string(bytes) +
+    throw logic_error("simulated: deallocate of " + format_hex(address) + " with size " + std::to_string(bytes) +
                       " B, but it was allocated with " + std::to_string(it->second) + " B");
   }
   std::size_t const span = detail::align_up(bytes, default_alignment);

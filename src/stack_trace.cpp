@@ -1,3 +1,4 @@
+#include <mrstack/error.hpp>
 #include <mrstack/detail/stack_trace.hpp>
 
 #include <algorithm>
@@ -149,12 +150,6 @@ std::string demangle(char const* name) {
   return status == 0 && out ? std::string{out.get()} : std::string{name};
 }
 
-std::string hex(std::uint64_t v) {
-  char buf[24];
-  std::snprintf(buf, sizeof buf, "0x%llx", static_cast<unsigned long long>(v));
-  return buf;
-}
-
 }  // namespace
 
 std::string describe_frame(void const* return_address) {
@@ -163,7 +158,7 @@ std::string describe_frame(void const* return_address) {
   link_map* module = nullptr;
   if (::dladdr1(return_address, &info, reinterpret_cast<void**>(&module), RTLD_DL_LINKMAP) == 0 ||
       module == nullptr) {
-    return hex(address);
+    return format_hex(address);
   }
   // The main program's link map has an empty name; its file is /proc/self/exe.
   std::string const path = (module->l_name != nullptr && module->l_name[0] != '\0') ? module->l_name : "/proc/self/exe";
@@ -189,8 +184,8 @@ std::string describe_frame(void const* return_address) {
     function = demangle(info.dli_sname);
     into = address - reinterpret_cast<std::uintptr_t>(info.dli_saddr);
   }
-  std::string out = function.empty() ? std::string{"??"} : function + "+" + hex(into);
-  out += " (" + module_name + "+" + hex(offset) + ")";
+  std::string out = function.empty() ? std::string{"??"} : function + "+" + format_hex(into);
+  out += " (" + module_name + "+" + format_hex(offset) + ")";
   return out;
 }
 

@@ -1,3 +1,4 @@
+#include <mrstack/error.hpp>
 #include <mrstack/adaptor/tracking_resource_adaptor.hpp>
 
 #include <algorithm>
@@ -13,12 +14,6 @@
 namespace mrstack {
 
 namespace {
-
-std::string hex(std::uintptr_t v) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "0x%zx", static_cast<std::size_t>(v));
-  return buf;
-}
 
 std::uint64_t hash_frames(void* const* frames, std::size_t n) noexcept {
   std::uint64_t h = 0xcbf29ce484222325ULL ^ n;
@@ -91,7 +86,7 @@ void* tracking_resource_adaptor::do_allocate(std::size_t bytes, std::size_t alig
   if (!inserted) {
     // The upstream handed out a pointer that is still outstanding: a bug below this layer.
     // Leave the memory alone (it may be in use) and say so.
-    throw logic_error("tracking: the upstream (" + upstream_->name() + ") handed out " + hex(address) +
+    throw logic_error("tracking: the upstream (" + upstream_->name() + ") handed out " + format_hex(address) +
                       " again while it is still outstanding");
   }
   count_.fetch_add(1, std::memory_order_relaxed);
@@ -108,11 +103,11 @@ void tracking_resource_adaptor::do_deallocate(void* ptr, std::size_t bytes, std:
     std::lock_guard lock{s.mutex};
     record const* r = s.records.find(address);
     if (r == nullptr) {
-      throw logic_error("tracking: deallocate of " + hex(address) + " (" + std::to_string(bytes) +
+      throw logic_error("tracking: deallocate of " + format_hex(address) + " (" + std::to_string(bytes) +
                         " B), which this resource never handed out or has already taken back");
     }
     if (r->bytes != bytes || r->alignment != alignment) {
-      throw logic_error("tracking: deallocate of " + hex(address) + " with size " + std::to_string(bytes) +
+      throw logic_error("tracking: deallocate of " + format_hex(address) + " with size " + std::to_string(bytes) +
                         " B and alignment " + std::to_string(alignment) + ", but it was allocated with size " +
                         std::to_string(r->bytes) + " B and alignment " + std::to_string(r->alignment));
     }
@@ -222,8 +217,8 @@ std::string tracking_resource_adaptor::report(std::size_t max_call_sites, std::s
      << ":\n";
   for (std::size_t i = 0; i < listed; ++i) {
     auto const& a = all[i];
-    os << "  " << hex(reinterpret_cast<std::uintptr_t>(a.pointer)) << " " << a.bytes << " B, alignment "
-       << a.alignment << ", stream " << (a.stream == 0 ? std::string{"0"} : hex(a.stream)) << ", thread " << a.thread
+    os << "  " << format_hex(reinterpret_cast<std::uintptr_t>(a.pointer)) << " " << a.bytes << " B, alignment "
+       << a.alignment << ", stream " << (a.stream == 0 ? std::string{"0"} : format_hex(a.stream)) << ", thread " << a.thread
        << ", allocation #" << a.sequence << "\n";
   }
   return os.str();

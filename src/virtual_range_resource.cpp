@@ -1,3 +1,4 @@
+#include <mrstack/error.hpp>
 #include <mrstack/detail/coalescing_insert.hpp>
 #include <mrstack/upstream/virtual_range_resource.hpp>
 
@@ -11,12 +12,6 @@
 namespace mrstack {
 
 namespace {
-
-std::string hex(std::uintptr_t v) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "0x%zx", static_cast<std::size_t>(v));
-  return buf;
-}
 
 // Every live virtual range in the process, so an IPC path can recognise such memory from
 // the pointer alone, and so simulated ranges get fake addresses that never overlap.
@@ -97,7 +92,7 @@ virtual_range_resource::virtual_range_resource(std::string name, std::uintptr_t 
                       " B must be a power of two of at least 256 B");
   }
   if (base % granularity != 0) {
-    throw logic_error(name_ + ": reserved range at " + hex(base) + " is not aligned to the granularity");
+    throw logic_error(name_ + ": reserved range at " + format_hex(base) + " is not aligned to the granularity");
   }
   base_ = registry().add(base, range_bytes, granularity);
   free_addresses_.emplace(0, range_bytes);
@@ -153,8 +148,8 @@ void virtual_range_resource::sync_counters() noexcept {
 std::size_t virtual_range_resource::offset_of(void const* ptr, std::size_t bytes, char const* op) const {
   auto const p = reinterpret_cast<std::uintptr_t>(ptr);
   if (p < base_ || p - base_ > range_bytes_ || bytes > range_bytes_ - (p - base_)) {
-    throw logic_error(name_ + ": " + op + " of [" + hex(p) + ", +" + std::to_string(bytes) +
-                      " B) is outside its reserved range [" + hex(base_) + ", +" + format_bytes(range_bytes_) + ")");
+    throw logic_error(name_ + ": " + op + " of [" + format_hex(p) + ", +" + std::to_string(bytes) +
+                      " B) is outside its reserved range [" + format_hex(base_) + ", +" + format_bytes(range_bytes_) + ")");
   }
   return p - base_;
 }
@@ -308,11 +303,11 @@ void virtual_range_resource::do_deallocate(void* ptr, std::size_t bytes, std::si
   std::lock_guard lock{mutex_};
   auto const it = p >= base_ ? live_.find(p - base_) : live_.end();
   if (it == live_.end()) {
-    throw logic_error(name_ + ": deallocate of " + hex(p) + " (" + std::to_string(bytes) +
+    throw logic_error(name_ + ": deallocate of " + format_hex(p) + " (" + std::to_string(bytes) +
                       " B), which it did not hand out or was already freed");
   }
   if (it->second != bytes) {
-    throw logic_error(name_ + ": deallocate of " + hex(p) + " with size " + std::to_string(bytes) +
+    throw logic_error(name_ + ": deallocate of " + format_hex(p) + " with size " + std::to_string(bytes) +
                       " B, but it was allocated with " + std::to_string(it->second) + " B");
   }
   std::size_t const offset = it->first;

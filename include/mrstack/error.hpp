@@ -11,6 +11,7 @@
 /// - `logic_error` (a `std::logic_error`): the caller broke a contract (a foreign pointer,
 ///   a wrong size, a bad alignment, a bad spec).
 #include <cstddef>
+#include <cstdint>
 #include <new>
 #include <optional>
 #include <stdexcept>
@@ -33,6 +34,10 @@ struct allocation_failure {
 
 /// Formats a byte count for people: "1.50 MiB (1572864 B)".
 std::string format_bytes(std::size_t bytes);
+
+/// Formats an address or handle for error messages: "0x7f864d700000" (null: "0x0").
+std::string format_hex(unsigned long long value);
+inline std::string format_hex(void const* ptr) { return format_hex(reinterpret_cast<std::uintptr_t>(ptr)); }
 
 class out_of_memory : public std::bad_alloc {
  public:
