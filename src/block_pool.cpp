@@ -357,6 +357,7 @@ std::uintptr_t block_pool::take(std::uint32_t b, std::size_t size, std::size_t a
   block& n = at(b);
   std::uintptr_t const addr = addr_of(n);
   if (n.units > units && align_up(addr, alignment) == addr) {
+    live_.prefetch(addr);  // the slot the new live block goes into: load it during the work below
     // The common case: the allocation is the front of b and b keeps the rest. The rest
     // keeps b's node and its place in the class array (moving only when its class
     // changed), so no array entry and no other free block's node is touched.

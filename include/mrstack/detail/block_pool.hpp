@@ -121,6 +121,8 @@ class block_pool {
   /// Frees the live block at `address` into `owner`; returns its size, or 0 when no live
   /// block starts there (the caller reports the foreign pointer).
   std::size_t deallocate(std::uintptr_t address, owner_id owner);
+  /// Starts loading what `deallocate(address, ...)` reads first (its address-table slot).
+  void prefetch_deallocate(std::uintptr_t address) const noexcept { live_.prefetch(address); }
   /// Size of the live block at `address`, or 0.
   [[nodiscard]] std::size_t live_size(std::uintptr_t address) const;
 

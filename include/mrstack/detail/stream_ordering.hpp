@@ -221,6 +221,7 @@ class stream_ordered_pool {
   }
   /// Frees the live block at `address` on stream `s`; returns its size (0: not ours).
   std::size_t deallocate(std::uintptr_t address, stream_ref const& s) {
+    blocks_.prefetch_deallocate(address);  // its cache miss overlaps finding the owner
     owner_id const o = owner_of(s);
     std::size_t const size = blocks_.deallocate(address, o);
     if (size != 0) { owners_.note_free(o, s); }
