@@ -77,6 +77,7 @@ MRSTACK_HOT_INLINE void block_pool::insert_free(std::uint32_t b, owner_id owner)
   unsigned const cls = class_of(n.units);
   auto& list = idx.lists[cls];
   n.free_pos = static_cast<std::uint32_t>(list.size());
+  n.free_class = cls;
   // May allocate (amortized doubling; the arrays keep their capacity, so a warm pool
   // does not). Host out-of-memory here would leave the block unindexed: the caller's
   // operation fails with std::bad_alloc like any other host allocation failure.
@@ -91,7 +92,7 @@ MRSTACK_HOT_INLINE void block_pool::insert_free(std::uint32_t b, owner_id owner)
 MRSTACK_HOT_INLINE void block_pool::remove_free(std::uint32_t b) noexcept {
   block const& n = at(b);
   class_index& idx = *indexes_[n.owner];
-  unsigned const cls = class_of(n.units);
+  unsigned const cls = n.free_class;
   auto& list = idx.lists[cls];
   free_entry const last = list.back();
   if (last.node != b) {
@@ -477,7 +478,7 @@ std::size_t block_pool::deallocate(std::uintptr_t address, owner_id owner) {
 
 MRSTACK_HOT_INLINE void block_pool::resize_free(std::uint32_t b, std::uint32_t units) {
   block& n = at(b);
-  unsigned const cls = class_of(n.units);
+  unsigned const cls = n.free_class;
   if (class_of(units) != cls) {
     owner_id const owner = n.owner;
     remove_free(b);
@@ -681,6 +682,7 @@ std::string block_pool::check_invariants() const {
         if (n.state != state_free || n.owner != o) { return fail("owner " + std::to_string(o) + ": foreign node in list"); }
         if (class_of(n.units) != cls) { return fail("owner " + std::to_string(o) + ": block in wrong class"); }
         if (n.free_pos != pos) { return fail("owner " + std::to_string(o) + ": node's position in its class is wrong"); }
+        if (n.free_class != cls) { return fail("owner " + std::to_string(o) + ": node records the wrong class"); }
         if (e.units != n.units) { return fail("owner " + std::to_string(o) + ": class array holds a stale size"); }
         bytes += size_of(n);
         ++count;

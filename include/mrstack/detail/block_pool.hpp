@@ -237,7 +237,7 @@ class block_pool {
     std::uint32_t prev;       // physical neighbours inside the chunk (npos at the ends)
     std::uint32_t next;
     std::uint32_t free_pos;   // position in its class's array (free blocks only)
-    std::uint32_t unused_;    // keeps nodes at 32 bytes, so none straddles a cache line
+    std::uint32_t free_class; // that class (free blocks only): removal needs no class_of
     chunk_id chunk;
     std::uint16_t owner;
     std::uint8_t state;

@@ -101,6 +101,13 @@ class stream_owners {
     return o;
   }
 
+  /// True (and `o` set) when `s` is the stream the last `acquire` returned.
+  [[nodiscard]] bool cached(stream_ref const& s, owner_id& o) const noexcept {
+    if (s.key != cached_key_) { return false; }
+    o = cached_owner_;
+    return true;
+  }
+
   /// After memory was freed into `o` by its stream `s`. (A thread-bound stream's memory
   /// freed by another thread — an arena reclaiming superblocks — records nothing.)
   void note_free(owner_id o, stream_ref const& s) {
@@ -252,6 +259,9 @@ class stream_ordered_pool {
 
   /// Owner id of stream `s` (creating its slot when new).
   owner_id owner_of(stream_ref const& s) {
+    // The stream of the previous call, again (the common case): its slot and exclusivity
+    // were settled then, and a key always names the same kind of stream.
+    if (owner_id cached = 0; owners_.cached(s, cached)) { return cached; }
     owner_id const o = owners_.acquire(s, [this](owner_id x) { return blocks_.free_blocks(x) != 0; });
     // Another thread's default stream can only be waited for through its thread (or a
     // device synchronization): keep synchronized memory out of its hands.
