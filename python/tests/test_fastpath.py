@@ -1,7 +1,7 @@
 """The compiled fast path (mrstack._fastpath) on the CPU, over host-memory stacks: its
 allocations and finalizers against the stack's books, finalizers freeing exactly once,
 failures raising what the ctypes path raises with the C ABI's message, both paths leaving
-the same books after the same sequence through Numba's plugin, and the
+the same books after the same sequence (Numba's plugin and CuPy's allocator), and the
 choice of path: MRSTACK_FASTPATH, a missing or broken extension falling back to ctypes
 with the reason, a library of another C ABI version refused."""
 import json
@@ -223,6 +223,69 @@ def test_both_paths_leave_the_same_books_tokens_and_errors(run_python, fastpath_
     assert steps["after defer"][3] == 3                  # emm_outstanding
     assert steps["reset"][3] == 0 and steps["stale finalizers ran"][4][numba][:3] == [2048, 256 + 1000 + live_after, 1]
     assert steps["end"][1] == 0
+
+
+CUPY_STAND_IN = """
+    # A stand-in for the few CuPy names mrstack.cupy uses, so its allocator runs on the CPU.
+    import sys, types
+    cupy = types.ModuleType("cupy")
+    class UnownedMemory:
+        def __init__(self, ptr, size, owner, device_id):
+            self.ptr, self.size, self.owner, self.device_id = ptr, size, owner, device_id
+    class MemoryPointer:
+        def __init__(self, mem, offset):
+            self.mem, self.ptr = mem, mem.ptr + offset
+    class OutOfMemoryError(MemoryError):
+        def __init__(self, size, total):
+            super().__init__(f"CuPy: out of memory allocating {size} bytes")
+    class Stream:
+        ptr = 0x1000    # any value: the `system` stack ignores streams
+    cupy.cuda = types.SimpleNamespace(
+        UnownedMemory=UnownedMemory, MemoryPointer=MemoryPointer, get_current_stream=lambda: Stream,
+        runtime=types.SimpleNamespace(getDevice=lambda: 0),
+        memory=types.SimpleNamespace(OutOfMemoryError=OutOfMemoryError), set_allocator=lambda a: None)
+    sys.modules["cupy"] = cupy
+
+    import gc, json
+    import mrstack, mrstack.cupy
+    def books(label):
+        gc.collect()
+        c = mrstack.statistics(0).clients["cupy"]
+        print("STEP", json.dumps([label, c.live_bytes, c.peak_bytes, c.live_count, c.allocations]))
+    held = [mrstack.cupy.allocator(n) for n in (100, 4096, 0)]
+    print("PATH", mrstack.fastpath().active, type(held[0].mem.owner).__name__)
+    assert held[1].ptr and held[2].ptr == 0
+    books("allocated")
+    del held[0]
+    books("one dropped")
+    try:
+        mrstack.cupy.allocator(1 << 30)
+    except OutOfMemoryError as e:
+        cause = e.__cause__
+        print("ERROR", json.dumps([type(cause).__name__, str(cause)]))
+    books("refused")
+    del held
+    books("end")
+"""
+
+
+def test_cupy_allocator_takes_either_path_alike(run_python, fastpath_path):
+    outputs = {}
+    for setting in ("1", "0"):
+        done = run_python(CUPY_STAND_IN, env={"MRSTACK_RESOURCE": "limiting(limit=1MiB) > system",
+                                              "MRSTACK_FASTPATH": setting})
+        lines = done.stdout.splitlines()
+        outputs[setting] = [line for line in lines if not line.startswith("PATH ")]
+        path = next(line for line in lines if line.startswith("PATH "))
+        assert path == ("PATH True Allocation" if setting == "1" else "PATH False _Allocation"), path
+    assert outputs["1"] == outputs["0"]
+    steps = {json.loads(line[5:])[0]: json.loads(line[5:])[1:] for line in outputs["1"] if line.startswith("STEP ")}
+    # [live, peak, live count, count]; a zero-byte request is null and not booked
+    assert steps["allocated"] == [4196, 4196, 2, 2]
+    assert steps["one dropped"] == [4096, 4196, 1, 2]
+    assert steps["end"] == [0, 4196, 0, 2]
+    error = json.loads(next(line[6:] for line in outputs["1"] if line.startswith("ERROR ")))
+    assert error[0] == "OutOfMemoryError" and error[1].startswith("mrstack.cupy: allocating 1073741824 bytes")
 
 
 # ---- choosing the path -------------------------------------------------------------------
