@@ -9,12 +9,16 @@
 
 namespace mrstack::detail {
 
+// The hot path (allocate, take, deallocate) is a chain of small steps; a call per step
+// costs more than most steps do. Forced inline: they are used in this file only.
+#define MRSTACK_HOT_INLINE [[gnu::always_inline]] inline
+
 block_pool::block_pool() = default;
 block_pool::~block_pool() = default;
 
 // ---- node slab ---------------------------------------------------------------------------
 
-std::uint32_t block_pool::new_node() {
+MRSTACK_HOT_INLINE std::uint32_t block_pool::new_node() {
   // Free node indices wait on a stack of their own: popping one reads hot memory, not
   // the (cold) node it names.
   if (!free_nodes_.empty()) {
@@ -31,7 +35,7 @@ std::uint32_t block_pool::new_node() {
   return node_count_++;
 }
 
-void block_pool::delete_node(std::uint32_t i) noexcept {
+MRSTACK_HOT_INLINE void block_pool::delete_node(std::uint32_t i) noexcept {
   at(i).state = state_unused;
   free_nodes_.push_back(i);  // never reallocates: reserved for every node that exists
 }
@@ -41,7 +45,7 @@ void block_pool::set_exclusive(owner_id owner, bool exclusive) {
   exclusive_[owner] = exclusive ? 1 : 0;
 }
 
-block_pool::class_index& block_pool::index_of(owner_id owner) {
+MRSTACK_HOT_INLINE block_pool::class_index& block_pool::index_of(owner_id owner) {
   if (owner >= indexes_.size()) { indexes_.resize(std::size_t{owner} + 1); }
   auto& slot = indexes_[owner];
   if (!slot) { slot = std::make_unique<class_index>(); }
@@ -50,7 +54,7 @@ block_pool::class_index& block_pool::index_of(owner_id owner) {
 
 // ---- size classes --------------------------------------------------------------------------
 
-unsigned block_pool::class_of(std::size_t units) noexcept {
+MRSTACK_HOT_INLINE unsigned block_pool::class_of(std::size_t units) noexcept {
   if (units < sl_count) { return static_cast<unsigned>(units); }  // first level 0: one class per unit
   auto const msb = static_cast<unsigned>(63 - std::countl_zero(static_cast<std::uint64_t>(units)));
   unsigned const fl = msb - sl_bits + 1;
@@ -58,67 +62,70 @@ unsigned block_pool::class_of(std::size_t units) noexcept {
   return fl * sl_count + sl;
 }
 
-std::size_t block_pool::class_floor(unsigned cls) noexcept {
+MRSTACK_HOT_INLINE std::size_t block_pool::class_floor(unsigned cls) noexcept {
   unsigned const fl = cls / sl_count;
   unsigned const sl = cls % sl_count;
   if (fl == 0) { return sl; }
   return std::size_t{sl_count + sl} << (fl - 1);
 }
 
-void block_pool::insert_free(std::uint32_t b, owner_id owner) {
+MRSTACK_HOT_INLINE void block_pool::insert_free(std::uint32_t b, owner_id owner) {
   class_index& idx = index_of(owner);
   block& n = at(b);
   n.owner = owner;
   n.state = state_free;
   unsigned const cls = class_of(n.units);
-  std::uint32_t const head = idx.heads[cls];
-  n.free_prev = npos;
-  n.free_next = head;
-  if (head != npos) { at(head).free_prev = b; }
-  idx.heads[cls] = b;
+  auto& list = idx.lists[cls];
+  n.free_pos = static_cast<std::uint32_t>(list.size());
+  // May allocate (amortized doubling; the arrays keep their capacity, so a warm pool
+  // does not). Host out-of-memory here would leave the block unindexed: the caller's
+  // operation fails with std::bad_alloc like any other host allocation failure.
+  list.push_back(free_entry{b, n.units});
   idx.sl_bitmap[cls / sl_count] |= 1U << (cls % sl_count);
-  idx.fl_bitmap |= std::uint64_t{1} << (cls / sl_count);
+  idx.fl_bitmap |= 1U << (cls / sl_count);
   idx.bytes += size_of(n);
   ++idx.count;
   free_bytes_total_ += size_of(n);
 }
 
-void block_pool::remove_free(std::uint32_t b) noexcept {
-  block& n = at(b);
+MRSTACK_HOT_INLINE void block_pool::remove_free(std::uint32_t b) noexcept {
+  block const& n = at(b);
   class_index& idx = *indexes_[n.owner];
   unsigned const cls = class_of(n.units);
-  if (n.free_prev != npos) {
-    at(n.free_prev).free_next = n.free_next;
-  } else {
-    idx.heads[cls] = n.free_next;
-    if (n.free_next == npos) {
-      unsigned const fl = cls / sl_count;
-      idx.sl_bitmap[fl] &= ~(1U << (cls % sl_count));
-      if (idx.sl_bitmap[fl] == 0) { idx.fl_bitmap &= ~(std::uint64_t{1} << fl); }
-    }
+  auto& list = idx.lists[cls];
+  free_entry const last = list.back();
+  if (last.node != b) {
+    // The last entry fills the hole: one write to its node, none to any other.
+    list[n.free_pos] = last;
+    at(last.node).free_pos = n.free_pos;
   }
-  if (n.free_next != npos) { at(n.free_next).free_prev = n.free_prev; }
+  list.pop_back();
+  if (list.empty()) {
+    unsigned const fl = cls / sl_count;
+    idx.sl_bitmap[fl] &= ~(1U << (cls % sl_count));
+    if (idx.sl_bitmap[fl] == 0) { idx.fl_bitmap &= ~(1U << fl); }
+  }
   idx.bytes -= size_of(n);
   --idx.count;
   free_bytes_total_ -= size_of(n);
 }
 
-std::uint32_t block_pool::first_in_larger_class(class_index const& idx, unsigned cls) const noexcept {
+MRSTACK_HOT_INLINE std::uint32_t block_pool::first_in_larger_class(class_index const& idx, unsigned cls) noexcept {
   unsigned fl = cls / sl_count;
   unsigned const sl = cls % sl_count;
   std::uint32_t sl_map = sl + 1 < sl_count ? idx.sl_bitmap[fl] & (~0U << (sl + 1)) : 0U;
   if (sl_map == 0) {
-    std::uint64_t const fl_map = fl + 1 < fl_count ? idx.fl_bitmap & (~std::uint64_t{0} << (fl + 1)) : 0U;
+    std::uint32_t const fl_map = fl + 1 < fl_count ? idx.fl_bitmap & (~0U << (fl + 1)) : 0U;
     if (fl_map == 0) { return npos; }
     fl = static_cast<unsigned>(std::countr_zero(fl_map));
     sl_map = idx.sl_bitmap[fl];
   }
-  return idx.heads[fl * sl_count + static_cast<unsigned>(std::countr_zero(sl_map))];
+  return idx.lists[fl * sl_count + static_cast<unsigned>(std::countr_zero(sl_map))].back().node;
 }
 
 // ---- splitting and merging ---------------------------------------------------------------------
 
-std::uint32_t block_pool::split(std::uint32_t b, std::size_t offset) {
+MRSTACK_HOT_INLINE std::uint32_t block_pool::split(std::uint32_t b, std::size_t offset) {
   std::uint32_t const u = new_node();
   block& lower = at(b);
   block& upper = at(u);
@@ -126,8 +133,7 @@ std::uint32_t block_pool::split(std::uint32_t b, std::size_t offset) {
   upper.units = lower.units - static_cast<std::uint32_t>(offset / granularity);
   upper.prev = b;
   upper.next = lower.next;
-  upper.free_prev = npos;
-  upper.free_next = npos;
+  upper.free_pos = npos;
   upper.chunk = lower.chunk;
   upper.owner = lower.owner;
   upper.state = lower.state;
@@ -212,6 +218,7 @@ chunk_id block_pool::add_chunk(std::uintptr_t base, std::size_t size, owner_id o
   n.units = static_cast<std::uint32_t>(size / granularity);
   n.prev = npos;
   n.next = npos;
+  n.free_pos = npos;
   n.chunk = c;
   chunks_[c] = chunk_record{base, size, b, b, 0, 0, true};
   insert_free(b, owner);
@@ -242,6 +249,7 @@ void block_pool::extend_chunk(chunk_id c, std::size_t bytes, owner_id owner) {
     n.units = static_cast<std::uint32_t>(bytes / granularity);
     n.prev = last;
     n.next = npos;
+    n.free_pos = npos;
     n.chunk = c;
     at(last).next = b;
     rec.last = b;
@@ -261,7 +269,7 @@ bool block_pool::remove_chunk(chunk_id c) {
     if (n.state == state_free) {
       remove_free(b);
     } else {  // withdrawn
-      live_.erase(addr_of(n));
+      live_.erase(addr_of(n), starts_at(addr_of(n)));
       withdrawn_bytes_ -= size_of(n);
     }
     delete_node(b);
@@ -297,16 +305,32 @@ bool block_pool::can_allocate(std::size_t size, std::size_t alignment, owner_id 
   if (owner >= indexes_.size() || !indexes_[owner] || indexes_[owner]->count == 0) { return false; }
   class_index const& idx = *indexes_[owner];
   std::size_t const need = (size + (alignment > granularity ? alignment - granularity : 0)) / granularity;
+  if (need > max_units) { return false; }
   unsigned const cls = class_of(need);
-  if (class_floor(cls) == need && idx.heads[cls] != npos) { return true; }
+  if (class_floor(cls) == need && !idx.lists[cls].empty()) { return true; }
   if (first_in_larger_class(idx, cls) != npos) { return true; }
   // The request's own class may still hold a block that fits.
-  std::uint32_t b = idx.heads[class_of(size / granularity)];
-  for (int k = 0; b != npos && k < exact_class_scan; ++k, b = at(b).free_next) {
-    block const& n = at(b);
-    if (align_up(addr_of(n), alignment) - addr_of(n) + size <= size_of(n)) { return true; }
+  return best_in_own_class(idx, size, alignment) != npos;
+}
+
+MRSTACK_HOT_INLINE std::uint32_t block_pool::best_in_own_class(class_index const& idx, std::size_t size, std::size_t alignment) const {
+  auto const units = static_cast<std::uint32_t>(size / granularity);
+  auto const& list = idx.lists[class_of(units)];
+  std::uint32_t best = npos;
+  std::uint32_t best_units = 0;
+  std::size_t const scan = std::min<std::size_t>(list.size(), exact_class_scan);
+  for (std::size_t k = 1; k <= scan; ++k) {
+    free_entry const e = list[list.size() - k];
+    if (e.units < units || (best != npos && e.units >= best_units)) { continue; }
+    if (alignment > granularity) {  // only then does the block's address matter
+      std::uintptr_t const addr = addr_of(at(e.node));
+      if (align_up(addr, alignment) - addr + size > std::size_t{e.units} * granularity) { continue; }
+    }
+    best = e.node;
+    best_units = e.units;
+    if (e.units == units) { break; }
   }
-  return false;
+  return best;
 }
 
 std::uintptr_t block_pool::allocate(std::size_t size, std::size_t alignment, owner_id owner) {
@@ -314,52 +338,71 @@ std::uintptr_t block_pool::allocate(std::size_t size, std::size_t alignment, own
   if (owner >= indexes_.size() || !indexes_[owner]) { return 0; }
   class_index const& idx = *indexes_[owner];
   if (idx.count == 0) { return 0; }
-  // 1. The request's own class: blocks here may or may not fit; look at a few, keep the tightest.
-  std::uint32_t best = npos;
-  std::size_t best_size = 0;
-  std::uint32_t b = idx.heads[class_of(size / granularity)];
-  for (int k = 0; b != npos && k < exact_class_scan; ++k, b = at(b).free_next) {
-    block const& n = at(b);
-    if (align_up(addr_of(n), alignment) - addr_of(n) + size > size_of(n)) { continue; }
-    if (best == npos || size_of(n) < best_size) {
-      best = b;
-      best_size = size_of(n);
-      if (size_of(n) == size) { break; }
-    }
-  }
+  std::size_t const need = (size + (alignment > granularity ? alignment - granularity : 0)) / granularity;
+  if (need > max_units) { return 0; }  // larger than any chunk
+  // 1. The request's own class: its blocks may or may not fit; look at a few, keep the tightest.
+  std::uint32_t best = best_in_own_class(idx, size, alignment);
   if (best == npos) {
     // 2. The smallest class all of whose blocks fit (with room to align).
-    std::size_t const need = (size + (alignment > granularity ? alignment - granularity : 0)) / granularity;
     unsigned const cls = class_of(need);
-    best = class_floor(cls) == need && idx.heads[cls] != npos ? idx.heads[cls] : first_in_larger_class(idx, cls);
+    best = class_floor(cls) == need && !idx.lists[cls].empty() ? idx.lists[cls].back().node
+                                                               : first_in_larger_class(idx, cls);
     if (best == npos) { return 0; }
   }
   return take(best, size, alignment, owner);
 }
 
 std::uintptr_t block_pool::take(std::uint32_t b, std::size_t size, std::size_t alignment, owner_id owner) {
-  remove_free(b);
-  std::uintptr_t const addr = addr_of(at(b));
-  std::size_t const lead = align_up(addr, alignment) - addr;
-  if (lead != 0) {
-    std::uint32_t const upper = split(b, lead);
-    insert_free(b, owner);
-    b = upper;
-  }
-  if (size_of(at(b)) > size) {
-    std::uint32_t const tail = split(b, size);
-    insert_free(tail, owner);
-  }
+  auto const units = static_cast<std::uint32_t>(size / granularity);
   block& n = at(b);
-  n.state = state_live;
-  live_.insert(addr_of(n), b);
-  ++chunks_[n.chunk].live_blocks;
+  std::uintptr_t const addr = addr_of(n);
+  if (n.units > units && align_up(addr, alignment) == addr) {
+    // The common case: the allocation is the front of b and b keeps the rest. The rest
+    // keeps b's node and its place in the class array (moving only when its class
+    // changed), so no array entry and no other free block's node is touched.
+    std::uint32_t const a = new_node();  // node addresses are stable: `n` stays valid
+    block& front = at(a);
+    front.offset = n.offset;
+    front.units = units;
+    front.prev = n.prev;
+    front.next = b;
+    front.free_pos = npos;
+    front.chunk = n.chunk;
+    front.owner = owner;
+    front.state = state_live;
+    if (n.prev != npos) {
+      at(n.prev).next = a;
+    } else {
+      chunks_[n.chunk].first = a;
+    }
+    n.prev = a;
+    n.offset += units;
+    resize_free(b, n.units - units);
+    b = a;
+  } else {
+    remove_free(b);
+    std::size_t const lead = align_up(addr, alignment) - addr;
+    if (lead != 0) {
+      std::uint32_t const upper = split(b, lead);
+      insert_free(b, owner);
+      b = upper;
+    }
+    if (size_of(at(b)) > size) {
+      std::uint32_t const tail = split(b, size);
+      insert_free(tail, owner);
+    }
+    at(b).state = state_live;
+  }
+  block const& taken = at(b);
+  std::uintptr_t const start = addr_of(taken);
+  live_.insert(start, b);
+  ++chunks_[taken.chunk].live_blocks;
   live_bytes_ += size;
-  return addr_of(n);
+  return start;
 }
 
 std::size_t block_pool::deallocate(std::uintptr_t address, owner_id owner) {
-  std::uint32_t const b = live_.erase(address);
+  std::uint32_t const b = live_.erase(address, starts_at(address));
   if (b == npos) { return 0; }
   block& n = at(b);
   if (n.state != state_live) {  // a hole, not a live block: put it back and refuse
@@ -370,13 +413,87 @@ std::size_t block_pool::deallocate(std::uintptr_t address, owner_id owner) {
   live_bytes_ -= size;
   --chunks_[n.chunk].live_blocks;
   n.state = state_free;
-  std::uint32_t const merged = coalesce(b, owner, owner);
-  insert_free(merged, at(merged).owner);
+  // How a neighbour joins the freed block: not at all, as a free block of the same owner
+  // (the common case, handled here without moving index entries), or under the
+  // ownership rules (a synchronized neighbour: `coalesce` decides who owns the result).
+  enum { apart, same_owner, by_rules };
+  auto join = [&](std::uint32_t x) {
+    if (x == npos) { return apart; }
+    block const& nb = at(x);
+    if (nb.state != state_free) { return apart; }
+    if (nb.owner == owner) { return same_owner; }
+    return sync_mergeable(owner, nb.owner) ? by_rules : apart;
+  };
+  std::uint32_t const p = n.prev;
+  std::uint32_t const x = n.next;
+  // Both neighbours are looked at: start both loads now so their cache misses overlap.
+  __builtin_prefetch(&at(p == npos ? b : p));
+  __builtin_prefetch(&at(x == npos ? b : x));
+  auto const join_prev = join(p);
+  auto const join_next = join(x);
+  if (join_prev == by_rules || join_next == by_rules) {
+    std::uint32_t const merged = coalesce(b, owner, owner);
+    insert_free(merged, at(merged).owner);
+    return size;
+  }
+  if (join_prev == same_owner) {
+    // The previous block absorbs b (and the next one too, when it joins).
+    block& prev = at(p);
+    std::uint32_t units = prev.units + n.units;
+    std::uint32_t after = n.next;
+    if (join_next == same_owner) {
+      remove_free(x);
+      units += at(x).units;
+      after = at(x).next;
+      delete_node(x);
+    }
+    prev.next = after;
+    if (after != npos) {
+      at(after).prev = p;
+    } else {
+      chunks_[prev.chunk].last = p;
+    }
+    delete_node(b);
+    resize_free(p, units);
+  } else if (join_next == same_owner) {
+    // The next block absorbs b: it starts where b started.
+    block& next = at(x);
+    next.offset = n.offset;
+    next.prev = n.prev;
+    if (n.prev != npos) {
+      at(n.prev).next = x;
+    } else {
+      chunks_[next.chunk].first = x;
+    }
+    std::uint32_t const units = next.units + n.units;
+    delete_node(b);
+    resize_free(x, units);
+  } else {
+    insert_free(b, owner);
+  }
   return size;
 }
 
+MRSTACK_HOT_INLINE void block_pool::resize_free(std::uint32_t b, std::uint32_t units) {
+  block& n = at(b);
+  unsigned const cls = class_of(n.units);
+  if (class_of(units) != cls) {
+    owner_id const owner = n.owner;
+    remove_free(b);
+    n.units = units;
+    insert_free(b, owner);
+    return;
+  }
+  class_index& idx = *indexes_[n.owner];
+  idx.lists[cls][n.free_pos].units = units;
+  std::size_t const before = size_of(n);
+  n.units = units;
+  idx.bytes = idx.bytes - before + size_of(n);
+  free_bytes_total_ = free_bytes_total_ - before + size_of(n);
+}
+
 std::size_t block_pool::live_size(std::uintptr_t address) const {
-  std::uint32_t const b = live_.find(address);
+  std::uint32_t const b = live_.find(address, starts_at(address));
   if (b == npos || at(b).state != state_live) { return 0; }
   return size_of(at(b));
 }
@@ -390,7 +507,7 @@ void block_pool::transfer(owner_id from, owner_id to) {
   while (src.count != 0) {
     auto const fl = static_cast<unsigned>(std::countr_zero(src.fl_bitmap));
     auto const sl = static_cast<unsigned>(std::countr_zero(src.sl_bitmap[fl]));
-    std::uint32_t const b = src.heads[fl * sl_count + sl];
+    std::uint32_t const b = src.lists[fl * sl_count + sl].back().node;
     remove_free(b);
     std::uint32_t const merged = coalesce(b, to, from);
     insert_free(merged, at(merged).owner);
@@ -405,7 +522,7 @@ void block_pool::synchronize_all_owners() {
     while (src.count != 0) {
       auto const fl = static_cast<unsigned>(std::countr_zero(src.fl_bitmap));
       auto const sl = static_cast<unsigned>(std::countr_zero(src.sl_bitmap[fl]));
-      std::uint32_t const b = src.heads[fl * sl_count + sl];
+      std::uint32_t const b = src.lists[fl * sl_count + sl].back().node;
       remove_free(b);
       std::uint32_t const merged = coalesce(b, synchronized, synchronized, true);
       insert_free(merged, synchronized);
@@ -448,9 +565,9 @@ std::uint32_t block_pool::withdraw(std::uint32_t b, std::size_t offset, std::siz
 }
 
 std::size_t block_pool::restore(std::uintptr_t address, owner_id owner) {
-  std::uint32_t const b = live_.find(address);
+  std::uint32_t const b = live_.find(address, starts_at(address));
   if (b == npos || at(b).state != state_withdrawn) { return 0; }
-  live_.erase(address);
+  live_.erase(address, starts_at(address));
   block& n = at(b);
   std::size_t const size = size_of(n);
   withdrawn_bytes_ -= size;
@@ -466,13 +583,11 @@ std::size_t block_pool::restore(std::uintptr_t address, owner_id owner) {
 std::size_t block_pool::largest_free_block(owner_id owner) const noexcept {
   if (owner >= indexes_.size() || !indexes_[owner] || indexes_[owner]->count == 0) { return 0; }
   class_index const& idx = *indexes_[owner];
-  auto const fl = static_cast<unsigned>(63 - std::countl_zero(idx.fl_bitmap));
+  auto const fl = static_cast<unsigned>(31 - std::countl_zero(idx.fl_bitmap));
   auto const sl = static_cast<unsigned>(31 - std::countl_zero(idx.sl_bitmap[fl]));
-  std::size_t largest = 0;
-  for (std::uint32_t b = idx.heads[fl * sl_count + sl]; b != npos; b = at(b).free_next) {
-    largest = std::max(largest, size_of(at(b)));
-  }
-  return largest;
+  std::uint32_t largest = 0;
+  for (free_entry const& e : idx.lists[fl * sl_count + sl]) { largest = std::max(largest, e.units); }
+  return std::size_t{largest} * granularity;
 }
 
 std::size_t block_pool::largest_free_block() const noexcept {
@@ -523,11 +638,11 @@ std::string block_pool::check_invariants() const {
       } else if (n.state == state_live) {
         live_total += size_of(n);
         ++live;
-        if (live_.find(addr_of(n)) != b) { return fail(where + ": live block missing from the address map"); }
+        if (live_.find(addr_of(n), starts_at(addr_of(n))) != b) { return fail(where + ": live block missing from the address map"); }
       } else if (n.state == state_withdrawn) {
         withdrawn_total += size_of(n);
         ++withdrawn;
-        if (live_.find(addr_of(n)) != b) { return fail(where + ": hole missing from the address map"); }
+        if (live_.find(addr_of(n), starts_at(addr_of(n))) != b) { return fail(where + ": hole missing from the address map"); }
       } else {
         return fail(where + ": unused node linked into a chunk");
       }
@@ -552,20 +667,22 @@ std::string block_pool::check_invariants() const {
     class_index const& idx = *indexes_[o];
     std::size_t bytes = 0;
     std::size_t count = 0;
-    for (unsigned cls = 0; cls < fl_count * sl_count; ++cls) {
+    for (unsigned cls = 0; cls < class_count; ++cls) {
       bool const bit = ((idx.sl_bitmap[cls / sl_count] >> (cls % sl_count)) & 1U) != 0;
       bool const fl_bit = ((idx.fl_bitmap >> (cls / sl_count)) & 1U) != 0;
-      if (bit != (idx.heads[cls] != npos)) { return fail("owner " + std::to_string(o) + ": bitmap disagrees with list"); }
+      auto const& list = idx.lists[cls];
+      if (bit != !list.empty()) { return fail("owner " + std::to_string(o) + ": bitmap disagrees with list"); }
       if (bit && !fl_bit) { return fail("owner " + std::to_string(o) + ": first-level bit missing"); }
-      std::uint32_t prev = npos;
-      for (std::uint32_t b = idx.heads[cls]; b != npos; prev = b, b = at(b).free_next) {
-        block const& n = at(b);
+      for (std::size_t pos = 0; pos < list.size(); ++pos) {
+        free_entry const e = list[pos];
+        if (e.node >= node_count_) { return fail("owner " + std::to_string(o) + ": class array names no node"); }
+        block const& n = at(e.node);
         if (n.state != state_free || n.owner != o) { return fail("owner " + std::to_string(o) + ": foreign node in list"); }
         if (class_of(n.units) != cls) { return fail("owner " + std::to_string(o) + ": block in wrong class"); }
-        if (n.free_prev != prev) { return fail("owner " + std::to_string(o) + ": broken free_prev link"); }
+        if (n.free_pos != pos) { return fail("owner " + std::to_string(o) + ": node's position in its class is wrong"); }
+        if (e.units != n.units) { return fail("owner " + std::to_string(o) + ": class array holds a stale size"); }
         bytes += size_of(n);
         ++count;
-        if (count > free_count) { return fail("owner " + std::to_string(o) + ": cycle in a free list"); }
       }
     }
     for (unsigned fl = 0; fl < fl_count; ++fl) {

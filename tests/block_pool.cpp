@@ -6,6 +6,7 @@
 #include <catch2/catch.hpp>
 
 #include <mrstack/detail/address_map.hpp>
+#include <mrstack/detail/block_start_table.hpp>
 #include <mrstack/detail/block_pool.hpp>
 
 #include <cstdlib>
@@ -134,6 +135,84 @@ TEST_CASE("address_map: random inserts and erases match std::unordered_map") {
     }
     CHECK(map.erase(0x1234500) == address_map::npos);
   }
+}
+
+TEST_CASE("block_start_table: random inserts and erases match std::unordered_map") {
+  using mrstack::detail::block_start_table;
+  for (std::uint64_t seed = 1; seed <= 5; ++seed) {
+    std::mt19937_64 rng{seed};
+    block_start_table table;
+    // The table stores only a tag: node i's address lives here, as a block node's does.
+    std::vector<std::uintptr_t> address_of;
+    std::vector<std::uint32_t> free_nodes;
+    std::unordered_map<std::uintptr_t, std::uint32_t> model;
+    std::vector<std::uintptr_t> keys;
+    std::uniform_int_distribution<std::uintptr_t> granule{0, 1 << 14};
+    std::uniform_int_distribution<int> region{0, 3};
+    for (int step = 0; step < 200000; ++step) {
+      bool const insert = keys.empty() || (rng() % 100) < (keys.size() < 5000 ? 60U : 40U);
+      if (insert) {
+        std::uintptr_t const key = (std::uintptr_t{0x7f0000000000} + (std::uintptr_t(region(rng)) << 32)) + granule(rng) * 256;
+        if (model.count(key) != 0) { continue; }
+        std::uint32_t node = 0;
+        if (!free_nodes.empty()) {
+          node = free_nodes.back();
+          free_nodes.pop_back();
+        } else {
+          node = static_cast<std::uint32_t>(address_of.size());
+          address_of.push_back(0);
+        }
+        address_of[node] = key;
+        table.insert(key, node);
+        model.emplace(key, node);
+        keys.push_back(key);
+      } else {
+        std::size_t const i = rng() % keys.size();
+        std::uintptr_t const key = keys[i];
+        keys[i] = keys.back();
+        keys.pop_back();
+        auto starts_at = [&](std::uint32_t n) { return address_of[n] == key; };
+        REQUIRE(table.erase(key, starts_at) == model[key]);
+        free_nodes.push_back(model[key]);
+        model.erase(key);
+        REQUIRE(table.find(key, starts_at) == block_start_table::npos);
+      }
+      REQUIRE(table.size() == model.size());
+      if (step % 1000 == 0) {
+        for (auto const& [k, v] : model) {
+          REQUIRE(table.find(k, [&](std::uint32_t n) { return address_of[n] == k; }) == v);
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("block_start_table: two addresses with the same tag are told apart by their nodes") {
+  using mrstack::detail::block_start_table;
+  // a * K and (a + d) * K differ by d * K = x (mod 2^64); with d = x * K^-1 and x small,
+  // the high halves (the tags) agree. K^-1 mod 2^64 by Newton's iteration.
+  constexpr std::uint64_t k = 0x9E3779B97F4A7C15ULL;
+  std::uint64_t inverse = k;
+  for (int i = 0; i < 6; ++i) { inverse *= 2 - k * inverse; }
+  REQUIRE(k * inverse == 1);
+  std::uintptr_t const a = 0x7f0000100000;
+  std::uint64_t const low = static_cast<std::uint32_t>(a * k);  // keep the sum below the next 2^32
+  std::uint64_t const x = low < 0x80000000ULL ? 0x1000 : ~low & 0x7fffffff;
+  std::uintptr_t const b = a + x * inverse;
+  REQUIRE(b != a);
+  REQUIRE(((a * k) >> 32) == ((b * k) >> 32));  // really the same tag
+  std::uintptr_t const address_of[2] = {a, b};
+  auto at = [&](std::uintptr_t key) { return [&, key](std::uint32_t n) { return address_of[n] == key; }; };
+  block_start_table table;
+  table.insert(a, 0);
+  table.insert(b, 1);
+  CHECK(table.find(a, at(a)) == 0);
+  CHECK(table.find(b, at(b)) == 1);
+  CHECK(table.erase(a, at(a)) == 0);
+  CHECK(table.find(a, at(a)) == block_start_table::npos);
+  CHECK(table.find(b, at(b)) == 1);
+  CHECK(table.erase(b, at(b)) == 1);
+  CHECK(table.size() == 0);
 }
 
 TEST_CASE("block_pool: exact reuse, coalescing on both sides, alignment padding") {

@@ -17,16 +17,22 @@
 /// - Block nodes live in a paged slab with a free list of its own (no system allocator on
 ///   the hot path once the slab has grown to the peak block count), addressed by 32-bit
 ///   index. Each node links its physical neighbours, so merging on free is O(1).
-/// - Each owner has a two-level segregated-fit index (TLSF): 64 first-level classes by
-///   power of two of the size, each split into 32 linear second-level classes, with one
-///   bitmap word per level. Finding a free block that fits is two find-first-set
-///   instructions. Good fit, not just first fit: the request's own class is looked at for
-///   its first entries (`exact_class_scan`) before falling back to the next larger non-empty
-///   class (every block there fits; sizes within a class differ by at most 1/32, so the
-///   waste of a split is bounded and the remainder stays free).
-/// - Live (and withdrawn) blocks are found by address through `address_map`, an
-///   open-addressing hash table: deallocate costs one or two cache lines, flat in the
-///   number of live blocks.
+/// - Each owner has a two-level segregated-fit index (TLSF): first-level classes by power
+///   of two of the size, each split into 32 linear second-level classes, with one bitmap
+///   word per level. Finding a free block that fits is two find-first-set instructions.
+///   Each class is a dense array of (node, size) entries, not an intrusive list: adding a
+///   block appends to the array and removing one moves the last entry into its place, so
+///   neither reads nor writes the (usually cold) nodes of other free blocks — an intrusive
+///   doubly linked list touches up to three nodes per insert or removal. Good fit, not just
+///   first fit: the request's own class is looked at for its last entries
+///   (`exact_class_scan`, sizes read from the array, no node loads) before falling back to
+///   the next larger non-empty class (every block there fits; sizes within a class differ
+///   by at most 1/32, so the waste of a split is bounded and the remainder stays free).
+///   The last entry is the block freed last, which catches a size freed and asked for
+///   again.
+/// - Live (and withdrawn) blocks are found by address through `block_start_table`, an
+///   open-addressing hash table of 8-byte slots: deallocate costs one cache line there,
+///   flat in the number of live blocks.
 ///
 /// Merging rule: a freed block merges with a free neighbour when both belong to the same
 /// owner or one of them is `synchronized`; the merged block belongs to the non-synchronized
@@ -55,7 +61,7 @@
 #include <string>
 #include <vector>
 
-#include <mrstack/detail/address_map.hpp>
+#include <mrstack/detail/block_start_table.hpp>
 
 namespace mrstack::detail {
 
@@ -67,12 +73,10 @@ class block_pool {
   static constexpr std::size_t granularity = 256;
   static constexpr owner_id synchronized = 0;
   static constexpr std::uint32_t npos = 0xffffffffU;
-  /// How many blocks of the request's own size class are looked at for a better fit
-  /// before taking the next larger class. Each one is a dependent (usually cold) load,
-  /// so this is kept tiny: the list head is the block freed last, which catches the
-  /// common case of a size freed and asked for again (measured: 2 costs no more than 0
-  /// at 1e5 live blocks, 8 costs ~1.6x; the ResNet-50 footprint is the same for all).
-  static constexpr int exact_class_scan = 2;
+  /// How many of the last entries of the request's own size class are looked at for a
+  /// better fit before taking the next larger class. They are read from the class's array
+  /// (8 entries per cache line), not from the nodes, so looking costs almost nothing.
+  static constexpr int exact_class_scan = 4;
 
   block_pool();
   ~block_pool();
@@ -210,7 +214,11 @@ class block_pool {
  private:
   static constexpr unsigned sl_bits = 5;
   static constexpr unsigned sl_count = 1U << sl_bits;  // 32 second-level classes
-  static constexpr unsigned fl_count = 64;
+  // Sizes count granules in 32 bits, so the largest class is that of 2^32 - 1 units:
+  // first level 31 - sl_bits + 1 = 27.
+  static constexpr unsigned fl_count = 28;
+  static constexpr unsigned class_count = fl_count * sl_count;
+  static constexpr std::size_t max_units = 0xffffffffU;
   static constexpr unsigned page_bits = 10;            // 1024 nodes per slab page
   static constexpr std::uint8_t state_free = 0;
   static constexpr std::uint8_t state_live = 1;
@@ -226,21 +234,27 @@ class block_pool {
     std::uint32_t units;      // size in granules
     std::uint32_t prev;       // physical neighbours inside the chunk (npos at the ends)
     std::uint32_t next;
-    std::uint32_t free_prev;  // size-class list links (free blocks only)
-    std::uint32_t free_next;
+    std::uint32_t free_pos;   // position in its class's array (free blocks only)
+    std::uint32_t unused_;    // keeps nodes at 32 bytes, so none straddles a cache line
     chunk_id chunk;
     std::uint16_t owner;
     std::uint8_t state;
   };
   static_assert(sizeof(block) == 32, "block nodes are meant to be two to a cache line");
 
+  // One free block in a class array: its size is here too, so choosing among a class's
+  // blocks reads the array, not the nodes.
+  struct free_entry {
+    std::uint32_t node;
+    std::uint32_t units;
+  };
+
   struct class_index {
-    std::uint64_t fl_bitmap = 0;
+    std::uint32_t fl_bitmap = 0;
     std::array<std::uint32_t, fl_count> sl_bitmap{};
-    std::array<std::uint32_t, std::size_t{fl_count} * sl_count> heads;
+    std::array<std::vector<free_entry>, class_count> lists;
     std::size_t bytes = 0;
     std::size_t count = 0;
-    class_index() { heads.fill(npos); }
   };
 
   struct chunk_record {
@@ -269,8 +283,15 @@ class block_pool {
   static std::size_t class_floor(unsigned cls) noexcept;
   void insert_free(std::uint32_t b, owner_id owner);
   void remove_free(std::uint32_t b) noexcept;
-  /// First block in `owner`'s index, in a class > cls, or npos.
-  [[nodiscard]] std::uint32_t first_in_larger_class(class_index const& idx, unsigned cls) const noexcept;
+  /// The tightest fit for `size` (with `alignment`) among the last `exact_class_scan`
+  /// entries of the request's own class, or npos.
+  [[nodiscard]] std::uint32_t best_in_own_class(class_index const& idx, std::size_t size, std::size_t alignment) const;
+  /// Confirms a `live_` tag match: does node n start at `address`?
+  [[nodiscard]] auto starts_at(std::uintptr_t address) const noexcept {
+    return [this, address](std::uint32_t n) { return addr_of(at(n)) == address; };
+  }
+  /// The last entry of the first non-empty class > cls in `idx`, or npos.
+  [[nodiscard]] static std::uint32_t first_in_larger_class(class_index const& idx, unsigned cls) noexcept;
   /// Splits b at `offset` bytes; returns the node of the upper part (same state/owner fields).
   std::uint32_t split(std::uint32_t b, std::size_t offset);
   /// Merges free block b with mergeable free neighbours (b is not in any index); returns
@@ -279,6 +300,9 @@ class block_pool {
   /// once the device has been synchronized).
   std::uint32_t coalesce(std::uint32_t b, owner_id owner, owner_id also_mergeable, bool merge_any = false);
   std::uint32_t withdraw(std::uint32_t b, std::size_t offset, std::size_t length);
+  /// Sets the size of free block b (indexed, owner unchanged) to `units`, moving its index
+  /// entry only when its class changes. The caller has fixed offset and links.
+  void resize_free(std::uint32_t b, std::uint32_t units);
   std::uintptr_t take(std::uint32_t b, std::size_t size, std::size_t alignment, owner_id owner);
   /// Two different owners' free blocks may merge: one is synchronized, the other not exclusive.
   [[nodiscard]] bool sync_mergeable(owner_id a, owner_id b) const noexcept {
@@ -292,7 +316,7 @@ class block_pool {
   std::vector<std::uint8_t> exclusive_;  // per owner
   std::vector<chunk_record> chunks_;
   std::vector<chunk_id> free_chunk_slots_;
-  address_map live_;                   // start address -> node, for live and withdrawn blocks
+  block_start_table live_;             // start address -> node, for live and withdrawn blocks
   std::size_t total_bytes_ = 0;
   std::size_t free_bytes_total_ = 0;
   std::size_t live_bytes_ = 0;

@@ -25,6 +25,7 @@
 #include <mutex>
 #include <vector>
 
+#include <mrstack/detail/lean_mutex.hpp>
 #include <mrstack/detail/fixed_size_blocks.hpp>
 #include <mrstack/resource.hpp>
 
@@ -82,7 +83,7 @@ class fixed_size_memory_resource final : public memory_resource {
   std::size_t block_size_;
   std::size_t block_alignment_;
   std::size_t blocks_per_chunk_;
-  mutable std::mutex mutex_;
+  mutable detail::lean_mutex mutex_;  // a CAS to lock: see detail/lean_mutex.hpp
   detail::fixed_size_blocks blocks_;
   std::vector<chunk> chunks_;
   std::size_t pool_size_ = 0;

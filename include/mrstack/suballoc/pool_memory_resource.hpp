@@ -40,6 +40,7 @@
 #include <optional>
 #include <string>
 
+#include <mrstack/detail/lean_mutex.hpp>
 #include <mrstack/detail/stream_ordering.hpp>
 #include <mrstack/resource.hpp>
 
@@ -149,7 +150,7 @@ class pool_memory_resource final : public memory_resource {
   resource_ptr upstream_;
   std::optional<std::size_t> maximum_size_;
   pool_options options_;
-  mutable std::mutex mutex_;
+  mutable detail::lean_mutex mutex_;  // a CAS to lock: see detail/lean_mutex.hpp
   detail::stream_ordered_pool core_;
   std::size_t peak_pool_size_ = 0;
   std::size_t upstream_allocations_ = 0;
