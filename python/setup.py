@@ -2,7 +2,11 @@
 builds (libmrstack_c.so): when one is found — $MRSTACK_LIBRARY, or the newest
 ../build/*/libmrstack_c.so of this checkout — it is copied into the package, so the
 installed package finds it next to itself. Without one the package still installs, and
-looks for the library at run time (see mrstack/_lib.py)."""
+looks for the library at run time (see mrstack/_lib.py).
+
+The optional fast path, _fastpath.abi3.so (CMake's target mrstack_fastpath, built next to
+the library), is copied along when the library's folder has one: the two come from the
+same build. Without it the package uses ctypes for everything."""
 import glob
 import os
 import shutil
@@ -13,6 +17,7 @@ from setuptools.dist import Distribution
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 LIBRARY = "libmrstack_c.so"
+FASTPATH = "_fastpath.abi3.so"
 
 
 def built_library():
@@ -36,6 +41,12 @@ class build_py_with_library(build_py):
         target = os.path.join(self.build_lib, "mrstack", LIBRARY)
         self.announce(f"mrstack: bundling {os.path.abspath(library)}", level=3)
         shutil.copy2(library, target)
+        fastpath = os.path.join(os.path.dirname(library), FASTPATH)
+        if os.path.isfile(fastpath):
+            self.announce(f"mrstack: bundling {os.path.abspath(fastpath)}", level=3)
+            shutil.copy2(fastpath, os.path.join(self.build_lib, "mrstack", FASTPATH))
+        else:
+            self.announce(f"mrstack: no {FASTPATH} next to the library; the package will use ctypes only", level=3)
 
 
 class BinaryDistribution(Distribution):
@@ -44,4 +55,22 @@ class BinaryDistribution(Distribution):
         return built_library() is not None
 
 
-setup(cmdclass={"build_py": build_py_with_library}, distclass=BinaryDistribution)
+commands = {"build_py": build_py_with_library}
+try:  # setuptools >= 70.1 has its own; before, the wheel package's
+    from setuptools.command.bdist_wheel import bdist_wheel
+except ImportError:
+    try:
+        from wheel.bdist_wheel import bdist_wheel
+    except ImportError:
+        bdist_wheel = None
+if bdist_wheel is not None:
+    class bdist_wheel_any_python(bdist_wheel):
+        # Neither binary depends on the Python version (the library is plain C ABI, the
+        # extension abi3 for 3.10+), so the wheel is for any Python 3 on this platform,
+        # not only the one that built it: py3-none-<platform>.
+        def get_tag(self):
+            return ("py3", "none", super().get_tag()[2])
+
+    commands["bdist_wheel"] = bdist_wheel_any_python
+
+setup(cmdclass=commands, distclass=BinaryDistribution)

@@ -75,6 +75,11 @@ for m in ("numba_cuda", "numpy", "cupy", "torch", "cuda.bindings", "pytest", "xd
         print(f"  {m} {getattr(mod, '__version__', '?')}")
     except Exception as e:
         print(f"  {m}: not available ({type(e).__name__})")
+try:
+    import mrstack
+    print("mrstack hot path:", mrstack.fastpath())  # the compiled extension, or ctypes and why
+except Exception as e:
+    print(f"mrstack hot path: undecided ({type(e).__name__}: {e})")
 PY
 
 if wants cpp; then

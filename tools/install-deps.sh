@@ -2,8 +2,11 @@
 # Installs what mrstack builds with, from Debian's packages (idempotent: installed
 # packages are skipped). The CUDA toolkit itself (nvcc, cudart, CCCL) must already be at
 # /usr/local/cuda or on PATH. Also installs the Python test dependencies with pip.
+# python3-dev: the headers the optional Python extension (mrstack._fastpath) is built with,
+# for Debian's python3 (a pyenv or other self-built Python carries its own headers).
 set -euo pipefail
-packages=(cmake ninja-build g++ libspdlog-dev catch2 libbenchmark-dev zlib1g-dev libbackward-cpp-dev libdw-dev)
+packages=(cmake ninja-build g++ libspdlog-dev catch2 libbenchmark-dev zlib1g-dev libbackward-cpp-dev libdw-dev
+          python3-dev)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

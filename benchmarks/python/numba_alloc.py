@@ -3,7 +3,10 @@
 measured in one run, each manager in its own process:
 
 - builtin: Numba's own manager (cuMemAlloc, frees batched and deferred);
-- mrstack: mrstack's EMM plugin over a pool stack (MRSTACK_RESOURCE, default below);
+- mrstack: mrstack's EMM plugin over a pool stack (MRSTACK_RESOURCE, default below),
+           through the compiled fast path when it is built (`mrstack.fastpath()`; set
+           MRSTACK_FASTPATH=1 to make its absence an error);
+- mrstack-ctypes: the same plugin forced onto ctypes (MRSTACK_FASTPATH=0), for comparison;
 - floor:   a plugin that hands out one preallocated buffer and frees nothing. What it costs
            is Numba's own share (the device array, MemoryPointer and finalizer objects);
            what a real plugin costs beyond it is the plugin's share.
@@ -94,7 +97,9 @@ def measure(iterations, rounds):
     # (getattr: the CUDA simulator, which can dry-run this script, has no memory manager)
     manager = type(getattr(cuda.current_context(), "memory_manager", None)).__name__
     name = getattr(cuda.get_current_device(), "name", "CUDA simulator")
+    mrstack = sys.modules.get("mrstack")  # loaded only by the plugin's process
     return {"manager": manager, "device": name.decode() if isinstance(name, bytes) else str(name),
+            "path": str(mrstack.fastpath()) if mrstack is not None and mrstack._lib.is_loaded() else "",
             "us_per_pair": {str(k): v for k, v in results.items()}}
 
 
@@ -117,21 +122,26 @@ def main():
     parser.add_argument("--spec", default=os.environ.get("MRSTACK_BENCH_SPEC", DEFAULT_SPEC),
                         help="the mrstack stack (default: %(default)s)")
     parser.add_argument("--json", help="also write the results to this file")
+    parser.add_argument("--no-ctypes", action="store_true", help="skip the mrstack-ctypes comparison run")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         print(json.dumps(measure(args.iterations, args.rounds)))
         return 0
 
+    plugin = {"NUMBA_CUDA_MEMORY_MANAGER": "mrstack.numba", "MRSTACK_RESOURCE": args.spec}
     runs = {
         "builtin": run_child("builtin", {"NUMBA_CUDA_MEMORY_MANAGER": "default"}, args.iterations, args.rounds),
-        "mrstack": run_child("mrstack", {"NUMBA_CUDA_MEMORY_MANAGER": "mrstack.numba",
-                                         "MRSTACK_RESOURCE": args.spec}, args.iterations, args.rounds),
-        "floor": run_child("floor", {"NUMBA_CUDA_MEMORY_MANAGER": "numba_alloc"}, args.iterations, args.rounds),
+        "mrstack": run_child("mrstack", plugin, args.iterations, args.rounds),
     }
+    if not args.no_ctypes:
+        runs["mrstack-ctypes"] = run_child("mrstack-ctypes", {**plugin, "MRSTACK_FASTPATH": "0"},
+                                           args.iterations, args.rounds)
+    runs["floor"] = run_child("floor", {"NUMBA_CUDA_MEMORY_MANAGER": "numba_alloc"}, args.iterations, args.rounds)
     device = runs["builtin"]["device"]
     expected = {"builtin": "NumbaCUDAMemoryManager", "mrstack": "MrstackNumbaMemoryManager",
-                "floor": "FloorMemoryManager"}
+                "mrstack-ctypes": "MrstackNumbaMemoryManager", "floor": "FloorMemoryManager"}
+    expected = {name: expected[name] for name in runs}
     used = {name: run["manager"] for name, run in runs.items()}
     if device != "CUDA simulator" and used != expected:
         raise SystemExit(f"numba_alloc: a process did not use the manager it was meant to: {used}")
@@ -139,11 +149,16 @@ def main():
           f"({args.iterations} pairs x {args.rounds} rounds, each manager in its own process)")
     print(f"device: {device}; mrstack stack: {args.spec}; managers: "
           + ", ".join(f"{k}={v}" for k, v in used.items()))
+    print(f"mrstack's path: {runs['mrstack']['path'] or '?'}"
+          + (f"; mrstack-ctypes: {runs['mrstack-ctypes']['path'] or '?'}" if "mrstack-ctypes" in runs else ""))
     header = f"{'manager':34s}" + "".join(f"{_size_name(s):>24s}" for s in SIZES)
     print(header)
     print("-" * len(header))
     for name, label in (("builtin", "Numba built-in manager"), ("mrstack", "mrstack.numba (pool)"),
+                        ("mrstack-ctypes", "mrstack.numba, ctypes path"),
                         ("floor", "floor (one buffer, frees nothing)")):
+        if name not in runs:
+            continue
         cells = []
         for size in SIZES:
             rounds = runs[name]["us_per_pair"][str(size)]

@@ -16,13 +16,13 @@ from dataclasses import dataclass, field
 import ctypes
 
 from . import _lib
-from ._lib import (CudaError, LibraryNotFoundError, MrstackError, OutOfMemoryError, SpecError,
+from ._lib import (CudaError, FastPath, LibraryNotFoundError, MrstackError, OutOfMemoryError, SpecError,
                    StateError, library_path)
 
 __all__ = [
     "configure", "configured_spec", "statistics", "reset_peaks", "device_stack", "Stack",
     "Statistics", "ClientStatistics", "MrstackError", "SpecError", "OutOfMemoryError",
-    "CudaError", "StateError", "LibraryNotFoundError", "library_path", "CLIENTS",
+    "CudaError", "StateError", "LibraryNotFoundError", "library_path", "CLIENTS", "fastpath", "FastPath",
 ]
 
 CLIENTS = _lib.CLIENT_NAMES
@@ -198,6 +198,14 @@ def reset_peaks(device=0):
     handle = lib.dll.mrstack_device_stack_if_built(int(device))
     if handle:
         lib.check(lib.dll.mrstack_reset_peaks(handle))
+
+
+def fastpath():
+    """Which path Numba's memalloc/free and CuPy's allocate/free take in this process: a
+    `FastPath` whose ``active`` says the compiled extension (``path``) is in use, else
+    ctypes, with the ``reason``. Loads the library; decided once per process.
+    ``MRSTACK_FASTPATH=0`` forces ctypes, ``MRSTACK_FASTPATH=1`` requires the extension."""
+    return _lib.fastpath()
 
 
 def __getattr__(name):

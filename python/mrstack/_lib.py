@@ -10,14 +10,25 @@ Where the library is looked for, in order:
 3. the repository's build folders, ``<repo>/build/*/libmrstack_c.so`` (the most recently
    built first), when the package runs from a checkout;
 4. the dynamic loader's search path (``LD_LIBRARY_PATH``, the system's folders).
+
+The hot path (Numba's memalloc and finalizer, CuPy's allocate and free) goes through the
+optional extension ``_fastpath.abi3.so`` when there is one (see `fastpath()`), and through
+ctypes otherwise.
 """
 
 import ctypes
 import glob
+import importlib.machinery
+import importlib.util
 import os
+import sys
 import threading
+from dataclasses import dataclass, field
 
 LIBRARY_NAME = "libmrstack_c.so"
+FASTPATH_NAME = "_fastpath.abi3.so"
+# METH_FASTCALL joined the limited API in 3.10, the version the extension is built for.
+FASTPATH_MIN_PYTHON = (3, 10)
 
 # mrstack_status (c_api.h)
 SUCCESS = 0
@@ -246,3 +257,92 @@ def library():
 def is_loaded():
     """True once the library was loaded (tests check that import alone does not load it)."""
     return _library is not None
+
+
+# ---- the fast path: mrstack._fastpath, optional ------------------------------------------
+
+@dataclass(frozen=True)
+class FastPath:
+    """Which path the hot calls take. ``active``: through the extension at ``path``; else
+    through ctypes, and ``reason`` says why."""
+    active: bool
+    path: str = ""
+    reason: str = ""
+    module: object = field(default=None, repr=False, compare=False)
+
+    def __str__(self):
+        return f"fast path ({self.path})" if self.active else f"ctypes ({self.reason})"
+
+
+_fastpath = None
+
+
+def fastpath_candidates(lib):
+    """Where the extension is looked for: next to the library `lib` was loaded from (the
+    same build, so the same C ABI), then the package's own folder (``pip install``)."""
+    folders = []
+    if os.path.isabs(lib.path):
+        folders.append(os.path.dirname(lib.path))
+    if _package_dir() not in folders:
+        folders.append(_package_dir())
+    return [os.path.join(folder, FASTPATH_NAME) for folder in folders]
+
+
+def _address(function):
+    return ctypes.cast(function, ctypes.c_void_p).value
+
+
+def _load_fastpath(lib):
+    """The FastPath for this process: the extension loaded and bound to `lib`'s functions,
+    or why not."""
+    setting = os.environ.get("MRSTACK_FASTPATH", "")
+    if setting not in ("", "0", "1"):
+        raise MrstackError(f"MRSTACK_FASTPATH={setting!r}: 1 requires the fast path, 0 forbids it, "
+                           "unset uses it when present")
+    if setting == "0":
+        return FastPath(False, reason="MRSTACK_FASTPATH=0")
+    state = _try_fastpath(lib)
+    if setting == "1" and not state.active:
+        raise MrstackError(f"MRSTACK_FASTPATH=1, but the fast path cannot be used: {state.reason}")
+    return state
+
+
+def _try_fastpath(lib):
+    if sys.version_info < FASTPATH_MIN_PYTHON:
+        return FastPath(False, reason=f"Python {sys.version_info[0]}.{sys.version_info[1]}: the extension "
+                                      f"needs {FASTPATH_MIN_PYTHON[0]}.{FASTPATH_MIN_PYTHON[1]} or newer")
+    if ".abi3.so" not in importlib.machinery.EXTENSION_SUFFIXES:
+        # A free-threaded build, for one, loads no limited-API extension.
+        return FastPath(False, reason="this Python does not load abi3 extensions")
+    candidates = fastpath_candidates(lib)
+    path = next((p for p in candidates if os.path.isfile(p)), None)
+    if path is None:
+        return FastPath(False, reason=f"no {FASTPATH_NAME} in {', '.join(os.path.dirname(p) for p in candidates)} "
+                                      "(build the target mrstack_fastpath; it needs Python's headers)")
+    try:
+        loader = importlib.machinery.ExtensionFileLoader(f"{__package__}._fastpath", path)
+        spec = importlib.util.spec_from_file_location(loader.name, path, loader=loader)
+        module = importlib.util.module_from_spec(spec)
+        loader.exec_module(module)
+        d = lib.dll
+        module.bind(_address(d.mrstack_c_api_version), _address(d.mrstack_emm_memalloc_pair),
+                    _address(d.mrstack_emm_free), _address(d.mrstack_allocate), _address(d.mrstack_deallocate))
+    except Exception as e:  # a broken or foreign file: the package still works, through ctypes
+        return FastPath(False, reason=f"{path}: {type(e).__name__}: {e}")
+    sys.modules[loader.name] = module
+    return FastPath(True, path=path, module=module)
+
+
+def fastpath():
+    """The path the hot calls take in this process, decided once (loading the library):
+    the extension when it loads and binds, ctypes otherwise. ``MRSTACK_FASTPATH=0`` forces
+    ctypes; ``MRSTACK_FASTPATH=1`` makes its absence an error instead of a fallback."""
+    global _fastpath
+    state = _fastpath
+    if state is not None:
+        return state
+    lib = library()  # before the lock: library() takes it too
+    with _lock:
+        if _fastpath is None:
+            _fastpath = _load_fastpath(lib)
+        return _fastpath

@@ -7,7 +7,8 @@ Every CuPy allocation then comes from the current device's process-wide mrstack 
 one Numba and PyTorch share through `mrstack.numba` and `mrstack.torch`), ordered on
 CuPy's current stream: the memory is usable on that stream at once and goes back to the
 stack on the same stream when CuPy drops its last reference. The books count it under the
-client "cupy" (`mrstack.statistics()`).
+client "cupy" (`mrstack.statistics()`). The allocation and its free go through the compiled
+fast path when it is there (`mrstack.fastpath()`), else through ctypes; both behave alike.
 """
 
 import ctypes
@@ -19,6 +20,9 @@ from . import _lib
 __all__ = ["allocator", "install", "uninstall"]
 
 _stacks = {}  # device ordinal -> mrstack_stack* (device stacks live as long as the process)
+# mrstack._fastpath.allocate once the first stack is bound, when the fast path is active:
+# it returns the owner object itself (freeing on its stream when it dies) or None.
+_fast_allocate = None
 _UnownedMemory = _cupy.cuda.UnownedMemory
 _MemoryPointer = _cupy.cuda.MemoryPointer
 _get_current_stream = _cupy.cuda.get_current_stream
@@ -42,13 +46,24 @@ class _Allocation:
 
 
 def _stack_of(device):
+    global _fast_allocate
     stack = _stacks.get(device)
     if stack is None:
         lib = _lib.library()
         handle = ctypes.c_void_p()
         lib.check(lib.dll.mrstack_device_stack(device, ctypes.byref(handle)))
+        fast = _lib.fastpath()
+        _fast_allocate = fast.module.allocate if fast.active else None
         stack = _stacks[device] = handle.value
     return stack
+
+
+def _raise_refusal(lib, status, nbytes, device):
+    error = lib.error(status, f"mrstack.cupy: allocating {nbytes} bytes on device {device}")
+    if status == _lib.ERROR_OUT_OF_MEMORY:
+        # CuPy's callers expect its own OutOfMemoryError (a MemoryError) on a refusal.
+        raise _cupy.cuda.memory.OutOfMemoryError(nbytes, -1) from error
+    raise error
 
 
 def allocator(nbytes):
@@ -56,16 +71,19 @@ def allocator(nbytes):
     CuPy's current stream."""
     device = _get_device_id()
     stack = _stack_of(device)
-    lib = _lib.library()
     stream = _get_current_stream().ptr
+    fast_allocate = _fast_allocate
+    if fast_allocate is not None:
+        owner = fast_allocate(stack, nbytes, stream, _CLIENT_CUPY)  # frees on `stream` when it dies
+        if owner is None:
+            lib = _lib.library()
+            _raise_refusal(lib, lib.dll.mrstack_last_error_status(), nbytes, device)
+        return _MemoryPointer(_UnownedMemory(owner.ptr, nbytes, owner, device), 0)
+    lib = _lib.library()
     out = ctypes.c_void_p()
     status = lib.dll.mrstack_allocate(stack, nbytes, stream or None, _CLIENT_CUPY, ctypes.byref(out))
     if status != _lib.SUCCESS:
-        error = lib.error(status, f"mrstack.cupy: allocating {nbytes} bytes on device {device}")
-        if status == _lib.ERROR_OUT_OF_MEMORY:
-            # CuPy's callers expect its own OutOfMemoryError (a MemoryError) on a refusal.
-            raise _cupy.cuda.memory.OutOfMemoryError(nbytes, -1) from error
-        raise error
+        _raise_refusal(lib, status, nbytes, device)
     ptr = out.value or 0
     owner = _Allocation(ptr, nbytes, stream, stack, lib.dll.mrstack_deallocate)
     return _MemoryPointer(_UnownedMemory(ptr, nbytes, owner, device), 0)

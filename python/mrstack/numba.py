@@ -16,7 +16,9 @@ The plugin follows Numba's interface (numba-cuda 0.30) to the letter:
   once and is cheap afterwards.
 - ``memalloc`` returns a ``MemoryPointer`` over a ``cuda.bindings.driver.CUdeviceptr``
   whose finalizer frees by a unique token, never by address: after a ``reset`` the same
-  address is handed out again, and an old finalizer running late must not free it.
+  address is handed out again, and an old finalizer running late must not free it. The
+  allocation and the finalizer go through the compiled fast path when it is there
+  (`mrstack.fastpath()`), else through ctypes; both behave alike.
 - ``get_memory_info`` counts what the stack holds free as free; ``get_ipc_handle``
   returns Numba's ``IpcHandle`` for the upstream allocation containing the memory, with
   the offset into it; ``reset`` frees every outstanding allocation; ``defer_cleanup``
@@ -63,6 +65,7 @@ class MrstackNumbaMemoryManager(_cuda.HostOnlyCUDAMemoryManager):
         super().__init__(*args, **kwargs)
         # Bound by initialize(); nothing here may load the library or touch CUDA.
         self._stack = None
+        self._fast_memalloc = None
 
     @property
     def interface_version(self):
@@ -79,11 +82,14 @@ class MrstackNumbaMemoryManager(_cuda.HostOnlyCUDAMemoryManager):
         self._lib = lib
         self._device = device
         self._ctx = weakref.proxy(self.context)
-        # The hot path's pieces, looked up once: memalloc makes one foreign call, and the
-        # finalizer is a C-level partial over the foreign free function.
+        # The hot path's pieces, looked up once. Through the extension: one C call returns
+        # the finalizer object, carrying the pointer. Through ctypes: one foreign call,
+        # and the finalizer a C-level partial over the foreign free function.
+        fast = _lib.fastpath()
+        self._fast_memalloc = fast.module.memalloc if fast.active else None
         self._memalloc_pair = lib.dll.mrstack_emm_memalloc_pair
         self._free = lib.dll.mrstack_emm_free
-        self._stack = handle.value
+        self._stack = handle.value  # last: memalloc takes a bound stack to mean initialized
         # As Numba's own manager does: pinned and mapped host frees are batched against the
         # device's size.
         if self.deallocations.memory_capacity == _driver._SizeNotSet:
@@ -94,6 +100,12 @@ class MrstackNumbaMemoryManager(_cuda.HostOnlyCUDAMemoryManager):
         if stack is None:
             self.initialize()
             stack = self._stack
+        fast_memalloc = self._fast_memalloc
+        if fast_memalloc is not None:
+            finalizer = fast_memalloc(stack, size, _CLIENT_NUMBA)  # frees by token, once
+            if finalizer is None:
+                raise self._allocation_error(size)
+            return _MemoryPointer(self._ctx, _CUdeviceptr(finalizer.ptr), size, finalizer=finalizer)
         allocation = self._memalloc_pair(stack, size, _CLIENT_NUMBA)
         token = allocation.token
         if not token:

@@ -3,7 +3,8 @@
 The tests import the package from this checkout (python/), and find libmrstack_c.so the
 way the package does (MRSTACK_LIBRARY, the package folder, build/*/). Tests that need the
 library skip, saying why, when it is not built — unless MRSTACK_REQUIRE_LIBRARY=1 (set by
-tools/run-tests.sh), where a missing library is a failure.
+tools/run-tests.sh), where a missing library is a failure. The same holds for the compiled
+fast path (_fastpath.abi3.so) next to the library.
 """
 import os
 import subprocess
@@ -39,6 +40,20 @@ def library_path():
     return path
 
 
+@pytest.fixture(scope="session")
+def fastpath_path(library_path):
+    """The compiled fast path next to the library (the same build). Skips when it was not
+    built, unless MRSTACK_REQUIRE_LIBRARY=1, where CI's build must have made it."""
+    from mrstack import _lib
+    path = os.path.join(os.path.dirname(os.path.abspath(library_path)), _lib.FASTPATH_NAME)
+    if not os.path.isfile(path):
+        reason = f"{path} is not built (cmake --build --preset release --target mrstack_fastpath)"
+        if os.environ.get("MRSTACK_REQUIRE_LIBRARY") == "1":
+            pytest.fail(reason)
+        pytest.skip(reason)
+    return path
+
+
 @pytest.fixture
 def run_python(library_path):
     """Runs a snippet in a fresh interpreter (process-wide configuration is one-shot) with
@@ -49,6 +64,7 @@ def run_python(library_path):
         environment["PYTHONPATH"] = PYTHON_DIR + os.pathsep + environment.get("PYTHONPATH", "")
         environment["MRSTACK_LIBRARY"] = library_path
         environment.pop("MRSTACK_RESOURCE", None)
+        environment.pop("MRSTACK_FASTPATH", None)   # the extension when built, unless a test says
         for key, value in (env or {}).items():
             if value is None:
                 environment.pop(key, None)

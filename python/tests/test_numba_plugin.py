@@ -1,7 +1,8 @@
 """The Numba EMM plugin's contract against numba-cuda, on the CPU: the class Numba expects,
 an __init__ that touches neither CUDA nor the library, both ways of installing it, and
 the finalizer/reset/defer behaviour over a host-memory (`system`) stack with a stand-in
-context — everything that needs no GPU."""
+context — everything that needs no GPU. The allocating tests run twice: through the
+compiled fast path and through ctypes (`run_plugin`)."""
 import pytest
 
 numba_cuda = pytest.importorskip("numba.cuda", reason="numba-cuda is not installed")
@@ -82,7 +83,7 @@ def test_environment_variable_selects_it(run_python):
 # A stand-in for Numba's Context: the plugin needs its device's id and identity, and a
 # weak reference to it. Runs over a `system` stack, so memory is host memory.
 FAKE_CONTEXT = """
-    import gc, weakref
+    import gc, os, weakref
     import mrstack, mrstack.numba
     from numba import cuda
     from numba.cuda.cudadrv import driver as numba_driver
@@ -99,14 +100,19 @@ FAKE_CONTEXT = """
     mgr = mrstack.numba.MrstackNumbaMemoryManager(context=ctx)
     mgr.initialize()
     mgr.initialize()   # idempotent
+    # run_plugin says which path this run must take: check it is the one taken.
+    EXPECT_FAST = os.environ.get("MRSTACK_FASTPATH") == "1"
+    if "MRSTACK_FASTPATH" in os.environ:
+        assert mrstack.fastpath().active == EXPECT_FAST, mrstack.fastpath()
+        assert (mgr._fast_memalloc is not None) == EXPECT_FAST
 
     def numba_books():
         return mrstack.statistics(0).clients["numba"]
 """
 
 
-def test_memalloc_and_finalizer_exactly_once(run_python):
-    run_python(FAKE_CONTEXT + """
+def test_memalloc_and_finalizer_exactly_once(run_plugin):
+    run_plugin(FAKE_CONTEXT + """
     import ctypes
     import cuda.bindings.driver as binding
     mem = mgr.memalloc(4096)
@@ -117,12 +123,19 @@ def test_memalloc_and_finalizer_exactly_once(run_python):
     assert numba_books().live_bytes == 4096 and numba_books().live_count == 1
 
     # The finalizer frees by token, exactly once.
-    callback = mem._finalizer.peek()[1]        # (object, func, args, kwargs): func is our partial
-    free, (stack, token) = callback.func, callback.args
+    callback = mem._finalizer.peek()[1]        # (object, func, args, kwargs)
+    if EXPECT_FAST:                             # the extension's Finalizer, carrying its token
+        assert type(callback).__name__ == "Finalizer", callback
+        token, again = callback.token, callback
+    else:                                       # a partial over the ctypes free function
+        from functools import partial
+        assert isinstance(callback, partial), callback
+        free, (stack, token) = callback.func, callback.args
+        again = lambda: free(stack, token)
     assert token != 0 and token != mem.device_pointer_value
     mem.free()
     assert numba_books().live_bytes == 0
-    assert free(stack, token) == 0              # a second run does nothing
+    assert again() == 0                         # a second run does nothing
     assert numba_books().live_count == 0
 
     # Dropping the last reference finalizes, too.
@@ -141,8 +154,8 @@ def test_memalloc_and_finalizer_exactly_once(run_python):
     """)
 
 
-def test_reset_frees_everything_and_stale_finalizers_are_noops(run_python):
-    run_python(FAKE_CONTEXT + """
+def test_reset_frees_everything_and_stale_finalizers_are_noops(run_plugin):
+    run_plugin(FAKE_CONTEXT + """
     before = [mgr.memalloc(512) for _ in range(3)]
     assert numba_books().live_count == 3
     mgr.reset()
@@ -160,8 +173,8 @@ def test_reset_frees_everything_and_stale_finalizers_are_noops(run_python):
     """)
 
 
-def test_defer_cleanup_nests(run_python):
-    run_python(FAKE_CONTEXT + """
+def test_defer_cleanup_nests(run_plugin):
+    run_plugin(FAKE_CONTEXT + """
     assert mrstack.statistics(0).emm_outstanding == 0
     with mgr.defer_cleanup():
         m = mgr.memalloc(256)
@@ -176,8 +189,8 @@ def test_defer_cleanup_nests(run_python):
     """)
 
 
-def test_memory_info_and_ipc_refusal_on_host_memory(run_python):
-    run_python(FAKE_CONTEXT + """
+def test_memory_info_and_ipc_refusal_on_host_memory(run_plugin):
+    run_plugin(FAKE_CONTEXT + """
     info = mgr.get_memory_info()
     assert isinstance(info, cuda.MemoryInfo)
     assert 0 < info.free <= info.total
@@ -206,6 +219,19 @@ def run_python(run_python):
     # These tests run over host memory: a `system` stack unless a test says otherwise.
     def run(code, env=None, check=True):
         return run_python(code, env={"MRSTACK_RESOURCE": "system", **(env or {})}, check=check)
+    return run
+
+
+@pytest.fixture(params=["fast path", "ctypes"])
+def run_plugin(request, run_python):
+    """run_python, once requiring the compiled fast path (MRSTACK_FASTPATH=1) and once
+    forbidding it (=0): the plugin must behave the same either way."""
+    if request.param == "fast path":
+        request.getfixturevalue("fastpath_path")  # skips (or fails in CI) when not built
+    setting = "1" if request.param == "fast path" else "0"
+
+    def run(code, env=None, check=True):
+        return run_python(code, env={"MRSTACK_FASTPATH": setting, **(env or {})}, check=check)
     return run
 
 
