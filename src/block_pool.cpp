@@ -478,20 +478,35 @@ std::size_t block_pool::deallocate(std::uintptr_t address, owner_id owner) {
 
 MRSTACK_HOT_INLINE void block_pool::resize_free(std::uint32_t b, std::uint32_t units) {
   block& n = at(b);
-  unsigned const cls = n.free_class;
-  if (class_of(units) != cls) {
-    owner_id const owner = n.owner;
-    remove_free(b);
-    n.units = units;
-    insert_free(b, owner);
-    return;
-  }
   class_index& idx = *indexes_[n.owner];
-  idx.lists[cls][n.free_pos].units = units;
+  unsigned const cls = n.free_class;
+  unsigned const new_cls = class_of(units);
   std::size_t const before = size_of(n);
   n.units = units;
   idx.bytes = idx.bytes - before + size_of(n);
   free_bytes_total_ = free_bytes_total_ - before + size_of(n);
+  if (new_cls == cls) {
+    idx.lists[cls][n.free_pos].units = units;
+    return;
+  }
+  // Move the entry to its new class: the block count and owner stay as they are.
+  auto& from = idx.lists[cls];
+  free_entry const last = from.back();
+  if (last.node != b) {
+    from[n.free_pos] = last;
+    at(last.node).free_pos = n.free_pos;
+  }
+  from.pop_back();
+  if (from.empty()) {
+    idx.sl_bitmap[cls / sl_count] &= ~(1U << (cls % sl_count));
+    if (idx.sl_bitmap[cls / sl_count] == 0) { idx.fl_bitmap &= ~(1U << (cls / sl_count)); }
+  }
+  auto& to = idx.lists[new_cls];
+  n.free_pos = static_cast<std::uint32_t>(to.size());
+  n.free_class = new_cls;
+  to.push_back(free_entry{b, units});  // may allocate: see insert_free
+  idx.sl_bitmap[new_cls / sl_count] |= 1U << (new_cls % sl_count);
+  idx.fl_bitmap |= 1U << (new_cls / sl_count);
 }
 
 std::size_t block_pool::live_size(std::uintptr_t address) const {
