@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <bit>
 #include <cassert>
+#include <cstring>
 #include <stdexcept>
 
 #include <mrstack/detail/align.hpp>
@@ -28,7 +29,16 @@ MRSTACK_HOT_INLINE std::uint32_t block_pool::new_node() {
   }
   if (node_count_ == npos - 1) { throw std::length_error("block_pool: more than 4 billion blocks"); }
   if ((node_count_ & ((1U << page_bits) - 1)) == 0) {
-    pages_.push_back(std::make_unique<block[]>(std::size_t{1} << page_bits));
+    std::size_t const page = node_count_ >> page_bits;
+    if (page < heap_pages || (page - heap_pages) % pages_per_region == 0) {
+      std::size_t const nodes = (page < heap_pages ? 1 : pages_per_region) << page_bits;
+      slab_memory_.emplace_back(nodes);
+      // Zeroed like value-initialized nodes (mapped regions arrive zeroed from the kernel).
+      if (nodes * sizeof(block) < huge_page_threshold) { std::memset(slab_memory_.back().data(), 0, nodes * sizeof(block)); }
+      pages_.push_back(slab_memory_.back().data());
+    } else {
+      pages_.push_back(slab_memory_.back().data() + (((page - heap_pages) % pages_per_region) << page_bits));
+    }
     std::size_t const nodes = std::size_t{node_count_} + (1U << page_bits);
     if (free_nodes_.capacity() < nodes) { free_nodes_.reserve(std::max(nodes, 2 * free_nodes_.capacity())); }
   }

@@ -62,6 +62,7 @@
 #include <vector>
 
 #include <mrstack/detail/block_start_table.hpp>
+#include <mrstack/detail/metadata_memory.hpp>
 
 namespace mrstack::detail {
 
@@ -221,7 +222,11 @@ class block_pool {
   static constexpr unsigned fl_count = 28;
   static constexpr unsigned class_count = fl_count * sl_count;
   static constexpr std::size_t max_units = 0xffffffffU;
-  static constexpr unsigned page_bits = 10;            // 1024 nodes per slab page
+  static constexpr unsigned page_bits = 10;            // 1024 nodes (32 KiB) per slab page
+  // The first pages come from the heap one by one (a small pool stays small); later ones
+  // are carved from 2 MiB huge-page regions (see metadata_memory.hpp: at 1e5 blocks the
+  // nodes are read at random, and TLB misses would cost as much as cache misses).
+  static constexpr std::size_t heap_pages = 16;
   static constexpr std::uint8_t state_free = 0;
   static constexpr std::uint8_t state_live = 1;
   static constexpr std::uint8_t state_withdrawn = 2;
@@ -243,6 +248,7 @@ class block_pool {
     std::uint8_t state;
   };
   static_assert(sizeof(block) == 32, "block nodes are meant to be two to a cache line");
+  static constexpr std::size_t pages_per_region = huge_page_size / (sizeof(block) << page_bits);  // 64
 
   // One free block in a class array: its size is here too, so choosing among a class's
   // blocks reads the array, not the nodes.
@@ -311,7 +317,8 @@ class block_pool {
     return (a == synchronized && !exclusive(b)) || (b == synchronized && !exclusive(a));
   }
 
-  std::vector<std::unique_ptr<block[]>> pages_;
+  std::vector<block*> pages_;                         // page k: nodes [k << page_bits, (k + 1) << page_bits)
+  std::vector<metadata_array<block>> slab_memory_;    // owns the pages
   std::uint32_t node_count_ = 0;       // nodes ever created
   std::vector<std::uint32_t> free_nodes_;  // unused node indices
   std::vector<std::unique_ptr<class_index>> indexes_;

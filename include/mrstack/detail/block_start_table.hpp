@@ -15,10 +15,16 @@
 /// Linear probing at a load factor of at most 1/2, backward-shift deletion (no tombstones:
 /// lookups stay short under endless insert/erase churn). A slot's home is computed from its
 /// tag alone, which is what lets deletion shift entries without their addresses.
+///
+/// The slots live in metadata memory (huge pages once the table reaches 1 MiB): lookups
+/// land on random slots, so 4 KiB pages would add a TLB miss to most of them.
+#include <algorithm>
 #include <bit>
 #include <cstddef>
 #include <cstdint>
-#include <vector>
+#include <utility>
+
+#include <mrstack/detail/metadata_memory.hpp>
 
 namespace mrstack::detail {
 
@@ -73,8 +79,8 @@ class block_start_table {
   /// Calls f(node) for every entry (any order).
   template <typename F>
   void for_each(F&& f) const {
-    for (std::uint64_t const s : slots_) {
-      if (s != empty) { f(node_of(s)); }
+    for (std::size_t i = 0; i < slots_.size(); ++i) {
+      if (slots_[i] != empty) { f(node_of(slots_[i])); }
     }
   }
 
@@ -115,16 +121,16 @@ class block_start_table {
   }
 
   void rehash(std::size_t capacity) {
-    std::vector<std::uint64_t> old = std::move(slots_);
-    slots_.assign(capacity, empty);
+    metadata_array<std::uint64_t> old = std::exchange(slots_, metadata_array<std::uint64_t>{capacity});
+    std::fill_n(slots_.data(), capacity, empty);
     mask_ = capacity - 1;
     shift_ = 32 - static_cast<unsigned>(std::countr_zero(capacity));
-    for (std::uint64_t const s : old) {
-      if (s != empty) { place(s); }
+    for (std::size_t i = 0; i < old.size(); ++i) {
+      if (old[i] != empty) { place(old[i]); }
     }
   }
 
-  std::vector<std::uint64_t> slots_;
+  metadata_array<std::uint64_t> slots_;
   std::size_t mask_ = 0;
   unsigned shift_ = 0;
   std::size_t count_ = 0;

@@ -1,0 +1,61 @@
+#include <mrstack/detail/metadata_memory.hpp>
+
+#include <sys/mman.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <new>
+
+#include <mrstack/detail/align.hpp>
+
+namespace mrstack::detail {
+
+bool metadata_huge_pages_enabled() noexcept {
+  static bool const enabled = [] {
+    char const* v = std::getenv("MRSTACK_HUGE_PAGES");
+    return v == nullptr || std::strcmp(v, "0") != 0;
+  }();
+  return enabled;
+}
+
+namespace {
+
+// Mapped regions are rounded up to whole huge pages; this is the length actually mapped.
+std::size_t mapped_length(std::size_t bytes) noexcept { return align_up(bytes, huge_page_size); }
+
+}  // namespace
+
+void* allocate_metadata(std::size_t bytes) {
+  if (bytes < huge_page_threshold) { return ::operator new(bytes, std::align_val_t{64}); }
+  std::size_t const length = mapped_length(bytes);
+  if (length == static_cast<std::size_t>(-1) || length > static_cast<std::size_t>(-1) - huge_page_size) {
+    throw std::bad_alloc{};
+  }
+  // Over-map by one huge page and trim, so the region starts on a 2 MiB boundary (the
+  // kernel places only aligned 2 MiB ranges on huge pages).
+  std::size_t const span = length + huge_page_size;
+  void* raw = ::mmap(nullptr, span, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (raw == MAP_FAILED) { throw std::bad_alloc{}; }
+  auto const start = reinterpret_cast<std::uintptr_t>(raw);
+  std::uintptr_t const aligned = align_up(start, huge_page_size);
+  if (aligned > start) { ::munmap(raw, aligned - start); }
+  std::uintptr_t const end = aligned + length;
+  std::uintptr_t const raw_end = start + span;
+  if (raw_end > end) { ::munmap(reinterpret_cast<void*>(end), raw_end - end); }
+  // Advice only: a kernel without transparent huge pages refuses it, and 4 KiB pages serve.
+  (void)::madvise(reinterpret_cast<void*>(aligned), length,
+                  metadata_huge_pages_enabled() ? MADV_HUGEPAGE : MADV_NOHUGEPAGE);
+  return reinterpret_cast<void*>(aligned);
+}
+
+void deallocate_metadata(void* p, std::size_t bytes) noexcept {
+  if (p == nullptr) { return; }
+  if (bytes < huge_page_threshold) {
+    ::operator delete(p, std::align_val_t{64});
+    return;
+  }
+  ::munmap(p, mapped_length(bytes));
+}
+
+}  // namespace mrstack::detail

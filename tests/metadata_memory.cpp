@@ -1,0 +1,116 @@
+// Metadata memory (detail/metadata_memory.hpp): heap blocks below 1 MiB, 2 MiB-aligned
+// mappings from 1 MiB up, and the two structures placed in it — a block pool big enough
+// that its nodes come from huge-page regions, and an address table big enough to be mapped.
+#include <catch2/catch.hpp>
+
+#include <mrstack/detail/block_pool.hpp>
+#include <mrstack/detail/block_start_table.hpp>
+#include <mrstack/detail/metadata_memory.hpp>
+
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <vector>
+
+using namespace mrstack::detail;
+
+namespace {
+constexpr std::size_t KiB = 1024;
+constexpr std::size_t MiB = 1024 * KiB;
+
+bool aligned_to(void const* p, std::size_t a) { return reinterpret_cast<std::uintptr_t>(p) % a == 0; }
+
+/// Writes a pattern over [p, p + bytes) and reads it back.
+bool round_trips(void* p, std::size_t bytes) {
+  auto* b = static_cast<unsigned char*>(p);
+  for (std::size_t i = 0; i < bytes; i += 4093) { b[i] = static_cast<unsigned char>(i * 7); }
+  b[bytes - 1] = 0xA5;
+  for (std::size_t i = 0; i < bytes; i += 4093) {
+    if (b[i] != static_cast<unsigned char>(i * 7) && i != bytes - 1) { return false; }
+  }
+  return b[bytes - 1] == 0xA5;
+}
+}  // namespace
+
+TEST_CASE("metadata memory: small requests come from the heap, large ones are 2 MiB-aligned mappings") {
+  for (std::size_t bytes : {std::size_t{64}, 32 * KiB, huge_page_threshold - 64, huge_page_threshold,
+                            huge_page_size, huge_page_size + 4096, 5 * huge_page_size}) {
+    CAPTURE(bytes);
+    void* p = allocate_metadata(bytes);
+    REQUIRE(p != nullptr);
+    CHECK(aligned_to(p, 64));
+    if (bytes >= huge_page_threshold) { CHECK(aligned_to(p, huge_page_size)); }
+    CHECK(round_trips(p, bytes));
+    deallocate_metadata(p, bytes);
+  }
+  deallocate_metadata(nullptr, 5 * huge_page_size);  // a no-op, like delete of null
+}
+
+TEST_CASE("metadata memory: an impossible size is std::bad_alloc, not a crash") {
+  CHECK_THROWS_AS(allocate_metadata(~std::size_t{0} - 4096), std::bad_alloc);
+  CHECK_THROWS_AS(allocate_metadata(std::size_t{1} << 62), std::bad_alloc);
+}
+
+TEST_CASE("metadata_array: moves hand over ownership exactly once") {
+  metadata_array<std::uint64_t> a{huge_page_size / 8};
+  std::uint64_t* const data = a.data();
+  std::fill_n(data, a.size(), 7);
+  metadata_array<std::uint64_t> b{std::move(a)};
+  CHECK(a.data() == nullptr);
+  CHECK(a.size() == 0);
+  CHECK(b.data() == data);
+  CHECK(b[b.size() - 1] == 7);
+  metadata_array<std::uint64_t> c{16};
+  c = std::move(b);  // c's own 16 entries are returned, b's move in
+  CHECK(c.data() == data);
+  CHECK(b.data() == nullptr);
+}
+
+TEST_CASE("block_start_table: grown past 1 MiB of slots (a mapped table), every entry is still found") {
+  block_start_table table;
+  std::vector<std::uintptr_t> addresses;
+  std::mt19937_64 rng{42};
+  for (std::uint32_t i = 0; i < 200000; ++i) {  // 2^19 slots of 8 bytes: 4 MiB
+    std::uintptr_t const a = (rng() & 0x0000'7fff'ffff'ff00ULL) | 0x100;
+    addresses.push_back(a);
+    table.insert(a, i);
+  }
+  std::vector<std::uintptr_t> const& addr = addresses;
+  for (std::uint32_t i = 0; i < addresses.size(); i += 7) {
+    CHECK(table.find(addresses[i], [&](std::uint32_t n) { return addr[n] == addresses[i]; }) == i);
+  }
+  for (std::uint32_t i = 0; i < addresses.size(); i += 2) {
+    REQUIRE(table.erase(addresses[i], [&](std::uint32_t n) { return addr[n] == addresses[i]; }) == i);
+  }
+  CHECK(table.size() == addresses.size() / 2);
+  for (std::uint32_t i = 1; i < addresses.size(); i += 2) {
+    CHECK(table.find(addresses[i], [&](std::uint32_t n) { return addr[n] == addresses[i]; }) == i);
+  }
+}
+
+TEST_CASE("block_pool: 150,000 blocks (nodes from huge-page regions) split, free and coalesce exactly") {
+  block_pool pool;
+  std::uintptr_t const base = 0x7000'0000'0000ULL;
+  std::size_t const blocks = 150000;  // > 16 heap pages + 2 regions of 65,536 nodes
+  pool.add_chunk(base, blocks * 2 * block_pool::granularity, block_pool::synchronized);
+  std::vector<std::uintptr_t> live;
+  for (std::size_t i = 0; i < blocks; ++i) {
+    std::uintptr_t const a = pool.allocate(block_pool::granularity, block_pool::granularity, block_pool::synchronized);
+    REQUIRE(a == base + i * block_pool::granularity);  // the front of the one free block, in order
+    live.push_back(a);
+  }
+  CHECK(pool.live_blocks() == blocks);
+  // Free every other block: 75,000 free holes that must not merge with live neighbours.
+  for (std::size_t i = 0; i < blocks; i += 2) { REQUIRE(pool.deallocate(live[i], block_pool::synchronized) != 0); }
+  CHECK(pool.free_block_count() == blocks / 2 + 1);
+  CHECK(pool.check_invariants() == "");
+  std::mt19937_64 rng{7};
+  std::vector<std::uintptr_t> rest;
+  for (std::size_t i = 1; i < blocks; i += 2) { rest.push_back(live[i]); }
+  std::shuffle(rest.begin(), rest.end(), rng);
+  for (std::uintptr_t a : rest) { REQUIRE(pool.deallocate(a, block_pool::synchronized) == block_pool::granularity); }
+  CHECK(pool.live_blocks() == 0);
+  CHECK(pool.free_block_count() == 1);  // everything merged back into the one chunk
+  CHECK(pool.largest_free_block() == blocks * 2 * block_pool::granularity);
+  CHECK(pool.check_invariants() == "");
+}
