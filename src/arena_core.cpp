@@ -1,5 +1,6 @@
 #include <mrstack/detail/arena_core.hpp>
 
+#include <algorithm>
 #include <bit>
 #include <unordered_map>
 #include <stdexcept>
@@ -40,6 +41,7 @@ struct cache_entry {
 // are never reused, so an entry of a destroyed arena_core can never be hit again.
 thread_local std::array<cache_entry, 8> arena_cache{};
 thread_local unsigned arena_cache_next = 0;
+thread_local cache_entry arena_cache_last{};  // the entry hit last: a thread keeps to one stream
 std::atomic<std::uint64_t> next_core_id{1};
 
 // Arena cores alive now, so a thread that exits can hand its per-thread arenas' free
@@ -124,12 +126,18 @@ void arena_core::thread_exiting(void* arena) noexcept {
 // ---- stream arenas ---------------------------------------------------------------------------------
 
 arena_core::stream_arena* arena_core::arena_for(stream_ref const& s) {
+  if (arena_cache_last.core_id == id_ && arena_cache_last.key == s.key) {
+    return static_cast<stream_arena*>(arena_cache_last.arena);
+  }
   for (auto const& e : arena_cache) {
-    if (e.core_id == id_ && e.key == s.key) { return static_cast<stream_arena*>(e.arena); }
+    if (e.core_id == id_ && e.key == s.key) {
+      arena_cache_last = e;
+      return static_cast<stream_arena*>(e.arena);
+    }
   }
   stream_arena* a = create_arena(s);
   (void)&exit_hook;  // constructs this thread's hook (thread_local objects are built on first use)
-  arena_cache[arena_cache_next++ % arena_cache.size()] = cache_entry{id_, s.key, a};
+  arena_cache_last = arena_cache[arena_cache_next++ % arena_cache.size()] = cache_entry{id_, s.key, a};
   return a;
 }
 
@@ -193,12 +201,12 @@ void arena_core::push_block(stream_arena& a, superblock& sb, std::uint32_t index
       return;
     }
     list_remove(a, sb);
-    if (a.spares.size() < opts_.empty_superblocks_kept) {
-      sb.spare = true;
-      a.spares.push_back(&sb);
-    } else {
-      surrender_superblock(a, sb);
-    }
+    sb.spare = true;
+    a.spares.push_back(&sb);
+    // Spares run up to twice the number kept, then the excess goes back in one trip to
+    // the global lock: an arena whose blocks are all being freed (a thread winding down
+    // a phase) returns superblocks in batches, not one lock trip each.
+    if (a.spares.size() > spare_limit()) { surrender_spares(a, opts_.empty_superblocks_kept); }
   }
 }
 
@@ -226,9 +234,10 @@ arena_core::superblock* arena_core::acquire_superblock(stream_arena& a, unsigned
     list_push(a, *sb);
     return sb;
   }
-  // A few at once: one trip to the global lock for this and the next superblocks.
-  std::size_t const want = 1 + (opts_.empty_superblocks_kept > 1 ? opts_.empty_superblocks_kept - 1 : 0);
-  std::array<superblock*, 16> got{};
+  // Several at once: one trip to the global lock for this superblock and up to
+  // `spare_limit()` spares, so threads that grow at the same time seldom meet there.
+  std::size_t const want = std::max<std::size_t>(1, spare_limit());
+  std::array<superblock*, 32> got{};
   std::size_t n = 0;
   {
     std::lock_guard lock{global_mutex_};
@@ -262,35 +271,40 @@ arena_core::superblock* arena_core::acquire_superblock(stream_arena& a, unsigned
   return got[0];
 }
 
-void arena_core::surrender_superblock(stream_arena& a, superblock& sb) {
+void arena_core::detach_superblock(stream_arena& a, superblock& sb) noexcept {
   --a.superblocks;
   a.free_bytes -= std::size_t{sb.capacity} * sb.block_size;
   table_[(sb.base - base_) >> shift_].store(nullptr, std::memory_order_release);
   sb.arena = nullptr;
   sb.spare = false;
-  std::lock_guard lock{global_mutex_};
-  global_.deallocate(sb.base, a.stream);
+}
+
+void arena_core::surrender_spares(stream_arena& a, std::size_t keep) {
+  if (a.spares.size() <= keep) { return; }
+  for (std::size_t i = keep; i < a.spares.size(); ++i) { detach_superblock(a, *a.spares[i]); }
+  {
+    std::lock_guard lock{global_mutex_};
+    for (std::size_t i = keep; i < a.spares.size(); ++i) { global_.deallocate(a.spares[i]->base, a.stream); }
+  }
+  a.spares.resize(keep);
 }
 
 std::size_t arena_core::reclaim_from(stream_arena& a) {
-  std::size_t returned = 0;
+  // Every wholly free superblock joins the spares, then all of them go back in one trip.
   for (auto& head : a.lists) {
     for (superblock* sb = head; sb != nullptr;) {
       superblock* const next = sb->next;
       if (sb->free_count == sb->capacity) {
         list_remove(a, *sb);
         --a.empty;
-        surrender_superblock(a, *sb);
-        returned += opts_.superblock_size;
+        sb->spare = true;
+        a.spares.push_back(sb);
       }
       sb = next;
     }
   }
-  for (superblock* sb : a.spares) {
-    surrender_superblock(a, *sb);
-    returned += opts_.superblock_size;
-  }
-  a.spares.clear();
+  std::size_t const returned = a.spares.size() * opts_.superblock_size;
+  surrender_spares(a, 0);
   return returned;
 }
 
@@ -414,7 +428,7 @@ arena_core::statistics arena_core::stats() const {
 
 std::string arena_core::check_invariants() const {
   std::lock_guard registry_lock{registry_mutex_};
-  std::vector<std::unique_lock<std::mutex>> locks;
+  std::vector<std::unique_lock<lean_mutex>> locks;
   for (auto const& a : arenas_) { locks.emplace_back(a->mutex); }
   std::lock_guard global_lock{global_mutex_};
   if (std::string const e = global_.blocks().check_invariants(); !e.empty()) { return "global arena: " + e; }
@@ -455,7 +469,7 @@ std::string arena_core::check_invariants() const {
     }
     if (free_bytes != a->free_bytes) { return "arena free bytes wrong"; }
     if (empty != a->empty) { return "arena empty count wrong"; }
-    if (empty > opts_.empty_superblocks_kept || a->spares.size() > opts_.empty_superblocks_kept) {
+    if (empty > opts_.empty_superblocks_kept || a->spares.size() > spare_limit()) {
       return "arena keeps too many empty superblocks";
     }
     if (listed + a->spares.size() > a->superblocks) { return "arena lists more superblocks than it owns"; }

@@ -197,3 +197,37 @@ TEST_CASE("arena: a thread that exits hands its arena's free superblocks back") 
   CHECK(mr.stats().global_free_bytes == mr.arena_size());
   CHECK(mr.check_invariants() == "");
 }
+
+TEST_CASE("arena: superblocks move between a stream arena and the global arena in batches") {
+  auto sim = std::make_shared<simulated_memory_resource>();
+  arena_options options;
+  options.superblock_size = 1 * MiB;
+  options.max_small_size = 256 * KiB;
+  options.empty_superblocks_kept = 3;
+  arena_memory_resource mr{sim, 256 * MiB, options};
+  stream_view const s = fake_stream(0);
+  // The first small block brings 2 x 3 superblocks in one trip: one in use, five spares.
+  void* first = mr.allocate(256 * KiB, s);
+  CHECK(mr.stats().superblocks_in_arenas == 6);
+  // 40 superblocks' worth of 256 KiB blocks (4 to a superblock).
+  std::vector<void*> blocks{first};
+  for (int i = 1; i < 160; ++i) { blocks.push_back(mr.allocate(256 * KiB, s)); }
+  CHECK(mr.stats().superblocks_in_arenas >= 40);
+  CHECK(mr.stats().superblocks_in_arenas <= 40 + 5);
+  CHECK(mr.check_invariants() == "");
+  // Freeing them all: spares pile up to 6, then all but 3 go back at once; the arena ends
+  // holding at most 6 spares plus the 3 empty superblocks its class list may keep.
+  std::size_t most_held = 0;
+  for (void* p : blocks) {
+    mr.deallocate(p, 256 * KiB, s);
+    most_held = std::max(most_held, mr.stats().superblocks_in_arenas);
+  }
+  CHECK(most_held <= 45);
+  CHECK(mr.stats().superblocks_in_arenas <= 3 + 6);
+  CHECK(mr.stats().superblocks_in_arenas >= 3);
+  CHECK(mr.check_invariants() == "");
+  // release() takes every free superblock back.
+  mr.release();
+  CHECK(mr.stats().superblocks_in_arenas == 0);
+  CHECK(mr.stats().global_free_bytes == mr.arena_size());
+}

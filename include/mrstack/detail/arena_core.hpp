@@ -22,11 +22,14 @@
 ///
 /// A superblock that becomes wholly free stays in its class list when it is the only one
 /// there (a class that churns one block does not pay for re-setting it), else it becomes a
-/// *spare* of its arena, ready for any class; beyond a few spares (and a few listed empty
-/// ones) it returns to the global arena, owned by the arena's stream: the global arena's
+/// *spare* of its arena, ready for any class. Spares run up to twice
+/// `empty_superblocks_kept`; past that, all but `empty_superblocks_kept` return to the
+/// global arena in one trip to its lock, owned by the arena's stream: the global arena's
 /// stream ordering then decides when another stream may take it (event wait). Superblocks
-/// come from the global arena a few at a time (one lock for up to `empty_superblocks_kept`),
-/// the extras kept as spares, so threads seldom meet at the global lock. When the global arena cannot serve a
+/// come from the global arena up to 2 × `empty_superblocks_kept` at a time (one lock trip),
+/// the extras kept as spares. Both batches exist because the global lock is what threads
+/// share: a thread growing or shrinking by hundreds of superblocks meets the others there
+/// once per batch, not once per superblock. When the global arena cannot serve a
 /// request, every arena's empty superblocks are reclaimed and the request retried; then
 /// the device is synchronized (free memory of other threads' streams becomes usable);
 /// only then does it fail.
@@ -40,6 +43,7 @@
 #include <vector>
 
 #include <mrstack/detail/address_map.hpp>
+#include <mrstack/detail/lean_mutex.hpp>
 #include <mrstack/detail/stream_ordering.hpp>
 
 namespace mrstack::detail {
@@ -115,7 +119,7 @@ class arena_core {
     std::vector<std::uint64_t> live_bits;
   };
   struct alignas(64) stream_arena {
-    std::mutex mutex;
+    lean_mutex mutex;  // taken on every small call: uncontended when streams are per thread
     stream_ref stream;
     std::array<superblock*, arena_size_classes::max_classes> lists{};  // superblocks with free blocks
     std::size_t empty = 0;             // wholly free superblocks still in a class list
@@ -130,8 +134,12 @@ class arena_core {
   std::uintptr_t allocate_large(std::size_t size, std::size_t alignment, stream_ref const& s);
   /// Takes a superblock from the global arena for `a` (locked by the caller); null when none.
   superblock* acquire_superblock(stream_arena& a, unsigned cls);
-  /// Gives `sb` (wholly free, owned by `a`, in no list, locked by the caller) back to the global arena.
-  void surrender_superblock(stream_arena& a, superblock& sb);
+  /// Most spares an arena holds before handing the excess back.
+  [[nodiscard]] std::size_t spare_limit() const noexcept { return 2 * opts_.empty_superblocks_kept; }
+  /// Unlinks `sb` (wholly free, owned by `a`, in no list) from `a` and the lookup table.
+  void detach_superblock(stream_arena& a, superblock& sb) noexcept;
+  /// Gives all but `keep` of `a`'s spares back to the global arena in one lock trip (`a` locked by the caller).
+  void surrender_spares(stream_arena& a, std::size_t keep);
   /// Sets up `sb` (wholly free) for blocks of class `cls`.
   void reclass(stream_arena& a, superblock& sb, unsigned cls);
   std::size_t reclaim_from(stream_arena& a);
@@ -148,7 +156,7 @@ class arena_core {
   std::shared_ptr<stream_sync> sync_;
   thread_key_fn thread_key_;
 
-  mutable std::mutex global_mutex_;
+  mutable lean_mutex global_mutex_;  // contended only on superblock batches and large blocks
   stream_ordered_pool global_;
   std::vector<std::unique_ptr<superblock>> descriptors_;     // per superblock slot (created on first use)
   std::unique_ptr<std::atomic<superblock*>[]> table_;        // slot -> carved superblock, or null

@@ -38,7 +38,9 @@ struct arena_options {
   std::size_t superblock_size = std::size_t{4} << 20;
   /// Requests up to this size go to the stream arenas (at most half a superblock).
   std::size_t max_small_size = std::size_t{1} << 20;
-  /// Wholly free superblocks a stream arena keeps before handing them back.
+  /// Wholly free superblocks a stream arena keeps. It takes up to twice this many from
+  /// the global arena per trip to its lock, holds up to twice this many spares, and when
+  /// it has more hands all but this many back in one trip.
   std::size_t empty_superblocks_kept = 4;
   /// The seam to CUDA events (null: CUDA over device memory, no-ops over host/simulated).
   std::shared_ptr<detail::stream_sync> stream_sync;
