@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <bit>
 #include <cassert>
-#include <cstring>
 #include <stdexcept>
 
 #include <mrstack/detail/align.hpp>
@@ -14,7 +13,10 @@ namespace mrstack::detail {
 // costs more than most steps do. Forced inline: they are used in this file only.
 #define MRSTACK_HOT_INLINE [[gnu::always_inline]] inline
 
-block_pool::block_pool() = default;
+block_pool::block_pool()
+    : node_space_{max_nodes * sizeof(block), min_reserved_nodes * sizeof(block)},
+      nodes_{static_cast<block*>(node_space_.data())},
+      node_limit_{static_cast<std::uint32_t>(std::min<std::size_t>(node_space_.reserved_bytes() / sizeof(block), npos))} {}
 block_pool::~block_pool() = default;
 
 // ---- node slab ---------------------------------------------------------------------------
@@ -27,22 +29,19 @@ MRSTACK_HOT_INLINE std::uint32_t block_pool::new_node() {
     free_nodes_.pop_back();
     return i;
   }
-  if (node_count_ == npos - 1) { throw std::length_error("block_pool: more than 4 billion blocks"); }
-  if ((node_count_ & ((1U << page_bits) - 1)) == 0) {
-    std::size_t const page = node_count_ >> page_bits;
-    if (page < heap_pages || (page - heap_pages) % pages_per_region == 0) {
-      std::size_t const nodes = (page < heap_pages ? 1 : pages_per_region) << page_bits;
-      slab_memory_.emplace_back(nodes);
-      // Zeroed like value-initialized nodes (mapped regions arrive zeroed from the kernel).
-      if (nodes * sizeof(block) < huge_page_threshold) { std::memset(slab_memory_.back().data(), 0, nodes * sizeof(block)); }
-      pages_.push_back(slab_memory_.back().data());
-    } else {
-      pages_.push_back(slab_memory_.back().data() + (((page - heap_pages) % pages_per_region) << page_bits));
-    }
-    std::size_t const nodes = std::size_t{node_count_} + (1U << page_bits);
-    if (free_nodes_.capacity() < nodes) { free_nodes_.reserve(std::max(nodes, 2 * free_nodes_.capacity())); }
-  }
+  if (std::size_t{node_count_} * sizeof(block) == node_space_.committed_bytes()) [[unlikely]] { grow_node_space(); }
   return node_count_++;
+}
+
+void block_pool::grow_node_space() {
+  if (node_count_ == node_limit_) {
+    throw std::length_error("block_pool: more than " + std::to_string(node_limit_) +
+                            " blocks at once (the node space this pool could reserve)");
+  }
+  node_space_.commit((std::size_t{node_count_} + 1) * sizeof(block));  // zeroed, like value-initialized nodes
+  // Room for every node index that exists on the free-node stack: deleting never allocates.
+  std::size_t const nodes = node_space_.committed_bytes() / sizeof(block);
+  if (free_nodes_.capacity() < nodes) { free_nodes_.reserve(std::max(nodes, 2 * free_nodes_.capacity())); }
 }
 
 MRSTACK_HOT_INLINE void block_pool::delete_node(std::uint32_t i) noexcept {
@@ -363,7 +362,7 @@ std::uintptr_t block_pool::allocate(std::size_t size, std::size_t alignment, own
   return take(best, size, alignment, owner);
 }
 
-std::uintptr_t block_pool::take(std::uint32_t b, std::size_t size, std::size_t alignment, owner_id owner) {
+MRSTACK_HOT_INLINE std::uintptr_t block_pool::take(std::uint32_t b, std::size_t size, std::size_t alignment, owner_id owner) {
   auto const units = static_cast<std::uint32_t>(size / granularity);
   block& n = at(b);
   std::uintptr_t const addr = addr_of(n);

@@ -2,6 +2,7 @@
 
 #include <sys/mman.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -56,6 +57,51 @@ void deallocate_metadata(void* p, std::size_t bytes) noexcept {
     return;
   }
   ::munmap(p, mapped_length(bytes));
+}
+
+metadata_reservation::metadata_reservation(std::size_t max_bytes, std::size_t min_bytes) {
+  for (std::size_t bytes = align_up(max_bytes, huge_page_size);; bytes /= 2) {
+    // PROT_NONE: address space only, charged to no commit limit and backed by nothing.
+    // One huge page extra, so the start can be placed on a 2 MiB boundary.
+    void* raw = ::mmap(nullptr, bytes + huge_page_size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (raw != MAP_FAILED) {
+      auto const start = reinterpret_cast<std::uintptr_t>(raw);
+      std::uintptr_t const aligned = align_up(start, huge_page_size);
+      if (aligned > start) { ::munmap(raw, aligned - start); }
+      std::uintptr_t const tail = aligned + bytes;
+      if (start + bytes + huge_page_size > tail) { ::munmap(reinterpret_cast<void*>(tail), start + bytes + huge_page_size - tail); }
+      base_ = reinterpret_cast<void*>(aligned);
+      reserved_ = bytes;
+      return;
+    }
+    if (bytes / 2 < min_bytes || bytes <= huge_page_size) { throw std::bad_alloc{}; }
+  }
+}
+
+metadata_reservation::~metadata_reservation() {
+  if (base_ != nullptr) { ::munmap(base_, reserved_); }
+}
+
+void metadata_reservation::commit(std::size_t bytes) {
+  if (bytes <= committed_) { return; }
+  if (bytes > reserved_) { throw std::bad_alloc{}; }
+  // Doubling from 64 KiB while under one huge page (a small pool commits little), then
+  // whole huge pages. reserved_ is a multiple of huge_page_size, so neither overshoots it.
+  std::size_t target = huge_page_size;
+  if (bytes <= huge_page_size) {
+    target = std::max<std::size_t>(committed_ * 2, 64 * 1024);
+    while (target < bytes) { target *= 2; }
+    target = std::min(target, huge_page_size);
+  } else {
+    target = align_up(bytes, huge_page_size);
+  }
+  auto* const from = static_cast<char*>(base_) + committed_;
+  if (::mprotect(from, target - committed_, PROT_READ | PROT_WRITE) != 0) { throw std::bad_alloc{}; }
+  if (target >= huge_page_size) {
+    // Advice only (see allocate_metadata); the range grows, so it is given again each time.
+    (void)::madvise(base_, target, metadata_huge_pages_enabled() ? MADV_HUGEPAGE : MADV_NOHUGEPAGE);
+  }
+  committed_ = target;
 }
 
 }  // namespace mrstack::detail

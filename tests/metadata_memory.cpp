@@ -114,3 +114,31 @@ TEST_CASE("block_pool: 150,000 blocks (nodes from huge-page regions) split, free
   CHECK(pool.largest_free_block() == blocks * 2 * block_pool::granularity);
   CHECK(pool.check_invariants() == "");
 }
+
+TEST_CASE("metadata_reservation: commits grow from the start, zeroed, without moving what is there") {
+  metadata_reservation space{64 * MiB, 4 * MiB};
+  REQUIRE(space.data() != nullptr);
+  CHECK(aligned_to(space.data(), huge_page_size));
+  CHECK(space.reserved_bytes() == 64 * MiB);
+  CHECK(space.committed_bytes() == 0);
+  auto* const bytes = static_cast<unsigned char*>(space.data());
+  space.commit(100);
+  CHECK(space.committed_bytes() == 64 * KiB);  // the first step
+  bytes[100] = 42;
+  std::size_t last = space.committed_bytes();
+  for (std::size_t want : {65 * KiB, 300 * KiB, 2 * MiB, 2 * MiB + 1, 9 * MiB, 64 * MiB}) {
+    space.commit(want);
+    CAPTURE(want);
+    CHECK(space.committed_bytes() >= want);
+    CHECK(space.committed_bytes() >= last);
+    if (want > huge_page_size) { CHECK(space.committed_bytes() % huge_page_size == 0); }
+    CHECK(bytes[space.committed_bytes() - 1] == 0);  // fresh memory is zeroed
+    bytes[space.committed_bytes() - 1] = 1;
+    last = space.committed_bytes();
+  }
+  CHECK(space.data() == bytes);
+  CHECK(bytes[100] == 42);  // nothing moved
+  space.commit(10);         // already committed: no change
+  CHECK(space.committed_bytes() == 64 * MiB);
+  CHECK_THROWS_AS(space.commit(64 * MiB + 1), std::bad_alloc);
+}

@@ -222,11 +222,13 @@ class block_pool {
   static constexpr unsigned fl_count = 28;
   static constexpr unsigned class_count = fl_count * sl_count;
   static constexpr std::size_t max_units = 0xffffffffU;
-  static constexpr unsigned page_bits = 10;            // 1024 nodes (32 KiB) per slab page
-  // The first pages come from the heap one by one (a small pool stays small); later ones
-  // are carved from 2 MiB huge-page regions (see metadata_memory.hpp: at 1e5 blocks the
-  // nodes are read at random, and TLB misses would cost as much as cache misses).
-  static constexpr std::size_t heap_pages = 16;
+  // Nodes live in one flat array in reserved address space (metadata_reservation): a
+  // node is one address computation away from its index — no page table to load on every
+  // step of a free's chain of cache misses — and never moves as the array grows. Up to
+  // 2^28 nodes (8 GiB of address space, committed only as used; less where the process's
+  // address space is limited).
+  static constexpr std::size_t max_nodes = std::size_t{1} << 28;
+  static constexpr std::size_t min_reserved_nodes = std::size_t{1} << 20;
   static constexpr std::uint8_t state_free = 0;
   static constexpr std::uint8_t state_live = 1;
   static constexpr std::uint8_t state_withdrawn = 2;
@@ -248,7 +250,6 @@ class block_pool {
     std::uint8_t state;
   };
   static_assert(sizeof(block) == 32, "block nodes are meant to be two to a cache line");
-  static constexpr std::size_t pages_per_region = huge_page_size / (sizeof(block) << page_bits);  // 64
 
   // One free block in a class array: its size is here too, so choosing among a class's
   // blocks reads the array, not the nodes.
@@ -279,11 +280,11 @@ class block_pool {
     return chunks_[n.chunk].base + std::uintptr_t{n.offset} * granularity;
   }
   [[nodiscard]] static std::size_t size_of(block const& n) noexcept { return std::size_t{n.units} * granularity; }
-  [[nodiscard]] block& at(std::uint32_t i) noexcept { return pages_[i >> page_bits][i & ((1U << page_bits) - 1)]; }
-  [[nodiscard]] block const& at(std::uint32_t i) const noexcept {
-    return pages_[i >> page_bits][i & ((1U << page_bits) - 1)];
-  }
+  [[nodiscard]] block& at(std::uint32_t i) noexcept { return nodes_[i]; }
+  [[nodiscard]] block const& at(std::uint32_t i) const noexcept { return nodes_[i]; }
   std::uint32_t new_node();
+  /// Commits more node space (new_node's rare path). Throws when the reservation is full.
+  [[gnu::cold, gnu::noinline]] void grow_node_space();
   void delete_node(std::uint32_t i) noexcept;
   class_index& index_of(owner_id owner);
 
@@ -317,9 +318,10 @@ class block_pool {
     return (a == synchronized && !exclusive(b)) || (b == synchronized && !exclusive(a));
   }
 
-  std::vector<block*> pages_;                         // page k: nodes [k << page_bits, (k + 1) << page_bits)
-  std::vector<metadata_array<block>> slab_memory_;    // owns the pages
+  metadata_reservation node_space_;
+  block* nodes_ = nullptr;             // node_space_'s start
   std::uint32_t node_count_ = 0;       // nodes ever created
+  std::uint32_t node_limit_ = 0;       // nodes the reservation holds
   std::vector<std::uint32_t> free_nodes_;  // unused node indices
   std::vector<std::unique_ptr<class_index>> indexes_;
   std::vector<std::uint8_t> exclusive_;  // per owner

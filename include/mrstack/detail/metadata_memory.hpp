@@ -67,4 +67,32 @@ class metadata_array {
   std::size_t count_ = 0;
 };
 
+/// Address space reserved up front (no memory behind it) and committed from its start as
+/// it is needed: what lives there never moves, so a growing array in it can be indexed
+/// as one flat array and keeps its elements' addresses. Committed memory is zeroed; once
+/// 2 MiB or more is committed it is advised onto huge pages, as above.
+class metadata_reservation {
+ public:
+  metadata_reservation() = default;
+  /// Reserves `max_bytes`, or half as much while the system refuses, down to `min_bytes`
+  /// (a process under a small address-space limit); throws std::bad_alloc below that.
+  metadata_reservation(std::size_t max_bytes, std::size_t min_bytes);
+  ~metadata_reservation();
+  metadata_reservation(metadata_reservation const&) = delete;
+  metadata_reservation& operator=(metadata_reservation const&) = delete;
+
+  [[nodiscard]] void* data() const noexcept { return base_; }
+  [[nodiscard]] std::size_t reserved_bytes() const noexcept { return reserved_; }
+  [[nodiscard]] std::size_t committed_bytes() const noexcept { return committed_; }
+  /// Makes at least the first `bytes` usable (`bytes` <= reserved_bytes()). Commits in
+  /// doubling steps up to 2 MiB, then in whole 2 MiB pages. Throws std::bad_alloc when the
+  /// system has no memory for it.
+  void commit(std::size_t bytes);
+
+ private:
+  void* base_ = nullptr;
+  std::size_t reserved_ = 0;
+  std::size_t committed_ = 0;
+};
+
 }  // namespace mrstack::detail
