@@ -146,7 +146,8 @@ std::vector<spec_resource> builtin_resources() {
                 size_param("superblock_size", optional_param, "a power of two from 64KiB to 16MiB", "4MiB"),
                 size_param("max_small_size", optional_param, "requests up to this go to the stream arenas", "1MiB"),
                 count_param("empty_superblocks_kept", optional_param,
-                            "wholly free superblocks a stream arena keeps", "2")},
+                            "wholly free superblocks a stream arena keeps (it fetches and holds up to twice "
+                            "as many, then hands the excess back at once)", "4")},
                [](spec_arguments const& a, resource_ptr up) -> resource_ptr {
                  arena_options o;
                  o.superblock_size = a.size("superblock_size").value_or(o.superblock_size);
