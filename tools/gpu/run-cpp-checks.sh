@@ -12,6 +12,9 @@ mkdir -p "$out"
 # shellcheck disable=SC1091
 source "$bundle/env.sh"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$out/device.txt"
+# Hosts of the same GPU kind differ (seen: 2x in the pool's ns per call): name the CPU.
+{ grep -m1 'model name' /proc/cpuinfo; grep -m1 'cpu MHz' /proc/cpuinfo; nproc;
+  echo "THP: $(cat /sys/kernel/mm/transparent_hugepage/enabled 2>/dev/null)"; uptime; } | tee -a "$out/device.txt"
 status=0
 : >"$out/gpu_tests.log"
 for t in "$bundle"/tests/gpu_test_*; do
@@ -33,9 +36,16 @@ echo "replay (warm) rc=$?" >>"$out/replay_warm.log"
 [ "$quick" = quick ] && exit $status
 b="$bundle/benchmarks"
 mt=--benchmark_min_time=0.2
-"$b/bench_random_allocations" $mt \
-  --benchmark_filter='random_allocations/(pool|binning|arena|fixed_size|cuda_async)/cuda|random_allocations/cuda/cuda/N:1000/' \
+# Suballocators: median of 3 (the hosts are shared and noisy). Raw cudaMalloc /
+# cudaMallocAsync run once per size (GiB sizes take milliseconds a call); `upstreams`
+# leaves them out when another call runs them (RUN_CPP_UPSTREAMS=0).
+"$b/bench_random_allocations" $mt --benchmark_repetitions=3 --benchmark_report_aggregates_only=true \
+  --benchmark_filter='random_allocations/(pool|binning|arena|fixed_size)/cuda' \
   >"$out/bench_random_allocations.log" 2>&1
+if [ "${RUN_CPP_UPSTREAMS:-1}" = 1 ]; then
+  "$b/bench_random_allocations" --benchmark_filter='random_allocations/cuda_async/cuda|random_allocations/cuda/cuda/N:1000/' \
+    >"$out/bench_random_allocations_upstreams.log" 2>&1
+fi
 "$b/bench_multithreaded" $mt >"$out/bench_multithreaded.log" 2>&1
 MRSTACK_BENCH_DEVICE=1 "$b/bench_adaptors" $mt >"$out/bench_adaptors.log" 2>&1
 "$b/bench_vmm" $mt >"$out/bench_vmm.log" 2>&1
