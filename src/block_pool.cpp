@@ -98,9 +98,8 @@ MRSTACK_HOT_INLINE void block_pool::insert_free(std::uint32_t b, owner_id owner)
   free_bytes_total_ += size_of(n);
 }
 
-MRSTACK_HOT_INLINE void block_pool::remove_free(std::uint32_t b) noexcept {
+MRSTACK_HOT_INLINE void block_pool::unlink_entry(class_index& idx, std::uint32_t b) noexcept {
   block const& n = at(b);
-  class_index& idx = *indexes_[n.owner];
   unsigned const cls = n.free_class;
   auto& list = idx.lists[cls];
   free_entry const last = list.back();
@@ -115,6 +114,12 @@ MRSTACK_HOT_INLINE void block_pool::remove_free(std::uint32_t b) noexcept {
     idx.sl_bitmap[fl] &= ~(1U << (cls % sl_count));
     if (idx.sl_bitmap[fl] == 0) { idx.fl_bitmap &= ~(1U << fl); }
   }
+}
+
+MRSTACK_HOT_INLINE void block_pool::remove_free(std::uint32_t b) noexcept {
+  block const& n = at(b);
+  class_index& idx = *indexes_[n.owner];
+  unlink_entry(idx, b);
   idx.bytes -= size_of(n);
   --idx.count;
   free_bytes_total_ -= size_of(n);
@@ -499,17 +504,7 @@ MRSTACK_HOT_INLINE void block_pool::resize_free(std::uint32_t b, std::uint32_t u
     return;
   }
   // Move the entry to its new class: the block count and owner stay as they are.
-  auto& from = idx.lists[cls];
-  free_entry const last = from.back();
-  if (last.node != b) {
-    from[n.free_pos] = last;
-    at(last.node).free_pos = n.free_pos;
-  }
-  from.pop_back();
-  if (from.empty()) {
-    idx.sl_bitmap[cls / sl_count] &= ~(1U << (cls % sl_count));
-    if (idx.sl_bitmap[cls / sl_count] == 0) { idx.fl_bitmap &= ~(1U << (cls / sl_count)); }
-  }
+  unlink_entry(idx, b);
   auto& to = idx.lists[new_cls];
   n.free_pos = static_cast<std::uint32_t>(to.size());
   n.free_class = new_cls;

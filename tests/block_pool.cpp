@@ -96,6 +96,17 @@ void check_fully_coalesced(block_pool const& pool) {
   });
 }
 
+/// A key clustered like block addresses: one of a few regions, 256-byte granules.
+std::uintptr_t block_like_address(std::mt19937_64& rng) {
+  std::uniform_int_distribution<std::uintptr_t> granule{0, 1 << 14};
+  std::uniform_int_distribution<int> region{0, 3};
+  return std::uintptr_t{0x7f0000000000} + (std::uintptr_t(region(rng)) << 32) + granule(rng) * 256;
+}
+/// Insert (else erase) in the address-table model tests: the table grows to ~5,000 keys, then churns.
+bool table_step_inserts(std::mt19937_64& rng, std::size_t live) {
+  return live == 0 || (rng() % 100) < (live < 5000 ? 60U : 40U);
+}
+
 }  // namespace
 
 TEST_CASE("address_map: random inserts and erases match std::unordered_map") {
@@ -104,13 +115,9 @@ TEST_CASE("address_map: random inserts and erases match std::unordered_map") {
     address_map map;
     std::unordered_map<std::uintptr_t, std::uint32_t> model;
     std::vector<std::uintptr_t> keys;
-    // Keys clustered like block addresses: a few regions, 256-byte granules.
-    std::uniform_int_distribution<std::uintptr_t> granule{0, 1 << 14};
-    std::uniform_int_distribution<int> region{0, 3};
     for (int step = 0; step < 200000; ++step) {
-      bool const insert = keys.empty() || (rng() % 100) < (keys.size() < 5000 ? 60U : 40U);
-      if (insert) {
-        std::uintptr_t const key = (std::uintptr_t{0x7f0000000000} + (std::uintptr_t(region(rng)) << 32)) + granule(rng) * 256;
+      if (table_step_inserts(rng, keys.size())) {
+        std::uintptr_t const key = block_like_address(rng);
         auto const value = static_cast<std::uint32_t>(rng());
         if (model.count(key) != 0) {
           REQUIRE(map.find(key) == model[key]);
@@ -147,12 +154,9 @@ TEST_CASE("block_start_table: random inserts and erases match std::unordered_map
     std::vector<std::uint32_t> free_nodes;
     std::unordered_map<std::uintptr_t, std::uint32_t> model;
     std::vector<std::uintptr_t> keys;
-    std::uniform_int_distribution<std::uintptr_t> granule{0, 1 << 14};
-    std::uniform_int_distribution<int> region{0, 3};
     for (int step = 0; step < 200000; ++step) {
-      bool const insert = keys.empty() || (rng() % 100) < (keys.size() < 5000 ? 60U : 40U);
-      if (insert) {
-        std::uintptr_t const key = (std::uintptr_t{0x7f0000000000} + (std::uintptr_t(region(rng)) << 32)) + granule(rng) * 256;
+      if (table_step_inserts(rng, keys.size())) {
+        std::uintptr_t const key = block_like_address(rng);
         if (model.count(key) != 0) { continue; }
         std::uint32_t node = 0;
         if (!free_nodes.empty()) {

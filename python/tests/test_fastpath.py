@@ -9,6 +9,7 @@ import os
 import shutil
 
 import pytest
+import standins
 
 import mrstack
 from mrstack import _lib
@@ -128,22 +129,14 @@ def test_bad_calls_raise_type_errors(fast):
         assert f(**{}) == 1                 # weakref.finalize calls with empty kwargs
 
 
-# One sequence through Numba's plugin (stand-in context, as in test_numba_plugin.py),
+# One sequence through Numba's plugin (over standins.NUMBA_CONTEXT),
 # printing the books after every step; run once per path and compared.
 PLUGIN_SEQUENCE = """
     import gc, json, os, sys
     import numpy as np
     import mrstack, mrstack.numba
 
-    class Device:
-        id = 0
-        def get_device_identity(self):
-            return {"pci_domain_id": 0, "pci_bus_id": 0, "pci_device_id": 0}
-
-    class Context:
-        device = Device()
-
-    ctx = Context()
+""" + standins.NUMBA_CONTEXT + """
     mgr = mrstack.numba.MrstackNumbaMemoryManager(context=ctx)
     mgr.initialize()
     state = mrstack.fastpath()

@@ -4,6 +4,7 @@ the finalizer/reset/defer behaviour over a host-memory (`system`) stack with a s
 context — everything that needs no GPU. The allocating tests run twice: through the
 compiled fast path and through ctypes (`run_plugin`)."""
 import pytest
+import standins
 
 numba_cuda = pytest.importorskip("numba.cuda", reason="numba-cuda is not installed")
 
@@ -88,15 +89,7 @@ FAKE_CONTEXT = """
     from numba import cuda
     from numba.cuda.cudadrv import driver as numba_driver
 
-    class Device:
-        id = 0
-        def get_device_identity(self):
-            return {"pci_domain_id": 0, "pci_bus_id": 0, "pci_device_id": 0}
-
-    class Context:
-        device = Device()
-
-    ctx = Context()
+""" + standins.NUMBA_CONTEXT + """
     mgr = mrstack.numba.MrstackNumbaMemoryManager(context=ctx)
     mgr.initialize()
     mgr.initialize()   # idempotent

@@ -292,6 +292,9 @@ class block_pool {
   static std::size_t class_floor(unsigned cls) noexcept;
   void insert_free(std::uint32_t b, owner_id owner);
   void remove_free(std::uint32_t b) noexcept;
+  /// Takes free block b's entry out of its class array (the last entry fills the hole) and
+  /// clears the class's bitmap bit when it empties; no accounting.
+  void unlink_entry(class_index& idx, std::uint32_t b) noexcept;
   /// The tightest fit for `size` (with `alignment`) among the last `exact_class_scan`
   /// entries of the request's own class, or npos.
   [[nodiscard]] std::uint32_t best_in_own_class(class_index const& idx, std::size_t size, std::size_t alignment) const;
