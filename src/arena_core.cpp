@@ -147,6 +147,9 @@ arena_core::stream_arena* arena_core::create_arena(stream_ref const& s) {
   if (found != address_map::npos) { return arenas_[found].get(); }
   auto a = std::make_unique<stream_arena>();
   a->stream = s;
+  // push_block and acquire_superblock add spares while holding superblocks off every
+  // list: with this room they never allocate there.
+  a->spares.reserve(spare_limit() + 1);
   arenas_.push_back(std::move(a));
   arena_by_key_.insert(s.key, static_cast<std::uint32_t>(arenas_.size() - 1));
   return arenas_.back().get();
@@ -235,36 +238,62 @@ arena_core::superblock* arena_core::acquire_superblock(stream_arena& a, unsigned
     return sb;
   }
   // Several at once: one trip to the global lock for this superblock and up to
-  // `spare_limit()` spares, so threads that grow at the same time seldom meet there.
+  // `spare_limit()` spares (at most 32), so threads that grow at the same time seldom
+  // meet there.
   std::size_t const want = std::max<std::size_t>(1, spare_limit());
   std::array<superblock*, 32> got{};
   std::size_t n = 0;
   {
     std::lock_guard lock{global_mutex_};
-    while (n < want && n < got.size()) {
-      std::uintptr_t const addr = global_.allocate(opts_.superblock_size, opts_.superblock_size, a.stream);
-      if (addr == 0) { break; }
-      auto& d = descriptors_[(addr - base_) >> shift_];
-      if (!d) { d = std::make_unique<superblock>(); }
-      d->base = addr;
-      got[n++] = d.get();
+    try {
+      while (n < want && n < got.size()) {
+        std::uintptr_t const addr = global_.allocate(opts_.superblock_size, opts_.superblock_size, a.stream);
+        if (addr == 0) { break; }
+        auto& d = descriptors_[(addr - base_) >> shift_];
+        if (!d) {
+          try {
+            d = std::make_unique<superblock>();
+          } catch (...) {
+            global_.deallocate(addr, a.stream);
+            throw;
+          }
+        }
+        d->base = addr;
+        got[n++] = d.get();
+      }
+    } catch (...) {
+      for (std::size_t i = 0; i < n; ++i) { global_.deallocate(got[i]->base, a.stream); }
+      throw;
     }
   }
   if (n == 0) { return nullptr; }
-  for (std::size_t i = 0; i < n; ++i) {
-    superblock& sb = *got[i];
-    sb.arena = &a;
-    sb.block_size = 0;  // reclass sets it up
-    sb.capacity = 0;
-    sb.listed = false;
-    sb.spare = false;
-    reclass(a, sb, cls);
-    ++a.superblocks;
-    table_[(sb.base - base_) >> shift_].store(&sb, std::memory_order_release);
-    if (i > 0) {
-      sb.spare = true;
-      a.spares.push_back(&sb);
+  // reclass may throw (its vectors grow): the superblocks set up so far become spares
+  // (the spares vector never grows past its reserve) and the rest go back, so none is lost.
+  std::size_t ready = 0;
+  try {
+    for (; ready < n; ++ready) {
+      superblock& sb = *got[ready];
+      sb.arena = &a;
+      sb.block_size = 0;  // reclass sets it up
+      sb.capacity = 0;
+      sb.listed = false;
+      sb.spare = false;
+      reclass(a, sb, cls);
+      ++a.superblocks;
+      table_[(sb.base - base_) >> shift_].store(&sb, std::memory_order_release);
     }
+  } catch (...) {
+    for (std::size_t i = 0; i < ready; ++i) {
+      got[i]->spare = true;
+      a.spares.push_back(got[i]);
+    }
+    std::lock_guard lock{global_mutex_};
+    for (std::size_t i = ready; i < n; ++i) { global_.deallocate(got[i]->base, a.stream); }
+    throw;
+  }
+  for (std::size_t i = 1; i < n; ++i) {
+    got[i]->spare = true;
+    a.spares.push_back(got[i]);
   }
   ++a.empty;
   list_push(a, *got[0]);
@@ -281,16 +310,22 @@ void arena_core::detach_superblock(stream_arena& a, superblock& sb) noexcept {
 
 void arena_core::surrender_spares(stream_arena& a, std::size_t keep) {
   if (a.spares.size() <= keep) { return; }
-  for (std::size_t i = keep; i < a.spares.size(); ++i) { detach_superblock(a, *a.spares[i]); }
-  {
-    std::lock_guard lock{global_mutex_};
-    for (std::size_t i = keep; i < a.spares.size(); ++i) { global_.deallocate(a.spares[i]->base, a.stream); }
+  // One at a time from the back, each detached only once the global arena has it back:
+  // if a free throws, the spares not yet returned are still wholly this arena's. (Under
+  // the global lock, so no other arena can take one before it is detached here.)
+  std::lock_guard lock{global_mutex_};
+  while (a.spares.size() > keep) {
+    superblock& sb = *a.spares.back();
+    global_.deallocate(sb.base, a.stream);
+    detach_superblock(a, sb);
+    a.spares.pop_back();
   }
-  a.spares.resize(keep);
 }
 
 std::size_t arena_core::reclaim_from(stream_arena& a) {
   // Every wholly free superblock joins the spares, then all of them go back in one trip.
+  // (Room first: a superblock taken off its list must not be lost to a failed push.)
+  a.spares.reserve(a.spares.size() + a.empty);
   for (auto& head : a.lists) {
     for (superblock* sb = head; sb != nullptr;) {
       superblock* const next = sb->next;
@@ -422,7 +457,9 @@ arena_core::statistics arena_core::stats() const {
     st.superblocks_in_arenas += a->superblocks;
     st.free_bytes_in_arenas += a->free_bytes;
   }
-  st.large_live_bytes -= st.superblocks_in_arenas * opts_.superblock_size;
+  // The two locks were not held together: an arena may have taken superblocks in between.
+  std::size_t const in_arenas = st.superblocks_in_arenas * opts_.superblock_size;
+  st.large_live_bytes = st.large_live_bytes > in_arenas ? st.large_live_bytes - in_arenas : 0;
   return st;
 }
 

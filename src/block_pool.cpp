@@ -38,10 +38,12 @@ void block_pool::grow_node_space() {
     throw std::length_error("block_pool: more than " + std::to_string(node_limit_) +
                             " blocks at once (the node space this pool could reserve)");
   }
-  node_space_.commit((std::size_t{node_count_} + 1) * sizeof(block));  // zeroed, like value-initialized nodes
-  // Room for every node index that exists on the free-node stack: deleting never allocates.
-  std::size_t const nodes = node_space_.committed_bytes() / sizeof(block);
+  std::size_t const want = (std::size_t{node_count_} + 1) * sizeof(block);
+  // Room first for every node index the growth creates on the free-node stack, so that
+  // delete_node never allocates; only then the nodes (zeroed, like value-initialized ones).
+  std::size_t const nodes = node_space_.commit_target(want) / sizeof(block);
   if (free_nodes_.capacity() < nodes) { free_nodes_.reserve(std::max(nodes, 2 * free_nodes_.capacity())); }
+  node_space_.commit(want);
 }
 
 MRSTACK_HOT_INLINE void block_pool::delete_node(std::uint32_t i) noexcept {

@@ -60,22 +60,44 @@ void deallocate_metadata(void* p, std::size_t bytes) noexcept {
 }
 
 metadata_reservation::metadata_reservation(std::size_t max_bytes, std::size_t min_bytes) {
-  for (std::size_t bytes = align_up(max_bytes, huge_page_size);; bytes /= 2) {
+  // Whole huge pages throughout: commit() rounds up to them and must stay inside.
+  std::size_t bytes = align_up(max_bytes, huge_page_size);
+  if (bytes > static_cast<std::size_t>(-1) - 2 * huge_page_size) { throw std::bad_alloc{}; }
+  std::size_t const floor = std::max(align_up(min_bytes, huge_page_size), huge_page_size);
+  for (;;) {
     // PROT_NONE: address space only, charged to no commit limit and backed by nothing.
     // One huge page extra, so the start can be placed on a 2 MiB boundary.
-    void* raw = ::mmap(nullptr, bytes + huge_page_size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    std::size_t const span = bytes + huge_page_size;
+    void* raw = ::mmap(nullptr, span, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (raw != MAP_FAILED) {
       auto const start = reinterpret_cast<std::uintptr_t>(raw);
       std::uintptr_t const aligned = align_up(start, huge_page_size);
       if (aligned > start) { ::munmap(raw, aligned - start); }
       std::uintptr_t const tail = aligned + bytes;
-      if (start + bytes + huge_page_size > tail) { ::munmap(reinterpret_cast<void*>(tail), start + bytes + huge_page_size - tail); }
+      if (start + span > tail) { ::munmap(reinterpret_cast<void*>(tail), start + span - tail); }
       base_ = reinterpret_cast<void*>(aligned);
       reserved_ = bytes;
       return;
     }
-    if (bytes / 2 < min_bytes || bytes <= huge_page_size) { throw std::bad_alloc{}; }
+    std::size_t const half = align_down(bytes / 2, huge_page_size);
+    if (half < floor) { throw std::bad_alloc{}; }
+    bytes = half;
   }
+}
+
+std::size_t metadata_reservation::commit_target(std::size_t bytes) const noexcept {
+  if (bytes <= committed_) { return committed_; }
+  // Doubling from 64 KiB while under one huge page (a small pool commits little), then
+  // whole huge pages; never past the reservation (a whole number of huge pages).
+  std::size_t target = 0;
+  if (bytes <= huge_page_size) {
+    target = std::max<std::size_t>(committed_ * 2, 64 * 1024);
+    while (target < bytes) { target *= 2; }
+    target = std::min(target, huge_page_size);
+  } else {
+    target = align_up(bytes, huge_page_size);
+  }
+  return std::min(target, reserved_);
 }
 
 metadata_reservation::~metadata_reservation() {
@@ -85,16 +107,7 @@ metadata_reservation::~metadata_reservation() {
 void metadata_reservation::commit(std::size_t bytes) {
   if (bytes <= committed_) { return; }
   if (bytes > reserved_) { throw std::bad_alloc{}; }
-  // Doubling from 64 KiB while under one huge page (a small pool commits little), then
-  // whole huge pages. reserved_ is a multiple of huge_page_size, so neither overshoots it.
-  std::size_t target = huge_page_size;
-  if (bytes <= huge_page_size) {
-    target = std::max<std::size_t>(committed_ * 2, 64 * 1024);
-    while (target < bytes) { target *= 2; }
-    target = std::min(target, huge_page_size);
-  } else {
-    target = align_up(bytes, huge_page_size);
-  }
+  std::size_t const target = commit_target(bytes);
   auto* const from = static_cast<char*>(base_) + committed_;
   if (::mprotect(from, target - committed_, PROT_READ | PROT_WRITE) != 0) { throw std::bad_alloc{}; }
   if (target >= huge_page_size) {

@@ -7,9 +7,15 @@
 #include <mrstack/detail/block_start_table.hpp>
 #include <mrstack/detail/metadata_memory.hpp>
 
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <cstdint>
 #include <cstring>
+#include <fstream>
 #include <random>
+#include <string>
 #include <vector>
 
 using namespace mrstack::detail;
@@ -141,4 +147,57 @@ TEST_CASE("metadata_reservation: commits grow from the start, zeroed, without mo
   space.commit(10);         // already committed: no change
   CHECK(space.committed_bytes() == 64 * MiB);
   CHECK_THROWS_AS(space.commit(64 * MiB + 1), std::bad_alloc);
+}
+
+#if !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
+namespace {
+/// The calling process's address-space size in bytes (VmSize), or 0 when unknown.
+std::size_t address_space_in_use() {
+  std::ifstream status{"/proc/self/status"};
+  for (std::string line; std::getline(status, line);) {
+    if (line.rfind("VmSize:", 0) == 0) { return std::stoull(line.substr(7)) * 1024; }
+  }
+  return 0;
+}
+}  // namespace
+#endif
+
+TEST_CASE("metadata_reservation: under an address-space limit it reserves less, in whole huge pages") {
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  WARN("skipped: sanitizers reserve terabytes of shadow memory, so no address-space limit can be set");
+  return;
+#else
+  std::size_t const in_use = address_space_in_use();
+  REQUIRE(in_use > 0);
+  pid_t const child = ::fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    // 7 MiB of room. A 1.5 TiB request halves through 3 x 2^k sizes: 6 MiB (8 MiB with the
+    // alignment slack) does not fit, 3 MiB would, but is not a whole number of huge pages,
+    // which commit() rounds up to; so the reservation must be 2 MiB, and all of it commit.
+    rlimit const limit{in_use + 7 * MiB, in_use + 7 * MiB};
+    if (::setrlimit(RLIMIT_AS, &limit) != 0) { ::_exit(10); }
+    try {
+      metadata_reservation space{std::size_t{3} << 39, 2 * MiB};
+      std::size_t const got = space.reserved_bytes();
+      if (got < 2 * MiB || got > 6 * MiB) { ::_exit(11); }
+      if (got % huge_page_size != 0) { ::_exit(12); }
+      space.commit(got);
+      if (space.committed_bytes() != got) { ::_exit(13); }
+      static_cast<unsigned char*>(space.data())[got - 1] = 1;
+      try {
+        metadata_reservation too_big{std::size_t{1} << 40, 64 * MiB};  // cannot get 64 MiB
+        ::_exit(14);
+      } catch (std::bad_alloc const&) {
+      }
+    } catch (...) {
+      ::_exit(15);
+    }
+    ::_exit(0);
+  }
+  int status = 0;
+  REQUIRE(::waitpid(child, &status, 0) == child);
+  REQUIRE(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 0);
+#endif
 }

@@ -26,7 +26,7 @@
 /// `empty_superblocks_kept`; past that, all but `empty_superblocks_kept` return to the
 /// global arena in one trip to its lock, owned by the arena's stream: the global arena's
 /// stream ordering then decides when another stream may take it (event wait). Superblocks
-/// come from the global arena up to 2 × `empty_superblocks_kept` at a time (one lock trip),
+/// come from the global arena up to 2 × `empty_superblocks_kept` (at most 32) at a time (one lock trip),
 /// the extras kept as spares. Both batches exist because the global lock is what threads
 /// share: a thread growing or shrinking by hundreds of superblocks meets the others there
 /// once per batch, not once per superblock. When the global arena cannot serve a

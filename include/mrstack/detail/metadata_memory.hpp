@@ -76,6 +76,7 @@ class metadata_reservation {
   metadata_reservation() = default;
   /// Reserves `max_bytes`, or half as much while the system refuses, down to `min_bytes`
   /// (a process under a small address-space limit); throws std::bad_alloc below that.
+  /// Both are rounded up to whole 2 MiB pages.
   metadata_reservation(std::size_t max_bytes, std::size_t min_bytes);
   ~metadata_reservation();
   metadata_reservation(metadata_reservation const&) = delete;
@@ -88,6 +89,8 @@ class metadata_reservation {
   /// doubling steps up to 2 MiB, then in whole 2 MiB pages. Throws std::bad_alloc when the
   /// system has no memory for it.
   void commit(std::size_t bytes);
+  /// What `commit(bytes)` would leave committed (a caller can make room for it first).
+  [[nodiscard]] std::size_t commit_target(std::size_t bytes) const noexcept;
 
  private:
   void* base_ = nullptr;
