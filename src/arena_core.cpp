@@ -204,8 +204,7 @@ void arena_core::push_block(stream_arena& a, superblock& sb, std::uint32_t index
       return;
     }
     list_remove(a, sb);
-    sb.spare = true;
-    a.spares.push_back(&sb);
+    make_spare(a, sb);
     // Spares run up to twice the number kept, then the excess goes back in one trip to
     // the global lock: an arena whose blocks are all being freed (a thread winding down
     // a phase) returns superblocks in batches, not one lock trip each.
@@ -283,21 +282,20 @@ arena_core::superblock* arena_core::acquire_superblock(stream_arena& a, unsigned
       table_[(sb.base - base_) >> shift_].store(&sb, std::memory_order_release);
     }
   } catch (...) {
-    for (std::size_t i = 0; i < ready; ++i) {
-      got[i]->spare = true;
-      a.spares.push_back(got[i]);
-    }
+    for (std::size_t i = 0; i < ready; ++i) { make_spare(a, *got[i]); }
     std::lock_guard lock{global_mutex_};
     for (std::size_t i = ready; i < n; ++i) { global_.deallocate(got[i]->base, a.stream); }
     throw;
   }
-  for (std::size_t i = 1; i < n; ++i) {
-    got[i]->spare = true;
-    a.spares.push_back(got[i]);
-  }
+  for (std::size_t i = 1; i < n; ++i) { make_spare(a, *got[i]); }
   ++a.empty;
   list_push(a, *got[0]);
   return got[0];
+}
+
+void arena_core::make_spare(stream_arena& a, superblock& sb) noexcept {
+  sb.spare = true;
+  a.spares.push_back(&sb);  // within the room create_arena / reclaim_from reserved: no allocation
 }
 
 void arena_core::detach_superblock(stream_arena& a, superblock& sb) noexcept {
@@ -332,8 +330,7 @@ std::size_t arena_core::reclaim_from(stream_arena& a) {
       if (sb->free_count == sb->capacity) {
         list_remove(a, *sb);
         --a.empty;
-        sb->spare = true;
-        a.spares.push_back(sb);
+        make_spare(a, *sb);
       }
       sb = next;
     }

@@ -13,10 +13,7 @@ namespace mrstack::detail {
 // costs more than most steps do. Forced inline: they are used in this file only.
 #define MRSTACK_HOT_INLINE [[gnu::always_inline]] inline
 
-block_pool::block_pool()
-    : node_space_{max_nodes * sizeof(block), min_reserved_nodes * sizeof(block)},
-      nodes_{static_cast<block*>(node_space_.data())},
-      node_limit_{static_cast<std::uint32_t>(std::min<std::size_t>(node_space_.reserved_bytes() / sizeof(block), npos))} {}
+block_pool::block_pool() : node_space_{max_nodes * sizeof(block), min_reserved_nodes * sizeof(block)} {}
 block_pool::~block_pool() = default;
 
 // ---- node slab ---------------------------------------------------------------------------
@@ -34,8 +31,9 @@ MRSTACK_HOT_INLINE std::uint32_t block_pool::new_node() {
 }
 
 void block_pool::grow_node_space() {
-  if (node_count_ == node_limit_) {
-    throw std::length_error("block_pool: more than " + std::to_string(node_limit_) +
+  std::size_t const limit = node_space_.reserved_bytes() / sizeof(block);  // <= max_nodes < npos
+  if (node_count_ == limit) {
+    throw std::length_error("block_pool: more than " + std::to_string(limit) +
                             " blocks at once (the node space this pool could reserve)");
   }
   std::size_t const want = (std::size_t{node_count_} + 1) * sizeof(block);

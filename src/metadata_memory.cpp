@@ -25,6 +25,26 @@ namespace {
 // Mapped regions are rounded up to whole huge pages; this is the length actually mapped.
 std::size_t mapped_length(std::size_t bytes) noexcept { return align_up(bytes, huge_page_size); }
 
+// Maps `length` bytes (a whole number of huge pages) starting on a 2 MiB boundary — the
+// kernel places only aligned 2 MiB ranges on huge pages — by over-mapping one huge page
+// and trimming. Null when the system refuses.
+void* map_huge_aligned(std::size_t length, int prot, int flags) noexcept {
+  std::size_t const span = length + huge_page_size;
+  void* raw = ::mmap(nullptr, span, prot, MAP_PRIVATE | MAP_ANONYMOUS | flags, -1, 0);
+  if (raw == MAP_FAILED) { return nullptr; }
+  auto const start = reinterpret_cast<std::uintptr_t>(raw);
+  std::uintptr_t const aligned = align_up(start, huge_page_size);
+  if (aligned > start) { ::munmap(raw, aligned - start); }
+  std::uintptr_t const end = aligned + length;
+  if (start + span > end) { ::munmap(reinterpret_cast<void*>(end), start + span - end); }
+  return reinterpret_cast<void*>(aligned);
+}
+
+// Advice only: a kernel without transparent huge pages refuses it, and 4 KiB pages serve.
+void advise_huge_pages(void* p, std::size_t length) noexcept {
+  (void)::madvise(p, length, metadata_huge_pages_enabled() ? MADV_HUGEPAGE : MADV_NOHUGEPAGE);
+}
+
 }  // namespace
 
 void* allocate_metadata(std::size_t bytes) {
@@ -33,21 +53,10 @@ void* allocate_metadata(std::size_t bytes) {
   if (length == static_cast<std::size_t>(-1) || length > static_cast<std::size_t>(-1) - huge_page_size) {
     throw std::bad_alloc{};
   }
-  // Over-map by one huge page and trim, so the region starts on a 2 MiB boundary (the
-  // kernel places only aligned 2 MiB ranges on huge pages).
-  std::size_t const span = length + huge_page_size;
-  void* raw = ::mmap(nullptr, span, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (raw == MAP_FAILED) { throw std::bad_alloc{}; }
-  auto const start = reinterpret_cast<std::uintptr_t>(raw);
-  std::uintptr_t const aligned = align_up(start, huge_page_size);
-  if (aligned > start) { ::munmap(raw, aligned - start); }
-  std::uintptr_t const end = aligned + length;
-  std::uintptr_t const raw_end = start + span;
-  if (raw_end > end) { ::munmap(reinterpret_cast<void*>(end), raw_end - end); }
-  // Advice only: a kernel without transparent huge pages refuses it, and 4 KiB pages serve.
-  (void)::madvise(reinterpret_cast<void*>(aligned), length,
-                  metadata_huge_pages_enabled() ? MADV_HUGEPAGE : MADV_NOHUGEPAGE);
-  return reinterpret_cast<void*>(aligned);
+  void* p = map_huge_aligned(length, PROT_READ | PROT_WRITE, 0);
+  if (p == nullptr) { throw std::bad_alloc{}; }
+  advise_huge_pages(p, length);
+  return p;
 }
 
 void deallocate_metadata(void* p, std::size_t bytes) noexcept {
@@ -66,16 +75,8 @@ metadata_reservation::metadata_reservation(std::size_t max_bytes, std::size_t mi
   std::size_t const floor = std::max(align_up(min_bytes, huge_page_size), huge_page_size);
   for (;;) {
     // PROT_NONE: address space only, charged to no commit limit and backed by nothing.
-    // One huge page extra, so the start can be placed on a 2 MiB boundary.
-    std::size_t const span = bytes + huge_page_size;
-    void* raw = ::mmap(nullptr, span, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-    if (raw != MAP_FAILED) {
-      auto const start = reinterpret_cast<std::uintptr_t>(raw);
-      std::uintptr_t const aligned = align_up(start, huge_page_size);
-      if (aligned > start) { ::munmap(raw, aligned - start); }
-      std::uintptr_t const tail = aligned + bytes;
-      if (start + span > tail) { ::munmap(reinterpret_cast<void*>(tail), start + span - tail); }
-      base_ = reinterpret_cast<void*>(aligned);
+    if (void* p = map_huge_aligned(bytes, PROT_NONE, MAP_NORESERVE)) {
+      base_ = p;
       reserved_ = bytes;
       return;
     }
@@ -110,10 +111,7 @@ void metadata_reservation::commit(std::size_t bytes) {
   std::size_t const target = commit_target(bytes);
   auto* const from = static_cast<char*>(base_) + committed_;
   if (::mprotect(from, target - committed_, PROT_READ | PROT_WRITE) != 0) { throw std::bad_alloc{}; }
-  if (target >= huge_page_size) {
-    // Advice only (see allocate_metadata); the range grows, so it is given again each time.
-    (void)::madvise(base_, target, metadata_huge_pages_enabled() ? MADV_HUGEPAGE : MADV_NOHUGEPAGE);
-  }
+  if (target >= huge_page_size) { advise_huge_pages(base_, target); }  // the range grew: advise it all
   committed_ = target;
 }
 

@@ -136,6 +136,8 @@ class arena_core {
   superblock* acquire_superblock(stream_arena& a, unsigned cls);
   /// Most spares an arena holds before handing the excess back.
   [[nodiscard]] std::size_t spare_limit() const noexcept { return 2 * opts_.empty_superblocks_kept; }
+  /// Adds `sb` (wholly free, owned by `a`, in no list) to `a`'s spares.
+  void make_spare(stream_arena& a, superblock& sb) noexcept;
   /// Unlinks `sb` (wholly free, owned by `a`, in no list) from `a` and the lookup table.
   void detach_superblock(stream_arena& a, superblock& sb) noexcept;
   /// Gives all but `keep` of `a`'s spares back to the global arena in one lock trip (`a` locked by the caller).

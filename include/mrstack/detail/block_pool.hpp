@@ -280,8 +280,10 @@ class block_pool {
     return chunks_[n.chunk].base + std::uintptr_t{n.offset} * granularity;
   }
   [[nodiscard]] static std::size_t size_of(block const& n) noexcept { return std::size_t{n.units} * granularity; }
-  [[nodiscard]] block& at(std::uint32_t i) noexcept { return nodes_[i]; }
-  [[nodiscard]] block const& at(std::uint32_t i) const noexcept { return nodes_[i]; }
+  [[nodiscard]] block& at(std::uint32_t i) noexcept { return static_cast<block*>(node_space_.data())[i]; }
+  [[nodiscard]] block const& at(std::uint32_t i) const noexcept {
+    return static_cast<block const*>(node_space_.data())[i];
+  }
   std::uint32_t new_node();
   /// Commits more node space (new_node's rare path). Throws when the reservation is full.
   [[gnu::cold, gnu::noinline]] void grow_node_space();
@@ -321,10 +323,8 @@ class block_pool {
     return (a == synchronized && !exclusive(b)) || (b == synchronized && !exclusive(a));
   }
 
-  metadata_reservation node_space_;
-  block* nodes_ = nullptr;             // node_space_'s start
+  metadata_reservation node_space_;    // the node array
   std::uint32_t node_count_ = 0;       // nodes ever created
-  std::uint32_t node_limit_ = 0;       // nodes the reservation holds
   std::vector<std::uint32_t> free_nodes_;  // unused node indices
   std::vector<std::unique_ptr<class_index>> indexes_;
   std::vector<std::uint8_t> exclusive_;  // per owner
