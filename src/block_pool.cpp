@@ -13,7 +13,9 @@ namespace mrstack::detail {
 // costs more than most steps do. Forced inline: they are used in this file only.
 #define MRSTACK_HOT_INLINE [[gnu::always_inline]] inline
 
-block_pool::block_pool() : node_space_{max_nodes * sizeof(block), min_reserved_nodes * sizeof(block)} {}
+block_pool::block_pool(std::size_t max_blocks)
+    : node_space_{std::min(max_blocks, max_nodes) * sizeof(block),
+                  std::min(max_blocks, min_reserved_nodes) * sizeof(block)} {}
 block_pool::~block_pool() = default;
 
 // ---- node slab ---------------------------------------------------------------------------

@@ -201,3 +201,27 @@ TEST_CASE("metadata_reservation: under an address-space limit it reserves less, 
   CHECK(WEXITSTATUS(status) == 0);
 #endif
 }
+
+TEST_CASE("block_pool: past the blocks its node space holds, a call is refused with the count and changes nothing") {
+  block_pool pool{65536};  // 2 MiB of nodes: exactly 65,536
+  std::uintptr_t const base = 0x7000'0000'0000ULL;
+  pool.add_chunk(base, 70000 * block_pool::granularity, block_pool::synchronized);  // node 1
+  for (std::size_t i = 0; i < 65535; ++i) {  // each split takes a node: 65,536 in all
+    REQUIRE(pool.allocate(block_pool::granularity, block_pool::granularity, block_pool::synchronized) != 0);
+  }
+  try {
+    (void)pool.allocate(block_pool::granularity, block_pool::granularity, block_pool::synchronized);
+    FAIL("the 65,537th block was not refused");
+  } catch (std::length_error const& e) {
+    CHECK_THAT(e.what(), Catch::Contains("more than 65536 blocks"));
+  }
+  CHECK(pool.live_blocks() == 65535);
+  CHECK(pool.check_invariants() == "");
+  // The whole rest still comes out as one block: no new node needed.
+  CHECK(pool.allocate((70000 - 65535) * block_pool::granularity, block_pool::granularity, block_pool::synchronized) != 0);
+  CHECK(pool.free_block_count() == 0);
+  // A freed block of that size is taken whole (no split, so no new node): served again.
+  REQUIRE(pool.deallocate(base, block_pool::synchronized) == block_pool::granularity);
+  CHECK(pool.allocate(block_pool::granularity, block_pool::granularity, block_pool::synchronized) == base);
+  CHECK(pool.check_invariants() == "");
+}

@@ -78,8 +78,19 @@ class block_pool {
   /// better fit before taking the next larger class. They are read from the class's array
   /// (8 entries per cache line), not from the nodes, so looking costs almost nothing.
   static constexpr int exact_class_scan = 4;
+  // Nodes live in one flat array in reserved address space (metadata_reservation): a
+  // node is one address computation away from its index — no page table to load on every
+  // step of a free's chain of cache misses — and never moves as the array grows. Up to
+  // 2^28 nodes by default (8 GiB of address space, committed only as used; down to 2^20
+  // where the process's address space is limited).
+  static constexpr std::size_t max_nodes = std::size_t{1} << 28;
+  static constexpr std::size_t min_reserved_nodes = std::size_t{1} << 20;
 
-  block_pool();
+  /// `max_blocks`: how many blocks (live, free and withdrawn together) the pool may hold;
+  /// its node array's address space is reserved for that many up front (rounded up to
+  /// 2 MiB; less where the process's address space is limited). Past it, a call that
+  /// needs a new block throws std::length_error saying so, and changes nothing.
+  explicit block_pool(std::size_t max_blocks = max_nodes);
   ~block_pool();
   block_pool(block_pool const&) = delete;
   block_pool& operator=(block_pool const&) = delete;
@@ -222,13 +233,6 @@ class block_pool {
   static constexpr unsigned fl_count = 28;
   static constexpr unsigned class_count = fl_count * sl_count;
   static constexpr std::size_t max_units = 0xffffffffU;
-  // Nodes live in one flat array in reserved address space (metadata_reservation): a
-  // node is one address computation away from its index — no page table to load on every
-  // step of a free's chain of cache misses — and never moves as the array grows. Up to
-  // 2^28 nodes (8 GiB of address space, committed only as used; less where the process's
-  // address space is limited).
-  static constexpr std::size_t max_nodes = std::size_t{1} << 28;
-  static constexpr std::size_t min_reserved_nodes = std::size_t{1} << 20;
   static constexpr std::uint8_t state_free = 0;
   static constexpr std::uint8_t state_live = 1;
   static constexpr std::uint8_t state_withdrawn = 2;
