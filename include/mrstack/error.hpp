@@ -19,6 +19,8 @@
 
 #include <cuda_runtime_api.h>
 
+#include <mrstack/detail/format.hpp>
+
 namespace mrstack {
 
 /// What a resource knew about itself when it refused a request.
@@ -31,13 +33,6 @@ struct allocation_failure {
   std::optional<std::size_t> limit_bytes;         ///< a configured limit, where one applies
   std::string detail;                             ///< anything else worth saying
 };
-
-/// Formats a byte count for people: "1.50 MiB (1572864 B)".
-std::string format_bytes(std::size_t bytes);
-
-/// Formats an address or handle for error messages: "0x7f864d700000" (null: "0x0").
-std::string format_hex(unsigned long long value);
-inline std::string format_hex(void const* ptr) { return format_hex(reinterpret_cast<std::uintptr_t>(ptr)); }
 
 class out_of_memory : public std::bad_alloc {
  public:

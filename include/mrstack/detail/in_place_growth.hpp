@@ -46,7 +46,7 @@
 #include <vector>
 
 #include <mrstack/detail/align.hpp>
-#include <mrstack/upstream/virtual_range.hpp>
+#include <mrstack/detail/virtual_range.hpp>
 
 namespace mrstack::detail {
 

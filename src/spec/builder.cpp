@@ -12,7 +12,7 @@
 
 #include <cuda_runtime_api.h>
 
-#include "spec_detail.hpp"
+#include "spec/spec_detail.hpp"
 
 namespace mrstack {
 

@@ -25,7 +25,7 @@
 
 #include <limits>
 
-#include "spec_detail.hpp"
+#include "spec/spec_detail.hpp"
 
 namespace mrstack::detail {
 

@@ -15,7 +15,7 @@
 #include <cctype>
 #include <limits>
 
-#include "spec_detail.hpp"
+#include "spec/spec_detail.hpp"
 
 namespace mrstack {
 

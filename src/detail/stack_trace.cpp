@@ -1,4 +1,4 @@
-#include <mrstack/error.hpp>
+#include <mrstack/detail/format.hpp>
 #include <mrstack/detail/stack_trace.hpp>
 
 #include <algorithm>

@@ -6,7 +6,7 @@
 #include <deque>
 #include <mutex>
 
-#include "spec_detail.hpp"
+#include "spec/spec_detail.hpp"
 
 namespace mrstack {
 
