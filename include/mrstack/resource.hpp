@@ -25,8 +25,10 @@
 /// memory is the same algorithm as a pool over device memory, so `kind()` tells where the
 /// memory lives instead of a second class hierarchy.
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include <mrstack/detail/align.hpp>
 #include <mrstack/error.hpp>
@@ -45,6 +47,29 @@ enum class memory_kind {
   none,         ///< no memory at all: addresses only (the `simulated` upstream)
 };
 char const* to_string(memory_kind kind) noexcept;
+
+/// How fragmented a stack's free memory is, as the layer that carves it sees it (one
+/// suballocator: the topmost one in the stack; adaptors forward the query down).
+/// `resource` is empty when no layer of the stack keeps free memory (bare upstreams,
+/// `simulated`): then every number is 0. Queries are cheap (no walk over blocks) and
+/// hold no lock longer than an allocation does.
+struct fragmentation_info {
+  /// Free memory that only one stream may use at once (stream-ordered suballocators).
+  struct stream_share {
+    std::uintptr_t stream = 0;  ///< the stream's handle (0: the legacy default stream)
+    bool thread_bound = false;  ///< a per-thread default stream (`stream` is then a thread key)
+    std::size_t free_bytes = 0;
+    std::size_t largest_free_block = 0;
+    std::size_t free_blocks = 0;
+  };
+  std::string resource;                ///< the layer that answered ("pool", "arena", ...)
+  std::size_t held_bytes = 0;          ///< bytes it holds from its upstream (its footprint)
+  std::size_t live_bytes = 0;          ///< bytes handed out and not yet freed
+  std::size_t free_bytes = 0;          ///< bytes held and free to hand out (any stream)
+  std::size_t largest_free_block = 0;  ///< the largest request it could serve without growing
+  std::size_t free_blocks = 0;         ///< number of free blocks (runs of free bytes)
+  std::vector<stream_share> streams;   ///< free memory per stream, where it is per stream
+};
 
 class memory_resource {
  public:
@@ -85,6 +110,9 @@ class memory_resource {
   /// Returns whatever free memory this layer and those below it can give back to the
   /// system (a pool's wholly free chunks). Safe to call at any time.
   void release() { do_release(); }
+  /// Fragmentation of the free memory this stack holds (see `fragmentation_info`):
+  /// answered by the topmost suballocator; adaptors forward it down.
+  [[nodiscard]] fragmentation_info fragmentation() const { return do_fragmentation(); }
 
  private:
   virtual void* do_allocate(std::size_t bytes, std::size_t alignment, stream_view stream) = 0;
@@ -103,6 +131,10 @@ class memory_resource {
   }
   virtual void do_release() {
     if (auto* up = do_upstream()) { up->release(); }
+  }
+  virtual fragmentation_info do_fragmentation() const {
+    auto const* up = do_upstream();
+    return up != nullptr ? up->fragmentation() : fragmentation_info{};
   }
 
   [[noreturn]] static void throw_bad_alignment(std::size_t alignment);
