@@ -7,8 +7,11 @@ install(DIRECTORY ${PROJECT_SOURCE_DIR}/include/mrstack DESTINATION ${CMAKE_INST
 install(TARGETS mrstack EXPORT mrstackTargets
         ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
         INCLUDES DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+# OPTIONAL: an install after building only some targets (the README's first command
+# builds mrstack-replay alone) still installs the headers, the static library and the
+# package config instead of failing on the missing shared library.
 if(TARGET mrstack_c)
-  install(TARGETS mrstack_c LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR})
+  install(TARGETS mrstack_c LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR} OPTIONAL)
 endif()
 install(EXPORT mrstackTargets NAMESPACE mrstack:: DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/mrstack)
 configure_package_config_file(${PROJECT_SOURCE_DIR}/cmake/mrstackConfig.cmake.in

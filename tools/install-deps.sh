@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # Installs what mrstack builds with, from Debian's packages (idempotent: installed
 # packages are skipped). The CUDA toolkit itself (nvcc, cudart, CCCL) must already be at
-# /usr/local/cuda or on PATH. Also installs the Python test dependencies with pip.
+# /usr/local/cuda or on PATH. Also installs the Python test dependencies
+# (python/requirements-test.txt) with pip into a virtual environment of the checkout's own,
+# build/venv, so the system's Python is left alone; tools/run-tests.sh runs pytest from it.
 # python3-dev: the headers the optional Python extension (mrstack._fastpath) is built with,
 # for Debian's python3 (a pyenv or other self-built Python carries its own headers).
 set -euo pipefail
 packages=(cmake ninja-build g++ libspdlog-dev catch2 libbenchmark-dev zlib1g-dev libbackward-cpp-dev libdw-dev
-          python3-dev)
+          python3-dev python3-venv)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -25,5 +27,7 @@ if ! command -v nvcc >/dev/null 2>&1 && [ ! -x /usr/local/cuda/bin/nvcc ]; then
   exit 1
 fi
 if [ -f python/requirements-test.txt ]; then
-  python3 -m pip install -q -r python/requirements-test.txt
+  [ -x build/venv/bin/python ] || python3 -m venv build/venv
+  build/venv/bin/python -m pip install -q --disable-pip-version-check -r python/requirements-test.txt
+  echo "install-deps: Python test packages in build/venv"
 fi

@@ -9,5 +9,8 @@ cmake --workflow --preset ci
 if [ -d python/tests ]; then
   # The package's tests use the library this build just made (build/ci), and a missing
   # library fails them instead of skipping them.
-  MRSTACK_LIBRARY="$PWD/build/ci/libmrstack_c.so" MRSTACK_REQUIRE_LIBRARY=1 python3 -m pytest -q python/tests
+  # pytest runs from the environment tools/install-deps.sh made (build/venv).
+  python=python3
+  [ -x build/venv/bin/python ] && python=build/venv/bin/python
+  MRSTACK_LIBRARY="$PWD/build/ci/libmrstack_c.so" MRSTACK_REQUIRE_LIBRARY=1 "$python" -m pytest -q python/tests
 fi
