@@ -44,7 +44,7 @@ def test_plain_upstream_answers_empty(lib):
 
 
 @pytest.mark.parametrize("spec", ["pool > simulated", "logging(file=\"/dev/null\") > pool > simulated",
-                                  "binning > pool > simulated", "arena > simulated"])
+                                  "binning > pool > simulated", "arena(size=256MiB) > simulated"])
 def test_suballocator_numbers_are_consistent_through_a_random_workload(lib, spec):
     rng = random.Random(7)
     try:
