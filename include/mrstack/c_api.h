@@ -223,8 +223,15 @@ MRSTACK_C_EXPORT void mrstack_torch_free(void* ptr, size_t size, int device, voi
 /* The same as mrstack_torch_alloc, for PyTorch (a C++ caller) only: on failure it throws
  * the C++ exception (mrstack::out_of_memory, a std::bad_alloc naming the request, the
  * footprint, the free bytes and the largest free block) instead of returning NULL, so
- * PyTorch raises it in Python. The one function of this header an exception leaves. */
+ * PyTorch raises it in Python (see mrstack_torch_bind_c10). It also refuses, with an
+ * exception, any allocation on a stream being captured into a CUDA graph. The one
+ * function of this header an exception leaves. */
 MRSTACK_C_EXPORT void* mrstack_torch_alloc_raising(size_t size, int device, void* stream);
+/* Makes mrstack_torch_alloc_raising throw c10::OutOfMemoryError (torch.OutOfMemoryError in
+ * Python), built by the constructor of the libc10.so at `libc10_path` (the one PyTorch
+ * loaded). MRSTACK_ERROR_STATE when that library lacks it; the exception then stays
+ * mrstack's own (PyTorch raises RuntimeError with the same message). */
+MRSTACK_C_EXPORT mrstack_status mrstack_torch_bind_c10(const char* libc10_path);
 /* Tensor.record_stream for mrstack: the free of `ptr` (by mrstack_torch_free) makes its
  * stream wait for the work enqueued on `stream` up to now, before the block is reused. */
 MRSTACK_C_EXPORT mrstack_status mrstack_torch_record_stream(void* ptr, void* stream);

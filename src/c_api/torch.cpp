@@ -4,10 +4,11 @@
 //
 // Out of memory: mrstack_torch_alloc returns NULL, which PyTorch does not check (the
 // tensor gets a null pointer). mrstack_torch_alloc_raising, which mrstack.torch.install()
-// hands to PyTorch, instead lets mrstack::out_of_memory (a std::bad_alloc whose message
-// names the request, the footprint, the free bytes and the largest free block) unwind into
-// PyTorch's C++ caller, which turns it into a Python exception; nothing of the stack
-// changed, so the next allocation is served as usual.
+// hands to PyTorch, instead throws into PyTorch's C++ caller: a c10::OutOfMemoryError
+// (Python: torch.OutOfMemoryError) once mrstack_torch_bind_c10 found libc10's, else
+// mrstack::out_of_memory (RuntimeError); either message names the request, the
+// footprint, the free bytes and the largest free block. Nothing of the stack changed, so
+// the next allocation is served as usual.
 //
 // Streams: PyTorch gives its pluggable allocator no record_stream hook reachable from
 // Python, so mrstack_torch_record_stream is mrstack's own: it records an event on the
@@ -17,16 +18,56 @@
 #include "c_api_internal.hpp"
 
 #include <cuda_runtime_api.h>
+#include <cxxabi.h>
+#include <dlfcn.h>
 
 #include <array>
 #include <atomic>
 #include <cstdio>
 #include <mutex>
 #include <string>
+#include <typeinfo>
 #include <unordered_map>
 #include <vector>
 
 namespace {
+
+// ---- c10::OutOfMemoryError, made by libc10 itself ----------------------------------------
+// PyTorch turns a c10::OutOfMemoryError unwinding out of its allocator into Python's
+// torch.OutOfMemoryError, and any other std::exception into RuntimeError. mrstack does not
+// link against PyTorch, so mrstack.torch.install() hands over the path of the libc10.so
+// PyTorch loaded, and the exception is built by libc10's own exported constructor
+// `OutOfMemoryError(SourceLocation, std::string)` and thrown with libc10's type_info.
+// SourceLocation is a plain struct of two pointers and a line (c10/util/StringUtil.h).
+struct c10_source_location {
+  char const* function;
+  char const* file;
+  std::uint32_t line;
+};
+using c10_oom_constructor = void (*)(void* self, c10_source_location where, std::string message);
+struct c10_binding {
+  c10_oom_constructor construct = nullptr;
+  std::type_info* type = nullptr;
+};
+// More than sizeof(c10::Error) (about 150 bytes: a vtable pointer, three strings, a vector,
+// a shared_ptr and a pointer); the object only uses what it needs.
+constexpr std::size_t c10_error_storage = 1024;
+std::atomic<c10_binding const*> bound_c10{nullptr};
+
+[[noreturn]] void throw_as_c10_out_of_memory(c10_binding const& c10, std::string message) {
+  void* storage = __cxxabiv1::__cxa_allocate_exception(c10_error_storage);
+  try {
+    c10.construct(storage, c10_source_location{"mrstack_torch_alloc_raising", __FILE__, __LINE__},
+                  std::move(message));
+  } catch (...) {
+    __cxxabiv1::__cxa_free_exception(storage);
+    throw;
+  }
+  // c10::Error derives from std::exception first and alone: its virtual destructor ends the object.
+  __cxxabiv1::__cxa_throw(storage, c10.type, [](void* object) { static_cast<std::exception*>(object)->~exception(); });
+}
+
+// ---- the books ---------------------------------------------------------------------------
 
 constexpr int max_torch_devices = 64;
 
@@ -74,9 +115,28 @@ void sample_reserved(mrstack_stack& stack, torch_books& b) noexcept {
   } catch (...) {}  // a statistic: never fail an allocation for it
 }
 
+// A stream being captured into a CUDA graph: mrstack cannot keep the graph's memory
+// private (PyTorch's graph pools have no hooks a pluggable allocator can reach from
+// Python), and a pool growing during capture would call cudaMalloc, which capture forbids.
+// cudaStreamIsCapturing is the one query capture allows.
+void refuse_during_capture(std::size_t size, int device, void* stream) {
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  cudaError_t const status = cudaStreamIsCapturing(static_cast<cudaStream_t>(stream), &capture);
+  if (status != cudaSuccess) { (void)cudaGetLastError(); }  // no driver, or a legacy-stream query in a capture
+  if (capture == cudaStreamCaptureStatusNone && status != cudaErrorStreamCaptureImplicit) { return; }
+  throw mrstack::logic_error(
+      "mrstack: PyTorch asked for " + std::to_string(size) + " bytes on device " + std::to_string(device) +
+      " while its stream is being captured into a CUDA graph; mrstack refuses allocations during capture: it "
+      "cannot keep a graph's memory private as PyTorch's own allocator does (a pluggable allocator gets no "
+      "graph pool from PyTorch), and growing would call cudaMalloc, which capture forbids. Capture with "
+      "PyTorch's allocator (do not call mrstack.torch.install() in that process), or warm up so that the "
+      "captured region allocates nothing (see docs/python.md)");
+}
+
 void* allocate_for_torch(std::size_t size, int device, void* stream) {
   mrstack_stack* stack = mrstack::c_api::built_device_stack(device);
   if (stack == nullptr) { stack = &mrstack::c_api::device_stack(device); }
+  refuse_during_capture(size, device, stream);
   void* ptr = nullptr;
   try {
     ptr = stack->top->allocate(size, mrstack::stream_view{static_cast<cudaStream_t>(stream)});
@@ -129,10 +189,48 @@ void* mrstack_torch_alloc(size_t size, int device, void* stream) {
 void* mrstack_torch_alloc_raising(size_t size, int device, void* stream) {
   try {
     return allocate_for_torch(size, device, stream);
-  } catch (...) {
+  } catch (mrstack::out_of_memory const& e) {
     (void)mrstack::c_api::status_from_current_exception();  // also this thread's last error
-    throw;  // into PyTorch's C++ caller (see the file's comment)
+    if (c10_binding const* c10 = bound_c10.load(std::memory_order_acquire)) {
+      throw_as_c10_out_of_memory(*c10, std::string{"mrstack: "} + e.what());
+    }
+    throw;  // into PyTorch's C++ caller, which raises RuntimeError with the message
+  } catch (...) {
+    (void)mrstack::c_api::status_from_current_exception();
+    throw;
   }
+}
+
+mrstack_status mrstack_torch_bind_c10(const char* libc10_path) {
+  if (libc10_path == nullptr) {
+    mrstack::c_api::set_last_error("mrstack_torch_bind_c10: the path is null");
+    return MRSTACK_ERROR_INVALID_ARGUMENT;
+  }
+  // PyTorch has loaded it already: this finds that copy (and keeps it loaded).
+  void* library = dlopen(libc10_path, RTLD_NOW | RTLD_NOLOAD);
+  if (library == nullptr) { library = dlopen(libc10_path, RTLD_NOW); }
+  if (library == nullptr) {
+    char const* why = dlerror();
+    mrstack::c_api::set_last_error(std::string{"mrstack_torch_bind_c10: cannot load "} + libc10_path + ": " +
+                                   (why != nullptr ? why : "unknown error"), 0, MRSTACK_ERROR_STATE);
+    return MRSTACK_ERROR_STATE;
+  }
+  static constexpr char const* constructor_symbol =
+      "_ZN3c1016OutOfMemoryErrorC1ENS_14SourceLocationENSt7__cxx1112basic_stringIcSt11char_traitsIcESaIcEEE";
+  static constexpr char const* type_symbol = "_ZTIN3c1016OutOfMemoryErrorE";
+  auto* binding = new c10_binding;  // never freed: a thread may be throwing with it
+  binding->construct = reinterpret_cast<c10_oom_constructor>(dlsym(library, constructor_symbol));
+  binding->type = static_cast<std::type_info*>(dlsym(library, type_symbol));
+  if (binding->construct == nullptr || binding->type == nullptr) {
+    mrstack::c_api::set_last_error(std::string{"mrstack_torch_bind_c10: "} + libc10_path + " lacks " +
+                                   (binding->construct == nullptr ? constructor_symbol : type_symbol) +
+                                   " (c10::OutOfMemoryError); out-of-memory stays a RuntimeError",
+                                   0, MRSTACK_ERROR_STATE);
+    delete binding;
+    return MRSTACK_ERROR_STATE;
+  }
+  bound_c10.store(binding, std::memory_order_release);
+  return MRSTACK_SUCCESS;
 }
 
 void mrstack_torch_free(void* ptr, size_t size, int device, void* stream) {
