@@ -120,3 +120,23 @@ def test_bind_refuses_a_library_without_the_symbol(run_python):
         print("ok")
     """)
     assert done.stdout.split() == ["ok"]
+
+
+def test_install_resolves_the_entry_points_and_binds_c10(run_python):
+    if importlib.util.find_spec("torch") is None:
+        pytest.skip("PyTorch is not installed")
+    done = run_python("""
+        import mrstack.torch as mt
+        allocator = mt.install()            # loads mrstack_torch_alloc_raising and mrstack_torch_free by name
+        assert mt.install() is allocator and mt.installed()
+        assert mt._raises_torch_oom          # libc10's OutOfMemoryError was found
+        import torch
+        with __import__("pytest").raises(torch.OutOfMemoryError, match="out of memory: pool"):
+            with mt.out_of_memory_as_torch_error():
+                raise RuntimeError("mrstack: out of memory: pool could not allocate 1.00 GiB")
+        with __import__("pytest").raises(RuntimeError, match="unrelated"):
+            with mt.out_of_memory_as_torch_error():
+                raise RuntimeError("unrelated")
+        print("ok")
+    """)
+    assert done.stdout.split() == ["ok"]

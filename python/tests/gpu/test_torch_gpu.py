@@ -44,6 +44,7 @@ except torch.OutOfMemoryError as e:
 else:
     raise AssertionError("no out-of-memory error")
 assert "out of memory" in message and "1.00 GiB" in message, message
+assert "footprint" in message and "largest free block" in message, message
 y = torch.full((16 << 20,), 7, dtype=torch.uint8, device="cuda")     # still serving
 assert int(y.sum()) == 7 * (16 << 20) and int(x.sum()) == 64 << 20
 assert mt.memory_stats()["num_ooms"] == 1
