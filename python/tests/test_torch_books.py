@@ -140,3 +140,29 @@ def test_install_resolves_the_entry_points_and_binds_c10(run_python):
         print("ok")
     """)
     assert done.stdout.split() == ["ok"]
+
+
+def test_record_stream_reaches_the_library_and_fails_clearly_without_a_device(run_python):
+    done = run_python("""
+        import mrstack, mrstack.torch as mt
+
+        class Storage:
+            def data_ptr(self):
+                return 0x1000
+
+        class Tensor:                      # what record_stream uses of a torch.Tensor
+            def untyped_storage(self):
+                return Storage()
+
+        class Stream:
+            cuda_stream = 0x2000
+
+        try:
+            mt.record_stream(Tensor(), Stream())
+        except mrstack.MrstackError as e:
+            assert "cudaEventCreateWithFlags" in str(e) and "record_stream" in str(e), e
+            print("refused")
+        else:
+            print("recorded")              # a machine with a driver records the event
+    """)
+    assert done.stdout.split()[-1] in ("refused", "recorded")
