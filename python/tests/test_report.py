@@ -177,3 +177,19 @@ def test_page_renders_in_headless_chromium(tmp_path):
     assert coloured > 0.01 * len(pixels)
     bottom_half = small.crop((0, small.size[1] // 2, small.size[0], small.size[1]))
     assert len(bottom_half.getcolors(maxcolors=1 << 20)) > 20   # the later plots are drawn too
+
+
+def test_sparse_timelines_still_make_a_page(tmp_path):
+    """One sample, a stack that failed at the first event (every entry null), no
+    histogram, no thread or stream rows, no results: a page, saying so, not a crash."""
+    timeline = {"format": "mrstack-timeline/1", "log": "tiny.csv", "events": 1, "simulated": True,
+                "capacity_bytes": 1 << 20, "sample_event": [0], "live_bytes": [0],
+                "stacks": [{"resource": "pool > cuda", "footprint_bytes": [None], "free_held_bytes": [None],
+                            "largest_free_block": [None],
+                            "failure": {"line": 2, "event": 0, "bytes": 2 << 20, "message": "out of memory",
+                                        "fragmentation": None}}],
+                "size_histogram": [], "threads": [], "streams": [], "results": []}
+    html = report.render_html(timeline)
+    assert html.count("<svg") == 4
+    assert "no stack replayed the whole log" in html
+    assert "2 MiB" in html and "capacity 1 MiB" in html
