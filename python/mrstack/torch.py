@@ -33,7 +33,7 @@ import os
 from . import _lib
 from ._lib import MrstackError
 
-__all__ = ["install", "installed", "memory_stats", "memory_allocated", "max_memory_allocated", "memory_reserved",
+__all__ = ["install", "installed", "raises_torch_out_of_memory", "memory_stats", "memory_allocated", "max_memory_allocated", "memory_reserved",
            "max_memory_reserved", "reset_peak_memory_stats", "reset_max_memory_allocated", "empty_cache",
            "record_stream", "fragmentation", "out_of_memory_as_torch_error"]
 
@@ -44,6 +44,14 @@ _raises_torch_oom = False
 def installed():
     """True once `install()` succeeded in this process."""
     return _installed is not None
+
+
+def raises_torch_out_of_memory():
+    """True when a refusal reaches Python as ``torch.OutOfMemoryError`` (install() found
+    c10::OutOfMemoryError in PyTorch's libc10.so); False before install() or where it did
+    not, and PyTorch then raises RuntimeError with the same message (see
+    `out_of_memory_as_torch_error`)."""
+    return _raises_torch_oom
 
 
 def _bind_c10(lib, torch):

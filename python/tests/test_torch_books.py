@@ -127,9 +127,10 @@ def test_install_resolves_the_entry_points_and_binds_c10(run_python):
         pytest.skip("PyTorch is not installed")
     done = run_python("""
         import mrstack.torch as mt
+        assert not mt.raises_torch_out_of_memory() and not mt.installed()
         allocator = mt.install()            # loads mrstack_torch_alloc_raising and mrstack_torch_free by name
         assert mt.install() is allocator and mt.installed()
-        assert mt._raises_torch_oom          # libc10's OutOfMemoryError was found
+        assert mt.raises_torch_out_of_memory()   # libc10's OutOfMemoryError was found
         import torch
         with __import__("pytest").raises(torch.OutOfMemoryError, match="out of memory: pool"):
             with mt.out_of_memory_as_torch_error():
