@@ -239,8 +239,9 @@ def device_stack(device=0):
 
 def statistics(device=0):
     """What `device`'s stack holds and, per client (numba, cupy, torch, other), how many
-    bytes each holds now and held at peak. Builds nothing: before the stack exists every
-    number is 0."""
+    bytes each holds now and held at peak, with the stack's `Fragmentation` (held, live
+    and free bytes, the largest free block, free blocks). Builds nothing: before the stack
+    exists every number is 0."""
     lib = _lib.library()
     handle = lib.dll.mrstack_device_stack_if_built(int(device))
     if not handle:
