@@ -25,10 +25,13 @@ def check_consistent(f, live_now):
         assert (f.held_bytes, f.live_bytes, f.free_bytes, f.largest_free_block, f.free_blocks) == (0, 0, 0, 0, 0)
         assert f.streams == ()
         return False
-    assert f.held_bytes >= f.live_bytes >= live_now
+    assert f.held_bytes >= f.live_bytes
     assert f.free_bytes == f.held_bytes - f.live_bytes
     assert f.largest_free_block <= f.free_bytes
-    assert (f.free_blocks == 0) == (f.free_bytes == 0)
+    assert f.free_bytes == 0 or f.free_blocks > 0
+    if f.resource in ("pool", "arena"):
+        # They serve every request themselves; a binning layer may pass large ones below.
+        assert f.live_bytes >= live_now
     for share in f.streams:
         assert share.largest_free_block <= share.free_bytes <= f.free_bytes
     return True
