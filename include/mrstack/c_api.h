@@ -179,12 +179,69 @@ MRSTACK_C_EXPORT mrstack_status mrstack_get_statistics(mrstack_stack* stack, mrs
 /* Sets every client's peak to what it holds now. */
 MRSTACK_C_EXPORT mrstack_status mrstack_reset_peaks(mrstack_stack* stack);
 
+/* ---- fragmentation and release ------------------------------------------------------ */
+/* Free memory of one stream, where a suballocator keeps free blocks per stream. */
+typedef struct mrstack_fragmentation_stream {
+  uint64_t stream;             /* the cudaStream_t (0: the legacy default stream), or a thread key */
+  uint64_t free_bytes;
+  uint64_t largest_free_block;
+  uint64_t free_blocks;
+  int32_t thread_bound;        /* 1: a per-thread default stream; `stream` is then a thread key */
+  int32_t reserved;
+} mrstack_fragmentation_stream;
+
+/* How fragmented the free memory a stack holds is, answered by its topmost suballocator
+ * (adaptors pass the query down). `resource` is "" when no layer keeps such books (a
+ * plain upstream): every number is then 0. Where it is not "": free_bytes == held_bytes -
+ * live_bytes and largest_free_block <= free_bytes. */
+typedef struct mrstack_fragmentation {
+  char resource[32];            /* the layer that answered: "pool", "arena", ... (NUL-terminated) */
+  uint64_t held_bytes;          /* bytes it holds from its upstream (its footprint) */
+  uint64_t live_bytes;          /* bytes handed out and not yet freed */
+  uint64_t free_bytes;          /* held and free to hand out */
+  uint64_t largest_free_block;  /* the largest request it could serve without growing */
+  uint64_t free_blocks;         /* number of free blocks (runs of free bytes) */
+  uint64_t stream_count;        /* how many per-stream shares there are (may exceed `capacity`) */
+  int32_t device;
+  int32_t reserved;
+} mrstack_fragmentation;
+
+/* One consistent fragmentation query. `streams` (may be NULL when `capacity` is 0) gets
+ * the first min(capacity, out->stream_count) per-stream shares. */
+MRSTACK_C_EXPORT mrstack_status mrstack_get_fragmentation(mrstack_stack* stack, mrstack_fragmentation* out,
+                                                          mrstack_fragmentation_stream* streams, size_t capacity);
+/* Gives the free memory the stack holds back to the device where its layers can
+ * (a pool's free chunks): what torch.cuda.empty_cache() does for PyTorch's allocator. */
+MRSTACK_C_EXPORT mrstack_status mrstack_stack_release(mrstack_stack* stack);
+
 /* ---- PyTorch's pluggable allocator (torch.cuda.memory.CUDAPluggableAllocator) -------- */
 /* Serve `device`'s process-wide stack, tagged as client torch. PyTorch does not check the
  * result: on failure mrstack_torch_alloc prints the reason to stderr, records it as this
  * thread's last error and returns NULL. */
 MRSTACK_C_EXPORT void* mrstack_torch_alloc(size_t size, int device, void* stream);
 MRSTACK_C_EXPORT void mrstack_torch_free(void* ptr, size_t size, int device, void* stream);
+/* The same as mrstack_torch_alloc, for PyTorch (a C++ caller) only: on failure it throws
+ * the C++ exception (mrstack::out_of_memory, a std::bad_alloc naming the request, the
+ * footprint, the free bytes and the largest free block) instead of returning NULL, so
+ * PyTorch raises it in Python (see mrstack_torch_bind_c10). It also refuses, with an
+ * exception, any allocation on a stream being captured into a CUDA graph. The one
+ * function of this header an exception leaves. */
+MRSTACK_C_EXPORT void* mrstack_torch_alloc_raising(size_t size, int device, void* stream);
+/* Makes mrstack_torch_alloc_raising throw c10::OutOfMemoryError (torch.OutOfMemoryError in
+ * Python), built by the constructor of the libc10.so at `libc10_path` (the one PyTorch
+ * loaded). MRSTACK_ERROR_STATE when that library lacks it; the exception then stays
+ * mrstack's own (PyTorch raises RuntimeError with the same message). */
+MRSTACK_C_EXPORT mrstack_status mrstack_torch_bind_c10(const char* libc10_path);
+/* Tensor.record_stream for mrstack: the free of `ptr` (by mrstack_torch_free) makes its
+ * stream wait for the work enqueued on `stream` up to now, before the block is reused. */
+MRSTACK_C_EXPORT mrstack_status mrstack_torch_record_stream(void* ptr, void* stream);
+typedef struct mrstack_torch_stats {
+  uint64_t num_ooms;             /* PyTorch allocations the device's stack refused */
+  uint64_t peak_reserved_bytes;  /* largest footprint seen when PyTorch's live bytes peaked */
+} mrstack_torch_stats;
+MRSTACK_C_EXPORT mrstack_status mrstack_torch_statistics(int device, mrstack_torch_stats* out);
+/* Sets the reserved peak to `reserved_now` (the footprint now) and starts peak sampling over. */
+MRSTACK_C_EXPORT mrstack_status mrstack_torch_reset_peak(int device, uint64_t reserved_now);
 
 #ifdef __cplusplus
 }

@@ -21,7 +21,7 @@ from ._lib import (CudaError, FastPath, LibraryNotFoundError, MrstackError, OutO
 
 __all__ = [
     "configure", "configured_spec", "statistics", "reset_peaks", "device_stack", "Stack",
-    "Statistics", "ClientStatistics", "MrstackError", "SpecError", "OutOfMemoryError",
+    "Statistics", "ClientStatistics", "Fragmentation", "StreamFragmentation", "release", "MrstackError", "SpecError", "OutOfMemoryError",
     "CudaError", "StateError", "LibraryNotFoundError", "library_path", "CLIENTS", "fastpath", "FastPath",
 ]
 
@@ -70,6 +70,34 @@ class ClientStatistics:
 
 
 @dataclass(frozen=True)
+class StreamFragmentation:
+    stream: int                 #: the cudaStream_t as an int (0: the legacy default stream), or a thread key
+    free_bytes: int
+    largest_free_block: int
+    free_blocks: int
+    thread_bound: bool = False  #: a per-thread default stream (`stream` is then a thread key)
+
+
+@dataclass(frozen=True)
+class Fragmentation:
+    """How fragmented the free memory a stack holds is, answered by its topmost
+    suballocator in one query. ``resource`` is "" when no layer keeps such books (a plain
+    upstream); every number is then 0. Otherwise ``free_bytes == held_bytes - live_bytes``
+    and ``largest_free_block <= free_bytes``."""
+    resource: str = ""          #: the layer that answered: "pool", "arena", ...
+    held_bytes: int = 0         #: bytes it holds from its upstream (its footprint)
+    live_bytes: int = 0         #: bytes handed out and not yet freed
+    free_bytes: int = 0         #: held and free to hand out
+    largest_free_block: int = 0 #: the largest request it could serve without growing
+    free_blocks: int = 0        #: number of free blocks (runs of free bytes)
+    streams: tuple = ()         #: StreamFragmentation per stream, where free blocks are per stream
+
+    def as_dict(self):
+        from dataclasses import asdict
+        return asdict(self)
+
+
+@dataclass(frozen=True)
 class Statistics:
     device: int
     stack: str              #: the layers, "pool > cuda"; "" when the stack is not built yet
@@ -78,6 +106,7 @@ class Statistics:
     free_bytes_held: int    #: what the stack holds free (a pool's free blocks)
     emm_outstanding: int    #: Numba allocations not yet finalized
     clients: dict = field(default_factory=dict)  #: client name -> ClientStatistics
+    fragmentation: Fragmentation = field(default_factory=Fragmentation)  #: see `Fragmentation`
 
     def __str__(self):
         def mib(n):
@@ -89,6 +118,10 @@ class Statistics:
         for name, c in self.clients.items():
             lines.append(f"  {name:8s} {mib(c.live_bytes):>14s} {mib(c.peak_bytes):>14s} "
                          f"{c.live_count:12d} {c.allocations:12d}")
+        f = self.fragmentation
+        if f.resource:
+            lines.append(f"  {f.resource}: held {mib(f.held_bytes)}   free {mib(f.free_bytes)} in "
+                         f"{f.free_blocks} blocks   largest free block {mib(f.largest_free_block)}")
         return "\n".join(lines)
 
 
@@ -141,7 +174,30 @@ class Stack:
     def statistics(self):
         raw = _lib._Statistics()
         self._lib.check(self._lib.dll.mrstack_get_statistics(self.handle, ctypes.byref(raw)))
-        return _statistics_from(raw, self.describe())
+        return _statistics_from(raw, self.describe(), self.fragmentation())
+
+    def fragmentation(self):
+        """A `Fragmentation`: held, live and free bytes, the largest free block, the number
+        of free blocks and the per-stream shares, all from one query of the stack."""
+        lib, raw = self._lib, _lib._Fragmentation()
+        lib.check(lib.dll.mrstack_get_fragmentation(self.handle, ctypes.byref(raw), None, 0))
+        streams = ()
+        while raw.stream_count:
+            # The shares can change between two queries: ask again until they fit.
+            capacity = int(raw.stream_count) + 4
+            shares = (_lib._FragmentationStream * capacity)()
+            lib.check(lib.dll.mrstack_get_fragmentation(self.handle, ctypes.byref(raw), shares, capacity))
+            if raw.stream_count <= capacity:
+                streams = tuple(StreamFragmentation(s.stream, s.free_bytes, s.largest_free_block, s.free_blocks,
+                                                    bool(s.thread_bound)) for s in shares[:raw.stream_count])
+                break
+        return Fragmentation(raw.resource.decode("utf-8", "replace"), raw.held_bytes, raw.live_bytes,
+                             raw.free_bytes, raw.largest_free_block, raw.free_blocks, streams)
+
+    def release(self):
+        """Gives the free memory the stack holds back to the device where its layers can
+        (a pool's free chunks), as `torch.cuda.empty_cache()` does for PyTorch's allocator."""
+        self._lib.check(self._lib.dll.mrstack_stack_release(self.handle))
 
     def reset_peaks(self):
         self._lib.check(self._lib.dll.mrstack_reset_peaks(self.handle))
@@ -164,12 +220,13 @@ class Stack:
         return f"<mrstack.Stack {kind} device={self.device}: {state}>"
 
 
-def _statistics_from(raw, description):
+def _statistics_from(raw, description, fragmentation=None):
     clients = {name: ClientStatistics(c.live_bytes, c.peak_bytes, c.live_count, c.allocations)
                for name, c in zip(CLIENTS, raw.clients)}
     return Statistics(device=raw.device, stack=description, live_bytes=raw.live_bytes,
                       peak_bytes=raw.peak_bytes, free_bytes_held=raw.free_bytes_held,
-                      emm_outstanding=raw.emm_outstanding, clients=clients)
+                      emm_outstanding=raw.emm_outstanding, clients=clients,
+                      fragmentation=fragmentation if fragmentation is not None else Fragmentation())
 
 
 def device_stack(device=0):
@@ -182,8 +239,9 @@ def device_stack(device=0):
 
 def statistics(device=0):
     """What `device`'s stack holds and, per client (numba, cupy, torch, other), how many
-    bytes each holds now and held at peak. Builds nothing: before the stack exists every
-    number is 0."""
+    bytes each holds now and held at peak, with the stack's `Fragmentation` (held, live
+    and free bytes, the largest free block, free blocks). Builds nothing: before the stack
+    exists every number is 0."""
     lib = _lib.library()
     handle = lib.dll.mrstack_device_stack_if_built(int(device))
     if not handle:
@@ -198,6 +256,15 @@ def reset_peaks(device=0):
     handle = lib.dll.mrstack_device_stack_if_built(int(device))
     if handle:
         lib.check(lib.dll.mrstack_reset_peaks(handle))
+
+
+def release(device=0):
+    """Gives the free memory `device`'s stack holds back to the device (see
+    `Stack.release`); nothing when the stack is not built yet."""
+    lib = _lib.library()
+    handle = lib.dll.mrstack_device_stack_if_built(int(device))
+    if handle:
+        lib.check(lib.dll.mrstack_stack_release(handle))
 
 
 def fastpath():

@@ -110,6 +110,23 @@ class _Statistics(ctypes.Structure):
                 ("clients", _ClientStatistics * len(CLIENT_NAMES))]
 
 
+class _FragmentationStream(ctypes.Structure):
+    _fields_ = [("stream", ctypes.c_uint64), ("free_bytes", ctypes.c_uint64),
+                ("largest_free_block", ctypes.c_uint64), ("free_blocks", ctypes.c_uint64),
+                ("thread_bound", ctypes.c_int32), ("reserved", ctypes.c_int32)]
+
+
+class _Fragmentation(ctypes.Structure):
+    _fields_ = [("resource", ctypes.c_char * 32), ("held_bytes", ctypes.c_uint64),
+                ("live_bytes", ctypes.c_uint64), ("free_bytes", ctypes.c_uint64),
+                ("largest_free_block", ctypes.c_uint64), ("free_blocks", ctypes.c_uint64),
+                ("stream_count", ctypes.c_uint64), ("device", ctypes.c_int32), ("reserved", ctypes.c_int32)]
+
+
+class _TorchStats(ctypes.Structure):
+    _fields_ = [("num_ooms", ctypes.c_uint64), ("peak_reserved_bytes", ctypes.c_uint64)]
+
+
 def _package_dir():
     return os.path.dirname(os.path.abspath(__file__))
 
@@ -208,6 +225,13 @@ class Library:
         sig("mrstack_reset_peaks", status, c_void)
         sig("mrstack_torch_alloc", c_void, c_size, c_int, c_void)
         sig("mrstack_torch_free", None, c_void, c_size, c_int, c_void)
+        sig("mrstack_get_fragmentation", status, c_void, ctypes.POINTER(_Fragmentation),
+            ctypes.POINTER(_FragmentationStream), c_size)
+        sig("mrstack_stack_release", status, c_void)
+        sig("mrstack_torch_alloc_raising", c_void, c_size, c_int, c_void)
+        sig("mrstack_torch_record_stream", status, c_void, c_void)
+        sig("mrstack_torch_statistics", status, c_int, ctypes.POINTER(_TorchStats))
+        sig("mrstack_torch_reset_peak", status, c_int, c_u64)
 
     def last_error(self):
         return self.dll.mrstack_last_error().decode("utf-8", "replace")

@@ -1,6 +1,7 @@
-"""Convert allocation traces from other tools into mrstack's allocation-log CSV.
+"""Convert allocation traces between other tools and mrstack's allocation-log CSV.
 
     python -m mrstack.convert torch SNAPSHOT.pickle -o LOG.csv [--device N]
+    python -m mrstack.convert memory-viz LOG.csv[.gz] -o SNAPSHOT.pickle [--device N]
 
 The output is the log format mrstack-replay reads (and mrstack's and RMM's logging
 adaptors write): a header ``Thread,Time,Action,Pointer,Size,Stream`` and one row per
@@ -33,16 +34,35 @@ for large blocks), which is what the program held. The snapshot has no thread id
 every row is thread 1. Times are relative to the first entry (``H:MM:SS.ffffff``).
 
 Only convert snapshots you trust: reading a pickle can run code.
+
+To PyTorch's memory viewer
+--------------------------
+``memory-viz`` goes the other way: it writes a log as the dict
+``torch.cuda.memory._snapshot()`` returns, pickled, so https://pytorch.org/memory_viz and
+``torch.cuda._memory_viz`` (``trace_plot``, ``segment_plot``, ``segsum``, ``trace``) show
+it. ``device_traces[N]`` gets ``alloc`` for each allocation, ``free_requested`` and
+``free_completed`` for each free, ``oom`` for each ``allocate failure``, each with its
+address, size, stream and time; ``frames`` are empty (a log has no stack traces).
+
+A log has no segments (what the logging program's allocator held from the device), so
+they are inferred: each maximal address range covered, over the whole log, by
+allocations that overlap or lie less than 512 bytes apart (allocators round requests up
+to 512 bytes) is one segment, announced by a ``segment_alloc`` just
+before its first allocation. ``segments`` is the state at the end of the log: each
+segment with its live allocations as ``active_allocated`` blocks and the gaps between
+them as ``inactive`` ones. Frees without an allocation in the log are left out, counted.
 """
 
 import argparse
+import csv
 import gzip
 import os
 import pickle
 import sys
 import tempfile
 
-__all__ = ["ConversionError", "TorchConversion", "convert_torch_snapshot", "load_snapshot", "write_log", "main"]
+__all__ = ["ConversionError", "TorchConversion", "convert_torch_snapshot", "load_snapshot", "write_log",
+           "read_log_events", "log_to_memory_viz", "write_snapshot", "main"]
 
 HEADER = "Thread,Time,Action,Pointer,Size,Stream"
 
@@ -246,6 +266,193 @@ def write_log(lines, path):
         raise
 
 
+# ---- log -> PyTorch memory snapshot ---------------------------------------------------
+
+def _parse_time_us(text):
+    """H:MM:SS.ffffff (mrstack's and RMM's loggers) -> microseconds; None when unreadable."""
+    try:
+        hours, minutes, seconds = text.strip().split(":")
+        return round((int(hours) * 3600 + int(minutes) * 60 + float(seconds)) * 1_000_000)
+    except ValueError:
+        return None
+
+
+def read_log_events(path):
+    """The events of an allocation log: (line, action, address, size, stream, time_us)
+    with action "allocate", "free" or "failure". Raises ConversionError naming the line."""
+    opener = gzip.open if path.endswith(".gz") else open
+    try:
+        with opener(path, "rt", newline="") as f:
+            rows = list(csv.reader(f))
+    except FileNotFoundError:
+        raise ConversionError(f"{path}: no such file") from None
+    except (OSError, EOFError, UnicodeDecodeError) as e:
+        raise ConversionError(f"{path}: cannot read it ({e})") from None
+    if not rows:
+        raise ConversionError(f"{path}: empty, expected the header Thread,Time,Action,Pointer,Size,Stream")
+    header = [h.strip() for h in rows[0]]
+    try:
+        column = {name: header.index(name) for name in ("Time", "Action", "Pointer", "Size", "Stream")}
+    except ValueError as e:
+        raise ConversionError(f"{path}:1: the header {','.join(header)!r} lacks a column ({e})") from None
+    events = []
+    for number, row in enumerate(rows[1:], start=2):
+        if not row or all(not cell.strip() for cell in row):
+            continue
+        if len(row) < len(header):
+            raise ConversionError(f"{path}:{number}: {len(row)} fields, the header has {len(header)}")
+        action = row[column["Action"]].strip().lower()
+        kind = {"allocate": "allocate", "free": "free", "allocate failure": "failure"}.get(action)
+        if kind is None:
+            raise ConversionError(f"{path}:{number}: unknown action {row[column['Action']]!r} "
+                                  "(expected allocate, free or allocate failure)")
+        try:
+            address = int(row[column["Pointer"]].strip() or "0", 0)
+            size = int(row[column["Size"]].strip())
+            stream = int(row[column["Stream"]].strip() or "0", 0)
+        except ValueError:
+            raise ConversionError(f"{path}:{number}: Pointer, Size and Stream must be integers (hex or decimal)") \
+                from None
+        events.append((number, kind, address, size, stream, _parse_time_us(row[column["Time"]])))
+    return events
+
+
+class MemoryVizConversion:
+    """A log turned into a PyTorch memory snapshot, and what was left out."""
+
+    def __init__(self, snapshot, allocations, frees, failures, unpaired_frees):
+        self.snapshot = snapshot
+        self.allocations, self.frees, self.failures, self.unpaired_frees = allocations, frees, failures, unpaired_frees
+
+    def summary(self):
+        segments = self.snapshot["segments"]
+        parts = [f"{self.allocations:,} allocations, {self.frees:,} frees, {len(segments):,} inferred segments "
+                 f"({sum(s['total_size'] for s in segments):,} bytes)"]
+        if self.failures:
+            parts.append(f"{self.failures:,} allocation failures (oom)")
+        if self.unpaired_frees:
+            parts.append(f"{self.unpaired_frees:,} frees without an allocation in the log left out")
+        return "; ".join(parts)
+
+
+# Allocators round requests up (PyTorch's and RMM's to 512 bytes), so the next block of a
+# segment starts up to this many bytes after the previous one's requested end.
+SEGMENT_GAP = 512
+
+
+def _infer_segments(events, gap=SEGMENT_GAP):
+    """Maximal address ranges covered by allocations that overlap or lie less than `gap`
+    bytes apart: [(start, end)]."""
+    ranges = sorted((address, address + size) for _, kind, address, size, _, _ in events
+                    if kind == "allocate" and size > 0)
+    merged = []
+    for start, end in ranges:
+        if merged and start < merged[-1][1] + gap:
+            merged[-1][1] = max(merged[-1][1], end)
+        else:
+            merged.append([start, end])
+    return [(start, end) for start, end in merged]
+
+
+def log_to_memory_viz(events, device=0, device_count=None):
+    """The snapshot dict (``torch.cuda.memory._snapshot()`` layout) of a log's events."""
+    import bisect
+    segments = _infer_segments(events)
+    starts = [start for start, _ in segments]
+    announced = set()
+    segment_stream = {}
+    trace, live = [], {}
+    allocations = frees = failures = unpaired = 0
+    start_us = next((t for *_, t in events if t is not None), 0)
+    for line, kind, address, size, stream, time_us in events:
+        when = (time_us - start_us) if time_us is not None else 0
+        entry = {"addr": address, "size": size, "stream": stream, "time_us": when, "frames": []}
+        if kind == "failure":
+            trace.append(dict(entry, action="oom", addr=0, device_free=0))
+            failures += 1
+        elif kind == "allocate":
+            if size <= 0:
+                continue
+            k = bisect.bisect_right(starts, address) - 1
+            if k not in announced:
+                announced.add(k)
+                segment_stream[k] = stream
+                seg_start, seg_end = segments[k]
+                trace.append(dict(entry, action="segment_alloc", addr=seg_start, size=seg_end - seg_start))
+            trace.append(dict(entry, action="alloc"))
+            live[address] = (size, stream)
+            allocations += 1
+        elif address in live:
+            allocated, allocated_stream = live.pop(address)
+            for action in ("free_requested", "free_completed"):
+                trace.append(dict(entry, action=action, size=allocated, stream=allocated_stream))
+            frees += 1
+        else:
+            unpaired += 1
+    snapshot_segments = []
+    for k, (seg_start, seg_end) in enumerate(segments):
+        blocks, cursor, active = [], seg_start, 0
+        for address in sorted(a for a in live if seg_start <= a < seg_end):
+            size = live[address][0]
+            if address > cursor:
+                blocks.append({"address": cursor, "size": address - cursor, "requested_size": 0,
+                               "state": "inactive", "frames": []})
+            blocks.append({"address": address, "size": size, "requested_size": size,
+                           "state": "active_allocated", "frames": []})
+            active += size
+            cursor = address + size
+        if cursor < seg_end:
+            blocks.append({"address": cursor, "size": seg_end - cursor, "requested_size": 0,
+                           "state": "inactive", "frames": []})
+        total = seg_end - seg_start
+        snapshot_segments.append({
+            "device": device, "address": seg_start, "total_size": total, "allocated_size": active,
+            "active_size": active, "requested_size": active, "stream": segment_stream.get(k, 0),
+            "segment_type": "large" if total > 1 << 20 else "small", "segment_pool_id": (0, 0),
+            "is_expandable": False, "frames": [], "blocks": blocks})
+    count = max(device + 1, device_count or 0)
+    traces = [[] for _ in range(count)]
+    traces[device] = trace
+    snapshot = {"segments": snapshot_segments, "device_traces": traces,
+                "allocator_settings": {"PYTORCH_CUDA_ALLOC_CONF": "", "max_split_size": -1,
+                                       "garbage_collection_threshold": 0.0, "expandable_segments": False,
+                                       "pinned_num_register_threads": 1, "release_lock_on_cudamalloc": False,
+                                       "pinned_use_host_register": False, "roundup_power2_divisions": {}}}
+    return MemoryVizConversion(snapshot, allocations, frees, failures, unpaired)
+
+
+def write_snapshot(snapshot, path):
+    """Pickles `snapshot` to `path` atomically (as torch.cuda.memory._dump_snapshot does)."""
+    directory = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=os.path.basename(path) + ".", suffix=".tmp", dir=directory)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            pickle.dump(snapshot, f)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+
+
+def _memory_viz_main(args):
+    try:
+        conversion = log_to_memory_viz(read_log_events(args.log), args.device)
+        if conversion.allocations == 0 and conversion.failures == 0:
+            raise ConversionError(f"{args.log}: the log has no allocations")
+        write_snapshot(conversion.snapshot, args.output)
+    except ConversionError as e:
+        print(f"python -m mrstack.convert: error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:
+        print(f"python -m mrstack.convert: error: cannot write {args.output}: {e.strerror or e}", file=sys.stderr)
+        return 2
+    print(f"wrote {args.output}: {conversion.summary()}; open it at https://pytorch.org/memory_viz", file=sys.stderr)
+    return 0
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(
         prog="python -m mrstack.convert",
@@ -260,7 +467,17 @@ def main(argv=None):
                               help="the log to write (.gz: compressed; -: standard output)")
     torch_parser.add_argument("--device", type=int, default=None, metavar="N",
                               help="the device whose trace to convert (default: the only one with entries)")
+    viz_parser = sources.add_parser(
+        "memory-viz", help="write a log as a PyTorch memory snapshot (for https://pytorch.org/memory_viz)",
+        description="Write an allocation log as the pickled dict torch.cuda.memory._snapshot() returns: "
+                    "device traces (alloc, free_requested, free_completed, segment_alloc, oom) and the segments "
+                    "at the end of the log (inferred from the addresses).")
+    viz_parser.add_argument("log", metavar="LOG.csv[.gz]")
+    viz_parser.add_argument("-o", "--output", required=True, metavar="SNAPSHOT.pickle")
+    viz_parser.add_argument("--device", type=int, default=0, metavar="N", help="the device the trace is for (default 0)")
     args = parser.parse_args(argv)
+    if args.source == "memory-viz":
+        return _memory_viz_main(args)
     try:
         conversion = convert_torch_snapshot(load_snapshot(args.snapshot), args.device)
         if conversion.events == 0 and conversion.failures == 0:

@@ -1,19 +1,182 @@
-// The two functions PyTorch's CUDAPluggableAllocator loads by name. They serve the same
-// process-wide device stacks as Numba and CuPy, tagged as client torch.
+// What PyTorch's CUDAPluggableAllocator loads by name, and the books behind
+// mrstack.torch's memory statistics. They serve the same process-wide device stacks as
+// Numba and CuPy, tagged as client torch.
+//
+// Out of memory: mrstack_torch_alloc returns NULL, which PyTorch does not check (the
+// tensor gets a null pointer). mrstack_torch_alloc_raising, which mrstack.torch.install()
+// hands to PyTorch, instead throws into PyTorch's C++ caller: a c10::OutOfMemoryError
+// (Python: torch.OutOfMemoryError) once mrstack_torch_bind_c10 found libc10's, else
+// mrstack::out_of_memory (RuntimeError); either message names the request, the
+// footprint, the free bytes and the largest free block. Nothing of the stack changed, so
+// the next allocation is served as usual.
+//
+// Streams: PyTorch gives its pluggable allocator no record_stream hook reachable from
+// Python, so mrstack_torch_record_stream is mrstack's own: it records an event on the
+// using stream, and the block's free makes its own stream wait for that event before
+// the block goes back to the stack, so the block is not handed out while the using
+// stream may still touch it.
 #include "c_api_internal.hpp"
 
+#include <cuda_runtime_api.h>
+#include <cxxabi.h>
+#include <dlfcn.h>
+
+#include <array>
+#include <atomic>
 #include <cstdio>
+#include <mutex>
 #include <string>
+#include <typeinfo>
+#include <unordered_map>
+#include <vector>
+
+namespace {
+
+// ---- c10::OutOfMemoryError, made by libc10 itself ----------------------------------------
+// PyTorch turns a c10::OutOfMemoryError unwinding out of its allocator into Python's
+// torch.OutOfMemoryError, and any other std::exception into RuntimeError. mrstack does not
+// link against PyTorch, so mrstack.torch.install() hands over the path of the libc10.so
+// PyTorch loaded, and the exception is built by libc10's own exported constructor
+// `OutOfMemoryError(SourceLocation, std::string)` and thrown with libc10's type_info.
+// SourceLocation is a plain struct of two pointers and a line (c10/util/StringUtil.h).
+struct c10_source_location {
+  char const* function;
+  char const* file;
+  std::uint32_t line;
+};
+using c10_oom_constructor = void (*)(void* self, c10_source_location where, std::string message);
+struct c10_binding {
+  c10_oom_constructor construct = nullptr;
+  std::type_info* type = nullptr;
+};
+// More than sizeof(c10::Error) (about 150 bytes: a vtable pointer, three strings, a vector,
+// a shared_ptr and a pointer); the object only uses what it needs.
+constexpr std::size_t c10_error_storage = 1024;
+std::atomic<c10_binding const*> bound_c10{nullptr};
+
+[[noreturn]] void throw_as_c10_out_of_memory(c10_binding const& c10, std::string message) {
+  void* storage = __cxxabiv1::__cxa_allocate_exception(c10_error_storage);
+  try {
+    c10.construct(storage, c10_source_location{"mrstack_torch_alloc_raising", __FILE__, __LINE__},
+                  std::move(message));
+  } catch (...) {
+    __cxxabiv1::__cxa_free_exception(storage);
+    throw;
+  }
+  // c10::Error derives from std::exception first and alone: its virtual destructor ends the object.
+  __cxxabiv1::__cxa_throw(storage, c10.type, [](void* object) { static_cast<std::exception*>(object)->~exception(); });
+}
+
+// ---- the books ---------------------------------------------------------------------------
+
+constexpr int max_torch_devices = 64;
+
+struct torch_books {
+  std::atomic<std::uint64_t> ooms{0};
+  std::atomic<std::uint64_t> peak_reserved{0};  // largest footprint seen at a new live peak
+  std::atomic<std::uint64_t> live_peak_seen{0};
+};
+
+std::array<torch_books, max_torch_devices>& books() {
+  static auto* all = new std::array<torch_books, max_torch_devices>;  // outlives every free at exit
+  return *all;
+}
+
+// Blocks some other stream still uses: address -> events their free must wait for.
+struct pending_uses {
+  std::mutex mutex;
+  std::unordered_map<void*, std::vector<cudaEvent_t>> events;
+  std::atomic<std::size_t> count{0};  // events.size(): the free path skips the lock when 0
+};
+
+pending_uses& uses() {
+  static auto* all = new pending_uses;
+  return *all;
+}
+
+torch_books* books_of(int device) noexcept {
+  return device >= 0 && device < max_torch_devices ? &books()[static_cast<std::size_t>(device)] : nullptr;
+}
+
+void raise_to(std::atomic<std::uint64_t>& peak, std::uint64_t now) noexcept {
+  std::uint64_t seen = peak.load(std::memory_order_relaxed);
+  while (now > seen && !peak.compare_exchange_weak(seen, now, std::memory_order_relaxed)) {}
+}
+
+// After an allocation: when PyTorch's live bytes reach a new peak, sample the footprint
+// (the footprint only grows during allocations, and mostly when live bytes do).
+void sample_reserved(mrstack_stack& stack, torch_books& b) noexcept {
+  std::uint64_t const live_peak = stack.clients[MRSTACK_CLIENT_TORCH].peak_bytes.load(std::memory_order_relaxed);
+  if (live_peak <= b.live_peak_seen.load(std::memory_order_relaxed)) { return; }
+  raise_to(b.live_peak_seen, live_peak);
+  try {
+    mrstack::fragmentation_info const info = stack.top->fragmentation();
+    raise_to(b.peak_reserved, info.resource.empty() ? live_peak : info.held_bytes);
+  } catch (...) {}  // a statistic: never fail an allocation for it
+}
+
+// A stream being captured into a CUDA graph: mrstack cannot keep the graph's memory
+// private (PyTorch's graph pools have no hooks a pluggable allocator can reach from
+// Python), and a pool growing during capture would call cudaMalloc, which capture forbids.
+// cudaStreamIsCapturing is the one query capture allows.
+void refuse_during_capture(std::size_t size, int device, void* stream) {
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  cudaError_t const status = cudaStreamIsCapturing(static_cast<cudaStream_t>(stream), &capture);
+  if (status != cudaSuccess) { (void)cudaGetLastError(); }  // no driver, or a legacy-stream query in a capture
+  if (capture == cudaStreamCaptureStatusNone && status != cudaErrorStreamCaptureImplicit) { return; }
+  throw mrstack::logic_error(
+      "mrstack: PyTorch asked for " + std::to_string(size) + " bytes on device " + std::to_string(device) +
+      " while its stream is being captured into a CUDA graph; mrstack refuses allocations during capture: it "
+      "cannot keep a graph's memory private as PyTorch's own allocator does (a pluggable allocator gets no "
+      "graph pool from PyTorch), and growing would call cudaMalloc, which capture forbids. Capture with "
+      "PyTorch's allocator (do not call mrstack.torch.install() in that process), or warm up so that the "
+      "captured region allocates nothing (see docs/python.md)");
+}
+
+void* allocate_for_torch(std::size_t size, int device, void* stream) {
+  mrstack_stack* stack = mrstack::c_api::built_device_stack(device);
+  if (stack == nullptr) { stack = &mrstack::c_api::device_stack(device); }
+  refuse_during_capture(size, device, stream);
+  void* ptr = nullptr;
+  try {
+    ptr = stack->top->allocate(size, mrstack::stream_view{static_cast<cudaStream_t>(stream)});
+  } catch (mrstack::out_of_memory const&) {
+    if (auto* b = books_of(device)) { b->ooms.fetch_add(1, std::memory_order_relaxed); }
+    throw;
+  }
+  if (ptr != nullptr) {
+    stack->count_allocation(MRSTACK_CLIENT_TORCH, size);
+    if (auto* b = books_of(device)) { sample_reserved(*stack, *b); }
+  }
+  return ptr;
+}
+
+// Makes `stream` wait for every use of `ptr` recorded on other streams, then forgets them.
+void wait_for_recorded_uses(void* ptr, void* stream) {
+  auto& pending = uses();
+  if (pending.count.load(std::memory_order_acquire) == 0) { return; }
+  std::vector<cudaEvent_t> events;
+  {
+    std::lock_guard lock{pending.mutex};
+    auto found = pending.events.find(ptr);
+    if (found == pending.events.end()) { return; }
+    events = std::move(found->second);
+    pending.events.erase(found);
+    pending.count.store(pending.events.size(), std::memory_order_release);
+  }
+  for (cudaEvent_t event : events) {
+    (void)cudaStreamWaitEvent(static_cast<cudaStream_t>(stream), event, 0);
+    (void)cudaEventDestroy(event);  // the wait is enqueued: destroying the event now is allowed
+  }
+}
+
+}  // namespace
 
 extern "C" {
 
 void* mrstack_torch_alloc(size_t size, int device, void* stream) {
   try {
-    mrstack_stack* stack = mrstack::c_api::built_device_stack(device);
-    if (stack == nullptr) { stack = &mrstack::c_api::device_stack(device); }
-    void* const ptr = stack->top->allocate(size, mrstack::stream_view{static_cast<cudaStream_t>(stream)});
-    if (ptr != nullptr) { stack->count_allocation(MRSTACK_CLIENT_TORCH, size); }
-    return ptr;
+    return allocate_for_torch(size, device, stream);
   } catch (...) {
     (void)mrstack::c_api::status_from_current_exception();
     // PyTorch does not check for NULL: say why here, where it can still be seen.
@@ -21,6 +184,53 @@ void* mrstack_torch_alloc(size_t size, int device, void* stream) {
                  mrstack_last_error());
     return nullptr;
   }
+}
+
+void* mrstack_torch_alloc_raising(size_t size, int device, void* stream) {
+  try {
+    return allocate_for_torch(size, device, stream);
+  } catch (mrstack::out_of_memory const& e) {
+    (void)mrstack::c_api::status_from_current_exception();  // also this thread's last error
+    if (c10_binding const* c10 = bound_c10.load(std::memory_order_acquire)) {
+      throw_as_c10_out_of_memory(*c10, std::string{"mrstack: "} + e.what());
+    }
+    throw;  // into PyTorch's C++ caller, which raises RuntimeError with the message
+  } catch (...) {
+    (void)mrstack::c_api::status_from_current_exception();
+    throw;
+  }
+}
+
+mrstack_status mrstack_torch_bind_c10(const char* libc10_path) {
+  if (libc10_path == nullptr) {
+    mrstack::c_api::set_last_error("mrstack_torch_bind_c10: the path is null");
+    return MRSTACK_ERROR_INVALID_ARGUMENT;
+  }
+  // PyTorch has loaded it already: this finds that copy (and keeps it loaded).
+  void* library = dlopen(libc10_path, RTLD_NOW | RTLD_NOLOAD);
+  if (library == nullptr) { library = dlopen(libc10_path, RTLD_NOW); }
+  if (library == nullptr) {
+    char const* why = dlerror();
+    mrstack::c_api::set_last_error(std::string{"mrstack_torch_bind_c10: cannot load "} + libc10_path + ": " +
+                                   (why != nullptr ? why : "unknown error"), 0, MRSTACK_ERROR_STATE);
+    return MRSTACK_ERROR_STATE;
+  }
+  static constexpr char const* constructor_symbol =
+      "_ZN3c1016OutOfMemoryErrorC1ENS_14SourceLocationENSt7__cxx1112basic_stringIcSt11char_traitsIcESaIcEEE";
+  static constexpr char const* type_symbol = "_ZTIN3c1016OutOfMemoryErrorE";
+  auto* binding = new c10_binding;  // never freed: a thread may be throwing with it
+  binding->construct = reinterpret_cast<c10_oom_constructor>(dlsym(library, constructor_symbol));
+  binding->type = static_cast<std::type_info*>(dlsym(library, type_symbol));
+  if (binding->construct == nullptr || binding->type == nullptr) {
+    mrstack::c_api::set_last_error(std::string{"mrstack_torch_bind_c10: "} + libc10_path + " lacks " +
+                                   (binding->construct == nullptr ? constructor_symbol : type_symbol) +
+                                   " (c10::OutOfMemoryError); out-of-memory stays a RuntimeError",
+                                   0, MRSTACK_ERROR_STATE);
+    delete binding;
+    return MRSTACK_ERROR_STATE;
+  }
+  bound_c10.store(binding, std::memory_order_release);
+  return MRSTACK_SUCCESS;
 }
 
 void mrstack_torch_free(void* ptr, size_t size, int device, void* stream) {
@@ -34,6 +244,7 @@ void mrstack_torch_free(void* ptr, size_t size, int device, void* stream) {
     return;
   }
   try {
+    wait_for_recorded_uses(ptr, stream);
     stack->top->deallocate(ptr, size, mrstack::stream_view{static_cast<cudaStream_t>(stream)});
     stack->count_free(MRSTACK_CLIENT_TORCH, size);
   } catch (...) {
@@ -41,6 +252,53 @@ void mrstack_torch_free(void* ptr, size_t size, int device, void* stream) {
     std::fprintf(stderr, "mrstack: PyTorch's free of %zu bytes on device %d failed: %s\n", size, device,
                  mrstack_last_error());
   }
+}
+
+mrstack_status mrstack_torch_record_stream(void* ptr, void* stream) {
+  if (ptr == nullptr) {
+    mrstack::c_api::set_last_error("mrstack_torch_record_stream: the pointer is null");
+    return MRSTACK_ERROR_INVALID_ARGUMENT;
+  }
+  return mrstack::c_api::guarded([&] {
+    cudaEvent_t event = nullptr;
+    cudaError_t status = cudaEventCreateWithFlags(&event, cudaEventDisableTiming);
+    if (status != cudaSuccess) { throw mrstack::cuda_error(status, "cudaEventCreateWithFlags", __FILE__, __LINE__); }
+    status = cudaEventRecord(event, static_cast<cudaStream_t>(stream));
+    if (status != cudaSuccess) {
+      (void)cudaEventDestroy(event);
+      throw mrstack::cuda_error(status, "cudaEventRecord", __FILE__, __LINE__);
+    }
+    auto& pending = uses();
+    std::lock_guard lock{pending.mutex};
+    pending.events[ptr].push_back(event);
+    pending.count.store(pending.events.size(), std::memory_order_release);
+  });
+}
+
+mrstack_status mrstack_torch_statistics(int device, mrstack_torch_stats* out) {
+  torch_books* const b = books_of(device);
+  if (b == nullptr || out == nullptr) {
+    mrstack::c_api::set_last_error("mrstack_torch_statistics: device " + std::to_string(device) +
+                                   " is outside [0, 64) or the out-pointer is null");
+    return MRSTACK_ERROR_INVALID_ARGUMENT;
+  }
+  out->num_ooms = b->ooms.load(std::memory_order_relaxed);
+  out->peak_reserved_bytes = b->peak_reserved.load(std::memory_order_relaxed);
+  return MRSTACK_SUCCESS;
+}
+
+mrstack_status mrstack_torch_reset_peak(int device, uint64_t reserved_now) {
+  torch_books* const b = books_of(device);
+  if (b == nullptr) {
+    mrstack::c_api::set_last_error("mrstack_torch_reset_peak: device " + std::to_string(device) +
+                                   " is outside [0, 64)");
+    return MRSTACK_ERROR_INVALID_ARGUMENT;
+  }
+  b->peak_reserved.store(reserved_now, std::memory_order_relaxed);
+  mrstack_stack* const stack = mrstack::c_api::built_device_stack(device);
+  std::uint64_t const live = stack == nullptr ? 0 : stack->clients[MRSTACK_CLIENT_TORCH].live_bytes.load();
+  b->live_peak_seen.store(live, std::memory_order_relaxed);
+  return MRSTACK_SUCCESS;
 }
 
 }  // extern "C"

@@ -1,0 +1,371 @@
+#!/usr/bin/env python3
+"""PyTorch workloads under PyTorch's allocator and under mrstack: step time and peak
+device memory, each configuration in its own process, all in one run, one table.
+
+    python3 benchmarks/python/torch_train.py                       # everything (~6 min on an H200)
+    python3 benchmarks/python/torch_train.py --workloads resnet50,gpt2 --steps 10 --warmup 2
+    python3 benchmarks/python/torch_train.py --configs torch,mrstack-vmm --json out.json
+
+Workloads (random weights and data, nothing downloaded):
+  resnet50      ResNet-50 training step (SGD, bf16 autocast), batch --resnet-batch (128)
+  gpt2          GPT-2 small training step (AdamW, bf16 autocast), --gpt2-batch (8) x 1024 tokens
+  generate      GPT-2 small greedy generation with a KV cache: --generate-tokens (64) new tokens
+                for a batch of 4 prompts of 32 tokens; one step is one whole generation (many
+                small allocations)
+  two-streams   an inference server loop: ResNet-50 forward passes (bf16, batch 32) issued
+                alternately on two CUDA streams, inputs made on each stream; one step is one
+                batch on each stream
+The models are torchvision's resnet50 and transformers' GPT2LMHeadModel(GPT2Config())
+when those packages are installed, else equivalent definitions in this file (the table
+says which).
+
+Configurations:
+  torch          PyTorch's caching allocator
+  expandable     PyTorch's allocator with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
+  mrstack-vmm    mrstack.torch.install() over the stack "pool > vmm"
+  mrstack-cuda   mrstack.torch.install() over the stack "pool > cuda"
+
+Step time: the median of --steps timed steps after --warmup untimed ones (each step ends
+with a device synchronize). Peak device memory: the most device memory in use, from
+cudaMemGetInfo (torch.cuda.mem_get_info), sampled every millisecond by a thread and after
+every step, minus what was in use once the CUDA context existed: the same measure for
+every allocator. mrstack finds libmrstack_c.so as the package does (MRSTACK_LIBRARY, ...).
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import threading
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+
+WORKLOADS = ("resnet50", "gpt2", "generate", "two-streams")
+CONFIGS = {
+    "torch": {"env": {}, "spec": None},
+    "expandable": {"env": {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}, "spec": None},
+    "mrstack-vmm": {"env": {}, "spec": "pool > vmm"},
+    "mrstack-cuda": {"env": {}, "spec": "pool > cuda"},
+}
+
+
+# ---- models (used when torchvision / transformers are missing) ---------------------------
+
+def _resnet50(torch):
+    try:
+        import torchvision
+        return torchvision.models.resnet50(weights=None), "torchvision"
+    except ImportError:
+        pass
+    nn = torch.nn
+
+    class Bottleneck(nn.Module):
+        def __init__(self, inplanes, planes, stride):
+            super().__init__()
+            width, out = planes, planes * 4
+            self.body = nn.Sequential(
+                nn.Conv2d(inplanes, width, 1, bias=False), nn.BatchNorm2d(width), nn.ReLU(inplace=True),
+                nn.Conv2d(width, width, 3, stride, 1, bias=False), nn.BatchNorm2d(width), nn.ReLU(inplace=True),
+                nn.Conv2d(width, out, 1, bias=False), nn.BatchNorm2d(out))
+            self.skip = None
+            if stride != 1 or inplanes != out:
+                self.skip = nn.Sequential(nn.Conv2d(inplanes, out, 1, stride, bias=False), nn.BatchNorm2d(out))
+            self.relu = nn.ReLU(inplace=True)
+
+        def forward(self, x):
+            return self.relu(self.body(x) + (x if self.skip is None else self.skip(x)))
+
+    layers, inplanes = [], 64
+    for planes, blocks, stride in ((64, 3, 1), (128, 4, 2), (256, 6, 2), (512, 3, 2)):
+        for i in range(blocks):
+            layers.append(Bottleneck(inplanes, planes, stride if i == 0 else 1))
+            inplanes = planes * 4
+    model = nn.Sequential(nn.Conv2d(3, 64, 7, 2, 3, bias=False), nn.BatchNorm2d(64), nn.ReLU(inplace=True),
+                          nn.MaxPool2d(3, 2, 1), *layers, nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(2048, 1000))
+    return model, "built-in"
+
+
+def _gpt2(torch):
+    try:
+        from transformers import GPT2Config, GPT2LMHeadModel
+        return GPT2LMHeadModel(GPT2Config()), "transformers"
+    except ImportError:
+        pass
+    nn, F = torch.nn, torch.nn.functional
+
+    class Block(nn.Module):
+        def __init__(self, d=768, heads=12):
+            super().__init__()
+            self.heads = heads
+            self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
+            self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
+            self.mlp = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(approximate="tanh"), nn.Linear(4 * d, d))
+
+        def forward(self, x, cache=None):
+            b, t, d = x.shape
+            q, k, v = self.qkv(self.ln1(x)).view(b, t, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
+            if cache is not None:
+                if cache:
+                    k, v = torch.cat([cache[0], k], 2), torch.cat([cache[1], v], 2)
+                cache[:] = [k, v]
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=cache is None or t > 1)
+            x = x + self.proj(y.transpose(1, 2).reshape(b, t, d))
+            return x + self.mlp(self.ln2(x))
+
+    class GPT2(nn.Module):
+        def __init__(self, vocab=50257, positions=1024, d=768, layers=12):
+            super().__init__()
+            self.wte, self.wpe = nn.Embedding(vocab, d), nn.Embedding(positions, d)
+            self.blocks = nn.ModuleList(Block(d) for _ in range(layers))
+            self.ln = nn.LayerNorm(d)
+
+        def forward(self, ids, caches=None, start=0):
+            x = self.wte(ids) + self.wpe(torch.arange(start, start + ids.shape[1], device=ids.device))
+            for i, block in enumerate(self.blocks):
+                x = block(x, None if caches is None else caches[i])
+            return self.ln(x) @ self.wte.weight.t()
+
+    return GPT2(), "built-in"
+
+
+# ---- workloads: each returns (step function, source of the model) -------------------------
+
+def _resnet50_train(torch, args):
+    model, source = _resnet50(torch)
+    model = model.cuda().to(memory_format=torch.channels_last)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    images = torch.randn(args.resnet_batch, 3, 224, 224, device="cuda").to(memory_format=torch.channels_last)
+    labels = torch.randint(0, 1000, (args.resnet_batch,), device="cuda")
+
+    def step():
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = torch.nn.functional.cross_entropy(model(images), labels)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    return step, source
+
+
+def _gpt2_train(torch, args):
+    model, source = _gpt2(torch)
+    model = model.cuda()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    ids = torch.randint(0, 50257, (args.gpt2_batch, 1024), device="cuda")
+
+    def step():
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            out = model(ids)
+            logits = out.logits if hasattr(out, "logits") else out
+            loss = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]).float(),
+                                                     ids[:, 1:].reshape(-1))
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    return step, source
+
+
+def _gpt2_generate(torch, args):
+    model, source = _gpt2(torch)
+    model = model.cuda().eval().to(torch.bfloat16)
+    prompt = torch.randint(0, 50257, (4, 32), device="cuda")
+
+    @torch.inference_mode()
+    def step():
+        if source == "transformers":
+            model.generate(prompt, max_new_tokens=args.generate_tokens, min_new_tokens=args.generate_tokens,
+                           do_sample=False, use_cache=True, pad_token_id=0)
+            return
+        caches = [[] for _ in model.blocks]
+        logits = model(prompt, caches)
+        token, position = logits[:, -1:].argmax(-1), prompt.shape[1]
+        for _ in range(args.generate_tokens - 1):
+            logits = model(token, caches, position)
+            token, position = logits[:, -1:].argmax(-1), position + 1
+    return step, source
+
+
+def _two_streams(torch, args):
+    model, source = _resnet50(torch)
+    model = model.cuda().eval().to(torch.bfloat16).to(memory_format=torch.channels_last)
+    streams = [torch.cuda.Stream(), torch.cuda.Stream()]
+
+    @torch.inference_mode()
+    def step():
+        outputs = []
+        for stream in streams:
+            with torch.cuda.stream(stream):
+                batch = torch.randn(32, 3, 224, 224, device="cuda", dtype=torch.bfloat16)
+                outputs.append(model(batch.to(memory_format=torch.channels_last)).argmax(-1))
+        for stream in streams:
+            torch.cuda.current_stream().wait_stream(stream)
+    return step, source
+
+
+BUILDERS = {"resnet50": _resnet50_train, "gpt2": _gpt2_train, "generate": _gpt2_generate,
+            "two-streams": _two_streams}
+
+
+# ---- one configuration, in this process ----------------------------------------------------
+
+class PeakSampler:
+    """The most device memory in use (cudaMemGetInfo), sampled every `interval` seconds."""
+
+    def __init__(self, torch, interval=0.001):
+        self.torch, self.interval, self.peak, self._stop = torch, interval, 0, threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def sample(self):
+        free, total = self.torch.cuda.mem_get_info()
+        self.peak = max(self.peak, total - free)
+
+    def _run(self):
+        while not self._stop.wait(self.interval):
+            self.sample()
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+        self.sample()
+
+
+def run_child(args):
+    config = CONFIGS[args.config]
+    if config["spec"] is not None:
+        sys.path.insert(0, os.path.join(REPO, "python"))
+        import mrstack
+        import mrstack.torch
+        mrstack.configure(config["spec"])
+        mrstack.torch.install()                    # before PyTorch touches CUDA
+    import torch
+    torch.backends.cudnn.benchmark = True
+    torch.cuda.init()
+    torch.cuda.synchronize()
+    free, total = torch.cuda.mem_get_info()
+    baseline = total - free                        # the context, before any allocation
+    step, source = BUILDERS[args.workload](torch, args)
+    times = []
+    with PeakSampler(torch) as sampler:
+        for i in range(args.warmup + args.steps):
+            torch.cuda.synchronize()
+            started = time.perf_counter()
+            step()
+            torch.cuda.synchronize()
+            if i >= args.warmup:
+                times.append(time.perf_counter() - started)
+            sampler.sample()
+    result = {"workload": args.workload, "config": args.config, "model": source,
+              "step_ms": 1e3 * statistics.median(times), "step_ms_min": 1e3 * min(times),
+              "peak_bytes": sampler.peak - baseline, "steps": args.steps, "torch": torch.__version__,
+              "device": torch.cuda.get_device_name()}
+    if config["spec"] is not None:
+        import mrstack.torch
+        stats = mrstack.torch.memory_stats()
+        result["mrstack_peak_allocated"] = stats["allocated_bytes.all.peak"]
+        result["mrstack_reserved"] = stats["reserved_bytes.all.current"]
+    else:
+        result["torch_peak_allocated"] = torch.cuda.max_memory_allocated()
+        result["torch_peak_reserved"] = torch.cuda.max_memory_reserved()
+    print("RESULT " + json.dumps(result), flush=True)
+
+
+# ---- the run: every configuration in its own process ------------------------------------------
+
+def child_command(args, workload, config):
+    return [sys.executable, os.path.abspath(__file__), "--child", "--workload", workload, "--config", config,
+            "--steps", str(args.steps), "--warmup", str(args.warmup if workload != "generate" else
+                                                          min(args.warmup, 1)),
+            "--resnet-batch", str(args.resnet_batch), "--gpt2-batch", str(args.gpt2_batch),
+            "--generate-tokens", str(args.generate_tokens)]
+
+
+def run_one(args, workload, config):
+    env = dict(os.environ, **CONFIGS[config]["env"])
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    steps = args.generate_steps if workload == "generate" else args.steps
+    command = child_command(args, workload, config)
+    command[command.index("--steps") + 1] = str(steps)
+    try:
+        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=args.timeout)
+    except subprocess.TimeoutExpired:
+        return {"workload": workload, "config": config, "error": f"timed out after {args.timeout} s"}
+    for line in done.stdout.splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line[len("RESULT "):])
+    tail = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
+    return {"workload": workload, "config": config, "error": f"exit {done.returncode}: {tail}"}
+
+
+def format_table(results, workloads, configs):
+    """The table: one row per workload, 'step ms / peak GiB' per configuration."""
+    by_key = {(r["workload"], r["config"]): r for r in results}
+    head = "| workload | " + " | ".join(configs) + " |"
+    lines = [head, "|---" * (len(configs) + 1) + "|"]
+    for workload in workloads:
+        cells = []
+        for config in configs:
+            r = by_key.get((workload, config))
+            if r is None:
+                cells.append("–")
+            elif "error" in r:
+                cells.append("failed")
+            else:
+                cells.append(f"{r['step_ms']:.1f} / {r['peak_bytes'] / 2**30:.2f}")
+        model = next((by_key[(workload, c)].get("model") for c in configs
+                      if "model" in by_key.get((workload, c), {})), "")
+        lines.append(f"| {workload}{f' ({model})' if model else ''} | " + " | ".join(cells) + " |")
+    errors = [f"{r['workload']} / {r['config']}: {r['error']}" for r in results if "error" in r]
+    return "\n".join(lines + ([""] + errors if errors else []))
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--workloads", default=",".join(WORKLOADS), help=f"comma-separated, of {', '.join(WORKLOADS)}")
+    parser.add_argument("--configs", default=",".join(CONFIGS), help=f"comma-separated, of {', '.join(CONFIGS)}")
+    parser.add_argument("--steps", type=int, default=20, help="timed steps (default 20)")
+    parser.add_argument("--warmup", type=int, default=3, help="untimed steps first (default 3)")
+    parser.add_argument("--generate-steps", type=int, default=5, help="timed generations (default 5)")
+    parser.add_argument("--generate-tokens", type=int, default=64)
+    parser.add_argument("--resnet-batch", type=int, default=128)
+    parser.add_argument("--gpt2-batch", type=int, default=8)
+    parser.add_argument("--timeout", type=int, default=300, help="seconds per configuration (default 300)")
+    parser.add_argument("--json", help="also write every result to this file")
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--workload", help=argparse.SUPPRESS)
+    parser.add_argument("--config", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child:
+        return run_child(args)
+    workloads = [w for w in args.workloads.split(",") if w]
+    configs = [c for c in args.configs.split(",") if c]
+    unknown = [w for w in workloads if w not in WORKLOADS] + [c for c in configs if c not in CONFIGS]
+    if unknown:
+        parser.error(f"unknown workloads or configs: {', '.join(unknown)}")
+    results = []
+    started = time.perf_counter()
+    for workload in workloads:
+        for config in configs:
+            result = run_one(args, workload, config)
+            results.append(result)
+            shown = result.get("error") or f"{result['step_ms']:.1f} ms/step, peak {result['peak_bytes'] / 2**30:.2f} GiB"
+            print(f"{workload:12s} {config:13s} {shown}", flush=True)
+    device = next((r["device"] for r in results if "device" in r), "unknown device")
+    version = next((r["torch"] for r in results if "torch" in r), "?")
+    print(f"\nstep ms (median) / peak device GiB (cudaMemGetInfo) on {device}, PyTorch {version}, "
+          f"{args.steps} steps after {args.warmup} warm-up ({time.perf_counter() - started:.0f} s in all)\n")
+    print(format_table(results, workloads, configs))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1)
+    return 0 if all("error" not in r for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,132 @@
+"""python -m mrstack.convert memory-viz: an allocation log written as the snapshot dict
+torch.cuda.memory._snapshot() returns. Checked against the layout PyTorch's viewer and
+torch.cuda._memory_viz read (and, where torch is installed, with those functions)."""
+import gzip
+import os
+import pickle
+import random
+import subprocess
+import sys
+
+import pytest
+
+from mrstack.convert import ConversionError, convert_torch_snapshot, log_to_memory_viz, read_log_events
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SAMPLE_LOG = os.path.join(REPO, "data", "torch_resnet50_train.csv.gz")
+
+
+def write_log(path, rows):
+    text = "Thread,Time,Action,Pointer,Size,Stream\n" + "".join(
+        f"1,0:00:{i // 1000:02d}.{i % 1000:06d},{action},{hex(ptr) if ptr else 0},{size},{stream}\n"
+        for i, (action, ptr, size, stream) in enumerate(rows))
+    path.write_text(text)
+    return str(path)
+
+
+def check_layout(snapshot, device=0):
+    """What the viewer and _memory_viz rely on, the same invariants segsum asserts."""
+    assert set(snapshot) >= {"segments", "device_traces"}
+    for seg in snapshot["segments"]:
+        for key in ("device", "address", "total_size", "allocated_size", "active_size", "requested_size", "stream",
+                    "segment_type", "blocks", "frames"):
+            assert key in seg, key
+        cursor, allocated = seg["address"], 0
+        for block in seg["blocks"]:
+            assert block["address"] == cursor                  # blocks tile the segment, in order
+            assert block["state"] in ("active_allocated", "inactive")
+            assert block["size"] > 0 and block["frames"] == []
+            if block["state"] == "active_allocated":
+                assert block["requested_size"] == block["size"]
+                allocated += block["size"]
+            cursor += block["size"]
+        assert cursor == seg["address"] + seg["total_size"]
+        assert seg["allocated_size"] == seg["active_size"] == allocated
+    for d, trace in enumerate(snapshot["device_traces"]):
+        assert d == device or trace == []
+        for e in trace:
+            assert e["action"] in ("alloc", "free_requested", "free_completed", "segment_alloc", "oom")
+            assert isinstance(e["addr"], int) and isinstance(e["size"], int) and isinstance(e["stream"], int)
+            assert isinstance(e["time_us"], int) and e["frames"] == []
+            if e["action"] == "oom":
+                assert "device_free" in e
+
+
+def test_actions_segments_and_end_state(tmp_path):
+    path = write_log(tmp_path / "log.csv", [
+        ("allocate", 0x10000, 500, 0), ("allocate", 0x10200, 1024, 0),   # one segment (512-byte rounding)
+        ("allocate", 0x90000, 4096, 7),                                  # another
+        ("free", 0x10000, 512, 0), ("allocate failure", 0, 1 << 30, 0), ("free", 0x55, 8, 0)])
+    conversion = log_to_memory_viz(read_log_events(path), device=1)
+    snap = conversion.snapshot
+    check_layout(snap, device=1)
+    actions = [e["action"] for e in snap["device_traces"][1]]
+    assert actions == ["segment_alloc", "alloc", "alloc", "segment_alloc", "alloc", "free_requested",
+                       "free_completed", "oom"]
+    first = snap["device_traces"][1][0]
+    assert (first["addr"], first["size"]) == (0x10000, 1536)
+    assert [s["address"] for s in snap["segments"]] == [0x10000, 0x90000]
+    assert snap["segments"][1]["stream"] == 7
+    assert [(b["state"], b["size"]) for b in snap["segments"][0]["blocks"]] == [("inactive", 512),
+                                                                                 ("active_allocated", 1024)]
+    assert (conversion.allocations, conversion.frees, conversion.failures, conversion.unpaired_frees) == (3, 1, 1, 1)
+
+
+def test_round_trip_through_the_torch_converter_gives_the_same_log():
+    """A random log -> snapshot -> mrstack's own snapshot reader: the same rows."""
+    rng = random.Random(5)
+    live, rows, nxt = {}, [], 0x1000
+    for _ in range(2000):
+        if live and rng.random() < 0.45:
+            ptr = rng.choice(list(live))
+            rows.append(("free", ptr, live.pop(ptr), 0))
+        else:
+            size = rng.choice([512, 1024, 8192, 1 << 20])
+            live[nxt] = size
+            rows.append(("allocate", nxt, size, 0))
+            nxt += size + rng.choice([0, 0, 512, 4096])
+    events = [(i + 2, "allocate" if a == "allocate" else "free", p, s, st, i) for i, (a, p, s, st) in enumerate(rows)]
+    snap = log_to_memory_viz(events).snapshot
+    check_layout(snap)
+    back = convert_torch_snapshot(snap)
+    expected = [f"{a},{p:#x},{s}" for a, p, s, _ in rows]
+    assert [",".join(line.split(",")[2:5]) for line in back.lines[1:]] == expected
+    assert back.leaks == len(live)
+    assert sum(s["allocated_size"] for s in snap["segments"]) == sum(live.values())
+
+
+def test_sample_log_command_line(tmp_path):
+    out = tmp_path / "snap.pickle"
+    done = subprocess.run([sys.executable, "-m", "mrstack.convert", "memory-viz", SAMPLE_LOG, "-o", str(out)],
+                          capture_output=True, text=True, env={**os.environ, "PYTHONPATH": os.path.join(REPO, "python")})
+    assert done.returncode == 0, done.stderr
+    assert "inferred segments" in done.stderr
+    with open(out, "rb") as f:
+        snap = pickle.load(f)
+    check_layout(snap)
+    with gzip.open(SAMPLE_LOG, "rt") as f:
+        allocations = sum(1 for line in f if ",allocate," in line)
+    assert sum(e["action"] == "alloc" for e in snap["device_traces"][0]) == allocations
+
+
+def test_bad_logs_are_errors_naming_the_line(tmp_path):
+    bad = tmp_path / "bad.csv"
+    bad.write_text("Thread,Time,Action,Pointer,Size,Stream\n1,0:00:00.0,allocate,0x10,64,0\n1,0:00:00.1,grow,0x10,64,0\n")
+    with pytest.raises(ConversionError, match=r"bad.csv:3: unknown action 'grow'"):
+        read_log_events(str(bad))
+    done = subprocess.run([sys.executable, "-m", "mrstack.convert", "memory-viz", str(tmp_path / "none.csv"), "-o",
+                           str(tmp_path / "s.pickle")], capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": os.path.join(REPO, "python")})
+    assert done.returncode == 2 and "no such file" in done.stderr
+    assert not (tmp_path / "s.pickle").exists()
+
+
+def test_torch_memory_viz_reads_it(tmp_path):
+    """PyTorch's own functions on the export (pure Python: no GPU needed)."""
+    memory_viz = pytest.importorskip("torch.cuda._memory_viz", reason="torch is not installed")
+    snap = log_to_memory_viz(read_log_events(SAMPLE_LOG)).snapshot
+    summary = memory_viz.segsum(snap)          # asserts the segment invariants itself
+    assert "total_reserved" in summary
+    assert "TOTAL MEM" in memory_viz.trace(snap)
+    for html in (memory_viz.trace_plot(snap), memory_viz.segment_plot(snap)):
+        assert "snapshot.pickle" in html

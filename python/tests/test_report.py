@@ -1,0 +1,195 @@
+"""python -m mrstack.report: one self-contained HTML page from a timeline (or a log,
+through mrstack-replay), checked as text and, in headless Chromium, as a rendered page."""
+import json
+import os
+import re
+import shutil
+import stat
+import subprocess
+import sys
+import time
+
+import pytest
+
+from timeline_fixtures import make_timeline
+
+matplotlib = pytest.importorskip("matplotlib", reason="the report draws with matplotlib (requirements-test.txt)")
+
+from mrstack import report  # noqa: E402
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SAMPLE_LOG = os.path.join(REPO, "data", "torch_resnet50_train.csv.gz")
+
+
+def write_json(tmp_path, timeline, name="timeline.json"):
+    path = tmp_path / name
+    path.write_text(json.dumps(timeline))
+    return str(path)
+
+
+def run_report(*args):
+    return subprocess.run([sys.executable, "-m", "mrstack.report", *args], capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": os.path.join(REPO, "python")}, timeout=120)
+
+
+def test_page_is_self_contained_with_every_plot_and_the_table(tmp_path):
+    timeline = make_timeline()
+    out = tmp_path / "report.html"
+    done = run_report(write_json(tmp_path, timeline), "-o", str(out))
+    assert done.returncode == 0, done.stderr
+    text = out.read_text()
+    assert text.count("<svg") == 4                       # footprint, fragmentation, histogram, activity
+    assert "<script" not in text and "http://" not in text.replace("http://www.w3.org", "")
+    assert "https://" not in text and "<link" not in text and "@import" not in text
+    for spec in ("pool &gt; cuda", "binning &gt; pool &gt; cuda"):
+        assert spec in text
+    assert "fastest pool &gt; cuda (30.0 ns/event)" in text
+    assert "Failures" not in text
+    # Every stack's footprint is a drawn line, not only a legend entry.
+    assert len(re.findall(r"<path ", text)) > 20
+
+
+def test_failure_section_names_line_request_and_fragmentation(tmp_path):
+    timeline = make_timeline(fail_at=2000)
+    html = report.render_html(timeline)
+    section = html[html.index("id=\"failures\""):html.index("<h2>Footprint")]
+    assert "binning &gt; pool &gt; cuda refused a request" in section
+    assert "2,002" in section            # the log line
+    assert "40 MiB" in section           # the request
+    assert "largest free block" in section and "free blocks" in section and "17" in section
+    assert "1 of 2 stacks failed" in html
+    assert "class=\"failed\"" in html
+
+
+def test_malformed_timelines_are_refused_naming_what(tmp_path):
+    bad = make_timeline()
+    bad["format"] = "something/2"
+    done = run_report(write_json(tmp_path, bad), "-o", str(tmp_path / "r.html"))
+    assert done.returncode == 2 and "mrstack-timeline/1" in done.stderr
+    short = make_timeline()
+    short["stacks"][0]["largest_free_block"].pop()
+    done = run_report(write_json(tmp_path, short), "-o", str(tmp_path / "r.html"))
+    assert done.returncode == 2 and "largest_free_block" in done.stderr and "pool > cuda" in done.stderr
+    assert not (tmp_path / "r.html").exists()
+
+
+def test_big_timeline_is_small_and_fast(tmp_path):
+    timeline = make_timeline(events=40000, points=2000, stacks=("pool > cuda", "pool > vmm", "binning > pool > cuda",
+                                                                 "arena > cuda", "cuda_async", "cuda"))
+    started = time.perf_counter()
+    size = report.write_report(timeline, str(tmp_path / "r.html"))
+    seconds = time.perf_counter() - started
+    assert size < 2 * 2**20
+    assert seconds < 10
+
+
+def _fake_replay(tmp_path, timeline):
+    """A stand-in mrstack-replay: writes `timeline` where --timeline says, records its
+    arguments, exits 1 (a stack failed) so the report must still be written."""
+    source = write_json(tmp_path, timeline, "canned.json")
+    script = tmp_path / "fake-replay"
+    script.write_text(f"""#!{sys.executable}
+import shutil, sys
+args = sys.argv[1:]
+open({str(tmp_path / 'args.txt')!r}, 'w').write('\\n'.join(args))
+shutil.copy({source!r}, args[args.index('--timeline') + 1])
+sys.exit(1)
+""")
+    script.chmod(script.stat().st_mode | stat.S_IEXEC)
+    return str(script)
+
+
+def test_a_log_is_replayed_with_the_stacks_asked_for(tmp_path, monkeypatch):
+    fake = _fake_replay(tmp_path, make_timeline(fail_at=1500))
+    monkeypatch.setenv("MRSTACK_REPLAY", fake)
+    out = tmp_path / "r.html"
+    done = run_report("log.csv.gz", "-r", "pool > cuda", "-r", "binning > pool > cuda", "--capacity", "1GiB",
+                      "-o", str(out))
+    assert done.returncode == 0, done.stderr
+    args = (tmp_path / "args.txt").read_text().split("\n")
+    assert args[:5] == ["log.csv.gz", "-r", "pool > cuda", "-r", "binning > pool > cuda"]
+    assert args[5:7] == ["--capacity", "1GiB"] and "--timeline" in args
+    assert "failed: binning > pool > cuda" in done.stdout
+    assert out.read_text().count("<svg") == 4
+
+
+def test_missing_replay_binary_is_named(tmp_path, monkeypatch):
+    monkeypatch.setenv("MRSTACK_REPLAY", str(tmp_path / "nowhere"))
+    done = run_report("log.csv", "-o", str(tmp_path / "r.html"))
+    assert done.returncode == 2 and "MRSTACK_REPLAY" in done.stderr and "nowhere" in done.stderr
+
+
+def _replay_with_timeline():
+    try:
+        binary = report.find_replay()
+    except report.ReportError:
+        return None
+    helped = subprocess.run([binary, "--help"], capture_output=True, text=True)
+    return binary if "--timeline" in helped.stdout + helped.stderr else None
+
+
+def test_sample_log_report_through_the_real_replay(tmp_path):
+    binary = _replay_with_timeline()
+    if binary is None:
+        pytest.skip("no mrstack-replay with --timeline in this build")
+    out = tmp_path / "r.html"
+    started = time.perf_counter()
+    done = run_report(SAMPLE_LOG, "--replay", binary, "--simulate", "-r", "pool > cuda", "-r", "binning > pool > cuda",
+                      "-o", str(out))
+    seconds = time.perf_counter() - started
+    assert done.returncode == 0, done.stderr
+    assert out.stat().st_size < 2 * 2**20 and seconds <= 10
+    assert out.read_text().count("<svg") == 4
+
+
+def _chromium():
+    for name in ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable"):
+        path = shutil.which(name)
+        if path:
+            return path
+    return None
+
+
+def test_page_renders_in_headless_chromium(tmp_path):
+    chromium = _chromium()
+    if chromium is None:
+        pytest.skip("no chromium on PATH (Debian: apt-get install chromium); the screenshot proves the page renders")
+    from PIL import Image
+    page = tmp_path / "report.html"
+    report.write_report(make_timeline(fail_at=2500), str(page))
+    shot = tmp_path / "report.png"
+    done = subprocess.run([chromium, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+                           "--window-size=1200,4200", f"--screenshot={shot}", page.as_uri()],
+                          capture_output=True, text=True, timeout=120)
+    assert shot.exists(), done.stderr
+    keep = os.environ.get("MRSTACK_REPORT_SCREENSHOT")
+    if keep:
+        shutil.copy(shot, keep)
+    image = Image.open(shot).convert("RGB")
+    width, height = image.size
+    # Not blank: the plots' colours are there, down the page where the SVGs are.
+    small = image.resize((width // 4, height // 4))
+    colours = small.getcolors(maxcolors=1 << 20)
+    assert len(colours) > 50
+    raw = small.tobytes()
+    pixels = [raw[i:i + 3] for i in range(0, len(raw), 3)]
+    coloured = sum(1 for r, g, b in pixels if max(r, g, b) - min(r, g, b) > 60)  # not grey: lines and fills
+    assert coloured > 0.01 * len(pixels)
+    bottom_half = small.crop((0, small.size[1] // 2, small.size[0], small.size[1]))
+    assert len(bottom_half.getcolors(maxcolors=1 << 20)) > 20   # the later plots are drawn too
+
+
+def test_sparse_timelines_still_make_a_page(tmp_path):
+    """One sample, a stack that failed at the first event (every entry null), no
+    histogram, no thread or stream rows, no results: a page, saying so, not a crash."""
+    timeline = {"format": "mrstack-timeline/1", "log": "tiny.csv", "events": 1, "simulated": True,
+                "capacity_bytes": 1 << 20, "sample_event": [0], "live_bytes": [0],
+                "stacks": [{"resource": "pool > cuda", "footprint_bytes": [None], "free_held_bytes": [None],
+                            "largest_free_block": [None],
+                            "failure": {"line": 2, "event": 0, "bytes": 2 << 20, "message": "out of memory",
+                                        "fragmentation": None}}],
+                "size_histogram": [], "threads": [], "streams": [], "results": []}
+    html = report.render_html(timeline)
+    assert html.count("<svg") == 4
+    assert "no stack replayed the whole log" in html
+    assert "2 MiB" in html and "capacity 1 MiB" in html

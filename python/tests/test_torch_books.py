@@ -1,0 +1,169 @@
+"""mrstack.torch without a GPU: PyTorch's entry points (mrstack_torch_alloc*, _free) on a
+device stack over simulated memory, the statistics under PyTorch's key names, empty_cache,
+out of memory as c10::OutOfMemoryError (checked against the libc10.so of an installed
+PyTorch, which is what becomes torch.OutOfMemoryError in Python), and the refusal during
+graph capture. The GPU behaviour is in gpu/test_torch_gpu.py."""
+import importlib.util
+import os
+import shutil
+import subprocess
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def test_books_under_pytorch_names(run_python):
+    done = run_python("""
+        import ctypes
+        import mrstack, mrstack.torch as mt
+        from mrstack import _lib
+        assert mt.memory_stats(0)["allocated_bytes.all.current"] == 0   # nothing built yet
+        mrstack.configure("pool(initial=16MiB) > simulated(capacity=64MiB)")
+        d = _lib.library().dll
+        a = d.mrstack_torch_alloc(3 << 20, 0, None)
+        b = d.mrstack_torch_alloc(5 << 20, 0, None)
+        s = mt.memory_stats(0)
+        assert s["allocated_bytes.all.current"] == 8 << 20 == mt.memory_allocated(0)
+        assert s["allocation.all.current"] == 2 and s["allocation.all.allocated"] == 2
+        assert s["reserved_bytes.all.current"] >= 8 << 20 == mt.max_memory_allocated(0)
+        assert mt.max_memory_reserved(0) >= mt.memory_reserved(0) >= 16 << 20
+        d.mrstack_torch_free(b, 5 << 20, 0, None)
+        s = mt.memory_stats(0)
+        assert s["allocated_bytes.all.current"] == 3 << 20 and s["allocated_bytes.all.peak"] == 8 << 20
+        assert s["allocation.all.freed"] == 1
+        mt.reset_peak_memory_stats(0)
+        assert mt.max_memory_allocated(0) == 3 << 20
+        assert mrstack.statistics(0).clients["torch"].live_bytes == 3 << 20
+        for key in ("num_alloc_retries", "num_ooms", "active_bytes.all.peak", "requested_bytes.all.current",
+                    "mrstack.largest_free_block", "mrstack.free_blocks"):
+            assert key in s, key
+        # Out of memory: NULL from the C entry, counted, explained, the stack unchanged and serving.
+        assert d.mrstack_torch_alloc(1 << 30, 0, None) is None
+        message = _lib.library().last_error()
+        assert "out of memory" in message and "1.00 GiB" in message, message
+        s = mt.memory_stats(0)
+        assert s["num_ooms"] == 1 and s["allocated_bytes.all.current"] == 3 << 20
+        c = d.mrstack_torch_alloc(1 << 20, 0, None)
+        assert c
+        d.mrstack_torch_free(c, 1 << 20, 0, None)
+        d.mrstack_torch_free(a, 3 << 20, 0, None)
+        held = mrstack.statistics(0).free_bytes_held
+        mt.empty_cache(0)
+        assert mrstack.statistics(0).free_bytes_held <= held
+        assert mt.memory_allocated(0) == 0
+        print("ok")
+    """)
+    assert done.stdout.split() == ["ok"]
+
+
+def test_record_stream_needs_a_pointer(run_python):
+    done = run_python("""
+        import mrstack
+        from mrstack import _lib
+        lib = _lib.library()
+        assert lib.dll.mrstack_torch_record_stream(None, None) == _lib.ERROR_INVALID_ARGUMENT
+        assert "null" in lib.last_error()
+        print("ok")
+    """)
+    assert done.stdout.split() == ["ok"]
+
+
+def _libc10():
+    spec = importlib.util.find_spec("torch")
+    if spec is None or not spec.origin:
+        return None
+    path = os.path.join(os.path.dirname(spec.origin), "lib", "libc10.so")
+    return path if os.path.isfile(path) else None
+
+
+@pytest.fixture(scope="module")
+def probe(tmp_path_factory):
+    compiler = shutil.which("g++") or shutil.which("c++")
+    if compiler is None:
+        pytest.skip("no C++ compiler to build the probe")
+    out = str(tmp_path_factory.mktemp("probe") / "torch_oom_probe")
+    subprocess.run([compiler, "-std=c++17", "-o", out, os.path.join(HERE, "native", "torch_oom_probe.cpp"), "-ldl"],
+                   check=True)
+    return out
+
+
+def test_refusal_unwinds_as_mrstacks_exception_without_pytorch(probe, library_path):
+    done = subprocess.run([probe, library_path], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "type N7mrstack13out_of_memoryE" in done.stdout
+    assert "could not allocate 1.00 MiB" in done.stdout
+    assert "served again 1" in done.stdout
+
+
+def test_refusal_unwinds_as_c10_out_of_memory_error(probe, library_path):
+    libc10 = _libc10()
+    if libc10 is None:
+        pytest.skip("PyTorch is not installed: no libc10.so to bind")
+    done = subprocess.run([probe, library_path, libc10], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "bind 0" in done.stdout
+    assert "type N3c1016OutOfMemoryErrorE" in done.stdout   # PyTorch raises it as torch.OutOfMemoryError
+    assert "mrstack: out of memory: limiting could not allocate 1.00 MiB" in done.stdout
+    assert "served again 1" in done.stdout
+
+
+def test_bind_refuses_a_library_without_the_symbol(run_python):
+    done = run_python("""
+        import mrstack
+        from mrstack import _lib
+        lib = _lib.library()
+        assert lib.dll.mrstack_torch_bind_c10(lib.path.encode()) == _lib.ERROR_STATE
+        assert "c10::OutOfMemoryError" in lib.last_error()
+        assert lib.dll.mrstack_torch_bind_c10(b"/nonexistent/libc10.so") == _lib.ERROR_STATE
+        assert "cannot load" in lib.last_error()
+        print("ok")
+    """)
+    assert done.stdout.split() == ["ok"]
+
+
+def test_install_resolves_the_entry_points_and_binds_c10(run_python):
+    if importlib.util.find_spec("torch") is None:
+        pytest.skip("PyTorch is not installed")
+    done = run_python("""
+        import mrstack.torch as mt
+        assert not mt.raises_torch_out_of_memory() and not mt.installed()
+        allocator = mt.install()            # loads mrstack_torch_alloc_raising and mrstack_torch_free by name
+        assert mt.install() is allocator and mt.installed()
+        assert mt.raises_torch_out_of_memory()   # libc10's OutOfMemoryError was found
+        import torch
+        with __import__("pytest").raises(torch.OutOfMemoryError, match="out of memory: pool"):
+            with mt.out_of_memory_as_torch_error():
+                raise RuntimeError("mrstack: out of memory: pool could not allocate 1.00 GiB")
+        with __import__("pytest").raises(RuntimeError, match="unrelated"):
+            with mt.out_of_memory_as_torch_error():
+                raise RuntimeError("unrelated")
+        print("ok")
+    """)
+    assert done.stdout.split() == ["ok"]
+
+
+def test_record_stream_reaches_the_library_and_fails_clearly_without_a_device(run_python):
+    done = run_python("""
+        import mrstack, mrstack.torch as mt
+
+        class Storage:
+            def data_ptr(self):
+                return 0x1000
+
+        class Tensor:                      # what record_stream uses of a torch.Tensor
+            def untyped_storage(self):
+                return Storage()
+
+        class Stream:
+            cuda_stream = 0x2000
+
+        try:
+            mt.record_stream(Tensor(), Stream())
+        except mrstack.MrstackError as e:
+            assert "cudaEventCreateWithFlags" in str(e) and "record_stream" in str(e), e
+            print("refused")
+        else:
+            print("recorded")              # a machine with a driver records the event
+    """)
+    assert done.stdout.split()[-1] in ("refused", "recorded")
