@@ -4,11 +4,12 @@
 # /usr/local/cuda or on PATH. Also installs the Python test dependencies
 # (python/requirements-test.txt) with pip into a virtual environment of the checkout's own,
 # build/venv, so the system's Python is left alone; tools/run-tests.sh runs pytest from it.
+# chromium: the report test renders the HTML report headless and checks the screenshot.
 # python3-dev: the headers the optional Python extension (mrstack._fastpath) is built with,
 # for Debian's python3 (a pyenv or other self-built Python carries its own headers).
 set -euo pipefail
 packages=(cmake ninja-build g++ libspdlog-dev catch2 libbenchmark-dev zlib1g-dev libbackward-cpp-dev libdw-dev
-          python3-dev python3-venv)
+          python3-dev python3-venv chromium)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
