@@ -3,6 +3,8 @@
 #include "c_api_internal.hpp"
 
 #include <cstdio>
+
+#include "../device_scope.hpp"
 #include <string>
 
 extern "C" {
@@ -11,6 +13,7 @@ void* mrstack_torch_alloc(size_t size, int device, void* stream) {
   try {
     mrstack_stack* stack = mrstack::c_api::built_device_stack(device);
     if (stack == nullptr) { stack = &mrstack::c_api::device_stack(device); }
+    mrstack::detail::device_scope on_device{device};
     void* const ptr = stack->top->allocate(size, mrstack::stream_view{static_cast<cudaStream_t>(stream)});
     if (ptr != nullptr) { stack->count_allocation(MRSTACK_CLIENT_TORCH, size); }
     return ptr;
@@ -34,6 +37,7 @@ void mrstack_torch_free(void* ptr, size_t size, int device, void* stream) {
     return;
   }
   try {
+    mrstack::detail::device_scope on_device{device};
     stack->top->deallocate(ptr, size, mrstack::stream_view{static_cast<cudaStream_t>(stream)});
     stack->count_free(MRSTACK_CLIENT_TORCH, size);
   } catch (...) {
