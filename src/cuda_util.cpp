@@ -139,8 +139,18 @@ void pop_context() noexcept {
   (void)contexts().ctx_pop(&popped);
 }
 
+namespace {
+thread_local int device_being_built = -1;
+}  // namespace
+
+building_for::building_for(int device) noexcept : previous_{device_being_built} {
+  if (device >= 0) { device_being_built = device; }
+}
+building_for::~building_for() { device_being_built = previous_; }
+
 int resolve_device(int device) noexcept {
   if (device >= 0) { return device; }
+  if (device_being_built >= 0) { return device_being_built; }
   int current = -1;
   if (cudaGetDevice(&current) != cudaSuccess) {
     (void)cudaGetLastError();

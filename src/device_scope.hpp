@@ -46,8 +46,24 @@ class device_scope {
   bool pushed_ = false;
 };
 
-/// `device` when it is an ordinal (>= 0); for -1 the device current on this thread
-/// (cudaGetDevice, which creates no context), or -1 without a usable CUDA runtime.
+/// `device` when it is an ordinal (>= 0); for -1 the device a stack is being built for on
+/// this thread (see building_for), else the device current on this thread (cudaGetDevice,
+/// which creates no context), or -1 without a usable CUDA runtime.
 int resolve_device(int device) noexcept;
+
+/// Marks the scope of building a stack for `device` on this thread (nests; -1 marks
+/// nothing), so resources made there without a device of their own take this one.
+class building_for {
+ public:
+  explicit building_for(int device) noexcept;
+  ~building_for();
+  building_for(building_for const&) = delete;
+  building_for& operator=(building_for const&) = delete;
+  building_for(building_for&&) = delete;
+  building_for& operator=(building_for&&) = delete;
+
+ private:
+  int previous_;
+};
 
 }  // namespace mrstack::detail
