@@ -25,6 +25,7 @@
 
 #include <limits>
 
+#include "device_scope.hpp"
 #include "spec/spec_detail.hpp"
 
 namespace mrstack::detail {
@@ -96,7 +97,7 @@ std::vector<spec_resource> builtin_resources() {
                  return std::make_shared<vmm_memory_resource>(
                      a.size("reserve").value_or(0),
                      a.count("map_granules").value_or(vmm_memory_resource::default_map_granules),
-                     device ? static_cast<int>(*device) : -1);
+                     device ? static_cast<int>(*device) : detail::resolve_device(-1));  // the stack's device
                },
                {}, "simulated_vmm", false, true});
   r.push_back({"simulated_vmm", "the CPU twin of vmm: the same granule bookkeeping over fake addresses", bottom_resource,
