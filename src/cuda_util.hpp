@@ -4,6 +4,7 @@
 #include <mrstack/resource.hpp>
 
 #include <string>
+#include <vector>
 
 namespace mrstack::detail {
 
@@ -25,3 +26,17 @@ void require_upstream_alignment(std::size_t alignment, std::size_t supported, ch
       ::mrstack::detail::throw_allocation_failure(mrstack_status_, (bytes), (resource), #call, __FILE__, __LINE__); \
     }                                                                                              \
   } while (0)
+
+namespace mrstack::detail {
+
+/// The devices (other than `device`) that can read and write `device`'s memory through
+/// peer mappings (cudaDeviceCanAccessPeer). Empty with one device.
+std::vector<int> peers_of(int device);
+
+/// Lets every peer of `device` access memory cudaMalloc returns on `device`
+/// (cudaDeviceEnablePeerAccess from each peer; "already enabled" is fine). Peer access is
+/// a property of the peer's context, so this creates the peers' primary contexts.
+/// Returns the peers it enabled.
+std::vector<int> enable_peer_access_to(int device);
+
+}  // namespace mrstack::detail

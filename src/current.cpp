@@ -10,8 +10,15 @@ namespace {
 struct registry {
   std::mutex mutex;
   std::unordered_map<int, resource_ptr> per_device;
-  resource_ptr default_resource = std::make_shared<cuda_memory_resource>();  // the same for every device:
-                                                                             // it allocates on the current one
+  // The default of each device, made on first read: a cuda_memory_resource bound to that
+  // device, so device 1's default allocates on device 1 whatever the caller has current.
+  std::unordered_map<int, resource_ptr> defaults;
+
+  resource_ptr default_of(int device) {
+    auto& slot = defaults[device];
+    if (!slot) { slot = std::make_shared<cuda_memory_resource>(device); }  // no CUDA call
+    return slot;
+  }
 };
 registry& the_registry() {
   static registry r;
@@ -27,17 +34,20 @@ resource_ptr get_per_device_resource(int device) {
   auto& r = the_registry();
   std::lock_guard lock{r.mutex};
   auto it = r.per_device.find(device);
-  return it != r.per_device.end() ? it->second : r.default_resource;
+  return it != r.per_device.end() ? it->second : r.default_of(device);
 }
 
 resource_ptr set_per_device_resource(int device, resource_ptr resource) {
   check_device(device);
   auto& r = the_registry();
   std::lock_guard lock{r.mutex};
-  auto& slot = r.per_device[device];
-  resource_ptr previous = slot ? slot : r.default_resource;
-  slot = std::move(resource);
-  if (!slot) { r.per_device.erase(device); }
+  auto it = r.per_device.find(device);
+  resource_ptr previous = it != r.per_device.end() ? it->second : r.default_of(device);
+  if (resource) {
+    r.per_device[device] = std::move(resource);
+  } else {
+    r.per_device.erase(device);
+  }
   return previous;
 }
 

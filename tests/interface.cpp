@@ -4,6 +4,7 @@
 #include <mrstack/current.hpp>
 #include <mrstack/device_buffer.hpp>
 #include <mrstack/error.hpp>
+#include <mrstack/upstream/cuda_memory_resource.hpp>
 #include <mrstack/upstream/simulated_memory_resource.hpp>
 #include <mrstack/upstream/system_memory_resource.hpp>
 
@@ -95,9 +96,17 @@ TEST_CASE("per-device registry: set, get, restore, per device, thread-safe") {
   REQUIRE(original0 != nullptr);
   CHECK(original0->name() == "cuda");  // the default, created without touching CUDA
 
+  // Each device's default is bound to that device (it allocates there whatever is current).
+  auto const default3 = get_per_device_resource(3);
+  REQUIRE(std::dynamic_pointer_cast<cuda_memory_resource>(default3) != nullptr);
+  CHECK(std::dynamic_pointer_cast<cuda_memory_resource>(default3)->device() == 3);
+  CHECK(std::dynamic_pointer_cast<cuda_memory_resource>(original0)->device() == 0);
+  CHECK(default3 != original0);
+  CHECK_FALSE(default3->is_equal(*original0));  // memory of one device is not the other's
+
   auto sim = std::make_shared<simulated_memory_resource>();
   auto previous = set_per_device_resource(3, sim);
-  CHECK(previous == get_per_device_resource(7));  // both were the default
+  CHECK(previous == default3);
   CHECK(get_per_device_resource(3) == sim);
   CHECK(get_per_device_resource(0) == original0);  // other devices untouched
 
@@ -118,7 +127,7 @@ TEST_CASE("per-device registry: set, get, restore, per device, thread-safe") {
   CHECK(bad == 0);
 
   set_per_device_resource(3, nullptr);  // back to the default
-  CHECK(get_per_device_resource(3) == original0);
+  CHECK(get_per_device_resource(3) == default3);
   CHECK_THROWS_AS(get_per_device_resource(-1), logic_error);
 }
 

@@ -210,8 +210,9 @@ TEST_CASE("spec: unknown resources and parameters list the valid names") {
   require_spec_error("probe > cdua", 9, "cuda, cuda_async");
   require_spec_error("probe(sise=1GiB) > cuda", 7,
                      "unknown parameter 'sise' for probe (did you mean 'size'?); expected size, count, ratio, enabled or file");
-  require_spec_error("cuda(x=1)", 6, "unknown parameter 'x' for cuda: cuda takes no parameters");
-  require_spec_error("cuda(1)", 6, "cuda takes no arguments");
+  require_spec_error("system(x=1)", 8, "unknown parameter 'x' for system: system takes no parameters");
+  require_spec_error("cuda(x=1)", 6, "unknown parameter 'x' for cuda; expected device or peer_access");
+  require_spec_error("system(1)", 8, "system takes no arguments");
   require_spec_error("simulated(1GiB, 2GiB)", 17, "too many positional arguments for simulated: it takes capacity");
 }
 

@@ -70,6 +70,10 @@ struct build_options {
   /// an absolute capacity, else the device's free memory (cudaMemGetInfo, asked once per
   /// build). mrstack-replay sets it to the simulated device's capacity.
   std::optional<std::size_t> percent_base;
+  /// The device the stack is built for: the build runs with it current (its upstreams,
+  /// events and percentages belong to it) and the caller's current device is left as it
+  /// was. Unset: the device current on the calling thread.
+  std::optional<int> device;
 };
 
 /// Checks every name, parameter and value of `spec` against the registry and the shape of

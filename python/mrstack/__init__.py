@@ -276,9 +276,9 @@ def fastpath():
 
 
 def __getattr__(name):
-    # `mrstack.numba`, `mrstack.cupy`, `mrstack.torch` import on first access, so that
-    # `import mrstack` never imports Numba, CuPy or PyTorch.
-    if name in ("numba", "cupy", "torch"):
+    # `mrstack.numba`, `mrstack.cupy`, `mrstack.torch`, `mrstack.dask` import on first access,
+    # so that `import mrstack` never imports Numba, CuPy, PyTorch or Dask.
+    if name in ("numba", "cupy", "torch", "dask"):
         import importlib
         return importlib.import_module(f"{__name__}.{name}")
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -137,8 +137,11 @@ mrstack_stack& device_stack(int device) {
   std::string const spec = spec_to_use(config);
   resource_ptr top;
   try {
-    detail::device_scope on_device{device};  // a pool's first chunk is allocated now
-    top = make_stack(expand_spec(spec));
+    // Built with `device` current (upstreams, events, a pool's first chunk belong to it);
+    // the caller's context is put back as it was.
+    build_options options;
+    options.device = device;
+    top = build_stack(parse_stack_spec(expand_spec(spec)), options);
   } catch (spec_error const& e) {
     // Say where a spec nobody passed in a call came from.
     if (!config.configured && std::getenv("MRSTACK_RESOURCE") != nullptr) {
@@ -218,7 +221,10 @@ mrstack_status mrstack_stack_create(const char* spec, int device, mrstack_stack*
   if (spec == nullptr) { return invalid("mrstack_stack_create: the spec is null"); }
   if (device < 0) { return invalid("mrstack_stack_create: device ordinal " + std::to_string(device) + " is negative"); }
   return guarded([&] {
-    *out = new mrstack_stack(mrstack::make_stack(mrstack::c_api::expand_spec(spec)), device, /*process_wide=*/false);
+    mrstack::build_options options;
+    options.device = device;
+    auto top = mrstack::build_stack(mrstack::parse_stack_spec(mrstack::c_api::expand_spec(spec)), options);
+    *out = new mrstack_stack(std::move(top), device, /*process_wide=*/false);
   });
 }
 
@@ -246,6 +252,8 @@ mrstack_status mrstack_allocate(mrstack_stack* stack, size_t bytes, void* stream
   *out = nullptr;
   if (!valid_client(client)) { return invalid("mrstack_allocate: unknown client " + std::to_string(client)); }
   return guarded([&] {
+    // The stack's device is current for the call (a null stream is its default stream).
+    mrstack::detail::device_scope on_device{stack->device};
     *out = stack->top->allocate(bytes, mrstack::stream_view{static_cast<cudaStream_t>(stream)});
     if (*out != nullptr) { stack->count_allocation(client, bytes); }
   });
@@ -256,6 +264,7 @@ mrstack_status mrstack_deallocate(mrstack_stack* stack, void* ptr, size_t bytes,
   if (!valid_client(client)) { return invalid("mrstack_deallocate: unknown client " + std::to_string(client)); }
   if (ptr == nullptr) { return MRSTACK_SUCCESS; }
   return guarded([&] {
+    mrstack::detail::device_scope on_device{stack->device};
     stack->top->deallocate(ptr, bytes, mrstack::stream_view{static_cast<cudaStream_t>(stream)});
     stack->count_free(client, bytes);
   });

@@ -16,6 +16,7 @@
 // the block goes back to the stack, so the block is not handed out while the using
 // stream may still touch it.
 #include "c_api_internal.hpp"
+#include "../device_scope.hpp"
 
 #include <cuda_runtime_api.h>
 #include <cxxabi.h>
@@ -136,6 +137,7 @@ void refuse_during_capture(std::size_t size, int device, void* stream) {
 void* allocate_for_torch(std::size_t size, int device, void* stream) {
   mrstack_stack* stack = mrstack::c_api::built_device_stack(device);
   if (stack == nullptr) { stack = &mrstack::c_api::device_stack(device); }
+  mrstack::detail::device_scope on_device{device};
   refuse_during_capture(size, device, stream);
   void* ptr = nullptr;
   try {
@@ -244,6 +246,7 @@ void mrstack_torch_free(void* ptr, size_t size, int device, void* stream) {
     return;
   }
   try {
+    mrstack::detail::device_scope on_device{device};
     wait_for_recorded_uses(ptr, stream);
     stack->top->deallocate(ptr, size, mrstack::stream_view{static_cast<cudaStream_t>(stream)});
     stack->count_free(MRSTACK_CLIENT_TORCH, size);

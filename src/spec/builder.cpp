@@ -12,6 +12,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include "device_scope.hpp"
 #include "spec/spec_detail.hpp"
 
 namespace mrstack {
@@ -311,6 +312,8 @@ void check_stack_spec(stack_spec const& spec) {
 }
 
 resource_ptr build_stack(stack_spec const& spec, build_options const& options) {
+  detail::device_scope on_device{options.device.value_or(-1)};
+  detail::building_for marked{options.device.value_or(-1)};
   return spec_builder{spec, options, true}.run();
 }
 

@@ -25,6 +25,7 @@
 
 #include <limits>
 
+#include "device_scope.hpp"
 #include "spec/spec_detail.hpp"
 
 namespace mrstack::detail {
@@ -33,29 +34,45 @@ std::vector<spec_resource> builtin_resources() {
   std::vector<spec_resource> r;
 
   // ---- upstreams (bottom resources) ---------------------------------------------------
-  r.push_back({"cuda", "device memory from cudaMalloc/cudaFree (synchronous)", bottom_resource, {},
-               [](spec_arguments const&, resource_ptr) -> resource_ptr {
-                 return std::make_shared<cuda_memory_resource>();
+  r.push_back({"cuda", "device memory from cudaMalloc/cudaFree (synchronous)", bottom_resource,
+               {count_param("device", optional_param, "the device ordinal", "the device the stack is built for"),
+                flag_param("peer_access", optional_param,
+                           "let every peer device read and write this memory (cudaDeviceEnablePeerAccess)", "false")},
+               [](spec_arguments const& a, resource_ptr) -> resource_ptr {
+                 auto const device = a.count("device");
+                 return std::make_shared<cuda_memory_resource>(device ? static_cast<int>(*device) : -1,
+                                                               a.flag("peer_access").value_or(false));
                },
                });
   r.push_back({"cuda_async", "the driver's stream-ordered pool (cudaMallocFromPoolAsync) over a pool of its own",
                bottom_resource,
                {size_param("initial", optional_param, "bytes allocated and freed once at construction (a warm pool)", "0"),
                 size_param("release_threshold", optional_param,
-                           "bytes the pool keeps when the device synchronizes; the rest goes back", "keep everything")},
+                           "bytes the pool keeps when the device synchronizes; the rest goes back", "keep everything"),
+                count_param("device", optional_param, "the device ordinal", "the device the stack is built for"),
+                flag_param("peer_access", optional_param,
+                           "let every peer device read and write the pool's memory (cudaMemPoolSetAccess)", "false")},
                [](spec_arguments const& a, resource_ptr) -> resource_ptr {
+                 auto const device = a.count("device");
                  return std::make_shared<cuda_async_memory_resource>(a.size("initial").value_or(0),
-                                                                     a.size("release_threshold"));
+                                                                     a.size("release_threshold"),
+                                                                     device ? static_cast<int>(*device) : -1,
+                                                                     a.flag("peer_access").value_or(false));
                },
                {}, {}, false, true});
-  r.push_back({"managed", "unified memory from cudaMallocManaged", bottom_resource, {},
-               [](spec_arguments const&, resource_ptr) -> resource_ptr {
-                 return std::make_shared<managed_memory_resource>();
+  r.push_back({"managed", "unified memory from cudaMallocManaged", bottom_resource,
+               {count_param("device", optional_param, "the device ordinal", "the device the stack is built for")},
+               [](spec_arguments const& a, resource_ptr) -> resource_ptr {
+                 auto const device = a.count("device");
+                 return std::make_shared<managed_memory_resource>(device ? static_cast<int>(*device) : -1);
                },
                });
-  r.push_back({"pinned_host", "page-locked host memory from cudaHostAlloc", bottom_resource, {},
-               [](spec_arguments const&, resource_ptr) -> resource_ptr {
-                 return std::make_shared<pinned_host_memory_resource>();
+  r.push_back({"pinned_host", "page-locked host memory from cudaHostAlloc", bottom_resource,
+               {count_param("device", optional_param, "the device whose context the calls use",
+                            "the device the stack is built for")},
+               [](spec_arguments const& a, resource_ptr) -> resource_ptr {
+                 auto const device = a.count("device");
+                 return std::make_shared<pinned_host_memory_resource>(device ? static_cast<int>(*device) : -1);
                }});
   r.push_back({"system", "ordinary host memory (aligned operator new); for tests without a GPU", bottom_resource, {},
                [](spec_arguments const&, resource_ptr) -> resource_ptr {
@@ -80,7 +97,7 @@ std::vector<spec_resource> builtin_resources() {
                  return std::make_shared<vmm_memory_resource>(
                      a.size("reserve").value_or(0),
                      a.count("map_granules").value_or(vmm_memory_resource::default_map_granules),
-                     device ? static_cast<int>(*device) : -1);
+                     device ? static_cast<int>(*device) : detail::resolve_device(-1));  // the stack's device
                },
                {}, "simulated_vmm", false, true});
   r.push_back({"simulated_vmm", "the CPU twin of vmm: the same granule bookkeeping over fake addresses", bottom_resource,

@@ -4,6 +4,8 @@
 
 #include <cuda_runtime_api.h>
 
+#include "device_scope.hpp"
+
 namespace mrstack {
 
 namespace {
@@ -11,9 +13,13 @@ namespace {
 cudaStream_t as_stream(detail::stream_sync::handle h) noexcept { return reinterpret_cast<cudaStream_t>(h); }
 cudaEvent_t as_event(detail::stream_sync::handle h) noexcept { return reinterpret_cast<cudaEvent_t>(h); }
 
+// Events and device-wide synchronization belong to the device current when the suballocator
+// was built (a stack is built with its device current), not to whatever device the thread
+// that frees happens to have current.
 class cuda_stream_sync final : public detail::stream_sync {
  public:
   handle create_event() override {
+    detail::device_scope on_device{device_};
     cudaEvent_t event = nullptr;
     MRSTACK_CUDA_TRY(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
     return reinterpret_cast<handle>(event);
@@ -30,7 +36,13 @@ class cuda_stream_sync final : public detail::stream_sync {
     MRSTACK_CUDA_TRY(cudaStreamWaitEvent(as_stream(stream), as_event(event), 0));
   }
   void synchronize(handle stream) override { MRSTACK_CUDA_TRY(cudaStreamSynchronize(as_stream(stream))); }
-  void synchronize_all() override { MRSTACK_CUDA_TRY(cudaDeviceSynchronize()); }
+  void synchronize_all() override {
+    detail::device_scope on_device{device_};
+    MRSTACK_CUDA_TRY(cudaDeviceSynchronize());
+  }
+
+ private:
+  int device_ = detail::resolve_device(-1);
 };
 
 class host_stream_sync final : public detail::stream_sync {

@@ -1,15 +1,22 @@
 #include <mrstack/upstream/cuda_async_memory_resource.hpp>
 
 #include <cstdint>
+#include <cstdio>
+#include <exception>
 #include <limits>
 
 #include "cuda_util.hpp"
+#include "device_scope.hpp"
 
 namespace mrstack {
 
 cuda_async_memory_resource::cuda_async_memory_resource(std::size_t initial_pool_size,
-                                                       std::optional<std::size_t> release_threshold) {
-  MRSTACK_CUDA_TRY(cudaGetDevice(&device_));
+                                                       std::optional<std::size_t> release_threshold, int device,
+                                                       bool peer_access) {
+  device = detail::resolve_device(device);
+  if (device < 0) { MRSTACK_CUDA_TRY(cudaGetDevice(&device)); }  // no runtime: say why
+  device_ = device;
+  detail::device_scope on_device{device_};
   int supported = 0;
   MRSTACK_CUDA_TRY(cudaDeviceGetAttribute(&supported, cudaDevAttrMemoryPoolsSupported, device_));
   if (supported == 0) {
@@ -26,6 +33,16 @@ cuda_async_memory_resource::cuda_async_memory_resource(std::size_t initial_pool_
   // back to the OS at every synchronization and each allocation would pay to map it again.
   std::uint64_t threshold = release_threshold.value_or(std::numeric_limits<std::uint64_t>::max());
   MRSTACK_CUDA_TRY(cudaMemPoolSetAttribute(pool_, cudaMemPoolAttrReleaseThreshold, &threshold));
+  if (peer_access) {
+    peers_ = detail::peers_of(device_);
+    std::vector<cudaMemAccessDesc> access(peers_.size());
+    for (std::size_t i = 0; i < peers_.size(); ++i) {
+      access[i].location.type = cudaMemLocationTypeDevice;
+      access[i].location.id = peers_[i];
+      access[i].flags = cudaMemAccessFlagsProtReadWrite;
+    }
+    if (!access.empty()) { MRSTACK_CUDA_TRY(cudaMemPoolSetAccess(pool_, access.data(), access.size())); }
+  }
   if (initial_pool_size > 0) {
     void* warm = nullptr;
     MRSTACK_ALLOC_TRY(cudaMallocFromPoolAsync(&warm, initial_pool_size, pool_, cudaStreamLegacy), initial_pool_size,
@@ -37,18 +54,25 @@ cuda_async_memory_resource::cuda_async_memory_resource(std::size_t initial_pool_
 
 cuda_async_memory_resource::~cuda_async_memory_resource() {
   // Frees may still be in flight on streams; the pool must outlive them.
-  MRSTACK_CUDA_ASSERT_NOEXCEPT(cudaDeviceSynchronize());
-  MRSTACK_CUDA_ASSERT_NOEXCEPT(cudaMemPoolDestroy(pool_));
+  try {
+    detail::device_scope on_device{device_};
+    MRSTACK_CUDA_ASSERT_NOEXCEPT(cudaDeviceSynchronize());
+    MRSTACK_CUDA_ASSERT_NOEXCEPT(cudaMemPoolDestroy(pool_));
+  } catch (std::exception const& e) {
+    std::fprintf(stderr, "mrstack: cuda_async on device %d: %s\n", device_, e.what());
+  }
 }
 
 void* cuda_async_memory_resource::do_allocate(std::size_t bytes, std::size_t alignment, stream_view stream) {
   detail::require_upstream_alignment(alignment, default_alignment, "cuda_async");
+  detail::device_scope on_device{device_};
   void* ptr = nullptr;
   MRSTACK_ALLOC_TRY(cudaMallocFromPoolAsync(&ptr, bytes, pool_, stream.value()), bytes, "cuda_async");
   return ptr;
 }
 
 void cuda_async_memory_resource::do_deallocate(void* ptr, std::size_t, std::size_t, stream_view stream) {
+  detail::device_scope on_device{device_};
   MRSTACK_CUDA_ASSERT_NOEXCEPT(cudaFreeAsync(ptr, stream.value()));
 }
 
@@ -78,6 +102,7 @@ std::size_t cuda_async_memory_resource::do_free_bytes_held() const noexcept {
 }
 
 void cuda_async_memory_resource::do_release() {
+  detail::device_scope on_device{device_};
   MRSTACK_CUDA_TRY(cudaDeviceSynchronize());
   MRSTACK_CUDA_TRY(cudaMemPoolTrimTo(pool_, 0));
 }

@@ -1,17 +1,22 @@
 #include <mrstack/upstream/managed_memory_resource.hpp>
 
 #include "cuda_util.hpp"
+#include "device_scope.hpp"
 
 namespace mrstack {
 
+managed_memory_resource::managed_memory_resource(int device) : device_{detail::resolve_device(device)} {}
+
 void* managed_memory_resource::do_allocate(std::size_t bytes, std::size_t alignment, stream_view) {
   detail::require_upstream_alignment(alignment, default_alignment, "managed");
+  detail::device_scope on_device{device_};
   void* ptr = nullptr;
   MRSTACK_ALLOC_TRY(cudaMallocManaged(&ptr, bytes, cudaMemAttachGlobal), bytes, "managed");
   return ptr;
 }
 
 void managed_memory_resource::do_deallocate(void* ptr, std::size_t, std::size_t, stream_view) {
+  detail::device_scope on_device{device_};
   MRSTACK_CUDA_ASSERT_NOEXCEPT(cudaFree(ptr));
 }
 

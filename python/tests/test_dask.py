@@ -1,0 +1,120 @@
+"""mrstack.dask on a CPU: a LocalCluster of two worker processes over `simulated` stacks.
+The plugin configures each worker, tasks allocate through mrstack, the client collects one
+statistics row per worker, and each worker's allocation log replays with mrstack-replay."""
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+distributed = pytest.importorskip("distributed")
+
+import mrstack.dask  # noqa: E402  (after the skip: needs distributed)
+from mrstack.dask import MrstackPlugin, expand_placeholders  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[2]
+PYTHON_DIR = str(REPO / "python")
+MIB = 1 << 20
+SPEC = "pool(initial=4MiB) > simulated(capacity=1GiB)"
+
+
+def _replay_tool():
+    found = os.environ.get("MRSTACK_REPLAY")
+    if found:
+        return found
+    for preset in ("release", "ci", "debug"):
+        candidate = REPO / "build" / preset / "tools" / "mrstack-replay"
+        if candidate.exists():
+            return str(candidate)
+    return shutil.which("mrstack-replay")
+
+
+def test_placeholders_name_the_worker_process_and_device(monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,1")
+    text = expand_placeholders("/logs/{worker}-{pid}-gpu{device}.csv", "tcp://10.0.0.1:4000", device=0, pid=42)
+    assert text == "/logs/tcp___10.0.0.1_4000-42-gpu3.csv"
+    assert expand_placeholders("{device}", "w", device=1) == "1"
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    assert expand_placeholders("{device}/{pid}", 0, device=2) == f"2/{os.getpid()}"
+
+
+def test_unknown_hooks_are_refused_on_the_client():
+    with pytest.raises(ValueError, match="jax"):
+        MrstackPlugin(SPEC, hooks=("cupy", "jax"))
+
+
+# Runs on a worker: allocates `count` blocks of `mib` MiB from the worker's device stack,
+# frees all but one, and keeps that one (the statistics must show it live).
+_kept = []
+
+
+def _allocate_on_worker(mib, count):
+    import mrstack
+    stack = mrstack.device_stack(0)
+    blocks = [stack.allocate(mib * MIB) for _ in range(count)]
+    for ptr in blocks[1:]:
+        stack.deallocate(ptr, mib * MIB)
+    _kept.append(blocks[0])
+    return stack.describe()
+
+
+@pytest.fixture
+def cluster_env(monkeypatch, library_path):
+    # Worker processes start fresh: they find the package and the library by environment.
+    monkeypatch.setenv("PYTHONPATH", PYTHON_DIR + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    monkeypatch.setenv("MRSTACK_LIBRARY", os.path.abspath(library_path))
+    monkeypatch.delenv("MRSTACK_RESOURCE", raising=False)
+
+
+def test_plugin_configures_workers_collects_statistics_and_logs_replay(tmp_path, cluster_env):
+    from distributed import Client, LocalCluster
+
+    log_pattern = str(tmp_path / "alloc-{worker}-{pid}.csv")
+    plugin = MrstackPlugin(SPEC, log_file=log_pattern)
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None,
+                      worker_dashboard_address=None) as cluster, Client(cluster) as client:
+        client.register_plugin(plugin)
+        workers = sorted(client.scheduler_info()["workers"])
+        assert len(workers) == 2
+        # Worker i allocates 3 blocks of (i + 1) MiB and keeps one.
+        described = [client.submit(_allocate_on_worker, i + 1, 3, workers=[w], pure=False).result()
+                     for i, w in enumerate(workers)]
+        assert described == ["logging > pool > simulated"] * 2
+        rows = mrstack.dask.statistics(client)
+        assert len(rows) == 2
+        by_address = {r.address: r for r in rows}
+        for i, w in enumerate(workers):
+            row = by_address[w]
+            assert row.stack == "logging > pool > simulated", row
+            assert row.live_bytes == (i + 1) * MIB, row
+            assert row.peak_bytes == 3 * (i + 1) * MIB, row
+            assert row.free_bytes_held >= 2 * (i + 1) * MIB, row
+            assert row.setup_seconds >= 0, row
+            assert row.pid != os.getpid()
+        table = str(rows)
+        assert len(table.splitlines()) == 3 and all(str(r.worker) in table for r in rows), table
+        logs = mrstack.dask.log_files(client)
+    assert len(set(logs.values())) == 2, logs
+    for worker, log in logs.items():
+        assert Path(log).parent == tmp_path and f"alloc-{worker}-" in Path(log).name, log
+        rows_in_log = Path(log).read_text().splitlines()
+        assert len(rows_in_log) == 1 + 3 + 2, rows_in_log  # header, 3 allocations, 2 frees
+    tool = _replay_tool()
+    if tool is None:
+        pytest.skip("mrstack-replay is not built (set MRSTACK_REPLAY or build a preset's tools)")
+    for log in logs.values():
+        done = subprocess.run([tool, log], capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_a_spec_from_the_workers_environment(tmp_path, cluster_env, monkeypatch):
+    from distributed import Client, LocalCluster
+
+    monkeypatch.setenv("MRSTACK_RESOURCE", "binning > simulated")
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=None,
+                      worker_dashboard_address=None) as cluster, Client(cluster) as client:
+        client.register_plugin(MrstackPlugin())
+        (row,) = mrstack.dask.statistics(client)
+        assert row.stack == "binning > simulated", row  # built at set-up, from the environment
+        assert row.live_bytes == 0 and row.log_file == ""

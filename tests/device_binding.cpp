@@ -1,0 +1,95 @@
+// Which device a stack's CUDA upstreams belong to, checked without a GPU: built for a
+// device (build_options::device), each upstream takes it; a spec's `device=` wins; the
+// mark ends with the build. No CUDA call is made here (without a device the scopes that
+// switch devices do nothing), so this runs on any machine.
+#include <catch2/catch.hpp>
+
+#include <mrstack/current.hpp>
+#include <mrstack/spec.hpp>
+#include <mrstack/upstream/cuda_memory_resource.hpp>
+#include <mrstack/upstream/managed_memory_resource.hpp>
+#include <mrstack/upstream/pinned_host_memory_resource.hpp>
+
+#include <cuda_runtime_api.h>
+
+#include <memory>
+#include <string>
+
+using namespace mrstack;
+
+namespace {
+
+resource_ptr build_for(int device, std::string const& spec) {
+  build_options options;
+  options.device = device;
+  return build_stack(parse_stack_spec(spec), options);
+}
+
+template <class Resource>
+int device_of(resource_ptr const& r) {
+  auto const* typed = dynamic_cast<Resource const*>(r.get());
+  REQUIRE(typed != nullptr);
+  return typed->device();
+}
+
+bool have_device() {
+  int count = 0;
+  bool const ok = cudaGetDeviceCount(&count) == cudaSuccess && count > 0;
+  (void)cudaGetLastError();
+  return ok;
+}
+
+}  // namespace
+
+TEST_CASE("upstreams built for a device take that device; a spec's device= wins") {
+  CHECK(device_of<cuda_memory_resource>(build_for(3, "cuda")) == 3);
+  CHECK(device_of<managed_memory_resource>(build_for(5, "managed")) == 5);
+  CHECK(device_of<pinned_host_memory_resource>(build_for(2, "pinned_host")) == 2);
+  CHECK(device_of<cuda_memory_resource>(build_for(3, "cuda(device=7)")) == 7);
+  CHECK(device_of<cuda_memory_resource>(make_stack("cuda(device=4)")) == 4);
+}
+
+TEST_CASE("the device mark ends with the build") {
+  (void)build_for(6, "cuda");
+  cuda_memory_resource after;
+  if (have_device()) {
+    int current = -1;
+    REQUIRE(cudaGetDevice(&current) == cudaSuccess);
+    CHECK(after.device() == current);
+  } else {
+    CHECK(after.device() == -1);  // no runtime: each call would use the current device
+  }
+}
+
+TEST_CASE("memory of one device is not interchangeable with another's") {
+  cuda_memory_resource zero{0};
+  cuda_memory_resource one{1};
+  cuda_memory_resource zero_again{0};
+  CHECK_FALSE(zero.is_equal(one));
+  CHECK(zero.is_equal(zero_again));
+  managed_memory_resource m0{0};
+  managed_memory_resource m1{1};
+  CHECK_FALSE(m0.is_equal(m1));
+}
+
+TEST_CASE("the registry's default for each device is bound to it") {
+  for (int device : {0, 1, 9}) {
+    CHECK(device_of<cuda_memory_resource>(get_per_device_resource(device)) == device);
+  }
+}
+
+TEST_CASE("peer_access without a device says so, naming the layer") {
+  if (have_device()) { return; }  // the GPU test covers peer access on a machine with devices
+  try {
+    (void)make_stack("pool > cuda(peer_access=true)");
+    FAIL("no error");
+  } catch (spec_error const& e) {
+    CHECK_THAT(std::string{e.what()}, Catch::Contains("peer_access"));
+  }
+}
+
+TEST_CASE("device and peer_access are checked like every parameter") {
+  CHECK_THROWS_AS(check_stack_spec(parse_stack_spec("cuda(device=-1)")), spec_error);
+  CHECK_THROWS_AS(check_stack_spec(parse_stack_spec("cuda_async(peer_access=maybe)")), spec_error);
+  CHECK_NOTHROW(check_stack_spec(parse_stack_spec("pool > cuda_async(device=1, peer_access=true)")));
+}
