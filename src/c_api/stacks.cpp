@@ -246,6 +246,7 @@ mrstack_status mrstack_allocate(mrstack_stack* stack, size_t bytes, void* stream
   *out = nullptr;
   if (!valid_client(client)) { return invalid("mrstack_allocate: unknown client " + std::to_string(client)); }
   return guarded([&] {
+    stack->emm.check_awake("mrstack_allocate");  // a pool would hand out memory with nothing behind it
     *out = stack->top->allocate(bytes, mrstack::stream_view{static_cast<cudaStream_t>(stream)});
     if (*out != nullptr) { stack->count_allocation(client, bytes); }
   });

@@ -11,6 +11,7 @@ void* mrstack_torch_alloc(size_t size, int device, void* stream) {
   try {
     mrstack_stack* stack = mrstack::c_api::built_device_stack(device);
     if (stack == nullptr) { stack = &mrstack::c_api::device_stack(device); }
+    stack->emm.check_awake("mrstack_torch_alloc");  // a pool would hand out memory with nothing behind it
     void* const ptr = stack->top->allocate(size, mrstack::stream_view{static_cast<cudaStream_t>(stream)});
     if (ptr != nullptr) { stack->count_allocation(MRSTACK_CLIENT_TORCH, size); }
     return ptr;

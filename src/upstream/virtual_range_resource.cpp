@@ -280,6 +280,26 @@ bool virtual_range_resource::is_committed(void const* ptr, std::size_t bytes) co
   return map_.all_committed(offset / granularity_, detail::align_up(offset + bytes, granularity_) / granularity_);
 }
 
+void virtual_range_resource::with_runs_backing(void const* ptr, std::size_t bytes,
+                                               std::function<void(std::vector<mapped_run> const&)> const& use) const {
+  std::lock_guard lock{mutex_};
+  std::size_t const offset = offset_of(ptr, bytes, "IPC export");
+  refuse_while_asleep("IPC export");
+  std::size_t const first = offset / granularity_;
+  std::size_t const last = detail::align_up(offset + std::max<std::size_t>(bytes, 1), granularity_) / granularity_;
+  if (!map_.all_committed(first, last)) {
+    throw logic_error(name_ + ": IPC export of [" + format_hex(ptr) + ", +" + std::to_string(bytes) +
+                      " B), which is not all committed (not a live block of this range)");
+  }
+  std::vector<mapped_run> runs;
+  map_.for_each_run([&](std::size_t run_first, detail::granule_map::run const& r) {
+    if (run_first + r.count > first && run_first < last) {
+      runs.push_back({run_first * granularity_, r.count * granularity_, r.handle});
+    }
+  });
+  use(runs);
+}
+
 std::string virtual_range_resource::claimant() const {
   std::lock_guard lock{mutex_};
   return claimant_;

@@ -29,10 +29,12 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include <mrstack/detail/granule_map.hpp>
 #include <mrstack/resource.hpp>
@@ -91,6 +93,21 @@ class virtual_range_resource : public memory_resource, public virtual_range {
   /// their backend still works.
   virtual_range_resource(std::string name, std::uintptr_t base, std::size_t range_bytes, std::size_t granularity,
                          std::size_t map_granules, detail::granule_backend& backend);
+
+  /// One physical allocation behind part of the range.
+ public:
+  struct mapped_run {
+    std::size_t offset;     ///< bytes from the range's start
+    std::size_t bytes;
+    std::uint64_t handle;   ///< the backend's handle
+  };
+  /// Calls `use` with the runs backing [ptr, ptr + bytes), in address order, while holding
+  /// the lock (so none can be unmapped meanwhile). Every granule there must be committed
+  /// (`logic_error` otherwise, and while asleep): for IPC of a live block.
+  void with_runs_backing(void const* ptr, std::size_t bytes,
+                         std::function<void(std::vector<mapped_run> const&)> const& use) const;
+
+ protected:
 
   /// Gives back every granule still mapped (outstanding allocations and a claimant's
   /// commits alike). Failures are reported on stderr: destructors cannot throw.
