@@ -173,6 +173,16 @@ export_registry& registry() {
 std::array<unsigned char, 64> export_registry::add_export(std::vector<virtual_range_resource::mapped_run> const& runs,
                                                           std::size_t block_offset, std::size_t block_bytes,
                                                           int device, CUmemAllocationHandleType type) {
+  return add_export_with(runs, block_offset, block_bytes, device, type, [type](void* out, std::uint64_t run_handle) {
+    MRSTACK_CU_TRY(api().mem_export_to_shareable_handle(out, run_handle, type, 0),
+                   std::string{"cuMemExportToShareableHandle("} + type_name(type) + ")");
+  });
+}
+
+std::array<unsigned char, 64> export_registry::add_export_with(
+    std::vector<virtual_range_resource::mapped_run> const& runs, std::size_t block_offset, std::size_t block_bytes,
+    int device, CUmemAllocationHandleType type, run_exporter const& export_run) {
+  if (runs.empty()) { throw logic_error("vmm IPC: an export needs at least one physical allocation"); }
   std::lock_guard lock{mutex_};
   ensure_server();
   std::size_t run_bytes = 0;
@@ -182,8 +192,7 @@ std::array<unsigned char, 64> export_registry::add_export(std::vector<virtual_ra
     exported_run e;
     e.bytes = r.bytes;
     void* out = type == CU_MEM_HANDLE_TYPE_FABRIC ? static_cast<void*>(&e.fabric) : static_cast<void*>(&e.fd);
-    MRSTACK_CU_TRY(api().mem_export_to_shareable_handle(out, r.handle, type, 0),
-                   std::string{"cuMemExportToShareableHandle("} + type_name(type) + ")");
+    export_run(out, r.handle);
     runs_.emplace(r.handle, e);
   }
   auto const key = std::make_tuple(runs.front().handle, block_offset, block_bytes);
@@ -353,18 +362,14 @@ void tear_down(opened_block& b) noexcept {
   b = opened_block{};
 }
 
-// Receives the export's description and shareable handles from the exporting process.
-struct received_export {
-  reply_header header{};
-  std::vector<std::uint64_t> bytes;
-  std::vector<CUmemFabricHandle> fabric;
-  std::vector<int> fds;
-  ~received_export() {
-    for (int fd : fds) { ::close(fd); }
-  }
-};
+}  // namespace
 
-void fetch_export(handle_fields const& f, received_export& out) {
+fetched_export::~fetched_export() {
+  for (int fd : fds) { ::close(fd); }
+}
+
+void fetch_export(std::array<unsigned char, 64> const& h, fetched_export& out) {
+  handle_fields const f = fields_of(h);
   std::string const name = socket_name(f.pid, f.nonce);
   int const s = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
   if (s < 0) { throw logic_error(std::string{"vmm IPC: socket(AF_UNIX) failed: "} + std::strerror(errno)); }
@@ -380,22 +385,27 @@ void fetch_export(handle_fields const& f, received_export& out) {
                       "(container); both processes must share a host and a network namespace");
   }
   request const req{f.export_id};
-  if (!send_all(s, &req, sizeof req, nullptr, 0) || !receive(s, &out.header, sizeof out.header, out.fds)) {
+  reply_header header{};
+  if (!send_all(s, &req, sizeof req, nullptr, 0) || !receive(s, &header, sizeof header, out.fds)) {
     throw logic_error("vmm IPC: the exporting process " + std::to_string(f.pid) + " did not answer on " + name);
   }
-  if (out.header.status != 0) {
-    out.header.message[sizeof out.header.message - 1] = '\0';
+  if (header.status != 0) {
+    header.message[sizeof header.message - 1] = '\0';
     throw logic_error("vmm IPC: process " + std::to_string(f.pid) + " refused export " + std::to_string(f.export_id) +
-                      ": " + out.header.message);
+                      ": " + header.message);
   }
-  while (out.bytes.size() < out.header.runs) {
+  out.type = static_cast<CUmemAllocationHandleType>(header.type);
+  out.device = header.device;
+  out.block_offset = header.block_offset;
+  out.block_bytes = header.block_bytes;
+  bool const with_fds = header.type == CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+  while (out.bytes.size() < header.runs) {
     reply_batch batch{};
     std::size_t const fds_before = out.fds.size();
-    if (!receive(s, &batch, sizeof batch, out.fds) || batch.count == 0 ||
-        out.bytes.size() + batch.count > out.header.runs) {
+    if (!receive(s, &batch, sizeof batch, out.fds) || batch.count == 0 || batch.count > batch_runs ||
+        out.bytes.size() + batch.count > header.runs) {
       throw logic_error("vmm IPC: a truncated answer from process " + std::to_string(f.pid));
     }
-    bool const with_fds = out.header.type == CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
     if (with_fds && out.fds.size() - fds_before != batch.count) {
       throw logic_error("vmm IPC: process " + std::to_string(f.pid) + " sent " +
                         std::to_string(out.fds.size() - fds_before) + " file descriptors for " +
@@ -408,12 +418,9 @@ void fetch_export(handle_fields const& f, received_export& out) {
   }
 }
 
-}  // namespace
-
 void* open(handle const& h, int device) {
-  handle_fields const f = fields_of(h);
-  received_export got;
-  fetch_export(f, got);
+  fetched_export got;
+  fetch_export(h, got);
   auto const& d = api();
   int const ordinal = resolve_device(device);
   opened_block b;
@@ -435,12 +442,11 @@ void* open(handle const& h, int device) {
     std::size_t at = 0;
     for (std::size_t i = 0; i < got.bytes.size(); ++i) {
       CUmemGenericAllocationHandle imported = 0;
-      void* shareable = got.header.type == CU_MEM_HANDLE_TYPE_FABRIC
+      void* shareable = got.type == CU_MEM_HANDLE_TYPE_FABRIC
                             ? static_cast<void*>(&got.fabric[i])
                             : reinterpret_cast<void*>(static_cast<std::intptr_t>(got.fds[i]));
-      MRSTACK_CU_TRY(d.mem_import_from_shareable_handle(&imported, shareable,
-                                                        static_cast<CUmemAllocationHandleType>(got.header.type)),
-                     std::string{"cuMemImportFromShareableHandle("} + type_name(got.header.type) + ")");
+      MRSTACK_CU_TRY(d.mem_import_from_shareable_handle(&imported, shareable, got.type),
+                     std::string{"cuMemImportFromShareableHandle("} + type_name(got.type) + ")");
       CUresult const mapped = d.mem_map(b.base + at, got.bytes[i], 0, imported, 0);
       if (mapped != CUDA_SUCCESS) {
         (void)d.mem_release(imported);
@@ -457,7 +463,7 @@ void* open(handle const& h, int device) {
     tear_down(b);
     throw;
   }
-  auto const address = static_cast<std::uintptr_t>(b.base) + got.header.block_offset;
+  auto const address = static_cast<std::uintptr_t>(b.base) + got.block_offset;
   std::lock_guard lock{opened().mutex};
   opened().blocks.emplace(address, std::move(b));
   return reinterpret_cast<void*>(address);

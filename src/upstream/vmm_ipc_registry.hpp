@@ -6,6 +6,7 @@
 
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <tuple>
@@ -22,6 +23,13 @@ class export_registry {
   std::array<unsigned char, 64> add_export(std::vector<virtual_range_resource::mapped_run> const& runs,
                                            std::size_t block_offset, std::size_t block_bytes, int device,
                                            CUmemAllocationHandleType type);
+  /// The same, with `export_run(out, run handle)` making a run's shareable handle (an int
+  /// file descriptor or a CUmemFabricHandle at `out`) instead of the driver: tests drive
+  /// the transport with pipes on a machine without a GPU.
+  using run_exporter = std::function<void(void* out, std::uint64_t run_handle)>;
+  std::array<unsigned char, 64> add_export_with(std::vector<virtual_range_resource::mapped_run> const& runs,
+                                                std::size_t block_offset, std::size_t block_bytes, int device,
+                                                CUmemAllocationHandleType type, run_exporter const& export_run);
   /// The run `handle` is being unmapped: its shareable handle is closed and every export
   /// that uses it ends.
   void forget_run(std::uint64_t handle) noexcept;
@@ -53,5 +61,24 @@ class export_registry {
 };
 
 export_registry& registry();
+
+/// What an opener receives from the exporting process for one handle.
+struct fetched_export {
+  CUmemAllocationHandleType type{};
+  int device = 0;
+  std::size_t block_offset = 0;
+  std::size_t block_bytes = 0;
+  std::vector<std::uint64_t> bytes;            // per run
+  std::vector<CUmemFabricHandle> fabric;       // per run (ipc=fabric)
+  std::vector<int> fds;                        // per run (ipc=fd); closed by the destructor
+  fetched_export() = default;
+  fetched_export(fetched_export const&) = delete;
+  fetched_export& operator=(fetched_export const&) = delete;
+  ~fetched_export();
+};
+
+/// Asks the process that made `h` for the block's runs over its socket. Throws
+/// `logic_error` naming the process when it cannot be reached or refuses.
+void fetch_export(std::array<unsigned char, 64> const& h, fetched_export& out);
 
 }  // namespace mrstack::vmm_ipc
