@@ -66,3 +66,46 @@ def test_ipc_surface_refuses_what_it_cannot_share_with_reasons(lib):
         assert status == _lib.ERROR_LOGIC
         assert "size is needed" in lib.last_error()
         stack.deallocate(ptr, 1 << 20)
+
+
+def test_numba_opens_vmm_handles_through_mrstack_and_legacy_ones_as_before(lib):
+    pytest.importorskip("numba.cuda", reason="numba-cuda is not installed")
+    from numba.cuda.cudadrv import driver as numba_driver
+    import mrstack.numba as plugin
+
+    assert numba_driver._CudaIpcImpl is plugin._VmmAwareIpcImpl
+
+    class Parent:
+        def __init__(self, raw, base=None):
+            self.base = base
+            self.handle = numba_driver.binding.CUipcMemHandle()
+            ctypes.memmove(self.handle.getPtr(), raw, 64)
+            self.size = 80
+            self.offset = 0
+
+    class Device:
+        id = 0
+
+    class Context:
+        device = Device()
+
+        def __init__(self):
+            self.legacy_opens = []
+
+        def open_ipc_handle(self, handle, size):
+            self.legacy_opens.append(size)
+            raise RuntimeError("legacy route taken")
+
+    ctx = Context()
+    with pytest.raises(RuntimeError, match="legacy route taken"):
+        plugin._VmmAwareIpcImpl(Parent(bytes(64))).open(ctx)
+    assert ctx.legacy_opens == [80]
+
+    # An mrstack handle whose exporter (pid 1, a nonce nobody has) cannot be reached.
+    raw = bytearray(b"MRSVMM\x01\x00" + bytes(56))
+    raw[8:12] = (1).to_bytes(4, "little")
+    with pytest.raises(mrstack.MrstackError, match="cannot reach the exporting process 1"):
+        plugin._VmmAwareIpcImpl(Parent(bytes(raw))).open(ctx)
+    with pytest.raises(ValueError, match="opening IpcHandle from original process"):
+        plugin._VmmAwareIpcImpl(Parent(bytes(raw), base=object())).open(ctx)
+    assert ctx.legacy_opens == [80]
