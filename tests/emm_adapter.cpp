@@ -7,6 +7,7 @@
 #include <mrstack/suballoc/pool_memory_resource.hpp>
 #include <mrstack/upstream/simulated_memory_resource.hpp>
 #include <mrstack/upstream/simulated_vmm_memory_resource.hpp>
+#include <mrstack/upstream/virtual_range.hpp>
 #include <mrstack/upstream/system_memory_resource.hpp>
 
 #include <atomic>
@@ -282,14 +283,27 @@ TEST_CASE("emm adapter: get_ipc_handle refuses host memory with a clear message"
   CHECK(a.free(m.token).has_value());
 }
 
-TEST_CASE("emm adapter: get_ipc_handle names a virtual-memory layer as the reason it cannot share") {
+TEST_CASE("emm adapter: get_ipc_handle of a virtual-memory layer needs the block's size, and a real vmm") {
   auto vmm = std::make_shared<simulated_vmm_memory_resource>();
   adapter a{std::make_shared<pool_memory_resource>(vmm)};
   auto m = a.memalloc(4096);
   CHECK_THROWS_WITH(a.get_ipc_handle(m.ptr), Catch::Contains("virtual-memory (vmm)") &&
-                                                 Catch::Contains("no legacy IPC handle") &&
-                                                 Catch::Contains("cuda upstream"));
+                                                 Catch::Contains("size is needed"));
+  CHECK_THROWS_WITH(a.get_ipc_handle(m.ptr, 4096), Catch::Contains("simulated_vmm memory cannot be shared"));
   CHECK(a.free(m.token).has_value());
+}
+
+TEST_CASE("emm adapter: memalloc is refused while the stack's vmm layer is asleep; frees work") {
+  auto vmm = std::make_shared<simulated_vmm_memory_resource>();
+  auto pool = std::make_shared<pool_memory_resource>(vmm);
+  adapter a{pool};
+  auto m = a.memalloc(4096);
+  sleep_stack(*pool, true);
+  CHECK_THROWS_WITH(a.memalloc(4096), Catch::Contains("asleep") && Catch::Contains("wake()"));
+  CHECK(a.free(m.token).has_value());
+  wake_stack(*pool);
+  auto again = a.memalloc(4096);
+  CHECK(a.free(again.token).has_value());
 }
 
 TEST_CASE("emm adapter: the destructor frees what is still outstanding or deferred") {

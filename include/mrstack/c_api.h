@@ -80,7 +80,7 @@ typedef struct mrstack_ipc_handle {
   uint64_t base_size; /* its size */
   uint64_t offset;    /* pointer - base */
   int32_t device;
-  int32_t reserved;
+  int32_t reserved; /* MRSTACK_IPC_HANDLE_VMM for a vmm IPC handle, else 0 */
 } mrstack_ipc_handle;
 
 typedef struct mrstack_client_statistics {
@@ -173,6 +173,34 @@ MRSTACK_C_EXPORT mrstack_status mrstack_emm_reset(mrstack_stack* stack, size_t* 
 /* A cleanup guard in two calls: frees wait until the outermost end. */
 MRSTACK_C_EXPORT mrstack_status mrstack_emm_defer_begin(mrstack_stack* stack);
 MRSTACK_C_EXPORT mrstack_status mrstack_emm_defer_end(mrstack_stack* stack);
+
+/* ---- vmm stacks: IPC of vmm memory, sleep and wake ------------------------------------ */
+/* `mrstack_ipc_handle.reserved` has this bit when `handle` is an mrstack vmm IPC handle. */
+#define MRSTACK_IPC_HANDLE_VMM 1
+/* As mrstack_emm_get_ipc_handle, given the block's size: for memory of a `vmm` layer (made
+ * with ipc=fd or ipc=fabric; the default ipc=auto is fd where the device supports it) the
+ * handle names exactly [ptr, ptr + bytes), `base` = ptr, `offset` = 0, and `reserved` has
+ * MRSTACK_IPC_HANDLE_VMM; another process of the same host opens it with mrstack_ipc_open
+ * while this process keeps the block live. For cudaMalloc memory it is mrstack_emm_get_ipc_handle. */
+MRSTACK_C_EXPORT mrstack_status mrstack_emm_get_ipc_handle_sized(mrstack_stack* stack, const void* ptr, size_t bytes,
+                                                                 mrstack_ipc_handle* out);
+/* 1 when the MRSTACK_IPC_HANDLE_BYTES at `handle` are an mrstack vmm IPC handle, else 0. */
+MRSTACK_C_EXPORT int mrstack_ipc_is_vmm_handle(const unsigned char* handle);
+/* Maps the block a vmm IPC handle names on `device` (-1: the current one) and writes its
+ * address to `*out` (the exporter's socket and file descriptors: docs/vmm.md). */
+MRSTACK_C_EXPORT mrstack_status mrstack_ipc_open(const unsigned char* handle, int device, void** out);
+/* Unmaps what mrstack_ipc_open returned. */
+MRSTACK_C_EXPORT mrstack_status mrstack_ipc_close(void* ptr);
+/* Sleep: the stack releases what it holds free, then its vmm layer gives back all physical
+ * memory, keeping addresses; with `keep_contents` the bytes of every committed granule are
+ * copied to pinned host memory first. Until mrstack_stack_wake, allocations from the stack
+ * fail (MRSTACK_ERROR_LOGIC), frees work, and nothing may touch its memory. A stack without
+ * a vmm layer: MRSTACK_ERROR_LOGIC. */
+MRSTACK_C_EXPORT mrstack_status mrstack_stack_sleep(mrstack_stack* stack, int keep_contents);
+/* Wake: physical memory mapped back at the same addresses, contents restored if kept. */
+MRSTACK_C_EXPORT mrstack_status mrstack_stack_wake(mrstack_stack* stack);
+/* 1 while the stack is asleep, else 0. */
+MRSTACK_C_EXPORT int mrstack_stack_is_asleep(mrstack_stack* stack);
 
 /* ---- statistics --------------------------------------------------------------------- */
 MRSTACK_C_EXPORT mrstack_status mrstack_get_statistics(mrstack_stack* stack, mrstack_statistics* out);

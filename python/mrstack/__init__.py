@@ -202,6 +202,27 @@ class Stack:
     def reset_peaks(self):
         self._lib.check(self._lib.dll.mrstack_reset_peaks(self.handle))
 
+    def sleep(self, keep_contents=True):
+        """Gives back the physical memory of the stack's vmm layer, keeping every address
+        (pointers held by Numba, CuPy or PyTorch stay valid for after `wake`). With
+        `keep_contents` the bytes are copied to pinned host memory first and restored by
+        `wake`. Until `wake`, allocating from the stack raises, frees work, and nothing may
+        touch its memory. A stack without a vmm layer raises. See docs/vmm.md."""
+        from . import _vmm
+        _vmm.sleep(self.handle, keep_contents)
+
+    def wake(self):
+        """Maps physical memory back behind every address `sleep` kept (contents restored
+        if kept)."""
+        from . import _vmm
+        _vmm.wake(self.handle)
+
+    @property
+    def asleep(self):
+        """True between `sleep` and `wake`."""
+        from . import _vmm
+        return _vmm.is_asleep(self.handle)
+
     def close(self):
         """Destroys a private stack (freeing what Numba-style allocations it still holds)."""
         if self._owned and self._handle is not None:

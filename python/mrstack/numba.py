@@ -23,6 +23,16 @@ The plugin follows Numba's interface (numba-cuda 0.30) to the letter:
   returns Numba's ``IpcHandle`` for the upstream allocation containing the memory, with
   the offset into it; ``reset`` frees every outstanding allocation; ``defer_cleanup``
   holds frees back until the outermost block ends.
+
+IPC of ``vmm`` memory (``pool > vmm``): CUDA's legacy IPC refuses memory from cuMemCreate,
+so for such memory ``get_ipc_handle`` returns an ``IpcHandle`` whose 64 handle bytes are an
+mrstack vmm IPC handle for exactly the block (offset 0). It pickles like any other. The
+opening side needs this module imported (``NUMBA_CUDA_MEMORY_MANAGER=mrstack.numba`` in its
+environment, which child processes inherit, does it): importing it makes Numba's
+``_CudaIpcImpl`` (what ``IpcHandle.open``, ``open_staged`` and ``cuda.open_ipc_array``
+use) recognise mrstack handles and open them through mrstack (the block's physical
+allocations come from the exporting process over a Unix socket and are mapped at a new
+address), and legacy handles exactly as before.
 """
 
 import contextlib
@@ -33,7 +43,7 @@ from functools import partial
 from numba import cuda as _cuda
 from numba.cuda.cudadrv import driver as _driver
 
-from . import _lib
+from . import _lib, _vmm
 
 __all__ = ["MrstackNumbaMemoryManager", "_numba_memory_manager", "install"]
 
@@ -129,8 +139,9 @@ class MrstackNumbaMemoryManager(_cuda.HostOnlyCUDAMemoryManager):
         self.initialize()
         ptr = memory.device_pointer_value or 0
         info = _lib.IpcHandleInfo()
-        self._lib.check(self._lib.dll.mrstack_emm_get_ipc_handle(self._stack, ptr, ctypes.byref(info)),
-                        "mrstack.numba: get_ipc_handle")
+        lib = _vmm.library()
+        lib.check(lib.dll.mrstack_emm_get_ipc_handle_sized(self._stack, ptr, memory.size, ctypes.byref(info)),
+                  "mrstack.numba: get_ipc_handle")
         handle = _CUipcMemHandle()
         # Copy the 64 opaque bytes into the binding's struct through its address: the
         # field's Python accessor is not present in every cuda-bindings release.
@@ -156,6 +167,51 @@ class MrstackNumbaMemoryManager(_cuda.HostOnlyCUDAMemoryManager):
                 yield
         finally:
             lib.check(lib.dll.mrstack_emm_defer_end(stack), "mrstack.numba: end of defer_cleanup")
+
+
+def _handle_bytes(handle):
+    """The 64 bytes of a ``cuda.bindings`` CUipcMemHandle, read through its address (the
+    field's Python accessor is not present in every cuda-bindings release)."""
+    return ctypes.string_at(handle.getPtr(), _lib.IPC_HANDLE_BYTES)
+
+
+_NumbaCudaIpcImpl = _driver._CudaIpcImpl
+
+
+class _VmmAwareIpcImpl(_NumbaCudaIpcImpl):
+    """Numba's ``_CudaIpcImpl``, opening mrstack vmm IPC handles through mrstack (see the
+    module's doc) and legacy CUDA IPC handles as Numba does. Same errors as Numba's."""
+
+    def __init__(self, parent):
+        super().__init__(parent)
+        self._vmm_address = None
+
+    def open(self, context):
+        if not _vmm.is_vmm_handle(_handle_bytes(self.handle)):
+            return super().open(context)
+        if self.base is not None:
+            raise ValueError("opening IpcHandle from original process")
+        if self._opened_mem is not None:
+            raise ValueError("IpcHandle is already opened")
+        address = _vmm.ipc_open(_handle_bytes(self.handle), _device_ordinal(context.device))
+        mem = _MemoryPointer(weakref.proxy(context), _CUdeviceptr(address), self.offset + self.size)
+        self._opened_mem = mem
+        self._vmm_address = address
+        return mem.own().view(self.offset)
+
+    def close(self):
+        if self._vmm_address is None:
+            return super().close()
+        if self._opened_mem is None:
+            raise ValueError("IpcHandle not opened")
+        address, self._vmm_address = self._vmm_address, None
+        self._opened_mem = None
+        _vmm.ipc_close(address)
+
+
+# IpcHandle.open_direct and _StagedIpcImpl look the class up by this name when they run.
+if not issubclass(_driver._CudaIpcImpl, _VmmAwareIpcImpl):
+    _driver._CudaIpcImpl = _VmmAwareIpcImpl
 
 
 # The name Numba looks for in the module NUMBA_CUDA_MEMORY_MANAGER names.

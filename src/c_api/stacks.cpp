@@ -254,6 +254,7 @@ mrstack_status mrstack_allocate(mrstack_stack* stack, size_t bytes, void* stream
   return guarded([&] {
     // The stack's device is current for the call (a null stream is its default stream).
     mrstack::detail::device_scope on_device{stack->device};
+    stack->emm.check_awake("mrstack_allocate");  // a pool would hand out memory with nothing behind it
     *out = stack->top->allocate(bytes, mrstack::stream_view{static_cast<cudaStream_t>(stream)});
     if (*out != nullptr) { stack->count_allocation(client, bytes); }
   });

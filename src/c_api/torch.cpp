@@ -137,6 +137,7 @@ void refuse_during_capture(std::size_t size, int device, void* stream) {
 void* allocate_for_torch(std::size_t size, int device, void* stream) {
   mrstack_stack* stack = mrstack::c_api::built_device_stack(device);
   if (stack == nullptr) { stack = &mrstack::c_api::device_stack(device); }
+  stack->emm.check_awake("mrstack_torch_alloc");  // a pool would hand out memory with nothing behind it
   mrstack::detail::device_scope on_device{device};
   refuse_during_capture(size, device, stream);
   void* ptr = nullptr;

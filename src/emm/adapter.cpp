@@ -2,6 +2,7 @@
 #include <mrstack/emm/adapter.hpp>
 
 #include <algorithm>
+#include <cstring>
 #include <cstdio>
 #include <exception>
 #include <string>
@@ -11,6 +12,8 @@
 #include <unistd.h>
 
 #include <mrstack/upstream/virtual_range.hpp>
+#include <mrstack/upstream/virtual_range_resource.hpp>
+#include <mrstack/upstream/vmm_ipc.hpp>
 
 #include "device_scope.hpp"
 
@@ -91,6 +94,14 @@ adapter::adapter(resource_ptr stack, options opts) : stack_{std::move(stack)}, o
   if (options_.device < 0) {
     throw logic_error("emm::adapter: device ordinal " + std::to_string(options_.device) + " is negative");
   }
+  sleepable_ = find_virtual_range_resource(*stack_);
+}
+
+void adapter::check_awake(char const* what) const {
+  if (sleepable_ != nullptr && sleepable_->asleep()) {
+    throw logic_error(std::string{what} + ": the stack \"" + describe_stack(*stack_) +
+                      "\" is asleep (its physical memory was given back by sleep()); call wake() before allocating");
+  }
 }
 
 adapter::~adapter() {
@@ -112,6 +123,7 @@ void adapter::initialize() noexcept { initialized_.store(true, std::memory_order
 bool adapter::initialized() const noexcept { return initialized_.load(std::memory_order_acquire); }
 
 memory_pointer adapter::memalloc(std::size_t size, std::uint32_t tag) {
+  check_awake("emm::adapter::memalloc");
   void* const ptr = stack_->allocate(size, options_.stream);
   std::uint32_t index = 0;
   std::uint32_t generation = 0;
@@ -177,12 +189,23 @@ memory_info adapter::get_memory_info() const {
   return info;
 }
 
-ipc_handle adapter::get_ipc_handle(void const* ptr) const {
+ipc_handle adapter::get_ipc_handle(void const* ptr, std::size_t size) const {
   if (ptr != nullptr && find_virtual_range(*stack_, ptr) != nullptr) {
-    throw logic_error("emm::adapter::get_ipc_handle: " + format_hex(ptr) + " lies in the address range of a virtual-memory "
-                      "(vmm) layer of \"" + describe_stack(*stack_) + "\": memory mapped through CUDA's virtual "
-                      "memory management has no legacy IPC handle, so CUDA IPC cannot share it; share memory from a "
-                      "stack over the cuda upstream instead");
+    if (size == 0) {
+      throw logic_error("emm::adapter::get_ipc_handle: " + format_hex(ptr) + " lies in a virtual-memory (vmm) layer "
+                        "of \"" + describe_stack(*stack_) + "\": its IPC handle names the block's bytes, so the "
+                        "block's size is needed (mrstack_emm_get_ipc_handle_sized)");
+    }
+    ipc_handle out;
+    vmm_ipc::handle const h = vmm_ipc::export_block(*stack_, ptr, size);
+    static_assert(sizeof out.handle == vmm_ipc::handle_bytes);
+    std::memcpy(&out.handle, h.data(), h.size());
+    out.base = const_cast<void*>(ptr);
+    out.base_size = size;
+    out.offset = 0;
+    out.device = options_.device;
+    out.vmm = true;
+    return out;
   }
   memory_kind const kind = stack_->kind();
   if (kind != memory_kind::device) {

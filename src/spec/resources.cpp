@@ -91,13 +91,16 @@ std::vector<spec_resource> builtin_resources() {
                bottom_resource,
                {size_param("reserve", optional_param, "addresses to reserve (cost no memory)", "twice the device's memory"),
                 count_param("map_granules", optional_param, "granules per physical allocation (1: exact release)", "16"),
-                count_param("device", optional_param, "the device ordinal", "the current device")},
+                count_param("device", optional_param, "the device ordinal", "the current device"),
+                text_param("ipc", optional_param, "what memory can be exported as for IPC: fd, fabric, none, auto",
+                           "auto (fd where supported)")},
                [](spec_arguments const& a, resource_ptr) -> resource_ptr {
                  auto const device = a.count("device");
                  return std::make_shared<vmm_memory_resource>(
                      a.size("reserve").value_or(0),
                      a.count("map_granules").value_or(vmm_memory_resource::default_map_granules),
-                     device ? static_cast<int>(*device) : detail::resolve_device(-1));  // the stack's device
+                     device ? static_cast<int>(*device) : detail::resolve_device(-1),  // the stack's device
+                     vmm_memory_resource::parse_ipc_mode(a.text("ipc").value_or("auto")));
                },
                {}, "simulated_vmm", false, true});
   r.push_back({"simulated_vmm", "the CPU twin of vmm: the same granule bookkeeping over fake addresses", bottom_resource,

@@ -80,11 +80,49 @@ void simulated_vmm_memory_resource::unmap(std::size_t offset, std::size_t bytes,
   physical_.erase(it);
 }
 
+void simulated_vmm_memory_resource::save_contents(stretches const& saved) {
+  std::lock_guard lock{physical_mutex_};
+  std::size_t total = 0;
+  for (auto const& [offset, bytes] : saved) {
+    if (!accessible_at(offset, bytes)) {
+      throw logic_error("simulated_vmm: contents saved from offset " + std::to_string(offset) + " (+" +
+                        std::to_string(bytes) + " B), which is not mapped and accessible (the copy would fault)");
+    }
+    total += bytes;
+  }
+  saved_.clear();
+  for (auto const& [offset, bytes] : saved) { saved_.emplace(offset, bytes); }
+  saved_bytes_ = total;
+}
+
+void simulated_vmm_memory_resource::restore_contents(stretches const& restored) {
+  std::lock_guard lock{physical_mutex_};
+  std::size_t total = 0;
+  for (auto const& [offset, bytes] : restored) {
+    auto it = saved_.upper_bound(offset);
+    bool const inside = it != saved_.begin() && offset + bytes <= std::prev(it)->first + std::prev(it)->second;
+    if (!inside) {
+      throw logic_error("simulated_vmm: contents restored to offset " + std::to_string(offset) + " (+" +
+                        std::to_string(bytes) + " B), which the sleep did not save");
+    }
+    if (!accessible_at(offset, bytes)) {
+      throw logic_error("simulated_vmm: contents restored to offset " + std::to_string(offset) +
+                        ", which is not mapped and accessible again");
+    }
+    total += bytes;
+  }
+  restored_bytes_ = total;
+}
+
 bool simulated_vmm_memory_resource::is_accessible(void const* ptr, std::size_t bytes) const {
   if (!owns(ptr)) { return false; }
   std::size_t const offset = reinterpret_cast<std::uintptr_t>(ptr) - reinterpret_cast<std::uintptr_t>(range_base());
-  std::size_t const end = offset + bytes;
   std::lock_guard lock{physical_mutex_};
+  return accessible_at(offset, bytes);
+}
+
+bool simulated_vmm_memory_resource::accessible_at(std::size_t offset, std::size_t bytes) const {
+  std::size_t const end = offset + bytes;
   auto it = physical_.upper_bound(offset);
   if (it == physical_.begin()) { return false; }
   --it;

@@ -56,6 +56,15 @@ struct range_registry {
   }
 };
 
+// True when every granule of [first, last) lies in one of the asleep stretches.
+bool is_asleep_span(std::map<std::size_t, std::size_t> const& asleep, std::size_t first, std::size_t last) {
+  if (first >= last) { return true; }
+  auto it = asleep.upper_bound(first);
+  if (it == asleep.begin()) { return false; }
+  --it;
+  return it->first <= first && last <= it->second;  // stretches are maximal, so one holds the span
+}
+
 range_registry& registry() {
   static range_registry r;  // leaked order-safely: function-local static
   return r;
@@ -73,6 +82,38 @@ virtual_range const* find_virtual_range(memory_resource const& top, void const* 
 
 bool is_virtual_range_address(void const* ptr) noexcept {
   return registry().contains(reinterpret_cast<std::uintptr_t>(ptr));
+}
+
+virtual_range_resource* find_virtual_range_resource(memory_resource& top) noexcept {
+  for (memory_resource* layer = &top; layer != nullptr; layer = const_cast<memory_resource*>(layer->upstream())) {
+    if (auto* range = dynamic_cast<virtual_range_resource*>(layer); range != nullptr) { return range; }
+  }
+  return nullptr;
+}
+
+namespace {
+virtual_range_resource& sleepable_layer(memory_resource& top, char const* op) {
+  virtual_range_resource* const range = find_virtual_range_resource(top);
+  if (range == nullptr) {
+    throw logic_error(std::string{op} + ": the stack \"" + describe_stack(top) +
+                      "\" has no vmm (or simulated_vmm) layer; sleep and wake need one, e.g. pool > vmm");
+  }
+  return *range;
+}
+}  // namespace
+
+void sleep_stack(memory_resource& top, bool keep_contents) {
+  virtual_range_resource& range = sleepable_layer(top, "sleep");
+  if (range.asleep()) { throw logic_error("sleep: the stack \"" + describe_stack(top) + "\" is already asleep"); }
+  top.release();  // free granules need neither copying nor mapping back
+  range.sleep(keep_contents);
+}
+
+void wake_stack(memory_resource& top) { sleepable_layer(top, "wake").wake(); }
+
+bool stack_asleep(memory_resource& top) noexcept {
+  virtual_range_resource const* const range = find_virtual_range_resource(top);
+  return range != nullptr && range->asleep();
 }
 
 // ---- construction ------------------------------------------------------------------------
@@ -110,6 +151,12 @@ virtual_range_resource::~virtual_range_resource() {
 
 void virtual_range_resource::release_everything() noexcept {
   std::lock_guard lock{mutex_};
+  if (asleep_.load(std::memory_order_relaxed)) {
+    asleep_granules_.clear();
+    backend_.drop_saved_contents();
+    asleep_bytes_.store(0, std::memory_order_relaxed);
+    asleep_.store(false, std::memory_order_release);
+  }
   try {
     map_.decommit(0, map_.granule_count(), backend_);
   } catch (std::exception const& e) {
@@ -171,6 +218,12 @@ void virtual_range_resource::claim(std::string_view claimant) {
 void virtual_range_resource::unclaim() noexcept {
   std::lock_guard lock{mutex_};
   if (!claimed_) { return; }
+  if (asleep_.load(std::memory_order_relaxed)) {  // nothing stays committed, so nothing is left to wake
+    (void)forget_asleep(0, map_.granule_count());
+    backend_.drop_saved_contents();
+    contents_kept_ = false;
+    asleep_.store(false, std::memory_order_release);
+  }
   try {
     map_.decommit(0, map_.granule_count(), backend_);
   } catch (std::exception const& e) {
@@ -186,6 +239,7 @@ std::size_t virtual_range_resource::commit(void* ptr, std::size_t bytes) {
   std::lock_guard lock{mutex_};
   std::size_t const offset = offset_of(ptr, bytes, "commit");
   if (!claimed_) { throw logic_error(name_ + ": commit without a claim on its range (call claim first)"); }
+  refuse_while_asleep("commit");
   if (bytes == 0) { return 0; }
   std::size_t const first = offset / granularity_;
   std::size_t const last = detail::align_up(offset + bytes, granularity_) / granularity_;
@@ -207,6 +261,7 @@ std::size_t virtual_range_resource::decommit(void* ptr, std::size_t bytes) {
   std::size_t const first = detail::align_up(offset, granularity_) / granularity_;
   std::size_t const last = (offset + bytes) / granularity_;
   if (first >= last) { return 0; }
+  if (asleep_.load(std::memory_order_relaxed)) { return forget_asleep(first, last) * granularity_; }
   std::size_t released = 0;
   try {
     released = map_.decommit(first, last, backend_);
@@ -225,6 +280,26 @@ bool virtual_range_resource::is_committed(void const* ptr, std::size_t bytes) co
   return map_.all_committed(offset / granularity_, detail::align_up(offset + bytes, granularity_) / granularity_);
 }
 
+void virtual_range_resource::with_runs_backing(void const* ptr, std::size_t bytes,
+                                               std::function<void(std::vector<mapped_run> const&)> const& use) const {
+  std::lock_guard lock{mutex_};
+  std::size_t const offset = offset_of(ptr, bytes, "IPC export");
+  refuse_while_asleep("IPC export");
+  std::size_t const first = offset / granularity_;
+  std::size_t const last = detail::align_up(offset + std::max<std::size_t>(bytes, 1), granularity_) / granularity_;
+  if (!map_.all_committed(first, last)) {
+    throw logic_error(name_ + ": IPC export of [" + format_hex(ptr) + ", +" + std::to_string(bytes) +
+                      " B), which is not all committed (not a live block of this range)");
+  }
+  std::vector<mapped_run> runs;
+  map_.for_each_run([&](std::size_t run_first, detail::granule_map::run const& r) {
+    if (run_first + r.count > first && run_first < last) {
+      runs.push_back({run_first * granularity_, r.count * granularity_, r.handle});
+    }
+  });
+  use(runs);
+}
+
 std::string virtual_range_resource::claimant() const {
   std::lock_guard lock{mutex_};
   return claimant_;
@@ -236,12 +311,23 @@ void virtual_range_resource::check_invariants() const {
   std::size_t live_granules = 0;
   for (auto const& [offset, bytes] : live_) {
     std::size_t const span = detail::align_up(bytes, granularity_);
-    if (!map_.all_committed(offset / granularity_, (offset + span) / granularity_)) {
+    bool const backed = asleep_.load(std::memory_order_relaxed)
+                            ? is_asleep_span(asleep_granules_, offset / granularity_, (offset + span) / granularity_)
+                            : map_.all_committed(offset / granularity_, (offset + span) / granularity_);
+    if (!backed) {
       throw std::logic_error(name_ + ": a live allocation at offset " + std::to_string(offset) + " is not committed");
     }
     live_granules += span / granularity_;
   }
-  if (!claimed_ && live_granules != map_.committed_granules()) {
+  std::size_t asleep_granules = 0;
+  for (auto const& [first, last] : asleep_granules_) { asleep_granules += last - first; }
+  if (asleep_granules * granularity_ != asleep_bytes()) {
+    throw std::logic_error(name_ + ": asleep_bytes disagrees with the granules asleep");
+  }
+  if (asleep_.load(std::memory_order_relaxed) && map_.committed_granules() != 0) {
+    throw std::logic_error(name_ + ": granules committed while asleep");
+  }
+  if (!claimed_ && live_granules != map_.committed_granules() + asleep_granules) {
     throw std::logic_error(name_ + ": committed granules (" + std::to_string(map_.committed_granules()) +
                            ") differ from those of live allocations (" + std::to_string(live_granules) + ")");
   }
@@ -261,6 +347,7 @@ void* virtual_range_resource::do_allocate(std::size_t bytes, std::size_t alignme
     throw logic_error(name_ + ": allocate while its range is claimed by " + claimant_ + "; allocate from " +
                       claimant_ + " instead");
   }
+  refuse_while_asleep("allocate");
   auto refuse = [&](std::string why) -> void* {
     allocation_failure info;
     info.requested_bytes = bytes;
@@ -312,6 +399,12 @@ void virtual_range_resource::do_deallocate(void* ptr, std::size_t bytes, std::si
   }
   std::size_t const offset = it->first;
   std::size_t const span = detail::align_up(bytes, granularity_);
+  if (asleep_.load(std::memory_order_relaxed)) {
+    (void)forget_asleep(offset / granularity_, (offset + span) / granularity_);
+    live_.erase(it);
+    insert_free_addresses(offset, span);
+    return;
+  }
   try {
     map_.decommit(offset / granularity_, (offset + span) / granularity_, backend_);
   } catch (...) {
@@ -327,6 +420,100 @@ void virtual_range_resource::do_deallocate(void* ptr, std::size_t bytes, std::si
 
 void virtual_range_resource::insert_free_addresses(std::size_t offset, std::size_t bytes) {
   detail::insert_coalesced(free_addresses_, offset, bytes);
+}
+
+// ---- sleep and wake ------------------------------------------------------------------------
+
+void virtual_range_resource::refuse_while_asleep(char const* op) const {
+  if (asleep_.load(std::memory_order_relaxed)) {
+    throw logic_error(name_ + ": " + op + " while asleep (its physical memory was given back by sleep(); call wake() "
+                      "first)");
+  }
+}
+
+bool virtual_range_resource::keeps_contents() const noexcept {
+  std::lock_guard lock{mutex_};
+  return asleep_.load(std::memory_order_relaxed) && contents_kept_;
+}
+
+void virtual_range_resource::sleep(bool keep_contents) {
+  std::lock_guard lock{mutex_};
+  refuse_while_asleep("sleep");
+  auto const granule_stretches = map_.committed_stretches();
+  detail::granule_backend::stretches byte_stretches;
+  std::size_t granules = 0;
+  for (auto const& [first, last] : granule_stretches) {
+    byte_stretches.emplace_back(first * granularity_, (last - first) * granularity_);
+    granules += last - first;
+  }
+  if (keep_contents) { backend_.save_contents(byte_stretches); }  // all or nothing: still awake if it throws
+  asleep_granules_.clear();
+  for (auto const& [first, last] : granule_stretches) { asleep_granules_.emplace(first, last); }
+  contents_kept_ = keep_contents;
+  asleep_bytes_.store(granules * granularity_, std::memory_order_relaxed);
+  asleep_.store(true, std::memory_order_release);
+  // From here the resource is asleep whatever happens: a run the backend fails to unmap
+  // stays recorded as mapped and uncommitted, and wake() revives it like any stranded granule.
+  try {
+    map_.decommit(0, map_.granule_count(), backend_);
+  } catch (...) {
+    sync_counters();
+    throw;
+  }
+  sync_counters();
+}
+
+void virtual_range_resource::wake() {
+  std::lock_guard lock{mutex_};
+  if (!asleep_.load(std::memory_order_relaxed)) { throw logic_error(name_ + ": wake while awake (sleep() first)"); }
+  detail::granule_backend::stretches byte_stretches;
+  std::size_t done = 0;
+  try {
+    for (auto const& [first, last] : asleep_granules_) {
+      map_.commit(first, last, backend_);
+      ++done;
+      byte_stretches.emplace_back(first * granularity_, (last - first) * granularity_);
+    }
+    if (contents_kept_) { backend_.restore_contents(byte_stretches); }
+  } catch (...) {
+    // Stay asleep, contents kept: give back what this wake mapped so a retry starts clean.
+    try {
+      auto it = asleep_granules_.begin();
+      for (std::size_t i = 0; i < done; ++i, ++it) { map_.decommit(it->first, it->second, backend_); }
+    } catch (...) {
+      // The first error is the one to report; runs left mapped are revived by the next wake.
+    }
+    sync_counters();
+    throw;
+  }
+  backend_.drop_saved_contents();
+  asleep_granules_.clear();
+  contents_kept_ = false;
+  asleep_bytes_.store(0, std::memory_order_relaxed);
+  asleep_.store(false, std::memory_order_release);
+  sync_counters();
+}
+
+std::size_t virtual_range_resource::forget_asleep(std::size_t first, std::size_t last) {
+  std::size_t forgotten = 0;
+  auto it = asleep_granules_.upper_bound(first);
+  if (it != asleep_granules_.begin()) { --it; }
+  while (it != asleep_granules_.end() && it->first < last) {
+    std::size_t const lo = std::max(first, it->first);
+    std::size_t const hi = std::min(last, it->second);
+    if (lo >= hi) {
+      ++it;
+      continue;
+    }
+    std::size_t const stretch_first = it->first;
+    std::size_t const stretch_last = it->second;
+    forgotten += hi - lo;
+    it = asleep_granules_.erase(it);
+    if (stretch_first < lo) { asleep_granules_.emplace(stretch_first, lo); }
+    if (hi < stretch_last) { it = asleep_granules_.emplace(hi, stretch_last).first; }
+  }
+  asleep_bytes_.fetch_sub(forgotten * granularity_, std::memory_order_relaxed);
+  return forgotten;
 }
 
 }  // namespace mrstack

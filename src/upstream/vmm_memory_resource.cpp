@@ -1,126 +1,70 @@
-// The CUDA driver's virtual memory management behind vmm_memory_resource. The driver API is
-// reached through cudaGetDriverEntryPointByVersion (mrstack links only cudart_static);
-// <cuda.h> is included for its types and enums only — no libcuda symbol is referenced.
+// The CUDA driver's virtual memory management behind vmm_memory_resource (the driver API
+// through vmm_driver.hpp: mrstack links only cudart_static).
 #include <mrstack/upstream/vmm_memory_resource.hpp>
 
-#include <cuda.h>
-#include <cuda_runtime_api.h>
-
 #include <cstdio>
+#include <map>
 #include <mutex>
 #include <string>
+#include <thread>
+
+#include "vmm_driver.hpp"
+#include "vmm_ipc_registry.hpp"
 
 namespace mrstack {
 
+using namespace vmm_driver;
+
 namespace {
 
-// The ABI version the entry points are asked for: what CUDA 12.0 headers declared. Every
-// function used here kept that signature since, so any driver new enough for this runtime has it.
-constexpr unsigned int entry_point_version = 12000;
-
-struct driver_api {
-  decltype(&::cuInit) init = nullptr;
-  decltype(&::cuGetErrorName) get_error_name = nullptr;
-  decltype(&::cuGetErrorString) get_error_string = nullptr;
-  decltype(&::cuDeviceGet) device_get = nullptr;
-  decltype(&::cuDeviceGetAttribute) device_get_attribute = nullptr;
-  decltype(&::cuDeviceTotalMem) device_total_mem = nullptr;
-  decltype(&::cuDevicePrimaryCtxRetain) primary_ctx_retain = nullptr;
-  decltype(&::cuDevicePrimaryCtxRelease) primary_ctx_release = nullptr;
-  decltype(&::cuCtxPushCurrent) ctx_push = nullptr;
-  decltype(&::cuCtxPopCurrent) ctx_pop = nullptr;
-  decltype(&::cuCtxSynchronize) ctx_synchronize = nullptr;
-  decltype(&::cuMemGetInfo) mem_get_info = nullptr;
-  decltype(&::cuMemGetAllocationGranularity) mem_get_allocation_granularity = nullptr;
-  decltype(&::cuMemAddressReserve) mem_address_reserve = nullptr;
-  decltype(&::cuMemAddressFree) mem_address_free = nullptr;
-  decltype(&::cuMemCreate) mem_create = nullptr;
-  decltype(&::cuMemRelease) mem_release = nullptr;
-  decltype(&::cuMemMap) mem_map = nullptr;
-  decltype(&::cuMemUnmap) mem_unmap = nullptr;
-  decltype(&::cuMemSetAccess) mem_set_access = nullptr;
-};
-
-template <typename Fn>
-void load(Fn& fn, char const* symbol) {
-  void* address = nullptr;
-  cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
-  cudaError_t const status =
-      cudaGetDriverEntryPointByVersion(symbol, &address, entry_point_version, cudaEnableDefault, &found);
-  if (status != cudaSuccess || found != cudaDriverEntryPointSuccess || address == nullptr) {
-    (void)cudaGetLastError();
-    std::string const what = std::string{"vmm: the CUDA driver does not provide "} + symbol +
-                             " (virtual memory management needs a driver with CUDA 12.0 or later; "
-                             "cudaGetDriverEntryPointByVersion(\"" + symbol + "\")" +
-                             (found == cudaDriverEntryPointVersionNotSufficent ? ": driver too old)" : ")");
-    throw cuda_error(status != cudaSuccess ? status : cudaErrorSymbolNotFound, what.c_str(), __FILE__, __LINE__);
-  }
-  fn = reinterpret_cast<Fn>(address);
-}
-
-driver_api const& api() {
-  static driver_api const instance = [] {
-    driver_api d;
-    load(d.init, "cuInit");
-    load(d.get_error_name, "cuGetErrorName");
-    load(d.get_error_string, "cuGetErrorString");
-    load(d.device_get, "cuDeviceGet");
-    load(d.device_get_attribute, "cuDeviceGetAttribute");
-    load(d.device_total_mem, "cuDeviceTotalMem");
-    load(d.primary_ctx_retain, "cuDevicePrimaryCtxRetain");
-    load(d.primary_ctx_release, "cuDevicePrimaryCtxRelease");
-    load(d.ctx_push, "cuCtxPushCurrent");
-    load(d.ctx_pop, "cuCtxPopCurrent");
-    load(d.ctx_synchronize, "cuCtxSynchronize");
-    load(d.mem_get_info, "cuMemGetInfo");
-    load(d.mem_get_allocation_granularity, "cuMemGetAllocationGranularity");
-    load(d.mem_address_reserve, "cuMemAddressReserve");
-    load(d.mem_address_free, "cuMemAddressFree");
-    load(d.mem_create, "cuMemCreate");
-    load(d.mem_release, "cuMemRelease");
-    load(d.mem_map, "cuMemMap");
-    load(d.mem_unmap, "cuMemUnmap");
-    load(d.mem_set_access, "cuMemSetAccess");
-    return d;
-  }();
-  return instance;
-}
-
-std::string describe(CUresult result) {
-  char const* name = nullptr;
-  char const* text = nullptr;
-  if (api().get_error_name(result, &name) != CUDA_SUCCESS || name == nullptr) { name = "unknown CUresult"; }
-  if (api().get_error_string(result, &text) != CUDA_SUCCESS || text == nullptr) { text = ""; }
-  return std::string{name} + " (" + std::to_string(static_cast<int>(result)) + "): " + text;
-}
-
-// CUresult and cudaError_t share the numbers of the errors that matter here (out of memory,
-// invalid value, not supported); the message carries the driver's own name either way.
-[[noreturn]] void throw_driver_error(CUresult result, std::string const& call, char const* file, int line) {
-  std::string const what = call + " -> " + describe(result);
-  throw cuda_error(static_cast<cudaError_t>(result), what.c_str(), file, line);
-}
-
-#define MRSTACK_CU_TRY(call, what)                                                            \
-  do {                                                                                       \
-    CUresult const mrstack_cu_status_ = (call);                                              \
-    if (mrstack_cu_status_ != CUDA_SUCCESS) { throw_driver_error(mrstack_cu_status_, (what), __FILE__, __LINE__); } \
-  } while (0)
-
-int resolve_device(int device) {
-  if (device >= 0) { return device; }
-  int current = 0;
-  MRSTACK_CUDA_TRY(cudaGetDevice(&current));
-  return current;
-}
-
-CUmemAllocationProp device_memory_properties(int ordinal) {
+CUmemAllocationProp device_memory_properties(int ordinal, CUmemAllocationHandleType handle_type) {
   CUmemAllocationProp prop{};
   prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
   prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
   prop.location.id = ordinal;
-  prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_NONE;
+  prop.requestedHandleTypes = handle_type;
   return prop;
+}
+
+// The export type `requested` resolves to on `device`; throws when the device cannot.
+vmm_memory_resource::ipc_mode resolve_ipc(vmm_memory_resource::ipc_mode requested, CUdevice device, int ordinal) {
+  using mode = vmm_memory_resource::ipc_mode;
+  if (requested == mode::none) { return mode::none; }
+  auto supported = [&](CUdevice_attribute attribute, char const* name) {
+    int value = 0;
+    CUresult const r = api().device_get_attribute(&value, attribute, device);
+    if (r == CUDA_ERROR_INVALID_VALUE) { return false; }  // a driver older than the attribute
+    MRSTACK_CU_TRY(r, std::string{"cuDeviceGetAttribute("} + name + ")");
+    return value != 0;
+  };
+  bool const fd = supported(CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED,
+                            "HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED");
+  if (requested == mode::automatic) { return fd ? mode::fd : mode::none; }
+  auto refuse = [&](std::string const& why) {
+    std::string const what = "vmm(ipc=" + std::string{vmm_memory_resource::to_string(requested)} + "): device " +
+                             std::to_string(ordinal) + " " + why;
+    throw cuda_error(cudaErrorNotSupported, what.c_str(), __FILE__, __LINE__);
+  };
+  if (requested == mode::fd && !fd) {
+    refuse("cannot export memory as POSIX file descriptors (CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_"
+           "SUPPORTED is 0: not Linux, or WSL); use ipc=fabric where supported, or ipc=none and share through a "
+           "stack over the cuda upstream");
+  }
+  if (requested == mode::fabric &&
+      !supported(CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED, "HANDLE_TYPE_FABRIC_SUPPORTED")) {
+    refuse("cannot export memory as fabric handles (CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED is 0: it "
+           "needs a fabric-capable system, e.g. NVLink multi-node, and driver); use ipc=fd between processes of "
+           "one host");
+  }
+  return requested;
+}
+
+CUmemAllocationHandleType handle_type_of(vmm_memory_resource::ipc_mode mode) {
+  switch (mode) {
+    case vmm_memory_resource::ipc_mode::fd: return CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+    case vmm_memory_resource::ipc_mode::fabric: return CU_MEM_HANDLE_TYPE_FABRIC;
+    default: return CU_MEM_HANDLE_TYPE_NONE;
+  }
 }
 
 }  // namespace
@@ -136,8 +80,16 @@ struct vmm_memory_resource::driver {
   std::size_t granularity = 0;
   CUdeviceptr base = 0;
   std::size_t bytes = 0;
+  vmm_memory_resource::ipc_mode ipc = vmm_memory_resource::ipc_mode::none;
 
-  driver(std::size_t reserve_bytes, int requested_device) {
+  // Sleep with contents kept: one pinned host buffer; range offset of each saved stretch ->
+  // its offset in the buffer. A buffer given back after wake is freed on `staging_release`
+  // (unpinning gigabytes takes long), joined before the next save and at destruction.
+  void* staging = nullptr;
+  std::map<std::size_t, std::size_t> staged;
+  std::thread staging_release;
+
+  driver(std::size_t reserve_bytes, int requested_device, vmm_memory_resource::ipc_mode requested_ipc) {
     int count = 0;
     MRSTACK_CUDA_TRY(cudaGetDeviceCount(&count));  // also initializes the runtime and the driver
     ordinal = resolve_device(requested_device);
@@ -157,7 +109,8 @@ struct vmm_memory_resource::driver {
                                "(CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED is 0); use pool > cuda instead";
       throw cuda_error(cudaErrorNotSupported, what.c_str(), __FILE__, __LINE__);
     }
-    properties = device_memory_properties(ordinal);
+    ipc = resolve_ipc(requested_ipc, device, ordinal);
+    properties = device_memory_properties(ordinal, handle_type_of(ipc));
     access.location = properties.location;
     access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
     MRSTACK_CU_TRY(d.mem_get_allocation_granularity(&granularity, &properties, CU_MEM_ALLOC_GRANULARITY_MINIMUM),
@@ -181,6 +134,8 @@ struct vmm_memory_resource::driver {
   }
 
   ~driver() {
+    if (staging_release.joinable()) { staging_release.join(); }
+    if (staging != nullptr) { (void)cudaFreeHost(staging); }
     auto const& d = api();
     if (base != 0) {
       CUresult const r = d.mem_address_free(base, bytes);
@@ -191,16 +146,6 @@ struct vmm_memory_resource::driver {
   driver(driver const&) = delete;
   driver& operator=(driver const&) = delete;
 
-  // Driver calls run with this device's primary context current, whatever the calling thread has.
-  struct scoped_context {
-    explicit scoped_context(CUcontext ctx) { MRSTACK_CU_TRY(api().ctx_push(ctx), "cuCtxPushCurrent"); }
-    ~scoped_context() {
-      CUcontext popped = nullptr;
-      (void)api().ctx_pop(&popped);
-    }
-    scoped_context(scoped_context const&) = delete;
-    scoped_context& operator=(scoped_context const&) = delete;
-  };
 
   std::string device_memory_report() const {
     std::size_t free_bytes = 0;
@@ -213,8 +158,9 @@ struct vmm_memory_resource::driver {
 
 // ---- the resource -------------------------------------------------------------------------------
 
-vmm_memory_resource::vmm_memory_resource(std::size_t reserve_bytes, std::size_t map_granules, int device)
-    : vmm_memory_resource(std::make_unique<driver>(reserve_bytes, device), map_granules) {}
+vmm_memory_resource::vmm_memory_resource(std::size_t reserve_bytes, std::size_t map_granules, int device,
+                                         ipc_mode ipc)
+    : vmm_memory_resource(std::make_unique<driver>(reserve_bytes, device, ipc), map_granules) {}
 
 vmm_memory_resource::vmm_memory_resource(std::unique_ptr<driver> drv, std::size_t map_granules)
     : virtual_range_resource("vmm", static_cast<std::uintptr_t>(drv->base), drv->bytes, drv->granularity,
@@ -225,11 +171,47 @@ vmm_memory_resource::~vmm_memory_resource() { release_everything(); }
 
 int vmm_memory_resource::device() const noexcept { return driver_->ordinal; }
 
+vmm_memory_resource::ipc_mode vmm_memory_resource::ipc() const noexcept { return driver_->ipc; }
+
+vmm_memory_resource::ipc_mode vmm_memory_resource::parse_ipc_mode(std::string_view text) {
+  if (text == "auto") { return ipc_mode::automatic; }
+  if (text == "none") { return ipc_mode::none; }
+  if (text == "fd") { return ipc_mode::fd; }
+  if (text == "fabric") { return ipc_mode::fabric; }
+  throw logic_error("vmm: ipc=" + std::string{text} + " is none of auto, none, fd, fabric");
+}
+
+char const* vmm_memory_resource::to_string(ipc_mode mode) noexcept {
+  switch (mode) {
+    case ipc_mode::automatic: return "auto";
+    case ipc_mode::none: return "none";
+    case ipc_mode::fd: return "fd";
+    case ipc_mode::fabric: return "fabric";
+  }
+  return "?";
+}
+
+std::array<unsigned char, 64> vmm_memory_resource::export_ipc(void const* ptr, std::size_t bytes) {
+  if (driver_->ipc == ipc_mode::none) {
+    throw logic_error("vmm: IPC export of " + format_hex(ptr) + ": this vmm was made with ipc=none (or its device "
+                      "cannot export file descriptors), so its memory cannot be shared; use vmm(ipc=fd) or "
+                      "vmm(ipc=fabric)");
+  }
+  std::array<unsigned char, 64> out{};
+  with_runs_backing(ptr, bytes, [&](std::vector<mapped_run> const& runs) {
+    scoped_context const ctx{driver_->context};
+    std::size_t const first_offset = runs.front().offset;
+    auto const block_offset = reinterpret_cast<std::uintptr_t>(ptr) - driver_->base - first_offset;
+    out = vmm_ipc::registry().add_export(runs, block_offset, bytes, driver_->ordinal, handle_type_of(driver_->ipc));
+  });
+  return out;
+}
+
 std::size_t vmm_memory_resource::device_granularity(int device) {
   int const ordinal = resolve_device(device);
   auto const& d = api();
   MRSTACK_CU_TRY(d.init(0), "cuInit(0)");
-  CUmemAllocationProp const prop = device_memory_properties(ordinal);
+  CUmemAllocationProp const prop = device_memory_properties(ordinal, CU_MEM_HANDLE_TYPE_NONE);
   std::size_t granularity = 0;
   MRSTACK_CU_TRY(d.mem_get_allocation_granularity(&granularity, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM),
                  "cuMemGetAllocationGranularity(device " + std::to_string(ordinal) + ")");
@@ -238,7 +220,7 @@ std::size_t vmm_memory_resource::device_granularity(int device) {
 
 std::uint64_t vmm_memory_resource::map(std::size_t offset, std::size_t bytes) {
   auto const& d = api();
-  driver::scoped_context const ctx{driver_->context};
+  scoped_context const ctx{driver_->context};
   CUmemGenericAllocationHandle handle = 0;
   CUresult const created = d.mem_create(&handle, bytes, &driver_->properties, 0);
   if (created == CUDA_ERROR_OUT_OF_MEMORY) {
@@ -260,21 +242,97 @@ std::uint64_t vmm_memory_resource::map(std::size_t offset, std::size_t bytes) {
 }
 
 void vmm_memory_resource::enable_access(std::size_t offset, std::size_t bytes) {
-  driver::scoped_context const ctx{driver_->context};
+  scoped_context const ctx{driver_->context};
   MRSTACK_CU_TRY(api().mem_set_access(driver_->base + offset, bytes, &driver_->access, 1),
                  "cuMemSetAccess(" + format_bytes(bytes) + ")");
 }
 
 void vmm_memory_resource::before_unmap() {
-  driver::scoped_context const ctx{driver_->context};
+  scoped_context const ctx{driver_->context};
   MRSTACK_CU_TRY(api().ctx_synchronize(), "cuCtxSynchronize (before unmapping)");
 }
 
 void vmm_memory_resource::unmap(std::size_t offset, std::size_t bytes, std::uint64_t handle) {
   auto const& d = api();
-  driver::scoped_context const ctx{driver_->context};
+  scoped_context const ctx{driver_->context};
   MRSTACK_CU_TRY(d.mem_unmap(driver_->base + offset, bytes), "cuMemUnmap(" + format_bytes(bytes) + ")");
+  if (driver_->ipc != ipc_mode::none) { vmm_ipc::registry().forget_run(handle); }  // its exports end with it
   MRSTACK_CU_TRY(d.mem_release(handle), "cuMemRelease");
+}
+
+// ---- sleep and wake: contents through one pinned staging buffer ----------------------------
+
+void vmm_memory_resource::save_contents(stretches const& saved) {
+  driver& drv = *driver_;
+  if (drv.staging_release.joinable()) { drv.staging_release.join(); }
+  scoped_context const ctx{drv.context};
+  MRSTACK_CU_TRY(api().ctx_synchronize(), "cuCtxSynchronize (before saving contents)");
+  std::size_t total = 0;
+  for (auto const& [offset, bytes] : saved) { total += bytes; }
+  if (total == 0) { return; }
+  void* staging = nullptr;
+  MRSTACK_CUDA_TRY(cudaHostAlloc(&staging, total, cudaHostAllocDefault));
+  cudaStream_t stream = nullptr;
+  auto cleanup = [&] {
+    if (stream != nullptr) { (void)cudaStreamDestroy(stream); }
+  };
+  try {
+    MRSTACK_CUDA_TRY(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    std::size_t at = 0;
+    std::map<std::size_t, std::size_t> staged;
+    for (auto const& [offset, bytes] : saved) {
+      MRSTACK_CUDA_TRY(cudaMemcpyAsync(static_cast<std::byte*>(staging) + at,
+                                       reinterpret_cast<void const*>(drv.base + offset), bytes,
+                                       cudaMemcpyDeviceToHost, stream));
+      staged.emplace(offset, at);
+      at += bytes;
+    }
+    MRSTACK_CUDA_TRY(cudaStreamSynchronize(stream));
+    cleanup();
+    drv.staging = staging;
+    drv.staged = std::move(staged);
+  } catch (...) {
+    cleanup();
+    (void)cudaFreeHost(staging);
+    throw;
+  }
+}
+
+void vmm_memory_resource::restore_contents(stretches const& restored) {
+  driver& drv = *driver_;
+  if (restored.empty()) { return; }
+  scoped_context const ctx{drv.context};
+  cudaStream_t stream = nullptr;
+  MRSTACK_CUDA_TRY(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  try {
+    for (auto const& [offset, bytes] : restored) {
+      auto it = drv.staged.upper_bound(offset);
+      if (it == drv.staged.begin()) { throw logic_error("vmm: wake restores offset " + std::to_string(offset) + ", which sleep did not save"); }
+      --it;
+      std::size_t const at = it->second + (offset - it->first);
+      MRSTACK_CUDA_TRY(cudaMemcpyAsync(reinterpret_cast<void*>(drv.base + offset),
+                                       static_cast<std::byte const*>(drv.staging) + at, bytes,
+                                       cudaMemcpyHostToDevice, stream));
+    }
+    MRSTACK_CUDA_TRY(cudaStreamSynchronize(stream));
+  } catch (...) {
+    (void)cudaStreamDestroy(stream);
+    throw;
+  }
+  (void)cudaStreamDestroy(stream);
+}
+
+void vmm_memory_resource::drop_saved_contents() noexcept {
+  driver& drv = *driver_;
+  drv.staged.clear();
+  if (drv.staging == nullptr) { return; }
+  void* const staging = std::exchange(drv.staging, nullptr);
+  if (drv.staging_release.joinable()) { drv.staging_release.join(); }
+  try {
+    drv.staging_release = std::thread{[staging] { (void)cudaFreeHost(staging); }};
+  } catch (...) {
+    (void)cudaFreeHost(staging);  // no thread to be had: free it here
+  }
 }
 
 }  // namespace mrstack

@@ -9,6 +9,7 @@
 #include <mrstack/upstream/cuda_async_memory_resource.hpp>
 #include <mrstack/upstream/cuda_memory_resource.hpp>
 #include <mrstack/upstream/managed_memory_resource.hpp>
+#include <mrstack/upstream/vmm_ipc.hpp>
 #include <mrstack/upstream/vmm_memory_resource.hpp>
 
 #include <cstdio>
@@ -211,10 +212,28 @@ TEST_CASE("emm adapter on a device: memory from a stream-ordered pool is refused
   MRSTACK_CUDA_TRY(cudaDeviceSynchronize());
 }
 
-TEST_CASE("emm adapter on a device: memory from a virtual-memory (vmm) upstream is refused for IPC, saying why") {
+TEST_CASE("emm adapter on a device: memory from a vmm upstream gets a vmm IPC handle of exactly the block") {
   adapter a{std::make_shared<pool_memory_resource>(std::make_shared<vmm_memory_resource>()), on_current_device()};
+  auto pad = a.memalloc(3000);
   auto m = a.memalloc(4096);
-  CHECK_THROWS_WITH(a.get_ipc_handle(m.ptr), Catch::Contains("virtual-memory (vmm)") && Catch::Contains("cuda upstream"));
+  CHECK_THROWS_WITH(a.get_ipc_handle(m.ptr), Catch::Contains("virtual-memory (vmm)") && Catch::Contains("size is needed"));
+  auto h = a.get_ipc_handle(m.ptr, 4096);
+  CHECK(h.vmm);
+  CHECK(h.base == m.ptr);
+  CHECK(h.offset == 0);
+  CHECK(h.base_size == 4096);
+  CHECK(vmm_ipc::is_handle(&h.handle, sizeof h.handle));
+  CHECK(vmm_ipc::describe(*reinterpret_cast<vmm_ipc::handle const*>(&h.handle)).block_bytes == 4096);
+  CHECK(a.free(m.token).has_value());
+  CHECK(a.free(pad.token).has_value());
+}
+
+TEST_CASE("emm adapter on a device: a vmm made with ipc=none is refused for IPC, saying how to enable it") {
+  auto vmm = std::make_shared<vmm_memory_resource>(0, vmm_memory_resource::default_map_granules, -1,
+                                                   vmm_memory_resource::ipc_mode::none);
+  adapter a{std::make_shared<pool_memory_resource>(vmm), on_current_device()};
+  auto m = a.memalloc(4096);
+  CHECK_THROWS_WITH(a.get_ipc_handle(m.ptr, 4096), Catch::Contains("ipc=none") && Catch::Contains("vmm(ipc=fd)"));
   CHECK(a.free(m.token).has_value());
 }
 

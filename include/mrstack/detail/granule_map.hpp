@@ -25,6 +25,7 @@
 #include <map>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace mrstack::detail {
@@ -43,6 +44,17 @@ class granule_backend {
   virtual void before_unmap() = 0;
   /// Undoes one `map` (the whole run). Throws on failure.
   virtual void unmap(std::size_t offset, std::size_t bytes, std::uint64_t handle) = 0;
+
+  /// [offset, offset + bytes) stretches of the range, in address order.
+  using stretches = std::vector<std::pair<std::size_t, std::size_t>>;
+  /// Sleep with contents kept: copies every stretch (all mapped and accessible) somewhere
+  /// that survives the unmapping that follows. All or nothing. Default: no contents to keep.
+  virtual void save_contents(stretches const& /*saved*/) {}
+  /// Wake: copies saved contents back into `restored` (each stretch lies inside one that
+  /// was saved, and is mapped and accessible again). Throws.
+  virtual void restore_contents(stretches const& /*restored*/) {}
+  /// Forgets what `save_contents` kept (after a restore, or when nothing will be restored).
+  virtual void drop_saved_contents() noexcept {}
 
  protected:
   granule_backend() = default;
@@ -171,6 +183,22 @@ class granule_map {
       }
     }
     return released;
+  }
+
+  /// The committed granules as maximal [first, last) stretches, in address order.
+  [[nodiscard]] std::vector<std::pair<std::size_t, std::size_t>> committed_stretches() const {
+    std::vector<std::pair<std::size_t, std::size_t>> out;
+    for (auto const& [first, r] : runs_) {
+      for (std::size_t g = first; g < first + r.count; ++g) {
+        if (!is_committed(g)) { continue; }
+        if (!out.empty() && out.back().second == g) {
+          ++out.back().second;
+        } else {
+          out.emplace_back(g, g + 1);
+        }
+      }
+    }
+    return out;
   }
 
   /// Visits every run as (first granule, run) in address order (for tests and reports).

@@ -36,12 +36,17 @@
 ///   otherwise): Numba does not say which stream a buffer was last used on.
 /// - Thread-safe: one mutex guards the token table and the deferred-free queue; the stack's
 ///   own allocate/deallocate run outside it.
-/// - `get_ipc_handle` needs device memory from an allocation CUDA IPC can share
-///   (cudaMalloc). Memory from a virtual-memory (`vmm`) or stream-ordered (`cuda_async`)
-///   upstream, and host or managed memory, cannot be shared that way: it throws a
-///   `logic_error` saying so. The base allocation is found with the driver's
-///   cuMemGetAddressRange, reached through cudaGetDriverEntryPointByVersion (mrstack links
-///   only the static CUDA runtime, never libcuda).
+/// - `get_ipc_handle` shares device memory two ways. From cudaMalloc (a stack over
+///   `cuda`): the legacy CUDA IPC handle of the base allocation, found with the driver's
+///   cuMemGetAddressRange (reached through cudaGetDriverEntryPointByVersion: mrstack links
+///   only the static CUDA runtime, never libcuda), and the pointer's offset in it. From a
+///   `vmm` layer: a vmm IPC handle (upstream/vmm_ipc.hpp) of exactly [ptr, ptr + size) in
+///   the same 64 bytes, `vmm` set, `base` = ptr and offset 0; it needs the block's `size`
+///   and a vmm made with ipc=fd or ipc=fabric. Memory from a stream-ordered (`cuda_async`)
+///   upstream, and host or managed memory, cannot be shared: it throws a `logic_error`
+///   saying so.
+/// - Sleep: while the stack's vmm layer is asleep (upstream/virtual_range.hpp), `memalloc`
+///   throws a `logic_error` (its memory has no physical backing until wake); `free` works.
 /// - Nothing here touches CUDA except `get_memory_info` on a device stack and
 ///   `get_ipc_handle`, so the adapter is tested on a CPU over a `system` upstream.
 #include <atomic>
@@ -57,6 +62,10 @@
 
 #include <mrstack/resource.hpp>
 #include <mrstack/stream.hpp>
+
+namespace mrstack {
+class virtual_range_resource;
+}
 
 namespace mrstack::emm {
 
@@ -85,6 +94,7 @@ struct ipc_handle {
   std::size_t base_size = 0;    ///< its size
   std::size_t offset = 0;       ///< the pointer's offset from `base`
   int device = 0;
+  bool vmm = false;             ///< `handle` holds a vmm IPC handle (vmm_ipc::open opens it)
 };
 
 /// A CUDA driver call failed (the driver API reports CUresult, not cudaError_t).
@@ -131,8 +141,12 @@ class adapter {
 
   [[nodiscard]] memory_info get_memory_info() const;
 
-  /// IPC handle of the upstream allocation that contains `ptr`, and the offset into it.
-  [[nodiscard]] ipc_handle get_ipc_handle(void const* ptr) const;
+  /// IPC handle of the upstream allocation that contains `ptr`, and the offset into it; for
+  /// vmm memory, of the block [ptr, ptr + size) (`size` must then be given).
+  [[nodiscard]] ipc_handle get_ipc_handle(void const* ptr, std::size_t size = 0) const;
+
+  /// Throws `logic_error` naming `what` while the stack's vmm layer is asleep.
+  void check_awake(char const* what) const;
 
   /// Frees every outstanding allocation (see the contract on deferral) and returns them, so
   /// callers that keep their own books can close them.
@@ -190,6 +204,7 @@ class adapter {
 
   resource_ptr stack_;
   options options_;
+  virtual_range_resource const* sleepable_ = nullptr;  // the stack's vmm layer, if any (for check_awake)
   mutable std::mutex mutex_;
   std::vector<slot> slots_;
   std::uint32_t free_head_ = no_slot;

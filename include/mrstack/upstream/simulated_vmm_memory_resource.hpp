@@ -11,6 +11,11 @@
 /// its handle, and memory must be made accessible after it is mapped (`is_accessible`).
 /// `capacity` plays the device's physical memory: a map past it throws `out_of_memory`,
 /// like cuMemCreate on a full device.
+///
+/// Sleep and wake (virtual_range_resource.hpp) keep no bytes (there are none), but check
+/// what the device would need: contents are saved only from mapped, accessible memory and
+/// restored only into mapped, accessible memory inside what was saved; `saved_bytes()` and
+/// `restored_bytes()` count them.
 #include <cstddef>
 #include <limits>
 #include <map>
@@ -36,12 +41,19 @@ class simulated_vmm_memory_resource final : public virtual_range_resource, priva
   [[nodiscard]] std::size_t capacity() const noexcept { return capacity_; }
   /// True when every byte of [ptr, ptr + bytes) is mapped and was made accessible.
   [[nodiscard]] bool is_accessible(void const* ptr, std::size_t bytes) const;
+  /// Bytes the last sleep with contents kept saved, and the last wake restored.
+  [[nodiscard]] std::size_t saved_bytes() const noexcept { return saved_bytes_; }
+  [[nodiscard]] std::size_t restored_bytes() const noexcept { return restored_bytes_; }
 
  private:
   std::uint64_t map(std::size_t offset, std::size_t bytes) override;
   void enable_access(std::size_t offset, std::size_t bytes) override;
   void before_unmap() override {}
   void unmap(std::size_t offset, std::size_t bytes, std::uint64_t handle) override;
+  void save_contents(stretches const& saved) override;
+  void restore_contents(stretches const& restored) override;
+  void drop_saved_contents() noexcept override { saved_.clear(); }
+  [[nodiscard]] bool accessible_at(std::size_t offset, std::size_t bytes) const;  // physical_mutex_ held
 
   memory_kind do_kind() const noexcept override { return memory_kind::none; }
 
@@ -55,6 +67,9 @@ class simulated_vmm_memory_resource final : public virtual_range_resource, priva
   std::size_t held_ = 0;                      // bytes of physical memory "created"
   std::uint64_t next_handle_ = 1;
   std::map<std::size_t, physical> physical_;  // offset -> one simulated physical allocation
+  std::map<std::size_t, std::size_t> saved_;  // offset -> bytes saved by the sleep now in force
+  std::size_t saved_bytes_ = 0;
+  std::size_t restored_bytes_ = 0;
   // Guarded by the base's mutex: backend calls happen with it held; is_accessible takes
   // its own copy under physical_mutex_ so a test may call it at any time.
   mutable std::mutex physical_mutex_;

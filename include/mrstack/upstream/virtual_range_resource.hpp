@@ -12,16 +12,29 @@
 ///   is a `logic_error`.
 /// - As a `virtual_range`, a pool claims the whole range and commits/decommits parts of it.
 ///   While claimed, `allocate` refuses with a `logic_error` saying so.
+/// - Sleep and wake: `sleep(keep_contents)` gives back every physical allocation (the
+///   contents of committed granules first copied aside when `keep_contents`), keeping the
+///   reservation and the record of which granules are committed; `wake()` maps fresh
+///   physical memory behind exactly those granules at the same addresses, makes it
+///   accessible and copies the contents back. While asleep: `committed_bytes()` and
+///   `mapped_bytes()` are 0 and `asleep_bytes()` says what wake() will map; `commit` and
+///   `allocate` are `logic_error`s (nothing may be backed before wake); `decommit` and
+///   `deallocate` work (bookkeeping only: those granules are not mapped back). Memory of
+///   the range must not be touched while asleep (it faults). Sleeping twice, or waking
+///   while awake, is a `logic_error`. A failed wake (out of memory) leaves it asleep with
+///   the contents still kept, so wake can be retried.
 /// Counters (`map_calls`, `unmap_calls`, `peak_mapped_bytes`) make the cost of a workload
 /// visible: each map or unmap is a driver round trip on a device.
 /// Thread-safe: one mutex around the slow paths (driver calls cost microseconds anyway).
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include <mrstack/detail/granule_map.hpp>
 #include <mrstack/resource.hpp>
@@ -59,6 +72,15 @@ class virtual_range_resource : public memory_resource, public virtual_range {
   [[nodiscard]] std::size_t unmap_calls() const noexcept { return unmap_calls_.load(std::memory_order_relaxed); }
   /// True when every granule [ptr, ptr + bytes) touches is committed.
   [[nodiscard]] bool is_committed(void const* ptr, std::size_t bytes) const;
+  /// See "Sleep and wake" above. Throws what the backend throws (copying, unmapping).
+  void sleep(bool keep_contents);
+  void wake();
+  [[nodiscard]] bool asleep() const noexcept { return asleep_.load(std::memory_order_acquire); }
+  /// While asleep: the committed bytes wake() maps back (0 when awake).
+  [[nodiscard]] std::size_t asleep_bytes() const noexcept { return asleep_bytes_.load(std::memory_order_relaxed); }
+  /// Whether the contents are being kept across this sleep.
+  [[nodiscard]] bool keeps_contents() const noexcept;
+
   /// Who holds the claim ("" when unclaimed).
   [[nodiscard]] std::string claimant() const;
   /// Throws std::logic_error when the bookkeeping is inconsistent (tests call it).
@@ -71,6 +93,21 @@ class virtual_range_resource : public memory_resource, public virtual_range {
   /// their backend still works.
   virtual_range_resource(std::string name, std::uintptr_t base, std::size_t range_bytes, std::size_t granularity,
                          std::size_t map_granules, detail::granule_backend& backend);
+
+  /// One physical allocation behind part of the range.
+ public:
+  struct mapped_run {
+    std::size_t offset;     ///< bytes from the range's start
+    std::size_t bytes;
+    std::uint64_t handle;   ///< the backend's handle
+  };
+  /// Calls `use` with the runs backing [ptr, ptr + bytes), in address order, while holding
+  /// the lock (so none can be unmapped meanwhile). Every granule there must be committed
+  /// (`logic_error` otherwise, and while asleep): for IPC of a live block.
+  void with_runs_backing(void const* ptr, std::size_t bytes,
+                         std::function<void(std::vector<mapped_run> const&)> const& use) const;
+
+ protected:
 
   /// Gives back every granule still mapped (outstanding allocations and a claimant's
   /// commits alike). Failures are reported on stderr: destructors cannot throw.
@@ -95,6 +132,9 @@ class virtual_range_resource : public memory_resource, public virtual_range {
     void enable_access(std::size_t offset, std::size_t bytes) override { inner_.enable_access(offset, bytes); }
     void before_unmap() override { inner_.before_unmap(); }
     void unmap(std::size_t offset, std::size_t bytes, std::uint64_t handle) override;
+    void save_contents(stretches const& saved) override { inner_.save_contents(saved); }
+    void restore_contents(stretches const& restored) override { inner_.restore_contents(restored); }
+    void drop_saved_contents() noexcept override { inner_.drop_saved_contents(); }
 
    private:
     virtual_range_resource& owner_;
@@ -104,6 +144,9 @@ class virtual_range_resource : public memory_resource, public virtual_range {
   [[nodiscard]] std::size_t offset_of(void const* ptr, std::size_t bytes, char const* op) const;
   void sync_counters() noexcept;
   void insert_free_addresses(std::size_t offset, std::size_t bytes);
+  // While asleep: forgets granules [first, last) (they are not mapped back); returns how many were asleep.
+  std::size_t forget_asleep(std::size_t first, std::size_t last);
+  void refuse_while_asleep(char const* op) const;
 
   std::string name_;
   std::uintptr_t base_;
@@ -118,6 +161,12 @@ class virtual_range_resource : public memory_resource, public virtual_range {
   std::map<std::size_t, std::size_t> live_;            // offset -> bytes asked, for checked frees
   bool claimed_ = false;
   std::string claimant_;
+
+  // Sleep: the committed granules as [first, last) stretches (first -> last), mapped back by wake.
+  std::map<std::size_t, std::size_t> asleep_granules_;
+  bool contents_kept_ = false;
+  std::atomic<bool> asleep_{false};
+  std::atomic<std::size_t> asleep_bytes_{0};
 
   std::atomic<std::size_t> committed_bytes_{0};
   std::atomic<std::size_t> mapped_bytes_{0};

@@ -17,13 +17,23 @@
 /// - Running out of device memory throws `out_of_memory` with the device's free memory.
 /// - Giving memory back (decommit, deallocate) first waits for all work on the device's
 ///   primary context: unmapping does not wait for kernels that may still use the memory.
-/// - IPC: this memory cannot be exported with cudaIpcGetMemHandle. `owns(ptr)`,
-///   `find_virtual_range(stack, ptr)` and `is_virtual_range_address(ptr)` let an IPC path
-///   recognise it and refuse with a clear message.
+/// - IPC: this memory cannot be exported with cudaIpcGetMemHandle; `export_ipc` shares it
+///   instead (see vmm_ipc.hpp). `ipc` chooses what the physical allocations can be exported
+///   as: `fd` (CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR: processes of one host), `fabric`
+///   (CU_MEM_HANDLE_TYPE_FABRIC: needs a driver, device and IMEX channel that support it),
+///   `none`, or `automatic` (fd where the device supports it, else none). Asking for a type
+///   the device does not support throws `cuda_error` saying which attribute refused and
+///   what to use instead.
+/// - Sleep and wake (virtual_range_resource.hpp): with contents kept, sleep copies every
+///   committed granule to one pinned host buffer (one async copy per committed stretch, one
+///   synchronization) and wake copies them back the same way after mapping; the staging
+///   buffer is freed on a background thread after wake.
 /// - Memory is stream-agnostic (mapping is synchronous), like cudaMalloc's.
 /// Driver calls happen with the device's primary context pushed, so any thread may call.
+#include <array>
 #include <cstddef>
 #include <memory>
+#include <string_view>
 
 #include <mrstack/upstream/virtual_range_resource.hpp>
 
@@ -37,12 +47,25 @@ class vmm_memory_resource final : public virtual_range_resource, private detail:
   /// (docs/vmm.md).
   static constexpr std::size_t default_map_granules = 16;
 
+  /// What physical allocations can be exported as (see the contract).
+  enum class ipc_mode { automatic, none, fd, fabric };
+  /// "auto", "none", "fd", "fabric" -> the mode; anything else: logic_error listing them.
+  static ipc_mode parse_ipc_mode(std::string_view text);
+  static char const* to_string(ipc_mode mode) noexcept;
+
   /// `reserve_bytes` 0: twice the device's total memory. `device` -1: the current device.
   explicit vmm_memory_resource(std::size_t reserve_bytes = 0, std::size_t map_granules = default_map_granules,
-                               int device = -1);
+                               int device = -1, ipc_mode ipc = ipc_mode::automatic);
   ~vmm_memory_resource() override;
 
   [[nodiscard]] int device() const noexcept;
+  /// The export type in force (never `automatic`).
+  [[nodiscard]] ipc_mode ipc() const noexcept;
+
+  /// A 64-byte handle another process opens with `vmm_ipc::open` (vmm_ipc.hpp) to map
+  /// [ptr, ptr + bytes), a live block of this range. Throws `logic_error` when the range
+  /// was made with ipc=none (saying how to enable it) or the bytes are not committed.
+  [[nodiscard]] std::array<unsigned char, 64> export_ipc(void const* ptr, std::size_t bytes);
 
   /// The driver's minimum granularity for device memory on `device` (-1: current).
   static std::size_t device_granularity(int device = -1);
@@ -57,6 +80,9 @@ class vmm_memory_resource final : public virtual_range_resource, private detail:
   void enable_access(std::size_t offset, std::size_t bytes) override;
   void before_unmap() override;
   void unmap(std::size_t offset, std::size_t bytes, std::uint64_t handle) override;
+  void save_contents(stretches const& saved) override;
+  void restore_contents(stretches const& restored) override;
+  void drop_saved_contents() noexcept override;
 
   memory_kind do_kind() const noexcept override { return memory_kind::device; }
   bool do_is_equal(memory_resource const& other) const noexcept override { return this == &other; }

@@ -1,0 +1,492 @@
+// vmm IPC (see include/mrstack/upstream/vmm_ipc.hpp): the 64-byte handle, the exporter's
+// registry and socket server, and the opener's import and mapping.
+#include <mrstack/upstream/vmm_ipc.hpp>
+
+#include <mrstack/error.hpp>
+#include <mrstack/upstream/virtual_range.hpp>
+#include <mrstack/upstream/vmm_memory_resource.hpp>
+
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <thread>
+
+#include "vmm_driver.hpp"
+#include "vmm_ipc_registry.hpp"
+
+namespace mrstack::vmm_ipc {
+
+using namespace vmm_driver;
+
+namespace {
+
+constexpr unsigned char magic[8] = {'M', 'R', 'S', 'V', 'M', 'M', 1, 0};
+constexpr std::size_t batch_runs = 64;  // runs per message (SCM_RIGHTS carries at most 253 fds)
+
+// The handle's fields, in this layout (little-endian host order: both ends share a host).
+struct handle_fields {
+  unsigned char magic[8];
+  std::uint32_t pid;
+  std::uint32_t type;         // CUmemAllocationHandleType
+  std::uint64_t export_id;
+  std::uint64_t block_offset;
+  std::uint64_t block_bytes;
+  std::int32_t device;
+  std::uint32_t runs;
+  std::uint64_t run_bytes;    // all runs together
+  std::uint64_t nonce;        // names the exporter's socket with the pid: a reused pid never matches
+};
+static_assert(sizeof(handle_fields) == handle_bytes);
+
+struct request {
+  std::uint64_t export_id;
+};
+struct reply_header {
+  std::uint32_t status;  // 0: found; else `message` says why
+  std::uint32_t runs;
+  std::uint32_t type;
+  std::int32_t device;
+  std::uint64_t block_offset;
+  std::uint64_t block_bytes;
+  char message[224];
+};
+struct reply_batch {
+  std::uint32_t count;
+  std::uint32_t reserved;
+  std::uint64_t bytes[batch_runs];
+  CUmemFabricHandle fabric[batch_runs];
+};
+
+std::uint64_t process_nonce() {
+  static std::uint64_t const nonce = [] {
+    std::random_device rd;
+    return (std::uint64_t{rd()} << 32) ^ rd() ^ static_cast<std::uint64_t>(getpid());
+  }();
+  return nonce;
+}
+
+// Abstract socket address: "\0mrstack-vmm-ipc-<pid>-<nonce>".
+socklen_t socket_address(std::uint32_t pid, std::uint64_t nonce, sockaddr_un& addr) {
+  std::memset(&addr, 0, sizeof addr);
+  addr.sun_family = AF_UNIX;
+  int const n = std::snprintf(addr.sun_path + 1, sizeof addr.sun_path - 1, "mrstack-vmm-ipc-%u-%016llx", pid,
+                              static_cast<unsigned long long>(nonce));
+  return static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + static_cast<std::size_t>(n));
+}
+
+std::string socket_name(std::uint32_t pid, std::uint64_t nonce) {
+  char name[80];
+  std::snprintf(name, sizeof name, "@mrstack-vmm-ipc-%u-%016llx", pid, static_cast<unsigned long long>(nonce));
+  return name;
+}
+
+char const* type_name(std::uint32_t type) {
+  return type == CU_MEM_HANDLE_TYPE_FABRIC ? "fabric" : type == CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR ? "fd" : "?";
+}
+
+handle_fields fields_of(handle const& h) {
+  handle_fields f{};
+  std::memcpy(&f, h.data(), sizeof f);
+  if (std::memcmp(f.magic, magic, sizeof magic) != 0) {
+    throw logic_error("vmm IPC: the 64 bytes are not an mrstack vmm IPC handle (no mrstack magic): a legacy CUDA "
+                      "IPC handle opens with cudaIpcOpenMemHandle instead");
+  }
+  return f;
+}
+
+bool send_all(int fd, void const* data, std::size_t bytes, int const* fds, std::size_t fd_count) {
+  iovec iov{const_cast<void*>(data), bytes};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * batch_runs)];
+  if (fd_count > 0) {
+    msg.msg_control = control;
+    msg.msg_controllen = CMSG_SPACE(sizeof(int) * fd_count);
+    cmsghdr* cm = CMSG_FIRSTHDR(&msg);
+    cm->cmsg_level = SOL_SOCKET;
+    cm->cmsg_type = SCM_RIGHTS;
+    cm->cmsg_len = CMSG_LEN(sizeof(int) * fd_count);
+    std::memcpy(CMSG_DATA(cm), fds, sizeof(int) * fd_count);
+  }
+  ssize_t const sent = sendmsg(fd, &msg, MSG_NOSIGNAL);
+  return sent == static_cast<ssize_t>(bytes);
+}
+
+// Receives one message into `data`; appends the descriptors it carries to `fds`.
+bool receive(int fd, void* data, std::size_t bytes, std::vector<int>& fds) {
+  iovec iov{data, bytes};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * batch_runs)];
+  msg.msg_control = control;
+  msg.msg_controllen = sizeof control;
+  ssize_t got = 0;
+  do { got = recvmsg(fd, &msg, MSG_CMSG_CLOEXEC); } while (got < 0 && errno == EINTR);
+  for (cmsghdr* cm = CMSG_FIRSTHDR(&msg); cm != nullptr; cm = CMSG_NXTHDR(&msg, cm)) {
+    if (cm->cmsg_level == SOL_SOCKET && cm->cmsg_type == SCM_RIGHTS) {
+      std::size_t const n = (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+      int const* carried = reinterpret_cast<int const*>(CMSG_DATA(cm));
+      fds.insert(fds.end(), carried, carried + n);
+    }
+  }
+  return got == static_cast<ssize_t>(bytes) && (msg.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) == 0;
+}
+
+}  // namespace
+
+// ---- the handle ------------------------------------------------------------------------------
+
+bool is_handle(void const* bytes, std::size_t length) noexcept {
+  return bytes != nullptr && length >= handle_bytes && std::memcmp(bytes, magic, sizeof magic) == 0;
+}
+
+handle_info describe(handle const& h) {
+  handle_fields const f = fields_of(h);
+  return handle_info{f.pid, f.export_id, f.block_bytes, f.device, f.runs, type_name(f.type)};
+}
+
+handle export_block(memory_resource const& top, void const* ptr, std::size_t bytes) {
+  auto const* range = find_virtual_range(top, ptr);
+  auto* vmm = dynamic_cast<vmm_memory_resource*>(const_cast<virtual_range*>(range));
+  if (vmm == nullptr) {
+    throw logic_error("vmm IPC: " + format_hex(ptr) + " lies in no vmm layer of \"" + describe_stack(top) + "\"" +
+                      (range != nullptr ? " (simulated_vmm memory cannot be shared)" : ""));
+  }
+  return vmm->export_ipc(ptr, bytes);
+}
+
+// ---- the exporting side ------------------------------------------------------------------------
+
+export_registry& registry() {
+  static export_registry* const instance = new export_registry{};  // outlives every vmm and the server thread
+  return *instance;
+}
+
+std::array<unsigned char, 64> export_registry::add_export(std::vector<virtual_range_resource::mapped_run> const& runs,
+                                                          std::size_t block_offset, std::size_t block_bytes,
+                                                          int device, CUmemAllocationHandleType type) {
+  return add_export_with(runs, block_offset, block_bytes, device, type, [type](void* out, std::uint64_t run_handle) {
+    MRSTACK_CU_TRY(api().mem_export_to_shareable_handle(out, run_handle, type, 0),
+                   std::string{"cuMemExportToShareableHandle("} + type_name(type) + ")");
+  });
+}
+
+std::array<unsigned char, 64> export_registry::add_export_with(
+    std::vector<virtual_range_resource::mapped_run> const& runs, std::size_t block_offset, std::size_t block_bytes,
+    int device, CUmemAllocationHandleType type, run_exporter const& export_run) {
+  if (runs.empty()) { throw logic_error("vmm IPC: an export needs at least one physical allocation"); }
+  std::lock_guard lock{mutex_};
+  ensure_server();
+  std::size_t run_bytes = 0;
+  for (auto const& r : runs) {
+    run_bytes += r.bytes;
+    if (runs_.count(r.handle) != 0) { continue; }
+    exported_run e;
+    e.bytes = r.bytes;
+    void* out = type == CU_MEM_HANDLE_TYPE_FABRIC ? static_cast<void*>(&e.fabric) : static_cast<void*>(&e.fd);
+    export_run(out, r.handle);
+    runs_.emplace(r.handle, e);
+  }
+  auto const key = std::make_tuple(runs.front().handle, block_offset, block_bytes);
+  std::uint64_t id = 0;
+  if (auto const known = by_block_.find(key); known != by_block_.end()) {
+    id = known->second;
+  } else {
+    id = next_id_++;
+    export_entry entry;
+    for (auto const& r : runs) { entry.runs.push_back(r.handle); }
+    entry.block_offset = block_offset;
+    entry.block_bytes = block_bytes;
+    entry.device = device;
+    entry.type = type;
+    exports_.emplace(id, std::move(entry));
+    by_block_.emplace(key, id);
+  }
+  handle_fields f{};
+  std::memcpy(f.magic, magic, sizeof magic);
+  f.pid = static_cast<std::uint32_t>(getpid());
+  f.type = static_cast<std::uint32_t>(type);
+  f.export_id = id;
+  f.block_offset = block_offset;
+  f.block_bytes = block_bytes;
+  f.device = device;
+  f.runs = static_cast<std::uint32_t>(runs.size());
+  f.run_bytes = run_bytes;
+  f.nonce = process_nonce();
+  std::array<unsigned char, 64> out{};
+  std::memcpy(out.data(), &f, sizeof f);
+  return out;
+}
+
+void export_registry::forget_run(std::uint64_t run_handle) noexcept {
+  std::lock_guard lock{mutex_};
+  auto const run = runs_.find(run_handle);
+  if (run == runs_.end()) { return; }
+  if (run->second.fd >= 0) { ::close(run->second.fd); }
+  runs_.erase(run);
+  for (auto it = exports_.begin(); it != exports_.end();) {
+    auto const& used = it->second.runs;
+    if (std::find(used.begin(), used.end(), run_handle) == used.end()) {
+      ++it;
+      continue;
+    }
+    by_block_.erase(std::make_tuple(used.front(), it->second.block_offset, it->second.block_bytes));
+    it = exports_.erase(it);
+  }
+}
+
+void export_registry::ensure_server() {
+  int const pid = static_cast<int>(getpid());
+  if (server_pid_ == pid) { return; }
+  int const listener = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+  if (listener < 0) { throw logic_error(std::string{"vmm IPC: socket(AF_UNIX) failed: "} + std::strerror(errno)); }
+  sockaddr_un addr{};
+  socklen_t const len = socket_address(static_cast<std::uint32_t>(pid), process_nonce(), addr);
+  if (bind(listener, reinterpret_cast<sockaddr*>(&addr), len) != 0 || listen(listener, 64) != 0) {
+    int const err = errno;
+    ::close(listener);
+    throw logic_error("vmm IPC: cannot listen on the Unix socket " + socket_name(static_cast<std::uint32_t>(pid), process_nonce()) +
+                      ": " + std::strerror(err));
+  }
+  // Detached on purpose: it serves until the process exits; the registry it uses is never destroyed.
+  std::thread{[this, listener] {
+    for (;;) {
+      int const connection = accept4(listener, nullptr, nullptr, SOCK_CLOEXEC);
+      if (connection < 0) {
+        if (errno == EINTR || errno == ECONNABORTED) { continue; }
+        return;
+      }
+      serve(connection);
+      ::close(connection);
+    }
+  }}.detach();
+  server_pid_ = pid;
+}
+
+void export_registry::serve(int connection) noexcept {
+  reply_header header{};
+  auto refuse = [&](std::string const& why) {
+    header.status = 1;
+    std::snprintf(header.message, sizeof header.message, "%s", why.c_str());
+    (void)send_all(connection, &header, sizeof header, nullptr, 0);
+  };
+  ucred peer{};
+  socklen_t peer_len = sizeof peer;
+  if (getsockopt(connection, SOL_SOCKET, SO_PEERCRED, &peer, &peer_len) != 0 ||
+      (peer.uid != geteuid() && peer.uid != 0)) {
+    return refuse("the opening process runs as another user (uid " + std::to_string(peer.uid) + ")");
+  }
+  request req{};
+  std::vector<int> unexpected;
+  if (!receive(connection, &req, sizeof req, unexpected)) { return; }
+  for (int fd : unexpected) { ::close(fd); }
+  std::lock_guard lock{mutex_};  // the descriptors stay open until sent
+  auto const found = exports_.find(req.export_id);
+  if (found == exports_.end()) {
+    return refuse("export " + std::to_string(req.export_id) + " has ended: the exporting process freed the block's "
+                  "physical memory (or its stack slept) since the handle was made");
+  }
+  export_entry const& e = found->second;
+  header.runs = static_cast<std::uint32_t>(e.runs.size());
+  header.type = static_cast<std::uint32_t>(e.type);
+  header.device = e.device;
+  header.block_offset = e.block_offset;
+  header.block_bytes = e.block_bytes;
+  if (!send_all(connection, &header, sizeof header, nullptr, 0)) { return; }
+  for (std::size_t i = 0; i < e.runs.size(); i += batch_runs) {
+    reply_batch batch{};
+    int fds[batch_runs];
+    std::size_t const n = std::min(batch_runs, e.runs.size() - i);
+    batch.count = static_cast<std::uint32_t>(n);
+    for (std::size_t k = 0; k < n; ++k) {
+      exported_run const& r = runs_.at(e.runs[i + k]);
+      batch.bytes[k] = r.bytes;
+      batch.fabric[k] = r.fabric;
+      fds[k] = r.fd;
+    }
+    bool const with_fds = e.type == CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+    if (!send_all(connection, &batch, sizeof batch, with_fds ? fds : nullptr, with_fds ? n : 0)) { return; }
+  }
+}
+
+// ---- the opening side ---------------------------------------------------------------------------
+
+namespace {
+
+struct opened_block {
+  CUdeviceptr base = 0;
+  std::size_t bytes = 0;
+  struct run {
+    std::size_t offset;
+    std::size_t bytes;
+    CUmemGenericAllocationHandle handle;
+  };
+  std::vector<run> runs;
+  CUdevice device = 0;
+  CUcontext context = nullptr;  // the device's primary context, retained while open
+};
+
+struct open_table {
+  std::mutex mutex;
+  std::map<std::uintptr_t, opened_block> blocks;  // the address open() returned -> its mapping
+};
+
+open_table& opened() {
+  static open_table* const table = new open_table{};
+  return *table;
+}
+
+// Undoes what was set up of `b` (each step tolerates the ones not reached).
+void tear_down(opened_block& b) noexcept {
+  if (b.context == nullptr) { return; }
+  auto const& d = api();
+  if (d.ctx_push(b.context) == CUDA_SUCCESS) {
+    (void)d.ctx_synchronize();  // unmapping does not wait for kernels still using the memory
+    for (auto const& r : b.runs) {
+      (void)d.mem_unmap(b.base + r.offset, r.bytes);
+      (void)d.mem_release(r.handle);
+    }
+    if (b.base != 0) { (void)d.mem_address_free(b.base, b.bytes); }
+    CUcontext popped = nullptr;
+    (void)d.ctx_pop(&popped);
+  }
+  (void)d.primary_ctx_release(b.device);
+  b = opened_block{};
+}
+
+}  // namespace
+
+fetched_export::~fetched_export() {
+  for (int fd : fds) { ::close(fd); }
+}
+
+void fetch_export(std::array<unsigned char, 64> const& h, fetched_export& out) {
+  handle_fields const f = fields_of(h);
+  std::string const name = socket_name(f.pid, f.nonce);
+  int const s = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+  if (s < 0) { throw logic_error(std::string{"vmm IPC: socket(AF_UNIX) failed: "} + std::strerror(errno)); }
+  struct closer {
+    int fd;
+    ~closer() { ::close(fd); }
+  } const guard{s};
+  sockaddr_un addr{};
+  socklen_t const len = socket_address(f.pid, f.nonce, addr);
+  if (connect(s, reinterpret_cast<sockaddr*>(&addr), len) != 0) {
+    throw logic_error("vmm IPC: cannot reach the exporting process " + std::to_string(f.pid) + " on the Unix socket " +
+                      name + " (" + std::strerror(errno) + "): it has exited, or runs in another network namespace "
+                      "(container); both processes must share a host and a network namespace");
+  }
+  request const req{f.export_id};
+  reply_header header{};
+  if (!send_all(s, &req, sizeof req, nullptr, 0) || !receive(s, &header, sizeof header, out.fds)) {
+    throw logic_error("vmm IPC: the exporting process " + std::to_string(f.pid) + " did not answer on " + name);
+  }
+  if (header.status != 0) {
+    header.message[sizeof header.message - 1] = '\0';
+    throw logic_error("vmm IPC: process " + std::to_string(f.pid) + " refused export " + std::to_string(f.export_id) +
+                      ": " + header.message);
+  }
+  out.type = static_cast<CUmemAllocationHandleType>(header.type);
+  out.device = header.device;
+  out.block_offset = header.block_offset;
+  out.block_bytes = header.block_bytes;
+  bool const with_fds = header.type == CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+  while (out.bytes.size() < header.runs) {
+    reply_batch batch{};
+    std::size_t const fds_before = out.fds.size();
+    if (!receive(s, &batch, sizeof batch, out.fds) || batch.count == 0 || batch.count > batch_runs ||
+        out.bytes.size() + batch.count > header.runs) {
+      throw logic_error("vmm IPC: a truncated answer from process " + std::to_string(f.pid));
+    }
+    if (with_fds && out.fds.size() - fds_before != batch.count) {
+      throw logic_error("vmm IPC: process " + std::to_string(f.pid) + " sent " +
+                        std::to_string(out.fds.size() - fds_before) + " file descriptors for " +
+                        std::to_string(batch.count) + " allocations");
+    }
+    for (std::uint32_t k = 0; k < batch.count; ++k) {
+      out.bytes.push_back(batch.bytes[k]);
+      out.fabric.push_back(batch.fabric[k]);
+    }
+  }
+}
+
+void* open(handle const& h, int device) {
+  fetched_export got;
+  fetch_export(h, got);
+  auto const& d = api();
+  int const ordinal = resolve_device(device);
+  opened_block b;
+  MRSTACK_CU_TRY(d.init(0), "cuInit(0)");
+  MRSTACK_CU_TRY(d.device_get(&b.device, ordinal), "cuDeviceGet(" + std::to_string(ordinal) + ")");
+  MRSTACK_CU_TRY(d.primary_ctx_retain(&b.context, b.device), "cuDevicePrimaryCtxRetain");
+  try {
+    scoped_context const ctx{b.context};
+    CUmemAllocationProp prop{};
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.location.id = ordinal;
+    std::size_t granularity = 0;
+    MRSTACK_CU_TRY(d.mem_get_allocation_granularity(&granularity, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM),
+                   "cuMemGetAllocationGranularity");
+    for (auto const n : got.bytes) { b.bytes += n; }
+    MRSTACK_CU_TRY(d.mem_address_reserve(&b.base, b.bytes, granularity, 0, 0),
+                   "cuMemAddressReserve(" + format_bytes(b.bytes) + ")");
+    std::size_t at = 0;
+    for (std::size_t i = 0; i < got.bytes.size(); ++i) {
+      CUmemGenericAllocationHandle imported = 0;
+      void* shareable = got.type == CU_MEM_HANDLE_TYPE_FABRIC
+                            ? static_cast<void*>(&got.fabric[i])
+                            : reinterpret_cast<void*>(static_cast<std::intptr_t>(got.fds[i]));
+      MRSTACK_CU_TRY(d.mem_import_from_shareable_handle(&imported, shareable, got.type),
+                     std::string{"cuMemImportFromShareableHandle("} + type_name(got.type) + ")");
+      CUresult const mapped = d.mem_map(b.base + at, got.bytes[i], 0, imported, 0);
+      if (mapped != CUDA_SUCCESS) {
+        (void)d.mem_release(imported);
+        throw_driver_error(mapped, "cuMemMap(imported " + format_bytes(got.bytes[i]) + ")", __FILE__, __LINE__);
+      }
+      b.runs.push_back({at, got.bytes[i], imported});
+      at += got.bytes[i];
+    }
+    CUmemAccessDesc access{};
+    access.location = prop.location;
+    access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    MRSTACK_CU_TRY(d.mem_set_access(b.base, b.bytes, &access, 1), "cuMemSetAccess(imported block)");
+  } catch (...) {
+    tear_down(b);
+    throw;
+  }
+  auto const address = static_cast<std::uintptr_t>(b.base) + got.block_offset;
+  std::lock_guard lock{opened().mutex};
+  opened().blocks.emplace(address, std::move(b));
+  return reinterpret_cast<void*>(address);
+}
+
+void close(void* ptr) {
+  opened_block b;
+  {
+    std::lock_guard lock{opened().mutex};
+    auto const it = opened().blocks.find(reinterpret_cast<std::uintptr_t>(ptr));
+    if (it == opened().blocks.end()) {
+      throw logic_error("vmm IPC: close of " + format_hex(ptr) + ", which vmm_ipc::open did not return (or it was "
+                        "closed already)");
+    }
+    b = std::move(it->second);
+    opened().blocks.erase(it);
+  }
+  tear_down(b);
+}
+
+std::size_t open_count() noexcept {
+  std::lock_guard lock{opened().mutex};
+  return opened().blocks.size();
+}
+
+}  // namespace mrstack::vmm_ipc
