@@ -3,6 +3,8 @@
 #include <mrstack/detail/arena_core.hpp>
 
 #include <algorithm>
+#include <cstdlib>
+#include <new>
 #include <limits>
 #include <stdexcept>
 
@@ -12,13 +14,15 @@ namespace mrstack::detail {
 
 // ---- superblock_map ------------------------------------------------------------------------------
 
-superblock_map::superblock_map() : top_size_{std::size_t{1} << (address_bits - page_shift - leaf_bits)} {
-  top_ = std::make_unique<std::atomic<leaf*>[]>(top_size_);
-  for (std::size_t i = 0; i < top_size_; ++i) { top_[i].store(nullptr, std::memory_order_relaxed); }
+superblock_map::superblock_map()
+    : top_size_{std::size_t{1} << (address_bits - page_shift - leaf_bits)},
+      top_{static_cast<void***>(std::calloc(top_size_, sizeof(void**)))} {
+  if (top_ == nullptr) { throw std::bad_alloc(); }
 }
 
 superblock_map::~superblock_map() {
-  for (std::size_t i = 0; i < top_size_; ++i) { delete top_[i].load(std::memory_order_relaxed); }
+  for (std::size_t i = 0; i < top_size_; ++i) { std::free(top_[i]); }
+  std::free(top_);
 }
 
 void superblock_map::reserve(std::uintptr_t base, std::size_t size) {
@@ -28,17 +32,16 @@ void superblock_map::reserve(std::uintptr_t base, std::size_t size) {
     throw std::length_error("arena: upstream memory above the 48-bit address space the superblock map covers");
   }
   for (std::uintptr_t i = (base >> page_shift) >> leaf_bits; i <= ((last >> page_shift) >> leaf_bits); ++i) {
-    if (top_[i].load(std::memory_order_relaxed) != nullptr) { continue; }
-    auto* l = new leaf;
-    for (auto& e : l->entries) { e.store(nullptr, std::memory_order_relaxed); }
-    top_[i].store(l, std::memory_order_release);
+    if (top_[i] != nullptr) { continue; }  // only written under the caller's lock
+    auto** const leaf = static_cast<void**>(std::calloc(leaf_size, sizeof(void*)));
+    if (leaf == nullptr) { throw std::bad_alloc(); }
+    std::atomic_ref<void**>{top_[i]}.store(leaf, std::memory_order_release);
   }
 }
 
 void superblock_map::set(std::uintptr_t address, std::size_t size, void* value) noexcept {
   for (std::uintptr_t i = address >> page_shift; i < (address + size) >> page_shift; ++i) {
-    top_[i >> leaf_bits].load(std::memory_order_relaxed)->entries[i & (leaf_size - 1)].store(value,
-                                                                                            std::memory_order_release);
+    std::atomic_ref<void*>{top_[i >> leaf_bits][i & (leaf_size - 1)]}.store(value, std::memory_order_release);
   }
 }
 

@@ -82,9 +82,10 @@ class arena_upstream {
 };
 
 /// Lock-free lookup from an address to the descriptor of the superblock holding it: one
-/// entry per 64 KiB page, two levels over the 48-bit address space (leaves of 2^14
+/// entry per 64 KiB page, two levels over the 48-bit address space (leaves of 2^16
 /// entries, made under the caller's lock, freed only at destruction, so a reader never
-/// sees one vanish). Superblocks are aligned to 64 KiB, not to their size: a chunk from
+/// sees one vanish). Both levels are calloc'ed: fresh zero pages the kernel maps as
+/// first touched, so an arena does not pay for zeroing address space it never uses. Superblocks are aligned to 64 KiB, not to their size: a chunk from
 /// an upstream that aligns to 256 wastes at most 64 KiB to alignment, not a superblock.
 class superblock_map {
  public:
@@ -98,8 +99,8 @@ class superblock_map {
   [[nodiscard]] void* find(std::uintptr_t address) const noexcept {
     std::uintptr_t const i = address >> page_shift;
     if ((address >> address_bits) != 0) { return nullptr; }
-    leaf const* l = top_[i >> leaf_bits].load(std::memory_order_acquire);
-    return l == nullptr ? nullptr : l->entries[i & (leaf_size - 1)].load(std::memory_order_acquire);
+    void** const l = std::atomic_ref<void**>{top_[i >> leaf_bits]}.load(std::memory_order_acquire);
+    return l == nullptr ? nullptr : std::atomic_ref<void*>{l[i & (leaf_size - 1)]}.load(std::memory_order_acquire);
   }
   /// Makes sure the leaves for [base, base + size) exist (the caller's lock held; may throw).
   void reserve(std::uintptr_t base, std::size_t size);
@@ -107,13 +108,10 @@ class superblock_map {
   void set(std::uintptr_t address, std::size_t size, void* value) noexcept;
 
  private:
-  static constexpr unsigned leaf_bits = 14;
+  static constexpr unsigned leaf_bits = 16;
   static constexpr std::size_t leaf_size = std::size_t{1} << leaf_bits;
-  struct leaf {
-    std::atomic<void*> entries[leaf_size];
-  };
   std::size_t top_size_;
-  std::unique_ptr<std::atomic<leaf*>[]> top_;
+  void*** top_;  // read and written through std::atomic_ref
 };
 
 class arena_core {
