@@ -12,7 +12,9 @@
 ///   go back to the upstream whenever the arena holds more than `max_free_bytes` free
 ///   outside its stream arenas (so it holds at most live bytes + `max_free_bytes` + what
 ///   the stream arenas keep + the free space inside partly used chunks), before it grows,
-///   and on `release()`. With `eager`, it takes all of `arena_size` at construction
+///   and on `release()`. (A chunk whose free memory several streams, or another thread's
+///   per-thread stream, own needs a device synchronization to go back: it waits for
+///   `release()` or exhaustion, so with many streams the bound is a target.) With `eager`, it takes all of `arena_size` at construction
 ///   and keeps it until destruction.
 /// - Small requests (<= `max_small_size`, default 1 MiB, alignment 256) come from the
 ///   calling stream's arena: size classes of at most 25% rounding, O(1), one uncontended
