@@ -257,7 +257,12 @@ class async_log_writer {
   /// One merge round: emits every record stamped before the safe bound (all of them when
   /// `final`); returns the rows written.
   std::size_t merge_round(std::string& batch, clock_text& clock, bool final) {
-    std::int64_t bound = final ? idle : steady_now_ns();  // the cut, read before the marks
+    // The cut, read before the marks. Less a margin: the CPU may start the loads of the
+    // marks a little before the clock read completes (out-of-order execution), and a
+    // window opened in between must still stamp after the bound.
+    constexpr std::int64_t reorder_margin_ns = 2000;
+    std::int64_t bound = final ? idle : steady_now_ns() - reorder_margin_ns;
+    std::atomic_thread_fence(std::memory_order_seq_cst);
     thread_queue* qs[counter_shards];
     std::uint64_t ends[counter_shards];
     std::size_t n = 0;
