@@ -7,6 +7,8 @@
 //
 //   bench_adaptors --benchmark_min_time=0.2
 //   bench_adaptors --benchmark_filter='/threads:2'   # contention with two threads
+//   bench_adaptors --benchmark_filter='/1024/1/'     # 1..16 threads, each on its per-thread
+//                                                    # default stream (the scaling runs)
 //   MRSTACK_BENCH_DEVICE=1 bench_adaptors            # over pool > cuda
 #include <benchmark/benchmark.h>
 
@@ -86,12 +88,16 @@ void allocate_free_pair(benchmark::State& state, Make make) {
     state.SetLabel(mrstack::describe_stack(*shared_resource) + " (base " + base_name() + ")");
   }
   auto const bytes = static_cast<std::size_t>(state.range(0));
+  // Second argument 1: each thread on its own per-thread default stream (so a
+  // suballocator that shards by stream can scale); absent or 0: the legacy stream.
+  bool const per_thread = state.range(1) != 0;
+  mrstack::stream_view const stream = per_thread ? mrstack::stream_view::per_thread() : mrstack::stream_view{};
   mrstack::memory_resource* mr = nullptr;
   for (auto _ : state) {
     if (mr == nullptr) { mr = shared_resource.get(); }
-    void* p = mr->allocate(bytes);
+    void* p = mr->allocate(bytes, stream);
     benchmark::DoNotOptimize(p);
-    mr->deallocate(p, bytes);
+    mr->deallocate(p, bytes, stream);
   }
   state.SetItemsProcessed(static_cast<std::int64_t>(state.iterations()));
   if (state.thread_index() == 0) { shared_resource.reset(); }
@@ -184,7 +190,7 @@ void BM_logging_async_burst(benchmark::State& state) {
 BENCHMARK(BM_logging_async_burst)->Arg(1 << 10)->UseManualTime();
 
 // One thread: the overhead itself. Two threads (this machine's cores): what contention adds.
-#define MRSTACK_ADAPTOR_BENCH(fn) BENCHMARK(fn)->Arg(1 << 10)->Threads(1)->Threads(2)->UseRealTime()
+#define MRSTACK_ADAPTOR_BENCH(fn) BENCHMARK(fn)->Args({1 << 10, 0})->Threads(1)->Threads(2)->UseRealTime()
 MRSTACK_ADAPTOR_BENCH(BM_bare);
 MRSTACK_ADAPTOR_BENCH(BM_logging_sync);
 MRSTACK_ADAPTOR_BENCH(BM_logging_async);
@@ -196,4 +202,14 @@ MRSTACK_ADAPTOR_BENCH(BM_thread_safe);
 MRSTACK_ADAPTOR_BENCH(BM_aligned_passthrough);
 MRSTACK_ADAPTOR_BENCH(BM_aligned_4096);
 MRSTACK_ADAPTOR_BENCH(BM_retry);
+
+// Scaling: 1 to 16 threads, each on its per-thread default stream; compare each adaptor's
+// aggregate items/s with BM_bare's at the same thread count.
+#define MRSTACK_ADAPTOR_SCALING(fn) \
+  BENCHMARK(fn)->Args({1 << 10, 1})->Threads(1)->Threads(2)->Threads(4)->Threads(8)->Threads(16)->UseRealTime()
+MRSTACK_ADAPTOR_SCALING(BM_bare);
+MRSTACK_ADAPTOR_SCALING(BM_statistics);
+MRSTACK_ADAPTOR_SCALING(BM_limiting);
+MRSTACK_ADAPTOR_SCALING(BM_logging_async);
+MRSTACK_ADAPTOR_SCALING(BM_tracking);
 BENCHMARK_MAIN();

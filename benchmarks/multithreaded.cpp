@@ -39,7 +39,13 @@ resource_ptr make_resource(std::string const& name, bool device, std::size_t bud
   if (name == "cuda_async") { return std::make_shared<cuda_async_memory_resource>(); }
   resource_ptr up = device ? resource_ptr{std::make_shared<cuda_memory_resource>()}
                            : resource_ptr{std::make_shared<simulated_memory_resource>()};
-  if (name == "arena") { return std::make_shared<arena_memory_resource>(up, budget); }
+  if (name == "arena") {
+    // Keeps what it took between runs, as the pool does (by default it would give all but
+    // 256 MiB back when a run frees everything, and the next run would grow again).
+    arena_options o;
+    o.max_free_bytes = budget;
+    return std::make_shared<arena_memory_resource>(up, budget, o);
+  }
   if (name == "pool") { return std::make_shared<pool_memory_resource>(up, 0); }
   if (name == "binning") {
     return std::make_shared<binning_memory_resource>(up, 256, 1 * MiB, std::make_shared<pool_memory_resource>(up, 0));

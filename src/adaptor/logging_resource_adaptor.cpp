@@ -1,6 +1,8 @@
 #include <mrstack/adaptor/logging_resource_adaptor.hpp>
 
+#include <algorithm>
 #include <atomic>
+#include <bit>
 #include <chrono>
 #include <condition_variable>
 #include <cstdlib>
@@ -9,13 +11,15 @@
 #include <mutex>
 #include <stdexcept>
 #include <thread>
+#include <vector>
 
 #include <spdlog/details/os.h>
 #include <spdlog/logger.h>
 #include <spdlog/sinks/basic_file_sink.h>
 #include <spdlog/sinks/ostream_sink.h>
 
-#include <mrstack/detail/mpsc_ring.hpp>
+#include <mrstack/detail/lean_mutex.hpp>
+#include <mrstack/detail/sharded_counters.hpp>
 
 namespace mrstack {
 
@@ -127,16 +131,28 @@ char* put_row(char* out, log_record const& r, clock_text& clock) {
 
 }  // namespace
 
-/// The asynchronous half: a lock-free ring the allocating threads push records into, and
-/// one writer thread that formats them in batches and hands each batch to the sinks as
-/// one message of whole lines.
+/// The asynchronous half: one single-producer ring per thread shard (threads beyond
+/// `counter_shards` share one, behind its producer lock, uncontended otherwise) and one
+/// writer thread that merges them by timestamp, formats rows in batches and hands each
+/// batch to the sinks as one message of whole lines.
+///
+/// Why the merge is a valid history: a record is stamped with the monotonic clock inside
+/// its producer's *pending window* — the producer marks its queue pending, reads the
+/// clock, publishes the record, and clears the mark. The writer reads the clock (the
+/// cut), then every queue's mark: a record stamped before the cut is either published or
+/// in a window the writer sees as pending (it then emits nothing past that); a window
+/// opened after the writer read the mark stamps no earlier than the cut. So every record
+/// stamped before min(cut, pending windows) is in the queues, and the writer emits exactly
+/// those, merged by (stamp, frees before allocations), each queue in its own order. A
+/// free is stamped before it is forwarded and the allocation reusing its memory after
+/// the upstream returned it, so in file order the free comes first.
 class async_log_writer {
  public:
   async_log_writer(std::shared_ptr<spdlog::logger> logger, std::size_t capacity, bool flush_each_batch)
-      : ring_{capacity},
-        wake_mask_{capacity / 8 - 1},
+      : queue_capacity_{std::bit_ceil(std::max<std::size_t>(capacity / 16, 1024))},
         logger_{std::move(logger)},
         flush_each_batch_{flush_each_batch},
+        wall_offset_ns_{wall_now_ns() - steady_now_ns()},
         thread_{[this] { run(); }} {}
 
   ~async_log_writer() {
@@ -146,27 +162,45 @@ class async_log_writer {
     }
     wake_cv_.notify_one();
     thread_.join();
+    for (auto& q : queues_) { delete q.load(std::memory_order_relaxed); }
   }
 
   async_log_writer(async_log_writer const&) = delete;
   async_log_writer& operator=(async_log_writer const&) = delete;
 
-  void push(log_record const& record) noexcept {
-    std::size_t const ticket = ring_.push(record, [this] { wake(); });
-    // The writer naps when it finds the ring empty; waking it costs a system call, so a
-    // producer does it only every capacity/8 records, and only when the writer is napping.
-    // A missed wake-up (the flag read stale) costs latency, not records: the nap is short.
-    if ((ticket & wake_mask_) == 0 && sleeping_.load(std::memory_order_relaxed)) { wake(); }
+  /// Stamps `record` (its time set here) and queues it. Waits while its queue is full.
+  void push(log_record record) noexcept {
+    thread_queue* q = queue_for(detail::this_thread_shard());
+    if (q == nullptr) { return; }  // no memory for a queue: the row is lost, the call is not
+    std::lock_guard lock{q->producer};
+    std::uint64_t const head = q->head.load(std::memory_order_relaxed);
+    while (head - q->tail.load(std::memory_order_acquire) >= queue_capacity_) {
+      wake();  // full: the writer must make room (the window is not open yet, so it can)
+      std::this_thread::yield();
+    }
+    q->pending.store(0, std::memory_order_seq_cst);  // the window opens before the clock is read
+    record.time_ns = steady_now_ns();
+    q->slots[head & (queue_capacity_ - 1)] = record;
+    q->head.store(head + 1, std::memory_order_release);
+    q->pending.store(idle, std::memory_order_release);
+    if (((head + 1) & (queue_capacity_ / 8 - 1)) == 0 && sleeping_.load(std::memory_order_relaxed)) { wake(); }
   }
 
   void flush() {
-    std::size_t const target = ring_.claimed();
+    std::uint64_t targets[counter_shards];
+    for (std::size_t i = 0; i < counter_shards; ++i) {
+      thread_queue* q = queues_[i].load(std::memory_order_acquire);
+      targets[i] = q == nullptr ? 0 : q->head.load(std::memory_order_acquire);
+    }
     std::unique_lock lock{mutex_};
     ++flush_waiters_;
-    while (written_.load(std::memory_order_acquire) < target) {
-      sleeping_.store(false, std::memory_order_relaxed);
-      wake_cv_.notify_one();
-      written_cv_.wait_for(lock, std::chrono::milliseconds(1));
+    for (std::size_t i = 0; i < counter_shards; ++i) {
+      thread_queue* q = queues_[i].load(std::memory_order_acquire);
+      while (q != nullptr && q->written.load(std::memory_order_acquire) < targets[i]) {
+        sleeping_.store(false, std::memory_order_relaxed);
+        wake_cv_.notify_one();
+        written_cv_.wait_for(lock, std::chrono::milliseconds(1));
+      }
     }
     --flush_waiters_;
     lock.unlock();
@@ -176,6 +210,42 @@ class async_log_writer {
  private:
   static constexpr std::size_t batch_rows = 1024;
   static constexpr auto nap = std::chrono::milliseconds(5);
+  static constexpr std::int64_t idle = std::numeric_limits<std::int64_t>::max();
+
+  struct alignas(64) thread_queue {
+    explicit thread_queue(std::size_t capacity) : slots(capacity) {}
+    detail::lean_mutex producer;                 // uncontended unless threads share the shard
+    std::atomic<std::int64_t> pending{idle};     // 0 while a record is being stamped
+    std::atomic<std::uint64_t> head{0};          // records published
+    alignas(64) std::atomic<std::uint64_t> tail{0};     // records the writer took
+    std::atomic<std::uint64_t> written{0};       // records in the sinks
+    std::vector<log_record> slots;
+  };
+
+  static std::int64_t steady_now_ns() noexcept {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+        .count();
+  }
+  static std::int64_t wall_now_ns() noexcept {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch())
+        .count();
+  }
+
+  thread_queue* queue_for(std::size_t shard) noexcept {
+    thread_queue* q = queues_[shard].load(std::memory_order_acquire);
+    if (q != nullptr) { return q; }
+    std::lock_guard lock{mutex_};
+    q = queues_[shard].load(std::memory_order_relaxed);
+    if (q == nullptr) {
+      try {
+        q = new thread_queue(queue_capacity_);
+      } catch (...) {
+        return nullptr;
+      }
+      queues_[shard].store(q, std::memory_order_release);
+    }
+    return q;
+  }
 
   void wake() noexcept {
     if (sleeping_.exchange(false)) {
@@ -184,24 +254,68 @@ class async_log_writer {
     }
   }
 
+  /// One merge round: emits every record stamped before the safe bound (all of them when
+  /// `final`); returns the rows written.
+  std::size_t merge_round(std::string& batch, clock_text& clock, bool final) {
+    // The cut, read before the marks. Less a margin: the CPU may start the loads of the
+    // marks a little before the clock read completes (out-of-order execution), and a
+    // window opened in between must still stamp after the bound.
+    constexpr std::int64_t reorder_margin_ns = 2000;
+    std::int64_t bound = final ? idle : steady_now_ns() - reorder_margin_ns;
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+    thread_queue* qs[counter_shards];
+    std::uint64_t ends[counter_shards];
+    std::size_t n = 0;
+    for (auto& slot : queues_) {
+      thread_queue* q = slot.load(std::memory_order_acquire);
+      if (q == nullptr) { continue; }
+      bound = std::min(bound, q->pending.load(std::memory_order_seq_cst));
+      qs[n++] = q;
+    }
+    for (std::size_t i = 0; i < n; ++i) { ends[i] = qs[i]->head.load(std::memory_order_acquire); }
+    std::size_t rows = 0;
+    char* out = batch.data();
+    auto flush_batch = [&] {
+      if (out == batch.data()) { return; }
+      // One message of whole lines (the sink appends the last newline).
+      logger_->log(spdlog::level::info, spdlog::string_view_t{batch.data(), static_cast<std::size_t>(out - batch.data() - 1)});
+      if (flush_each_batch_) { logger_->flush(); }
+      for (std::size_t i = 0; i < n; ++i) { qs[i]->written.store(qs[i]->tail.load(std::memory_order_relaxed), std::memory_order_release); }
+      out = batch.data();
+    };
+    for (;;) {
+      // The queue whose next eligible record comes first: (stamp, frees before allocations).
+      std::size_t best = n;
+      for (std::size_t i = 0; i < n; ++i) {
+        std::uint64_t const t = qs[i]->tail.load(std::memory_order_relaxed);
+        if (t == ends[i]) { continue; }
+        log_record const& r = qs[i]->slots[t & (queue_capacity_ - 1)];
+        if (r.time_ns >= bound) { continue; }
+        if (best == n || before(r, qs[best]->slots[qs[best]->tail.load(std::memory_order_relaxed) & (queue_capacity_ - 1)])) { best = i; }
+      }
+      if (best == n) { break; }
+      std::uint64_t const t = qs[best]->tail.load(std::memory_order_relaxed);
+      log_record r = qs[best]->slots[t & (queue_capacity_ - 1)];
+      r.time_ns += wall_offset_ns_;
+      out = put_row(out, r, clock);
+      qs[best]->tail.store(t + 1, std::memory_order_release);
+      if (++rows % batch_rows == 0) { flush_batch(); }
+    }
+    flush_batch();
+    return rows;
+  }
+
+  static bool before(log_record const& a, log_record const& b) noexcept {
+    if (a.time_ns != b.time_ns) { return a.time_ns < b.time_ns; }
+    return a.action == 2 && b.action != 2;  // a free first: its memory may be the other's
+  }
+
   void run() {
     std::string batch;
     batch.resize(batch_rows * max_row_length);
     clock_text clock;
     for (;;) {
-      char* out = batch.data();
-      std::size_t rows = 0;
-      log_record record{};
-      while (rows < batch_rows && ring_.try_pop(record)) {
-        out = put_row(out, record, clock);
-        ++rows;
-      }
-      if (rows > 0) {
-        // One message of whole lines (the sink appends the last newline): a sink shared
-        // with other writers can interleave batches, never parts of a line.
-        logger_->log(spdlog::level::info, spdlog::string_view_t{batch.data(), static_cast<std::size_t>(out - batch.data() - 1)});
-        if (flush_each_batch_) { logger_->flush(); }
-        written_.store(ring_.popped(), std::memory_order_release);
+      if (merge_round(batch, clock, false) > 0) {
         if (flush_waiters_.load(std::memory_order_relaxed) > 0) {
           std::lock_guard lock{mutex_};
           written_cv_.notify_all();
@@ -210,30 +324,28 @@ class async_log_writer {
       }
       std::unique_lock lock{mutex_};
       if (stop_) {
-        // The owner is being destroyed: no producer is left. Anything claimed is published.
-        if (ring_.popped() == ring_.claimed()) { break; }
-        continue;
+        // The owner is being destroyed: no producer is left; everything is published.
+        lock.unlock();
+        merge_round(batch, clock, true);
+        break;
       }
       sleeping_.store(true);
-      if (ring_.has_next()) {
-        sleeping_.store(false);
-        continue;
-      }
-      wake_cv_.wait_for(lock, nap, [this] { return !sleeping_.load() || stop_; });
+      wake_cv_.wait_for(lock, nap, [this] { return !sleeping_.load() || stop_ || flush_waiters_.load() > 0; });
       sleeping_.store(false);
+      if (flush_waiters_.load() > 0) { written_cv_.notify_all(); }
     }
     logger_->flush();
   }
 
-  mpsc_ring<log_record> ring_;
-  std::size_t wake_mask_;
+  std::size_t queue_capacity_;  // a power of two
+  std::atomic<thread_queue*> queues_[counter_shards]{};
   std::shared_ptr<spdlog::logger> logger_;
   bool flush_each_batch_;
+  std::int64_t wall_offset_ns_;  // system_clock - steady_clock at the start: Time column from stamps
   std::mutex mutex_;
   std::condition_variable wake_cv_;
   std::condition_variable written_cv_;
   std::atomic<bool> sleeping_{false};
-  std::atomic<std::size_t> written_{0};
   std::atomic<int> flush_waiters_{0};
   bool stop_{false};  // guarded by mutex_
   std::thread thread_;  // last: starts after everything it uses exists
@@ -324,18 +436,14 @@ void logging_resource_adaptor::flush() {
 }
 
 void logging_resource_adaptor::log_event(action what, void const* ptr, std::size_t bytes, stream_view stream) noexcept {
-  auto const now = std::chrono::system_clock::now();
-  detail::log_record const record{
-      current_thread_id(),
-      std::chrono::duration_cast<std::chrono::nanoseconds>(now.time_since_epoch()).count(),
-      reinterpret_cast<std::uintptr_t>(ptr),
-      bytes,
-      stream.id(),
-      static_cast<std::uint8_t>(what)};
+  detail::log_record record{current_thread_id(), 0, reinterpret_cast<std::uintptr_t>(ptr), bytes, stream.id(),
+                            static_cast<std::uint8_t>(what)};
   if (writer_) {
-    writer_->push(record);
+    writer_->push(record);  // stamps it
     return;
   }
+  auto const now = std::chrono::system_clock::now();
+  record.time_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(now.time_since_epoch()).count();
   thread_local detail::clock_text clock;
   char row[detail::max_row_length];
   char* const end = detail::put_row(row, record, clock);

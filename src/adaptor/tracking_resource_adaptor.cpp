@@ -72,13 +72,21 @@ void* tracking_resource_adaptor::do_allocate(std::size_t bytes, std::size_t alig
   std::uint32_t const stack_id = capture_stacks_ ? intern_current_stack() : no_stack;
   void* const ptr = upstream_->allocate(bytes, stream, alignment);
   auto const address = reinterpret_cast<std::uintptr_t>(ptr);
-  record const r{bytes, alignment, stream.id(), sequence_.fetch_add(1, std::memory_order_relaxed),
-                 spdlog::details::os::thread_id(), stack_id};
+  std::size_t const index = detail::this_thread_shard();
+  auto const now = static_cast<std::uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start_).count());
   bool inserted = false;
   try {
-    shard& s = shard_for(address);
+    shard& s = shards_[index];
     std::lock_guard lock{s.mutex};
+    s.last_stamp = std::max(now, s.last_stamp + 1);  // unique within the shard; the low bits make it unique across
+    record const r{bytes, alignment, stream.id(), (s.last_stamp << 6) | index, spdlog::details::os::thread_id(),
+                   stack_id};
     inserted = s.records.insert(address, r);
+    if (inserted) {
+      ++s.count;
+      s.bytes += bytes;
+    }
   } catch (...) {
     upstream_->deallocate(ptr, bytes, stream, alignment);  // the table could not grow: nothing leaks
     throw;
@@ -89,45 +97,69 @@ void* tracking_resource_adaptor::do_allocate(std::size_t bytes, std::size_t alig
     throw logic_error("tracking: the upstream (" + upstream_->name() + ") handed out " + format_hex(address) +
                       " again while it is still outstanding");
   }
-  count_.fetch_add(1, std::memory_order_relaxed);
-  bytes_.fetch_add(bytes, std::memory_order_relaxed);
   return ptr;
 }
 
-void tracking_resource_adaptor::do_deallocate(void* ptr, std::size_t bytes, std::size_t alignment,
-                                              stream_view stream) {
-  auto const address = reinterpret_cast<std::uintptr_t>(ptr);
-  shard& s = shard_for(address);
-  record taken{};
-  {
+tracking_resource_adaptor::shard* tracking_resource_adaptor::take_record(std::uintptr_t address, std::size_t bytes,
+                                                                         std::size_t alignment, record& out) {
+  std::size_t const mine = detail::this_thread_shard();
+  for (std::size_t k = 0; k < shard_count; ++k) {
+    shard& s = shards_[(mine + k) % shard_count];  // this thread's shard first: it usually made the allocation
     std::lock_guard lock{s.mutex};
     record const* r = s.records.find(address);
-    if (r == nullptr) {
-      throw logic_error("tracking: deallocate of " + format_hex(address) + " (" + std::to_string(bytes) +
-                        " B), which this resource never handed out or has already taken back");
-    }
+    if (r == nullptr) { continue; }
     if (r->bytes != bytes || r->alignment != alignment) {
       throw logic_error("tracking: deallocate of " + format_hex(address) + " with size " + std::to_string(bytes) +
                         " B and alignment " + std::to_string(alignment) + ", but it was allocated with size " +
                         std::to_string(r->bytes) + " B and alignment " + std::to_string(r->alignment));
     }
-    taken = *r;
+    out = *r;
     s.records.erase(address);
+    --s.count;
+    s.bytes -= bytes;
+    return &s;
   }
-  count_.fetch_sub(1, std::memory_order_relaxed);
-  bytes_.fetch_sub(bytes, std::memory_order_relaxed);
+  return nullptr;
+}
+
+void tracking_resource_adaptor::do_deallocate(void* ptr, std::size_t bytes, std::size_t alignment,
+                                              stream_view stream) {
+  auto const address = reinterpret_cast<std::uintptr_t>(ptr);
+  record taken{};
+  shard* const s = take_record(address, bytes, alignment, taken);
+  if (s == nullptr) {
+    throw logic_error("tracking: deallocate of " + format_hex(address) + " (" + std::to_string(bytes) +
+                      " B), which this resource never handed out or has already taken back");
+  }
   try {
     upstream_->deallocate(ptr, bytes, stream, alignment);
   } catch (...) {
     // Refused below: the allocation is still out, so keep tracking it.
-    {
-      std::lock_guard lock{s.mutex};
-      s.records.insert(address, taken);
+    std::lock_guard lock{s->mutex};
+    if (s->records.insert(address, taken)) {
+      ++s->count;
+      s->bytes += bytes;
     }
-    count_.fetch_add(1, std::memory_order_relaxed);
-    bytes_.fetch_add(bytes, std::memory_order_relaxed);
     throw;
   }
+}
+
+std::size_t tracking_resource_adaptor::outstanding_count() const noexcept {
+  std::size_t n = 0;
+  for (auto& s : shards_) {
+    std::lock_guard lock{s.mutex};
+    n += s.count;
+  }
+  return n;
+}
+
+std::size_t tracking_resource_adaptor::outstanding_bytes() const noexcept {
+  std::size_t n = 0;
+  for (auto& s : shards_) {
+    std::lock_guard lock{s.mutex};
+    n += s.bytes;
+  }
+  return n;
 }
 
 std::vector<std::pair<void*, tracking_resource_adaptor::record>> tracking_resource_adaptor::snapshot() const {

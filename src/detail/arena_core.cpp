@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <limits>
 #include <unordered_map>
 #include <stdexcept>
 
@@ -75,17 +76,15 @@ thread_local thread_exit_hook exit_hook;
 
 // ---- construction ----------------------------------------------------------------------------------
 
-arena_core::arena_core(std::uintptr_t base, std::size_t size, options const& opts, std::shared_ptr<stream_sync> sync,
+arena_core::arena_core(arena_upstream& upstream, options const& opts, std::shared_ptr<stream_sync> sync,
                        thread_key_fn thread_key)
     : opts_{opts},
-      shift_{0},
-      base_{base},
-      size_{size},
+      upstream_{upstream},
       id_{next_core_id.fetch_add(1, std::memory_order_relaxed)},
       sync_{sync},
       thread_key_{thread_key},
       global_{std::move(sync), thread_key},
-      slots_{0} {
+      map_{} {
   if (!is_pow2(opts_.superblock_size) || opts_.superblock_size < (std::size_t{64} << 10) ||
       opts_.superblock_size > (std::size_t{16} << 20)) {
     throw std::invalid_argument("arena: superblock size must be a power of two from 64 KiB to 16 MiB");
@@ -93,22 +92,21 @@ arena_core::arena_core(std::uintptr_t base, std::size_t size, options const& opt
   if (opts_.max_small_size % 256 != 0 || opts_.max_small_size > opts_.superblock_size / 2) {
     throw std::invalid_argument("arena: the small-request limit must be a multiple of 256 and at most half a superblock");
   }
-  if (base % opts_.superblock_size != 0 || size % opts_.superblock_size != 0 || size == 0) {
-    throw std::invalid_argument("arena: the region must be a non-empty whole number of aligned superblocks");
+  if (opts_.max_size < opts_.superblock_size) {
+    throw std::invalid_argument("arena: the maximum size must hold at least one superblock");
   }
-  shift_ = static_cast<unsigned>(std::countr_zero(opts_.superblock_size));
-  slots_ = size >> shift_;
-  descriptors_.resize(slots_);
-  table_ = std::make_unique<std::atomic<superblock*>[]>(slots_);
-  for (std::size_t i = 0; i < slots_; ++i) { table_[i].store(nullptr, std::memory_order_relaxed); }
-  global_.blocks().add_chunk(base, size, block_pool::synchronized);
+  if (opts_.growth_divisor == 0) { throw std::invalid_argument("arena: the growth divisor must be at least 1"); }
+  if (opts_.eager) { opts_.max_free_bytes = std::numeric_limits<std::size_t>::max(); }
   std::lock_guard lock{live_cores_mutex()};
   live_cores().emplace(id_, this);
 }
 
 arena_core::~arena_core() {
-  std::lock_guard lock{live_cores_mutex()};
-  live_cores().erase(id_);
+  {
+    std::lock_guard lock{live_cores_mutex()};
+    live_cores().erase(id_);
+  }
+  return_all_chunks();
 }
 
 void arena_core::thread_exiting(void* arena) noexcept {
@@ -186,6 +184,7 @@ std::uintptr_t arena_core::pop_block(stream_arena& a, superblock& sb) noexcept {
   if (sb.free_count == sb.capacity) { --a.empty; }
   --sb.free_count;
   a.free_bytes -= sb.block_size;
+  --a.free_blocks;
   sb.live_bits[index / 64] |= std::uint64_t{1} << (index % 64);
   if (sb.free_count == 0) { list_remove(a, sb); }
   return sb.base + std::size_t{index} * sb.block_size;
@@ -196,6 +195,7 @@ void arena_core::push_block(stream_arena& a, superblock& sb, std::uint32_t index
   sb.free_stack.push_back(static_cast<std::uint16_t>(index));
   ++sb.free_count;
   a.free_bytes += sb.block_size;
+  ++a.free_blocks;
   if (!sb.listed) { list_push(a, sb); }
   if (sb.free_count == sb.capacity) {
     bool const alone = a.lists[sb.cls] == &sb && sb.next == nullptr;
@@ -215,6 +215,7 @@ void arena_core::push_block(stream_arena& a, superblock& sb, std::uint32_t index
 void arena_core::reclass(stream_arena& a, superblock& sb, unsigned cls) {
   if (sb.cls == cls && sb.block_size != 0) { return; }  // wholly free already: nothing to reset
   a.free_bytes -= std::size_t{sb.capacity} * sb.block_size;
+  a.free_blocks -= sb.capacity;
   sb.cls = cls;
   sb.block_size = arena_size_classes::class_size(cls);
   sb.capacity = static_cast<std::uint32_t>(opts_.superblock_size / sb.block_size);
@@ -224,6 +225,7 @@ void arena_core::reclass(stream_arena& a, superblock& sb, unsigned cls) {
   sb.free_stack.reserve(sb.capacity);
   sb.live_bits.resize((sb.capacity + 63) / 64);  // all zero: no block of a free superblock is live
   a.free_bytes += std::size_t{sb.capacity} * sb.block_size;
+  a.free_blocks += sb.capacity;
 }
 
 arena_core::superblock* arena_core::acquire_superblock(stream_arena& a, unsigned cls) {
@@ -246,22 +248,20 @@ arena_core::superblock* arena_core::acquire_superblock(stream_arena& a, unsigned
     std::lock_guard lock{global_mutex_};
     try {
       while (n < want && n < got.size()) {
-        std::uintptr_t const addr = global_.allocate(opts_.superblock_size, opts_.superblock_size, a.stream);
+        // Only the first may grow the global arena: the extras are spares, not a reason to
+        // take more memory from the upstream.
+        std::uintptr_t const addr = n == 0 ? global_allocate(opts_.superblock_size, superblock_map::page_size, a.stream)
+                                           : global_.allocate(opts_.superblock_size, superblock_map::page_size, a.stream);
         if (addr == 0) { break; }
-        auto& d = descriptors_[(addr - base_) >> shift_];
-        if (!d) {
-          try {
-            d = std::make_unique<superblock>();
-          } catch (...) {
-            global_.deallocate(addr, a.stream);
-            throw;
-          }
+        try {
+          got[n++] = &descriptor_for(addr);
+        } catch (...) {
+          global_deallocate(addr, a.stream);
+          throw;
         }
-        d->base = addr;
-        got[n++] = d.get();
       }
     } catch (...) {
-      for (std::size_t i = 0; i < n; ++i) { global_.deallocate(got[i]->base, a.stream); }
+      for (std::size_t i = 0; i < n; ++i) { release_descriptor_locked(*got[i], a.stream); }
       throw;
     }
   }
@@ -279,12 +279,12 @@ arena_core::superblock* arena_core::acquire_superblock(stream_arena& a, unsigned
       sb.spare = false;
       reclass(a, sb, cls);
       ++a.superblocks;
-      table_[(sb.base - base_) >> shift_].store(&sb, std::memory_order_release);
+      map_.set(sb.base, opts_.superblock_size, &sb);
     }
   } catch (...) {
     for (std::size_t i = 0; i < ready; ++i) { make_spare(a, *got[i]); }
     std::lock_guard lock{global_mutex_};
-    for (std::size_t i = ready; i < n; ++i) { global_.deallocate(got[i]->base, a.stream); }
+    for (std::size_t i = ready; i < n; ++i) { release_descriptor_locked(*got[i], a.stream); }
     throw;
   }
   for (std::size_t i = 1; i < n; ++i) { make_spare(a, *got[i]); }
@@ -301,9 +301,17 @@ void arena_core::make_spare(stream_arena& a, superblock& sb) noexcept {
 void arena_core::detach_superblock(stream_arena& a, superblock& sb) noexcept {
   --a.superblocks;
   a.free_bytes -= std::size_t{sb.capacity} * sb.block_size;
-  table_[(sb.base - base_) >> shift_].store(nullptr, std::memory_order_release);
+  a.free_blocks -= sb.capacity;
+  map_.set(sb.base, opts_.superblock_size, nullptr);
   sb.arena = nullptr;
   sb.spare = false;
+}
+
+void arena_core::release_descriptor_locked(superblock& sb, stream_ref const& s) {
+  std::uintptr_t const base = sb.base;
+  sb.base = 0;
+  idle_descriptors_.push_back(&sb);  // within the room descriptor_for reserved
+  global_deallocate(base, s);
 }
 
 void arena_core::surrender_spares(stream_arena& a, std::size_t keep) {
@@ -314,9 +322,16 @@ void arena_core::surrender_spares(stream_arena& a, std::size_t keep) {
   std::lock_guard lock{global_mutex_};
   while (a.spares.size() > keep) {
     superblock& sb = *a.spares.back();
-    global_.deallocate(sb.base, a.stream);
+    std::uintptr_t const base = sb.base;
+    global_.deallocate(base, a.stream);
     detach_superblock(a, sb);
     a.spares.pop_back();
+    sb.base = 0;
+    idle_descriptors_.push_back(&sb);  // within the room descriptor_for reserved
+    if (!opts_.eager) { note_maybe_empty(base); }
+  }
+  if (!opts_.eager && global_.blocks().free_bytes() > opts_.max_free_bytes) {
+    return_empty_chunks(opts_.max_free_bytes, false, a.stream);
   }
 }
 
@@ -386,7 +401,7 @@ std::uintptr_t arena_core::allocate_large(std::size_t size, std::size_t alignmen
     // just done it (between our attempts), which is as good.
     if (attempt == 2) { synchronize_everything(); }
     std::lock_guard lock{global_mutex_};
-    if (std::uintptr_t const p = global_.allocate(size, alignment, s)) { return p; }
+    if (std::uintptr_t const p = global_allocate(size, alignment, s)) { return p; }
   }
   return 0;
 }
@@ -394,67 +409,75 @@ std::uintptr_t arena_core::allocate_large(std::size_t size, std::size_t alignmen
 bool arena_core::deallocate(std::uintptr_t p, std::size_t size, std::size_t alignment, stream_ref const& s) {
   if (!is_small(size, alignment)) {
     std::lock_guard lock{global_mutex_};
-    std::size_t const freed = global_.deallocate(p, s);
-    return freed != 0;
+    if (map_.find(p) != nullptr) { return false; }  // inside a superblock: a small block, not a large one
+    return global_deallocate(p, s) != 0;
   }
-  if (p < base_ || p >= base_ + size_) { return false; }
-  superblock* const sb = table_[(p - base_) >> shift_].load(std::memory_order_acquire);
+  auto* const sb = static_cast<superblock*>(map_.find(p));
   if (sb == nullptr) { return false; }
-  std::size_t const offset = p - sb->base;
-  if (sb->block_size == 0 || offset % sb->block_size != 0 || sb->block_size != arena_size_classes::class_size(arena_size_classes::class_of(size))) {
-    return false;
-  }
-  auto const index = static_cast<std::uint32_t>(offset / sb->block_size);
-  stream_arena* const mine = arena_for(s);
+  // Read without the lock: a superblock holding a live block stays with its arena.
   stream_arena* const owner = sb->arena;
   if (owner == nullptr) { return false; }
-  if (owner != mine) {
+  if (owner != arena_for(s)) {
     // Another stream's arena: its stream may reuse the block at once, so this stream's
     // work on it must be finished first.
     sync_->synchronize(s.handle);
   }
   std::lock_guard lock{owner->mutex};
-  if (sb->arena != owner || (sb->live_bits[index / 64] >> (index % 64) & 1U) == 0) { return false; }
+  // Checked under the lock (the superblock is set up and reclassed under it): a foreign
+  // or double free is refused, never pushed.
+  std::size_t const offset = p - sb->base;
+  if (sb->arena != owner || offset >= opts_.superblock_size || sb->block_size == 0 || offset % sb->block_size != 0 ||
+      sb->block_size != arena_size_classes::class_size(arena_size_classes::class_of(size))) {
+    return false;
+  }
+  auto const index = static_cast<std::uint32_t>(offset / sb->block_size);
+  if ((sb->live_bits[index / 64] >> (index % 64) & 1U) == 0) { return false; }
   push_block(*owner, *sb, index);
   return true;
 }
 
 // ---- introspection ------------------------------------------------------------------------------------
 
-stream_ref arena_core::return_stream() {
+arena_core::statistics arena_core::stats() const {
+  statistics st;
+  {
+    std::lock_guard lock{global_mutex_};
+    st.held_bytes = held_;
+    st.peak_held_bytes = peak_held_;
+    st.chunks = chunks_.size();
+    st.upstream_allocations = upstream_allocations_;
+    st.upstream_deallocations = upstream_deallocations_;
+    st.global_free_bytes = global_.blocks().free_bytes();
+    st.global_free_blocks = global_.blocks().free_block_count();
+    st.largest_free_block = global_.blocks().largest_free_block();
+    st.large_live_bytes = global_.blocks().live_bytes();
+  }
   std::vector<stream_arena*> all;
   {
     std::lock_guard lock{registry_mutex_};
     for (auto const& a : arenas_) { all.push_back(a.get()); }
   }
-  std::lock_guard lock{global_mutex_};
-  if (all.empty()) { return global_.return_stream(0); }
-  std::vector<owner_id> owners = global_.blocks().chunk_owners(0);
-  std::erase(owners, block_pool::synchronized);
-  bool single = all.size() == 1 && global_.owners().nameable_here(global_.owner_of(all.front()->stream));
-  for (owner_id o : owners) { single = single && global_.owners().ref(o).key == all.front()->stream.key; }
-  if (single) { return all.front()->stream; }
-  global_.synchronize_everything();
-  sync_->synchronize_all();
-  return stream_ref{};
-}
-
-arena_core::statistics arena_core::stats() const {
-  statistics st;
-  {
-    std::lock_guard lock{global_mutex_};
-    st.global_free_bytes = global_.blocks().free_bytes();
-    st.largest_free_block = global_.blocks().largest_free_block();
-    st.large_live_bytes = global_.blocks().live_bytes();
+  st.stream_arenas = all.size();
+  for (stream_arena* a : all) {
+    statistics::stream_share share;
+    {
+      std::lock_guard arena_lock{a->mutex};
+      share.stream = a->stream;
+      share.free_bytes = a->free_bytes;
+      share.free_blocks = a->free_blocks;
+      st.superblocks_in_arenas += a->superblocks;
+      // The largest class with a free block; any class when a spare is ready.
+      if (!a->spares.empty()) { share.largest_free_block = opts_.max_small_size; }
+      for (unsigned cls = a->lists.size(); cls-- > 0 && share.largest_free_block == 0;) {
+        if (a->lists[cls] != nullptr) { share.largest_free_block = arena_size_classes::class_size(cls); }
+      }
+    }
+    st.free_bytes_in_arenas += share.free_bytes;
+    st.free_blocks_in_arenas += share.free_blocks;
+    st.largest_free_in_arenas = std::max(st.largest_free_in_arenas, share.largest_free_block);
+    st.streams.push_back(share);
   }
-  std::lock_guard lock{registry_mutex_};
-  st.stream_arenas = arenas_.size();
-  for (auto const& a : arenas_) {
-    std::lock_guard arena_lock{a->mutex};
-    st.superblocks_in_arenas += a->superblocks;
-    st.free_bytes_in_arenas += a->free_bytes;
-  }
-  // The two locks were not held together: an arena may have taken superblocks in between.
+  // The locks were not held together: an arena may have taken superblocks in between.
   std::size_t const in_arenas = st.superblocks_in_arenas * opts_.superblock_size;
   st.large_live_bytes = st.large_live_bytes > in_arenas ? st.large_live_bytes - in_arenas : 0;
   return st;
@@ -466,15 +489,24 @@ std::string arena_core::check_invariants() const {
   for (auto const& a : arenas_) { locks.emplace_back(a->mutex); }
   std::lock_guard global_lock{global_mutex_};
   if (std::string const e = global_.blocks().check_invariants(); !e.empty()) { return "global arena: " + e; }
+  std::size_t held = 0;
+  for (auto const& [base, rec] : chunks_) {
+    auto const info = global_.blocks().chunk(rec.id);
+    if (info.base != base || info.size != rec.size) { return "chunk record and global arena disagree"; }
+    held += rec.size;
+  }
+  if (held != held_ || held != global_.blocks().total_bytes()) { return "held bytes wrong"; }
+  if (!opts_.eager && held_ > opts_.max_size) { return "holds more than its maximum"; }
   std::size_t carved = 0;
-  for (std::size_t slot = 0; slot < slots_; ++slot) {
-    superblock const* sb = table_[slot].load(std::memory_order_relaxed);
-    if (sb == nullptr) { continue; }
+  for (auto const& d : descriptors_) {
+    superblock const* sb = d.get();
+    if (sb->base == 0) { continue; }  // idle
     ++carved;
-    std::string const where = "superblock " + std::to_string(slot);
-    if (sb != descriptors_[slot].get()) { return where + ": table and descriptor disagree"; }
+    std::string const where = "superblock at " + std::to_string(sb->base);
+    if (map_.find(sb->base) != sb) { return where + ": map and descriptor disagree"; }
     if (sb->arena == nullptr) { return where + ": carved but owned by no arena"; }
-    if (sb->base != base_ + (slot << shift_)) { return where + ": wrong base"; }
+    if (sb->base % superblock_map::page_size != 0) { return where + ": misaligned"; }
+    if (map_.find(sb->base + opts_.superblock_size - 1) != sb) { return where + ": its last page is not mapped to it"; }
     if (global_.blocks().live_size(sb->base) != opts_.superblock_size) { return where + ": not live in the global arena"; }
     std::size_t live = 0;
     for (auto w : sb->live_bits) { live += static_cast<std::size_t>(std::popcount(w)); }
@@ -483,9 +515,11 @@ std::string arena_core::check_invariants() const {
     if (sb->listed != (sb->free_count > 0 && !sb->spare)) { return where + ": listed iff it has free blocks and is no spare"; }
     if (sb->spare && sb->free_count != sb->capacity) { return where + ": a spare with live blocks"; }
   }
+  if (carved + idle_descriptors_.size() != descriptors_.size()) { return "descriptors lost"; }
   std::size_t owned = 0;
   for (auto const& a : arenas_) {
     std::size_t free_bytes = 0;
+    std::size_t free_blocks = 0;
     std::size_t listed = 0;
     std::size_t empty = 0;
     for (unsigned cls = 0; cls < a->lists.size(); ++cls) {
@@ -493,6 +527,7 @@ std::string arena_core::check_invariants() const {
       for (superblock const* sb = a->lists[cls]; sb != nullptr; prev = sb, sb = sb->next) {
         if (sb->arena != a.get() || sb->cls != cls || sb->prev != prev) { return "arena list corrupt"; }
         free_bytes += std::size_t{sb->free_count} * sb->block_size;
+        free_blocks += sb->free_count;
         empty += sb->free_count == sb->capacity ? 1 : 0;
         ++listed;
       }
@@ -500,8 +535,10 @@ std::string arena_core::check_invariants() const {
     for (superblock const* sb : a->spares) {
       if (sb->arena != a.get() || !sb->spare || sb->listed) { return "arena spare corrupt"; }
       free_bytes += std::size_t{sb->free_count} * sb->block_size;
+      free_blocks += sb->free_count;
     }
     if (free_bytes != a->free_bytes) { return "arena free bytes wrong"; }
+    if (free_blocks != a->free_blocks) { return "arena free block count wrong"; }
     if (empty != a->empty) { return "arena empty count wrong"; }
     if (empty > opts_.empty_superblocks_kept || a->spares.size() > spare_limit()) {
       return "arena keeps too many empty superblocks";

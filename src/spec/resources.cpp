@@ -159,20 +159,30 @@ std::vector<spec_resource> builtin_resources() {
                [](spec_arguments const& a, resource_ptr up) -> resource_ptr {
                  return std::make_shared<binning_memory_resource>(std::move(up), *a.size("min"), *a.size("max"));
                }});
-  r.push_back({"arena", "per-stream arenas of size-classed superblocks over a global arena; takes its whole "
-                        "size up front",
+  r.push_back({"arena", "per-stream arenas of size-classed superblocks over a global arena; takes memory "
+                        "when first needed, up to its size, and gives wholly free chunks back",
                needs_upstream,
-               {size_param_defaulting_to("size", "50%", "the arena: taken from the upstream at construction, never grown"),
+               {size_param_defaulting_to("size", "50%", "the arena's maximum: the most it holds from the upstream"),
                 size_param("superblock_size", optional_param, "a power of two from 64KiB to 16MiB", "4MiB"),
                 size_param("max_small_size", optional_param, "requests up to this go to the stream arenas", "1MiB"),
                 count_param("empty_superblocks_kept", optional_param,
                             "wholly free superblocks a stream arena keeps (it fetches and holds up to twice "
-                            "as many, then hands the excess back at once)", "4")},
+                            "as many, then hands the excess back at once)", "4"),
+                flag_param("eager", optional_param,
+                           "take the whole size at construction and keep it until destruction", "false"),
+                size_param("max_free", optional_param,
+                           "free bytes the global arena keeps before wholly free chunks go back", "256MiB"),
+                count_param("growth_divisor", optional_param, "a new chunk is at least held bytes / this", "4"),
+                size_param("minimum_growth", optional_param, "a new chunk is at least this", "32MiB")},
                [](spec_arguments const& a, resource_ptr up) -> resource_ptr {
                  arena_options o;
                  o.superblock_size = a.size("superblock_size").value_or(o.superblock_size);
                  o.max_small_size = a.size("max_small_size").value_or(o.max_small_size);
                  o.empty_superblocks_kept = a.count("empty_superblocks_kept").value_or(o.empty_superblocks_kept);
+                 o.eager = a.flag("eager").value_or(o.eager);
+                 o.max_free_bytes = a.size("max_free").value_or(o.max_free_bytes);
+                 o.growth_divisor = a.count("growth_divisor").value_or(o.growth_divisor);
+                 o.minimum_growth = a.size("minimum_growth").value_or(o.minimum_growth);
                  return std::make_shared<arena_memory_resource>(std::move(up), *a.size("size"), o);
                }});
 

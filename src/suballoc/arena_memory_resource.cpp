@@ -12,54 +12,82 @@ namespace {
 
 constexpr std::size_t granularity = 256;
 
+detail::arena_core::options core_options(arena_options const& o, std::size_t max_size) {
+  detail::arena_core::options opts;
+  opts.superblock_size = o.superblock_size;
+  opts.max_small_size = o.max_small_size;
+  opts.empty_superblocks_kept = o.empty_superblocks_kept;
+  opts.max_size = max_size;
+  opts.eager = o.eager;
+  opts.max_free_bytes = o.max_free_bytes;
+  opts.growth_divisor = o.growth_divisor;
+  opts.minimum_growth = o.minimum_growth;
+  return opts;
+}
+
 }  // namespace
 
+std::uintptr_t arena_memory_resource::chunk_source::allocate(std::size_t size, detail::stream_ref const& s) {
+  void* p = nullptr;
+  try {
+    p = up_.allocate(size, to_stream_view(s), granularity);
+  } catch (out_of_memory const& e) {
+    std::lock_guard lock{mutex_};
+    last_refusal_ = e.what();
+    return 0;
+  }
+  if (!detail::is_aligned(p, granularity)) {
+    up_.deallocate(p, size, to_stream_view(s), granularity);
+    throw logic_error("arena: upstream " + up_.name() + " returned " + format_hex(p) + ", which is not 256-byte aligned");
+  }
+  return reinterpret_cast<std::uintptr_t>(p);
+}
+
+void arena_memory_resource::chunk_source::deallocate(std::uintptr_t base, std::size_t size,
+                                                     detail::stream_ref const& s) noexcept {
+  try {
+    up_.deallocate(reinterpret_cast<void*>(base), size, to_stream_view(s), granularity);
+  } catch (std::exception const& e) {
+    std::fprintf(stderr, "mrstack: arena could not return a chunk to its upstream: %s\n", e.what());
+  }
+}
+
+std::string arena_memory_resource::chunk_source::last_refusal() const {
+  std::lock_guard lock{mutex_};
+  return last_refusal_;
+}
+
 arena_memory_resource::arena_memory_resource(resource_ptr upstream, std::size_t arena_size, arena_options options)
-    : upstream_{std::move(upstream)} {
-  if (!upstream_) { throw logic_error("arena: the upstream resource is null"); }
+    : upstream_{std::move(upstream)}, source_{*(upstream_ ? upstream_ : throw logic_error("arena: the upstream resource is null"))} {
   std::size_t const sb = options.superblock_size;
   if (!detail::is_pow2(sb)) { throw logic_error("arena: superblock size " + std::to_string(sb) + " is not a power of two"); }
   if (arena_size == 0 || arena_size > std::numeric_limits<std::size_t>::max() / 2) {
     throw logic_error("arena: arena size " + std::to_string(arena_size) + " must be positive and sane");
   }
   usable_size_ = detail::align_up(arena_size, sb);
-  // The upstream aligns to 256 only: take room to align the region to a superblock.
-  region_size_ = usable_size_ + sb - granularity;
   auto sync = options.stream_sync ? options.stream_sync : default_stream_sync(upstream_->kind());
-  region_ = upstream_->allocate(region_size_, stream_view{}, granularity);
+  try {
+    // Eager: room to align the region to a superblock (the upstream aligns to 256 only).
+    std::size_t const max_size = options.eager ? usable_size_ + sb - granularity : usable_size_;
+    core_ = std::make_unique<detail::arena_core>(source_, core_options(options, max_size), sync);
+  } catch (std::invalid_argument const& e) {
+    throw logic_error(e.what());
+  }
+  if (!options.eager) { return; }
+  std::size_t const region_size = usable_size_ + sb - granularity;
+  void* region = upstream_->allocate(region_size, stream_view{}, granularity);
   try {
     // The region is taken on the default stream; waiting for it once makes it usable by
     // every stream without an event.
     sync->synchronize(0);
-    base_ = detail::align_up(reinterpret_cast<std::uintptr_t>(region_), sb);
-    detail::arena_core::options opts;
-    opts.superblock_size = sb;
-    opts.max_small_size = options.max_small_size;
-    opts.empty_superblocks_kept = options.empty_superblocks_kept;
-    core_ = std::make_unique<detail::arena_core>(base_, usable_size_, opts, std::move(sync));
-  } catch (std::invalid_argument const& e) {
-    upstream_->deallocate(region_, region_size_, stream_view{}, granularity);
-    throw logic_error(e.what());
   } catch (...) {
-    upstream_->deallocate(region_, region_size_, stream_view{}, granularity);
+    upstream_->deallocate(region, region_size, stream_view{}, granularity);
     throw;
   }
+  core_->add_eager_region(reinterpret_cast<std::uintptr_t>(region), region_size);  // gives it back if it fails
 }
 
-arena_memory_resource::~arena_memory_resource() {
-  detail::stream_ref s{};
-  try {
-    s = core_->return_stream();
-  } catch (std::exception const& e) {
-    std::fprintf(stderr, "mrstack: arena destructor could not synchronize: %s\n", e.what());
-  }
-  core_.reset();
-  try {
-    upstream_->deallocate(region_, region_size_, to_stream_view(s), granularity);
-  } catch (std::exception const& e) {
-    std::fprintf(stderr, "mrstack: arena destructor could not return its region: %s\n", e.what());
-  }
-}
+arena_memory_resource::~arena_memory_resource() = default;
 
 void* arena_memory_resource::do_allocate(std::size_t bytes, std::size_t alignment, stream_view stream) {
   alignment = std::max(alignment, granularity);
@@ -71,12 +99,14 @@ void* arena_memory_resource::do_allocate(std::size_t bytes, std::size_t alignmen
   allocation_failure info;
   info.requested_bytes = bytes;
   info.resource = "arena";
-  info.footprint_bytes = usable_size_;
+  info.footprint_bytes = st.held_bytes;
   info.free_bytes = st.global_free_bytes + st.free_bytes_in_arenas;
   info.largest_free_block = st.largest_free_block;
   info.limit_bytes = usable_size_;
+  std::string const refusal = source_.last_refusal();
   info.detail = core_->is_small(size, alignment) ? "no superblock left for a small block"
                                                   : "no free range large enough in the global arena";
+  info.detail += refusal.empty() ? std::string{" (the maximum size is reached)"} : " (upstream refused: " + refusal + ")";
   throw out_of_memory(std::move(info));
 }
 
@@ -102,7 +132,29 @@ void arena_memory_resource::do_release() {
   core_->reclaim();
   // Free memory several streams hold cannot merge; once the device is idle it can.
   core_->synchronize_everything();
+  core_->release_free_chunks();
   upstream_->release();
+}
+
+fragmentation_info arena_memory_resource::do_fragmentation() const {
+  auto const st = core_->stats();
+  fragmentation_info f;
+  f.resource = "arena";
+  f.held_bytes = st.held_bytes;
+  f.free_bytes = st.global_free_bytes + st.free_bytes_in_arenas;
+  f.live_bytes = f.held_bytes > f.free_bytes ? f.held_bytes - f.free_bytes : 0;
+  f.largest_free_block = std::max(st.largest_free_block, st.largest_free_in_arenas);
+  f.free_blocks = st.global_free_blocks + st.free_blocks_in_arenas;
+  for (auto const& s : st.streams) {
+    fragmentation_info::stream_share share;
+    share.stream = s.stream.thread_bound ? s.stream.key : s.stream.handle;
+    share.thread_bound = s.stream.thread_bound;
+    share.free_bytes = s.free_bytes;
+    share.largest_free_block = s.largest_free_block;
+    share.free_blocks = s.free_blocks;
+    f.streams.push_back(share);
+  }
+  return f;
 }
 
 }  // namespace mrstack

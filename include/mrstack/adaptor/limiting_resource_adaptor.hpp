@@ -10,80 +10,73 @@
 /// costs is the business of the layer that serves it (put `aligned` below `limiting` and
 /// the limit covers the padding too). `used_bytes()` is the sum of the charges.
 ///
-/// Exact under concurrency: a request reserves its charge with one compare-and-swap on
-/// the counter *before* calling the upstream, so threads can never jointly pass the limit,
-/// and gives it back if the upstream fails. The counter therefore never exceeds the limit,
-/// and memory is charged from before it exists until after it has been returned (so the
-/// upstream's real usage is always within the counter). Lock-free.
+/// Exact under concurrency, and scaling with threads: the bytes not yet charged
+/// (limit − used) are split between a global pool and per-thread shards' *credits* (each
+/// shard a cache line with its own uncontended lock). A request charges its shard's
+/// credit when that covers it — no shared write; otherwise it takes the global lock and
+/// refills from the pool (taking what it needs and half of what is left), and when the
+/// pool is short gathers every shard's credit into it first. Only then, with
+/// pool + credit exactly limit − used, is a request refused. A free gives its charge back
+/// to its shard's credit. So the charges outstanding never exceed the limit — not even
+/// for an instant, since a charge is taken before the upstream is called — and a
+/// request is refused only when the serial order of the calls (the order they took the
+/// locks) would refuse it. `used_bytes()` takes every lock and is exact. Memory is
+/// charged from before it exists until after it has been returned (so the upstream's
+/// real usage is always within the counter).
 ///
 /// Thread-safe. `name()` is "limiting". `free_bytes_held`/`release` go to the upstream.
-#include <atomic>
 #include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
 #include <string>
 #include <utility>
 
+#include <mrstack/detail/lean_mutex.hpp>
+#include <mrstack/detail/sharded_counters.hpp>
 #include <mrstack/resource.hpp>
 
 namespace mrstack {
 
 class limiting_resource_adaptor final : public memory_resource {
  public:
-  limiting_resource_adaptor(resource_ptr upstream, std::size_t limit, std::size_t granularity = default_alignment)
-      : upstream_{std::move(upstream)}, limit_{limit}, granularity_{granularity} {
-    if (upstream_ == nullptr) { throw logic_error("limiting: upstream resource is null"); }
-    if (!detail::is_pow2(granularity_)) {
-      throw logic_error("limiting: granularity " + std::to_string(granularity_) + " is not a power of two");
-    }
-  }
+  limiting_resource_adaptor(resource_ptr upstream, std::size_t limit, std::size_t granularity = default_alignment);
+  ~limiting_resource_adaptor() override;
 
   [[nodiscard]] std::size_t limit() const noexcept { return limit_; }
   [[nodiscard]] std::size_t granularity() const noexcept { return granularity_; }
-  /// Bytes charged for the allocations outstanding now (sizes rounded up to the granularity).
-  [[nodiscard]] std::size_t used_bytes() const noexcept { return used_.load(std::memory_order_relaxed); }
+  /// Bytes charged for the allocations outstanding now (sizes rounded up to the
+  /// granularity): exact (takes every shard's lock).
+  [[nodiscard]] std::size_t used_bytes() const;
   /// Bytes that may still be charged.
-  [[nodiscard]] std::size_t available_bytes() const noexcept { return limit_ - used_bytes(); }
-  /// What an allocation of `bytes` is charged.
-  [[nodiscard]] std::size_t charge_for(std::size_t bytes) const noexcept { return detail::align_up(bytes, granularity_); }
+  [[nodiscard]] std::size_t available_bytes() const { return limit_ - used_bytes(); }
+  /// What an allocation of `bytes` is charged (`SIZE_MAX` when rounding up would wrap:
+  /// always refused).
+  [[nodiscard]] std::size_t charge_for(std::size_t bytes) const noexcept {
+    return bytes > SIZE_MAX - (granularity_ - 1) ? SIZE_MAX : detail::align_up(bytes, granularity_);
+  }
   [[nodiscard]] resource_ptr const& upstream_resource() const noexcept { return upstream_; }
 
  private:
-  void* do_allocate(std::size_t bytes, std::size_t alignment, stream_view stream) override {
-    std::size_t const charge = charge_for(bytes);
-    std::size_t used = used_.load(std::memory_order_relaxed);
-    do {
-      if (charge > limit_ - used) { refuse(bytes, charge, used); }
-    } while (!used_.compare_exchange_weak(used, used + charge, std::memory_order_relaxed));
-    try {
-      return upstream_->allocate(bytes, stream, alignment);
-    } catch (...) {
-      used_.fetch_sub(charge, std::memory_order_relaxed);
-      throw;
-    }
-  }
+  struct alignas(64) shard {
+    detail::lean_mutex mutex;
+    std::size_t credit = 0;  // bytes this shard may charge without the global lock
+  };
 
-  void do_deallocate(void* ptr, std::size_t bytes, std::size_t alignment, stream_view stream) override {
-    upstream_->deallocate(ptr, bytes, stream, alignment);
-    // Uncharged only once the upstream has it back, so usage below never exceeds the counter.
-    used_.fetch_sub(charge_for(bytes), std::memory_order_relaxed);
-  }
-
-  [[noreturn]] void refuse(std::size_t bytes, std::size_t charge, std::size_t used) const {
-    allocation_failure info;
-    info.requested_bytes = bytes;
-    info.resource = "limiting";
-    info.limit_bytes = limit_;
-    info.detail = "in use " + format_bytes(used) + ", the request is charged " + format_bytes(charge) +
-                  ", which would pass the limit";
-    throw out_of_memory(std::move(info));
-  }
-
+  void charge(std::size_t bytes, std::size_t amount);
+  void uncharge(std::size_t amount) noexcept;
+  void* do_allocate(std::size_t bytes, std::size_t alignment, stream_view stream) override;
+  void do_deallocate(void* ptr, std::size_t bytes, std::size_t alignment, stream_view stream) override;
+  [[noreturn]] void refuse(std::size_t bytes, std::size_t charge, std::size_t used) const;
   std::string do_name() const override { return "limiting"; }
   memory_resource* do_upstream() const noexcept override { return upstream_.get(); }
 
   resource_ptr upstream_;
   std::size_t limit_;
   std::size_t granularity_;
-  std::atomic<std::size_t> used_{0};
+  std::unique_ptr<shard[]> shards_;
+  mutable std::mutex mutex_;  // pool_; taken before any shard lock
+  std::size_t pool_;          // limit - used - every shard's credit
 };
 
 }  // namespace mrstack

@@ -29,13 +29,21 @@
 /// - synchronous (default): the calling thread formats its row and writes it through
 ///   spdlog before returning. With `auto_flush` each row is flushed at once, so a crash
 ///   loses nothing.
-/// - asynchronous (`async = true`): the calling thread only stamps the event (clock,
-///   thread id) and pushes a 48-byte record into a lock-free ring (`detail::mpsc_ring`);
-///   a writer thread formats rows in batches and hands them to the sinks. The hot path
-///   takes no lock, makes no system call in the common case and never allocates; when the
-///   ring is full the caller waits for room (records are never dropped). `auto_flush`
-///   then flushes after each batch the writer takes. `flush()` returns once every event
-///   logged before it is in the sinks and they are flushed. The destructor drains.
+/// - asynchronous (`async = true`): the calling thread only stamps the event (monotonic
+///   clock, thread id) and appends a 48-byte record to its own queue — one
+///   single-producer ring per thread (`detail::this_thread_shard`; threads past 64 share
+///   one behind an uncontended lock), each holding `queue_capacity / 16` records (at
+///   least 1024), made on the thread's first event. No write is shared between threads
+///   on the hot path; it makes no system call in the common case and never allocates
+///   after the first event. A writer thread merges the queues in timestamp order (frees
+///   before allocations at equal stamps; a record is emitted only once no thread can
+///   still publish an earlier one: see the pending windows in the source), formats rows
+///   in batches and hands them to the sinks, so the file stays a valid serial history.
+///   The Time column is the wall-clock time at construction plus the monotonic time
+///   since. When a thread's queue is full it waits for room (records are never
+///   dropped). `auto_flush` then flushes after each batch the writer takes. `flush()`
+///   returns once every event logged before it is in the sinks and they are flushed.
+///   The destructor drains.
 ///
 /// Output goes to a file (truncated; the path defaults from `MRSTACK_LOG_FILE`), to a
 /// `std::ostream` (which must outlive the adaptor) or to any spdlog sinks (use their
@@ -67,7 +75,8 @@ class logging_resource_adaptor final : public memory_resource {
  public:
   /// The environment variable naming the log file when no path is given.
   static constexpr char const* log_file_variable = "MRSTACK_LOG_FILE";
-  /// Records the asynchronous ring holds (64 B each) before callers wait for the writer.
+  /// Records the asynchronous queues hold in all (each thread's holds 1/16 of it, at least
+  /// 1024) before a caller waits for the writer.
   static constexpr std::size_t default_queue_capacity = std::size_t{1} << 16;
 
   /// Logs to the file at `path` (created or truncated; parent folders are created). An

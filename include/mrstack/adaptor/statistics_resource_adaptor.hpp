@@ -17,23 +17,40 @@
 /// handed back to the upstream and reused at once by another thread is never counted
 /// twice: the peak never exceeds what the upstream really had out).
 ///
-/// Exactness under threads: when `value` and `peak` are updated as separate steps (as in
-/// RMM's adaptor), two threads can interleave between one's `value +=` and its
-/// `peak = max(peak, value)`, and a stale maximum can overwrite a newer one (an ABA on the
-/// pair), leaving a peak that never happened or missing one that did. Here one small mutex covers the whole update
-/// of the top frame (value, peak and total move together), so every counter is the exact
-/// result of the calls in the order they took the lock, and a push or pop is atomic with
-/// respect to allocations. The critical section is a handful of additions; its cost is
-/// measured in benchmarks/adaptors.cpp.
+/// Exact, and scaling with threads. Each thread counts in a shard of its own (a cache
+/// line with its own uncontended lock): its change of current and total since they were
+/// last merged, and a *headroom credit*. The innermost region's peak is kept exact this
+/// way: the headroom peak − current is split between a global pool and the shards'
+/// credits. An allocation that fits in its shard's credit cannot make a new peak, so it
+/// touches only its shard. One that does not takes the global lock, refills its credit
+/// from the pool, and, if the pool is short, gathers every shard's credit into it: then
+/// pool + credit is exactly peak − current, and when the allocation needs more, the peak
+/// rises by exactly the excess — the peak the calls would have reached taken one at a
+/// time in the order they took the locks. A free adds its bytes to its shard's credit.
+/// Reads, push and pop take the global lock and every shard's lock, so they see one
+/// consistent state: every counter is exact when read. (A thread that only allocates
+/// while others only free goes to the global lock once per refill, which takes half
+/// the pool: amortized.)
+///
+/// Overflow: counters are signed 64-bit and saturate, never wrap (a total past 2^63 − 1
+/// stays there). A deallocate with a larger size than was allocated (or one of memory
+/// never allocated through this adaptor) cannot be caught on the spot without tracking
+/// every block (the tracking adaptor does that); its effect is clamped instead: when a
+/// read finds the lifetime's current below zero, it is set to zero and the excess is
+/// added to `overfreed_bytes()` / `overfreed_allocations()`, so current never reads as
+/// negative (or as 2^64 − n to a caller that converts it) outside a scope.
 ///
 /// Thread-safe. `name()` is "statistics". `free_bytes_held`/`release` go to the upstream.
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <mutex>
 #include <utility>
 #include <vector>
 
+#include <mrstack/detail/lean_mutex.hpp>
+#include <mrstack/detail/sharded_counters.hpp>
 #include <mrstack/resource.hpp>
 
 namespace mrstack {
@@ -56,110 +73,62 @@ class statistics_resource_adaptor final : public memory_resource {
     friend bool operator==(counters const&, counters const&) = default;
   };
 
-  explicit statistics_resource_adaptor(resource_ptr upstream) : upstream_{std::move(upstream)} {
-    if (upstream_ == nullptr) { throw logic_error("statistics: upstream resource is null"); }
-    frames_.reserve(8);
-    frames_.emplace_back();
-  }
+  explicit statistics_resource_adaptor(resource_ptr upstream);
+  ~statistics_resource_adaptor() override;
 
   /// The current region's byte counter (the whole lifetime's when no scope is open).
-  [[nodiscard]] counter bytes_counter() const {
-    std::lock_guard lock{mutex_};
-    return frames_.back().bytes;
-  }
+  [[nodiscard]] counter bytes_counter() const { return current_counters().bytes; }
   /// The current region's allocation-count counter.
-  [[nodiscard]] counter allocations_counter() const {
-    std::lock_guard lock{mutex_};
-    return frames_.back().allocations;
-  }
-  /// Both, read together.
-  [[nodiscard]] counters current_counters() const {
-    std::lock_guard lock{mutex_};
-    return frames_.back();
-  }
+  [[nodiscard]] counter allocations_counter() const { return current_counters().allocations; }
+  /// Both, read together (one consistent state of every thread's counts).
+  [[nodiscard]] counters current_counters() const;
   /// Open scopes (0 when only the lifetime frame exists).
-  [[nodiscard]] std::size_t scope_depth() const {
-    std::lock_guard lock{mutex_};
-    return frames_.size() - 1;
-  }
+  [[nodiscard]] std::size_t scope_depth() const;
+  /// Bytes / allocations freed beyond what was outstanding in the lifetime (wrong-size or
+  /// foreign frees), clamped away from the lifetime's current (see above).
+  [[nodiscard]] std::int64_t overfreed_bytes() const;
+  [[nodiscard]] std::int64_t overfreed_allocations() const;
 
   /// Opens a region with zeroed counters. Returns the enclosing region's counters as
   /// they stood at the push.
-  counters push_counters() {
-    std::lock_guard lock{mutex_};
-    counters const outer = frames_.back();
-    frames_.emplace_back();
-    return outer;
-  }
-
+  counters push_counters();
   /// Closes the innermost region, folds it into the enclosing one and returns it. A pop
   /// without a matching push is a `logic_error`.
-  counters pop_counters() {
-    std::lock_guard lock{mutex_};
-    if (frames_.size() < 2) { throw logic_error("statistics: pop_counters without a matching push_counters"); }
-    counters const inner = frames_.back();
-    frames_.pop_back();
-    fold(frames_.back().bytes, inner.bytes);
-    fold(frames_.back().allocations, inner.allocations);
-    return inner;
-  }
+  counters pop_counters();
 
   [[nodiscard]] resource_ptr const& upstream_resource() const noexcept { return upstream_; }
 
  private:
-  static void fold(counter& outer, counter const& inner) noexcept {
-    outer.peak = std::max(outer.peak, outer.value + inner.peak);
-    outer.value += inner.value;
-    outer.total += inner.total;
-  }
+  static constexpr int bytes_q = 0;   // quantity indices in the shards
+  static constexpr int allocs_q = 1;
+  struct alignas(64) shard {
+    detail::lean_mutex mutex;
+    std::int64_t credit[2] = {0, 0};  // headroom this shard may use without the global lock
+    std::int64_t delta[2] = {0, 0};   // change of the innermost region's current since the last merge
+    std::int64_t total[2] = {0, 0};   // its total's growth since the last merge
+  };
 
-  static void add(counter& c, std::int64_t n) noexcept {
-    c.value += n;
-    c.total += n;
-    c.peak = std::max(c.peak, c.value);
-  }
+  /// Counts `n` bytes and `k` allocations as outstanding (and, with `with_total`, in the totals).
+  void count_up(std::int64_t n, std::int64_t k, bool with_total);
+  void count_up_slow(shard& s, std::int64_t n, std::int64_t k, bool with_total);
+  void count_down(std::int64_t n, std::int64_t k) noexcept;
+  /// With `mutex_` and every shard lock held: merges every shard into the innermost frame;
+  /// `take_credits` also moves their credits into the pool.
+  void merge_locked(bool take_credits) const;
+  /// The lifetime frame's clamp (see above), with everything merged.
+  void clamp_lifetime_locked() const;
 
-  void count_allocation(std::size_t bytes) noexcept {
-    std::lock_guard lock{mutex_};
-    add(frames_.back().bytes, static_cast<std::int64_t>(bytes));
-    add(frames_.back().allocations, 1);
-  }
-
-  void count_deallocation(std::size_t bytes) noexcept {
-    std::lock_guard lock{mutex_};
-    frames_.back().bytes.value -= static_cast<std::int64_t>(bytes);
-    frames_.back().allocations.value -= 1;
-  }
-
-  void* do_allocate(std::size_t bytes, std::size_t alignment, stream_view stream) override {
-    void* ptr = upstream_->allocate(bytes, stream, alignment);
-    count_allocation(bytes);
-    return ptr;
-  }
-
-  void do_deallocate(void* ptr, std::size_t bytes, std::size_t alignment, stream_view stream) override {
-    count_deallocation(bytes);
-    try {
-      upstream_->deallocate(ptr, bytes, stream, alignment);
-    } catch (...) {
-      // The upstream refused the free (a checking layer below found it bad): the memory
-      // is still out, so it counts again — as outstanding, not as a new allocation.
-      std::lock_guard lock{mutex_};
-      auto& top = frames_.back();
-      top.bytes.value += static_cast<std::int64_t>(bytes);
-      top.bytes.peak = std::max(top.bytes.peak, top.bytes.value);
-      top.allocations.value += 1;
-      top.allocations.peak = std::max(top.allocations.peak, top.allocations.value);
-      throw;
-    }
-  }
-
+  void* do_allocate(std::size_t bytes, std::size_t alignment, stream_view stream) override;
+  void do_deallocate(void* ptr, std::size_t bytes, std::size_t alignment, stream_view stream) override;
   std::string do_name() const override { return "statistics"; }
   memory_resource* do_upstream() const noexcept override { return upstream_.get(); }
 
   resource_ptr upstream_;
-  mutable std::mutex mutex_;
-  std::vector<counters> frames_;  // frames_[0]: the lifetime; back(): the innermost open scope
+  std::unique_ptr<shard[]> shards_;
+  mutable std::mutex mutex_;        // frames_, pool_, overfreed_; taken before any shard lock
+  mutable std::vector<counters> frames_;  // back(): the innermost region, less what the shards hold
+  mutable std::int64_t pool_[2] = {0, 0};  // innermost peak - current - every shard's credit
+  mutable std::int64_t overfreed_[2] = {0, 0};
 };
 
 }  // namespace mrstack

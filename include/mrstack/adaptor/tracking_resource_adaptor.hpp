@@ -16,12 +16,20 @@
 ///   symbolized only when a report is made (`detail::describe_frame`: function names from
 ///   the ELF symbol tables, module+offset for addr2line; no extra runtime library).
 ///
-/// Cost: one lock of a shard (16 shards chosen by address) and an open-addressing table
-/// insert per allocation (`detail::pointer_map`, no allocation per call), plus the
-/// capture when stacks are on (interned: each distinct stack is stored once).
+/// Cost, and scaling with threads: the records live in 64 shards, one per thread (by
+/// `detail::this_thread_shard`), each an open-addressing table (`detail::pointer_map`, no
+/// allocation per call) behind its own uncontended lock, with its own count and bytes.
+/// An allocation writes only its thread's shard; a free looks in its own thread's shard
+/// first (the common case: the thread that allocated frees) and only then in the others,
+/// one lock at a time (a free from another thread costs up to 64 lookups). Sequence
+/// numbers are timestamps (nanoseconds since the adaptor was made, times 64, plus the
+/// shard), so no counter is shared either: unique, and in the order the allocations
+/// happened. `outstanding_count()`/`outstanding_bytes()` add the shards up under their
+/// locks. Plus the capture when stacks are on (interned: each distinct stack is stored once).
 ///
 /// Thread-safe. `name()` is "tracking". `free_bytes_held`/`release` go to the upstream.
 #include <array>
+#include <chrono>
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
@@ -32,7 +40,9 @@
 #include <unordered_map>
 #include <vector>
 
+#include <mrstack/detail/lean_mutex.hpp>
 #include <mrstack/detail/pointer_map.hpp>
+#include <mrstack/detail/sharded_counters.hpp>
 #include <mrstack/resource.hpp>
 
 namespace mrstack {
@@ -45,7 +55,7 @@ class tracking_resource_adaptor final : public memory_resource {
     std::size_t bytes = 0;
     std::size_t alignment = 0;
     std::uintptr_t stream = 0;           ///< the cudaStream_t handle it was allocated on
-    std::uint64_t sequence = 0;          ///< order among this adaptor's allocations (0 = first)
+    std::uint64_t sequence = 0;          ///< unique, increasing with the time of the allocation
     std::size_t thread = 0;              ///< OS thread id (as the logging adaptor writes it)
     std::vector<std::string> stack;      ///< innermost first; empty without capture_stacks
   };
@@ -67,8 +77,8 @@ class tracking_resource_adaptor final : public memory_resource {
   ~tracking_resource_adaptor() override;
 
   [[nodiscard]] bool captures_stacks() const noexcept { return capture_stacks_; }
-  [[nodiscard]] std::size_t outstanding_count() const noexcept { return count_.load(std::memory_order_relaxed); }
-  [[nodiscard]] std::size_t outstanding_bytes() const noexcept { return bytes_.load(std::memory_order_relaxed); }
+  [[nodiscard]] std::size_t outstanding_count() const noexcept;
+  [[nodiscard]] std::size_t outstanding_bytes() const noexcept;
   /// Every outstanding allocation, oldest first (stacks symbolized).
   [[nodiscard]] std::vector<allocation_info> outstanding() const;
   /// Outstanding allocations grouped by call stack, most bytes first (one group in all
@@ -90,14 +100,16 @@ class tracking_resource_adaptor final : public memory_resource {
   };
   static constexpr std::uint32_t no_stack = 0xffffffffU;
 
-  struct shard {
-    std::mutex mutex;
+  struct alignas(64) shard {
+    detail::lean_mutex mutex;
     detail::pointer_map<record> records;
+    std::size_t count = 0;
+    std::size_t bytes = 0;
+    std::uint64_t last_stamp = 0;  // nanoseconds of this shard's last sequence number
   };
-  static constexpr std::size_t shard_count = 16;
-  [[nodiscard]] shard& shard_for(std::uintptr_t address) const noexcept {
-    return shards_[static_cast<std::size_t>((address >> 8) * 0x9e3779b97f4a7c15ULL >> 60) % shard_count];
-  }
+  static constexpr std::size_t shard_count = detail::counter_shards;
+  /// Takes `address`'s record out of whichever shard holds it; the shard, or null.
+  shard* take_record(std::uintptr_t address, std::size_t bytes, std::size_t alignment, record& out);
 
   void* do_allocate(std::size_t bytes, std::size_t alignment, stream_view stream) override;
   void do_deallocate(void* ptr, std::size_t bytes, std::size_t alignment, stream_view stream) override;
@@ -112,10 +124,8 @@ class tracking_resource_adaptor final : public memory_resource {
   bool capture_stacks_;
   bool report_leaks_;
   std::ostream* report_stream_;
+  std::chrono::steady_clock::time_point const start_ = std::chrono::steady_clock::now();
   mutable std::array<shard, shard_count> shards_;
-  std::atomic<std::uint64_t> sequence_{0};
-  std::atomic<std::size_t> count_{0};
-  std::atomic<std::size_t> bytes_{0};
 
   // Interned call stacks: each distinct one stored once, looked up by a hash of its frames.
   mutable std::mutex stacks_mutex_;

@@ -1,9 +1,20 @@
 #pragma once
 /// `arena_core`: the CUDA-free engine of `arena_memory_resource`. Thread-safe.
 ///
-/// One region (the arena) is split into *superblocks* of `superblock_size` bytes, aligned
-/// to that size, carved by the *global arena* — a `stream_ordered_pool` over the region
-/// that also serves large requests. Small requests (<= `max_small_size`, alignment 256)
+/// Memory comes from an upstream (`arena_upstream`) in *chunks*, on demand: the arena's
+/// size is a maximum (`max_size`), not what it takes. The chunks form the *global arena*
+/// — a `stream_ordered_pool` — which carves them into *superblocks* of `superblock_size`
+/// bytes (aligned to 64 KiB) and also serves large requests. When the global arena
+/// cannot serve a request it grows by one chunk of max(request, held / `growth_divisor`,
+/// `minimum_growth`), capped by `max_size`; wholly free chunks go back to the upstream
+/// first (several small chunks become one larger one). When a free leaves the global
+/// arena holding more than `max_free_bytes` free, its wholly free chunks go back to the
+/// upstream until it holds no more than that (those another thread's stream still owns
+/// wait for `release()` or for a later free on a stream that may return them). With
+/// `eager`, the whole maximum is taken at construction as one chunk and never returned
+/// before destruction (the arena of earlier versions).
+///
+/// Small requests (<= `max_small_size`, alignment 256)
 /// are served by *stream arenas*: each stream gets one (every thread's per-thread
 /// default stream is a stream of its own, so threads using them never share an arena),
 /// holding superblocks dedicated to one size class each. A small allocation locks only
@@ -13,8 +24,10 @@
 /// Size classes: 256-byte units, exact up to 1 KiB, then four classes per power of two
 /// (at most 25% rounding waste, 44 classes up to 1 MiB).
 ///
-/// Freeing: the superblock of a small block is found in O(1) by address (the region is
-/// one range; a table maps superblock index -> descriptor). When the freeing stream is the
+/// Freeing: the superblock of a small block is found in O(1) by address, without a lock:
+/// a two-level radix map (`superblock_map`) from 64 KiB page to descriptor covers the
+/// 48-bit address space; its leaves are made when a chunk is first added there and live
+/// as long as the arena. When the freeing stream is the
 /// superblock's arena's stream, the block goes straight back. Otherwise (another stream)
 /// the freeing stream is synchronized first (host wait), so the arena's stream may reuse
 /// the block at once — as RMM's arena does. A bitmap per superblock catches double and
@@ -30,13 +43,14 @@
 /// the extras kept as spares. Both batches exist because the global lock is what threads
 /// share: a thread growing or shrinking by hundreds of superblocks meets the others there
 /// once per batch, not once per superblock. When the global arena cannot serve a
-/// request, every arena's empty superblocks are reclaimed and the request retried; then
+/// request even by growing, every arena's empty superblocks are reclaimed and the request retried; then
 /// the device is synchronized (free memory of other threads' streams becomes usable);
 /// only then does it fail.
 #include <array>
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -55,16 +69,67 @@ struct arena_size_classes {
   static std::size_t class_size(unsigned cls) noexcept;
 };
 
+/// Where the arena's chunks come from (the resource's upstream). Called under the global
+/// arena's lock.
+class arena_upstream {
+ public:
+  virtual ~arena_upstream() = default;
+  /// `size` bytes (a multiple of 256), 256-byte aligned, usable on `s` at once; 0 when the
+  /// upstream has no room (other failures throw).
+  virtual std::uintptr_t allocate(std::size_t size, stream_ref const& s) = 0;
+  /// Gives a chunk back on `s` (whose work on it is all that may still be pending).
+  virtual void deallocate(std::uintptr_t base, std::size_t size, stream_ref const& s) noexcept = 0;
+};
+
+/// Lock-free lookup from an address to the descriptor of the superblock holding it: one
+/// entry per 64 KiB page, two levels over the 48-bit address space (leaves of 2^16
+/// entries, made under the caller's lock, freed only at destruction, so a reader never
+/// sees one vanish). Both levels are calloc'ed: fresh zero pages the kernel maps as
+/// first touched, so an arena does not pay for zeroing address space it never uses. Superblocks are aligned to 64 KiB, not to their size: a chunk from
+/// an upstream that aligns to 256 wastes at most 64 KiB to alignment, not a superblock.
+class superblock_map {
+ public:
+  static constexpr unsigned page_shift = 16;
+  static constexpr std::size_t page_size = std::size_t{1} << page_shift;
+  superblock_map();
+  ~superblock_map();
+  superblock_map(superblock_map const&) = delete;
+  superblock_map& operator=(superblock_map const&) = delete;
+  static constexpr unsigned address_bits = 48;
+  [[nodiscard]] void* find(std::uintptr_t address) const noexcept {
+    std::uintptr_t const i = address >> page_shift;
+    if ((address >> address_bits) != 0) { return nullptr; }
+    void** const l = std::atomic_ref<void**>{top_[i >> leaf_bits]}.load(std::memory_order_acquire);
+    return l == nullptr ? nullptr : std::atomic_ref<void*>{l[i & (leaf_size - 1)]}.load(std::memory_order_acquire);
+  }
+  /// Makes sure the leaves for [base, base + size) exist (the caller's lock held; may throw).
+  void reserve(std::uintptr_t base, std::size_t size);
+  /// Sets the entries of the pages of [address, address + size) (their leaves reserved).
+  void set(std::uintptr_t address, std::size_t size, void* value) noexcept;
+
+ private:
+  static constexpr unsigned leaf_bits = 16;
+  static constexpr std::size_t leaf_size = std::size_t{1} << leaf_bits;
+  std::size_t top_size_;
+  void*** top_;  // read and written through std::atomic_ref
+};
+
 class arena_core {
  public:
   struct options {
     std::size_t superblock_size = std::size_t{4} << 20;
     std::size_t max_small_size = std::size_t{1} << 20;
     std::size_t empty_superblocks_kept = 4;  ///< per stream arena, before they go back to the global arena
+    std::size_t max_size = std::size_t{1} << 30;  ///< most bytes held from the upstream at once
+    bool eager = false;                       ///< take `max_size` at construction, keep it until destruction
+    std::size_t max_free_bytes = std::size_t{256} << 20;  ///< free bytes the global arena keeps before chunks go back
+    std::size_t growth_divisor = 4;           ///< a chunk is at least held / this
+    std::size_t minimum_growth = std::size_t{32} << 20;  ///< a chunk is at least this (capped by `max_size`)
   };
 
-  /// Manages [base, base + size); `base` must be aligned to the superblock size.
-  arena_core(std::uintptr_t base, std::size_t size, options const& opts, std::shared_ptr<stream_sync> sync,
+  /// Takes its chunks from `upstream` (which must outlive the core); with `opts.eager`,
+  /// all of `max_size` at once, here.
+  arena_core(arena_upstream& upstream, options const& opts, std::shared_ptr<stream_sync> sync,
              thread_key_fn thread_key = &this_thread_key);
   ~arena_core();
   arena_core(arena_core const&) = delete;
@@ -85,17 +150,40 @@ class arena_core {
   void thread_exiting(void* arena) noexcept;
   /// Makes all free memory usable by any stream (synchronizing the device if needed).
   bool synchronize_everything();
-  /// The stream to give the region back on (synchronizing when several streams used it).
-  stream_ref return_stream();
+  /// Adopts the region the resource took at construction for `eager` (synchronized:
+  /// usable by every stream); it goes back to the upstream at destruction.
+  void add_eager_region(std::uintptr_t base, std::size_t size) {
+    std::lock_guard lock{global_mutex_};
+    add_chunk(base, size, stream_ref{}, true);
+  }
+  /// Gives every wholly free chunk back to the upstream (synchronizing the device when
+  /// streams that cannot be named here own some); the bytes returned.
+  std::size_t release_free_chunks();
 
   struct statistics {
+    std::size_t held_bytes = 0;               ///< taken from the upstream now
+    std::size_t peak_held_bytes = 0;
+    std::size_t chunks = 0;
+    std::size_t upstream_allocations = 0;     ///< chunks taken so far
+    std::size_t upstream_deallocations = 0;   ///< chunks given back so far (not counting destruction)
     std::size_t global_free_bytes = 0;
     std::size_t largest_free_block = 0;       ///< in the global arena
     std::size_t superblocks_in_arenas = 0;
     std::size_t free_bytes_in_arenas = 0;     ///< free small blocks inside arenas' superblocks
     std::size_t stream_arenas = 0;
     std::size_t large_live_bytes = 0;
+    std::size_t free_blocks_in_arenas = 0;
+    std::size_t global_free_blocks = 0;
+    std::size_t largest_free_in_arenas = 0;   ///< the largest small request an arena serves without a superblock more
+    struct stream_share {
+      stream_ref stream;
+      std::size_t free_bytes = 0;
+      std::size_t largest_free_block = 0;
+      std::size_t free_blocks = 0;
+    };
+    std::vector<stream_share> streams;        ///< one per stream arena
   };
+  /// No walk over blocks: O(stream arenas x size classes); each lock held briefly, one at a time.
   [[nodiscard]] statistics stats() const;
   [[nodiscard]] options const& opts() const noexcept { return opts_; }
   /// Every structural invariant; empty when all hold. Takes every lock: for tests.
@@ -126,6 +214,12 @@ class arena_core {
     std::vector<superblock*> spares;   // wholly free superblocks ready for any class
     std::size_t superblocks = 0;
     std::size_t free_bytes = 0;
+    std::size_t free_blocks = 0;
+  };
+  struct chunk_record {
+    chunk_id id = 0;
+    std::size_t size = 0;
+    bool candidate = false;  // in `empty_candidates_`: was wholly free when last looked at
   };
 
   stream_arena* arena_for(stream_ref const& s);
@@ -138,6 +232,8 @@ class arena_core {
   [[nodiscard]] std::size_t spare_limit() const noexcept { return 2 * opts_.empty_superblocks_kept; }
   /// Adds `sb` (wholly free, owned by `a`, in no list) to `a`'s spares.
   void make_spare(stream_arena& a, superblock& sb) noexcept;
+  /// Gives back a superblock taken for `s` but never set up (`global_mutex_` held).
+  void release_descriptor_locked(superblock& sb, stream_ref const& s);
   /// Unlinks `sb` (wholly free, owned by `a`, in no list) from `a` and the lookup table.
   void detach_superblock(stream_arena& a, superblock& sb) noexcept;
   /// Gives all but `keep` of `a`'s spares back to the global arena in one lock trip (`a` locked by the caller).
@@ -145,24 +241,47 @@ class arena_core {
   /// Sets up `sb` (wholly free) for blocks of class `cls`.
   void reclass(stream_arena& a, superblock& sb, unsigned cls);
   std::size_t reclaim_from(stream_arena& a);
+  // ---- chunks (arena_growth.cpp); all with `global_mutex_` held ----
+  /// From the global arena, growing it when nothing fits; 0 when even growing cannot serve.
+  std::uintptr_t global_allocate(std::size_t size, std::size_t alignment, stream_ref const& s);
+  /// Frees into the global arena; then, past `max_free_bytes`, wholly free chunks go back.
+  std::size_t global_deallocate(std::uintptr_t address, stream_ref const& s);
+  /// Adds one chunk of at least `needed` bytes; false when the maximum or the upstream refuses.
+  bool grow(std::size_t needed, stream_ref const& s);
+  /// Registers a chunk the upstream handed out (owned by `s`, or synchronized for the eager region).
+  void add_chunk(std::uintptr_t base, std::size_t size, stream_ref const& s, bool synchronized);
+  /// Notes the chunk holding `address` as possibly wholly free.
+  void note_maybe_empty(std::uintptr_t address);
+  /// Returns wholly free chunks until the global arena holds at most `keep_free` free
+  /// bytes; `may_synchronize`: also those only a device synchronization can return.
+  std::size_t return_empty_chunks(std::size_t keep_free, bool may_synchronize, stream_ref const& caller);
+  /// At destruction: every chunk goes back, leaked blocks and all.
+  void return_all_chunks() noexcept;
+  void return_chunk(std::map<std::uintptr_t, chunk_record>::iterator it, stream_ref const& s) noexcept;
+  /// The descriptor for the superblock at `address` (recycled when one is free).
+  superblock& descriptor_for(std::uintptr_t address);
   static void list_push(stream_arena& a, superblock& sb) noexcept;
   static void list_remove(stream_arena& a, superblock& sb) noexcept;
   std::uintptr_t pop_block(stream_arena& a, superblock& sb) noexcept;
   void push_block(stream_arena& a, superblock& sb, std::uint32_t index);
 
   options opts_;
-  unsigned shift_;                      // log2(superblock_size)
-  std::uintptr_t base_;
-  std::size_t size_;
+  arena_upstream& upstream_;
   std::uint64_t id_;                    // unique per arena_core, for the threads' caches
   std::shared_ptr<stream_sync> sync_;
   thread_key_fn thread_key_;
 
   mutable lean_mutex global_mutex_;  // contended only on superblock batches and large blocks
   stream_ordered_pool global_;
-  std::vector<std::unique_ptr<superblock>> descriptors_;     // per superblock slot (created on first use)
-  std::unique_ptr<std::atomic<superblock*>[]> table_;        // slot -> carved superblock, or null
-  std::size_t slots_;
+  std::map<std::uintptr_t, chunk_record> chunks_;   // by base
+  std::vector<std::uintptr_t> empty_candidates_;    // chunk bases that may be wholly free
+  std::size_t held_ = 0;
+  std::size_t peak_held_ = 0;
+  std::size_t upstream_allocations_ = 0;
+  std::size_t upstream_deallocations_ = 0;
+  std::vector<std::unique_ptr<superblock>> descriptors_;  // every descriptor made (freed at destruction)
+  std::vector<superblock*> idle_descriptors_;             // not describing a carved superblock now
+  superblock_map map_;                                    // carved superblocks by address
 
   mutable std::mutex registry_mutex_;
   std::vector<std::unique_ptr<stream_arena>> arenas_;

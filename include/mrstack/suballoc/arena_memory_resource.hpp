@@ -6,8 +6,16 @@
 /// numbers: docs/suballocators.md).
 ///
 /// Contract:
-/// - The arena takes `arena_size` bytes (rounded up to whole superblocks) from its
-///   upstream once, at construction, and never grows: it is the memory budget.
+/// - `arena_size` (rounded up to whole superblocks) is a maximum: the arena holds at most
+///   that many bytes from its upstream at once. It takes memory when first needed, in
+///   chunks of max(request, held / `growth_divisor`, `minimum_growth`); wholly free chunks
+///   go back to the upstream whenever the arena holds more than `max_free_bytes` free
+///   outside its stream arenas (so it holds at most live bytes + `max_free_bytes` + what
+///   the stream arenas keep + the free space inside partly used chunks), before it grows,
+///   and on `release()`. (A chunk whose free memory several streams, or another thread's
+///   per-thread stream, own needs a device synchronization to go back: it waits for
+///   `release()` or exhaustion, so with many streams the bound is a target.) With `eager`, it takes all of `arena_size` at construction
+///   and keeps it until destruction.
 /// - Small requests (<= `max_small_size`, default 1 MiB, alignment 256) come from the
 ///   calling stream's arena: size classes of at most 25% rounding, O(1), one uncontended
 ///   lock. Larger requests, or larger alignments (any power of two), come from the global
@@ -22,11 +30,14 @@
 ///   `out_of_memory` naming the request, the arena size, its free bytes and its largest
 ///   free block.
 /// - `release()` returns wholly free superblocks to the global arena and, when streams
-///   other than one hold free memory, synchronizes the device so it all merges (the
-///   region itself stays until destruction). Destruction returns the region to the upstream.
+///   other than one hold free memory, synchronizes the device so it all merges, then
+///   gives every wholly free chunk back to the upstream (not with `eager`: that region
+///   stays until destruction). Destruction returns every chunk to the upstream.
 /// - A foreign or double free is a `logic_error`. Thread-safe.
 #include <cstddef>
 #include <memory>
+#include <mutex>
+#include <string>
 
 #include <mrstack/detail/arena_core.hpp>
 #include <mrstack/resource.hpp>
@@ -42,6 +53,14 @@ struct arena_options {
   /// the global arena per trip to its lock, holds up to twice this many spares, and when
   /// it has more hands all but this many back in one trip.
   std::size_t empty_superblocks_kept = 4;
+  /// Take the whole `arena_size` from the upstream at construction and keep it until
+  /// destruction (no growth, no return): one upstream call, addresses fixed up front.
+  bool eager = false;
+  /// Free bytes the global arena may hold before wholly free chunks go back to the upstream.
+  std::size_t max_free_bytes = std::size_t{256} << 20;
+  /// A new chunk is at least (bytes held) / this, and at least `minimum_growth`.
+  std::size_t growth_divisor = 4;
+  std::size_t minimum_growth = std::size_t{32} << 20;
   /// The seam to CUDA events (null: CUDA over device memory, no-ops over host/simulated).
   std::shared_ptr<detail::stream_sync> stream_sync;
 };
@@ -51,12 +70,13 @@ class arena_memory_resource final : public memory_resource {
   arena_memory_resource(resource_ptr upstream, std::size_t arena_size, arena_options options = {});
   ~arena_memory_resource() override;
 
+  /// The most bytes the arena holds from its upstream (what it holds with `eager`).
   [[nodiscard]] std::size_t arena_size() const noexcept { return usable_size_; }
   [[nodiscard]] detail::arena_core::statistics stats() const { return core_->stats(); }
+  /// Bytes held from the upstream now.
+  [[nodiscard]] std::size_t held_bytes() const { return core_->stats().held_bytes; }
   /// Every structural invariant; empty when all hold (takes every lock: for tests).
   [[nodiscard]] std::string check_invariants() const { return core_->check_invariants(); }
-  /// The managed range [base, base + arena_size()).
-  [[nodiscard]] void* base() const noexcept { return reinterpret_cast<void*>(base_); }
 
  private:
   void* do_allocate(std::size_t bytes, std::size_t alignment, stream_view stream) override;
@@ -66,13 +86,26 @@ class arena_memory_resource final : public memory_resource {
   memory_resource* do_upstream() const noexcept override { return upstream_.get(); }
   std::size_t do_free_bytes_held() const noexcept override;
   void do_release() override;
+  fragmentation_info do_fragmentation() const override;
+
+  /// The core's view of the upstream: out_of_memory becomes 0 (the core then reclaims,
+  /// synchronizes, and the resource reports the refusal with the reason kept here).
+  class chunk_source final : public detail::arena_upstream {
+   public:
+    explicit chunk_source(memory_resource& up) : up_{up} {}
+    std::uintptr_t allocate(std::size_t size, detail::stream_ref const& s) override;
+    void deallocate(std::uintptr_t base, std::size_t size, detail::stream_ref const& s) noexcept override;
+    [[nodiscard]] std::string last_refusal() const;
+   private:
+    memory_resource& up_;
+    mutable std::mutex mutex_;
+    std::string last_refusal_;
+  };
 
   resource_ptr upstream_;
-  void* region_ = nullptr;
-  std::size_t region_size_ = 0;
-  std::uintptr_t base_ = 0;
   std::size_t usable_size_ = 0;
-  std::unique_ptr<detail::arena_core> core_;
+  chunk_source source_;
+  std::unique_ptr<detail::arena_core> core_;  // after source_: destroyed first, returning its chunks there
 };
 
 }  // namespace mrstack

@@ -1,0 +1,190 @@
+// The statistics adaptor's sharded counting (design: adaptor/statistics_resource_adaptor.hpp).
+#include <mrstack/adaptor/statistics_resource_adaptor.hpp>
+
+namespace mrstack {
+
+using detail::saturating_add;
+
+using detail::all_shards_lock;
+
+statistics_resource_adaptor::statistics_resource_adaptor(resource_ptr upstream)
+    : upstream_{std::move(upstream)}, shards_{std::make_unique<shard[]>(detail::counter_shards)} {
+  if (upstream_ == nullptr) { throw logic_error("statistics: upstream resource is null"); }
+  frames_.reserve(8);
+  frames_.emplace_back();
+}
+
+statistics_resource_adaptor::~statistics_resource_adaptor() = default;
+
+void statistics_resource_adaptor::count_up(std::int64_t n, std::int64_t k, bool with_total) {
+  shard& s = shards_[detail::this_thread_shard()];
+  {
+    std::lock_guard lock{s.mutex};
+    if (s.credit[bytes_q] >= n && s.credit[allocs_q] >= k) {
+      // Within the headroom this shard holds: current stays at or below the peak.
+      s.credit[bytes_q] -= n;
+      s.credit[allocs_q] -= k;
+      s.delta[bytes_q] = saturating_add(s.delta[bytes_q], n);
+      s.delta[allocs_q] = saturating_add(s.delta[allocs_q], k);
+      if (with_total) {
+        s.total[bytes_q] = saturating_add(s.total[bytes_q], n);
+        s.total[allocs_q] = saturating_add(s.total[allocs_q], k);
+      }
+      return;
+    }
+  }
+  count_up_slow(s, n, k, with_total);
+}
+
+void statistics_resource_adaptor::count_up_slow(shard& s, std::int64_t n, std::int64_t k, bool with_total) {
+  std::lock_guard global{mutex_};
+  std::lock_guard lock{s.mutex};
+  std::int64_t const need[2] = {n, k};
+  counter* const top[2] = {&frames_.back().bytes, &frames_.back().allocations};
+  bool gathered = false;
+  for (int q = 0; q < 2; ++q) {
+    if (s.credit[q] >= need[q]) { continue; }
+    std::int64_t const want = need[q] - s.credit[q];
+    if (pool_[q] < want && !gathered) {
+      // Every other shard's credit into the pool: pool + this credit is then exactly
+      // peak - current.
+      for (std::size_t i = 0; i < detail::counter_shards; ++i) {
+        shard& t = shards_[i];
+        if (&t == &s) { continue; }
+        std::lock_guard other{t.mutex};
+        for (int r = 0; r < 2; ++r) {
+          pool_[r] = saturating_add(pool_[r], t.credit[r]);
+          t.credit[r] = 0;
+        }
+      }
+      gathered = true;
+    }
+    if (pool_[q] < want) {
+      // No headroom left anywhere: this allocation makes a new peak, by exactly the excess.
+      top[q]->peak = saturating_add(top[q]->peak, want - pool_[q]);
+      pool_[q] = want;
+    }
+    std::int64_t const move = want + (pool_[q] - want) / 2;  // and half of what is left, for the next calls
+    pool_[q] -= move;
+    s.credit[q] = saturating_add(s.credit[q], move);
+  }
+  for (int q = 0; q < 2; ++q) {
+    s.credit[q] -= need[q];
+    s.delta[q] = saturating_add(s.delta[q], need[q]);
+    if (with_total) { s.total[q] = saturating_add(s.total[q], need[q]); }
+  }
+}
+
+void statistics_resource_adaptor::count_down(std::int64_t n, std::int64_t k) noexcept {
+  shard& s = shards_[detail::this_thread_shard()];
+  std::lock_guard lock{s.mutex};
+  s.delta[bytes_q] = saturating_add(s.delta[bytes_q], -n);
+  s.delta[allocs_q] = saturating_add(s.delta[allocs_q], -k);
+  s.credit[bytes_q] = saturating_add(s.credit[bytes_q], n);
+  s.credit[allocs_q] = saturating_add(s.credit[allocs_q], k);
+}
+
+void statistics_resource_adaptor::merge_locked(bool take_credits) const {
+  counter* const top[2] = {&frames_.back().bytes, &frames_.back().allocations};
+  for (std::size_t i = 0; i < detail::counter_shards; ++i) {
+    shard& t = shards_[i];
+    for (int q = 0; q < 2; ++q) {
+      top[q]->value = saturating_add(top[q]->value, t.delta[q]);
+      top[q]->total = saturating_add(top[q]->total, t.total[q]);
+      t.delta[q] = 0;
+      t.total[q] = 0;
+      if (take_credits) {
+        pool_[q] = saturating_add(pool_[q], t.credit[q]);
+        t.credit[q] = 0;
+      }
+    }
+  }
+}
+
+void statistics_resource_adaptor::clamp_lifetime_locked() const {
+  if (frames_.size() != 1) { return; }  // inside a scope, a negative current is legitimate
+  counter* const top[2] = {&frames_.back().bytes, &frames_.back().allocations};
+  for (int q = 0; q < 2; ++q) {
+    if (top[q]->value >= 0) { continue; }
+    // pool == peak - current (credits merged): raising current to 0 lowers it as much.
+    overfreed_[q] = saturating_add(overfreed_[q], -top[q]->value);
+    pool_[q] = saturating_add(pool_[q], top[q]->value);
+    top[q]->value = 0;
+  }
+}
+
+statistics_resource_adaptor::counters statistics_resource_adaptor::current_counters() const {
+  std::lock_guard global{mutex_};
+  all_shards_lock all{shards_.get()};
+  merge_locked(true);
+  clamp_lifetime_locked();
+  return frames_.back();
+}
+
+std::size_t statistics_resource_adaptor::scope_depth() const {
+  std::lock_guard global{mutex_};
+  return frames_.size() - 1;
+}
+
+std::int64_t statistics_resource_adaptor::overfreed_bytes() const {
+  (void)current_counters();  // merges and clamps
+  std::lock_guard global{mutex_};
+  return overfreed_[bytes_q];
+}
+
+std::int64_t statistics_resource_adaptor::overfreed_allocations() const {
+  (void)current_counters();
+  std::lock_guard global{mutex_};
+  return overfreed_[allocs_q];
+}
+
+statistics_resource_adaptor::counters statistics_resource_adaptor::push_counters() {
+  std::lock_guard global{mutex_};
+  all_shards_lock all{shards_.get()};
+  merge_locked(true);
+  clamp_lifetime_locked();
+  counters const outer = frames_.back();
+  frames_.emplace_back();
+  pool_[bytes_q] = pool_[allocs_q] = 0;  // the new region: peak 0 - current 0
+  return outer;
+}
+
+statistics_resource_adaptor::counters statistics_resource_adaptor::pop_counters() {
+  std::lock_guard global{mutex_};
+  all_shards_lock all{shards_.get()};
+  if (frames_.size() < 2) { throw logic_error("statistics: pop_counters without a matching push_counters"); }
+  merge_locked(true);
+  counters const inner = frames_.back();
+  frames_.pop_back();
+  counter* const outer[2] = {&frames_.back().bytes, &frames_.back().allocations};
+  counter const* const in[2] = {&inner.bytes, &inner.allocations};
+  for (int q = 0; q < 2; ++q) {
+    outer[q]->peak = std::max(outer[q]->peak, saturating_add(outer[q]->value, in[q]->peak));
+    outer[q]->value = saturating_add(outer[q]->value, in[q]->value);
+    outer[q]->total = saturating_add(outer[q]->total, in[q]->total);
+    pool_[q] = outer[q]->peak - outer[q]->value;  // the enclosing region's headroom
+  }
+  clamp_lifetime_locked();
+  return inner;
+}
+
+void* statistics_resource_adaptor::do_allocate(std::size_t bytes, std::size_t alignment, stream_view stream) {
+  void* ptr = upstream_->allocate(bytes, stream, alignment);
+  count_up(detail::to_count(bytes), 1, true);
+  return ptr;
+}
+
+void statistics_resource_adaptor::do_deallocate(void* ptr, std::size_t bytes, std::size_t alignment,
+                                                stream_view stream) {
+  count_down(detail::to_count(bytes), 1);
+  try {
+    upstream_->deallocate(ptr, bytes, stream, alignment);
+  } catch (...) {
+    // The upstream refused the free (a checking layer below found it bad): the memory
+    // is still out, so it counts again — as outstanding, not as a new allocation.
+    count_up(detail::to_count(bytes), 1, false);
+    throw;
+  }
+}
+
+}  // namespace mrstack

@@ -1,0 +1,186 @@
+// The arena takes memory on demand: nothing at construction, chunks when first needed,
+// never more than its maximum, wholly free chunks back to the upstream once it holds
+// more than `max_free_bytes` free; eager keeps the old take-it-all behaviour. Also its
+// fragmentation report, and many threads growing and shrinking it at once (run under the
+// tsan preset).
+#include <catch2/catch.hpp>
+
+#include <mrstack/suballoc/arena_memory_resource.hpp>
+#include <mrstack/upstream/simulated_memory_resource.hpp>
+#include <mrstack/upstream/system_memory_resource.hpp>
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <random>
+#include <thread>
+#include <vector>
+
+using namespace mrstack;
+
+namespace {
+constexpr std::size_t KiB = 1024;
+constexpr std::size_t MiB = 1024 * KiB;
+
+arena_options small_options() {
+  arena_options o;
+  o.superblock_size = 1 * MiB;
+  o.max_small_size = 64 * KiB;
+  o.empty_superblocks_kept = 2;
+  o.max_free_bytes = 8 * MiB;
+  o.minimum_growth = 4 * MiB;
+  return o;
+}
+}  // namespace
+
+TEST_CASE("arena growth: nothing at construction, chunks on demand, never above the maximum") {
+  auto sim = std::make_shared<simulated_memory_resource>();
+  arena_memory_resource mr{sim, 64 * MiB, small_options()};
+  CHECK(sim->footprint() == 0);
+  CHECK(mr.held_bytes() == 0);
+  void* small = mr.allocate(1000);
+  CHECK(mr.held_bytes() >= 1 * MiB);
+  CHECK(mr.held_bytes() <= 8 * MiB);
+  CHECK(sim->footprint() == mr.held_bytes());
+  std::vector<void*> big;
+  for (int i = 0; i < 5; ++i) { big.push_back(mr.allocate(10 * MiB)); }
+  CHECK(mr.held_bytes() <= 64 * MiB);
+  CHECK(mr.check_invariants() == "");
+  // 50 MiB live + a superblock: another 10 MiB may not fit under 64 MiB (chunks need room
+  // to align), but whatever happens the maximum holds and a refusal names it.
+  try {
+    big.push_back(mr.allocate(30 * MiB));
+    FAIL("expected out_of_memory");
+  } catch (out_of_memory const& e) {
+    CHECK(*e.info().limit_bytes == 64 * MiB);
+    CHECK(*e.info().footprint_bytes <= 64 * MiB);
+    CHECK(std::string{e.what()}.find("maximum") != std::string::npos);
+  }
+  CHECK(sim->peak_footprint() <= 64 * MiB);
+  for (void* p : big) { mr.deallocate(p, 10 * MiB); }
+  mr.deallocate(small, 1000);
+  // 50 MiB came free: all but max_free_bytes (8 MiB) went back at once.
+  CHECK(mr.stats().global_free_bytes <= 8 * MiB + 10 * MiB);
+  CHECK(mr.check_invariants() == "");
+  mr.release();
+  CHECK(mr.held_bytes() == 0);
+  CHECK(sim->footprint() == 0);
+}
+
+TEST_CASE("arena growth: the free bytes it keeps are bounded by max_free_bytes") {
+  auto sim = std::make_shared<simulated_memory_resource>();
+  arena_options options = small_options();
+  options.empty_superblocks_kept = 0;  // stream arenas keep nothing: every free superblock goes back
+  arena_memory_resource mr{sim, 1024 * MiB, options};
+  std::mt19937_64 rng{7};
+  for (int cycle = 0; cycle < 6; ++cycle) {
+    // Grow to ~200 MiB live with a random mix, then free everything in random order (a
+    // training iteration, roughly).
+    std::vector<std::pair<void*, std::size_t>> live;
+    std::size_t live_bytes = 0;
+    while (live_bytes < 200 * MiB) {
+      std::size_t const bytes = rng() % 4 == 0 ? 1 * MiB + rng() % (8 * MiB) : 1 + rng() % (64 * KiB);
+      live.emplace_back(mr.allocate(bytes), bytes);
+      live_bytes += bytes;
+      if (rng() % 3 == 0) {
+        std::size_t const i = rng() % live.size();
+        mr.deallocate(live[i].first, live[i].second);
+        live_bytes -= live[i].second;
+        live[i] = live.back();
+        live.pop_back();
+      }
+    }
+    CHECK(mr.held_bytes() >= live_bytes);
+    CHECK(mr.held_bytes() <= 1024 * MiB);
+    std::shuffle(live.begin(), live.end(), rng);
+    for (auto const& [p, bytes] : live) { mr.deallocate(p, bytes); }
+    // Every chunk is wholly free now: all but max_free_bytes went back on the frees.
+    CHECK(mr.stats().global_free_bytes == mr.held_bytes());
+    CHECK(mr.held_bytes() <= options.max_free_bytes);
+    CHECK(sim->footprint() == mr.held_bytes());
+    REQUIRE(mr.check_invariants() == "");
+  }
+  CHECK(mr.stats().upstream_deallocations > 0);
+}
+
+TEST_CASE("arena growth: eager takes its whole size at once and keeps it") {
+  auto sim = std::make_shared<simulated_memory_resource>();
+  arena_options options = small_options();
+  options.eager = true;
+  arena_memory_resource mr{sim, 64 * MiB, options};
+  std::size_t const region = 64 * MiB + 1 * MiB - 256;
+  CHECK(sim->footprint() == region);
+  std::vector<void*> big;
+  for (int i = 0; i < 6; ++i) { big.push_back(mr.allocate(10 * MiB)); }
+  for (void* p : big) { mr.deallocate(p, 10 * MiB); }
+  mr.release();
+  CHECK(sim->footprint() == region);  // kept until destruction
+  CHECK(mr.stats().upstream_allocations == 1);
+  CHECK(mr.check_invariants() == "");
+}
+
+TEST_CASE("arena growth: fragmentation reports held, live and free bytes per stream arena") {
+  auto sim = std::make_shared<simulated_memory_resource>();
+  arena_memory_resource mr{sim, 256 * MiB, small_options()};
+  auto const s1 = stream_view{reinterpret_cast<cudaStream_t>(std::uintptr_t{0x1000})};
+  std::vector<void*> blocks;
+  for (int i = 0; i < 10; ++i) { blocks.push_back(mr.allocate(16 * KiB, s1)); }
+  void* big = mr.allocate(3 * MiB, s1);
+  auto f = mr.fragmentation();
+  CHECK(f.resource == "arena");
+  CHECK(f.held_bytes == mr.held_bytes());
+  CHECK(f.live_bytes == 10 * 16 * KiB + 3 * MiB);
+  CHECK(f.held_bytes == f.live_bytes + f.free_bytes);
+  REQUIRE(f.streams.size() == 1);
+  CHECK(f.streams[0].stream == 0x1000);
+  CHECK(f.streams[0].largest_free_block == 64 * KiB);  // spares ready for any class
+  CHECK(f.streams[0].free_blocks > 0);
+  CHECK(f.largest_free_block >= 64 * KiB);
+  CHECK(f.free_blocks >= f.streams[0].free_blocks);
+  for (void* p : blocks) { mr.deallocate(p, 16 * KiB, s1); }
+  mr.deallocate(big, 3 * MiB, s1);
+  f = mr.fragmentation();
+  CHECK(f.live_bytes == 0);
+  CHECK(f.free_bytes == f.held_bytes);
+}
+
+TEST_CASE("arena growth: 8 threads grow and shrink it at once; blocks never overlap") {
+  auto sys = std::make_shared<system_memory_resource>();
+  arena_options options = small_options();
+  options.max_free_bytes = 2 * MiB;  // chunks go back all the time
+  options.minimum_growth = 2 * MiB;
+  arena_memory_resource mr{sys, 1024 * MiB, options};
+  constexpr int threads = 8;
+  std::vector<std::thread> workers;
+  std::atomic<int> corrupted{0};
+  for (int t = 0; t < threads; ++t) {
+    workers.emplace_back([&, t] {
+      std::mt19937_64 rng{static_cast<std::uint64_t>(t) + 100};
+      std::vector<std::pair<unsigned char*, std::size_t>> mine;
+      auto const stream = t % 2 == 0 ? stream_view::per_thread() : stream_view{};
+      for (int step = 0; step < 4000; ++step) {
+        if (mine.empty() || rng() % 100 < 52) {
+          std::size_t const bytes = rng() % 8 == 0 ? 1 * MiB + rng() % (3 * MiB) : 1 + rng() % (64 * KiB);
+          auto* p = static_cast<unsigned char*>(mr.allocate(bytes, stream));
+          std::memset(p, t + 1, std::min<std::size_t>(bytes, 64));
+          p[bytes - 1] = static_cast<unsigned char>(t + 1);
+          mine.emplace_back(p, bytes);
+        } else {
+          std::size_t const i = rng() % mine.size();
+          auto [p, bytes] = mine[i];
+          if (p[0] != t + 1 || p[bytes - 1] != t + 1) { corrupted.fetch_add(1); }
+          mr.deallocate(p, bytes, stream);
+          mine[i] = mine.back();
+          mine.pop_back();
+        }
+      }
+      for (auto [p, bytes] : mine) { mr.deallocate(p, bytes, stream); }
+    });
+  }
+  for (auto& w : workers) { w.join(); }
+  CHECK(corrupted.load() == 0);
+  CHECK(mr.check_invariants() == "");
+  CHECK(mr.stats().upstream_deallocations > 0);
+  mr.release();
+  CHECK(mr.held_bytes() == 0);
+}
