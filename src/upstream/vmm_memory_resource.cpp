@@ -2,6 +2,7 @@
 // through vmm_driver.hpp: mrstack links only cudart_static).
 #include <mrstack/upstream/vmm_memory_resource.hpp>
 
+#include <atomic>
 #include <cstdio>
 #include <map>
 #include <mutex>
@@ -80,7 +81,10 @@ struct vmm_memory_resource::driver {
   std::size_t granularity = 0;
   CUdeviceptr base = 0;
   std::size_t bytes = 0;
-  vmm_memory_resource::ipc_mode ipc = vmm_memory_resource::ipc_mode::none;
+  // Atomic: ipc=auto may fall back to none at the first cuMemCreate (see map) while export_ipc reads it.
+  std::atomic<vmm_memory_resource::ipc_mode> ipc{vmm_memory_resource::ipc_mode::none};
+  bool ipc_automatic = false;  // ipc=auto: fd where it works, silently none where it does not
+  bool ever_exportable = false;  // runs may have been exported: unmap tells the IPC registry
 
   // Sleep with contents kept: one pinned host buffer; range offset of each saved stretch ->
   // its offset in the buffer. A buffer given back after wake is freed on `staging_release`
@@ -110,6 +114,8 @@ struct vmm_memory_resource::driver {
       throw cuda_error(cudaErrorNotSupported, what.c_str(), __FILE__, __LINE__);
     }
     ipc = resolve_ipc(requested_ipc, device, ordinal);
+    ipc_automatic = requested_ipc == vmm_memory_resource::ipc_mode::automatic;
+    ever_exportable = ipc != vmm_memory_resource::ipc_mode::none;
     properties = device_memory_properties(ordinal, handle_type_of(ipc));
     access.location = properties.location;
     access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
@@ -192,17 +198,18 @@ char const* vmm_memory_resource::to_string(ipc_mode mode) noexcept {
 }
 
 std::array<unsigned char, 64> vmm_memory_resource::export_ipc(void const* ptr, std::size_t bytes) {
-  if (driver_->ipc == ipc_mode::none) {
-    throw logic_error("vmm: IPC export of " + format_hex(ptr) + ": this vmm was made with ipc=none (or its device "
-                      "cannot export file descriptors), so its memory cannot be shared; use vmm(ipc=fd) or "
-                      "vmm(ipc=fabric)");
+  ipc_mode const mode = driver_->ipc;
+  if (mode == ipc_mode::none) {
+    throw logic_error("vmm: IPC export of " + format_hex(ptr) + ": this vmm was made with ipc=none (or ipc=auto on a "
+                      "device or system that cannot create exportable memory), so its memory cannot be shared; use "
+                      "vmm(ipc=fd) or vmm(ipc=fabric), which say why they cannot");
   }
   std::array<unsigned char, 64> out{};
   with_runs_backing(ptr, bytes, [&](std::vector<mapped_run> const& runs) {
     scoped_context const ctx{driver_->context};
     std::size_t const first_offset = runs.front().offset;
     auto const block_offset = reinterpret_cast<std::uintptr_t>(ptr) - driver_->base - first_offset;
-    out = vmm_ipc::registry().add_export(runs, block_offset, bytes, driver_->ordinal, handle_type_of(driver_->ipc));
+    out = vmm_ipc::registry().add_export(runs, block_offset, bytes, driver_->ordinal, handle_type_of(mode));
   });
   return out;
 }
@@ -222,7 +229,16 @@ std::uint64_t vmm_memory_resource::map(std::size_t offset, std::size_t bytes) {
   auto const& d = api();
   scoped_context const ctx{driver_->context};
   CUmemGenericAllocationHandle handle = 0;
-  CUresult const created = d.mem_create(&handle, bytes, &driver_->properties, 0);
+  CUresult created = d.mem_create(&handle, bytes, &driver_->properties, 0);
+  if (created != CUDA_SUCCESS && created != CUDA_ERROR_OUT_OF_MEMORY && driver_->ipc_automatic &&
+      driver_->ipc != ipc_mode::none) {
+    // Some virtualized systems report file-descriptor export but refuse to create such
+    // memory: ipc=auto then makes memory that cannot be shared rather than none at all
+    // (export_ipc says so). ipc=fd keeps the driver's error.
+    driver_->ipc = ipc_mode::none;
+    driver_->properties.requestedHandleTypes = CU_MEM_HANDLE_TYPE_NONE;
+    created = d.mem_create(&handle, bytes, &driver_->properties, 0);
+  }
   if (created == CUDA_ERROR_OUT_OF_MEMORY) {
     allocation_failure info;
     info.requested_bytes = bytes;
@@ -256,7 +272,7 @@ void vmm_memory_resource::unmap(std::size_t offset, std::size_t bytes, std::uint
   auto const& d = api();
   scoped_context const ctx{driver_->context};
   MRSTACK_CU_TRY(d.mem_unmap(driver_->base + offset, bytes), "cuMemUnmap(" + format_bytes(bytes) + ")");
-  if (driver_->ipc != ipc_mode::none) { vmm_ipc::registry().forget_run(handle); }  // its exports end with it
+  if (driver_->ever_exportable) { vmm_ipc::registry().forget_run(handle); }  // its exports end with it
   MRSTACK_CU_TRY(d.mem_release(handle), "cuMemRelease");
 }
 

@@ -21,7 +21,8 @@
 ///   instead (see vmm_ipc.hpp). `ipc` chooses what the physical allocations can be exported
 ///   as: `fd` (CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR: processes of one host), `fabric`
 ///   (CU_MEM_HANDLE_TYPE_FABRIC: needs a driver, device and IMEX channel that support it),
-///   `none`, or `automatic` (fd where the device supports it, else none). Asking for a type
+///   `none`, or `automatic` (fd where the device supports it and cuMemCreate accepts it,
+///   else none). Asking for a type
 ///   the device does not support throws `cuda_error` saying which attribute refused and
 ///   what to use instead.
 /// - Sleep and wake (virtual_range_resource.hpp): with contents kept, sleep copies every
