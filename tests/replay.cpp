@@ -464,7 +464,7 @@ TEST_CASE("mrstack-replay: the table, the header and the verdict") {
   CHECK_THAT(c.out, Catch::Contains("6 events (3 allocations, 3 frees) on 1 thread and 1 stream; peak live 7.8 KiB"));
   CHECK_THAT(c.out, Catch::Contains("memory:  SIMULATED (--simulate);\n"
                                     "           each stack's bottom is simulated(capacity=1.00 GiB), touching no memory"));
-  CHECK_THAT(c.out, Catch::Contains("events  wall time  ns/event   peak live  peak footprint  footprint/live  leaks  failures"));
+  CHECK_THAT(c.out, Catch::Contains("events  wall time  ns/event  ns/call   peak live  peak footprint  footprint/live  leaks  failures"));
   CHECK_THAT(c.out, Catch::Contains("12.0 KiB          1.536x      0         0"));  // 12288 / 8000
   CHECK_THAT(c.out, Catch::Contains("8.8 KiB          1.125x      0         0"));   // 9000 / 8000
   CHECK_THAT(c.out, Catch::Contains("\ncuda*  "));
@@ -481,7 +481,7 @@ TEST_CASE("mrstack-replay: exit 1 when an allocation fails; --json holds the num
   INFO(c.out << c.err);
   CHECK(c.status == 1);
   CHECK_THAT(c.out, Catch::Contains("1 (line 5)"));
-  CHECK_THAT(c.out, Catch::Contains("cuda: 1 allocation refused; the first at line 5 (4.9 KiB): out of memory"));
+  CHECK_THAT(c.out, Catch::Contains("cuda: 1 allocation refused; the first at line 5 (event 3, 4.9 KiB): out of memory"));
   CHECK_THAT(c.out, Catch::Contains("no stack replayed the whole log"));
   std::string const j = slurp(json);
   INFO(j);
@@ -492,7 +492,7 @@ TEST_CASE("mrstack-replay: exit 1 when an allocation fails; --json holds the num
   CHECK_THAT(j, Catch::Contains("{\"resource\": \"test_round_up(to=1KiB) > cuda\""));
   CHECK_THAT(j, Catch::EndsWith("}\n]\n"));
   // Every object has the keys machines rely on.
-  for (char const* key : {"\"resource\"", "\"events\"", "\"failures\"", "\"seconds\"", "\"peak_live_bytes\"",
+  for (char const* key : {"\"built_as\"", "\"events\"", "\"failures\"", "\"seconds\"", "\"peak_live_bytes\"",
                           "\"peak_footprint_bytes\""}) {
     std::size_t count = 0;
     for (std::size_t at = j.find(key); at != std::string::npos; at = j.find(key, at + 1)) { ++count; }
