@@ -268,3 +268,100 @@ TEST_CASE("replay failures: --timeline writes the documented schema") {
   CHECK(t.at("results").at(1).at("resource").text == "cuda");
   CHECK(t.at("results").at(1).at("failures").number == 1);
 }
+
+namespace {
+
+/// An inference-like log of exactly 126,240 events: 160 weights (256 KiB to 32 MiB)
+/// allocated first and freed last, then 62,960 activations, 90% small (512 B to 256 KiB),
+/// each freed 1 to 20 allocations later.
+std::string inference_log() {
+  std::mt19937_64 rng{7};
+  std::string text = header;
+  std::uint64_t address = 0x10000000;
+  auto row = [&](char const* action, std::uint64_t a, std::size_t bytes) {
+    text += "1,0,";
+    text += action;
+    char buf[64];
+    std::snprintf(buf, sizeof buf, ",0x%llx,%zu,0\n", static_cast<unsigned long long>(a), bytes);
+    text += buf;
+  };
+  std::size_t const weight_sizes[] = {256 << 10, 1 << 20, 2 << 20, 4 << 20, 9 << 20, 16 << 20, 32 << 20};
+  std::size_t const small_sizes[] = {512, 1024, 2048, 4096, 8192, 16384, 65536, 262144};
+  std::size_t const large_sizes[] = {1 << 20, 2 << 20, 3 << 20, 6 << 20};
+  std::vector<std::pair<std::uint64_t, std::size_t>> weights;
+  for (int i = 0; i < 160; ++i) {
+    std::size_t const bytes = weight_sizes[rng() % 7] + 256 * (rng() % 17);
+    address += 0x100000;
+    weights.emplace_back(address, bytes);
+    row("allocate", address, bytes);
+  }
+  struct pending {
+    std::size_t due;
+    std::uint64_t address;
+    std::size_t bytes;
+  };
+  std::vector<pending> waiting;
+  for (std::size_t step = 1; step <= 62960; ++step) {
+    std::size_t const bytes = rng() % 10 < 9 ? small_sizes[rng() % 8] : large_sizes[rng() % 4];
+    address += 0x100000;
+    row("allocate", address, bytes);
+    waiting.push_back({step + 1 + rng() % 20, address, bytes});
+    std::vector<pending> still;
+    for (auto const& p : waiting) {
+      if (p.due <= step) {
+        row("free", p.address, p.bytes);
+      } else {
+        still.push_back(p);
+      }
+    }
+    waiting = std::move(still);
+  }
+  for (auto const& p : waiting) { row("free", p.address, p.bytes); }
+  for (auto const& [a, b] : weights) { row("free", a, b); }
+  return text;
+}
+
+}  // namespace
+
+TEST_CASE("replay failures: --shrink cuts a 126,240-event failing log to a few dozen events") {
+  std::string const text = inference_log();
+  auto const log = parse_allocation_log(text, "inference.csv");
+  REQUIRE(log.events.size() == 126240);
+  std::size_t const capacity = log.peak_live_bytes + log.peak_live_bytes / 200;  // peak + 0.5%
+  replay_options const o = simulated(capacity);
+  auto const full = replay_stack(log, "pool > cuda", o);
+  REQUIRE(full.failures > 0);  // the pool's growth needs more than the peak's bytes
+
+  auto const s = shrink_failing_log(log, "pool > cuda", o);
+  WARN("shrink: " << log.events.size() << " -> " << s.kept_events.size() << " events in " << s.seconds << " s, "
+                  << s.tests << " replays");
+  REQUIRE(s.failed);
+  CHECK(s.kept_events.size() <= 200);
+  CHECK(s.seconds <= 120);
+  CHECK(std::is_sorted(s.kept_events.begin(), s.kept_events.end()));
+  CHECK_THAT(s.failure, Catch::StartsWith("out_of_memory (line "));
+  // The shrunk log is a valid log (every free after its allocation) and fails the same way.
+  auto const small = parse_allocation_log(failing_log_csv(log, s.kept_events), "shrunk.csv");
+  CHECK(small.events.size() == s.kept_events.size());
+  auto const again = replay_stack(small, "pool > cuda", o);
+  CHECK(again.failures > 0);
+  CHECK_THAT(again.first_failure_message, Catch::Contains("out of memory"));
+  CHECK(replay_stack(small, "pool > cuda", simulated(capacity * 2)).complete());  // and only for lack of memory
+
+  // Through the command line: the file, the counts and the exit status.
+  auto const path = write_file("inference.csv", text);
+  auto const out = (scratch_dir() / "shrunk.csv").string();
+  auto const c = run_tool({path, "-r", "pool > cuda", "--capacity", std::to_string(capacity), "--shrink", out});
+  INFO(c.out << c.err);
+  CHECK(c.status == 1);
+  CHECK_THAT(c.out, Catch::Contains("shrink: kept " + std::to_string(s.kept_events.size()) + " of 126,240 events"));
+  CHECK(slurp(out) == failing_log_csv(log, s.kept_events));
+  // A stack that does not fail has nothing to shrink.
+  auto const fine = run_tool({path, "-r", "pool > cuda", "--capacity", "80GiB", "--shrink", out + ".2"});
+  CHECK(fine.status == 0);
+  CHECK_THAT(fine.out, Catch::Contains("refused nothing on this log: nothing to shrink"));
+  CHECK_FALSE(std::filesystem::exists(out + ".2"));
+  auto const two = run_tool({path, "-r", "pool > cuda", "-r", "cuda", "--shrink", out});
+  CHECK(two.status == 2);
+  CHECK_THAT(two.err, Catch::Contains("--shrink needs exactly one --resource"));
+}

@@ -109,7 +109,7 @@ void print_header(std::FILE* out, arguments const& a, allocation_log const& log,
   }
   if (memory.simulate) {
     if (memory.simulate_asked) {
-      std::fprintf(out, "  memory:  SIMULATED (--simulate);\n");
+      std::fprintf(out, "  memory:  SIMULATED (%s);\n", a.shrink_path ? "--shrink replays on simulated memory" : "--simulate");
     } else {
       std::fprintf(out, "  memory:  SIMULATED: no CUDA device (%s);\n", memory.device.why_not.c_str());
     }

@@ -147,7 +147,7 @@ int shrink(arguments const& a, allocation_log const& log, memory_setting const& 
   if (!s.failed) {
     std::fprintf(out, "\nshrink: %s refused nothing on this log: nothing to shrink (try a smaller --capacity)\n",
                  a.resources.front().c_str());
-    return 1;
+    return 0;
   }
   try {
     write_atomically(*a.shrink_path, failing_log_csv(log, s.kept_events));
@@ -169,11 +169,10 @@ int run(arguments const& a, std::FILE* out, std::FILE* err) {
   if (!stacks_to_replay(a, resources, err)) { return 2; }
   memory_setting memory;
   memory.device = probe_device();
-  memory.simulate_asked = a.simulate;
   // --shrink replays its stack hundreds of times: simulated memory keeps that fast.
-  memory.simulate = a.simulate || a.shrink_path.has_value() || !memory.device.available;
+  memory.simulate_asked = a.simulate || a.shrink_path.has_value();
+  memory.simulate = memory.simulate_asked || !memory.device.available;
   memory.capacity = a.capacity.value_or(memory.device.available ? memory.device.total_bytes : std::size_t{80} << 30);
-  memory.simulate_asked = memory.simulate_asked || (a.shrink_path.has_value() && memory.device.available);
   allocation_log log;
   try {
     log = read_allocation_log(a.log_path, a.limits);
