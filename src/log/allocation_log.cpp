@@ -145,124 +145,142 @@ class log_parser {
     }
   }
 
-  void read_row() {
-    split();
+  enum class row_kind { allocate, failure, free };
+
+  /// One row's fields, checked: what read_row needs to record it.
+  struct row {
+    row_kind kind{};
+    std::uint64_t address = 0;
+    std::size_t bytes = 0;
+    std::uint64_t stream_handle = 0;
+  };
+
+  /// Checks the fields of the current line (split already) and converts them.
+  row parse_fields() {
     if (fields_.size() < std::size(column_names)) {
       fail(line_.size() + 1, "expected 6 columns (" + std::string{expected_header} + "), found " +
                                  std::to_string(fields_.size()));
     }
-    field const& thread = fields_[0];
     field const& time = fields_[1];
     field const& action = fields_[2];
     field const& pointer = fields_[3];
     field const& size = fields_[4];
     field const& stream = fields_[5];
-    if (thread.text.empty()) { fail(thread.column, "the Thread column is empty: expected a thread id"); }
+    if (fields_[0].text.empty()) { fail(fields_[0].column, "the Thread column is empty: expected a thread id"); }
     if (!is_time(time.text)) {
       fail(time.column, "bad Time '" + clip(time.text) +
                             "': expected a time of day such as 01:00:00.000123 (H:MM:SS[.fraction], hours 0-23, "
                             "minutes and seconds 0-59) or a number of seconds");
     }
-    enum class kind { allocate, failure, free } row_kind{};
+    row r;
     if (action.text == "allocate") {
-      row_kind = kind::allocate;
+      r.kind = row_kind::allocate;
     } else if (action.text == "free") {
-      row_kind = kind::free;
+      r.kind = row_kind::free;
     } else if (action.text == "allocate failure") {
-      row_kind = kind::failure;
+      r.kind = row_kind::failure;
     } else {
-      fail(action.column, "bad Action '" + clip(action.text) +
-                              "': expected allocate, free or allocate failure");
+      fail(action.column, "bad Action '" + clip(action.text) + "': expected allocate, free or allocate failure");
     }
-    std::uint64_t address = 0;
-    if (!parse_hex(pointer.text, address)) {
+    if (!parse_hex(pointer.text, r.address)) {
       fail(pointer.column, "bad Pointer '" + clip(pointer.text) +
                                "': expected a hexadecimal address such as 0x7f3a00000000 (with or without 0x)");
     }
     std::uint64_t bytes = 0;
-    {
-      auto const [end, ec] = std::from_chars(size.text.data(), size.text.data() + size.text.size(), bytes);
-      if (size.text.empty() || ec != std::errc{} || end != size.text.data() + size.text.size() ||
-          bytes > std::numeric_limits<std::size_t>::max()) {
-        fail(size.column, "bad Size '" + clip(size.text) + "': expected a number of bytes (decimal digits)" +
-                              (ec == std::errc::result_out_of_range ? ", and at most 18446744073709551615" : ""));
-      }
+    auto const [end, ec] = std::from_chars(size.text.data(), size.text.data() + size.text.size(), bytes);
+    if (size.text.empty() || ec != std::errc{} || end != size.text.data() + size.text.size() ||
+        bytes > std::numeric_limits<std::size_t>::max()) {
+      fail(size.column, "bad Size '" + clip(size.text) + "': expected a number of bytes (decimal digits)" +
+                            (ec == std::errc::result_out_of_range ? ", and at most 18446744073709551615" : ""));
     }
-    std::uint64_t stream_handle = 0;
-    if (!parse_hex(stream.text, stream_handle)) {
+    r.bytes = static_cast<std::size_t>(bytes);
+    if (!parse_hex(stream.text, r.stream_handle)) {
       fail(stream.column, "bad Stream '" + clip(stream.text) +
                               "': expected a hexadecimal stream handle such as 0x5581c0a0 or 0 (with or without 0x)");
     }
+    return r;
+  }
 
-    std::uint32_t const thread_index = intern_thread(thread.text);
-    if (row_kind == kind::failure) {
-      std::uint16_t const stream_index = intern_stream(stream_handle, stream.column);
-      log_.recorded_failures.push_back({line_number_, static_cast<std::size_t>(bytes), thread_index,
-                                        static_cast<std::uint32_t>(log_.events.size()), stream_index});
+  void read_row() {
+    split();
+    row const r = parse_fields();
+    std::size_t const pointer_column = fields_[3].column;
+    std::size_t const stream_column = fields_[5].column;
+    std::uint32_t const thread_index = intern_thread(fields_[0].text);
+    if (r.kind == row_kind::failure) {
+      std::uint16_t const stream_index = intern_stream(r.stream_handle, stream_column);
+      log_.recorded_failures.push_back(
+          {line_number_, r.bytes, thread_index, static_cast<std::uint32_t>(log_.events.size()), stream_index});
       return;
     }
-    if (address == 0) {
-      if (bytes == 0) {
+    if (r.address == 0) {
+      if (r.bytes == 0) {
         ++log_.skipped_null_rows;  // an allocation of nothing, or a free of nullptr: a no-op
         return;
       }
-      fail(pointer.column, std::string{row_kind == kind::free ? "a free" : "an allocate"} + " row of " +
-                               std::to_string(bytes) + " bytes has a null Pointer" +
-                               (row_kind == kind::free ? ": no allocation of that size returns null" : ""));
+      fail(pointer_column, std::string{r.kind == row_kind::free ? "a free" : "an allocate"} + " row of " +
+                               std::to_string(r.bytes) + " bytes has a null Pointer" +
+                               (r.kind == row_kind::free ? ": no allocation of that size returns null" : ""));
     }
-    std::uint16_t const stream_index = intern_stream(stream_handle, stream.column);
+    std::uint16_t const stream_index = intern_stream(r.stream_handle, stream_column);
     if (log_.events.size() == std::numeric_limits<std::uint32_t>::max()) {
       fail(0, "the log has more than 4294967295 events, more than a replay can index");
     }
     auto const event_index = static_cast<std::uint32_t>(log_.events.size());
     log_event event;
-    event.bytes = static_cast<std::size_t>(bytes);
+    event.bytes = r.bytes;
     event.stream = stream_index;
-    if (row_kind == kind::allocate) {
-      auto [it, inserted] = pointers_.try_emplace(address);
-      auto& state = it->second;
-      if (!inserted && state.live) {
-        fail(pointer.column, "allocate of " + format_hex(address) + ", which is still live: line " +
-                                 std::to_string(state.allocated_line) + " allocated it and no line freed it since");
-      }
-      state = pointer_state{static_cast<std::uint32_t>(log_.allocation_count), line_number_, 0, true};
-      event.action = log_action::allocate;
-      event.allocation = state.allocation;
-      log_.allocation_events.push_back(event_index);
-      ++log_.allocation_count;
-      if (__builtin_add_overflow(live_bytes_, event.bytes, &live_bytes_) ||
-          __builtin_add_overflow(log_.total_allocated_bytes, event.bytes, &log_.total_allocated_bytes)) {
-        fail(size.column, "with this allocation of " + std::to_string(bytes) +
-                              " bytes the log's bytes would pass 2^64 - 1: the sizes are absurd");
-      }
-      log_.peak_live_bytes = std::max(log_.peak_live_bytes, live_bytes_);
-    } else {
-      auto const it = pointers_.find(address);
-      if (it == pointers_.end()) {
-        fail(pointer.column, "free of " + format_hex(address) + ", which no earlier line allocated");
-      }
-      auto& state = it->second;
-      if (!state.live) {
-        fail(pointer.column, "free of " + format_hex(address) + ", which is not live: line " +
-                                 std::to_string(state.allocated_line) + " allocated it and line " +
-                                 std::to_string(state.freed_line) + " already freed it");
-      }
-      std::size_t const allocated_bytes = log_.events[log_.allocation_events[state.allocation]].bytes;
-      if (allocated_bytes != event.bytes) {
-        fail(size.column, "free of " + format_hex(address) + " with Size " + std::to_string(bytes) + ", but line " +
-                              std::to_string(state.allocated_line) + " allocated it with " +
-                              std::to_string(allocated_bytes) + " bytes");
-      }
-      state.live = false;
-      state.freed_line = line_number_;
-      event.action = log_action::free;
-      event.allocation = state.allocation;
-      live_bytes_ -= event.bytes;
-    }
+    event.action = r.kind == row_kind::allocate ? log_action::allocate : log_action::free;
+    event.allocation = r.kind == row_kind::allocate ? record_allocation(r.address, r.bytes, event_index)
+                                                     : record_free(r.address, r.bytes);
     log_.events.push_back(event);
     log_.event_lines.push_back(line_number_);
     log_.event_threads.push_back(thread_index);
     log_.events_by_thread[thread_index].push_back(event_index);
+  }
+
+  /// Checks and books an allocation; returns its allocation index.
+  std::uint32_t record_allocation(std::uint64_t address, std::size_t bytes, std::uint32_t event_index) {
+    auto [it, inserted] = pointers_.try_emplace(address);
+    auto& state = it->second;
+    if (!inserted && state.live) {
+      fail(fields_[3].column, "allocate of " + format_hex(address) + ", which is still live: line " +
+                                  std::to_string(state.allocated_line) + " allocated it and no line freed it since");
+    }
+    if (__builtin_add_overflow(live_bytes_, bytes, &live_bytes_) ||
+        __builtin_add_overflow(log_.total_allocated_bytes, bytes, &log_.total_allocated_bytes)) {
+      fail(fields_[4].column, "with this allocation of " + std::to_string(bytes) +
+                                  " bytes the log's bytes would pass 2^64 - 1: the sizes are absurd");
+    }
+    state = pointer_state{static_cast<std::uint32_t>(log_.allocation_count), line_number_, 0, true};
+    log_.allocation_events.push_back(event_index);
+    ++log_.allocation_count;
+    log_.peak_live_bytes = std::max(log_.peak_live_bytes, live_bytes_);
+    return state.allocation;
+  }
+
+  /// Checks and books a free; returns the allocation index it frees.
+  std::uint32_t record_free(std::uint64_t address, std::size_t bytes) {
+    auto const it = pointers_.find(address);
+    if (it == pointers_.end()) {
+      fail(fields_[3].column, "free of " + format_hex(address) + ", which no earlier line allocated");
+    }
+    auto& state = it->second;
+    if (!state.live) {
+      fail(fields_[3].column, "free of " + format_hex(address) + ", which is not live: line " +
+                                  std::to_string(state.allocated_line) + " allocated it and line " +
+                                  std::to_string(state.freed_line) + " already freed it");
+    }
+    std::size_t const allocated_bytes = log_.events[log_.allocation_events[state.allocation]].bytes;
+    if (allocated_bytes != bytes) {
+      fail(fields_[4].column, "free of " + format_hex(address) + " with Size " + std::to_string(bytes) + ", but line " +
+                                  std::to_string(state.allocated_line) + " allocated it with " +
+                                  std::to_string(allocated_bytes) + " bytes");
+    }
+    state.live = false;
+    state.freed_line = line_number_;
+    live_bytes_ -= bytes;
+    return state.allocation;
   }
 
   std::uint32_t intern_thread(std::string_view name) {
