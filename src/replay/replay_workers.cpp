@@ -24,20 +24,19 @@ inline void cpu_relax() noexcept {
 }
 
 /// A worker that cannot run anything: spins a little (the event it waits for is usually
-/// quick), then yields, then sleeps on `word` until it differs from `seen`. Bounded: at
-/// most ~100 spins and ~16 yields between sleeps.
+/// quick), then sleeps on `word` (a futex) until it differs from `seen`. Bounded: at most
+/// 128 spins between sleeps. No sched_yield: on a loaded machine a yield hands the core
+/// to another process for a whole time slice, while a futex wake-up is scheduled at once.
 template <class T>
 class idle_waiter {
  public:
   void wait(std::atomic<T> const& word, T seen) {
-    if (rounds_ < 96) {
+    if (rounds_ < 128) {
       cpu_relax();
-    } else if (rounds_ < 112) {
-      std::this_thread::yield();
+      ++rounds_;
     } else {
       word.wait(seen, std::memory_order_acquire);
     }
-    ++rounds_;
   }
   void reset() noexcept { rounds_ = 0; }
 
@@ -106,7 +105,9 @@ void strict_worker(run_state& s, unsigned w, unsigned of, double& inside_ns) {
     }
     idle.reset();
     if (s.expect_failures) { s.ask_expected_failures(i); }
-    if (!s.run_event(i, inside_ns)) { s.stop.store(true, std::memory_order_relaxed); }
+    if (s.stop.load(std::memory_order_relaxed) || !s.run_event(i, inside_ns)) {
+      s.stop.store(true, std::memory_order_relaxed);
+    }
     s.next.store(i + 1, std::memory_order_release);
     s.next.notify_all();
     if (s.stop.load(std::memory_order_relaxed)) { return; }
@@ -245,15 +246,19 @@ void run_state::ask_expected_failures(std::uint32_t i) {
   for (; next_expectation < recorded.size() && recorded[next_expectation].before_event <= i; ++next_expectation) {
     recorded_failure const& f = recorded[next_expectation];
     ++expectations_checked;
-    void* p = nullptr;
     try {
-      p = top->allocate(f.bytes, streams[f.stream]);
+      void* const p = top->allocate(f.bytes, streams[f.stream]);
+      ++expectations_served;
+      if (first_served_line == 0) { first_served_line = f.line; }
+      top->deallocate(p, f.bytes, streams[f.stream]);
     } catch (std::bad_alloc const&) {
-      continue;  // refused, as the log says the program was
+      // refused, as the log says the program was
+    } catch (std::exception const& broken) {
+      std::lock_guard lock{failure_mutex};
+      if (error.empty()) { error = "line " + std::to_string(f.line) + " (a recorded failure): " + broken.what(); }
+      stop.store(true, std::memory_order_relaxed);
+      return;
     }
-    ++expectations_served;
-    if (first_served_line == 0) { first_served_line = f.line; }
-    top->deallocate(p, f.bytes, streams[f.stream]);
   }
 }
 
@@ -288,7 +293,7 @@ schedule_outcome run_events(run_state& s, replay_order order, unsigned workers, 
     auto const n = static_cast<std::uint32_t>(s.log->events.size());
     for (std::uint32_t i = 0; i < n; ++i) {
       if (s.expect_failures) { s.ask_expected_failures(i); }
-      if (!s.run_event(i, outcome.inside_ns)) { break; }
+      if (s.stop.load(std::memory_order_relaxed) || !s.run_event(i, outcome.inside_ns)) { break; }
     }
     s.next.store(n, std::memory_order_relaxed);
     if (s.expect_failures && s.error.empty()) { s.ask_expected_failures(n); }
