@@ -163,6 +163,16 @@ TEST_CASE("replay threads: per-thread order replays every event, each free after
     CHECK(order_checker::calls() == log.events.size());
     CHECK(order_checker::live().empty());
   }
+  // Peak live is the one the replay reached: on one worker (sequential, but not the log's
+  // interleaving) it is exactly what the meter above cuda saw.
+  replay_options one = simulated();
+  one.order = replay_order::per_thread;
+  one.workers = 1;
+  auto const r = replay_stack(log, "cuda", one);
+  CHECK(r.complete());
+  CHECK(r.peak_live_bytes > 0);
+  CHECK(r.peak_live_bytes == r.peak_footprint_bytes);
+  CHECK(r.peak_live_bytes != log.peak_live_bytes);  // thread by thread, not the log's order
 }
 
 TEST_CASE("replay threads: 4,000 thread ids and 10,000 events replay in seconds on few workers") {

@@ -148,6 +148,7 @@ struct one_run {
   std::size_t expectations_served = 0;
   std::uint32_t first_served_line = 0;
   std::vector<bool> refused;
+  std::size_t reached_peak_live = 0;  ///< per-thread order: the peak the replay reached
   std::size_t leaks = 0;
   std::size_t leaked_bytes = 0;
   std::string error;
@@ -213,6 +214,7 @@ one_run run_once(allocation_log const& log, stack_spec const& spec, replay_optio
   s.prepare(log, stack.top.get(), streams.data());
   s.expect_failures = options.expect_failures;
   s.clock_cost_ns = clock_cost;
+  s.count_live = options.order == replay_order::per_thread;
   {
     progress_monitor const monitor{options, s, options.order == replay_order::strict};
     auto const t0 = std::chrono::steady_clock::now();
@@ -239,6 +241,7 @@ one_run run_once(allocation_log const& log, stack_spec const& spec, replay_optio
   out.expectations_served = s.expectations_served;
   out.first_served_line = s.first_served_line;
   out.refused = s.refused();
+  out.reached_peak_live = s.live_peak.load(std::memory_order_relaxed);
   out.error = std::move(s.error);
   return out;
 }
@@ -293,6 +296,7 @@ replay_result replay_stack(allocation_log const& log, std::string const& spec_te
   bool const real_streams = replay_detail::device_present();
   int const runs = std::max(1, options.repeat);
   std::vector<bool> refused_in_first_failing_run;
+  std::size_t reached_peak_live = 0;
   for (int r = 0; r < runs; ++r) {
     one_run run = run_once(log, spec, options, real_streams, result.footprint_measured_by);
     if (!run.error.empty()) {
@@ -310,6 +314,7 @@ replay_result replay_stack(allocation_log const& log, std::string const& spec_te
     }
     result.peak_footprint_bytes = std::max(result.peak_footprint_bytes, run.peak_footprint);
     result.upstream_allocations = std::max(result.upstream_allocations, run.upstream_allocations);
+    reached_peak_live = std::max(reached_peak_live, run.reached_peak_live);
     result.leaks = run.leaks;
     result.leaked_bytes = run.leaked_bytes;
     if (run.failures > result.failures) {
@@ -322,8 +327,12 @@ replay_result replay_stack(allocation_log const& log, std::string const& spec_te
       refused_in_first_failing_run = std::move(run.refused);
     }
   }
-  result.peak_live_bytes = result.failures == 0 ? log.peak_live_bytes
-                                                : peak_live_bytes_without(log, refused_in_first_failing_run);
+  if (options.order == replay_order::per_thread) {
+    result.peak_live_bytes = reached_peak_live;  // its own interleaving, not the log's order
+  } else {
+    result.peak_live_bytes = result.failures == 0 ? log.peak_live_bytes
+                                                  : peak_live_bytes_without(log, refused_in_first_failing_run);
+  }
   if (!result.seconds.empty()) {
     result.median_seconds = median(result.seconds);
     result.ns_per_call = median(result.ns_per_call_per_run);

@@ -56,6 +56,11 @@ struct run_state {
   std::atomic<std::uint32_t> next{0};     ///< strict order: the next event to run
   std::atomic<std::uint64_t> made{0};     ///< per-thread order: allocations settled (wakes waiters)
   std::atomic<std::size_t> done{0};       ///< events done (progress; approximate in per-thread order)
+  /// Per-thread order: the live bytes the replay reaches (its interleaving is not the
+  /// log's, so neither is its peak). Counted outside the timed calls.
+  bool count_live = false;
+  std::atomic<std::size_t> live_now{0};
+  std::atomic<std::size_t> live_peak{0};
 
   void prepare(allocation_log const& l, memory_resource* t, stream_view const* s);
   /// Runs event `i`, adding the time inside the call to `inside_ns`. Returns false when

@@ -209,12 +209,18 @@ bool run_state::run_event(std::uint32_t i, double& inside_ns) {
       void* const p = top->allocate(e.bytes, streams[e.stream]);
       inside_ns += std::max(0.0, ns_between(t0, clock_type::now()) - clock_cost_ns);
       pointers[e.allocation] = p;
+      if (count_live) {  // before `made`: the free that subtracts cannot come first
+        std::size_t const now = live_now.fetch_add(e.bytes, std::memory_order_relaxed) + e.bytes;
+        std::size_t peak = live_peak.load(std::memory_order_relaxed);
+        while (now > peak && !live_peak.compare_exchange_weak(peak, now, std::memory_order_relaxed)) {}
+      }
       states[e.allocation].store(allocation_state::made, std::memory_order_release);
     } else if (states[e.allocation].load(std::memory_order_acquire) == allocation_state::made) {
       auto const t0 = clock_type::now();
       top->deallocate(pointers[e.allocation], e.bytes, streams[e.stream]);
       inside_ns += std::max(0.0, ns_between(t0, clock_type::now()) - clock_cost_ns);
       pointers[e.allocation] = nullptr;
+      if (count_live) { live_now.fetch_sub(e.bytes, std::memory_order_relaxed); }
     }  // else refused: its free is skipped
   } catch (std::bad_alloc const& refusal) {
     states[e.allocation].store(allocation_state::refused, std::memory_order_release);

@@ -94,7 +94,10 @@ struct replay_result {
   replay_order order = replay_order::strict;
   unsigned workers = 1;            ///< OS threads the runs used
   std::string workers_note;        ///< why fewer workers ran than wanted (empty: as wanted)
-  std::size_t peak_live_bytes = 0; ///< most bytes live at once (refused allocations excluded)
+  /// Most bytes live at once (refused allocations excluded): in strict order the log's
+  /// own peak; in per-thread order the peak the replay reached (the most over its runs),
+  /// since its interleaving of the threads is not the log's.
+  std::size_t peak_live_bytes = 0;
   std::size_t peak_footprint_bytes = 0;
   std::string footprint_measured_by;  ///< "footprint_meter above simulated", "cuda_async pool reserved high"...
   /// Nothing but the meter sits above the bottom, so the footprint is just the bytes asked
