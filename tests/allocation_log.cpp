@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <random>
 #include <sstream>
@@ -353,6 +354,40 @@ TEST_CASE("log: files, plain and gzip; unreadable and damaged files are errors")
                     Catch::Contains("larger than 100000 bytes, the reader's limit (raise it with --max-log-bytes)"));
   CHECK_THROWS_WITH(read_allocation_log((dir / "plain.csv").string(), log_limits{10, 1000}),
                     Catch::Contains("larger than 10 bytes"));
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("log: damaged gzip files are errors, never a crash or a silent success") {
+  auto const dir = scratch_dir();
+  std::string text = header;
+  for (int i = 0; i < 2000; ++i) {
+    text += "1,0,allocate,0x" + std::to_string(100000 + i) + ",100,0\n1,0,free,0x" + std::to_string(100000 + i) + ",100,0\n";
+  }
+  write_gzip(dir / "good.csv.gz", text);
+  std::string packed;
+  {
+    std::ifstream f{dir / "good.csv.gz", std::ios::binary};
+    packed.assign(std::istreambuf_iterator<char>{f}, std::istreambuf_iterator<char>{});
+  }
+  std::mt19937 rng{5};
+  std::size_t refused = 0;
+  for (int k = 0; k < 200; ++k) {
+    std::string damaged = packed;
+    for (int flips = 0; flips < 3; ++flips) {
+      damaged[2 + rng() % (damaged.size() - 2)] = static_cast<char>(rng());  // keep the magic number
+    }
+    {
+      std::ofstream{dir / "damaged.csv.gz", std::ios::binary | std::ios::trunc} << damaged;
+    }
+    try {
+      auto const log = read_allocation_log((dir / "damaged.csv.gz").string());
+      CHECK(log.events.size() <= 4000);  // a flip in a name or a stored block may still read
+    } catch (log_error const& e) {
+      ++refused;
+      CHECK(std::string{e.what()}.size() < 1000);
+    }
+  }
+  CHECK(refused > 150);  // the CRC catches nearly every damaged stream
   std::filesystem::remove_all(dir);
 }
 
