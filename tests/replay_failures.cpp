@@ -262,6 +262,7 @@ TEST_CASE("replay failures: --timeline writes the documented schema") {
   CHECK(t.at("threads").at(0).at("thread").text == "1");
   CHECK(t.at("threads").at(0).at("allocations").number == 2);
   CHECK(t.at("threads").at(0).at("bytes_allocated").number == 6000);
+  CHECK(t.at("streams").at(0).at("stream").text == "0");  // as the log writes it
   CHECK(t.at("streams").at(1).at("stream").text == "0x5500");
   CHECK(t.at("streams").at(1).at("frees").number == 1);
   REQUIRE(t.at("results").items.size() == 2);

@@ -299,6 +299,7 @@ class log_parser {
         fail(column, "the log uses more than 65535 streams");
       }
       log_.streams.push_back(handle);
+      log_.stream_names.emplace_back(fields_[5].text);
     }
     return it->second;
   }

@@ -183,7 +183,7 @@ std::string failing_log_csv(allocation_log const& log, std::vector<std::uint32_t
     out += e.action == log_action::allocate ? ",0,allocate," : ",0,free,";
     // One address per allocation, 4 KiB apart: unique, and plausible to a reader.
     out += format_hex((static_cast<unsigned long long>(e.allocation) + 1) << 12);
-    out.append(",").append(std::to_string(e.bytes)).append(",").append(format_hex(log.streams[e.stream])).append("\n");
+    out.append(",").append(std::to_string(e.bytes)).append(",").append(log.stream_names[e.stream]).append("\n");
   }
   return out;
 }

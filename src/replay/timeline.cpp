@@ -1,7 +1,6 @@
 // --timeline: the log's activity, and each stack sampled over one untimed replay.
 #include "replay_run.hpp"
 
-#include <mrstack/detail/format.hpp>
 #include <mrstack/replay/timeline.hpp>
 
 #include <algorithm>
@@ -31,7 +30,7 @@ timeline log_timeline(allocation_log const& log, std::size_t points) {
   t.threads.resize(log.thread_names.size());
   for (std::size_t i = 0; i < t.threads.size(); ++i) { t.threads[i].name = log.thread_names[i]; }
   t.streams.resize(log.streams.size());
-  for (std::size_t i = 0; i < t.streams.size(); ++i) { t.streams[i].name = format_hex(log.streams[i]); }
+  for (std::size_t i = 0; i < t.streams.size(); ++i) { t.streams[i].name = log.stream_names[i]; }
   std::vector<std::size_t> buckets(65, 0);  // bucket b: sizes in [2^b, 2^(b+1))
   std::size_t live = 0;  // cannot wrap: the reader refuses logs whose sums would
   std::size_t next_sample = 0;

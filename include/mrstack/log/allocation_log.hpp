@@ -77,6 +77,7 @@ struct allocation_log {
   std::vector<std::vector<std::uint32_t>> events_by_thread;  ///< per thread: its event indices, in order
   std::vector<std::string> thread_names;  ///< the log's thread ids, by thread index
   std::vector<std::uint64_t> streams;     ///< the log's stream handles, by stream index (first seen first)
+  std::vector<std::string> stream_names;  ///< each stream as the log first writes it ("0x5500", "0")
   std::size_t allocation_count = 0;       ///< allocate events (= distinct allocation indices)
   std::vector<std::uint32_t> allocation_events;   ///< per allocation: the index of its allocate event
   std::vector<std::uint32_t> leaked_allocations;  ///< allocations the log never frees
