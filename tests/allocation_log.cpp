@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <random>
 #include <sstream>
@@ -124,7 +125,7 @@ TEST_CASE("log: every malformed line is an error naming file, line and column") 
   require_log_error("Thread,Time,Action\n", 1, 19, "the header ends after 3 columns");
   require_log_error(header + "1,01:00:00,allocate,0x100,256\n", 2, 30, "expected 6 columns");
   require_log_error(header + ",01:00:00,allocate,0x100,256,0\n", 2, 1, "the Thread column is empty");
-  require_log_error(header + "1,yesterday,allocate,0x100,256,0\n", 2, 3, "bad Time 'yesterday': expected a time such as");
+  require_log_error(header + "1,yesterday,allocate,0x100,256,0\n", 2, 3, "bad Time 'yesterday': expected a time of day such as");
   require_log_error(header + "1,1:0:00,allocate,0x100,256,0\n", 2, 3, "bad Time '1:0:00'");
   require_log_error(header + "1,1.,allocate,0x100,256,0\n", 2, 3, "bad Time '1.'");
   require_log_error(header + "1,01:00:00,alloc,0x100,256,0\n", 2, 12,
@@ -139,6 +140,52 @@ TEST_CASE("log: every malformed line is an error naming file, line and column") 
   require_log_error(header + "1,01:00:00,allocate,0x100,256,default\n", 2, 31,
                     "bad Stream 'default': expected a hexadecimal stream handle");
   require_log_error(header + "1,01:00:00,allocate,0x0,256,0\n", 2, 21, "an allocate row of 256 bytes has a null Pointer");
+}
+
+TEST_CASE("log: Time is a time of day; a null free with a size and absurd totals are errors") {
+  require_log_error(header + "1,25:99:99,allocate,0x100,256,0\n", 2, 3, "bad Time '25:99:99'");
+  require_log_error(header + "1,24:00:00,allocate,0x100,256,0\n", 2, 3, "bad Time '24:00:00'");
+  require_log_error(header + "1,01:60:00,allocate,0x100,256,0\n", 2, 3, "bad Time '01:60:00'");
+  require_log_error(header + "1,01:00:60.5,allocate,0x100,256,0\n", 2, 3, "bad Time '01:00:60.5'");
+  CHECK(parse_allocation_log(header + "1,23:59:59.999999,allocate,0x100,256,0\n1,7:05:09,free,0x100,256,0\n")
+            .events.size() == 2);
+  require_log_error(header + "1,01:00:00,free,0x0,256,0\n", 2, 17,
+                    "a free row of 256 bytes has a null Pointer: no allocation of that size returns null");
+  CHECK(parse_allocation_log(header + "1,01:00:00,free,0x0,0,0\n").skipped_null_rows == 1);
+  // Live bytes past 2^64 - 1 (each size alone is valid): refused, not wrapped.
+  require_log_error(header + "1,0,allocate,0x100,18446744073709551615,0\n1,0,allocate,0x200,2,0\n", 3, 20,
+                    "the log's bytes would pass 2^64 - 1: the sizes are absurd");
+}
+
+TEST_CASE("log: long lines are bounded, and messages quote at most 200 characters") {
+  log_limits limits;
+  limits.max_line_bytes = 1000;
+  std::string const long_thread(5000, 't');
+  std::string const text = header + long_thread + ",0,allocate,0x100,256,0\n";
+  try {
+    (void)parse_allocation_log(text, "test.csv", limits);
+    FAIL("no error for an over-long line");
+  } catch (log_error const& e) {
+    std::string const message = e.what();
+    CHECK(e.line() == 2);
+    CHECK_THAT(message, Catch::Contains("the line is 5023 bytes long, more than the reader's limit of 1000"));
+    CHECK(message.size() < 400);
+  }
+  // Within the limit, a bad field far into an 8,000-character line: the message stays short.
+  limits.max_line_bytes = 1 << 20;
+  std::string const bad = header + "1,0,allocate,0x100," + std::string(8000, '9') + "x,0\n";
+  try {
+    (void)parse_allocation_log(bad, "test.csv", limits);
+    FAIL("no error for a bad size");
+  } catch (log_error const& e) {
+    std::string const message = e.what();
+    CHECK_THAT(message, Catch::Contains("bad Size '999"));
+    CHECK(message.size() < 600);
+    CHECK(e.column() == 20);
+  }
+  // The default limit applies without options.
+  CHECK_THROWS_WITH(parse_allocation_log(header + std::string(70000, '1') + ",0,allocate,0x100,256,0\n"),
+                    Catch::Contains("more than the reader's limit of 65536"));
 }
 
 TEST_CASE("log: inconsistent logs are errors naming the lines involved") {
@@ -273,7 +320,74 @@ TEST_CASE("log: files, plain and gzip; unreadable and damaged files are errors")
     std::ofstream bin{dir / "binary.csv", std::ios::binary};
     bin << header << std::string("1,0,allocate\0,0x100,100,0\n", 26);
   }
-  CHECK_THROWS_WITH(read_allocation_log((dir / "binary.csv").string()), Catch::Contains("binary data"));
+  try {
+    (void)read_allocation_log((dir / "binary.csv").string());
+    FAIL("read binary data");
+  } catch (log_error const& e) {
+    CHECK(e.line() == 2);
+    CHECK(e.column() == 13);
+    CHECK_THAT(e.what(), Catch::Contains(":2:13: a NUL byte at byte offset 51 of the text: the log holds binary data"));
+  }
+
+  // Bytes after the gzip stream that are not another gzip stream.
+  write_gzip(dir / "junk.csv.gz", text);
+  {
+    std::ofstream{dir / "junk.csv.gz", std::ios::binary | std::ios::app} << "junk";
+  }
+  CHECK_THROWS_WITH(read_allocation_log((dir / "junk.csv.gz").string()),
+                    Catch::Contains("4 bytes of trailing garbage after the gzip stream"));
+  // Two gzip streams one after another are one text (as gzip -d reads them).
+  write_gzip(dir / "first.gz", header + "1,0,allocate,0x100,100,0\n");
+  write_gzip(dir / "second.gz", "1,0,free,0x100,100,0\n");
+  {
+    std::ofstream both{dir / "both.csv.gz", std::ios::binary};
+    both << std::ifstream{dir / "first.gz", std::ios::binary}.rdbuf() << std::ifstream{dir / "second.gz", std::ios::binary}.rdbuf();
+  }
+  CHECK(read_allocation_log((dir / "both.csv.gz").string()).events.size() == 2);
+
+  // A small gzip file that expands past the limit is refused while it expands.
+  write_gzip(dir / "bomb.csv.gz", header + std::string(1 << 20, '\n'));
+  log_limits small;
+  small.max_text_bytes = 100000;
+  CHECK(std::filesystem::file_size(dir / "bomb.csv.gz") < 10000);
+  CHECK_THROWS_WITH(read_allocation_log((dir / "bomb.csv.gz").string(), small),
+                    Catch::Contains("larger than 100000 bytes, the reader's limit (raise it with --max-log-bytes)"));
+  CHECK_THROWS_WITH(read_allocation_log((dir / "plain.csv").string(), log_limits{10, 1000}),
+                    Catch::Contains("larger than 10 bytes"));
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("log: damaged gzip files are errors, never a crash or a silent success") {
+  auto const dir = scratch_dir();
+  std::string text = header;
+  for (int i = 0; i < 2000; ++i) {
+    text += "1,0,allocate,0x" + std::to_string(100000 + i) + ",100,0\n1,0,free,0x" + std::to_string(100000 + i) + ",100,0\n";
+  }
+  write_gzip(dir / "good.csv.gz", text);
+  std::string packed;
+  {
+    std::ifstream f{dir / "good.csv.gz", std::ios::binary};
+    packed.assign(std::istreambuf_iterator<char>{f}, std::istreambuf_iterator<char>{});
+  }
+  std::mt19937 rng{5};
+  std::size_t refused = 0;
+  for (int k = 0; k < 200; ++k) {
+    std::string damaged = packed;
+    for (int flips = 0; flips < 3; ++flips) {
+      damaged[2 + rng() % (damaged.size() - 2)] = static_cast<char>(rng());  // keep the magic number
+    }
+    {
+      std::ofstream{dir / "damaged.csv.gz", std::ios::binary | std::ios::trunc} << damaged;
+    }
+    try {
+      auto const log = read_allocation_log((dir / "damaged.csv.gz").string());
+      CHECK(log.events.size() <= 4000);  // a flip in a name or a stored block may still read
+    } catch (log_error const& e) {
+      ++refused;
+      CHECK(std::string{e.what()}.size() < 1000);
+    }
+  }
+  CHECK(refused > 150);  // the CRC catches nearly every damaged stream
   std::filesystem::remove_all(dir);
 }
 

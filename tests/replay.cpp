@@ -464,7 +464,7 @@ TEST_CASE("mrstack-replay: the table, the header and the verdict") {
   CHECK_THAT(c.out, Catch::Contains("6 events (3 allocations, 3 frees) on 1 thread and 1 stream; peak live 7.8 KiB"));
   CHECK_THAT(c.out, Catch::Contains("memory:  SIMULATED (--simulate);\n"
                                     "           each stack's bottom is simulated(capacity=1.00 GiB), touching no memory"));
-  CHECK_THAT(c.out, Catch::Contains("events  wall time  ns/event   peak live  peak footprint  footprint/live  leaks  failures"));
+  CHECK_THAT(c.out, Catch::Contains("events  wall time  ns/event  ns/call   peak live  peak footprint  footprint/live  leaks  failures"));
   CHECK_THAT(c.out, Catch::Contains("12.0 KiB          1.536x      0         0"));  // 12288 / 8000
   CHECK_THAT(c.out, Catch::Contains("8.8 KiB          1.125x      0         0"));   // 9000 / 8000
   CHECK_THAT(c.out, Catch::Contains("\ncuda*  "));
@@ -481,7 +481,7 @@ TEST_CASE("mrstack-replay: exit 1 when an allocation fails; --json holds the num
   INFO(c.out << c.err);
   CHECK(c.status == 1);
   CHECK_THAT(c.out, Catch::Contains("1 (line 5)"));
-  CHECK_THAT(c.out, Catch::Contains("cuda: 1 allocation refused; the first at line 5 (4.9 KiB): out of memory"));
+  CHECK_THAT(c.out, Catch::Contains("cuda: 1 allocation refused; the first at line 5 (event 3, 4.9 KiB): out of memory"));
   CHECK_THAT(c.out, Catch::Contains("no stack replayed the whole log"));
   std::string const j = slurp(json);
   INFO(j);
@@ -492,7 +492,7 @@ TEST_CASE("mrstack-replay: exit 1 when an allocation fails; --json holds the num
   CHECK_THAT(j, Catch::Contains("{\"resource\": \"test_round_up(to=1KiB) > cuda\""));
   CHECK_THAT(j, Catch::EndsWith("}\n]\n"));
   // Every object has the keys machines rely on.
-  for (char const* key : {"\"resource\"", "\"events\"", "\"failures\"", "\"seconds\"", "\"peak_live_bytes\"",
+  for (char const* key : {"\"built_as\"", "\"events\"", "\"failures\"", "\"seconds\"", "\"peak_live_bytes\"",
                           "\"peak_footprint_bytes\""}) {
     std::size_t count = 0;
     for (std::size_t at = j.find(key); at != std::string::npos; at = j.find(key, at + 1)) { ++count; }
@@ -537,6 +537,26 @@ TEST_CASE("mrstack-replay: exit 2 for unusable input, with a clear message and n
   auto const help = run_tool({"--help"});
   CHECK(help.status == 0);
   CHECK_THAT(help.out, Catch::Contains("usage: mrstack-replay LOG.csv[.gz]"));
+  // The usage lines (before the first blank line) name every option, and the option list
+  // explains each.
+  std::string const usage = help.out.substr(0, help.out.find("\n\n"));
+  for (char const* option : {"--resource", "--simulate", "--capacity", "--repeat", "--warmup", "--order", "--workers",
+                             "--expect-failures", "--json", "--timeline", "--timeline-points", "--shrink",
+                             "--max-log-bytes", "--max-line-bytes", "--list-resources"}) {
+    INFO(option);
+    CHECK_THAT(usage, Catch::Contains(std::string{"["} + option) || Catch::Contains(std::string{" "} + option));
+    CHECK_THAT(help.out.substr(usage.size()), Catch::Contains(std::string{"  "} + option) || Catch::Contains(std::string{", "} + option));
+    if (std::string{option} != "--resource" && std::string{option} != "--list-resources") {
+      // An option the parser does not know would be refused as unknown.
+      auto const probe = run_tool({good, option});
+      CHECK_THAT(probe.err, !Catch::Contains("unknown option"));
+    }
+  }
+  // --json into a folder that does not exist: the message names the path given.
+  auto const nowhere = run_tool({good, "--simulate", "-r", "cuda", "--json", "/no/such/dir/o.json"});
+  CHECK(nowhere.status == 2);
+  CHECK_THAT(nowhere.err, Catch::Contains("--json: cannot write /no/such/dir/o.json: No such file or directory"));
+  CHECK_THAT(nowhere.err, !Catch::Contains(".tmp."));
   auto const list = run_tool({"--list-resources"});
   CHECK(list.status == 0);
   CHECK_THAT(list.out, Catch::Contains("cuda_async  (bottom: takes no upstream)"));
@@ -545,7 +565,10 @@ TEST_CASE("mrstack-replay: exit 2 for unusable input, with a clear message and n
 
 TEST_CASE("mrstack-replay: the sample log over simulated memory") {
   register_test_layers();
-  auto const path = std::filesystem::path{__FILE__}.parent_path().parent_path() / "data" / "torch_resnet50_train.csv.gz";
+  char const* env = std::getenv("MRSTACK_SAMPLE_LOG");  // ctest sets it
+  auto const path = env != nullptr ? std::filesystem::path{env}
+                                   : std::filesystem::path{__FILE__}.parent_path().parent_path() / "data" /
+                                         "torch_resnet50_train.csv.gz";
   if (!std::filesystem::exists(path)) {
     WARN("sample log not found at " << path.string());
     return;

@@ -11,8 +11,6 @@
 #include <limits>
 #include <unordered_map>
 
-#include <zlib.h>
-
 namespace mrstack {
 
 namespace {
@@ -32,6 +30,11 @@ bool equal_ignoring_case(std::string_view a, std::string_view b) {
          });
 }
 
+/// A field as an error message quotes it: at most 80 characters.
+std::string clip(std::string_view text) {
+  return text.size() <= 80 ? std::string{text} : std::string{text.substr(0, 80)} + "...";
+}
+
 struct field {
   std::string_view text;  // trimmed
   std::size_t column;     // 1-based column of the trimmed text
@@ -44,13 +47,20 @@ bool is_time(std::string_view t) {
     while (i < t.size() && std::isdigit(static_cast<unsigned char>(t[i])) != 0) { ++i; }
     return i - start;
   };
+  // Two digits at t[at], below `bound`.
+  auto two_digits_below = [&](std::size_t at, int bound) {
+    return (t[at] - '0') * 10 + (t[at + 1] - '0') < bound;
+  };
   std::size_t i = 0;
-  if (digits(i) == 0) { return false; }
+  std::size_t const hours = digits(i);
+  if (hours == 0) { return false; }
   if (i < t.size() && t[i] == ':') {
+    // A time of day, as the logging adaptors write it: hours 0-23, minutes and seconds 0-59.
+    if (hours > 2 || (hours == 2 ? !two_digits_below(0, 24) : false)) { return false; }
     ++i;
-    if (digits(i) != 2 || i >= t.size() || t[i] != ':') { return false; }
+    if (digits(i) != 2 || !two_digits_below(i - 2, 60) || i >= t.size() || t[i] != ':') { return false; }
     ++i;
-    if (digits(i) != 2) { return false; }
+    if (digits(i) != 2 || !two_digits_below(i - 2, 60)) { return false; }
   }
   if (i < t.size() && t[i] == '.') {
     ++i;
@@ -72,7 +82,9 @@ bool parse_hex(std::string_view t, std::uint64_t& out) {
 
 class log_parser {
  public:
-  log_parser(std::string_view text, std::string source) : text_{text} { log_.source = std::move(source); }
+  log_parser(std::string_view text, std::string source, log_limits const& limits) : text_{text}, limits_{limits} {
+    log_.source = std::move(source);
+  }
 
   allocation_log parse() {
     read_header();
@@ -94,6 +106,11 @@ class log_parser {
     pos_ = end + 1;
     if (line_number_ == std::numeric_limits<std::uint32_t>::max()) { fail(0, "the log has more than 4294967295 lines"); }
     ++line_number_;
+    if (line_.size() > limits_.max_line_bytes) {
+      fail(0, "the line is " + std::to_string(line_.size()) + " bytes long, more than the reader's limit of " +
+                  std::to_string(limits_.max_line_bytes) + " (raise it with --max-line-bytes); it starts: " +
+                  quoted(line_.substr(0, quoted_line_chars)));
+    }
     return true;
   }
 
@@ -121,123 +138,149 @@ class log_parser {
                                    " columns: expected " + std::string{expected_header} + " (more columns may follow)");
       }
       if (!equal_ignoring_case(fields_[i].text, column_names[i])) {
-        fail(fields_[i].column, "header column " + std::to_string(i + 1) + " is '" + std::string{fields_[i].text} +
+        fail(fields_[i].column, "header column " + std::to_string(i + 1) + " is '" + clip(fields_[i].text) +
                                     "', expected '" + std::string{column_names[i]} + "': the header must start with " +
                                     std::string{expected_header});
       }
     }
   }
 
-  void read_row() {
-    split();
+  enum class row_kind { allocate, failure, free };
+
+  /// One row's fields, checked: what read_row needs to record it.
+  struct row {
+    row_kind kind{};
+    std::uint64_t address = 0;
+    std::size_t bytes = 0;
+    std::uint64_t stream_handle = 0;
+  };
+
+  /// Checks the fields of the current line (split already) and converts them.
+  row parse_fields() {
     if (fields_.size() < std::size(column_names)) {
       fail(line_.size() + 1, "expected 6 columns (" + std::string{expected_header} + "), found " +
                                  std::to_string(fields_.size()));
     }
-    field const& thread = fields_[0];
     field const& time = fields_[1];
     field const& action = fields_[2];
     field const& pointer = fields_[3];
     field const& size = fields_[4];
     field const& stream = fields_[5];
-    if (thread.text.empty()) { fail(thread.column, "the Thread column is empty: expected a thread id"); }
+    if (fields_[0].text.empty()) { fail(fields_[0].column, "the Thread column is empty: expected a thread id"); }
     if (!is_time(time.text)) {
-      fail(time.column, "bad Time '" + std::string{time.text} +
-                            "': expected a time such as 01:00:00.000123 (H:MM:SS[.fraction]) or a number of seconds");
+      fail(time.column, "bad Time '" + clip(time.text) +
+                            "': expected a time of day such as 01:00:00.000123 (H:MM:SS[.fraction], hours 0-23, "
+                            "minutes and seconds 0-59) or a number of seconds");
     }
-    enum class kind { allocate, failure, free } row_kind{};
+    row r;
     if (action.text == "allocate") {
-      row_kind = kind::allocate;
+      r.kind = row_kind::allocate;
     } else if (action.text == "free") {
-      row_kind = kind::free;
+      r.kind = row_kind::free;
     } else if (action.text == "allocate failure") {
-      row_kind = kind::failure;
+      r.kind = row_kind::failure;
     } else {
-      fail(action.column, "bad Action '" + std::string{action.text} +
-                              "': expected allocate, free or allocate failure");
+      fail(action.column, "bad Action '" + clip(action.text) + "': expected allocate, free or allocate failure");
     }
-    std::uint64_t address = 0;
-    if (!parse_hex(pointer.text, address)) {
-      fail(pointer.column, "bad Pointer '" + std::string{pointer.text} +
+    if (!parse_hex(pointer.text, r.address)) {
+      fail(pointer.column, "bad Pointer '" + clip(pointer.text) +
                                "': expected a hexadecimal address such as 0x7f3a00000000 (with or without 0x)");
     }
     std::uint64_t bytes = 0;
-    {
-      auto const [end, ec] = std::from_chars(size.text.data(), size.text.data() + size.text.size(), bytes);
-      if (size.text.empty() || ec != std::errc{} || end != size.text.data() + size.text.size() ||
-          bytes > std::numeric_limits<std::size_t>::max()) {
-        fail(size.column, "bad Size '" + std::string{size.text} + "': expected a number of bytes (decimal digits)" +
-                              (ec == std::errc::result_out_of_range ? ", and at most 18446744073709551615" : ""));
-      }
+    auto const [end, ec] = std::from_chars(size.text.data(), size.text.data() + size.text.size(), bytes);
+    if (size.text.empty() || ec != std::errc{} || end != size.text.data() + size.text.size() ||
+        bytes > std::numeric_limits<std::size_t>::max()) {
+      fail(size.column, "bad Size '" + clip(size.text) + "': expected a number of bytes (decimal digits)" +
+                            (ec == std::errc::result_out_of_range ? ", and at most 18446744073709551615" : ""));
     }
-    std::uint64_t stream_handle = 0;
-    if (!parse_hex(stream.text, stream_handle)) {
-      fail(stream.column, "bad Stream '" + std::string{stream.text} +
+    r.bytes = static_cast<std::size_t>(bytes);
+    if (!parse_hex(stream.text, r.stream_handle)) {
+      fail(stream.column, "bad Stream '" + clip(stream.text) +
                               "': expected a hexadecimal stream handle such as 0x5581c0a0 or 0 (with or without 0x)");
     }
+    return r;
+  }
 
-    std::uint32_t const thread_index = intern_thread(thread.text);
-    if (row_kind == kind::failure) {
-      log_.recorded_failures.push_back({line_number_, static_cast<std::size_t>(bytes), thread_index});
+  void read_row() {
+    split();
+    row const r = parse_fields();
+    std::size_t const pointer_column = fields_[3].column;
+    std::size_t const stream_column = fields_[5].column;
+    std::uint32_t const thread_index = intern_thread(fields_[0].text);
+    if (r.kind == row_kind::failure) {
+      std::uint16_t const stream_index = intern_stream(r.stream_handle, stream_column);
+      log_.recorded_failures.push_back(
+          {line_number_, r.bytes, thread_index, static_cast<std::uint32_t>(log_.events.size()), stream_index});
       return;
     }
-    if (address == 0) {
-      if (bytes == 0 || row_kind == kind::free) {
+    if (r.address == 0) {
+      if (r.bytes == 0) {
         ++log_.skipped_null_rows;  // an allocation of nothing, or a free of nullptr: a no-op
         return;
       }
-      fail(pointer.column, "an allocate row of " + std::to_string(bytes) + " bytes has a null Pointer");
+      fail(pointer_column, std::string{r.kind == row_kind::free ? "a free" : "an allocate"} + " row of " +
+                               std::to_string(r.bytes) + " bytes has a null Pointer" +
+                               (r.kind == row_kind::free ? ": no allocation of that size returns null" : ""));
     }
-    std::uint16_t const stream_index = intern_stream(stream_handle, stream.column);
+    std::uint16_t const stream_index = intern_stream(r.stream_handle, stream_column);
     if (log_.events.size() == std::numeric_limits<std::uint32_t>::max()) {
       fail(0, "the log has more than 4294967295 events, more than a replay can index");
     }
     auto const event_index = static_cast<std::uint32_t>(log_.events.size());
     log_event event;
-    event.bytes = static_cast<std::size_t>(bytes);
+    event.bytes = r.bytes;
     event.stream = stream_index;
-    if (row_kind == kind::allocate) {
-      auto [it, inserted] = pointers_.try_emplace(address);
-      auto& state = it->second;
-      if (!inserted && state.live) {
-        fail(pointer.column, "allocate of " + format_hex(address) + ", which is still live: line " +
-                                 std::to_string(state.allocated_line) + " allocated it and no line freed it since");
-      }
-      state = pointer_state{static_cast<std::uint32_t>(log_.allocation_count), line_number_, 0, true};
-      event.action = log_action::allocate;
-      event.allocation = state.allocation;
-      log_.allocation_events.push_back(event_index);
-      ++log_.allocation_count;
-      live_bytes_ += event.bytes;
-      log_.total_allocated_bytes += event.bytes;
-      log_.peak_live_bytes = std::max(log_.peak_live_bytes, live_bytes_);
-    } else {
-      auto const it = pointers_.find(address);
-      if (it == pointers_.end()) {
-        fail(pointer.column, "free of " + format_hex(address) + ", which no earlier line allocated");
-      }
-      auto& state = it->second;
-      if (!state.live) {
-        fail(pointer.column, "free of " + format_hex(address) + ", which is not live: line " +
-                                 std::to_string(state.allocated_line) + " allocated it and line " +
-                                 std::to_string(state.freed_line) + " already freed it");
-      }
-      std::size_t const allocated_bytes = log_.events[log_.allocation_events[state.allocation]].bytes;
-      if (allocated_bytes != event.bytes) {
-        fail(size.column, "free of " + format_hex(address) + " with Size " + std::to_string(bytes) + ", but line " +
-                              std::to_string(state.allocated_line) + " allocated it with " +
-                              std::to_string(allocated_bytes) + " bytes");
-      }
-      state.live = false;
-      state.freed_line = line_number_;
-      event.action = log_action::free;
-      event.allocation = state.allocation;
-      live_bytes_ -= event.bytes;
-    }
+    event.action = r.kind == row_kind::allocate ? log_action::allocate : log_action::free;
+    event.allocation = r.kind == row_kind::allocate ? record_allocation(r.address, r.bytes, event_index)
+                                                     : record_free(r.address, r.bytes);
     log_.events.push_back(event);
     log_.event_lines.push_back(line_number_);
     log_.event_threads.push_back(thread_index);
     log_.events_by_thread[thread_index].push_back(event_index);
+  }
+
+  /// Checks and books an allocation; returns its allocation index.
+  std::uint32_t record_allocation(std::uint64_t address, std::size_t bytes, std::uint32_t event_index) {
+    auto [it, inserted] = pointers_.try_emplace(address);
+    auto& state = it->second;
+    if (!inserted && state.live) {
+      fail(fields_[3].column, "allocate of " + format_hex(address) + ", which is still live: line " +
+                                  std::to_string(state.allocated_line) + " allocated it and no line freed it since");
+    }
+    if (__builtin_add_overflow(live_bytes_, bytes, &live_bytes_) ||
+        __builtin_add_overflow(log_.total_allocated_bytes, bytes, &log_.total_allocated_bytes)) {
+      fail(fields_[4].column, "with this allocation of " + std::to_string(bytes) +
+                                  " bytes the log's bytes would pass 2^64 - 1: the sizes are absurd");
+    }
+    state = pointer_state{static_cast<std::uint32_t>(log_.allocation_count), line_number_, 0, true};
+    log_.allocation_events.push_back(event_index);
+    ++log_.allocation_count;
+    log_.peak_live_bytes = std::max(log_.peak_live_bytes, live_bytes_);
+    return state.allocation;
+  }
+
+  /// Checks and books a free; returns the allocation index it frees.
+  std::uint32_t record_free(std::uint64_t address, std::size_t bytes) {
+    auto const it = pointers_.find(address);
+    if (it == pointers_.end()) {
+      fail(fields_[3].column, "free of " + format_hex(address) + ", which no earlier line allocated");
+    }
+    auto& state = it->second;
+    if (!state.live) {
+      fail(fields_[3].column, "free of " + format_hex(address) + ", which is not live: line " +
+                                  std::to_string(state.allocated_line) + " allocated it and line " +
+                                  std::to_string(state.freed_line) + " already freed it");
+    }
+    std::size_t const allocated_bytes = log_.events[log_.allocation_events[state.allocation]].bytes;
+    if (allocated_bytes != bytes) {
+      fail(fields_[4].column, "free of " + format_hex(address) + " with Size " + std::to_string(bytes) + ", but line " +
+                                  std::to_string(state.allocated_line) + " allocated it with " +
+                                  std::to_string(allocated_bytes) + " bytes");
+    }
+    state.live = false;
+    state.freed_line = line_number_;
+    live_bytes_ -= bytes;
+    return state.allocation;
   }
 
   std::uint32_t intern_thread(std::string_view name) {
@@ -256,6 +299,7 @@ class log_parser {
         fail(column, "the log uses more than 65535 streams");
       }
       log_.streams.push_back(handle);
+      log_.stream_names.emplace_back(fields_[5].text);
     }
     return it->second;
   }
@@ -274,14 +318,21 @@ class log_parser {
     }
   }
 
+  static std::string quoted(std::string_view text) { return "'" + std::string{text} + "...'"; }
+
   [[noreturn]] void fail(std::size_t column, std::string const& what) const {
     std::string message = log_.source + ":" + std::to_string(line_number_);
     if (column > 0) { message += ":" + std::to_string(column); }
     message += ": " + what;
     if (line_number_ > 0 && column > 0) {
-      std::string shown{line_};
+      // At most quoted_line_chars characters of the line, around the column: a long line
+      // must not make a long message.
+      std::size_t const first = column - 1 > quoted_line_chars / 2 ? column - 1 - quoted_line_chars / 2 : 0;
+      std::string shown{line_.substr(first, quoted_line_chars)};
       std::replace(shown.begin(), shown.end(), '\t', ' ');
-      message += "\n  " + shown + "\n  " + std::string(column - 1, ' ') + "^";
+      std::string const before = first > 0 ? "..." : "";
+      std::string const after = first + shown.size() < line_.size() ? "..." : "";
+      message += "\n  " + before + shown + after + "\n  " + std::string(before.size() + column - 1 - first, ' ') + "^";
     }
     throw log_error(message, log_.source, line_number_, column);
   }
@@ -294,6 +345,7 @@ class log_parser {
   };
 
   std::string_view text_;
+  log_limits limits_;
   std::size_t pos_ = 0;
   std::string_view line_;
   std::uint32_t line_number_ = 0;
@@ -307,43 +359,8 @@ class log_parser {
 
 }  // namespace
 
-allocation_log parse_allocation_log(std::string_view text, std::string source) {
-  return log_parser{text, std::move(source)}.parse();
-}
-
-allocation_log read_allocation_log(std::string const& path) {
-  auto fail = [&](std::string const& what) -> allocation_log { throw log_error(path + ": " + what, path, 0, 0); };
-  // fopen first: zlib's gzopen does not say why a file cannot be opened.
-  std::FILE* probe = std::fopen(path.c_str(), "rb");
-  if (probe == nullptr) { return fail(std::string{"cannot open the log: "} + std::strerror(errno)); }
-  std::fclose(probe);
-  gzFile file = gzopen(path.c_str(), "rb");  // reads gzip and plain files alike
-  if (file == nullptr) { return fail("cannot open the log"); }
-  std::string text;
-  char buffer[1 << 16];
-  while (true) {
-    int const n = gzread(file, buffer, sizeof buffer);
-    if (n < 0) {
-      int code = 0;
-      std::string const why = gzerror(file, &code);
-      gzclose(file);
-      return fail("cannot read the log (" + why + ")");
-    }
-    if (n == 0) { break; }
-    text.append(buffer, static_cast<std::size_t>(n));
-  }
-  int code = 0;
-  char const* why = gzerror(file, &code);
-  if (code != Z_OK) {
-    std::string const reason = why;
-    gzclose(file);
-    return fail("the compressed log is damaged or cut short (" + reason + ")");
-  }
-  gzclose(file);
-  if (text.find('\0') != std::string::npos) {
-    return fail("the log holds binary data: expected CSV text (or gzip-compressed CSV)");
-  }
-  return parse_allocation_log(text, path);
+allocation_log parse_allocation_log(std::string_view text, std::string source, log_limits const& limits) {
+  return log_parser{text, std::move(source), limits}.parse();
 }
 
 std::size_t peak_live_bytes_without(allocation_log const& log, std::vector<bool> const& skipped) {

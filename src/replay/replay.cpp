@@ -1,33 +1,28 @@
-// The replay engine: one parsed log, one stack, timed runs in the log's exact order.
+// The replay engine: one parsed log, one stack, timed runs (the schedulers are in
+// replay_workers.cpp).
+#include "replay_run.hpp"
+
 #include <mrstack/replay/footprint_meter.hpp>
-#include <mrstack/replay/replay.hpp>
 #include <mrstack/spec_registry.hpp>
 #include <mrstack/upstream/cuda_async_memory_resource.hpp>
 #include <mrstack/upstream/virtual_range_resource.hpp>
 
 #include <algorithm>
-#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <memory>
 #include <mutex>
-#include <new>
-#include <optional>
 #include <thread>
 
 #include <cuda_runtime_api.h>
 
 namespace mrstack {
 
-namespace {
-
-inline void cpu_relax() noexcept {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  asm volatile("yield" ::: "memory");
-#endif
+char const* to_string(replay_order order) noexcept {
+  return order == replay_order::strict ? "strict" : "per-thread";
 }
+
+namespace replay_detail {
 
 bool device_present() {
   int count = 0;
@@ -36,125 +31,88 @@ bool device_present() {
   return ok;
 }
 
-/// The streams one run uses, one per log stream.
-class replay_streams {
- public:
-  replay_streams(allocation_log const& log, bool real) {
-    views_.resize(log.streams.size());
-    for (std::size_t i = 0; i < log.streams.size(); ++i) {
-      std::uint64_t const handle = log.streams[i];
-      if (!real || handle == 0) {
-        views_[i] = stream_view{};
-      } else if (handle == 1) {
-        views_[i] = stream_view::legacy();
-      } else if (handle == 2) {
-        views_[i] = stream_view::per_thread();
-      } else {
-        owned_.emplace_back();
-        views_[i] = owned_.back().view();
-      }
-    }
-  }
-  [[nodiscard]] stream_view const* data() const noexcept { return views_.data(); }
-  void synchronize() const {
-    for (auto const& s : owned_) { s.synchronize(); }
-  }
+namespace {
 
- private:
-  std::vector<stream_view> views_;
-  std::vector<stream> owned_;
-};
+std::size_t pool_attribute(cudaMemPool_t pool, cudaMemPoolAttr attr) {
+  std::uint64_t value = 0;
+  MRSTACK_CUDA_TRY(cudaMemPoolGetAttribute(pool, attr, &value));
+  return static_cast<std::size_t>(value);
+}
 
-/// State shared by the threads of one run. Events run one at a time in log order (the
-/// sequence number hands them over with release/acquire), so the failure bookkeeping
-/// needs no lock.
-struct run_state {
-  allocation_log const* log = nullptr;
-  memory_resource* top = nullptr;
-  stream_view const* streams = nullptr;
-  std::vector<void*> pointers;         // by allocation index
-  std::vector<bool> refused;           // by allocation index
-  std::size_t failures = 0;
-  std::uint32_t first_failure_event = 0;
-  std::string first_failure_message;
-  std::string error;
-  std::atomic<std::uint32_t> next{0};  // the sequence number of the next event to run
-  std::atomic<bool> stop{false};
-  std::atomic<std::size_t> done{0};    // progress for the monitor (single-thread runs)
+}  // namespace
 
-  /// Runs event `i`. Returns false when the run must stop.
-  bool run_event(std::uint32_t i) {
-    log_event const e = log->events[i];
-    try {
-      if (e.action == log_action::allocate) {
-        pointers[e.allocation] = top->allocate(e.bytes, streams[e.stream]);
-      } else {
-        top->deallocate(pointers[e.allocation], e.bytes, streams[e.stream]);  // nullptr after a refusal: a no-op
-        pointers[e.allocation] = nullptr;
-      }
-    } catch (std::bad_alloc const& refusal) {
-      pointers[e.allocation] = nullptr;
-      refused[e.allocation] = true;
-      if (failures++ == 0) {
-        first_failure_event = i;
-        first_failure_message = refusal.what();
-      }
-    } catch (std::exception const& broken) {
-      error = "line " + std::to_string(log->event_lines[i]) + ": " + broken.what();
-      return false;
-    }
-    return true;
-  }
-};
+std::size_t built_stack::footprint_now() const {
+  if (driver_pool != nullptr) { return pool_attribute(driver_pool->pool_handle(), cudaMemPoolAttrReservedMemCurrent); }
+  if (range != nullptr) { return range->mapped_bytes(); }
+  return meter != nullptr ? meter->bytes_held() : 0;
+}
 
-void run_single_thread(run_state& s) {
-  auto const n = static_cast<std::uint32_t>(s.log->events.size());
-  for (std::uint32_t i = 0; i < n; ++i) {
-    if (!s.run_event(i)) { break; }
-    if ((i & 1023U) == 0) { s.done.store(i, std::memory_order_relaxed); }
+void built_stack::start_peak() const {
+  if (driver_pool != nullptr) {
+    std::uint64_t zero = 0;  // resets the high-water mark to what is reserved now
+    MRSTACK_CUDA_TRY(cudaMemPoolSetAttribute(driver_pool->pool_handle(), cudaMemPoolAttrReservedMemHigh, &zero));
+  } else if (range != nullptr) {
+    range->reset_peak_mapped_bytes();
+  } else if (meter != nullptr) {
+    meter->reset_peak();
   }
 }
 
-void run_multi_thread(run_state& s) {
-  std::atomic<bool> go{false};
-  std::vector<std::thread> workers;
-  for (auto const& own : s.log->events_by_thread) {
-    workers.emplace_back([&s, &go, &own] {
-      while (!go.load(std::memory_order_acquire)) { cpu_relax(); }
-      for (std::uint32_t const i : own) {
-        // Wait for our turn: spin briefly (the previous event is usually quick), then yield
-        // the core, which matters when there are more log threads than cores.
-        for (unsigned spins = 0; s.next.load(std::memory_order_acquire) != i; ++spins) {
-          if (s.stop.load(std::memory_order_relaxed)) { return; }
-          if (spins < 256) {
-            cpu_relax();
-          } else {
-            std::this_thread::yield();
-          }
-        }
-        if (!s.run_event(i)) { s.stop.store(true, std::memory_order_relaxed); }
-        s.next.store(i + 1, std::memory_order_release);
-        if (s.stop.load(std::memory_order_relaxed)) { return; }
-      }
-    });
-  }
-  go.store(true, std::memory_order_release);
-  for (auto& w : workers) { w.join(); }
+std::size_t built_stack::peak() const {
+  if (driver_pool != nullptr) { return pool_attribute(driver_pool->pool_handle(), cudaMemPoolAttrReservedMemHigh); }
+  if (range != nullptr) { return range->peak_mapped_bytes(); }
+  return meter != nullptr ? meter->peak_bytes_held() : 0;
 }
+
+std::size_t built_stack::upstream_calls() const {
+  if (driver_pool != nullptr) { return 0; }
+  if (range != nullptr) { return range->map_calls(); }
+  return meter != nullptr ? meter->upstream_allocations() : 0;
+}
+
+built_stack build_replay_stack(stack_spec const& spec, replay_options const& options) {
+  build_options build;
+  if (options.simulate) { build.percent_base = options.simulated_capacity; }
+  built_stack b;
+  b.top = build_stack(spec, build);
+  for (memory_resource* layer = b.top.get(); layer != nullptr; layer = layer->upstream()) {
+    if (auto* m = dynamic_cast<footprint_meter*>(layer)) { b.meter = m; }
+  }
+  b.driver_pool = dynamic_cast<cuda_async_memory_resource*>(&bottom_of_stack(*b.top));
+  b.range = dynamic_cast<virtual_range_resource*>(&bottom_of_stack(*b.top));
+  if (b.driver_pool != nullptr) {
+    b.measured_by = "cuda_async pool's reserved high-water mark";
+  } else if (b.range != nullptr) {
+    b.measured_by = b.range->name() + "'s peak mapped physical memory";
+  } else if (b.meter != nullptr) {
+    b.measured_by = "footprint_meter above " + bottom_of_stack(*b.top).name();
+  }
+  return b;
+}
+
+}  // namespace replay_detail
+
+namespace {
+
+using namespace replay_detail;
 
 /// Polls a run's progress and reports it until told to stop.
 class progress_monitor {
  public:
-  progress_monitor(replay_options const& options, run_state const& s, bool multi_thread) {
+  progress_monitor(replay_options const& options, run_state const& s, bool strict) {
     if (!options.progress) { return; }
-    thread_ = std::thread{[this, &options, &s, multi_thread] {
-      std::size_t const total = s.log->events.size();
-      std::unique_lock lock{mutex_};
-      while (!wake_.wait_for(lock, std::chrono::milliseconds{200}, [this] { return finished_; })) {
-        std::size_t const done = multi_thread ? s.next.load(std::memory_order_relaxed) : s.done.load(std::memory_order_relaxed);
-        options.progress(done, total);
-      }
-    }};
+    try {
+      thread_ = std::thread{[this, &options, &s, strict] {
+        std::size_t const total = s.log->events.size();
+        std::unique_lock lock{mutex_};
+        while (!wake_.wait_for(lock, std::chrono::milliseconds{200}, [this] { return finished_; })) {
+          std::size_t const done = strict ? s.next.load(std::memory_order_relaxed) : s.done.load(std::memory_order_relaxed);
+          options.progress(std::max(done, s.done.load(std::memory_order_relaxed)), total);
+        }
+      }};
+    } catch (std::system_error const&) {
+      // No thread for the monitor: the replay runs without progress reports.
+    }
   }
   ~progress_monitor() {
     if (!thread_.joinable()) { return; }
@@ -177,146 +135,121 @@ class progress_monitor {
 
 struct one_run {
   double seconds = 0;
+  double ns_per_call = 0;
+  unsigned workers = 1;
+  std::string workers_note;
   std::size_t peak_footprint = 0;
   std::size_t upstream_allocations = 0;
   std::size_t failures = 0;
   std::uint32_t first_failure_event = 0;
   std::string first_failure_message;
+  fragmentation_info first_failure_fragmentation;
+  std::size_t expectations = 0;
+  std::size_t expectations_served = 0;
+  std::uint32_t first_served_line = 0;
   std::vector<bool> refused;
+  std::size_t reached_peak_live = 0;  ///< per-thread order: the peak the replay reached
   std::size_t leaks = 0;
   std::size_t leaked_bytes = 0;
   std::string error;
 };
 
-std::size_t pool_attribute(cudaMemPool_t pool, cudaMemPoolAttr attr) {
-  std::uint64_t value = 0;
-  MRSTACK_CUDA_TRY(cudaMemPoolGetAttribute(pool, attr, &value));
-  return static_cast<std::size_t>(value);
+/// Whatever is still live after a pass (the log's leaks, or everything after a stop) goes
+/// back before the next pass and before the stack is destroyed.
+void free_leftovers(run_state& s, replay_streams const& streams, bool real_streams, one_run* count_leaks) {
+  try {
+    if (real_streams) { streams.synchronize(); }
+    for (std::uint32_t a = 0; a < s.log->allocation_count; ++a) {
+      if (s.pointers[a] == nullptr) { continue; }
+      log_event const& e = s.log->events[s.log->allocation_events[a]];
+      s.top->deallocate(s.pointers[a], e.bytes, streams.data()[e.stream]);
+      s.pointers[a] = nullptr;
+      if (count_leaks != nullptr && s.error.empty()) {
+        ++count_leaks->leaks;
+        count_leaks->leaked_bytes += e.bytes;
+      }
+    }
+    if (real_streams) { streams.synchronize(); }
+  } catch (std::exception const& e) {
+    if (s.error.empty()) { s.error = std::string{"after the replay: "} + e.what(); }
+  }
 }
 
 one_run run_once(allocation_log const& log, stack_spec const& spec, replay_options const& options, bool real_streams,
                  std::string& measured_by) {
   one_run out;
-  build_options build;
-  if (options.simulate) { build.percent_base = options.simulated_capacity; }
-  resource_ptr top;
+  built_stack stack;
   try {
-    top = build_stack(spec, build);
+    stack = build_replay_stack(spec, options);
   } catch (spec_error const&) {
     throw;
   } catch (std::exception const& e) {
     out.error = std::string{"building the stack failed: "} + e.what();
     return out;
   }
-  footprint_meter* meter = nullptr;
-  for (memory_resource* layer = top.get(); layer != nullptr; layer = layer->upstream()) {
-    if (auto* m = dynamic_cast<footprint_meter*>(layer)) { meter = m; }
-  }
-  auto* driver_pool = dynamic_cast<cuda_async_memory_resource*>(&bottom_of_stack(*top));
-  auto* range = dynamic_cast<virtual_range_resource*>(&bottom_of_stack(*top));
-  if (driver_pool != nullptr) {
-    measured_by = "cuda_async pool's reserved high-water mark";
-  } else if (range != nullptr) {
-    measured_by = range->name() + "'s peak mapped physical memory";
-  } else if (meter != nullptr) {
-    measured_by = "footprint_meter above " + bottom_of_stack(*top).name();
-  }
-  // The footprint is the timed run's own: the peak restarts from what the stack holds
-  // just before it (after a warm-up, what the warm-up left cached counts, since the stack
-  // really holds it during the timed run; a higher transient peak of the warm-up does not).
-  auto start_peak = [&] {
-    if (driver_pool != nullptr) {
-      std::uint64_t zero = 0;  // resets the high-water mark to what is reserved now
-      MRSTACK_CUDA_TRY(cudaMemPoolSetAttribute(driver_pool->pool_handle(), cudaMemPoolAttrReservedMemHigh, &zero));
-    } else if (range != nullptr) {
-      range->reset_peak_mapped_bytes();
-    } else if (meter != nullptr) {
-      meter->reset_peak();
-    }
-  };
+  measured_by = stack.measured_by;
   replay_streams const streams{log, real_streams};
-  bool const multi_thread = log.events_by_thread.size() > 1;
-  auto prepare = [&](run_state& s) {
-    s.log = &log;
-    s.top = top.get();
-    s.streams = streams.data();
-    s.pointers.assign(log.allocation_count, nullptr);
-    s.refused.assign(log.allocation_count, false);
-  };
-  // Whatever is still live after a pass (the log's leaks, or everything after a stop)
-  // goes back before the next pass and before the stack is destroyed.
-  auto free_leftovers = [&](run_state& s, bool count_leaks) {
-    try {
-      if (real_streams) { streams.synchronize(); }
-      for (std::uint32_t a = 0; a < log.allocation_count; ++a) {
-        if (s.pointers[a] == nullptr) { continue; }
-        log_event const& e = log.events[log.allocation_events[a]];
-        top->deallocate(s.pointers[a], e.bytes, streams.data()[e.stream]);
-        s.pointers[a] = nullptr;
-        if (count_leaks && s.error.empty()) {
-          ++out.leaks;
-          out.leaked_bytes += e.bytes;
-        }
-      }
-      if (real_streams) { streams.synchronize(); }
-    } catch (std::exception const& e) {
-      if (s.error.empty()) { s.error = std::string{"after the replay: "} + e.what(); }
-    }
-  };
+  unsigned const workers = wanted_workers(log, options);
+  double const clock_cost = measure_clock_cost_ns();
   if (options.warmup) {
     run_state warm;
-    prepare(warm);
-    if (multi_thread) {
-      run_multi_thread(warm);
-    } else {
-      run_single_thread(warm);
-    }
-    free_leftovers(warm, false);
+    warm.prepare(log, stack.top.get(), streams.data());
+    (void)run_events(warm, options.order, workers, options.thread_start_limit);
+    free_leftovers(warm, streams, real_streams, nullptr);
     if (!warm.error.empty()) {
       out.error = "in the warm-up run: " + warm.error;
       return out;
     }
   }
+  // The footprint is the timed run's own: the peak restarts from what the stack holds
+  // just before it (after a warm-up, what the warm-up left cached counts, since the stack
+  // really holds it during the timed run; a higher transient peak of the warm-up does not).
   try {
-    start_peak();
+    stack.start_peak();
   } catch (std::exception const& e) {
     out.error = std::string{"before the replay: "} + e.what();
     return out;
   }
   run_state s;
-  prepare(s);
+  s.prepare(log, stack.top.get(), streams.data());
+  s.expect_failures = options.expect_failures;
+  s.clock_cost_ns = clock_cost;
+  s.count_live = options.order == replay_order::per_thread;
   {
-    progress_monitor const monitor{options, s, multi_thread};
+    progress_monitor const monitor{options, s, options.order == replay_order::strict};
     auto const t0 = std::chrono::steady_clock::now();
-    if (multi_thread) {
-      run_multi_thread(s);
-    } else {
-      run_single_thread(s);
-    }
+    schedule_outcome const outcome = run_events(s, options.order, workers, options.thread_start_limit);
     auto const t1 = std::chrono::steady_clock::now();
     out.seconds = std::chrono::duration<double>(t1 - t0).count();
+    if (!log.events.empty()) { out.ns_per_call = outcome.inside_ns / static_cast<double>(log.events.size()); }
+    out.workers = outcome.workers;
+    out.workers_note = outcome.workers_note;
   }
   try {
     if (real_streams) { streams.synchronize(); }
-    if (driver_pool != nullptr) {
-      out.peak_footprint = pool_attribute(driver_pool->pool_handle(), cudaMemPoolAttrReservedMemHigh);
-    } else if (range != nullptr) {
-      out.peak_footprint = range->peak_mapped_bytes();
-      out.upstream_allocations = range->map_calls();
-    } else if (meter != nullptr) {
-      out.peak_footprint = meter->peak_bytes_held();
-      out.upstream_allocations = meter->upstream_allocations();
-    }
+    out.peak_footprint = stack.peak();
+    out.upstream_allocations = stack.upstream_calls();
   } catch (std::exception const& e) {
     if (s.error.empty()) { s.error = std::string{"after the replay: "} + e.what(); }
   }
-  free_leftovers(s, true);
+  free_leftovers(s, streams, real_streams, &out);
   out.failures = s.failures;
   out.first_failure_event = s.first_failure_event;
   out.first_failure_message = std::move(s.first_failure_message);
-  out.refused = std::move(s.refused);
+  out.first_failure_fragmentation = std::move(s.first_failure_fragmentation);
+  out.expectations = s.expectations_checked;
+  out.expectations_served = s.expectations_served;
+  out.first_served_line = s.first_served_line;
+  out.refused = s.refused();
+  out.reached_peak_live = s.live_peak.load(std::memory_order_relaxed);
   out.error = std::move(s.error);
   return out;
+}
+
+double median(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  std::size_t const mid = values.size() / 2;
+  return values.size() % 2 == 1 ? values[mid] : (values[mid - 1] + values[mid]) / 2;
 }
 
 }  // namespace
@@ -349,16 +282,21 @@ bool footprint_is_lower_bound(std::string const& spec_text, bool simulate) {
 }
 
 replay_result replay_stack(allocation_log const& log, std::string const& spec_text, replay_options const& options) {
+  if (options.expect_failures && options.order != replay_order::strict) {
+    throw logic_error("mrstack-replay: expected failures are asked at their place in the log, so they need strict order");
+  }
   replay_result result;
+  result.order = options.order;
   result.footprint_lower_bound = footprint_is_lower_bound(spec_text, options.simulate);
   result.resource = spec_text;
   result.simulated = options.simulate;
   stack_spec const spec = replay_spec_for(spec_text, options.simulate, options.simulated_capacity);
   result.built_as = to_string(spec);
   result.events = log.events.size();
-  bool const real_streams = device_present();
+  bool const real_streams = replay_detail::device_present();
   int const runs = std::max(1, options.repeat);
   std::vector<bool> refused_in_first_failing_run;
+  std::size_t reached_peak_live = 0;
   for (int r = 0; r < runs; ++r) {
     one_run run = run_once(log, spec, options, real_streams, result.footprint_measured_by);
     if (!run.error.empty()) {
@@ -366,25 +304,38 @@ replay_result replay_stack(allocation_log const& log, std::string const& spec_te
       break;
     }
     result.seconds.push_back(run.seconds);
+    result.ns_per_call_per_run.push_back(run.ns_per_call);
+    result.workers = run.workers;
+    if (!run.workers_note.empty()) { result.workers_note = run.workers_note; }
+    result.expected_failures = run.expectations;
+    if (run.expectations_served > result.expected_failures_served) {
+      result.expected_failures_served = run.expectations_served;
+      result.first_served_expected_line = run.first_served_line;
+    }
     result.peak_footprint_bytes = std::max(result.peak_footprint_bytes, run.peak_footprint);
     result.upstream_allocations = std::max(result.upstream_allocations, run.upstream_allocations);
+    reached_peak_live = std::max(reached_peak_live, run.reached_peak_live);
     result.leaks = run.leaks;
     result.leaked_bytes = run.leaked_bytes;
     if (run.failures > result.failures) {
       result.failures = run.failures;
       result.first_failure_line = log.event_lines[run.first_failure_event];
+      result.first_failure_event = run.first_failure_event;
+      result.first_failure_fragmentation = std::move(run.first_failure_fragmentation);
       result.first_failure_bytes = log.events[run.first_failure_event].bytes;
       result.first_failure_message = std::move(run.first_failure_message);
       refused_in_first_failing_run = std::move(run.refused);
     }
   }
-  result.peak_live_bytes = result.failures == 0 ? log.peak_live_bytes
-                                                : peak_live_bytes_without(log, refused_in_first_failing_run);
+  if (options.order == replay_order::per_thread) {
+    result.peak_live_bytes = reached_peak_live;  // its own interleaving, not the log's order
+  } else {
+    result.peak_live_bytes = result.failures == 0 ? log.peak_live_bytes
+                                                  : peak_live_bytes_without(log, refused_in_first_failing_run);
+  }
   if (!result.seconds.empty()) {
-    std::vector<double> sorted = result.seconds;
-    std::sort(sorted.begin(), sorted.end());
-    std::size_t const mid = sorted.size() / 2;
-    result.median_seconds = sorted.size() % 2 == 1 ? sorted[mid] : (sorted[mid - 1] + sorted[mid]) / 2;
+    result.median_seconds = median(result.seconds);
+    result.ns_per_call = median(result.ns_per_call_per_run);
     if (result.events > 0) { result.ns_per_event = result.median_seconds * 1e9 / static_cast<double>(result.events); }
   }
   return result;

@@ -16,6 +16,9 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | 
 { grep -m1 'model name' /proc/cpuinfo; grep -m1 'cpu MHz' /proc/cpuinfo; nproc;
   echo "THP: $(cat /sys/kernel/mm/transparent_hugepage/enabled 2>/dev/null)"; uptime; } | tee -a "$out/device.txt"
 status=0
+log="$bundle/../../data/torch_resnet50_train.csv.gz"
+[ -f "$log" ] || log="data/torch_resnet50_train.csv.gz"
+export MRSTACK_SAMPLE_LOG="$(cd "$(dirname "$log")" && pwd)/$(basename "$log")"  # for gpu_test_replay
 : >"$out/gpu_tests.log"
 for t in "$bundle"/tests/gpu_test_*; do
   name="$(basename "$t")"
@@ -27,8 +30,6 @@ for t in "$bundle"/tests/gpu_test_*; do
   printf '%-28s rc=%-3s %4ss  %s\n' "$name" "$rc" "$secs" "$summary" | tee -a "$out/gpu_tests.log"
   [ "$rc" -eq 0 ] || { status=1; tail -40 "$out/$name.log" >>"$out/gpu_tests.log"; }
 done
-log="$bundle/../../data/torch_resnet50_train.csv.gz"
-[ -f "$log" ] || log="data/torch_resnet50_train.csv.gz"
 "$bundle/tools/mrstack-replay" "$log" --repeat 5 --json "$out/replay.json" >"$out/replay.log" 2>&1
 echo "replay rc=$?" >>"$out/replay.log"
 "$bundle/tools/mrstack-replay" "$log" --repeat 5 --warmup >"$out/replay_warm.log" 2>&1

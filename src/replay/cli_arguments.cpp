@@ -1,0 +1,159 @@
+// mrstack-replay's options: the usage text and the parser.
+#include "cli.hpp"
+
+#include <mrstack/spec.hpp>
+
+#include <cstdlib>
+#include <limits>
+
+namespace mrstack::replay_cli {
+
+char const* const usage_text =
+    "usage: mrstack-replay LOG.csv[.gz] [--resource SPEC]... [--simulate] [--capacity SIZE]\n"
+    "                      [--repeat N] [--warmup] [--order strict|per-thread] [--workers N]\n"
+    "                      [--expect-failures] [--json FILE] [--timeline FILE]\n"
+    "                      [--timeline-points N] [--shrink OUT.csv] [--max-log-bytes SIZE]\n"
+    "                      [--max-line-bytes SIZE]\n"
+    "       mrstack-replay --list-resources\n"
+    "\n"
+    "Replays an allocation log (CSV Thread,Time,Action,Pointer,Size,Stream, plain or gzip:\n"
+    "what mrstack's and RMM's logging adaptors write) against stacks and compares them.\n"
+    "\n"
+    "  -r, --resource SPEC  a stack to replay, top to bottom, e.g. 'binning > pool > cuda';\n"
+    "                       give it several times to compare (default: pool > cuda,\n"
+    "                       pool > vmm, binning > pool > cuda, arena > cuda, cuda_async,\n"
+    "                       cuda)\n"
+    "  --simulate           replace each stack's bottom by simulated memory, touching none\n"
+    "                       (automatic when there is no CUDA device)\n"
+    "  --capacity SIZE      memory of the simulated device (default: the GPU's, else 80GiB)\n"
+    "  --repeat N           replay each stack N times; times are the median (default 1)\n"
+    "  --warmup             before each timed run, replay once untimed on the same stack:\n"
+    "                       time the steady state (a pool already grown), not growth\n"
+    "  --order ORDER        strict: the log's exact global order (default); per-thread:\n"
+    "                       each log thread at full speed, a free waiting only for its own\n"
+    "                       allocation, so threads contend as in the program\n"
+    "  --workers N          at most N OS threads replay the log's threads (default: the\n"
+    "                       machine's hardware threads)\n"
+    "  --expect-failures    the log's 'allocate failure' rows are asked of each stack at\n"
+    "                       their place: the stack must refuse them too (strict order)\n"
+    "  --json FILE          also write the results as a JSON list, one object per stack\n"
+    "  --timeline FILE      write each stack's footprint and fragmentation over the log,\n"
+    "                       the size histogram and per-thread/stream activity (JSON)\n"
+    "  --timeline-points N  samples in the timeline (default 2000)\n"
+    "  --shrink OUT.csv     when the (one) stack refuses an allocation, write a much smaller\n"
+    "                       log that fails the same way (use with --capacity)\n"
+    "  --max-log-bytes SIZE refuse a log whose text is larger (default 4GiB)\n"
+    "  --max-line-bytes SIZE refuse a log with a longer line (default 64KiB)\n"
+    "  --list-resources     every resource and parameter a spec can name\n"
+    "  -h, --help           this text\n"
+    "\n"
+    "Exit status: 0 every stack replayed the whole log, 1 an allocation failed (or a stack\n"
+    "broke, or served an allocation the log records as refused), 2 unusable input or\n"
+    "arguments.\n";
+
+namespace {
+
+std::size_t positive_size(std::string const& option, std::string const& text) {
+  std::string why;
+  auto const bytes = parse_size(text, &why);
+  if (!bytes || *bytes == 0) { throw usage_error{option + " '" + text + "': " + (bytes ? "must be more than 0" : why)}; }
+  return *bytes;
+}
+
+long whole_number(std::string const& option, std::string const& text, long most, char const* what) {
+  char* end = nullptr;
+  long const n = std::strtol(text.c_str(), &end, 10);
+  if (text.empty() || *end != '\0' || n < 1 || n > most) {
+    throw usage_error{option + " '" + text + "': expected a whole number of " + what + ", at least 1 and at most " +
+                      std::to_string(most)};
+  }
+  return n;
+}
+
+std::string file_name(std::string const& option, std::string text) {
+  if (text.empty()) { throw usage_error{option + " needs a file name"}; }
+  return text;
+}
+
+/// Checks the options that only make sense together.
+void check_combinations(arguments const& a) {
+  if (!a.help && !a.list_resources && a.log_path.empty()) { throw usage_error{"no log given"}; }
+  if (a.expect_failures && a.order != replay_order::strict) {
+    throw usage_error{"--expect-failures asks each recorded failure at its place in the log: it needs --order strict"};
+  }
+  if (a.shrink_path && a.resources.size() != 1) {
+    throw usage_error{"--shrink needs exactly one --resource: the stack whose failure to keep"};
+  }
+}
+
+}  // namespace
+
+arguments parse_arguments(std::vector<std::string> const& args) {
+  arguments a;
+  for (std::size_t i = 0; i < args.size(); ++i) {
+    std::string arg = args[i];
+    std::optional<std::string> inline_value;
+    if (arg.rfind("--", 0) == 0) {
+      if (auto const eq = arg.find('='); eq != std::string::npos) {
+        inline_value = arg.substr(eq + 1);
+        arg = arg.substr(0, eq);
+      }
+    }
+    auto value = [&]() -> std::string {
+      if (inline_value) { return *inline_value; }
+      if (i + 1 >= args.size()) { throw usage_error{arg + " needs a value"}; }
+      return args[++i];
+    };
+    auto flag = [&](bool& target) {
+      if (inline_value) { throw usage_error{arg + " takes no value"}; }
+      target = true;
+    };
+    if (arg == "-r" || arg == "--resource") {
+      a.resources.push_back(value());
+    } else if (arg == "--simulate") {
+      flag(a.simulate);
+    } else if (arg == "--capacity") {
+      a.capacity = positive_size(arg, value());
+    } else if (arg == "--repeat") {
+      a.repeat = static_cast<int>(whole_number(arg, value(), 1000000, "runs"));
+    } else if (arg == "--warmup") {
+      flag(a.warmup);
+    } else if (arg == "--order") {
+      std::string const text = value();
+      if (text != "strict" && text != "per-thread") {
+        throw usage_error{"--order '" + text + "': expected strict or per-thread"};
+      }
+      a.order = text == "strict" ? replay_order::strict : replay_order::per_thread;
+    } else if (arg == "--workers") {
+      a.workers = static_cast<unsigned>(whole_number(arg, value(), 4096, "threads"));
+    } else if (arg == "--expect-failures") {
+      flag(a.expect_failures);
+    } else if (arg == "--json") {
+      a.json_path = file_name(arg, value());
+    } else if (arg == "--timeline") {
+      a.timeline_path = file_name(arg, value());
+    } else if (arg == "--timeline-points") {
+      a.timeline_points = static_cast<std::size_t>(whole_number(arg, value(), 1000000, "samples"));
+    } else if (arg == "--shrink") {
+      a.shrink_path = file_name(arg, value());
+    } else if (arg == "--max-log-bytes") {
+      a.limits.max_text_bytes = positive_size(arg, value());
+    } else if (arg == "--max-line-bytes") {
+      a.limits.max_line_bytes = positive_size(arg, value());
+    } else if (arg == "--list-resources") {
+      flag(a.list_resources);
+    } else if (arg == "-h" || arg == "--help") {
+      a.help = true;
+    } else if (arg.size() > 1 && arg[0] == '-') {
+      throw usage_error{"unknown option '" + arg + "'"};
+    } else if (a.log_path.empty()) {
+      a.log_path = arg;
+    } else {
+      throw usage_error{"one log at a time: '" + a.log_path + "' and '" + arg + "' were both given"};
+    }
+  }
+  check_combinations(a);
+  return a;
+}
+
+}  // namespace mrstack::replay_cli

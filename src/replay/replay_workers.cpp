@@ -1,0 +1,322 @@
+// The replay's schedulers: strict log order or per-thread order, with the log's threads
+// multiplexed onto a bounded number of OS threads that never spin without bound.
+#include "replay_run.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <new>
+#include <system_error>
+#include <thread>
+
+namespace mrstack::replay_detail {
+
+namespace {
+
+using clock_type = std::chrono::steady_clock;
+
+inline void cpu_relax() noexcept {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield" ::: "memory");
+#endif
+}
+
+/// A worker that cannot run anything: spins a little (the event it waits for is usually
+/// quick), then sleeps on `word` (a futex) until it differs from `seen`. Bounded: at most
+/// 128 spins between sleeps. No sched_yield: on a loaded machine a yield hands the core
+/// to another process for a whole time slice, while a futex wake-up is scheduled at once.
+template <class T>
+class idle_waiter {
+ public:
+  void wait(std::atomic<T> const& word, T seen) {
+    if (rounds_ < 128) {
+      cpu_relax();
+      ++rounds_;
+    } else {
+      word.wait(seen, std::memory_order_acquire);
+    }
+  }
+  void reset() noexcept { rounds_ = 0; }
+
+ private:
+  unsigned rounds_ = 0;
+};
+
+double ns_between(clock_type::time_point a, clock_type::time_point b) {
+  return std::chrono::duration<double, std::nano>(b - a).count();
+}
+
+/// Starts `count - 1` threads running `body(w)` for w = 1..count-1, then runs `body(0)` on
+/// the calling thread, and joins. The workers are told how many of them there are only
+/// once all are started, so a refused thread (std::system_error) just means fewer workers.
+schedule_outcome run_on_workers(unsigned count, unsigned thread_start_limit,
+                                std::function<void(unsigned w, unsigned of, double& inside_ns)> const& body) {
+  schedule_outcome outcome;
+  std::mutex gate_mutex;
+  std::condition_variable gate;
+  unsigned started_count = 0;  // 0 until every thread that could start has started
+  std::vector<double> inside(count, 0.0);
+  std::vector<std::thread> threads;
+  auto worker = [&](unsigned w) {
+    unsigned of = 0;
+    {
+      std::unique_lock lock{gate_mutex};
+      gate.wait(lock, [&] { return started_count != 0; });
+      of = started_count;
+    }
+    if (w < of) { body(w, of, inside[w]); }
+  };
+  for (unsigned w = 1; w < count; ++w) {
+    try {
+      if (w > thread_start_limit) { throw std::system_error(std::make_error_code(std::errc::resource_unavailable_try_again)); }
+      threads.emplace_back(worker, w);
+    } catch (std::system_error const& refused) {
+      outcome.workers_note = "the system refused worker thread " + std::to_string(w + 1) + " of " +
+                             std::to_string(count) + " (" + refused.what() + "): replayed on " + std::to_string(w);
+      break;
+    }
+  }
+  outcome.workers = static_cast<unsigned>(threads.size()) + 1;
+  {
+    std::lock_guard lock{gate_mutex};
+    started_count = outcome.workers;
+  }
+  gate.notify_all();
+  body(0, outcome.workers, inside[0]);
+  for (auto& t : threads) { t.join(); }
+  for (double const ns : inside) { outcome.inside_ns += ns; }
+  return outcome;
+}
+
+/// Strict order: worker w runs the events of the log threads t with t mod W == w, each
+/// when the global sequence number reaches it.
+void strict_worker(run_state& s, unsigned w, unsigned of, double& inside_ns) {
+  auto const& threads = s.log->event_threads;
+  auto const n = static_cast<std::uint32_t>(s.log->events.size());
+  idle_waiter<std::uint32_t> idle;
+  for (std::uint32_t i = 0; i < n; ++i) {
+    if (threads[i] % of != w) { continue; }
+    for (std::uint32_t seen = s.next.load(std::memory_order_acquire); seen != i;
+         seen = s.next.load(std::memory_order_acquire)) {
+      if (s.stop.load(std::memory_order_relaxed)) { return; }
+      idle.wait(s.next, seen);
+    }
+    idle.reset();
+    if (s.expect_failures) { s.ask_expected_failures(i); }
+    if (s.stop.load(std::memory_order_relaxed) || !s.run_event(i, inside_ns)) {
+      s.stop.store(true, std::memory_order_relaxed);
+    }
+    s.next.store(i + 1, std::memory_order_release);
+    s.next.notify_all();
+    if (s.stop.load(std::memory_order_relaxed)) { return; }
+  }
+}
+
+/// Per-thread order: worker w runs its log threads round-robin, each as far as it can go
+/// (up to a batch) until a free whose allocation is not made yet blocks it.
+void per_thread_worker(run_state& s, unsigned w, unsigned of, double& inside_ns) {
+  auto const& by_thread = s.log->events_by_thread;
+  struct cursor {
+    std::vector<std::uint32_t> const* events;
+    std::size_t at;
+  };
+  std::vector<cursor> mine;
+  for (std::size_t t = w; t < by_thread.size(); t += of) {
+    if (!by_thread[t].empty()) { mine.push_back({&by_thread[t], 0}); }
+  }
+  constexpr std::size_t batch = 64;  // events of one log thread before the next gets its turn
+  idle_waiter<std::uint64_t> idle;
+  while (!mine.empty()) {
+    std::uint64_t const seen = s.made.load(std::memory_order_acquire);  // before the scan: no lost wake-up
+    bool progressed = false;
+    for (std::size_t c = 0; c < mine.size();) {
+      cursor& k = mine[c];
+      for (std::size_t ran = 0; ran < batch && k.at < k.events->size(); ++ran) {
+        std::uint32_t const i = (*k.events)[k.at];
+        log_event const& e = s.log->events[i];
+        if (e.action == log_action::free &&
+            s.states[e.allocation].load(std::memory_order_acquire) == allocation_state::pending) {
+          break;  // its allocation is not made yet
+        }
+        if (!s.run_event(i, inside_ns)) {
+          s.stop.store(true, std::memory_order_relaxed);
+          s.made.fetch_add(1, std::memory_order_release);
+          s.made.notify_all();
+          return;
+        }
+        ++k.at;
+        progressed = true;
+        if (e.action == log_action::allocate) {
+          s.made.fetch_add(1, std::memory_order_release);
+          s.made.notify_all();
+        }
+      }
+      if (k.at == k.events->size()) {
+        mine[c] = mine.back();
+        mine.pop_back();
+      } else {
+        ++c;
+      }
+    }
+    if (s.stop.load(std::memory_order_relaxed)) { return; }
+    if (progressed) {
+      idle.reset();
+    } else {
+      idle.wait(s.made, seen);
+    }
+  }
+}
+
+}  // namespace
+
+replay_streams::replay_streams(allocation_log const& log, bool real) {
+  views_.resize(log.streams.size());
+  for (std::size_t i = 0; i < log.streams.size(); ++i) {
+    std::uint64_t const handle = log.streams[i];
+    if (!real || handle == 0) {
+      views_[i] = stream_view{};
+    } else if (handle == 1) {
+      views_[i] = stream_view::legacy();
+    } else if (handle == 2) {
+      views_[i] = stream_view::per_thread();
+    } else {
+      owned_.emplace_back();
+      views_[i] = owned_.back().view();
+    }
+  }
+}
+
+void replay_streams::synchronize() const {
+  for (auto const& s : owned_) { s.synchronize(); }
+}
+
+void run_state::prepare(allocation_log const& l, memory_resource* t, stream_view const* s) {
+  log = &l;
+  top = t;
+  streams = s;
+  pointers.assign(l.allocation_count, nullptr);
+  states = std::make_unique<std::atomic<allocation_state>[]>(l.allocation_count);
+  for (std::size_t a = 0; a < l.allocation_count; ++a) { states[a].store(allocation_state::pending, std::memory_order_relaxed); }
+}
+
+bool run_state::run_event(std::uint32_t i, double& inside_ns) {
+  log_event const e = log->events[i];
+  try {
+    if (e.action == log_action::allocate) {
+      auto const t0 = clock_type::now();
+      void* const p = top->allocate(e.bytes, streams[e.stream]);
+      inside_ns += std::max(0.0, ns_between(t0, clock_type::now()) - clock_cost_ns);
+      pointers[e.allocation] = p;
+      if (count_live) {  // before `made`: the free that subtracts cannot come first
+        std::size_t const now = live_now.fetch_add(e.bytes, std::memory_order_relaxed) + e.bytes;
+        std::size_t peak = live_peak.load(std::memory_order_relaxed);
+        while (now > peak && !live_peak.compare_exchange_weak(peak, now, std::memory_order_relaxed)) {}
+      }
+      states[e.allocation].store(allocation_state::made, std::memory_order_release);
+    } else if (states[e.allocation].load(std::memory_order_acquire) == allocation_state::made) {
+      auto const t0 = clock_type::now();
+      top->deallocate(pointers[e.allocation], e.bytes, streams[e.stream]);
+      inside_ns += std::max(0.0, ns_between(t0, clock_type::now()) - clock_cost_ns);
+      pointers[e.allocation] = nullptr;
+      if (count_live) { live_now.fetch_sub(e.bytes, std::memory_order_relaxed); }
+    }  // else refused: its free is skipped
+  } catch (std::bad_alloc const& refusal) {
+    states[e.allocation].store(allocation_state::refused, std::memory_order_release);
+    std::lock_guard lock{failure_mutex};
+    ++failures;
+    if (i < first_failure_event) {
+      first_failure_event = i;
+      first_failure_message = refusal.what();
+      try {
+        first_failure_fragmentation = top->fragmentation();
+      } catch (std::exception const&) {
+        first_failure_fragmentation = {};
+      }
+    }
+  } catch (std::exception const& broken) {
+    std::lock_guard lock{failure_mutex};
+    if (i < error_event) {
+      error_event = i;
+      error = "line " + std::to_string(log->event_lines[i]) + ": " + broken.what();
+    }
+    return false;
+  }
+  if ((i & 1023U) == 0) { done.store(i, std::memory_order_relaxed); }
+  return true;
+}
+
+void run_state::ask_expected_failures(std::uint32_t i) {
+  auto const& recorded = log->recorded_failures;
+  for (; next_expectation < recorded.size() && recorded[next_expectation].before_event <= i; ++next_expectation) {
+    recorded_failure const& f = recorded[next_expectation];
+    ++expectations_checked;
+    try {
+      void* const p = top->allocate(f.bytes, streams[f.stream]);
+      ++expectations_served;
+      if (first_served_line == 0) { first_served_line = f.line; }
+      top->deallocate(p, f.bytes, streams[f.stream]);
+    } catch (std::bad_alloc const&) {
+      // refused, as the log says the program was
+    } catch (std::exception const& broken) {
+      std::lock_guard lock{failure_mutex};
+      if (error.empty()) { error = "line " + std::to_string(f.line) + " (a recorded failure): " + broken.what(); }
+      stop.store(true, std::memory_order_relaxed);
+      return;
+    }
+  }
+}
+
+std::vector<bool> run_state::refused() const {
+  std::vector<bool> out(log->allocation_count, false);
+  for (std::size_t a = 0; a < out.size(); ++a) {
+    out[a] = states[a].load(std::memory_order_relaxed) == allocation_state::refused;
+  }
+  return out;
+}
+
+double measure_clock_cost_ns() {
+  double best = 1e9;
+  for (int k = 0; k < 200; ++k) {
+    auto const a = clock_type::now();
+    auto const b = clock_type::now();
+    best = std::min(best, ns_between(a, b));
+  }
+  return best;
+}
+
+unsigned wanted_workers(allocation_log const& log, replay_options const& options) {
+  unsigned cap = options.workers != 0 ? options.workers : std::max(1U, std::thread::hardware_concurrency());
+  std::size_t const threads = std::max<std::size_t>(1, log.events_by_thread.size());
+  return static_cast<unsigned>(std::min<std::size_t>(cap, threads));
+}
+
+schedule_outcome run_events(run_state& s, replay_order order, unsigned workers, unsigned thread_start_limit) {
+  if (order == replay_order::strict && workers <= 1) {
+    // One thread, or everything on one worker: no hand-over at all.
+    schedule_outcome outcome;
+    auto const n = static_cast<std::uint32_t>(s.log->events.size());
+    for (std::uint32_t i = 0; i < n; ++i) {
+      if (s.expect_failures) { s.ask_expected_failures(i); }
+      if (s.stop.load(std::memory_order_relaxed) || !s.run_event(i, outcome.inside_ns)) { break; }
+    }
+    s.next.store(n, std::memory_order_relaxed);
+    if (s.expect_failures && s.error.empty()) { s.ask_expected_failures(n); }
+    return outcome;
+  }
+  auto body = [&s, order](unsigned w, unsigned of, double& inside_ns) {
+    if (order == replay_order::strict) {
+      strict_worker(s, w, of, inside_ns);
+    } else {
+      per_thread_worker(s, w, of, inside_ns);
+    }
+  };
+  schedule_outcome outcome = run_on_workers(workers, thread_start_limit, body);
+  if (order == replay_order::strict && s.expect_failures && s.error.empty()) {
+    s.ask_expected_failures(static_cast<std::uint32_t>(s.log->events.size()));
+  }
+  return outcome;
+}
+
+}  // namespace mrstack::replay_detail
