@@ -13,10 +13,20 @@ constexpr std::size_t granularity = 256;
 
 std::size_t checked_block_size(resource_ptr const& upstream, std::size_t block_size) {
   if (!upstream) { throw logic_error("fixed_size: the upstream resource is null"); }
-  if (block_size == 0 || block_size > std::numeric_limits<std::size_t>::max() / 2) {
-    throw logic_error("fixed_size: block size " + std::to_string(block_size) + " must be positive and sane");
+  if (block_size == 0 || block_size > fixed_size_memory_resource::max_block_size) {
+    throw logic_error("fixed_size: block size " + std::to_string(block_size) + " B must be between 1 B and " +
+                      format_bytes(fixed_size_memory_resource::max_block_size));
   }
   return detail::align_up(block_size, granularity);
+}
+
+std::size_t checked_blocks_per_chunk(std::size_t block_size, std::size_t blocks) {
+  if (blocks == 0) { return 1; }
+  if (blocks > fixed_size_memory_resource::max_chunk_bytes / block_size) {
+    throw logic_error("fixed_size: a chunk of " + std::to_string(blocks) + " blocks of " + format_bytes(block_size) +
+                      " exceeds " + format_bytes(fixed_size_memory_resource::max_chunk_bytes));
+  }
+  return blocks;
 }
 
 std::shared_ptr<detail::stream_sync> pick_sync(std::shared_ptr<detail::stream_sync> given, resource_ptr const& upstream) {
@@ -31,8 +41,8 @@ fixed_size_memory_resource::fixed_size_memory_resource(resource_ptr upstream, st
     : upstream_{std::move(upstream)},
       block_size_{checked_block_size(upstream_, block_size)},
       block_alignment_{block_size_ & (~block_size_ + 1)},  // lowest set bit: the largest power of two dividing it
-      blocks_per_chunk_{blocks_to_preallocate == 0 ? 1 : blocks_to_preallocate},
-      blocks_{block_size_, pick_sync(std::move(stream_sync), upstream_)} {
+      blocks_per_chunk_{checked_blocks_per_chunk(block_size_, blocks_to_preallocate)},
+      blocks_{block_size_, blocks_per_chunk_, pick_sync(std::move(stream_sync), upstream_)} {
   if (blocks_to_preallocate > 0) {
     std::string why;
     if (!grow(blocks_per_chunk_, detail::stream_ref{}, why, true)) {
@@ -76,7 +86,41 @@ void fixed_size_memory_resource::do_deallocate(void* ptr, std::size_t bytes, std
   if (bytes > block_size_ || alignment > block_alignment_) { reject(bytes, alignment); }
   detail::stream_ref const s = to_stream_ref(stream);
   std::lock_guard lock{mutex_};
-  blocks_.deallocate(reinterpret_cast<std::uintptr_t>(ptr), s);
+  auto const result = blocks_.deallocate(reinterpret_cast<std::uintptr_t>(ptr), s);
+  if (result != detail::fixed_size_blocks::free_result::freed) { reject_free(ptr, bytes, result); }
+}
+
+void fixed_size_memory_resource::reject_free(void const* ptr, std::size_t bytes,
+                                             detail::fixed_size_blocks::free_result why) const {
+  std::string const what = "fixed_size: deallocate of " + format_hex(reinterpret_cast<std::uintptr_t>(ptr)) +
+                           " with size " + std::to_string(bytes) + " B: ";
+  std::string const blocks = " (its blocks are " + std::to_string(block_size_) + " B; nothing was changed)";
+  if (why == detail::fixed_size_blocks::free_result::already_free) {
+    throw logic_error(what + "that " + std::to_string(block_size_) + " B block is already free (a double free)" + blocks);
+  }
+  throw logic_error(what + "not a block it handed out" + blocks);
+}
+
+bool fixed_size_memory_resource::holds_live_block(void const* ptr) const {
+  std::lock_guard lock{mutex_};
+  return blocks_.state_of(reinterpret_cast<std::uintptr_t>(ptr)) == detail::fixed_size_blocks::free_result::freed;
+}
+
+fragmentation_info fixed_size_memory_resource::do_fragmentation() const {
+  fragmentation_info info;
+  info.resource = "fixed_size";
+  std::lock_guard lock{mutex_};
+  std::size_t const free = blocks_.free_blocks();
+  info.held_bytes = pool_size_;
+  info.live_bytes = (blocks_.total_blocks() - free) * block_size_;
+  info.free_bytes = free * block_size_;
+  info.largest_free_block = free > 0 ? block_size_ : 0;
+  info.free_blocks = free;
+  blocks_.for_each_stream_share([&](detail::stream_ref const& r, std::size_t count) {
+    info.streams.push_back(fragmentation_info::stream_share{r.thread_bound ? r.key : r.handle, r.thread_bound,
+                                                            count * block_size_, block_size_, count});
+  });
+  return info;
 }
 
 void* fixed_size_memory_resource::grow_and_allocate(std::size_t bytes, detail::stream_ref const& s) {
@@ -98,7 +142,6 @@ bool fixed_size_memory_resource::grow(std::size_t blocks, detail::stream_ref con
                                       bool at_construction) {
   stream_view const stream = to_stream_view(s);
   for (std::size_t n = blocks; n >= 1; n /= 2) {
-    if (n > std::numeric_limits<std::size_t>::max() / block_size_) { continue; }
     std::size_t const bytes = n * block_size_;
     try {
       void* allocation = upstream_->allocate(bytes, stream, granularity);

@@ -19,6 +19,12 @@
 /// - `release()` returns every chunk to the upstream when no block is in use (blocks of a
 ///   chunk are not tracked individually, so a partly used resource keeps its chunks).
 ///   Destruction returns every chunk.
+/// - Every free is checked in O(1) (a free bit per block, a page hash from address to
+///   chunk): a pointer that is not the start of one of its blocks, a block freed twice,
+///   or a size larger than the block is a `logic_error` naming the pointer, the size given
+///   and the block size, and changes nothing.
+/// - Sizes are bounded so no arithmetic wraps: blocks of at most `max_block_size`, chunks
+///   of at most `max_chunk_bytes` (a `logic_error` at construction otherwise).
 /// - Thread-safe (one mutex). Works over any upstream (asks it for 256-byte alignment only).
 #include <cstddef>
 #include <memory>
@@ -35,6 +41,8 @@ class fixed_size_memory_resource final : public memory_resource {
  public:
   static constexpr std::size_t default_block_size = std::size_t{1} << 20;
   static constexpr std::size_t default_blocks_to_preallocate = 128;
+  static constexpr std::size_t max_block_size = std::size_t{1} << 48;
+  static constexpr std::size_t max_chunk_bytes = detail::fixed_size_chunks::max_bytes;
 
   explicit fixed_size_memory_resource(resource_ptr upstream, std::size_t block_size = default_block_size,
                                       std::size_t blocks_to_preallocate = default_blocks_to_preallocate,
@@ -50,6 +58,8 @@ class fixed_size_memory_resource final : public memory_resource {
   [[nodiscard]] std::size_t free_blocks() const;
   [[nodiscard]] std::size_t total_blocks() const;
   [[nodiscard]] std::size_t chunk_count() const;
+  /// True when `ptr` is the start of one of its blocks that is in use now.
+  [[nodiscard]] bool holds_live_block(void const* ptr) const;
   /// Calls f(base, size) for every chunk's usable range (under the lock).
   template <typename F>
   void for_each_chunk(F&& f) const {
@@ -65,11 +75,13 @@ class fixed_size_memory_resource final : public memory_resource {
   memory_resource* do_upstream() const noexcept override { return upstream_.get(); }
   std::size_t do_free_bytes_held() const noexcept override;
   void do_release() override;
+  fragmentation_info do_fragmentation() const override;
 
   void* grow_and_allocate(std::size_t bytes, detail::stream_ref const& s);
   /// Takes a chunk of up to `blocks` blocks (fewer when the upstream refuses); false when none.
   bool grow(std::size_t blocks, detail::stream_ref const& s, std::string& why, bool at_construction = false);
   [[noreturn]] void reject(std::size_t bytes, std::size_t alignment) const;
+  [[noreturn]] void reject_free(void const* ptr, std::size_t bytes, detail::fixed_size_blocks::free_result why) const;
   void return_all_chunks();
 
   struct chunk {
