@@ -25,7 +25,16 @@
 ///   and the block size, and changes nothing.
 /// - Sizes are bounded so no arithmetic wraps: blocks of at most `max_block_size`, chunks
 ///   of at most `max_chunk_bytes` (a `logic_error` at construction otherwise).
-/// - Thread-safe (one mutex). Works over any upstream (asks it for 256-byte alignment only).
+/// - Threads: each thread keeps a small cache of free blocks per resource (up to
+///   `thread_cache_blocks()`: 64 blocks or 64 MiB, at least 4) for the legacy default
+///   stream or its own per-thread default stream, so allocations and frees there touch
+///   only the thread's own lock; it refills from and spills to the shared free stacks in
+///   batches of half its size. A cached block is reused only on the stream it was freed
+///   on (caches of streams the user created would outlive them: such streams go to the
+///   shared stacks, one mutex). Before the resource grows, reports out-of-memory or
+///   releases, it takes every thread's cache back; a thread that exits hands its caches
+///   back. Frees into a cache are checked like any other.
+/// - Thread-safe. Works over any upstream (asks it for 256-byte alignment only).
 #include <cstddef>
 #include <memory>
 #include <mutex>
@@ -33,11 +42,12 @@
 
 #include <mrstack/detail/lean_mutex.hpp>
 #include <mrstack/detail/fixed_size_blocks.hpp>
+#include <mrstack/detail/thread_caches.hpp>
 #include <mrstack/resource.hpp>
 
 namespace mrstack {
 
-class fixed_size_memory_resource final : public memory_resource {
+class fixed_size_memory_resource final : public memory_resource, private detail::thread_cache_owner {
  public:
   static constexpr std::size_t default_block_size = std::size_t{1} << 20;
   static constexpr std::size_t default_blocks_to_preallocate = 128;
@@ -52,6 +62,8 @@ class fixed_size_memory_resource final : public memory_resource {
   [[nodiscard]] std::size_t block_size() const noexcept { return block_size_; }
   [[nodiscard]] std::size_t block_alignment() const noexcept { return block_alignment_; }
   [[nodiscard]] std::size_t blocks_per_chunk() const noexcept { return blocks_per_chunk_; }
+  /// Most free blocks one thread's cache holds (0: no caches).
+  [[nodiscard]] std::size_t thread_cache_blocks() const noexcept { return cache_capacity_; }
   /// Bytes held from the upstream (chunks, including any alignment slack).
   [[nodiscard]] std::size_t pool_size() const;
   [[nodiscard]] std::size_t free_bytes() const;
@@ -84,6 +96,22 @@ class fixed_size_memory_resource final : public memory_resource {
   [[noreturn]] void reject_free(void const* ptr, std::size_t bytes, detail::fixed_size_blocks::free_result why) const;
   void return_all_chunks();
 
+  // Thread caches (src/suballoc/fixed_size_memory_resource.cpp says how they stay safe).
+  struct thread_cache;
+  [[nodiscard]] static bool cacheable(detail::stream_ref const& s) noexcept {
+    return s.thread_bound || s.handle == detail::stream_owners::legacy_stream;
+  }
+  [[nodiscard]] thread_cache* my_cache() const noexcept {
+    return static_cast<thread_cache*>(detail::this_thread_cache(ticket_));
+  }
+  void* refill_and_allocate(std::size_t bytes, detail::stream_ref const& s);
+  void spill_and_free(void* ptr, std::size_t bytes, detail::stream_ref const& s);
+  thread_cache& cache_for_this_thread();
+  void spill(thread_cache& c, std::size_t keep);
+  bool take_back_caches();
+  [[nodiscard]] std::size_t cached_blocks() const;
+  void thread_exiting(void* cache) noexcept override;
+
   struct chunk {
     void* allocation;          // what the upstream returned
     std::size_t allocation_size;
@@ -99,6 +127,9 @@ class fixed_size_memory_resource final : public memory_resource {
   detail::fixed_size_blocks blocks_;
   std::vector<chunk> chunks_;
   std::size_t pool_size_ = 0;
+  std::size_t cache_capacity_;
+  detail::cache_ticket ticket_;
+  std::vector<std::unique_ptr<thread_cache>> caches_;  // under mutex_
 };
 
 }  // namespace mrstack
