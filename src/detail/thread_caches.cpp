@@ -53,16 +53,26 @@ void unregister_cache_owner(cache_ticket ticket) noexcept {
   }
 }
 
-void set_this_thread_cache(cache_ticket const& ticket, void* cache) {
+namespace {
+// Set once the calling thread's table is destroyed (thread exit): a call into a resource
+// from a later thread-local destructor then gets a cache that is simply not remembered
+// (its blocks are taken back like any other cache's).
+thread_local bool table_destroyed = false;
+}  // namespace
+
+bool set_this_thread_cache(cache_ticket const& ticket, void* cache) {
+  if (table_destroyed) { return false; }
   thread_local thread_cache_table table;
   this_thread_caches = &table;
   auto& entries = table.entries;
   if (ticket.index >= entries.size()) { entries.resize(std::size_t{ticket.index} + 1); }
   entries[ticket.index] = thread_cache_table::entry{ticket.generation, cache};
+  return true;
 }
 
 thread_cache_table::~thread_cache_table() {
   this_thread_caches = nullptr;
+  table_destroyed = true;
   registry& r = the_registry();
   std::lock_guard lock{r.mutex};
   for (std::size_t i = 0; i < entries.size(); ++i) {

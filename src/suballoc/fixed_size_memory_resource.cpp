@@ -177,16 +177,24 @@ void fixed_size_memory_resource::do_deallocate(void* ptr, std::size_t bytes, std
   if (result != detail::fixed_size_blocks::free_result::freed) { reject_free(ptr, bytes, result); }
 }
 
-fixed_size_memory_resource::thread_cache& fixed_size_memory_resource::cache_for_this_thread() {
-  if (thread_cache* c = my_cache()) { return *c; }
+fixed_size_memory_resource::thread_cache* fixed_size_memory_resource::cache_for_this_thread() {
+  if (thread_cache* c = my_cache()) { return c; }
   caches_.push_back(std::make_unique<thread_cache>(cache_capacity_));
-  detail::set_this_thread_cache(ticket_, caches_.back().get());
-  return *caches_.back();
+  if (!detail::set_this_thread_cache(ticket_, caches_.back().get())) {
+    caches_.pop_back();
+    return nullptr;
+  }
+  return caches_.back().get();
 }
 
 void* fixed_size_memory_resource::refill_and_allocate(std::size_t bytes, detail::stream_ref const& s) {
   std::lock_guard lock{mutex_};
-  thread_cache& c = cache_for_this_thread();
+  thread_cache* const cache = cache_for_this_thread();
+  if (cache == nullptr) {
+    if (std::uintptr_t const a = blocks_.allocate(s)) { return reinterpret_cast<void*>(a); }
+    return grow_and_allocate(bytes, s);
+  }
+  thread_cache& c = *cache;
   {
     std::lock_guard cache_lock{c.lock};
     if (c.count != 0 && c.stream.key != s.key) { spill(c, 0); }
@@ -208,7 +216,13 @@ void* fixed_size_memory_resource::refill_and_allocate(std::size_t bytes, detail:
 
 void fixed_size_memory_resource::spill_and_free(void* ptr, std::size_t bytes, detail::stream_ref const& s) {
   std::lock_guard lock{mutex_};
-  thread_cache& c = cache_for_this_thread();
+  thread_cache* const cache = cache_for_this_thread();
+  if (cache == nullptr) {
+    auto const result = blocks_.deallocate(reinterpret_cast<std::uintptr_t>(ptr), s);
+    if (result != detail::fixed_size_blocks::free_result::freed) { reject_free(ptr, bytes, result); }
+    return;
+  }
+  thread_cache& c = *cache;
   std::lock_guard cache_lock{c.lock};
   detail::block_state* state = nullptr;
   auto const result = blocks_.check_free(reinterpret_cast<std::uintptr_t>(ptr), state);

@@ -56,7 +56,8 @@ inline void* this_thread_cache(cache_ticket const& ticket) noexcept {
   auto const& e = table->entries[ticket.index];
   return e.generation == ticket.generation ? e.cache : nullptr;
 }
-/// Records `cache` as the calling thread's cache for that resource.
-void set_this_thread_cache(cache_ticket const& ticket, void* cache);
+/// Records `cache` as the calling thread's cache for that resource. False when the thread
+/// is past the destruction of its table (exiting): then it must use no cache.
+bool set_this_thread_cache(cache_ticket const& ticket, void* cache);
 
 }  // namespace mrstack::detail

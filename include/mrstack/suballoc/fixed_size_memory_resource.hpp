@@ -106,7 +106,8 @@ class fixed_size_memory_resource final : public memory_resource, private detail:
   }
   void* refill_and_allocate(std::size_t bytes, detail::stream_ref const& s);
   void spill_and_free(void* ptr, std::size_t bytes, detail::stream_ref const& s);
-  thread_cache& cache_for_this_thread();
+  /// The calling thread's cache, created when missing; null when it can keep none (exiting).
+  thread_cache* cache_for_this_thread();
   void spill(thread_cache& c, std::size_t keep);
   bool take_back_caches();
   [[nodiscard]] std::size_t cached_blocks() const;
