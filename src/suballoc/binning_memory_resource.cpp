@@ -29,18 +29,29 @@ binning_memory_resource::binning_memory_resource(resource_ptr upstream, std::siz
                                                  resource_ptr large)
     : binning_memory_resource(std::move(upstream), std::move(large)) {
   if (max_size == 0) { return; }
-  std::size_t const lo = std::bit_ceil(std::max<std::size_t>(min_size, default_alignment));
-  std::size_t const hi = std::bit_ceil(max_size);
-  if (hi < lo) {
-    throw logic_error("binning: max size " + format_bytes(max_size) + " is below min size " + format_bytes(min_size));
+  // Checked before any rounding: std::bit_ceil of a value above 2^63 is undefined.
+  if (max_size > max_bin_size) {
+    throw logic_error("binning: max size " + std::to_string(max_size) + " B exceeds the largest bin size, " +
+                      format_bytes(max_bin_size));
   }
-  if (hi > (std::size_t{1} << 40)) { throw logic_error("binning: max size " + format_bytes(max_size) + " is not sane"); }
+  if (min_size > max_size) {
+    throw logic_error("binning: min size " + std::to_string(min_size) + " B is above max size " +
+                      std::to_string(max_size) + " B");
+  }
+  std::size_t const lo = std::bit_ceil(std::max<std::size_t>(min_size, default_alignment));
+  std::size_t const hi = std::max(lo, std::bit_ceil(max_size));  // a max below 256 B still gets the 256 B bin
   for (std::size_t size = lo; size <= hi; size *= 2) { add_bin(size); }
 }
 
 void binning_memory_resource::add_bin(std::size_t size, resource_ptr resource, std::size_t alignment) {
-  if (size == 0) { throw logic_error("binning: a bin of 0 bytes"); }
+  if (size == 0 || size > max_bin_size) {
+    throw logic_error("binning: a bin of " + std::to_string(size) + " B (bins hold 1 B to " + format_bytes(max_bin_size) +
+                      ")");
+  }
   if (bins_.size() >= 255) { throw logic_error("binning: at most 255 bins"); }
+  if (alignment != 0 && !detail::is_pow2(alignment)) {
+    throw logic_error("binning: bin alignment " + std::to_string(alignment) + " is not a power of two");
+  }
   std::size_t const rounded = detail::align_up(size, default_alignment);
   if (!resource) {
     auto fixed = std::make_shared<fixed_size_memory_resource>(upstream_, rounded, blocks_per_chunk(rounded));
@@ -57,6 +68,54 @@ void binning_memory_resource::add_bin(std::size_t size, resource_ptr resource, s
     bins_.insert(it, bin{rounded, alignment, std::move(resource)});
   }
   rebuild_index();
+}
+
+void binning_memory_resource::explain_bad_free(void const* ptr, std::size_t bytes, std::size_t alignment,
+                                               memory_resource const& routed_to) const {
+  // Only reached after the resource that (bytes, alignment) routes to refused the free:
+  // when another bin holds that block live, the size (or alignment) given is wrong.
+  for (auto const& b : bins_) {
+    auto const* fixed = dynamic_cast<fixed_size_memory_resource const*>(b.resource.get());
+    if (fixed == nullptr || fixed == &routed_to || !fixed->holds_live_block(ptr)) { continue; }
+    std::string const routed = &routed_to == large_ ? "the large-allocation resource (" + large_->name() + ")"
+                                                    : "a bin of other blocks";
+    throw logic_error("binning: deallocate of " + format_hex(ptr) + " with size " + std::to_string(bytes) +
+                      " B (alignment " + std::to_string(alignment) + "): it was allocated from the " +
+                      std::to_string(b.size) + " B bin (requests of up to " + std::to_string(b.size) +
+                      " B), but that size goes to " + routed + ", which refused it; nothing was changed");
+  }
+}
+
+fragmentation_info binning_memory_resource::do_fragmentation() const {
+  fragmentation_info info;
+  info.resource = "binning";
+  auto add = [&info](fragmentation_info const& part) {
+    info.held_bytes += part.held_bytes;
+    info.live_bytes += part.live_bytes;
+    info.free_bytes += part.free_bytes;
+    info.free_blocks += part.free_blocks;
+    info.largest_free_block = std::max(info.largest_free_block, part.largest_free_block);
+    for (auto const& share : part.streams) {
+      auto same = [&](fragmentation_info::stream_share const& x) {
+        return x.stream == share.stream && x.thread_bound == share.thread_bound;
+      };
+      auto it = std::find_if(info.streams.begin(), info.streams.end(), same);
+      if (it == info.streams.end()) {
+        info.streams.push_back(share);
+        continue;
+      }
+      it->free_bytes += share.free_bytes;
+      it->free_blocks += share.free_blocks;
+      it->largest_free_block = std::max(it->largest_free_block, share.largest_free_block);
+    }
+  };
+  for (auto const& b : bins_) {
+    if (b.resource.get() != upstream_.get()) { add(b.resource->fragmentation()); }
+  }
+  // The large resource counts when it is a suballocator of its own (not the upstream,
+  // whose fragmentation is not this layer's).
+  if (large_ != upstream_.get()) { add(large_->fragmentation()); }
+  return info;
 }
 
 void binning_memory_resource::rebuild_index() {

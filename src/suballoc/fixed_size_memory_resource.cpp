@@ -1,6 +1,9 @@
 #include <mrstack/suballoc/fixed_size_memory_resource.hpp>
 
+#include <algorithm>
+#include <atomic>
 #include <cstdio>
+#include <thread>
 #include <limits>
 
 #include <mrstack/suballoc/stream_sync.hpp>
@@ -10,13 +13,29 @@ namespace mrstack {
 namespace {
 
 constexpr std::size_t granularity = 256;
+// A thread's cache: at most 64 blocks or 64 MiB, but at least 4 blocks (fewer would
+// spill or refill on nearly every call). Caches never make the resource hold more: they
+// are emptied before it grows.
+constexpr std::size_t max_cache_blocks = 64;
+constexpr std::size_t min_cache_blocks = 4;
+constexpr std::size_t max_cache_bytes = std::size_t{64} << 20;
 
 std::size_t checked_block_size(resource_ptr const& upstream, std::size_t block_size) {
   if (!upstream) { throw logic_error("fixed_size: the upstream resource is null"); }
-  if (block_size == 0 || block_size > std::numeric_limits<std::size_t>::max() / 2) {
-    throw logic_error("fixed_size: block size " + std::to_string(block_size) + " must be positive and sane");
+  if (block_size == 0 || block_size > fixed_size_memory_resource::max_block_size) {
+    throw logic_error("fixed_size: block size " + std::to_string(block_size) + " B must be between 1 B and " +
+                      format_bytes(fixed_size_memory_resource::max_block_size));
   }
   return detail::align_up(block_size, granularity);
+}
+
+std::size_t checked_blocks_per_chunk(std::size_t block_size, std::size_t blocks) {
+  if (blocks == 0) { return 1; }
+  if (blocks > fixed_size_memory_resource::max_chunk_bytes / block_size) {
+    throw logic_error("fixed_size: a chunk of " + std::to_string(blocks) + " blocks of " + format_bytes(block_size) +
+                      " exceeds " + format_bytes(fixed_size_memory_resource::max_chunk_bytes));
+  }
+  return blocks;
 }
 
 std::shared_ptr<detail::stream_sync> pick_sync(std::shared_ptr<detail::stream_sync> given, resource_ptr const& upstream) {
@@ -31,8 +50,9 @@ fixed_size_memory_resource::fixed_size_memory_resource(resource_ptr upstream, st
     : upstream_{std::move(upstream)},
       block_size_{checked_block_size(upstream_, block_size)},
       block_alignment_{block_size_ & (~block_size_ + 1)},  // lowest set bit: the largest power of two dividing it
-      blocks_per_chunk_{blocks_to_preallocate == 0 ? 1 : blocks_to_preallocate},
-      blocks_{block_size_, pick_sync(std::move(stream_sync), upstream_)} {
+      blocks_per_chunk_{checked_blocks_per_chunk(block_size_, blocks_to_preallocate)},
+      blocks_{block_size_, blocks_per_chunk_, pick_sync(std::move(stream_sync), upstream_)},
+      cache_capacity_{std::clamp<std::size_t>(max_cache_bytes / block_size_, min_cache_blocks, max_cache_blocks)} {
   if (blocks_to_preallocate > 0) {
     std::string why;
     if (!grow(blocks_per_chunk_, detail::stream_ref{}, why, true)) {
@@ -44,10 +64,14 @@ fixed_size_memory_resource::fixed_size_memory_resource(resource_ptr upstream, st
       throw out_of_memory(std::move(info));
     }
   }
+  ticket_ = detail::register_cache_owner(this);  // last: a thread may call back from now on
 }
 
 fixed_size_memory_resource::~fixed_size_memory_resource() {
+  detail::unregister_cache_owner(ticket_);  // no thread hands a cache back after this
   try {
+    std::lock_guard lock{mutex_};
+    take_back_caches();
     return_all_chunks();
   } catch (std::exception const& e) {
     std::fprintf(stderr, "mrstack: fixed_size destructor could not return its chunks: %s\n", e.what());
@@ -64,9 +88,63 @@ void fixed_size_memory_resource::reject(std::size_t bytes, std::size_t alignment
                     " blocks are aligned to");
 }
 
+// The hot path: a thread on the legacy or its own per-thread default stream pops from or
+// pushes onto its own cache under its own lock. The shared lock (mutex_) is taken only to
+// refill or spill a batch, for other streams, and to grow. Lock order: mutex_, then a
+// cache's lock. A cache's lock also marks its owner as a reader of the chunk snapshot
+// (the free check); `take_back_caches` takes every cache's lock, which is what lets
+// replaced snapshots be freed afterwards.
+namespace {
+/// A cache's lock: taken by its own thread on every cached call, by others only to take
+/// the cache back (rare). So the uncontended path is all that matters: a CAS to lock and
+/// a plain release store to unlock (lean_mutex's unlock is an exchange, to wake
+/// sleepers; nobody sleeps here: a waiter spins, then yields).
+class cache_lock {
+ public:
+  void lock() noexcept {
+    std::uint32_t expected = 0;
+    if (state_.compare_exchange_strong(expected, 1, std::memory_order_acquire, std::memory_order_relaxed)) { return; }
+    lock_contended();
+  }
+  void unlock() noexcept { state_.store(0, std::memory_order_release); }
+
+ private:
+  void lock_contended() noexcept {
+    for (unsigned spins = 0;; ++spins) {
+      std::uint32_t expected = 0;
+      if (state_.load(std::memory_order_relaxed) == 0 &&
+          state_.compare_exchange_weak(expected, 1, std::memory_order_acquire, std::memory_order_relaxed)) {
+        return;
+      }
+      if (spins >= 64) { std::this_thread::yield(); }
+    }
+  }
+  std::atomic<std::uint32_t> state_{0};
+};
+}  // namespace
+
+struct fixed_size_memory_resource::thread_cache {
+  explicit thread_cache(std::size_t capacity) : blocks{std::make_unique<detail::free_block[]>(capacity)} {}
+  alignas(64) cache_lock lock;
+  detail::stream_ref stream{};  // the stream every cached block was freed on (or taken for)
+  std::size_t count = 0;
+  std::unique_ptr<detail::free_block[]> blocks;  // a LIFO stack of `count` free blocks
+};
+
 void* fixed_size_memory_resource::do_allocate(std::size_t bytes, std::size_t alignment, stream_view stream) {
   if (bytes > block_size_ || alignment > block_alignment_) { reject(bytes, alignment); }
   detail::stream_ref const s = to_stream_ref(stream);
+  if (cacheable(s)) {
+    if (thread_cache* c = my_cache()) {
+      std::lock_guard lock{c->lock};
+      if (c->count != 0 && c->stream.key == s.key) {
+        detail::free_block const b = c->blocks[--c->count];
+        b.state->store(detail::used_state, std::memory_order_relaxed);
+        return reinterpret_cast<void*>(b.address);
+      }
+    }
+    return refill_and_allocate(bytes, s);
+  }
   std::lock_guard lock{mutex_};
   if (std::uintptr_t const a = blocks_.allocate(s)) { return reinterpret_cast<void*>(a); }
   return grow_and_allocate(bytes, s);
@@ -75,11 +153,189 @@ void* fixed_size_memory_resource::do_allocate(std::size_t bytes, std::size_t ali
 void fixed_size_memory_resource::do_deallocate(void* ptr, std::size_t bytes, std::size_t alignment, stream_view stream) {
   if (bytes > block_size_ || alignment > block_alignment_) { reject(bytes, alignment); }
   detail::stream_ref const s = to_stream_ref(stream);
+  auto const a = reinterpret_cast<std::uintptr_t>(ptr);
+  if (cacheable(s)) {
+    if (thread_cache* c = my_cache()) {
+      std::unique_lock lock{c->lock};
+      if (c->count < cache_capacity_ && (c->count == 0 || c->stream.key == s.key)) {
+        detail::block_state* state = nullptr;
+        auto const result = blocks_.check_free(a, state);
+        if (result != detail::fixed_size_blocks::free_result::freed) {
+          lock.unlock();
+          reject_free(ptr, bytes, result);
+        }
+        c->stream = s;
+        c->blocks[c->count++] = detail::free_block{a, state};
+        return;
+      }
+    }
+    spill_and_free(ptr, bytes, s);
+    return;
+  }
   std::lock_guard lock{mutex_};
-  blocks_.deallocate(reinterpret_cast<std::uintptr_t>(ptr), s);
+  auto const result = blocks_.deallocate(a, s);
+  if (result != detail::fixed_size_blocks::free_result::freed) { reject_free(ptr, bytes, result); }
+}
+
+fixed_size_memory_resource::thread_cache* fixed_size_memory_resource::cache_for_this_thread() {
+  if (thread_cache* c = my_cache()) { return c; }
+  caches_.push_back(std::make_unique<thread_cache>(cache_capacity_));
+  if (!detail::set_this_thread_cache(ticket_, caches_.back().get())) {
+    caches_.pop_back();
+    return nullptr;
+  }
+  return caches_.back().get();
+}
+
+void* fixed_size_memory_resource::refill_and_allocate(std::size_t bytes, detail::stream_ref const& s) {
+  std::lock_guard lock{mutex_};
+  thread_cache* const cache = cache_for_this_thread();
+  if (cache == nullptr) {
+    if (std::uintptr_t const a = blocks_.allocate(s)) { return reinterpret_cast<void*>(a); }
+    return grow_and_allocate(bytes, s);
+  }
+  thread_cache& c = *cache;
+  {
+    std::lock_guard cache_lock{c.lock};
+    if (c.count != 0 && c.stream.key != s.key) { spill(c, 0); }
+    c.stream = s;
+    // Half a cache at once: the shared lock is taken once per that many allocations.
+    while (c.count < cache_capacity_ / 2) {
+      detail::free_block const b = blocks_.take(s);
+      if (b.address == 0) { break; }
+      c.blocks[c.count++] = b;
+    }
+    if (c.count != 0) {
+      detail::free_block const b = c.blocks[--c.count];
+      b.state->store(detail::used_state, std::memory_order_relaxed);
+      return reinterpret_cast<void*>(b.address);
+    }
+  }
+  return grow_and_allocate(bytes, s);
+}
+
+void fixed_size_memory_resource::spill_and_free(void* ptr, std::size_t bytes, detail::stream_ref const& s) {
+  std::lock_guard lock{mutex_};
+  thread_cache* const cache = cache_for_this_thread();
+  if (cache == nullptr) {
+    auto const result = blocks_.deallocate(reinterpret_cast<std::uintptr_t>(ptr), s);
+    if (result != detail::fixed_size_blocks::free_result::freed) { reject_free(ptr, bytes, result); }
+    return;
+  }
+  thread_cache& c = *cache;
+  std::lock_guard cache_lock{c.lock};
+  detail::block_state* state = nullptr;
+  auto const result = blocks_.check_free(reinterpret_cast<std::uintptr_t>(ptr), state);
+  if (result != detail::fixed_size_blocks::free_result::freed) { reject_free(ptr, bytes, result); }
+  // Checked and marked free: from here nothing may fail before the block is stored.
+  if (c.count != 0 && c.stream.key != s.key) {
+    spill(c, 0);
+  } else if (c.count >= cache_capacity_) {
+    spill(c, cache_capacity_ / 2);
+  }
+  c.stream = s;
+  c.blocks[c.count++] = detail::free_block{reinterpret_cast<std::uintptr_t>(ptr), state};
+}
+
+void fixed_size_memory_resource::spill(thread_cache& c, std::size_t keep) {
+  // The oldest blocks go to the shared stacks as freed on the cache's stream (the most
+  // recent stay: they are the likeliest to be warm). Draining another thread's cache
+  // records nothing on its stream: see note_free in detail/stream_ordering.hpp.
+  std::size_t const move = c.count - std::min(keep, c.count);
+  for (std::size_t i = 0; i < move; ++i) { blocks_.push_free(c.blocks[i], c.stream); }
+  std::copy(c.blocks.get() + move, c.blocks.get() + c.count, c.blocks.get());
+  c.count -= move;
+}
+
+bool fixed_size_memory_resource::take_back_caches() {
+  bool moved = false;
+  for (auto const& c : caches_) {
+    std::lock_guard cache_lock{c->lock};
+    moved = moved || c->count != 0;
+    spill(*c, 0);
+  }
+  // Every cache's lock was taken once: no thread still reads a snapshot replaced before.
+  blocks_.chunks().collect();
+  return moved;
+}
+
+std::size_t fixed_size_memory_resource::cached_blocks() const {
+  std::size_t n = 0;
+  for (auto const& c : caches_) {
+    std::lock_guard cache_lock{c->lock};
+    n += c->count;
+  }
+  return n;
+}
+
+void fixed_size_memory_resource::thread_exiting(void* cache) noexcept {
+  auto* const c = static_cast<thread_cache*>(cache);
+  std::lock_guard lock{mutex_};
+  try {
+    {
+      std::lock_guard cache_lock{c->lock};
+      spill(*c, 0);
+    }
+    auto it = std::find_if(caches_.begin(), caches_.end(), [c](auto const& x) { return x.get() == c; });
+    if (it != caches_.end()) { caches_.erase(it); }
+  } catch (std::exception const& e) {
+    // Out of host memory: the cache stays registered and is taken back before growth.
+    std::fprintf(stderr, "mrstack: fixed_size could not take back an exiting thread's cache: %s\n", e.what());
+  }
+}
+
+void fixed_size_memory_resource::reject_free(void const* ptr, std::size_t bytes,
+                                             detail::fixed_size_blocks::free_result why) const {
+  std::string const what = "fixed_size: deallocate of " + format_hex(reinterpret_cast<std::uintptr_t>(ptr)) +
+                           " with size " + std::to_string(bytes) + " B: ";
+  std::string const blocks = " (its blocks are " + std::to_string(block_size_) + " B; nothing was changed)";
+  if (why == detail::fixed_size_blocks::free_result::already_free) {
+    throw logic_error(what + "that " + std::to_string(block_size_) + " B block is already free (a double free)" + blocks);
+  }
+  throw logic_error(what + "not a block it handed out" + blocks);
+}
+
+bool fixed_size_memory_resource::holds_live_block(void const* ptr) const {
+  std::lock_guard lock{mutex_};
+  return blocks_.state_of(reinterpret_cast<std::uintptr_t>(ptr)) == detail::fixed_size_blocks::free_result::freed;
+}
+
+fragmentation_info fixed_size_memory_resource::do_fragmentation() const {
+  fragmentation_info info;
+  info.resource = "fixed_size";
+  std::lock_guard lock{mutex_};
+  std::size_t const free = blocks_.free_blocks() + cached_blocks();
+  info.held_bytes = pool_size_;
+  info.live_bytes = (blocks_.total_blocks() - free) * block_size_;
+  info.free_bytes = free * block_size_;
+  info.largest_free_block = free > 0 ? block_size_ : 0;
+  info.free_blocks = free;
+  blocks_.for_each_stream_share([&](detail::stream_ref const& r, std::size_t count) {
+    info.streams.push_back(fragmentation_info::stream_share{r.thread_bound ? r.key : r.handle, r.thread_bound,
+                                                            count * block_size_, block_size_, count});
+  });
+  for (auto const& c : caches_) {
+    std::lock_guard cache_lock{c->lock};
+    if (c->count == 0) { continue; }
+    auto const key = c->stream.thread_bound ? c->stream.key : c->stream.handle;
+    auto it = std::find_if(info.streams.begin(), info.streams.end(), [&](auto const& x) {
+      return x.stream == key && x.thread_bound == c->stream.thread_bound;
+    });
+    if (it == info.streams.end()) {
+      info.streams.push_back(fragmentation_info::stream_share{key, c->stream.thread_bound, 0, block_size_, 0});
+      it = std::prev(info.streams.end());
+    }
+    it->free_bytes += c->count * block_size_;
+    it->free_blocks += c->count;
+  }
+  return info;
 }
 
 void* fixed_size_memory_resource::grow_and_allocate(std::size_t bytes, detail::stream_ref const& s) {
+  // Free blocks sitting in threads' caches come back before the resource grows.
+  if (take_back_caches()) {
+    if (std::uintptr_t const a = blocks_.allocate(s)) { return reinterpret_cast<void*>(a); }
+  }
   std::string why;
   if (grow(blocks_per_chunk_, s, why) || blocks_.synchronize_everything()) {
     if (std::uintptr_t const a = blocks_.allocate(s)) { return reinterpret_cast<void*>(a); }
@@ -98,7 +354,6 @@ bool fixed_size_memory_resource::grow(std::size_t blocks, detail::stream_ref con
                                       bool at_construction) {
   stream_view const stream = to_stream_view(s);
   for (std::size_t n = blocks; n >= 1; n /= 2) {
-    if (n > std::numeric_limits<std::size_t>::max() / block_size_) { continue; }
     std::size_t const bytes = n * block_size_;
     try {
       void* allocation = upstream_->allocate(bytes, stream, granularity);
@@ -134,6 +389,7 @@ void fixed_size_memory_resource::return_all_chunks() {
 void fixed_size_memory_resource::do_release() {
   {
     std::lock_guard lock{mutex_};
+    take_back_caches();
     if (blocks_.free_blocks() == blocks_.total_blocks()) { return_all_chunks(); }
   }
   upstream_->release();
@@ -141,9 +397,10 @@ void fixed_size_memory_resource::do_release() {
 
 std::size_t fixed_size_memory_resource::do_free_bytes_held() const noexcept {
   std::size_t held = 0;
-  {
+  try {
     std::lock_guard lock{mutex_};
-    held = blocks_.free_blocks() * block_size_;
+    held = (blocks_.free_blocks() + cached_blocks()) * block_size_;
+  } catch (...) {
   }
   return held + upstream_->free_bytes_held();
 }
@@ -152,13 +409,10 @@ std::size_t fixed_size_memory_resource::pool_size() const {
   std::lock_guard lock{mutex_};
   return pool_size_;
 }
-std::size_t fixed_size_memory_resource::free_bytes() const {
-  std::lock_guard lock{mutex_};
-  return blocks_.free_blocks() * block_size_;
-}
+std::size_t fixed_size_memory_resource::free_bytes() const { return free_blocks() * block_size_; }
 std::size_t fixed_size_memory_resource::free_blocks() const {
   std::lock_guard lock{mutex_};
-  return blocks_.free_blocks();
+  return blocks_.free_blocks() + cached_blocks();
 }
 std::size_t fixed_size_memory_resource::total_blocks() const {
   std::lock_guard lock{mutex_};

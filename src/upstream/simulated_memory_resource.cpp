@@ -20,7 +20,9 @@ simulated_memory_resource::simulated_memory_resource(std::size_t capacity, std::
 
 void* simulated_memory_resource::do_allocate(std::size_t bytes, std::size_t alignment, stream_view) {
   std::size_t const align = std::max(alignment, default_alignment);
-  std::size_t const span = detail::align_up(bytes, default_alignment);
+  // Rounding a size near SIZE_MAX up to 256 would wrap to a tiny span: refuse first.
+  bool const impossible = bytes > std::numeric_limits<std::size_t>::max() - default_alignment;
+  std::size_t const span = impossible ? 0 : detail::align_up(bytes, default_alignment);
   std::lock_guard lock{mutex_};
   auto refuse = [&](char const* why) -> void* {
     allocation_failure info;
@@ -31,7 +33,7 @@ void* simulated_memory_resource::do_allocate(std::size_t bytes, std::size_t alig
     info.detail = why;
     throw out_of_memory(std::move(info));
   };
-  if (span == std::numeric_limits<std::size_t>::max() || span > capacity_ - std::min(capacity_, footprint_)) {
+  if (impossible || span > capacity_ - std::min(capacity_, footprint_)) {
     return refuse("capacity reached");
   }
   // First fit in address order: the simulated upstream is called rarely under a pool, and

@@ -12,6 +12,11 @@
 /// - A request (n, a) goes to the smallest bin whose size is >= n and whose blocks are
 ///   aligned to >= a; deallocate routes (n, a) the same way, so it reaches the same bin.
 ///   Power-of-two bins of size s are s-aligned, so large alignments are served by bins too.
+/// - A free is checked by the resource it routes to (fixed_size bins check every free in
+///   O(1)); when that one refuses it and another bin holds the block, the `logic_error`
+///   says which bin allocated it: the size or alignment given was wrong. Nothing changes.
+/// - Sizes: bins of 1 B to `max_bin_size` (1 TiB); `min_size` above `max_size`, or either
+///   beyond 1 TiB, is a `logic_error` at construction.
 /// - Streams, errors and thread safety are those of the bin and large resources (each
 ///   is thread-safe on its own; the bin table is fixed once allocation starts — add bins
 ///   before sharing the resource between threads).
@@ -35,6 +40,7 @@ class binning_memory_resource final : public memory_resource {
   /// `max_size` 0: no bins (add them with add_bin). `large`: where bigger requests go
   /// (null: the upstream).
   binning_memory_resource(resource_ptr upstream, std::size_t min_size, std::size_t max_size, resource_ptr large = nullptr);
+  static constexpr std::size_t max_bin_size = std::size_t{1} << 40;
   /// No bins yet: add them with `add_bin`.
   explicit binning_memory_resource(resource_ptr upstream, resource_ptr large = nullptr);
 
@@ -60,8 +66,17 @@ class binning_memory_resource final : public memory_resource {
     return target(bytes, alignment)->allocate(bytes, stream, alignment);
   }
   void do_deallocate(void* ptr, std::size_t bytes, std::size_t alignment, stream_view stream) override {
-    target(bytes, alignment)->deallocate(ptr, bytes, stream, alignment);
+    memory_resource* const routed = target(bytes, alignment);
+    try {
+      routed->deallocate(ptr, bytes, stream, alignment);
+    } catch (logic_error const&) {
+      explain_bad_free(ptr, bytes, alignment, *routed);
+      throw;
+    }
   }
+  /// After a refused free: throws a clearer logic_error when another bin holds `ptr` live.
+  void explain_bad_free(void const* ptr, std::size_t bytes, std::size_t alignment, memory_resource const& routed_to) const;
+  fragmentation_info do_fragmentation() const override;
   bool do_is_equal(memory_resource const& other) const noexcept override { return this == &other; }
   std::string do_name() const override { return "binning"; }
   memory_resource* do_upstream() const noexcept override { return upstream_.get(); }

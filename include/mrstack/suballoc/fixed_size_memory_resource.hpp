@@ -19,7 +19,22 @@
 /// - `release()` returns every chunk to the upstream when no block is in use (blocks of a
 ///   chunk are not tracked individually, so a partly used resource keeps its chunks).
 ///   Destruction returns every chunk.
-/// - Thread-safe (one mutex). Works over any upstream (asks it for 256-byte alignment only).
+/// - Every free is checked in O(1) (a free bit per block, a page hash from address to
+///   chunk): a pointer that is not the start of one of its blocks, a block freed twice,
+///   or a size larger than the block is a `logic_error` naming the pointer, the size given
+///   and the block size, and changes nothing.
+/// - Sizes are bounded so no arithmetic wraps: blocks of at most `max_block_size`, chunks
+///   of at most `max_chunk_bytes` (a `logic_error` at construction otherwise).
+/// - Threads: each thread keeps a small cache of free blocks per resource (up to
+///   `thread_cache_blocks()`: 64 blocks or 64 MiB, at least 4) for the legacy default
+///   stream or its own per-thread default stream, so allocations and frees there touch
+///   only the thread's own lock; it refills from and spills to the shared free stacks in
+///   batches of half its size. A cached block is reused only on the stream it was freed
+///   on (caches of streams the user created would outlive them: such streams go to the
+///   shared stacks, one mutex). Before the resource grows, reports out-of-memory or
+///   releases, it takes every thread's cache back; a thread that exits hands its caches
+///   back. Frees into a cache are checked like any other.
+/// - Thread-safe. Works over any upstream (asks it for 256-byte alignment only).
 #include <cstddef>
 #include <memory>
 #include <mutex>
@@ -27,14 +42,17 @@
 
 #include <mrstack/detail/lean_mutex.hpp>
 #include <mrstack/detail/fixed_size_blocks.hpp>
+#include <mrstack/detail/thread_caches.hpp>
 #include <mrstack/resource.hpp>
 
 namespace mrstack {
 
-class fixed_size_memory_resource final : public memory_resource {
+class fixed_size_memory_resource final : public memory_resource, private detail::thread_cache_owner {
  public:
   static constexpr std::size_t default_block_size = std::size_t{1} << 20;
   static constexpr std::size_t default_blocks_to_preallocate = 128;
+  static constexpr std::size_t max_block_size = std::size_t{1} << 48;
+  static constexpr std::size_t max_chunk_bytes = detail::fixed_size_chunks::max_bytes;
 
   explicit fixed_size_memory_resource(resource_ptr upstream, std::size_t block_size = default_block_size,
                                       std::size_t blocks_to_preallocate = default_blocks_to_preallocate,
@@ -44,12 +62,16 @@ class fixed_size_memory_resource final : public memory_resource {
   [[nodiscard]] std::size_t block_size() const noexcept { return block_size_; }
   [[nodiscard]] std::size_t block_alignment() const noexcept { return block_alignment_; }
   [[nodiscard]] std::size_t blocks_per_chunk() const noexcept { return blocks_per_chunk_; }
+  /// Most free blocks one thread's cache holds (0: no caches).
+  [[nodiscard]] std::size_t thread_cache_blocks() const noexcept { return cache_capacity_; }
   /// Bytes held from the upstream (chunks, including any alignment slack).
   [[nodiscard]] std::size_t pool_size() const;
   [[nodiscard]] std::size_t free_bytes() const;
   [[nodiscard]] std::size_t free_blocks() const;
   [[nodiscard]] std::size_t total_blocks() const;
   [[nodiscard]] std::size_t chunk_count() const;
+  /// True when `ptr` is the start of one of its blocks that is in use now.
+  [[nodiscard]] bool holds_live_block(void const* ptr) const;
   /// Calls f(base, size) for every chunk's usable range (under the lock).
   template <typename F>
   void for_each_chunk(F&& f) const {
@@ -65,12 +87,31 @@ class fixed_size_memory_resource final : public memory_resource {
   memory_resource* do_upstream() const noexcept override { return upstream_.get(); }
   std::size_t do_free_bytes_held() const noexcept override;
   void do_release() override;
+  fragmentation_info do_fragmentation() const override;
 
   void* grow_and_allocate(std::size_t bytes, detail::stream_ref const& s);
   /// Takes a chunk of up to `blocks` blocks (fewer when the upstream refuses); false when none.
   bool grow(std::size_t blocks, detail::stream_ref const& s, std::string& why, bool at_construction = false);
   [[noreturn]] void reject(std::size_t bytes, std::size_t alignment) const;
+  [[noreturn]] void reject_free(void const* ptr, std::size_t bytes, detail::fixed_size_blocks::free_result why) const;
   void return_all_chunks();
+
+  // Thread caches (src/suballoc/fixed_size_memory_resource.cpp says how they stay safe).
+  struct thread_cache;
+  [[nodiscard]] static bool cacheable(detail::stream_ref const& s) noexcept {
+    return s.thread_bound || s.handle == detail::stream_owners::legacy_stream;
+  }
+  [[nodiscard]] thread_cache* my_cache() const noexcept {
+    return static_cast<thread_cache*>(detail::this_thread_cache(ticket_));
+  }
+  void* refill_and_allocate(std::size_t bytes, detail::stream_ref const& s);
+  void spill_and_free(void* ptr, std::size_t bytes, detail::stream_ref const& s);
+  /// The calling thread's cache, created when missing; null when it can keep none (exiting).
+  thread_cache* cache_for_this_thread();
+  void spill(thread_cache& c, std::size_t keep);
+  bool take_back_caches();
+  [[nodiscard]] std::size_t cached_blocks() const;
+  void thread_exiting(void* cache) noexcept override;
 
   struct chunk {
     void* allocation;          // what the upstream returned
@@ -87,6 +128,9 @@ class fixed_size_memory_resource final : public memory_resource {
   detail::fixed_size_blocks blocks_;
   std::vector<chunk> chunks_;
   std::size_t pool_size_ = 0;
+  std::size_t cache_capacity_;
+  detail::cache_ticket ticket_;
+  std::vector<std::unique_ptr<thread_cache>> caches_;  // under mutex_
 };
 
 }  // namespace mrstack

@@ -1,0 +1,83 @@
+#include <mrstack/detail/fixed_size_blocks.hpp>
+
+#include <algorithm>
+
+namespace mrstack::detail {
+
+chunk_snapshot::chunk_snapshot(std::vector<chunk_ref> chunks, std::size_t block_size, unsigned page_shift)
+    : chunks_{std::move(chunks)}, block_size_{block_size}, page_shift_{page_shift} {
+  block_shift_ = std::has_single_bit(block_size) ? static_cast<unsigned>(std::countr_zero(block_size)) : 0;
+  std::sort(chunks_.begin(), chunks_.end(), [](chunk_ref const& a, chunk_ref const& b) { return a.first_block < b.first_block; });
+  std::size_t pages = 0;
+  for (auto const& c : chunks_) { pages += ((c.end - 1) >> page_shift_) - (c.first_block >> page_shift_) + 1; }
+  // At most half full: lookups take ~1.5 probes.
+  std::size_t const capacity = std::bit_ceil(std::max<std::size_t>(16, pages * 2));
+  slots_.resize(capacity);
+  mask_ = capacity - 1;
+  hash_shift_ = 64 - static_cast<unsigned>(std::countr_zero(capacity));
+  for (auto const& c : chunks_) {
+    for (std::uintptr_t page = c.first_block >> page_shift_; page <= (c.end - 1) >> page_shift_; ++page) {
+      index(page, c);
+    }
+  }
+}
+
+void chunk_snapshot::index(std::uintptr_t page, chunk_ref const& chunk) {
+  std::size_t i = home(page);
+  while (slots_[i].page != page && slots_[i].page != empty_page) { i = (i + 1) & mask_; }
+  slot& s = slots_[i];
+  s.page = page;
+  if (s.used < slots_per_page) {
+    s.chunks[s.used++] = chunk;
+  } else {
+    s.crowded = true;
+  }
+}
+
+block_state* chunk_snapshot::find_ordered(std::uintptr_t a) const noexcept {
+  auto it = std::upper_bound(chunks_.begin(), chunks_.end(), a,
+                             [](std::uintptr_t x, chunk_ref const& c) { return x < c.first_block; });
+  if (it == chunks_.begin()) { return nullptr; }
+  return locate(*std::prev(it), a);
+}
+
+fixed_size_chunks::fixed_size_chunks(std::size_t block_size, std::size_t standard_blocks) : block_size_{block_size} {
+  std::size_t const standard = standard_blocks > max_bytes / block_size ? max_bytes : standard_blocks * block_size;
+  page_shift_ = static_cast<unsigned>(std::bit_width(standard) - 1);
+  publish({});
+}
+
+fixed_size_chunks::~fixed_size_chunks() {
+  collect();
+  delete current_.load(std::memory_order_relaxed);
+}
+
+block_state* fixed_size_chunks::add(std::uintptr_t first, std::size_t blocks) {
+  auto states = std::make_unique<block_state[]>(blocks);
+  for (std::size_t i = 0; i < blocks; ++i) { states[i].store(free_state, std::memory_order_relaxed); }
+  block_state* const raw = states.get();
+  std::vector<chunk_snapshot::chunk_ref> chunks = current().chunks();
+  chunks.push_back(chunk_snapshot::chunk_ref{first, first + blocks * block_size_, raw});
+  states_.push_back(std::move(states));
+  publish(std::move(chunks));
+  return raw;
+}
+
+void fixed_size_chunks::clear() {
+  for (auto& s : states_) { retired_states_.push_back(std::move(s)); }
+  states_.clear();
+  publish({});
+}
+
+void fixed_size_chunks::publish(std::vector<chunk_snapshot::chunk_ref> chunks) {
+  auto const* next = new chunk_snapshot(std::move(chunks), block_size_, page_shift_);
+  if (auto const* old = current_.exchange(next, std::memory_order_acq_rel)) { retired_.push_back(old); }
+}
+
+void fixed_size_chunks::collect() noexcept {
+  for (auto const* s : retired_) { delete s; }
+  retired_.clear();
+  retired_states_.clear();
+}
+
+}  // namespace mrstack::detail

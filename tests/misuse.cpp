@@ -1,0 +1,236 @@
+// Misuse never corrupts: double, foreign, interior and wrong-size frees, and impossible
+// sizes and parameters, over fixed_size, binning, system and simulated. Each misuse must
+// be a logic_error (or out_of_memory for sizes) naming the pointer and sizes, and the
+// resource must keep serving correctly afterwards: distinct, non-overlapping blocks whose
+// contents survive, and books that add up.
+#include <catch2/catch.hpp>
+
+#include <mrstack/suballoc/binning_memory_resource.hpp>
+#include <mrstack/suballoc/fixed_size_memory_resource.hpp>
+#include <mrstack/suballoc/pool_memory_resource.hpp>
+#include <mrstack/upstream/simulated_memory_resource.hpp>
+#include <mrstack/upstream/system_memory_resource.hpp>
+
+#include <algorithm>
+#include <cstring>
+#include <limits>
+#include <map>
+#include <random>
+#include <set>
+
+using namespace mrstack;
+
+namespace {
+constexpr std::size_t KiB = 1024;
+constexpr std::size_t MiB = 1024 * KiB;
+constexpr std::size_t size_max = std::numeric_limits<std::size_t>::max();
+
+std::string hex(void const* p) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%p", p);
+  return buf;
+}
+
+/// Allocates `count` blocks of random sizes up to `max_bytes` (real host memory), fills
+/// each, checks none overlaps another or `keep`'s blocks, checks the fills, frees them.
+void keeps_serving(memory_resource& mr, std::size_t max_bytes, std::map<std::uintptr_t, std::size_t> const& keep,
+                   int count = 200) {
+  std::mt19937_64 rng{static_cast<std::uint64_t>(count) * 7 + max_bytes};
+  std::map<std::uintptr_t, std::size_t> live = keep;
+  std::vector<std::pair<void*, std::size_t>> mine;
+  for (int i = 0; i < count; ++i) {
+    std::size_t const bytes = 1 + rng() % max_bytes;
+    void* p = mr.allocate(bytes);
+    auto const a = reinterpret_cast<std::uintptr_t>(p);
+    auto next = live.lower_bound(a);
+    if (next != live.end()) { REQUIRE(a + bytes <= next->first); }
+    if (next != live.begin()) { REQUIRE(std::prev(next)->first + std::prev(next)->second <= a); }
+    live.emplace(a, bytes);
+    std::memset(p, i & 0xff, bytes);
+    mine.emplace_back(p, bytes);
+  }
+  for (std::size_t i = 0; i < mine.size(); ++i) {
+    auto const* bytes = static_cast<unsigned char const*>(mine[i].first);
+    REQUIRE(bytes[0] == (i & 0xff));
+    REQUIRE(bytes[mine[i].second - 1] == (i & 0xff));
+    mr.deallocate(mine[i].first, mine[i].second);
+  }
+}
+}  // namespace
+
+TEST_CASE("misuse: fixed_size refuses foreign, interior, double and oversized frees, unchanged") {
+  auto sys = std::make_shared<system_memory_resource>();
+  fixed_size_memory_resource mr{sys, 256, 64};
+  void* a = mr.allocate(200);
+  void* b = mr.allocate(256);
+  std::size_t const free_before = mr.free_blocks();
+  auto* other = static_cast<char*>(sys->allocate(256));
+
+  CHECK_THROWS_WITH(mr.deallocate(other, 256), Catch::Contains(hex(other)) && Catch::Contains("not a block it handed out"));
+  CHECK_THROWS_WITH(mr.deallocate(static_cast<char*>(a) + 16, 100), Catch::Contains("not a block it handed out"));
+  CHECK_THROWS_WITH(mr.deallocate(a, 4096), Catch::Contains("exceeds its block size"));
+  CHECK(mr.free_blocks() == free_before);
+  mr.deallocate(a, 200);
+  CHECK_THROWS_WITH(mr.deallocate(a, 200), Catch::Contains(hex(a)) && Catch::Contains("double free") &&
+                                               Catch::Contains("size 200 B") && Catch::Contains("256 B"));
+  CHECK(mr.free_blocks() == free_before + 1);
+  // Served correctly afterwards: the freed block comes back once, never twice.
+  void* c = mr.allocate(1);
+  void* d = mr.allocate(1);
+  CHECK(c == a);
+  CHECK(d != a);
+  keeps_serving(mr, 256, {{reinterpret_cast<std::uintptr_t>(b), 256}, {reinterpret_cast<std::uintptr_t>(c), 256},
+                          {reinterpret_cast<std::uintptr_t>(d), 256}});
+  for (void* p : {b, c, d}) { mr.deallocate(p, 256); }
+  CHECK(mr.free_blocks() == mr.total_blocks());
+  sys->deallocate(other, 256);
+}
+
+TEST_CASE("misuse: fixed_size checks frees in chunks taken after refusals (small chunks crowd a page)") {
+  // Chunks of 1 MiB blocks; the upstream's capacity makes later chunks shrink to one block.
+  auto sim = std::make_shared<simulated_memory_resource>(11 * MiB);
+  fixed_size_memory_resource mr{sim, 1 * MiB, 4};
+  std::vector<void*> blocks;
+  for (int i = 0; i < 11; ++i) { blocks.push_back(mr.allocate(MiB)); }
+  CHECK(mr.chunk_count() >= 4);
+  for (void* p : blocks) {
+    CHECK_THROWS_AS(mr.deallocate(static_cast<char*>(p) + 256, MiB), logic_error);
+    mr.deallocate(p, MiB);
+    CHECK_THROWS_WITH(mr.deallocate(p, MiB), Catch::Contains("double free"));
+  }
+  CHECK(mr.free_blocks() == 11);
+  std::set<void*> again;
+  for (int i = 0; i < 11; ++i) { again.insert(mr.allocate(MiB)); }
+  CHECK(again.size() == 11);
+  for (void* p : again) { mr.deallocate(p, MiB); }
+}
+
+TEST_CASE("misuse: binning refuses foreign, double and wrong-size frees and says which bin allocated") {
+  auto sys = std::make_shared<system_memory_resource>();
+  auto large = std::make_shared<pool_memory_resource>(sys, 0);
+  for (resource_ptr big : {resource_ptr{}, resource_ptr{large}}) {
+    CAPTURE(big != nullptr);
+    binning_memory_resource mr{sys, 256, 64 * KiB, big};
+    void* small = mr.allocate(256);
+    void* neighbour = mr.allocate(256);
+    std::memset(neighbour, 0x5a, 256);
+    // A 256 B block freed as 4 KiB: the 4 KiB bin refuses it, and the message names the 256 B bin.
+    CHECK_THROWS_WITH(mr.deallocate(small, 4096), Catch::Contains(hex(small)) && Catch::Contains("size 4096 B") &&
+                                                      Catch::Contains("allocated from the 256 B bin"));
+    // Freed as a size above every bin: the large resource refuses it, the message says the same.
+    CHECK_THROWS_WITH(mr.deallocate(small, 1 * MiB), Catch::Contains("allocated from the 256 B bin"));
+    // Alignment routes too: a 256 B block freed with 4 KiB alignment goes to the 4 KiB bin.
+    CHECK_THROWS_WITH(mr.deallocate(small, 256, {}, 4096), Catch::Contains("allocated from the 256 B bin"));
+    void* foreign = sys->allocate(512);
+    CHECK_THROWS_WITH(mr.deallocate(foreign, 512), Catch::Contains("not a block it handed out"));
+    mr.deallocate(small, 256);
+    CHECK_THROWS_WITH(mr.deallocate(small, 256), Catch::Contains("double free"));
+    // The next two allocations get different blocks; the neighbour is untouched.
+    void* x = mr.allocate(200);
+    void* y = mr.allocate(200);
+    CHECK(x != y);
+    CHECK(static_cast<unsigned char*>(neighbour)[255] == 0x5a);
+    keeps_serving(mr, 128 * KiB, {{reinterpret_cast<std::uintptr_t>(neighbour), 256},
+                                 {reinterpret_cast<std::uintptr_t>(x), 256},
+                                 {reinterpret_cast<std::uintptr_t>(y), 256}});
+    for (void* p : {neighbour, x, y}) { mr.deallocate(p, 256); }
+    sys->deallocate(foreign, 512);
+    auto const f = mr.fragmentation();
+    CHECK(f.live_bytes == 0);
+  }
+}
+
+TEST_CASE("misuse: system refuses foreign, double and wrong-size frees, and impossible sizes") {
+  auto sys = std::make_shared<system_memory_resource>();
+  std::size_t const live_before = system_memory_resource::live_blocks();
+  void* a = sys->allocate(1000);
+  int on_stack = 0;
+  CHECK_THROWS_WITH(sys->deallocate(&on_stack, 4), Catch::Contains("not a block it handed out"));
+  CHECK_THROWS_WITH(sys->deallocate(a, 999), Catch::Contains(hex(a)) && Catch::Contains("size 999 B") &&
+                                                 Catch::Contains("allocated with 1000 B"));
+  CHECK_THROWS_WITH(sys->deallocate(a, 1000, {}, 4096), Catch::Contains("alignment 4096"));
+  CHECK(system_memory_resource::live_blocks() == live_before + 1);
+  sys->deallocate(a, 1000);
+  CHECK_THROWS_WITH(sys->deallocate(a, 1000), Catch::Contains("already freed"));
+  CHECK(system_memory_resource::live_blocks() == live_before);
+  for (std::size_t bytes : {size_max, size_max - 1, size_max - 255, size_max / 2}) {
+    CAPTURE(bytes);
+    CHECK_THROWS_AS(sys->allocate(bytes), out_of_memory);
+  }
+  CHECK_THROWS_AS(sys->allocate(16, {}, std::size_t{1} << 63), out_of_memory);
+  keeps_serving(*sys, 64 * KiB, {});
+  CHECK(system_memory_resource::live_blocks() == live_before);
+}
+
+TEST_CASE("misuse: impossible sizes are out_of_memory, never a wrapped success") {
+  auto sim = std::make_shared<simulated_memory_resource>();
+  for (std::size_t bytes : {size_max, size_max - 1, size_max - 255}) {
+    CAPTURE(bytes);
+    CHECK_THROWS_AS(sim->allocate(bytes), out_of_memory);
+    CHECK(sim->footprint() == 0);
+  }
+  auto sys = std::make_shared<system_memory_resource>();
+  binning_memory_resource bins{sys, 256, 4 * KiB};
+  CHECK_THROWS_AS(bins.allocate(size_max), out_of_memory);
+  keeps_serving(bins, 8 * KiB, {});
+}
+
+TEST_CASE("misuse: parameters are checked at construction, before any arithmetic could wrap") {
+  auto sim = std::make_shared<simulated_memory_resource>();
+  CHECK_THROWS_WITH(binning_memory_resource(sim, size_max - 1, size_max), Catch::Contains("max size"));
+  CHECK_THROWS_WITH(binning_memory_resource(sim, size_max - 1, 4 * KiB), Catch::Contains("above max size"));
+  CHECK_THROWS_WITH(binning_memory_resource(sim, 8 * KiB, 4 * KiB), Catch::Contains("above max size"));
+  CHECK_THROWS_WITH(binning_memory_resource(sim, 256, (std::size_t{1} << 40) + 1), Catch::Contains("largest bin"));
+  binning_memory_resource tiny{sim, 1, 100};  // a max below 256 B still makes the 256 B bin
+  CHECK(tiny.bins().size() == 1);
+  CHECK_THROWS_AS(tiny.add_bin(size_max), logic_error);
+  CHECK_THROWS_AS(tiny.add_bin(1024, nullptr, 3), logic_error);
+  CHECK_THROWS_WITH(fixed_size_memory_resource(sim, size_max), Catch::Contains("block size"));
+  CHECK_THROWS_WITH(fixed_size_memory_resource(sim, size_max - 200), Catch::Contains("block size"));
+  CHECK_THROWS_WITH(fixed_size_memory_resource(sim, 1 * MiB, size_max / 1000), Catch::Contains("a chunk of"));
+  // A chunk the upstream refuses: the message's sizes are the real ones, not a wrapped product.
+  auto small = std::make_shared<simulated_memory_resource>(1 * MiB);
+  try {
+    fixed_size_memory_resource mr{small, 1ULL << 40, 4096};
+    FAIL("expected out_of_memory");
+  } catch (out_of_memory const& e) {
+    CHECK(e.info().requested_bytes == (std::size_t{1} << 52));
+  }
+}
+
+TEST_CASE("fragmentation: fixed_size and binning report held, live and free memory") {
+  auto sim = std::make_shared<simulated_memory_resource>();
+  fixed_size_memory_resource fixed{sim, 4 * KiB, 16};
+  std::vector<void*> blocks;
+  for (int i = 0; i < 20; ++i) { blocks.push_back(fixed.allocate(4 * KiB)); }
+  auto f = fixed.fragmentation();
+  CHECK(f.resource == "fixed_size");
+  CHECK(f.held_bytes == 32 * 4 * KiB);
+  CHECK(f.live_bytes == 20 * 4 * KiB);
+  CHECK(f.free_bytes == 12 * 4 * KiB);
+  CHECK(f.free_blocks == 12);
+  CHECK(f.largest_free_block == 4 * KiB);
+  auto const s = stream_view{reinterpret_cast<cudaStream_t>(0x100)};
+  fixed.deallocate(blocks.back(), 4 * KiB, s);
+  blocks.pop_back();
+  f = fixed.fragmentation();
+  auto on_s = std::find_if(f.streams.begin(), f.streams.end(), [](auto const& x) { return x.stream == 0x100; });
+  REQUIRE(on_s != f.streams.end());
+  CHECK(on_s->free_blocks == 1);
+  CHECK(on_s->free_bytes == 4 * KiB);
+  CHECK_FALSE(on_s->thread_bound);
+  for (void* p : blocks) { fixed.deallocate(p, 4 * KiB); }
+
+  auto large = std::make_shared<pool_memory_resource>(sim, 0);
+  binning_memory_resource bins{sim, 256, 4 * KiB, large};
+  void* a = bins.allocate(256);
+  void* b = bins.allocate(3000);
+  auto g = bins.fragmentation();
+  CHECK(g.resource == "binning");
+  CHECK(g.live_bytes >= 256 + 4 * KiB);
+  CHECK(g.held_bytes >= g.live_bytes + g.free_bytes - 0);
+  CHECK(g.largest_free_block >= 4 * KiB);
+  bins.deallocate(a, 256);
+  bins.deallocate(b, 3000);
+  CHECK(bins.fragmentation().live_bytes == 0);
+}
