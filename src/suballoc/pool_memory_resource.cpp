@@ -65,7 +65,7 @@ pool_memory_resource::pool_memory_resource(resource_ptr upstream, std::size_t in
   shard_mask_ = count - 1;
   shards_ = std::make_unique<std::atomic<shard*>[]>(count);
   for (std::size_t i = 0; i < count; ++i) { shards_[i].store(nullptr, std::memory_order_relaxed); }
-  shard& first = create_shard(0);
+  shard& first = home_shard();  // the constructing thread's: a single-threaded program uses one shard
   if (growth_) {
     growth_->start(first.core);  // freshly mapped memory has no pending work: usable by every stream
     peak_pool_size_ = footprint();
