@@ -84,7 +84,7 @@ pool_memory_resource::pool_memory_resource(resource_ptr upstream, std::size_t in
     held_bytes_ = initial;
     peak_pool_size_ = initial;
   }
-  first.publish();
+  publish(first);
 }
 
 pool_memory_resource::~pool_memory_resource() {
@@ -151,14 +151,27 @@ void* pool_memory_resource::do_allocate(std::size_t bytes, std::size_t alignment
   std::size_t const size = detail::align_up(bytes, granularity);
   detail::stream_ref const s = to_stream_ref(stream);
   shard& home = home_shard();
+  std::uintptr_t a = 0;
   {
     std::lock_guard lock{home.mutex};
-    if (std::uintptr_t const a = home.core.allocate(size, alignment, s)) {
-      home.publish();
-      return reinterpret_cast<void*>(a);
-    }
+    a = home.core.allocate(size, alignment, s);
+    publish(home);
   }
-  return allocate_slow(bytes, size, alignment, s, home);
+  if (a == 0) { return allocate_slow(bytes, size, alignment, s, home); }
+  // Never under a shard's lock: shards are locked one at a time.
+  if (shards_with_parks_.load(std::memory_order_relaxed) != 0) [[unlikely]] { serve_parks(s, home); }
+  return reinterpret_cast<void*>(a);
+}
+
+void pool_memory_resource::serve_parks(detail::stream_ref const& s, shard const& home) {
+  if (!detail::stream_owners::is_created(s)) { return; }
+  for (std::size_t i = 0; i <= shard_mask_; ++i) {
+    shard* sh = shard_at(i);
+    if (sh == nullptr || sh == &home || !sh->parks_pending.load(std::memory_order_relaxed)) { continue; }
+    std::lock_guard lock{sh->mutex};
+    sh->core.park_if_wanted(s);
+    publish(*sh);
+  }
 }
 
 void* pool_memory_resource::allocate_slow(std::size_t bytes, std::size_t size, std::size_t alignment,
@@ -171,7 +184,7 @@ void* pool_memory_resource::allocate_slow(std::size_t bytes, std::size_t size, s
       std::lock_guard lock{home.mutex};
       std::uintptr_t a = home.core.allocate(size, alignment, s);  // freed meanwhile by another thread
       if (a == 0) { a = grow_and_allocate(size, alignment, s, home, why); }
-      home.publish();
+      publish(home);
       if (a != 0) { return reinterpret_cast<void*>(a); }
     }
     // The upstream (or the maximum) refused: every shard synchronizes what its streams
@@ -191,7 +204,7 @@ std::uintptr_t pool_memory_resource::allocate_from_other_shards(std::size_t size
     if (sh == nullptr || sh == &home || sh->free_hint.load(std::memory_order_relaxed) < size) { continue; }
     std::lock_guard lock{sh->mutex};
     std::uintptr_t const a = sh->core.allocate(size, alignment, s);
-    sh->publish();
+    publish(*sh);
     if (a != 0) { return a; }
   }
   return 0;
@@ -332,7 +345,7 @@ bool pool_memory_resource::trim_all_shards() {
     std::lock_guard lock{sh.mutex};
     changed = sh.core.synchronize_everything() || changed;
     if (!growth_) { changed = release_free_chunks(sh) > 0 || changed; }
-    sh.publish();
+    publish(sh);
   });
   return changed;
 }
@@ -347,7 +360,7 @@ void pool_memory_resource::do_deallocate(void* ptr, std::size_t bytes, std::size
     freed = home.core.deallocate(address, s);
     if (freed != 0) {
       if (growth_) { growth_->after_deallocate(home.core); }
-      home.publish();
+      publish(home);
     }
   }
   // Not in the home shard: the block came from another shard (another thread's, or taken
@@ -358,8 +371,9 @@ void pool_memory_resource::do_deallocate(void* ptr, std::size_t bytes, std::size
     std::lock_guard lock{sh->mutex};
     if (sh->core.blocks().live_size(address) == 0) { continue; }
     freed = sh->core.deallocate(address, s);
-    sh->publish();
+    publish(*sh);
   }
+  if (freed != 0 && shards_with_parks_.load(std::memory_order_relaxed) != 0) [[unlikely]] { serve_parks(s, home); }
   if (freed == 0) {
     throw logic_error("pool: deallocate of " + format_hex(ptr) + " (" + std::to_string(bytes) +
                       " B), which this pool did not hand out or has already taken back");
@@ -378,7 +392,7 @@ void pool_memory_resource::do_release() {
     } else {
       release_free_chunks(sh);
     }
-    sh.publish();
+    publish(sh);
   });
   upstream_->release();
 }

@@ -151,14 +151,26 @@ class pool_memory_resource final : public memory_resource {
   /// One independent pool: its own lock, chunks, free lists and stream slots. Cache-line
   /// aligned so that two shards' locks never share a line.
   struct alignas(64) shard {
-    explicit shard(std::shared_ptr<detail::stream_sync> sync) : core{std::move(sync)} {}
+    explicit shard(std::shared_ptr<detail::stream_sync> sync) : core{std::move(sync), &detail::this_thread_key, true} {}
     mutable detail::lean_mutex mutex;  // a CAS to lock: see detail/lean_mutex.hpp
     detail::stream_ordered_pool core;
     /// Free bytes, published (relaxed) after every change: other shards read it to skip
     /// this one without locking when it cannot serve them. A hint only.
     std::atomic<std::size_t> free_hint{0};
-    void publish() noexcept { free_hint.store(core.blocks().free_bytes(), std::memory_order_relaxed); }
+    /// Some created stream's memory here waits to be parked (see detail/stream_ordering.hpp).
+    std::atomic<bool> parks_pending{false};
   };
+  /// After every change to `sh` (under its lock): its hints for other threads.
+  void publish(shard& sh) noexcept {
+    sh.free_hint.store(sh.core.blocks().free_bytes(), std::memory_order_relaxed);
+    bool const pending = sh.core.parks_pending();
+    if (pending != sh.parks_pending.load(std::memory_order_relaxed)) {
+      sh.parks_pending.store(pending, std::memory_order_relaxed);
+      shards_with_parks_.fetch_add(pending ? 1 : -1, std::memory_order_relaxed);
+    }
+  }
+  /// A call names the created stream `s`: park its memory in the shards that want it.
+  void serve_parks(detail::stream_ref const& s, shard const& home);
 
   void* do_allocate(std::size_t bytes, std::size_t alignment, stream_view stream) override;
   void do_deallocate(void* ptr, std::size_t bytes, std::size_t alignment, stream_view stream) override;
@@ -217,7 +229,8 @@ class pool_memory_resource final : public memory_resource {
   std::unique_ptr<std::atomic<shard*>[]> shards_;
   std::mutex creation_mutex_;  // creating a shard (once per shard)
   std::vector<std::unique_ptr<shard>> owned_shards_;
-  std::atomic<std::size_t> held_bytes_{0};  // chunk bytes of all shards (separate-chunk mode)
+  std::atomic<std::size_t> held_bytes_{0};
+  std::atomic<int> shards_with_parks_{0};  // shards whose parks_pending is set  // chunk bytes of all shards (separate-chunk mode)
   std::atomic<std::size_t> peak_pool_size_{0};
   std::atomic<std::size_t> upstream_allocations_{0};
   std::unique_ptr<detail::in_place_pool_growth> growth_;  // set over a virtual range; destroyed first
