@@ -183,6 +183,7 @@ TEST_CASE("pool streams: no CUDA call per free with any number of streams; one r
   pool_options options;
   options.stream_sync = fake;
   options.shards = 1;
+  options.growth_divisor = 1000;  // small chunks: A never holds 28 MiB in one free block of its own
   auto const a_stream = stream_view{reinterpret_cast<cudaStream_t>(0x100)};
   auto const b_stream = stream_view{reinterpret_cast<cudaStream_t>(0x200)};
   options.initial_stream = a_stream;
@@ -193,6 +194,9 @@ TEST_CASE("pool streams: no CUDA call per free with any number of streams; one r
   std::vector<void*> on_b;
   for (int i = 0; i < 8; ++i) { on_b.push_back(pool.allocate(4 * MiB, b_stream)); }
   void* a_hold = pool.allocate(32 * MiB, a_stream);
+  // Much live memory: growing by a request's size keeps the footprint within 9/8 of the
+  // live bytes, so below the pool may grow rather than synchronize while B's memory is wanted.
+  void* ballast = pool.allocate(512 * MiB, a_stream);
   std::size_t const at_start = fake->calls();
 
   std::mt19937_64 rng{42};
@@ -243,6 +247,7 @@ TEST_CASE("pool streams: no CUDA call per free with any number of streams; one r
   pool.deallocate(big_a, 32 * MiB, a_stream);
   pool.deallocate(a_hold, 32 * MiB, a_stream);
   pool.deallocate(b_small, 4 * KiB, b_stream);
+  pool.deallocate(ballast, 512 * MiB, a_stream);
   // More frees on both: still no records.
   for (int i = 0; i < 1000; ++i) {
     pool.deallocate(pool.allocate(4 * KiB, b_stream), 4 * KiB, b_stream);

@@ -210,8 +210,23 @@ std::uintptr_t pool_memory_resource::allocate_from_other_shards(std::size_t size
   return 0;
 }
 
+bool pool_memory_resource::settle_before_growing(shard& home, std::size_t size) {
+  // Other streams' memory was wanted but not yet parked (their next call parks it).
+  // Growing instead is cheap while the footprint stays near what is live; past that,
+  // one device synchronization hands all of it over at once.
+  if (!home.core.parks_pending()) { return false; }
+  auto const& b = home.core.blocks();
+  std::size_t const held = b.total_bytes() - b.withdrawn_bytes();
+  std::size_t const live = b.live_bytes() + size;
+  if (held + size <= live + live / 8) { return false; }
+  return home.core.synchronize_everything();
+}
+
 std::uintptr_t pool_memory_resource::grow_and_allocate(std::size_t size, std::size_t alignment,
                                                        detail::stream_ref const& s, shard& home, std::string& why) {
+  if (settle_before_growing(home, size)) {
+    if (std::uintptr_t const a = home.core.allocate(size, alignment, s)) { return a; }
+  }
   if (growth_) { return grow_in_place_and_allocate(size, alignment, s, home, why); }
   // Room to align inside a chunk the upstream only aligns to 256.
   std::size_t const pad = alignment - granularity;

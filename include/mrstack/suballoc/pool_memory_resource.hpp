@@ -204,6 +204,10 @@ class pool_memory_resource final : public memory_resource {
   /// 0 when that did not make room.
   std::uintptr_t grow_and_allocate(std::size_t size, std::size_t alignment, detail::stream_ref const& s,
                                    shard& home, std::string& why);
+  /// With `home` locked, before it grows: when streams' memory waits to be parked and
+  /// growing would take the footprint past 9/8 of the live bytes, synchronizes instead
+  /// (true: free memory became usable by every stream).
+  bool settle_before_growing(shard& home, std::size_t size);
   /// Tries to take a chunk into `sh` that can serve `needed` bytes; false when the cap or the upstream refuses.
   bool grow(shard& sh, std::size_t needed, detail::stream_ref const& s, std::string& why);
   /// Returns `sh`'s wholly free chunks to the upstream; the bytes returned. Without
