@@ -131,6 +131,7 @@ class stream_owners {
     sl.dirty = true;
     if (sl.wanted && (s.thread_bound ? s.key == thread_key_() : !on_demand_)) {
       record_now(sl, s);
+      sl.wanted = sl.wanted && !on_demand_;  // on demand: one record per request, not one per free
     } else if (eager_ && !on_demand_ && is_created(s)) {
       record_now(sl, s);  // s may be destroyed after this call: record while it is named
     }
@@ -147,7 +148,10 @@ class stream_owners {
   /// another thread asked for its memory.
   void note_use(owner_id o, stream_ref const& s) {
     slot& sl = slots_[o];
-    if (sl.wanted && sl.dirty && (s.thread_bound ? s.key == thread_key_() : !on_demand_)) { record_now(sl, s); }
+    if (sl.wanted && sl.dirty && (s.thread_bound ? s.key == thread_key_() : !on_demand_)) {
+      record_now(sl, s);
+      sl.wanted = sl.wanted && !on_demand_;
+    }
   }
 
   /// Recording on demand: true when stream `to` must not take `from`'s free memory now —
