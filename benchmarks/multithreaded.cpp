@@ -4,6 +4,8 @@
 // Reports calls_per_s: allocate-or-free calls per second, all threads together (wall
 // time from a common start to the last thread's end).
 //
+// multithreaded_one_stream/<name>: 16 threads, all naming one shared non-blocking stream.
+//
 // Resources: <name>/cuda over the device (arena, pool, binning, fixed_size over cudaMalloc;
 // cuda_async; cuda), skipped without a GPU; <name>/simulated, the suballocators over fake
 // addresses, runs anywhere. Threads beyond the machine's cores measure contention, not speed.
@@ -54,7 +56,7 @@ resource_ptr make_resource(std::string const& name, bool device, std::size_t bud
   return nullptr;
 }
 
-void run(benchmark::State& state, std::string const& name, bool device) {
+void run(benchmark::State& state, std::string const& name, bool device, bool shared_stream) {
   if (device && !bench::have_device()) {
     state.SkipWithError("no CUDA device");
     return;
@@ -79,6 +81,10 @@ void run(benchmark::State& state, std::string const& name, bool device) {
   }
   std::size_t calls = 0;
   for (auto const& s : seqs) { calls += s.ops.size(); }
+  // The shared stream: one non-blocking stream every thread names (a fake handle without a GPU).
+  cudaStream_t shared = reinterpret_cast<cudaStream_t>(std::uintptr_t{0x10000});
+  if (shared_stream && device) { MRSTACK_CUDA_TRY(cudaStreamCreateWithFlags(&shared, cudaStreamNonBlocking)); }
+  stream_view const stream{shared};
   std::string error;
   auto run_once = [&]() -> double {
     std::atomic<std::size_t> ready{0};
@@ -93,7 +99,7 @@ void run(benchmark::State& state, std::string const& name, bool device) {
         ready.fetch_add(1);
         while (!go.load(std::memory_order_acquire)) {}
         try {
-          bench::replay(*mr, seqs[t], ptrs, stream_view::per_thread());
+          bench::replay(*mr, seqs[t], ptrs, shared_stream ? stream : stream_view::per_thread());
         } catch (std::exception const& e) {
           std::lock_guard lock{error_mutex};
           if (!failed.exchange(true)) { error = e.what(); }
@@ -122,6 +128,8 @@ void run(benchmark::State& state, std::string const& name, bool device) {
     state.SetIterationTime(seconds);
   }
   state.counters["calls_per_s"] = benchmark::Counter(static_cast<double>(calls), benchmark::Counter::kIsIterationInvariantRate);
+  mr.reset();
+  if (shared_stream && device) { (void)cudaStreamDestroy(shared); }
 }
 
 }  // namespace
@@ -131,10 +139,18 @@ int main(int argc, char** argv) {
     for (bool device : {true, false}) {
       if (!device && (name == "cuda" || name == "cuda_async")) { continue; }
       std::string const label = "multithreaded/" + name + (device ? "/cuda" : "/simulated");
-      auto* b = benchmark::RegisterBenchmark(label.c_str(), [name, device](benchmark::State& s) { run(s, name, device); });
+      auto* b = benchmark::RegisterBenchmark(label.c_str(), [name, device](benchmark::State& s) { run(s, name, device, false); });
       b->ArgName("threads")->UseManualTime()->Unit(benchmark::kMillisecond);
       for (std::int64_t t : {1, 2, 4, 8, 16}) { b->Arg(t); }
       if (name == "cuda" || name == "cuda_async") { b->Iterations(1); }
+    }
+  }
+  // 16 threads naming one shared stream (instead of each its per-thread default stream).
+  for (std::string const name : {"pool", "binning", "arena"}) {
+    for (bool device : {true, false}) {
+      std::string const label = "multithreaded_one_stream/" + name + (device ? "/cuda" : "/simulated");
+      auto* b = benchmark::RegisterBenchmark(label.c_str(), [name, device](benchmark::State& s) { run(s, name, device, true); });
+      b->ArgName("threads")->UseManualTime()->Unit(benchmark::kMillisecond)->Arg(16);
     }
   }
   benchmark::Initialize(&argc, argv);

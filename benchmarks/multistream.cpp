@@ -1,0 +1,245 @@
+// multistream: S threads (1, 2, 4, 8), each on its own non-blocking stream, share one
+// stack. Each thread takes 20,000 random steps — allocate (1 B to 64 MiB, uniform) or
+// free a random live block of its own, with equal odds — with the live bytes of all
+// threads capped at 8 GiB (8 GiB / S per thread; an allocation that would pass the cap
+// frees instead); then frees what it still holds. Reports:
+//   calls_per_s   allocate-or-free calls per second, all threads together
+//   peak_GiB      the most the stack held from the device at once (its footprint):
+//                 a footprint_meter above cuda/simulated, the peak mapped memory of
+//                 vmm/simulated_vmm, the driver pool's reserved high-water mark of cuda_async
+//   peak_over_cap peak_GiB / 8 GiB
+//
+// Stacks are built from specs (mrstack::make_stack). With a GPU: pool > cuda, pool > vmm,
+// arena > cuda, cuda_async, on streams from cudaStreamCreateWithFlags(cudaStreamNonBlocking).
+// Anywhere: the same suballocators over `simulated` / `simulated_vmm` (labelled
+// .../simulated), on distinct fake stream handles (no CUDA call is made).
+#include <benchmark/benchmark.h>
+
+#include <allocation_sequence.hpp>
+
+#include <mrstack/replay/footprint_meter.hpp>
+#include <mrstack/spec.hpp>
+#include <mrstack/upstream/cuda_async_memory_resource.hpp>
+#include <mrstack/upstream/virtual_range_resource.hpp>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <mutex>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+using namespace mrstack;
+
+namespace {
+
+constexpr std::size_t MiB = std::size_t{1} << 20;
+constexpr std::size_t GiB = std::size_t{1} << 30;
+constexpr std::size_t live_cap = 8 * GiB;
+constexpr std::size_t steps_per_thread = 20000;
+constexpr std::size_t largest = 64 * MiB;
+
+struct step {
+  std::uint32_t slot;
+  bool allocate;
+  std::size_t bytes;
+};
+
+/// One thread's steps, generated before timing; ends with every block freed.
+std::vector<step> make_steps(std::size_t cap, std::uint64_t seed, std::size_t& slots) {
+  std::mt19937_64 rng{seed};
+  std::uniform_int_distribution<std::size_t> size_of{1, largest};
+  std::vector<step> steps;
+  std::vector<std::pair<std::uint32_t, std::size_t>> live;
+  std::vector<std::uint32_t> free_slots;
+  std::size_t usage = 0;
+  slots = 0;
+  auto free_one = [&] {
+    std::size_t const k = rng() % live.size();
+    steps.push_back({live[k].first, false, live[k].second});
+    usage -= live[k].second;
+    free_slots.push_back(live[k].first);
+    live[k] = live.back();
+    live.pop_back();
+  };
+  for (std::size_t i = 0; i < steps_per_thread; ++i) {
+    std::size_t const bytes = size_of(rng);
+    if (live.empty() || (rng() % 2 == 0 && usage + bytes <= cap)) {
+      if (usage + bytes > cap) { continue; }  // nothing to free and it does not fit: skip
+      std::uint32_t slot = 0;
+      if (free_slots.empty()) {
+        slot = static_cast<std::uint32_t>(slots++);
+      } else {
+        slot = free_slots.back();
+        free_slots.pop_back();
+      }
+      steps.push_back({slot, true, bytes});
+      live.emplace_back(slot, bytes);
+      usage += bytes;
+    } else {
+      free_one();
+    }
+  }
+  while (!live.empty()) { free_one(); }
+  return steps;
+}
+
+/// Reads the stack's peak footprint, wherever it is best measured.
+class footprint_probe {
+ public:
+  explicit footprint_probe(memory_resource& top) {
+    for (memory_resource* layer = &top; layer != nullptr; layer = layer->upstream()) {
+      if (auto* m = dynamic_cast<footprint_meter*>(layer)) { meter_ = m; }
+    }
+    driver_pool_ = dynamic_cast<cuda_async_memory_resource*>(&bottom_of_stack(top));
+    range_ = dynamic_cast<virtual_range_resource*>(&bottom_of_stack(top));
+  }
+  void reset() {
+    if (driver_pool_ != nullptr) {
+      std::uint64_t zero = 0;
+      MRSTACK_CUDA_TRY(cudaMemPoolSetAttribute(driver_pool_->pool_handle(), cudaMemPoolAttrReservedMemHigh, &zero));
+    } else if (range_ != nullptr) {
+      range_->reset_peak_mapped_bytes();
+    } else if (meter_ != nullptr) {
+      meter_->reset_peak();
+    }
+  }
+  [[nodiscard]] std::size_t peak() const {
+    if (driver_pool_ != nullptr) {
+      std::uint64_t v = 0;
+      MRSTACK_CUDA_TRY(cudaMemPoolGetAttribute(driver_pool_->pool_handle(), cudaMemPoolAttrReservedMemHigh, &v));
+      return static_cast<std::size_t>(v);
+    }
+    if (range_ != nullptr) { return range_->peak_mapped_bytes(); }
+    return meter_ != nullptr ? meter_->peak_bytes_held() : 0;
+  }
+
+ private:
+  footprint_meter* meter_ = nullptr;
+  cuda_async_memory_resource* driver_pool_ = nullptr;
+  virtual_range_resource* range_ = nullptr;
+};
+
+void run(benchmark::State& state, std::string const& spec, bool device) {
+  if (device && !bench::have_device()) {
+    state.SkipWithError("no CUDA device");
+    return;
+  }
+  auto const threads = static_cast<std::size_t>(state.range(0));
+  std::vector<std::vector<step>> steps(threads);
+  std::vector<std::size_t> slots(threads);
+  std::size_t calls = 0;
+  for (std::size_t t = 0; t < threads; ++t) {
+    steps[t] = make_steps(live_cap / threads, 7000 + t, slots[t]);
+    calls += steps[t].size();
+  }
+  resource_ptr mr;
+  try {
+    mr = make_stack(spec);
+  } catch (std::exception const& e) {
+    state.SkipWithError(e.what());
+    return;
+  }
+  footprint_probe probe{*mr};
+  std::vector<cudaStream_t> streams(threads);
+  for (std::size_t t = 0; t < threads; ++t) {
+    if (device) {
+      MRSTACK_CUDA_TRY(cudaStreamCreateWithFlags(&streams[t], cudaStreamNonBlocking));
+    } else {
+      streams[t] = reinterpret_cast<cudaStream_t>(std::uintptr_t{0x10000} * (t + 1));
+    }
+  }
+  std::string error;
+  auto run_once = [&]() -> double {
+    std::atomic<std::size_t> ready{0};
+    std::atomic<bool> go{false};
+    std::atomic<bool> failed{false};
+    std::mutex error_mutex;
+    std::vector<std::thread> workers;
+    std::vector<std::chrono::steady_clock::time_point> ends(threads);
+    for (std::size_t t = 0; t < threads; ++t) {
+      workers.emplace_back([&, t] {
+        std::vector<void*> ptrs(slots[t]);
+        stream_view const s{streams[t]};
+        ready.fetch_add(1);
+        while (!go.load(std::memory_order_acquire)) {}
+        try {
+          for (auto const& st : steps[t]) {
+            if (st.allocate) {
+              ptrs[st.slot] = mr->allocate(st.bytes, s);
+            } else {
+              mr->deallocate(ptrs[st.slot], st.bytes, s);
+            }
+          }
+        } catch (std::exception const& e) {
+          std::lock_guard lock{error_mutex};
+          if (!failed.exchange(true)) { error = e.what(); }
+        }
+        ends[t] = std::chrono::steady_clock::now();
+      });
+    }
+    while (ready.load() != threads) {}
+    auto const start = std::chrono::steady_clock::now();
+    go.store(true, std::memory_order_release);
+    for (auto& w : workers) { w.join(); }
+    if (failed) { return -1; }
+    return std::chrono::duration<double>(*std::max_element(ends.begin(), ends.end()) - start).count();
+  };
+  bool ok = run_once() >= 0;  // warm-up: what it leaves cached counts, its transient peak does not
+  std::size_t peak = 0;
+  if (ok) { probe.reset(); }
+  for (auto _ : state) {
+    if (!ok) { break; }
+    double const seconds = run_once();
+    if (seconds < 0) {
+      ok = false;
+      break;
+    }
+    state.SetIterationTime(seconds);
+  }
+  if (ok) { peak = probe.peak(); }
+  for (std::size_t t = 0; t < threads && device; ++t) { (void)cudaStreamDestroy(streams[t]); }
+  if (!ok) {
+    state.SkipWithError(("a thread's call failed: " + error).c_str());
+    return;
+  }
+  state.counters["calls_per_s"] =
+      benchmark::Counter(static_cast<double>(calls), benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["peak_GiB"] = static_cast<double>(peak) / GiB;
+  state.counters["peak_over_cap"] = static_cast<double>(peak) / live_cap;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  struct stack {
+    char const* label;
+    char const* spec;
+    bool device;
+  };
+  // The simulated device has 80 GiB, like a GPU of the class the targets are set on.
+  stack const stacks[] = {
+      {"pool>cuda", "pool > footprint_meter > cuda", true},
+      {"pool>vmm", "pool > vmm", true},
+      {"arena>cuda", "arena > footprint_meter > cuda", true},
+      {"cuda_async", "cuda_async", true},
+      {"pool>simulated", "pool > footprint_meter > simulated(capacity=80GiB)", false},
+      {"pool>simulated_vmm", "pool > simulated_vmm(capacity=80GiB)", false},
+      {"arena>simulated", "arena > footprint_meter > simulated(capacity=80GiB)", false},
+  };
+  for (auto const& s : stacks) {
+    std::string const label = std::string{"multistream/"} + s.label;
+    std::string const spec = s.spec;
+    bool const device = s.device;
+    auto* b = benchmark::RegisterBenchmark(label.c_str(), [spec, device](benchmark::State& st) { run(st, spec, device); });
+    b->ArgName("streams")->UseManualTime()->Unit(benchmark::kMillisecond)->Iterations(3);
+    for (std::int64_t n : {1, 2, 4, 8}) { b->Arg(n); }
+  }
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) { return 1; }
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}
