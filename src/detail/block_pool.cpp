@@ -65,21 +65,6 @@ MRSTACK_HOT_INLINE block_pool::class_index& block_pool::index_of(owner_id owner)
 
 // ---- size classes --------------------------------------------------------------------------
 
-MRSTACK_HOT_INLINE unsigned block_pool::class_of(std::size_t units) noexcept {
-  if (units < sl_count) { return static_cast<unsigned>(units); }  // first level 0: one class per unit
-  auto const msb = static_cast<unsigned>(63 - std::countl_zero(static_cast<std::uint64_t>(units)));
-  unsigned const fl = msb - sl_bits + 1;
-  auto const sl = static_cast<unsigned>((units >> (msb - sl_bits)) & (sl_count - 1));
-  return fl * sl_count + sl;
-}
-
-MRSTACK_HOT_INLINE std::size_t block_pool::class_floor(unsigned cls) noexcept {
-  unsigned const fl = cls / sl_count;
-  unsigned const sl = cls % sl_count;
-  if (fl == 0) { return sl; }
-  return std::size_t{sl_count + sl} << (fl - 1);
-}
-
 MRSTACK_HOT_INLINE void block_pool::insert_free(std::uint32_t b, owner_id owner) {
   class_index& idx = index_of(owner);
   block& n = at(b);
@@ -619,106 +604,6 @@ std::size_t block_pool::largest_free_block() const noexcept {
     largest = std::max(largest, largest_free_block(static_cast<owner_id>(o)));
   }
   return largest;
-}
-
-std::string block_pool::check_invariants() const {
-  auto fail = [](std::string what) { return what; };
-  std::size_t total = 0;
-  std::size_t free_total = 0;
-  std::size_t live_total = 0;
-  std::size_t withdrawn_total = 0;
-  std::size_t free_count = 0;
-  std::size_t keyed_count = 0;
-  std::size_t chunks_in_use = 0;
-  for (chunk_id c = 0; c < chunks_.size(); ++c) {
-    chunk_record const& rec = chunks_[c];
-    if (!rec.in_use) { continue; }
-    ++chunks_in_use;
-    total += rec.size;
-    std::uintptr_t expect = rec.base;
-    std::uint32_t prev = npos;
-    std::size_t live = 0;
-    std::size_t withdrawn = 0;
-    std::uint32_t b = rec.first;
-    for (; b != npos; prev = b, b = at(b).next) {
-      block const& n = at(b);
-      std::string const where = "chunk " + std::to_string(c) + " block at offset " + std::to_string(addr_of(n) - rec.base);
-      if (addr_of(n) != expect) { return fail(where + ": does not start where the previous block ends"); }
-      if (size_of(n) == 0 || size_of(n) % granularity != 0) { return fail(where + ": bad size " + std::to_string(size_of(n))); }
-      if (n.prev != prev) { return fail(where + ": broken prev link"); }
-      if (n.chunk != c) { return fail(where + ": wrong chunk"); }
-      expect += size_of(n);
-      if (n.state == state_free) {
-        free_total += size_of(n);
-        ++free_count;
-        if (prev != npos) {
-          block const& p = at(prev);
-          if (p.state == state_free &&
-              (p.owner == n.owner || sync_mergeable(p.owner, n.owner))) {
-            return fail(where + ": mergeable free neighbours left unmerged");
-          }
-        }
-      } else if (n.state == state_live) {
-        live_total += size_of(n);
-        ++live;
-        if (live_.find(addr_of(n), starts_at(addr_of(n))) != b) { return fail(where + ": live block missing from the address map"); }
-      } else if (n.state == state_withdrawn) {
-        withdrawn_total += size_of(n);
-        ++withdrawn;
-        if (live_.find(addr_of(n), starts_at(addr_of(n))) != b) { return fail(where + ": hole missing from the address map"); }
-      } else {
-        return fail(where + ": unused node linked into a chunk");
-      }
-    }
-    if (expect != rec.base + rec.size) { return fail("chunk " + std::to_string(c) + ": blocks do not tile it"); }
-    if (rec.last != prev) { return fail("chunk " + std::to_string(c) + ": wrong last block"); }
-    if (live != rec.live_blocks || withdrawn != rec.withdrawn_blocks) {
-      return fail("chunk " + std::to_string(c) + ": wrong live/withdrawn counts");
-    }
-    keyed_count += live + withdrawn;
-  }
-  if (chunks_in_use != chunk_count_) { return fail("chunk count mismatch"); }
-  if (total != total_bytes_) { return fail("total bytes mismatch"); }
-  if (free_total != free_bytes_total_) { return fail("free bytes mismatch"); }
-  if (live_total != live_bytes_) { return fail("live bytes mismatch"); }
-  if (withdrawn_total != withdrawn_bytes_) { return fail("withdrawn bytes mismatch"); }
-  if (keyed_count != live_.size()) { return fail("address map holds stale entries"); }
-  if (free_total + live_total + withdrawn_total != total) { return fail("bytes do not add up"); }
-  std::size_t indexed_count = 0;
-  for (std::size_t o = 0; o < indexes_.size(); ++o) {
-    if (!indexes_[o]) { continue; }
-    class_index const& idx = *indexes_[o];
-    std::size_t bytes = 0;
-    std::size_t count = 0;
-    for (unsigned cls = 0; cls < class_count; ++cls) {
-      bool const bit = ((idx.sl_bitmap[cls / sl_count] >> (cls % sl_count)) & 1U) != 0;
-      bool const fl_bit = ((idx.fl_bitmap >> (cls / sl_count)) & 1U) != 0;
-      auto const& list = idx.lists[cls];
-      if (bit != !list.empty()) { return fail("owner " + std::to_string(o) + ": bitmap disagrees with list"); }
-      if (bit && !fl_bit) { return fail("owner " + std::to_string(o) + ": first-level bit missing"); }
-      for (std::size_t pos = 0; pos < list.size(); ++pos) {
-        free_entry const e = list[pos];
-        if (e.node >= node_count_) { return fail("owner " + std::to_string(o) + ": class array names no node"); }
-        block const& n = at(e.node);
-        if (n.state != state_free || n.owner != o) { return fail("owner " + std::to_string(o) + ": foreign node in list"); }
-        if (class_of(n.units) != cls) { return fail("owner " + std::to_string(o) + ": block in wrong class"); }
-        if (n.free_pos != pos) { return fail("owner " + std::to_string(o) + ": node's position in its class is wrong"); }
-        if (n.free_class != cls) { return fail("owner " + std::to_string(o) + ": node records the wrong class"); }
-        if (e.units != n.units) { return fail("owner " + std::to_string(o) + ": class array holds a stale size"); }
-        bytes += size_of(n);
-        ++count;
-      }
-    }
-    for (unsigned fl = 0; fl < fl_count; ++fl) {
-      if ((((idx.fl_bitmap >> fl) & 1U) != 0) != (idx.sl_bitmap[fl] != 0)) {
-        return fail("owner " + std::to_string(o) + ": stale first-level bit");
-      }
-    }
-    if (bytes != idx.bytes || count != idx.count) { return fail("owner " + std::to_string(o) + ": wrong totals"); }
-    indexed_count += count;
-  }
-  if (indexed_count != free_count) { return fail("free blocks missing from the indexes"); }
-  return {};
 }
 
 }  // namespace mrstack::detail

@@ -55,6 +55,7 @@
 ///
 /// All sizes and addresses are multiples of `granularity` (256 bytes).
 #include <array>
+#include <bit>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -294,8 +295,27 @@ class block_pool {
   void delete_node(std::uint32_t i) noexcept;
   class_index& index_of(owner_id owner);
 
-  static unsigned class_of(std::size_t units) noexcept;
-  static std::size_t class_floor(unsigned cls) noexcept;
+  // Size classes: two-level segregated fit (first level: the highest set bit; second
+  // level: the next sl_bits bits). Here so that the invariant checks share them.
+  static unsigned class_of(std::size_t units) noexcept {
+    if (units < sl_count) { return static_cast<unsigned>(units); }  // first level 0: one class per unit
+    auto const msb = static_cast<unsigned>(63 - std::countl_zero(static_cast<std::uint64_t>(units)));
+    unsigned const fl = msb - sl_bits + 1;
+    auto const sl = static_cast<unsigned>((units >> (msb - sl_bits)) & (sl_count - 1));
+    return fl * sl_count + sl;
+  }
+  static std::size_t class_floor(unsigned cls) noexcept {
+    unsigned const fl = cls / sl_count;
+    unsigned const sl = cls % sl_count;
+    if (fl == 0) { return sl; }
+    return std::size_t{sl_count + sl} << (fl - 1);
+  }
+  // check_invariants, in parts (src/detail/block_pool_checks.cpp).
+  struct invariant_totals {
+    std::size_t total = 0, free = 0, live = 0, withdrawn = 0, free_count = 0, keyed = 0, chunks = 0;
+  };
+  [[nodiscard]] std::string check_chunk(chunk_id c, invariant_totals& t) const;
+  [[nodiscard]] std::string check_class_index(std::size_t owner, std::size_t& indexed) const;
   void insert_free(std::uint32_t b, owner_id owner);
   void remove_free(std::uint32_t b) noexcept;
   /// Takes free block b's entry out of its class array (the last entry fills the hole) and
