@@ -122,6 +122,20 @@ class footprint_probe {
   virtual_range_resource* range_ = nullptr;
 };
 
+// One non-blocking stream per thread; without a device, distinct fake handles (the
+// simulated upstreams never hand them to CUDA).
+std::vector<cudaStream_t> make_streams(std::size_t threads, bool device) {
+  std::vector<cudaStream_t> streams(threads);
+  for (std::size_t t = 0; t < threads; ++t) {
+    if (device) {
+      MRSTACK_CUDA_TRY(cudaStreamCreateWithFlags(&streams[t], cudaStreamNonBlocking));
+    } else {
+      streams[t] = reinterpret_cast<cudaStream_t>(std::uintptr_t{0x10000} * (t + 1));
+    }
+  }
+  return streams;
+}
+
 void run(benchmark::State& state, std::string const& spec, bool device) {
   if (device && !bench::have_device()) {
     state.SkipWithError("no CUDA device");
@@ -143,14 +157,7 @@ void run(benchmark::State& state, std::string const& spec, bool device) {
     return;
   }
   footprint_probe probe{*mr};
-  std::vector<cudaStream_t> streams(threads);
-  for (std::size_t t = 0; t < threads; ++t) {
-    if (device) {
-      MRSTACK_CUDA_TRY(cudaStreamCreateWithFlags(&streams[t], cudaStreamNonBlocking));
-    } else {
-      streams[t] = reinterpret_cast<cudaStream_t>(std::uintptr_t{0x10000} * (t + 1));
-    }
-  }
+  std::vector<cudaStream_t> const streams = make_streams(threads, device);
   std::string error;
   auto run_once = [&]() -> double {
     std::atomic<std::size_t> ready{0};
@@ -193,14 +200,11 @@ void run(benchmark::State& state, std::string const& spec, bool device) {
   for (auto _ : state) {
     if (!ok) { break; }
     double const seconds = run_once();
-    if (seconds < 0) {
-      ok = false;
-      break;
-    }
-    state.SetIterationTime(seconds);
+    ok = seconds >= 0;
+    if (ok) { state.SetIterationTime(seconds); }
   }
   if (ok) { peak = probe.peak(); }
-  for (std::size_t t = 0; t < threads && device; ++t) { (void)cudaStreamDestroy(streams[t]); }
+  for (cudaStream_t s : streams) { if (device) { (void)cudaStreamDestroy(s); } }
   if (!ok) {
     state.SkipWithError(("a thread's call failed: " + error).c_str());
     return;
