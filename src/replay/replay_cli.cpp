@@ -315,7 +315,10 @@ void list_resources(std::FILE* out) {
                  r->upstream == upstream_rule::none ? "  (bottom: takes no upstream)" : "", r->summary.c_str());
     for (auto const& p : r->parameters) {
       std::string const def = p.is_required ? "required" : (p.default_text.empty() ? "optional" : "default " + p.default_text);
-      std::fprintf(out, "    %-18s %-6s %s (%s)\n", p.name.c_str(), to_string(p.type), p.doc.c_str(), def.c_str());
+      std::string const range = describe_range(p);
+      std::string const accepts = range.empty() ? "" : "; " + range;
+      std::fprintf(out, "    %-18s %-6s %s (%s%s)\n", p.name.c_str(), to_string(p.type), p.doc.c_str(), def.c_str(),
+                   accepts.c_str());
     }
   }
 }
