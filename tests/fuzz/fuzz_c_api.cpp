@@ -13,7 +13,8 @@
 // Misuse is switched per stack and kind: `detects` lists the misuse each stack's resources
 // are known to refuse, and only that is mixed in by default, so the run stays green while
 // the others are fixed. MRSTACK_FUZZ_MISUSE=all mixes every kind into every stack (to find
-// what is not detected yet); =none mixes in nothing. docs/reliability.md lists what the
+// what is not detected yet); =none mixes in nothing; a number (1 double, 2 foreign, 4 wrong
+// size, 8 interior) mixes in those kinds everywhere. docs/reliability.md lists what the
 // table leaves out and why. The first input byte picks the stack, the rest are ops.
 #include <mrstack/c_api.h>
 
@@ -71,17 +72,15 @@ constexpr std::array<stack_kind, 16> stacks{{
     {"system", true, 0, 1u << 20},
 }};
 
-enum class misuse_mode { per_stack, all, none };
-
-misuse_mode mode() {
-  static misuse_mode const m = [] {
-    char const* env = std::getenv("MRSTACK_FUZZ_MISUSE");
-    if (env == nullptr) { return misuse_mode::per_stack; }
-    if (std::string_view{env} == "all") { return misuse_mode::all; }
-    if (std::string_view{env} == "none") { return misuse_mode::none; }
-    return misuse_mode::per_stack;
-  }();
-  return m;
+/// The misuse mixed into `kind`: its `detects`, unless MRSTACK_FUZZ_MISUSE says `all`,
+/// `none` or a number (misuse_bits, the same for every stack).
+unsigned misuse_for(stack_kind const& kind) {
+  static char const* const env = std::getenv("MRSTACK_FUZZ_MISUSE");
+  if (env == nullptr || *env == '\0') { return kind.detects; }
+  std::string_view const v{env};
+  if (v == "all") { return every_misuse; }
+  if (v == "none") { return 0; }
+  return static_cast<unsigned>(std::strtoul(env, nullptr, 0)) & every_misuse;
 }
 
 /// MRSTACK_FUZZ_TRACE=1: every call on stderr (to read a finding's input back).
@@ -119,9 +118,7 @@ class driver {
  public:
   driver(stack_kind const& kind, mrstack_stack* stack)
       : kind_{kind}, stack_{stack},
-        misuse_{mode() == misuse_mode::all ? unsigned{every_misuse}
-                : mode() == misuse_mode::none ? 0u
-                                              : kind.detects} {}
+        misuse_{misuse_for(kind)} {}
 
   void run(reader& in) {
     for (int ops = 0; in.more() && ops < 512; ++ops) {
