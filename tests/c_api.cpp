@@ -423,6 +423,17 @@ TEST_CASE("c api: a value that is no handle (a stray pointer, a forged handle) i
   CHECK_THAT(last_error(), Catch::Contains("mrstack_allocate: the stack is null"));
 }
 
+TEST_CASE("c api: a null pointer is freed as a no-op only with 0 bytes") {
+  mrstack_stack* s = make("tracking > system");
+  void* p = reinterpret_cast<void*>(0x1);
+  REQUIRE(mrstack_allocate(s, 0, nullptr, 0, &p) == MRSTACK_SUCCESS);
+  CHECK(p == nullptr);
+  CHECK(mrstack_deallocate(s, nullptr, 0, nullptr, 0) == MRSTACK_SUCCESS);
+  CHECK(mrstack_deallocate(s, nullptr, 4096, nullptr, 0) == MRSTACK_ERROR_LOGIC);
+  CHECK_THAT(last_error(), Catch::Contains("mrstack_deallocate: a null pointer with a size of 4096 bytes"));
+  CHECK(mrstack_stack_destroy(s) == MRSTACK_SUCCESS);
+}
+
 TEST_CASE("c api: destroying a stack with live allocations reports their count and bytes, and frees what it can") {
   SECTION("a tracking layer on top finds them: freed") {
     mrstack_stack* s = make("tracking > limiting(1MiB) > system");

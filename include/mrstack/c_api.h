@@ -148,7 +148,8 @@ MRSTACK_C_EXPORT mrstack_status mrstack_stack_describe(const mrstack_stack* stac
 /* ---- plain allocation --------------------------------------------------------------- */
 MRSTACK_C_EXPORT mrstack_status mrstack_allocate(mrstack_stack* stack, size_t bytes, void* stream, int client,
                                                  void** out);
-/* `bytes` and `client` as allocated. */
+/* `bytes` and `client` as allocated. A null pointer with 0 bytes (what an allocation of 0
+ * bytes returns) is a no-op; a null pointer with a size is MRSTACK_ERROR_LOGIC. */
 MRSTACK_C_EXPORT mrstack_status mrstack_deallocate(mrstack_stack* stack, void* ptr, size_t bytes, void* stream,
                                                    int client);
 

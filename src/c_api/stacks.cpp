@@ -299,7 +299,14 @@ mrstack_status mrstack_deallocate(mrstack_stack* handle, void* ptr, size_t bytes
   auto const stack = mrstack::c_api::resolve_stack(handle, "mrstack_deallocate");
   if (!stack) { return MRSTACK_ERROR_INVALID_ARGUMENT; }
   if (!valid_client(client)) { return invalid("mrstack_deallocate: unknown client " + std::to_string(client)); }
-  if (ptr == nullptr) { return MRSTACK_SUCCESS; }
+  if (ptr == nullptr) {
+    if (bytes == 0) { return MRSTACK_SUCCESS; }  // what an allocation of 0 bytes returned
+    // A null pointer with a size: the caller lost the pointer it means to free.
+    set_last_error("mrstack_deallocate: a null pointer with a size of " + std::to_string(bytes) +
+                       " bytes (only an allocation of 0 bytes returns null)",
+                   0, MRSTACK_ERROR_LOGIC);
+    return MRSTACK_ERROR_LOGIC;
+  }
   return guarded([&] {
     stack->top->deallocate(ptr, bytes, mrstack::stream_view{static_cast<cudaStream_t>(stream)});
     stack->count_free(client, bytes);
