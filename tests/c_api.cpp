@@ -6,6 +6,8 @@
 
 #include <mrstack/c_api.h>
 
+#include <atomic>
+#include <cstdint>
 #include <cstring>
 #include <string>
 #include <thread>
@@ -359,4 +361,133 @@ TEST_CASE("c api: {pid} in a spec becomes the process id") {
   std::string const message = last_error();
   CHECK_THAT(message, Catch::Contains("nothing_called_" + std::to_string(static_cast<long>(getpid()))));
   CHECK_THAT(message, !Catch::Contains("{pid}"));
+}
+
+// ---- handles --------------------------------------------------------------------------
+
+TEST_CASE("c api: a destroyed handle is refused by every call, with a message, never dereferenced") {
+  mrstack_stack* s = make("pool(initial=1MiB) > system");
+  void* p = nullptr;
+  REQUIRE(mrstack_allocate(s, 1024, nullptr, 0, &p) == MRSTACK_SUCCESS);
+  REQUIRE(mrstack_deallocate(s, p, 1024, nullptr, 0) == MRSTACK_SUCCESS);
+  REQUIRE(mrstack_stack_destroy(s) == MRSTACK_SUCCESS);
+  CHECK(mrstack_allocate(s, 1024, nullptr, 0, &p) == MRSTACK_ERROR_INVALID_ARGUMENT);
+  CHECK(p == nullptr);
+  CHECK_THAT(last_error(), Catch::Contains("mrstack_allocate: stack handle 0x") &&
+                               Catch::Contains("was destroyed (mrstack_stack_destroy); it cannot be used again"));
+  CHECK(mrstack_deallocate(s, reinterpret_cast<void*>(0x1000), 16, nullptr, 0) == MRSTACK_ERROR_INVALID_ARGUMENT);
+  mrstack_statistics st{};
+  CHECK(mrstack_get_statistics(s, &st) == MRSTACK_ERROR_INVALID_ARGUMENT);
+  CHECK(mrstack_reset_peaks(s) == MRSTACK_ERROR_INVALID_ARGUMENT);
+  CHECK(mrstack_stack_describe(s, nullptr, 0, nullptr) == MRSTACK_ERROR_INVALID_ARGUMENT);
+  CHECK(mrstack_emm_initialize(s) == MRSTACK_ERROR_INVALID_ARGUMENT);
+  std::uint64_t ptr = 0;
+  CHECK(mrstack_emm_memalloc_token(s, 64, 0, &ptr) == 0);
+  CHECK(mrstack_last_error_status() == MRSTACK_ERROR_INVALID_ARGUMENT);
+  CHECK(mrstack_emm_memalloc_pair(s, 64, 0).token == 0);
+  CHECK(mrstack_emm_free(s, 1) == -1);
+  CHECK_THAT(last_error(), Catch::Contains("mrstack_emm_free: stack handle"));
+  CHECK(mrstack_emm_reset(s, nullptr) == MRSTACK_ERROR_INVALID_ARGUMENT);
+  CHECK(mrstack_emm_defer_begin(s) == MRSTACK_ERROR_INVALID_ARGUMENT);
+  // Destroying twice is refused too, and says so.
+  CHECK(mrstack_stack_destroy(s) == MRSTACK_ERROR_INVALID_ARGUMENT);
+  CHECK_THAT(last_error(), Catch::Contains("mrstack_stack_destroy: stack handle") && Catch::Contains("was destroyed"));
+  // A new stack may reuse the slot: the old handle stays dead, the new one works.
+  mrstack_stack* t = make("system");
+  CHECK(t != s);
+  CHECK(mrstack_allocate(s, 16, nullptr, 0, &p) == MRSTACK_ERROR_INVALID_ARGUMENT);
+  REQUIRE(mrstack_allocate(t, 16, nullptr, 0, &p) == MRSTACK_SUCCESS);
+  CHECK(mrstack_deallocate(t, p, 16, nullptr, 0) == MRSTACK_SUCCESS);
+  CHECK(mrstack_stack_destroy(t) == MRSTACK_SUCCESS);
+}
+
+TEST_CASE("c api: a value that is no handle (a stray pointer, a forged handle) is refused") {
+  int object = 0;
+  auto* stray = reinterpret_cast<mrstack_stack*>(&object);
+  void* p = nullptr;
+  CHECK(mrstack_allocate(stray, 16, nullptr, 0, &p) == MRSTACK_ERROR_INVALID_ARGUMENT);
+  CHECK_THAT(last_error(), Catch::Contains("is not a stack handle (not one mrstack_stack_create or mrstack_device_stack returned)"));
+  CHECK(mrstack_stack_destroy(stray) == MRSTACK_ERROR_INVALID_ARGUMENT);
+  CHECK(object == 0);
+  // The right tag, a slot never handed out.
+  auto* forged = reinterpret_cast<mrstack_stack*>(std::uintptr_t{0x6d73} << 48 | 0xfffff);
+  CHECK(mrstack_allocate(forged, 16, nullptr, 0, &p) == MRSTACK_ERROR_INVALID_ARGUMENT);
+  CHECK_THAT(last_error(), Catch::Contains("is not a stack handle"));
+  // A live stack's handle with another generation.
+  mrstack_stack* s = make("system");
+  auto* other_generation = reinterpret_cast<mrstack_stack*>(reinterpret_cast<std::uintptr_t>(s) ^ (std::uintptr_t{1} << 25));
+  CHECK(mrstack_allocate(other_generation, 16, nullptr, 0, &p) == MRSTACK_ERROR_INVALID_ARGUMENT);
+  CHECK(mrstack_stack_destroy(other_generation) == MRSTACK_ERROR_INVALID_ARGUMENT);
+  CHECK(mrstack_stack_destroy(s) == MRSTACK_SUCCESS);
+  CHECK(mrstack_allocate(nullptr, 16, nullptr, 0, &p) == MRSTACK_ERROR_INVALID_ARGUMENT);
+  CHECK_THAT(last_error(), Catch::Contains("mrstack_allocate: the stack is null"));
+}
+
+TEST_CASE("c api: a null pointer is freed as a no-op only with 0 bytes") {
+  mrstack_stack* s = make("tracking > system");
+  void* p = reinterpret_cast<void*>(0x1);
+  REQUIRE(mrstack_allocate(s, 0, nullptr, 0, &p) == MRSTACK_SUCCESS);
+  CHECK(p == nullptr);
+  CHECK(mrstack_deallocate(s, nullptr, 0, nullptr, 0) == MRSTACK_SUCCESS);
+  CHECK(mrstack_deallocate(s, nullptr, 4096, nullptr, 0) == MRSTACK_ERROR_LOGIC);
+  CHECK_THAT(last_error(), Catch::Contains("mrstack_deallocate: a null pointer with a size of 4096 bytes"));
+  CHECK(mrstack_stack_destroy(s) == MRSTACK_SUCCESS);
+}
+
+TEST_CASE("c api: destroying a stack with live allocations reports their count and bytes, and frees what it can") {
+  SECTION("a tracking layer on top finds them: freed") {
+    mrstack_stack* s = make("tracking > limiting(1MiB) > system");
+    void* a = nullptr;
+    void* b = nullptr;
+    REQUIRE(mrstack_allocate(s, 1000, nullptr, MRSTACK_CLIENT_CUPY, &a) == MRSTACK_SUCCESS);
+    REQUIRE(mrstack_allocate(s, 3000, nullptr, MRSTACK_CLIENT_OTHER, &b) == MRSTACK_SUCCESS);
+    mrstack_memory_pointer emm{};
+    REQUIRE(mrstack_emm_memalloc(s, 500, MRSTACK_CLIENT_NUMBA, &emm) == MRSTACK_SUCCESS);  // EMM: freed, not reported
+    CHECK(mrstack_stack_destroy(s) == MRSTACK_ERROR_LOGIC);
+    CHECK_THAT(last_error(), Catch::Contains("mrstack_stack_destroy: 2 allocations (4000 bytes) made with "
+                                             "mrstack_allocate were still live: freed through the stack's tracking layer"));
+    CHECK(mrstack_allocate(s, 16, nullptr, 0, &a) == MRSTACK_ERROR_INVALID_ARGUMENT);  // destroyed all the same
+  }
+  SECTION("a pool returns its chunks, live blocks with them") {
+    mrstack_stack* s = make("pool(initial=1MiB) > system");
+    void* a = nullptr;
+    REQUIRE(mrstack_allocate(s, 4096, nullptr, 0, &a) == MRSTACK_SUCCESS);
+    CHECK(mrstack_stack_destroy(s) == MRSTACK_ERROR_LOGIC);
+    CHECK_THAT(last_error(), Catch::Contains("1 allocation (4096 bytes) made with mrstack_allocate was still live: their "
+                                             "memory goes back with the pool layer's chunks"));
+  }
+  SECTION("nothing live: success") {
+    mrstack_stack* s = make("tracking > system");
+    mrstack_memory_pointer emm{};
+    REQUIRE(mrstack_emm_memalloc(s, 500, MRSTACK_CLIENT_NUMBA, &emm) == MRSTACK_SUCCESS);
+    CHECK(mrstack_stack_destroy(s) == MRSTACK_SUCCESS);
+  }
+}
+
+TEST_CASE("c api: a destroy waits for calls in flight on other threads; later calls are refused") {
+  for (int round = 0; round < 20; ++round) {
+    mrstack_stack* s = make("pool(initial=1MiB) > system");
+    std::atomic<bool> started{false};
+    std::atomic<int> refused{0};
+    std::thread worker([&] {
+      for (int i = 0; i < 100000; ++i) {
+        void* p = nullptr;
+        if (mrstack_allocate(s, 256, nullptr, 0, &p) != MRSTACK_SUCCESS) {
+          refused.fetch_add(1);
+          break;
+        }
+        started.store(true);
+        if (mrstack_deallocate(s, p, 256, nullptr, 0) != MRSTACK_SUCCESS) {
+          refused.fetch_add(1);  // destroyed between the two: the block went back with the pool
+          break;
+        }
+      }
+    });
+    while (!started.load()) { std::this_thread::yield(); }
+    auto const status = mrstack_stack_destroy(s);
+    CHECK((status == MRSTACK_SUCCESS || status == MRSTACK_ERROR_LOGIC));
+    worker.join();
+    void* p = nullptr;
+    CHECK(mrstack_allocate(s, 256, nullptr, 0, &p) == MRSTACK_ERROR_INVALID_ARGUMENT);
+  }
 }

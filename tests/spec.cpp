@@ -380,8 +380,9 @@ TEST_CASE("spec: suballocators take every parameter by name; defaults in spec sy
   auto const fixed = make_stack("fixed_size(block_size=4KiB, blocks_to_preallocate=16) > simulated");
   CHECK(dynamic_cast<fixed_size_memory_resource*>(fixed.get())->block_size() == 4096u);
   // A constructor's refusal points at its layer.
-  require_spec_error("pool(initial=2GiB, max=1GiB) > simulated", 1, "pool refused its arguments: pool: initial size", true);
-  require_spec_error("arena(superblock_size=3MiB) > simulated(capacity=1GiB)", 1, "arena refused its arguments", true);
+  require_spec_error("pool(initial=2GiB, max=1GiB) > simulated", 14, "bad arguments for pool: initial 2GiB exceeds max 1GiB");
+  require_spec_error("arena(superblock_size=3MiB) > simulated(capacity=1GiB)", 23,
+                     "3MiB is out of range: expected 64KiB to 16MiB, a power of two");
   require_spec_error("pool(growth_divisor=half) > cuda", 21, "bad value 'half' for pool's growth_divisor (a count)");
   // The pool grows in place directly over a virtual range; its options by name.
   auto const grown = make_stack("pool(release_threshold=64MiB, grow_in_place=true) > "
@@ -416,5 +417,121 @@ TEST_CASE("spec: the adaptors take every parameter by name") {
   CHECK(log.events.size() == 2);
   std::filesystem::remove_all(dir);
   require_spec_error("limiting > simulated", 1, "limiting needs its parameter 'limit'");
-  require_spec_error("aligned(alignment=3KiB) > simulated", 1, "aligned refused its arguments", true);
+  require_spec_error("aligned(alignment=3KiB) > simulated", 19, "expected 1B to 1GiB, a power of two");
+}
+
+// ---- parameter ranges, depth, bare flags, decimal units ---------------------------------
+
+TEST_CASE("spec: values outside a parameter's range are refused when the stack is built, at the value") {
+  // Each would build and then fail or misbehave at its first use (or shift by 64 bits).
+  require_spec_error("binning(min=18446744073709551614B) > simulated", 13,
+                     "bad value '18446744073709551614B' for binning's min (a size): 18446744073709551614B is out of "
+                     "range: expected 1B to 1GiB");
+  require_spec_error("binning(max=18446744073709551615) > simulated", 13, "expected 1B to 1GiB");
+  require_spec_error("binning(max=2TiB) > simulated", 13, "2TiB is out of range");
+  require_spec_error("binning(min=64KiB, max=1KiB) > simulated", 24, "bad arguments for binning: max 1KiB is below min 64KiB");
+  require_spec_error("pool(minimum_growth=1TiB) > simulated", 21,
+                     "1TiB is out of range: expected at most 512GiB");
+  require_spec_error("pool(initial=600GiB) > simulated", 14, "at most 512GiB");
+  require_spec_error("pool(max=1PiB) > simulated", 10, "unknown unit");  // no PiB unit: parse error first
+  require_spec_error("pool(max=300TiB) > simulated", 10, "expected 256B to 256TiB");
+  require_spec_error("pool(growth_divisor=0) > simulated", 21, "0 is out of range: expected 1 to 1024");
+  require_spec_error("pool(growth_granularity=3MiB) > simulated", 25, "a power of two");
+  require_spec_error("fixed_size(block_size=0) > simulated", 23, "expected 1B to 1GiB");
+  require_spec_error("fixed_size(block_size=1GiB, blocks_to_preallocate=2048) > simulated", 51,
+                     "2048 blocks of 1GiB make a chunk of more than 1TiB");
+  require_spec_error("arena(size=1GiB, max_small_size=4MiB) > simulated", 33,
+                     "at most half the superblock (4MiB)");
+  require_spec_error("logging(file=x.csv, async=true, queue_capacity=100) > simulated", 48, "a power of two");
+  require_spec_error("limiting(1GiB, granularity=0) > simulated", 28, "expected 1B to 1GiB, a power of two");
+  require_spec_error("retry(max_retries=5000) > simulated", 19, "expected at most 1000");
+  require_spec_error("simulated_vmm(granularity=100)", 27, "expected 256B to 1GiB, a power of two");
+  // A percentage is checked once resolved.
+  build_options options;
+  options.percent_base = std::size_t{1} << 40;
+  try {
+    (void)build_stack(parse_stack_spec("pool(initial=100%) > simulated"), options);
+    FAIL("built");
+  } catch (spec_error const& e) {
+    CHECK(e.column() == 14);
+    CHECK_THAT(e.what(), Catch::Contains("1TiB (100% of 1099511627776 B) is out of range: expected at most 512GiB"));
+  }
+  // The edges of each range build.
+  CHECK_NOTHROW(make_stack("binning(min=1B, max=1GiB) > simulated"));
+  CHECK_NOTHROW(make_stack("pool(minimum_growth=512GiB, growth_divisor=1024, growth_granularity=1GiB) > simulated"));
+  CHECK_NOTHROW(make_stack("retry(1000) > limiting(0, granularity=1) > simulated"));
+}
+
+TEST_CASE("spec: every range is stated, and says what it accepts") {
+  auto const* pool = find_resource("pool");
+  REQUIRE(pool != nullptr);
+  std::size_t described = 0;
+  for (auto const& p : pool->parameters) {
+    if (p.name == "minimum_growth") { CHECK(describe_range(p) == "at most 512GiB"); }
+    if (p.name == "growth_granularity") { CHECK(describe_range(p) == "256B to 1GiB, a power of two"); }
+    if (p.name == "growth_divisor") { CHECK(describe_range(p) == "1 to 1024"); }
+    if (!describe_range(p).empty()) { ++described; }
+  }
+  CHECK(described >= 5);
+  CHECK(size_in_spec_units(1536) == "1536B");
+  CHECK(size_in_spec_units(std::uint64_t{3} << 30) == "3GiB");
+  CHECK(size_in_spec_units(0) == "0B");
+}
+
+TEST_CASE("spec: a stack deeper than max_stack_layers is refused at the first layer past the limit") {
+  auto deep = [](std::size_t adaptors) {
+    std::string spec;
+    for (std::size_t i = 0; i < adaptors; ++i) { spec += "statistics > "; }
+    return spec + "simulated";
+  };
+  // 63 adaptors + the bottom = 64 layers: builds and serves.
+  auto const ok = make_stack(deep(max_stack_layers - 1));
+  void* p = ok->allocate(512);
+  ok->deallocate(p, 512);
+  std::string const spec = deep(max_stack_layers);
+  std::size_t const column = max_stack_layers * std::string{"statistics > "}.size() + 1;
+  require_spec_error(spec, column, "the stack has 65 layers; at most 64 are allowed");
+  // Far deeper stacks are refused as quickly, before any layer is looked up or built.
+  std::string huge;
+  for (int i = 0; i < 100000; ++i) { huge += "binning > "; }
+  huge += "system";
+  CHECK_THROWS_AS(make_stack(huge), spec_error);
+}
+
+TEST_CASE("spec: a flag may be written as its bare name, anywhere in the list") {
+  register_probe();
+  auto const a = make_stack("probe(size=1KiB, enabled) > simulated");
+  CHECK(probe_of(a).args.flag("enabled") == true);
+  CHECK(probe_of(a).args.size("size") == 1024u);
+  auto const b = make_stack("probe(enabled, 2KiB) > simulated");  // the bare flag takes no position
+  CHECK(probe_of(b).args.size("size") == 2048u);
+  CHECK(probe_of(b).args.flag("enabled") == true);
+  auto const tmp = std::filesystem::temp_directory_path() / ("mrstack_spec_flag_" + std::to_string(getpid()) + ".csv");
+  auto const logging = make_stack("logging(file=" + tmp.string() + ", async) > simulated");
+  void* p = logging->allocate(256);
+  logging->deallocate(p, 256);
+  std::filesystem::remove(tmp);
+  require_spec_error("probe(enabled, enabled=false) > simulated", 16, "parameter 'enabled' of probe is given twice");
+  // Any other positional value after a named one is still an error, at that value.
+  require_spec_error("probe(size=1KiB, 7) > simulated", 18, "a positional argument cannot follow a named one");
+}
+
+TEST_CASE("spec: a decimal unit (GB) gives one note saying GB is 10^9 and GiB 2^30") {
+  build_options options;
+  std::vector<std::string> notes;
+  options.on_note = [&](std::string const& note) { notes.push_back(note); };
+  auto const top = build_stack(parse_stack_spec("pool(initial=1GB) > simulated"), options);
+  CHECK(dynamic_cast<pool_memory_resource&>(*top).pool_size() >= 1000000000u);
+  REQUIRE(notes.size() == 1);
+  CHECK_THAT(notes[0], Catch::Contains("pool(initial=1GB is 1000000000 bytes: GB is 10^9 bytes, GiB is 2^30"));
+  CHECK_THAT(notes[0], Catch::Contains("write GiB if that is what you meant"));
+  notes.clear();
+  (void)build_stack(parse_stack_spec("limiting(limit=512MB) > pool(minimum_growth=1KB) > simulated"), options);
+  REQUIRE(notes.size() == 2);
+  CHECK_THAT(notes[0], Catch::Contains("MB is 10^6 bytes, MiB is 2^20"));
+  CHECK_THAT(notes[1], Catch::Contains("KB is 10^3 bytes, KiB is 2^10"));
+  notes.clear();
+  (void)build_stack(parse_stack_spec("pool(initial=1GiB, max=4000000000) > simulated"), options);
+  CHECK(notes.empty());
+  check_stack_spec(parse_stack_spec("pool(initial=1GB) > simulated"));  // checking alone says nothing
 }

@@ -8,8 +8,10 @@
 # python3-dev: the headers the optional Python extension (mrstack._fastpath) is built with,
 # for Debian's python3 (a pyenv or other self-built Python carries its own headers).
 set -euo pipefail
+# clang + libclang-rt-14-dev: the libFuzzer targets (tools/run-fuzzers.sh; libFuzzer and the
+# sanitizer runtimes for clang are in libclang-rt-14-dev).
 packages=(cmake ninja-build g++ libspdlog-dev catch2 libbenchmark-dev zlib1g-dev libbackward-cpp-dev libdw-dev
-          python3-dev python3-venv chromium)
+          python3-dev python3-venv chromium clang libclang-rt-14-dev)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

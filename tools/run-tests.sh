@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The test command (README and CI): configure with warnings as errors, build, run every
 # ctest test (GPU tests report themselves skipped without a device), then the Python
-# package's tests.
+# package's tests, then each libFuzzer target for MRSTACK_FUZZ_SECONDS (default 60; 0
+# skips them) under ASan+UBSan (tools/run-fuzzers.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="/usr/local/cuda/bin:$PATH"
@@ -13,4 +14,8 @@ if [ -d python/tests ]; then
   python=python3
   [ -x build/venv/bin/python ] && python=build/venv/bin/python
   MRSTACK_LIBRARY="$PWD/build/ci/libmrstack_c.so" MRSTACK_REQUIRE_LIBRARY=1 "$python" -m pytest -q python/tests
+fi
+fuzz_seconds="${MRSTACK_FUZZ_SECONDS:-60}"
+if [ "$fuzz_seconds" != 0 ]; then
+  tools/run-fuzzers.sh "$fuzz_seconds"
 fi

@@ -8,6 +8,10 @@
  *   call leaves the last error as it was.
  * - The header needs no CUDA header: streams are `void*` (a cudaStream_t; NULL is the
  *   legacy default stream).
+ * - Stacks are opaque handles, not addresses: a handle used after mrstack_stack_destroy,
+ *   or a value no call returned as a handle, is refused (MRSTACK_ERROR_INVALID_ARGUMENT,
+ *   with a message saying which), never dereferenced. A destroy waits for calls still
+ *   running on the stack in other threads.
  * - Stacks are opaque. `mrstack_device_stack(device)` gives the process-wide stack of a
  *   device, built on first use from the configured spec (`mrstack_configure`, else the
  *   MRSTACK_RESOURCE environment variable, else MRSTACK_DEFAULT_SPEC) and kept until the
@@ -46,7 +50,8 @@ extern "C" {
 
 typedef enum mrstack_status {
   MRSTACK_SUCCESS = 0,
-  MRSTACK_ERROR_INVALID_ARGUMENT = 1, /* a null handle or out-pointer, an unknown client, a bad device */
+  MRSTACK_ERROR_INVALID_ARGUMENT = 1, /* a null, destroyed or foreign stack handle, a null out-pointer,
+                                         an unknown client, a bad device */
   MRSTACK_ERROR_SPEC = 2,             /* the spec is malformed: see mrstack_last_error_column() */
   MRSTACK_ERROR_OUT_OF_MEMORY = 3,    /* the stack refused: the message names sizes and free memory */
   MRSTACK_ERROR_CUDA = 4,             /* a CUDA runtime or driver call failed */
@@ -130,7 +135,11 @@ MRSTACK_C_EXPORT mrstack_stack* mrstack_device_stack_if_built(int device);
 /* ---- private stacks ------------------------------------------------------------------ */
 /* Builds the stack `spec` describes, on the device current now; `device` is what it reports. */
 MRSTACK_C_EXPORT mrstack_status mrstack_stack_create(const char* spec, int device, mrstack_stack** out);
-/* Frees everything its EMM adapter still holds and destroys it. Device stacks are refused. */
+/* Frees everything its EMM adapter still holds and destroys it; the handle is then dead.
+ * Allocations made with mrstack_allocate and still live are a broken contract: the stack is
+ * destroyed all the same, and MRSTACK_ERROR_LOGIC's message gives their count and bytes and
+ * what became of them (freed through a tracking layer on top of the stack; returned with a
+ * suballocator's chunks; else leaked). Device stacks are refused (MRSTACK_ERROR_STATE). */
 MRSTACK_C_EXPORT mrstack_status mrstack_stack_destroy(mrstack_stack* stack);
 /* "pool > cuda": the layers as the spec names them, copied as mrstack_configured_spec does. */
 MRSTACK_C_EXPORT mrstack_status mrstack_stack_describe(const mrstack_stack* stack, char* buffer, size_t capacity,
@@ -139,7 +148,8 @@ MRSTACK_C_EXPORT mrstack_status mrstack_stack_describe(const mrstack_stack* stac
 /* ---- plain allocation --------------------------------------------------------------- */
 MRSTACK_C_EXPORT mrstack_status mrstack_allocate(mrstack_stack* stack, size_t bytes, void* stream, int client,
                                                  void** out);
-/* `bytes` and `client` as allocated. */
+/* `bytes` and `client` as allocated. A null pointer with 0 bytes (what an allocation of 0
+ * bytes returns) is a no-op; a null pointer with a size is MRSTACK_ERROR_LOGIC. */
 MRSTACK_C_EXPORT mrstack_status mrstack_deallocate(mrstack_stack* stack, void* ptr, size_t bytes, void* stream,
                                                    int client);
 

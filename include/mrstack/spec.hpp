@@ -15,6 +15,7 @@
 /// mrstack-replay, for example, replaces the bottom layer by `simulated` and inserts a
 /// footprint meter above it, then builds the rewritten AST.
 #include <cstddef>
+#include <functional>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -64,6 +65,12 @@ stack_spec parse_stack_spec(std::string_view text);
 /// read back as themselves are quoted.
 std::string to_string(stack_spec const& spec);
 
+/// The most layers a stack spec may have. Every call walks the stack one C++ frame per
+/// layer, so a stack thousands of layers deep overflows the thread's stack on its first
+/// call; no useful stack has more than a dozen. A deeper spec is a `spec_error` at the
+/// first layer past the limit.
+inline constexpr std::size_t max_stack_layers = 64;
+
 /// How to build a stack.
 struct build_options {
   /// The memory a percentage (`size=50%`) is a share of. Unset: a `simulated` bottom with
@@ -74,11 +81,17 @@ struct build_options {
   /// events and percentages belong to it) and the caller's current device is left as it
   /// was. Unset: the device current on the calling thread.
   std::optional<int> device;
+  /// Receives notes about a spec that builds but probably says something other than what
+  /// was meant: a decimal unit (`1GB` is 10^9 bytes, not 2^30). Unset: the first such note
+  /// of the process goes to stderr, later ones nowhere.
+  std::function<void(std::string const& note)> on_note;
 };
 
-/// Checks every name, parameter and value of `spec` against the registry and the shape of
-/// the stack (an upstream below every layer that needs one, none below a bottom resource),
-/// without building anything. Percentages are checked for syntax only. Throws `spec_error`.
+/// Checks every name, parameter and value of `spec` against the registry (each value in its
+/// parameter's range, combinations through the entry's `validate`), the depth of the stack
+/// (`max_stack_layers`) and its shape (an upstream below every layer that needs one, none
+/// below a bottom resource), without building anything. Percentages are checked for syntax
+/// only. Throws `spec_error`.
 void check_stack_spec(stack_spec const& spec);
 
 /// Builds the stack `spec` describes, bottom first. Throws `spec_error` for a bad spec

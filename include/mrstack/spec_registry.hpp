@@ -11,11 +11,16 @@
 ///    }}
 ///
 /// The builder checks every argument against the entry before `make` is called — unknown,
-/// duplicate, missing and badly typed values are `spec_error`s pointing at the text — so
-/// `make` only reads typed values. Positional arguments fill the parameters in the order
-/// the entry lists them. `register_resource` adds entries at run time (tests, plugins).
+/// duplicate, missing, badly typed and out-of-range values are `spec_error`s pointing at
+/// the text — so `make` only reads typed values in their ranges. A parameter states its
+/// range with `.within(min, max)` and `.power_of_two()`; an entry checks combinations
+/// (min <= max, ...) in its `validate`, which throws `spec_parameter_error`. Positional
+/// arguments fill the parameters in the order the entry lists them; a flag may also be
+/// written as its bare name anywhere (`logging(file=x, async)`). `register_resource`
+/// adds entries at run time (tests, plugins).
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -36,6 +41,18 @@ enum class param_type {
 };
 char const* to_string(param_type type) noexcept;
 
+/// The values a size or count parameter accepts, checked when a stack is built (before any
+/// constructor runs); `mrstack-replay --list-resources` prints it. A percentage is
+/// checked once resolved to bytes.
+struct param_range {
+  std::uint64_t min = 0;
+  std::uint64_t max = std::numeric_limits<std::uint64_t>::max();
+  bool power_of_two = false;
+  [[nodiscard]] bool is_unbounded() const noexcept {
+    return min == 0 && max == std::numeric_limits<std::uint64_t>::max() && !power_of_two;
+  }
+};
+
 inline constexpr bool required = true;
 inline constexpr bool optional_param = false;
 
@@ -50,7 +67,27 @@ struct spec_parameter {
   /// parameter is not given, exactly as if written (so a default of `50%` resolves like a
   /// written percentage, and `make` always sees the parameter).
   bool default_is_value = false;
+  /// The accepted values (size and count parameters; other types ignore it).
+  param_range range{};
+
+  /// This parameter, accepting only values in [min, max].
+  spec_parameter within(std::uint64_t min, std::uint64_t max) && {
+    range.min = min;
+    range.max = max;
+    return std::move(*this);
+  }
+  /// This parameter, accepting only powers of two.
+  spec_parameter power_of_two() && {
+    range.power_of_two = true;
+    return std::move(*this);
+  }
 };
+
+/// The range of `p` in words for documentation and --list-resources ("256B to 1GiB, a
+/// power of two"); empty when any value of its type is accepted.
+std::string describe_range(spec_parameter const& p);
+/// A size as a spec would write it, in the largest binary unit that divides it (1GiB, 1536B).
+std::string size_in_spec_units(std::uint64_t bytes);
 
 spec_parameter size_param(std::string name, bool is_required, std::string doc, std::string default_text = {});
 spec_parameter count_param(std::string name, bool is_required, std::string doc, std::string default_text = {});
@@ -100,6 +137,19 @@ class spec_arguments {
   std::vector<std::pair<std::string, value>> values_;
 };
 
+/// Thrown by a resource's `validate` to refuse a combination of values; the builder turns
+/// it into a `spec_error` pointing at `parameter`'s value (or at the layer when that
+/// parameter was not written).
+class spec_parameter_error : public logic_error {
+ public:
+  spec_parameter_error(std::string parameter, std::string const& message)
+      : logic_error{message}, parameter_{std::move(parameter)} {}
+  [[nodiscard]] std::string const& parameter() const noexcept { return parameter_; }
+
+ private:
+  std::string parameter_;
+};
+
 /// Whether a resource sits above another (adaptors, suballocators) or at the bottom.
 enum class upstream_rule { none, required };
 inline constexpr upstream_rule bottom_resource = upstream_rule::none;
@@ -108,6 +158,8 @@ inline constexpr upstream_rule needs_upstream = upstream_rule::required;
 /// One resource a spec can name.
 struct spec_resource {
   using make_fn = resource_ptr (*)(spec_arguments const& args, resource_ptr upstream);
+  /// Checks a combination of values before anything is built; throws spec_parameter_error.
+  using validate_fn = void (*)(spec_arguments const& args);
 
   std::string name;
   std::string summary;  ///< one line: what it is
@@ -129,6 +181,9 @@ struct spec_resource {
   /// a pool must sit directly on it to grow in place): mrstack-replay puts no
   /// footprint_meter above it and asks it instead.
   bool reports_own_footprint = false;
+  /// Combinations of values the ranges alone cannot check (null: none). Runs when the stack
+  /// is built, and in `check_stack_spec` for layers with no percentage (unresolved there).
+  validate_fn validate = nullptr;
 };
 
 /// Adds a resource; a name already registered is a `logic_error`. Thread-safe.

@@ -226,8 +226,8 @@ class Stack:
     def close(self):
         """Destroys a private stack (freeing what Numba-style allocations it still holds)."""
         if self._owned and self._handle is not None:
-            self._lib.check(self._lib.dll.mrstack_stack_destroy(self._handle))
-            self._handle = None
+            handle, self._handle = self._handle, None  # destroyed even when the call reports live allocations
+            self._lib.check(self._lib.dll.mrstack_stack_destroy(handle))
 
     def __enter__(self):
         return self

@@ -67,6 +67,20 @@ def test_null_arguments_are_refused_with_a_message_naming_the_call(lib):
     assert "-2" in str(caught.value)
 
 
+def test_a_destroyed_or_foreign_handle_is_refused_not_dereferenced(lib):
+    dll = lib.dll
+    stack = mrstack.Stack("system")
+    handle = stack.handle
+    stack.close()
+    out = ctypes.c_void_p()
+    assert dll.mrstack_allocate(handle, 16, None, 0, ctypes.byref(out)) == _lib.ERROR_INVALID_ARGUMENT
+    assert "was destroyed" in lib.last_error()
+    assert dll.mrstack_stack_destroy(handle) == _lib.ERROR_INVALID_ARGUMENT
+    foreign = ctypes.c_int()
+    assert dll.mrstack_allocate(ctypes.addressof(foreign), 16, None, 0, ctypes.byref(out)) == _lib.ERROR_INVALID_ARGUMENT
+    assert "is not a stack handle" in lib.last_error()
+
+
 def test_last_error_is_per_thread(lib):
     dll = lib.dll
     out = ctypes.c_void_p()

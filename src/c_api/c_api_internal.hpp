@@ -1,6 +1,7 @@
 #pragma once
-// Internal to libmrstack_c: the stack object behind the opaque handle, per-client books,
-// the per-thread last error and the exception-to-status barrier every entry point uses.
+// Internal to libmrstack_c: the stack object behind the opaque handle, the handle table,
+// per-client books, the per-thread last error and the exception-to-status barrier every
+// entry point uses.
 #include <mrstack/c_api.h>
 #include <mrstack/emm/adapter.hpp>
 #include <mrstack/resource.hpp>
@@ -29,6 +30,7 @@ struct mrstack_stack {
   mrstack::emm::adapter emm;
   int device;
   bool process_wide;  // a device stack: lives until the process exits, never destroyed
+  mrstack_stack* handle = nullptr;  // what the C ABI hands out for it (see resolve_stack)
   std::array<client_books, MRSTACK_CLIENT_COUNT> clients;
   std::atomic<std::uint64_t> live_bytes{0};
   std::atomic<std::uint64_t> peak_bytes{0};
@@ -55,6 +57,55 @@ mrstack_status guarded(Body&& body) noexcept {
     return status_from_current_exception();
   }
 }
+
+/// Handles. What the C ABI hands out as a `mrstack_stack*` is not the object's address but
+/// a slot of a process-wide table and the slot's generation, under a tag no user-space
+/// address has (src/c_api/handles.cpp). A destroyed stack's slot moves to the next
+/// generation, so its old handle is recognized as destroyed, and a value the table never
+/// handed out (a stray pointer, a handle from another process) as not a handle — each an
+/// MRSTACK_ERROR_INVALID_ARGUMENT with a message, never a crash.
+
+/// A resolved handle. For a private stack it keeps the stack from being destroyed while
+/// held (a destroy waits for calls in flight); device stacks are never destroyed.
+class stack_ref {
+ public:
+  stack_ref() = default;
+  stack_ref(mrstack_stack* stack, std::atomic<std::uint32_t>* calls) noexcept : stack_{stack}, calls_{calls} {}
+  stack_ref(stack_ref&& other) noexcept : stack_{other.stack_}, calls_{other.calls_} {
+    other.stack_ = nullptr;
+    other.calls_ = nullptr;
+  }
+  stack_ref(stack_ref const&) = delete;
+  stack_ref& operator=(stack_ref const&) = delete;
+  stack_ref& operator=(stack_ref&&) = delete;
+  ~stack_ref() {
+    if (calls_ != nullptr) { calls_->fetch_sub(1, std::memory_order_release); }
+  }
+  explicit operator bool() const noexcept { return stack_ != nullptr; }
+  mrstack_stack* operator->() const noexcept { return stack_; }
+  mrstack_stack& operator*() const noexcept { return *stack_; }
+
+ private:
+  mrstack_stack* stack_ = nullptr;
+  std::atomic<std::uint32_t>* calls_ = nullptr;
+};
+
+/// Gives `stack` a handle (stored in `stack->handle` and returned). Throws length_error
+/// when 2^20 stacks are alive at once.
+mrstack_stack* register_stack(mrstack_stack* stack);
+/// The stack behind `handle`, or an empty ref after recording why as this thread's last
+/// error ("<function>: the stack is null / was destroyed / is not a stack handle").
+stack_ref resolve_stack(mrstack_stack const* handle, char const* function) noexcept;
+/// Retires `handle`: later calls with it are refused; waits for calls in flight; returns
+/// the stack for deletion. nullptr (last error set, `*status` its status) for a null,
+/// destroyed, foreign or process-wide handle.
+mrstack_stack* retire_stack(mrstack_stack* handle, char const* function, mrstack_status* status) noexcept;
+
+/// Before a private stack is deleted: frees its EMM allocations, then any allocation made
+/// with mrstack_allocate that is still live, where the stack can find them (a tracking
+/// layer on top). Returns "" when none was live, else what was live (count, bytes) and
+/// what became of it.
+std::string release_live_allocations(mrstack_stack& stack);
 
 inline bool valid_client(int client) noexcept { return client >= 0 && client < MRSTACK_CLIENT_COUNT; }
 

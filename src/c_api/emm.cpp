@@ -7,15 +7,11 @@
 #include <string>
 
 using mrstack::c_api::guarded;
+using mrstack::c_api::resolve_stack;
 using mrstack::c_api::set_last_error;
 using mrstack::c_api::valid_client;
 
 namespace {
-
-mrstack_status null_stack(char const* function) {
-  set_last_error(std::string{function} + ": the stack is null");
-  return MRSTACK_ERROR_INVALID_ARGUMENT;
-}
 
 std::uint64_t as_u64(void const* p) { return static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(p)); }
 
@@ -25,14 +21,16 @@ extern "C" {
 
 int mrstack_emm_interface_version(void) { return mrstack::emm::adapter::interface_version(); }
 
-mrstack_status mrstack_emm_initialize(mrstack_stack* stack) {
-  if (stack == nullptr) { return null_stack("mrstack_emm_initialize"); }
+mrstack_status mrstack_emm_initialize(mrstack_stack* handle) {
+  auto const stack = resolve_stack(handle, "mrstack_emm_initialize");
+  if (!stack) { return MRSTACK_ERROR_INVALID_ARGUMENT; }
   stack->emm.initialize();
   return MRSTACK_SUCCESS;
 }
 
-mrstack_status mrstack_emm_memalloc(mrstack_stack* stack, size_t bytes, int client, mrstack_memory_pointer* out) {
-  if (stack == nullptr) { return null_stack("mrstack_emm_memalloc"); }
+mrstack_status mrstack_emm_memalloc(mrstack_stack* handle, size_t bytes, int client, mrstack_memory_pointer* out) {
+  auto const stack = resolve_stack(handle, "mrstack_emm_memalloc");
+  if (!stack) { return MRSTACK_ERROR_INVALID_ARGUMENT; }
   if (out == nullptr) {
     set_last_error("mrstack_emm_memalloc: the out-pointer is null");
     return MRSTACK_ERROR_INVALID_ARGUMENT;
@@ -48,12 +46,14 @@ mrstack_status mrstack_emm_memalloc(mrstack_stack* stack, size_t bytes, int clie
   });
 }
 
-uint64_t mrstack_emm_memalloc_token(mrstack_stack* stack, size_t bytes, int client, uint64_t* ptr) {
+uint64_t mrstack_emm_memalloc_token(mrstack_stack* handle, size_t bytes, int client, uint64_t* ptr) {
   // The hot path for Python: one call, two results, no struct for the caller to build.
-  if (stack == nullptr || ptr == nullptr || !valid_client(client)) {
-    set_last_error("mrstack_emm_memalloc_token: the stack or the out-pointer is null, or the client is unknown");
+  if (ptr == nullptr || !valid_client(client)) {
+    set_last_error("mrstack_emm_memalloc_token: the out-pointer is null, or the client is unknown");
     return 0;
   }
+  auto const stack = resolve_stack(handle, "mrstack_emm_memalloc_token");
+  if (!stack) { return 0; }
   try {
     auto const m = stack->emm.memalloc(bytes, static_cast<std::uint32_t>(client));
     stack->count_allocation(client, bytes);
@@ -65,17 +65,15 @@ uint64_t mrstack_emm_memalloc_token(mrstack_stack* stack, size_t bytes, int clie
   }
 }
 
-mrstack_emm_allocation mrstack_emm_memalloc_pair(mrstack_stack* stack, size_t bytes, int client) {
+mrstack_emm_allocation mrstack_emm_memalloc_pair(mrstack_stack* handle, size_t bytes, int client) {
   std::uint64_t ptr = 0;
-  std::uint64_t const token = mrstack_emm_memalloc_token(stack, bytes, client, &ptr);
+  std::uint64_t const token = mrstack_emm_memalloc_token(handle, bytes, client, &ptr);
   return mrstack_emm_allocation{ptr, token};
 }
 
-int mrstack_emm_free(mrstack_stack* stack, uint64_t token) {
-  if (stack == nullptr) {
-    (void)null_stack("mrstack_emm_free");
-    return -1;
-  }
+int mrstack_emm_free(mrstack_stack* handle, uint64_t token) {
+  auto const stack = resolve_stack(handle, "mrstack_emm_free");
+  if (!stack) { return -1; }
   try {
     auto const freed = stack->emm.free(token);
     if (!freed) { return 0; }
@@ -87,8 +85,9 @@ int mrstack_emm_free(mrstack_stack* stack, uint64_t token) {
   }
 }
 
-mrstack_status mrstack_emm_get_memory_info(mrstack_stack* stack, size_t* free_bytes, size_t* total_bytes) {
-  if (stack == nullptr) { return null_stack("mrstack_emm_get_memory_info"); }
+mrstack_status mrstack_emm_get_memory_info(mrstack_stack* handle, size_t* free_bytes, size_t* total_bytes) {
+  auto const stack = resolve_stack(handle, "mrstack_emm_get_memory_info");
+  if (!stack) { return MRSTACK_ERROR_INVALID_ARGUMENT; }
   return guarded([&] {
     auto const info = stack->emm.get_memory_info();
     if (free_bytes != nullptr) { *free_bytes = info.free; }
@@ -96,8 +95,9 @@ mrstack_status mrstack_emm_get_memory_info(mrstack_stack* stack, size_t* free_by
   });
 }
 
-mrstack_status mrstack_emm_get_ipc_handle(mrstack_stack* stack, const void* ptr, mrstack_ipc_handle* out) {
-  if (stack == nullptr) { return null_stack("mrstack_emm_get_ipc_handle"); }
+mrstack_status mrstack_emm_get_ipc_handle(mrstack_stack* handle, const void* ptr, mrstack_ipc_handle* out) {
+  auto const stack = resolve_stack(handle, "mrstack_emm_get_ipc_handle");
+  if (!stack) { return MRSTACK_ERROR_INVALID_ARGUMENT; }
   if (out == nullptr) {
     set_last_error("mrstack_emm_get_ipc_handle: the out-pointer is null");
     return MRSTACK_ERROR_INVALID_ARGUMENT;
@@ -115,8 +115,9 @@ mrstack_status mrstack_emm_get_ipc_handle(mrstack_stack* stack, const void* ptr,
   });
 }
 
-mrstack_status mrstack_emm_reset(mrstack_stack* stack, size_t* released) {
-  if (stack == nullptr) { return null_stack("mrstack_emm_reset"); }
+mrstack_status mrstack_emm_reset(mrstack_stack* handle, size_t* released) {
+  auto const stack = resolve_stack(handle, "mrstack_emm_reset");
+  if (!stack) { return MRSTACK_ERROR_INVALID_ARGUMENT; }
   if (released != nullptr) { *released = 0; }
   return guarded([&] {
     auto const freed = stack->emm.reset();
@@ -125,14 +126,16 @@ mrstack_status mrstack_emm_reset(mrstack_stack* stack, size_t* released) {
   });
 }
 
-mrstack_status mrstack_emm_defer_begin(mrstack_stack* stack) {
-  if (stack == nullptr) { return null_stack("mrstack_emm_defer_begin"); }
+mrstack_status mrstack_emm_defer_begin(mrstack_stack* handle) {
+  auto const stack = resolve_stack(handle, "mrstack_emm_defer_begin");
+  if (!stack) { return MRSTACK_ERROR_INVALID_ARGUMENT; }
   stack->emm.begin_deferral();
   return MRSTACK_SUCCESS;
 }
 
-mrstack_status mrstack_emm_defer_end(mrstack_stack* stack) {
-  if (stack == nullptr) { return null_stack("mrstack_emm_defer_end"); }
+mrstack_status mrstack_emm_defer_end(mrstack_stack* handle) {
+  auto const stack = resolve_stack(handle, "mrstack_emm_defer_end");
+  if (!stack) { return MRSTACK_ERROR_INVALID_ARGUMENT; }
   return guarded([&] { stack->emm.end_deferral(); });
 }
 

@@ -2,9 +2,11 @@
 // private stacks, plain allocation with per-client books, and statistics.
 #include "c_api_internal.hpp"
 
+#include <mrstack/adaptor/tracking_resource_adaptor.hpp>
 #include <mrstack/spec.hpp>
 
 #include <algorithm>
+#include <memory>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
@@ -122,6 +124,34 @@ mrstack_status invalid(std::string message) {
 
 }  // namespace
 
+std::string release_live_allocations(mrstack_stack& stack) {
+  for (auto const& m : stack.emm.reset()) { stack.count_free(static_cast<int>(m.tag), m.size); }
+  std::uint64_t count = 0;
+  std::uint64_t bytes = 0;
+  for (auto const& books : stack.clients) {
+    count += books.live_count.load(std::memory_order_relaxed);
+    bytes += books.live_bytes.load(std::memory_order_relaxed);
+  }
+  if (count == 0) { return {}; }
+  std::string what = std::to_string(count) + (count == 1 ? " allocation" : " allocations") + " (" +
+                     std::to_string(bytes) + " bytes) made with mrstack_allocate " + (count == 1 ? "was" : "were") +
+                     " still live: ";
+  if (auto* tracking = dynamic_cast<tracking_resource_adaptor*>(stack.top.get())) {
+    for (auto const& a : tracking->outstanding()) {
+      stack.top->deallocate(a.pointer, a.bytes, stream_view{reinterpret_cast<cudaStream_t>(a.stream)}, a.alignment);
+    }
+    return what + "freed through the stack's tracking layer";
+  }
+  for (memory_resource const* layer = stack.top.get(); layer != nullptr; layer = layer->upstream()) {
+    auto const name = layer->name();
+    if (name == "pool" || name == "arena" || name == "fixed_size" || name == "binning") {
+      return what + "their memory goes back with the " + name + " layer's chunks as the stack is destroyed";
+    }
+    if (name == "simulated" || name == "simulated_vmm") { return what + "nothing to free (a simulated upstream)"; }
+  }
+  return what + "leaked: no layer of this stack can find them (put tracking on top of the stack to have them freed)";
+}
+
 mrstack_stack* built_device_stack(int device) noexcept {
   if (device < 0 || device >= max_devices) { return nullptr; }
   return configuration().device_stacks[static_cast<std::size_t>(device)].load(std::memory_order_acquire);
@@ -149,10 +179,11 @@ mrstack_stack& device_stack(int device) {
     }
     throw;
   }
-  auto* stack = new mrstack_stack(std::move(top), device, /*process_wide=*/true);
+  auto stack = std::make_unique<mrstack_stack>(std::move(top), device, /*process_wide=*/true);
+  register_stack(stack.get());
   config.in_use = spec;
-  slot.store(stack, std::memory_order_release);
-  return *stack;
+  slot.store(stack.get(), std::memory_order_release);
+  return *stack.release();
 }
 
 }  // namespace mrstack::c_api
@@ -210,10 +241,13 @@ mrstack_status mrstack_device_stack(int device, mrstack_stack** out) {
   if (out == nullptr) { return invalid("mrstack_device_stack: the out-pointer is null"); }
   *out = nullptr;
   if (device < 0) { return invalid("mrstack_device_stack: device ordinal " + std::to_string(device) + " is negative"); }
-  return guarded([&] { *out = &mrstack::c_api::device_stack(device); });
+  return guarded([&] { *out = mrstack::c_api::device_stack(device).handle; });
 }
 
-mrstack_stack* mrstack_device_stack_if_built(int device) { return mrstack::c_api::built_device_stack(device); }
+mrstack_stack* mrstack_device_stack_if_built(int device) {
+  auto const* stack = mrstack::c_api::built_device_stack(device);
+  return stack == nullptr ? nullptr : stack->handle;
+}
 
 mrstack_status mrstack_stack_create(const char* spec, int device, mrstack_stack** out) {
   if (out == nullptr) { return invalid("mrstack_stack_create: the out-pointer is null"); }
@@ -223,33 +257,43 @@ mrstack_status mrstack_stack_create(const char* spec, int device, mrstack_stack*
   return guarded([&] {
     mrstack::build_options options;
     options.device = device;
-    auto top = mrstack::build_stack(mrstack::parse_stack_spec(mrstack::c_api::expand_spec(spec)), options);
-    *out = new mrstack_stack(std::move(top), device, /*process_wide=*/false);
+    auto stack = std::make_unique<mrstack_stack>(
+        mrstack::build_stack(mrstack::parse_stack_spec(mrstack::c_api::expand_spec(spec)), options), device,
+        /*process_wide=*/false);
+    *out = mrstack::c_api::register_stack(stack.get());
+    (void)stack.release();  // the handle table owns it until mrstack_stack_destroy
   });
 }
 
-mrstack_status mrstack_stack_destroy(mrstack_stack* stack) {
-  if (stack == nullptr) { return MRSTACK_SUCCESS; }
-  if (stack->process_wide) {
-    set_last_error("mrstack_stack_destroy: device " + std::to_string(stack->device) +
-                   "'s stack is process-wide and lives until the process exits",
-                   0, MRSTACK_ERROR_STATE);
-    return MRSTACK_ERROR_STATE;
+mrstack_status mrstack_stack_destroy(mrstack_stack* handle) {
+  if (handle == nullptr) { return MRSTACK_SUCCESS; }
+  mrstack_status status = MRSTACK_SUCCESS;
+  std::unique_ptr<mrstack_stack> stack{mrstack::c_api::retire_stack(handle, "mrstack_stack_destroy", &status)};
+  if (!stack) { return status; }
+  std::string leaks;
+  status = guarded([&] { leaks = mrstack::c_api::release_live_allocations(*stack); });
+  auto const destroyed = guarded([&] { stack.reset(); });
+  if (status == MRSTACK_SUCCESS && !leaks.empty()) {
+    set_last_error("mrstack_stack_destroy: " + leaks, 0, MRSTACK_ERROR_LOGIC);
+    return MRSTACK_ERROR_LOGIC;
   }
-  return guarded([&] { delete stack; });
+  return status != MRSTACK_SUCCESS ? status : destroyed;
 }
 
-mrstack_status mrstack_stack_describe(const mrstack_stack* stack, char* buffer, size_t capacity, size_t* length) {
-  if (stack == nullptr) { return invalid("mrstack_stack_describe: the stack is null"); }
+mrstack_status mrstack_stack_describe(const mrstack_stack* handle, char* buffer, size_t capacity, size_t* length) {
+  auto const stack = mrstack::c_api::resolve_stack(handle, "mrstack_stack_describe");
+  if (!stack) { return MRSTACK_ERROR_INVALID_ARGUMENT; }
   std::string text;
   auto const status = guarded([&] { text = mrstack::describe_stack(*stack->top); });
   if (status != MRSTACK_SUCCESS) { return status; }
   return mrstack::c_api::copy_out(text, buffer, capacity, length);
 }
 
-mrstack_status mrstack_allocate(mrstack_stack* stack, size_t bytes, void* stream, int client, void** out) {
-  if (stack == nullptr || out == nullptr) { return invalid("mrstack_allocate: the stack or the out-pointer is null"); }
+mrstack_status mrstack_allocate(mrstack_stack* handle, size_t bytes, void* stream, int client, void** out) {
+  if (out == nullptr) { return invalid("mrstack_allocate: the out-pointer is null"); }
   *out = nullptr;
+  auto const stack = mrstack::c_api::resolve_stack(handle, "mrstack_allocate");
+  if (!stack) { return MRSTACK_ERROR_INVALID_ARGUMENT; }
   if (!valid_client(client)) { return invalid("mrstack_allocate: unknown client " + std::to_string(client)); }
   return guarded([&] {
     // The stack's device is current for the call (a null stream is its default stream).
@@ -260,10 +304,18 @@ mrstack_status mrstack_allocate(mrstack_stack* stack, size_t bytes, void* stream
   });
 }
 
-mrstack_status mrstack_deallocate(mrstack_stack* stack, void* ptr, size_t bytes, void* stream, int client) {
-  if (stack == nullptr) { return invalid("mrstack_deallocate: the stack is null"); }
+mrstack_status mrstack_deallocate(mrstack_stack* handle, void* ptr, size_t bytes, void* stream, int client) {
+  auto const stack = mrstack::c_api::resolve_stack(handle, "mrstack_deallocate");
+  if (!stack) { return MRSTACK_ERROR_INVALID_ARGUMENT; }
   if (!valid_client(client)) { return invalid("mrstack_deallocate: unknown client " + std::to_string(client)); }
-  if (ptr == nullptr) { return MRSTACK_SUCCESS; }
+  if (ptr == nullptr) {
+    if (bytes == 0) { return MRSTACK_SUCCESS; }  // what an allocation of 0 bytes returned
+    // A null pointer with a size: the caller lost the pointer it means to free.
+    set_last_error("mrstack_deallocate: a null pointer with a size of " + std::to_string(bytes) +
+                       " bytes (only an allocation of 0 bytes returns null)",
+                   0, MRSTACK_ERROR_LOGIC);
+    return MRSTACK_ERROR_LOGIC;
+  }
   return guarded([&] {
     mrstack::detail::device_scope on_device{stack->device};
     stack->top->deallocate(ptr, bytes, mrstack::stream_view{static_cast<cudaStream_t>(stream)});
@@ -271,8 +323,10 @@ mrstack_status mrstack_deallocate(mrstack_stack* stack, void* ptr, size_t bytes,
   });
 }
 
-mrstack_status mrstack_get_statistics(mrstack_stack* stack, mrstack_statistics* out) {
-  if (stack == nullptr || out == nullptr) { return invalid("mrstack_get_statistics: the stack or the out-pointer is null"); }
+mrstack_status mrstack_get_statistics(mrstack_stack* handle, mrstack_statistics* out) {
+  if (out == nullptr) { return invalid("mrstack_get_statistics: the out-pointer is null"); }
+  auto const stack = mrstack::c_api::resolve_stack(handle, "mrstack_get_statistics");
+  if (!stack) { return MRSTACK_ERROR_INVALID_ARGUMENT; }
   return guarded([&] {
     mrstack_statistics s{};
     s.live_bytes = stack->live_bytes.load(std::memory_order_relaxed);
@@ -292,8 +346,9 @@ mrstack_status mrstack_get_statistics(mrstack_stack* stack, mrstack_statistics* 
   });
 }
 
-mrstack_status mrstack_reset_peaks(mrstack_stack* stack) {
-  if (stack == nullptr) { return invalid("mrstack_reset_peaks: the stack is null"); }
+mrstack_status mrstack_reset_peaks(mrstack_stack* handle) {
+  auto const stack = mrstack::c_api::resolve_stack(handle, "mrstack_reset_peaks");
+  if (!stack) { return MRSTACK_ERROR_INVALID_ARGUMENT; }
   for (auto& books : stack->clients) {
     books.peak_bytes.store(books.live_bytes.load(std::memory_order_relaxed), std::memory_order_relaxed);
   }

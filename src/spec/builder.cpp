@@ -4,11 +4,10 @@
 #include <mrstack/spec.hpp>
 #include <mrstack/spec_registry.hpp>
 
-#include <algorithm>
+#include <atomic>
 #include <cctype>
-#include <charconv>
+#include <cstdio>
 #include <cstdlib>
-#include <functional>
 
 #include <cuda_runtime_api.h>
 
@@ -18,18 +17,6 @@
 namespace mrstack {
 
 namespace {
-
-std::string trim(std::string_view s) {
-  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.front())) != 0) { s.remove_prefix(1); }
-  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back())) != 0) { s.remove_suffix(1); }
-  return std::string{s};
-}
-
-std::string lower(std::string_view s) {
-  std::string out;
-  for (char c : s) { out += static_cast<char>(std::tolower(static_cast<unsigned char>(c))); }
-  return out;
-}
 
 std::vector<std::string> resource_names() {
   std::vector<std::string> names;
@@ -45,26 +32,10 @@ std::vector<std::string> bottom_names() {
   return names;
 }
 
-std::vector<std::string> parameter_names(spec_resource const& r) {
-  std::vector<std::string> names;
-  for (auto const& p : r.parameters) { names.push_back(p.name); }
-  return names;
-}
-
-/// A percentage such as "50%" or "12.5 %": the share in (0, 100], or an error reason.
-std::optional<double> parse_percentage(std::string const& text, std::string& why) {
-  std::string number = trim(std::string_view{text}.substr(0, text.size() - 1));
-  double share = 0;
-  auto const [end, ec] = std::from_chars(number.data(), number.data() + number.size(), share);
-  if (number.empty() || ec != std::errc{} || end != number.data() + number.size()) {
-    why = "expected a percentage such as 50%";
-    return std::nullopt;
-  }
-  if (!(share > 0.0 && share <= 100.0)) {
-    why = "a percentage must be more than 0% and at most 100%";
-    return std::nullopt;
-  }
-  return share;
+/// The default note handler: the first note of the process goes to stderr.
+void note_once_to_stderr(std::string const& note) {
+  static std::atomic<bool> shown{false};
+  if (!shown.exchange(true)) { std::fprintf(stderr, "%s\n", note.c_str()); }
 }
 
 /// Checks (and, when building, builds) one spec. The same code runs both ways so that
@@ -76,30 +47,27 @@ class spec_builder {
 
   resource_ptr run() {
     if (spec_.layers.empty()) { fail(0, "the spec has no layers: expected a resource name such as cuda"); }
+    check_depth();
     std::vector<spec_resource const*> entries;
     for (auto const& layer : spec_.layers) { entries.push_back(lookup(layer)); }
     check_shape(entries);
     bottom_entry_ = entries.back();
     // Arguments are checked top to bottom (errors come in reading order), built bottom-up.
     std::vector<spec_arguments> arguments;
-    for (std::size_t i = 0; i < spec_.layers.size(); ++i) { arguments.push_back(check_arguments(spec_.layers[i], *entries[i])); }
-    if (!build_) { return nullptr; }
-    resource_ptr upstream;
-    for (std::size_t i = spec_.layers.size(); i-- > 0;) {
-      auto const& layer = spec_.layers[i];
-      try {
-        upstream = entries[i]->make(arguments[i], std::move(upstream));
-      } catch (spec_error const&) {
-        throw;
-      } catch (logic_error const& e) {
-        fail(layer.column, layer.name + " refused its arguments: " + e.what());
-      }
-      if (!upstream) { fail(layer.column, "the registry entry for " + layer.name + " built nothing (a bug in its entry)"); }
+    for (std::size_t i = 0; i < spec_.layers.size(); ++i) {
+      arguments.push_back(check_layer(spec_.layers[i], *entries[i]));
     }
-    return upstream;
+    return build_ ? build(entries, arguments) : nullptr;
   }
 
  private:
+  void check_depth() const {
+    if (spec_.layers.size() <= max_stack_layers) { return; }
+    fail(spec_.layers[max_stack_layers].column,
+         "the stack has " + std::to_string(spec_.layers.size()) + " layers; at most " +
+             std::to_string(max_stack_layers) + " are allowed (each call walks every layer on the thread's stack)");
+  }
+
   spec_resource const* lookup(spec_layer const& layer) const {
     if (auto const* entry = find_resource(layer.name)) { return entry; }
     auto const names = resource_names();
@@ -128,122 +96,49 @@ class spec_builder {
     }
   }
 
-  spec_arguments check_arguments(spec_layer const& layer, spec_resource const& entry) {
-    spec_arguments args;
-    std::vector<std::size_t> given_at(entry.parameters.size(), 0);  // column of each parameter given (or SIZE_MAX)
-    std::vector<bool> given(entry.parameters.size(), false);
-    std::size_t positional = 0;
-    for (auto const& arg : layer.arguments) {
-      std::size_t index = 0;
-      std::size_t const arg_column = arg.name.empty() ? arg.value_column : arg.name_column;
-      if (arg.name.empty()) {
-        if (positional >= entry.parameters.size()) {
-          fail(arg.value_column,
-               entry.parameters.empty()
-                   ? entry.name + " takes no arguments"
-                   : "too many positional arguments for " + entry.name + ": it takes " +
-                         detail::join_alternatives(parameter_names(entry)) + ", in that order");
-        }
-        index = positional++;
-      } else {
-        auto const it = std::find_if(entry.parameters.begin(), entry.parameters.end(),
-                                     [&](spec_parameter const& p) { return p.name == arg.name; });
-        if (it == entry.parameters.end()) {
-          std::string what = "unknown parameter '" + arg.name + "' for " + entry.name;
-          if (entry.parameters.empty()) {
-            fail(arg.name_column, what + ": " + entry.name + " takes no parameters");
-          }
-          if (auto const near = detail::closest_name(arg.name, parameter_names(entry)); !near.empty()) {
-            what += " (did you mean '" + near + "'?)";
-          }
-          fail(arg.name_column, what + "; expected " + detail::join_alternatives(parameter_names(entry)));
-        }
-        index = static_cast<std::size_t>(it - entry.parameters.begin());
-      }
-      auto const& param = entry.parameters[index];
-      if (given[index]) {
-        std::string const first = given_at[index] > 0 ? " (first at column " + std::to_string(given_at[index]) + ")" : "";
-        fail(arg_column, "parameter '" + param.name + "' of " + entry.name + " is given twice" + first);
-      }
-      given[index] = true;
-      given_at[index] = arg_column;
-      args.set(param.name, convert(arg, param, entry));
+  /// One layer's arguments, typed and in range, then the entry's own check of combinations.
+  spec_arguments check_layer(spec_layer const& layer, spec_resource const& entry) {
+    detail::argument_checker checker{spec_, nullptr, nullptr};
+    if (build_) {
+      checker.percent_base = [this](spec_argument const& arg) { return percent_base(arg); };
+      checker.note = options_.on_note ? options_.on_note : note_once_to_stderr;
     }
-    for (std::size_t i = 0; i < entry.parameters.size(); ++i) {
-      auto const& param = entry.parameters[i];
-      if (!given[i] && param.default_is_value) {
-        // A default in spec syntax counts as written, at the layer's column.
-        spec_argument const implied{param.name, param.default_text, layer.column, layer.column};
-        args.set(param.name, convert(implied, param, entry));
-        continue;
-      }
-      if (param.is_required && !given[i]) {
-        fail(layer.column, entry.name + " needs its parameter '" + param.name + "' (" + param.doc + "), for example " +
-                               entry.name + "(" + param.name + "=" + example_of(param.type) + ")");
+    auto args = checker.check(layer, entry);
+    if (entry.validate != nullptr && (build_ || !checker.saw_percentage)) {
+      try {
+        entry.validate(args);
+      } catch (spec_parameter_error const& e) {
+        fail(column_of(layer, entry, e.parameter()), "bad arguments for " + entry.name + ": " + e.what());
       }
     }
     return args;
   }
 
-  static std::string example_of(param_type type) {
-    switch (type) {
-      case param_type::size: return "1GiB";
-      case param_type::count: return "4";
-      case param_type::number: return "0.5";
-      case param_type::flag: return "true";
-      case param_type::text: return "...";
+  /// Where parameter `name` is written in `layer` (its value), else the layer's name.
+  static std::size_t column_of(spec_layer const& layer, spec_resource const& entry, std::string const& name) {
+    std::size_t positional = 0;
+    for (auto const& arg : layer.arguments) {
+      std::string const* arg_name = &arg.name;
+      if (arg.name.empty() && positional < entry.parameters.size()) { arg_name = &entry.parameters[positional++].name; }
+      if (*arg_name == name) { return arg.value_column; }
     }
-    return "...";
+    return layer.column;
   }
 
-  spec_arguments::value convert(spec_argument const& arg, spec_parameter const& param, spec_resource const& entry) {
-    std::string const text = trim(arg.value);
-    using size_value = spec_arguments::size_value;
-    switch (param.type) {
-      case param_type::size: {
-        if (!text.empty() && text.back() == '%') {
-          std::string why;
-          auto const share = parse_percentage(text, why);
-          if (!share) { bad_value(arg, param, entry, why); }
-          if (!build_) { return size_value{0}; }
-          return size_value{static_cast<std::size_t>(static_cast<long double>(percent_base(arg)) * *share / 100.0L)};
-        }
-        std::string why;
-        auto const bytes = parse_size(text, &why);
-        if (!bytes) { bad_value(arg, param, entry, why + ", or a percentage such as 50%"); }
-        return size_value{*bytes};
+  resource_ptr build(std::vector<spec_resource const*> const& entries, std::vector<spec_arguments> const& arguments) {
+    resource_ptr upstream;
+    for (std::size_t i = spec_.layers.size(); i-- > 0;) {
+      auto const& layer = spec_.layers[i];
+      try {
+        upstream = entries[i]->make(arguments[i], std::move(upstream));
+      } catch (spec_error const&) {
+        throw;
+      } catch (logic_error const& e) {
+        fail(layer.column, layer.name + " refused its arguments: " + e.what());
       }
-      case param_type::count: {
-        std::uint64_t n = 0;
-        auto const [end, ec] = std::from_chars(text.data(), text.data() + text.size(), n);
-        if (text.empty() || ec != std::errc{} || end != text.data() + text.size()) {
-          bad_value(arg, param, entry, ec == std::errc::result_out_of_range ? "the number is too large" : "expected a whole number such as 4");
-        }
-        return spec_arguments::count_value{n};
-      }
-      case param_type::number: {
-        double x = 0;
-        auto const [end, ec] = std::from_chars(text.data(), text.data() + text.size(), x);
-        if (text.empty() || ec != std::errc{} || end != text.data() + text.size()) {
-          bad_value(arg, param, entry, "expected a number such as 0.5");
-        }
-        return x;
-      }
-      case param_type::flag: {
-        std::string const v = lower(text);
-        if (v == "true" || v == "yes" || v == "on" || v == "1") { return true; }
-        if (v == "false" || v == "no" || v == "off" || v == "0") { return false; }
-        bad_value(arg, param, entry, "expected true or false (also yes/no, on/off, 1/0)");
-      }
-      case param_type::text: return arg.value;
+      if (!upstream) { fail(layer.column, "the registry entry for " + layer.name + " built nothing (a bug in its entry)"); }
     }
-    bad_value(arg, param, entry, "unsupported parameter type");
-  }
-
-  [[noreturn]] void bad_value(spec_argument const& arg, spec_parameter const& param, spec_resource const& entry,
-                              std::string const& why) const {
-    fail(arg.value_column, "bad value '" + arg.value + "' for " + entry.name + "'s " + param.name + " (a " +
-                               to_string(param.type) + "): " + why);
+    return upstream;
   }
 
   /// What a percentage is a share of (see build_options::percent_base).
@@ -266,7 +161,7 @@ class spec_builder {
         hint += ", or build the stack over simulated(capacity=...)";
       }
       std::string what{"'"};  // (appending, not "..." + temporary: GCC 12 warns falsely on that)
-      what += trim(arg.value);
+      what += arg.value;
       fail(arg.value_column, what + "' is a share of the device's free memory, but there is no usable CUDA device (" +
                                  cudaGetErrorName(status) + "): " + hint);
     }
@@ -285,7 +180,8 @@ class spec_builder {
                                     ? entry.parameters[positional++].name
                                     : arg.name;
       if (name == entry.capacity_parameter) {
-        std::string const text = trim(arg.value);
+        std::string_view text = arg.value;
+        while (!text.empty() && std::isspace(static_cast<unsigned char>(text.back())) != 0) { text.remove_suffix(1); }
         if (!text.empty() && text.back() == '%') { return std::nullopt; }
         return parse_size(text);
       }
@@ -294,7 +190,7 @@ class spec_builder {
   }
 
   [[noreturn]] void fail(std::size_t column, std::string const& what) const {
-    detail::throw_spec_error(spec_.text.empty() ? to_string(spec_) : spec_.text, column, what);
+    detail::throw_spec_error(detail::spec_text_for_errors(spec_), column, what);
   }
 
   stack_spec const& spec_;

@@ -2,7 +2,8 @@
 //
 //   stack    := layer ( '>' layer )*
 //   layer    := name [ '(' [ argument ( ',' argument )* ] ')' ]
-//   argument := [ name '=' ] value          positional arguments come first
+//   argument := [ name '=' ] value          positional arguments come first (but a flag's
+//                                           bare name may stand anywhere: the builder checks)
 //   name     := [A-Za-z_][A-Za-z0-9_]*
 //   value    := '"' ( [^"\\] | '\\' any )* '"'  |  bare
 //   bare     := any text up to the next ',' or ')' (spaces around it trimmed)
@@ -207,7 +208,8 @@ class spec_parser {
       ++pos_;
       return;
     }
-    bool seen_named = false;
+    // Whether a positional argument may follow a named one depends on the resource (a flag
+    // may be written bare anywhere): the builder decides.
     while (true) {
       skip_spaces();
       if (at_end()) { unclosed(layer, open_column, "an argument or ')'"); }
@@ -226,11 +228,6 @@ class spec_parser {
         }
       }
       read_value(arg, layer);
-      if (arg.name.empty() && seen_named) {
-        fail(arg.value_column, "a positional argument cannot follow a named one in " + layer.name +
-                                   "(...): write it as name=value");
-      }
-      seen_named = seen_named || !arg.name.empty();
       layer.arguments.push_back(std::move(arg));
       skip_spaces();
       if (at_end()) { unclosed(layer, open_column, "',' or ')'"); }

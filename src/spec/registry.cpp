@@ -3,6 +3,8 @@
 #include <mrstack/spec_registry.hpp>
 
 #include <algorithm>
+#include <iterator>
+#include <limits>
 #include <deque>
 #include <mutex>
 
@@ -73,6 +75,36 @@ spec_parameter flag_param(std::string name, bool is_required, std::string doc, s
 }
 spec_parameter text_param(std::string name, bool is_required, std::string doc, std::string default_text) {
   return make_param(std::move(name), param_type::text, is_required, std::move(doc), std::move(default_text));
+}
+
+std::string size_in_spec_units(std::uint64_t bytes) {
+  static constexpr char const* units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+  std::size_t unit = 0;
+  while (unit + 1 < std::size(units) && bytes != 0 && bytes % 1024 == 0) {
+    bytes /= 1024;
+    ++unit;
+  }
+  return std::to_string(bytes) + units[unit];
+}
+
+std::string describe_range(spec_parameter const& p) {
+  if (p.type != param_type::size && p.type != param_type::count) { return {}; }
+  auto const& r = p.range;
+  if (r.is_unbounded()) { return {}; }
+  auto const value = [&](std::uint64_t v) {
+    return p.type == param_type::size ? size_in_spec_units(v) : std::to_string(v);
+  };
+  std::string out;
+  bool const has_max = r.max != std::numeric_limits<std::uint64_t>::max();
+  if (r.min > 0 && has_max) {
+    out = value(r.min) + " to " + value(r.max);
+  } else if (has_max) {
+    out = "at most " + value(r.max);
+  } else if (r.min > 0) {
+    out = "at least " + value(r.min);
+  }
+  if (r.power_of_two) { out += out.empty() ? "a power of two" : ", a power of two"; }
+  return out;
 }
 
 spec_parameter size_param_defaulting_to(std::string name, std::string default_value, std::string doc) {

@@ -30,6 +30,64 @@
 
 namespace mrstack::detail {
 
+namespace {
+
+// The sane bounds of parameters (docs/spec.md lists them). A value outside can never be
+// served or would overflow the arithmetic below it, so the builder refuses it up front.
+constexpr std::uint64_t KiB = std::uint64_t{1} << 10;
+constexpr std::uint64_t MiB = std::uint64_t{1} << 20;
+constexpr std::uint64_t GiB = std::uint64_t{1} << 30;
+constexpr std::uint64_t TiB = std::uint64_t{1} << 40;
+/// No device or host has more memory than this (x86-64 and ARM user address spaces are
+/// 2^47–2^48 bytes): a larger reservation or arena can never be backed.
+constexpr std::uint64_t max_memory = 256 * TiB;
+/// A pool chunk holds at most 1 TiB (block_pool::max_chunk_size); the initial chunk and
+/// every growth are rounded up to the growth granularity (at most 1 GiB), so 512 GiB
+/// always fits.
+constexpr std::uint64_t max_pool_chunk_request = 512 * GiB;
+/// Blocks and bins past 1 GiB make chunks of at least 128 GiB (fixed_size and binning
+/// take at least 128 blocks at a time from below): use a pool for sizes that large.
+constexpr std::uint64_t max_block = GiB;
+
+std::string bytes_text(std::uint64_t bytes) { return size_in_spec_units(bytes); }
+
+void validate_pool(spec_arguments const& a) {
+  auto const max = a.size("max");
+  if (max && a.size("initial").value_or(0) > *max) {
+    throw spec_parameter_error("initial", "initial " + bytes_text(*a.size("initial")) + " exceeds max " + bytes_text(*max));
+  }
+}
+
+void validate_fixed_size(spec_arguments const& a) {
+  std::uint64_t const block = (a.size("block_size").value_or(fixed_size_memory_resource::default_block_size) + 255) /
+                              256 * 256;
+  std::uint64_t const blocks =
+      a.count("blocks_to_preallocate").value_or(fixed_size_memory_resource::default_blocks_to_preallocate);
+  if (block * blocks > TiB) {  // both are bounded by their ranges: no overflow
+    throw spec_parameter_error("blocks_to_preallocate", std::to_string(blocks) + " blocks of " + bytes_text(block) +
+                                                            " make a chunk of more than 1TiB");
+  }
+}
+
+void validate_binning(spec_arguments const& a) {
+  if (*a.size("max") < *a.size("min")) {
+    throw spec_parameter_error("max", "max " + bytes_text(*a.size("max")) + " is below min " + bytes_text(*a.size("min")));
+  }
+}
+
+void validate_arena(spec_arguments const& a) {
+  arena_options const defaults;
+  std::uint64_t const superblock = a.size("superblock_size").value_or(defaults.superblock_size);
+  std::uint64_t const small = a.size("max_small_size").value_or(defaults.max_small_size);
+  if (small % 256 != 0 || small > superblock / 2) {
+    throw spec_parameter_error("max_small_size", "max_small_size " + bytes_text(small) +
+                                                     " must be a multiple of 256B and at most half the superblock (" +
+                                                     bytes_text(superblock) + ")");
+  }
+}
+
+}  // namespace
+
 std::vector<spec_resource> builtin_resources() {
   std::vector<spec_resource> r;
 
@@ -46,7 +104,8 @@ std::vector<spec_resource> builtin_resources() {
                });
   r.push_back({"cuda_async", "the driver's stream-ordered pool (cudaMallocFromPoolAsync) over a pool of its own",
                bottom_resource,
-               {size_param("initial", optional_param, "bytes allocated and freed once at construction (a warm pool)", "0"),
+               {size_param("initial", optional_param, "bytes allocated and freed once at construction (a warm pool)", "0")
+                    .within(0, max_memory),
                 size_param("release_threshold", optional_param,
                            "bytes the pool keeps when the device synchronizes; the rest goes back", "keep everything"),
                 count_param("device", optional_param, "the device ordinal", "the device the stack is built for"),
@@ -89,9 +148,11 @@ std::vector<spec_resource> builtin_resources() {
   r.push_back({"vmm", "one reserved virtual range per device, physical memory mapped on demand (cuMemCreate/Map); "
                       "a pool above it grows in place",
                bottom_resource,
-               {size_param("reserve", optional_param, "addresses to reserve (cost no memory)", "twice the device's memory"),
-                count_param("map_granules", optional_param, "granules per physical allocation (1: exact release)", "16"),
-                count_param("device", optional_param, "the device ordinal", "the current device"),
+               {size_param("reserve", optional_param, "addresses to reserve (cost no memory)", "twice the device's memory")
+                    .within(0, max_memory),
+                count_param("map_granules", optional_param, "granules per physical allocation (1: exact release)", "16")
+                    .within(1, MiB),
+                count_param("device", optional_param, "the device ordinal", "the current device").within(0, 1023),
                 text_param("ipc", optional_param, "what memory can be exported as for IPC: fd, fabric, none, auto",
                            "auto (fd where supported)")},
                [](spec_arguments const& a, resource_ptr) -> resource_ptr {
@@ -105,9 +166,9 @@ std::vector<spec_resource> builtin_resources() {
                {}, "simulated_vmm", false, true});
   r.push_back({"simulated_vmm", "the CPU twin of vmm: the same granule bookkeeping over fake addresses", bottom_resource,
                {size_param("capacity", optional_param, "physical memory of the simulated device", "unlimited"),
-                size_param("reserve", optional_param, "addresses to reserve",  "1TiB"),
-                size_param("granularity", optional_param, "the granule (a power of two)", "2MiB"),
-                count_param("map_granules", optional_param, "granules per physical allocation", "16")},
+                size_param("reserve", optional_param, "addresses to reserve", "1TiB").within(1, max_memory),
+                size_param("granularity", optional_param, "the granule", "2MiB").within(256, GiB).power_of_two(),
+                count_param("map_granules", optional_param, "granules per physical allocation", "16").within(1, MiB)},
                [](spec_arguments const& a, resource_ptr) -> resource_ptr {
                  return std::make_shared<simulated_vmm_memory_resource>(
                      a.size("reserve").value_or(simulated_vmm_memory_resource::default_reserve),
@@ -120,11 +181,16 @@ std::vector<spec_resource> builtin_resources() {
   // ---- suballocators --------------------------------------------------------------------
   r.push_back({"pool", "coalescing, stream-ordered suballocator (two-level segregated fit); grows by chunks",
                needs_upstream,
-               {size_param("initial", optional_param, "bytes taken from the upstream at construction", "0"),
-                size_param("max", optional_param, "the most bytes it may hold", "unbounded"),
-                count_param("growth_divisor", optional_param, "a new chunk is at least pool size / this", "12"),
-                size_param("minimum_growth", optional_param, "a new chunk is at least this", "4MiB"),
-                size_param("growth_granularity", optional_param, "chunk sizes are rounded up to this", "2MiB"),
+               {size_param("initial", optional_param, "bytes taken from the upstream at construction (one chunk)", "0")
+                    .within(0, max_pool_chunk_request),
+                size_param("max", optional_param, "the most bytes it may hold", "unbounded").within(256, max_memory),
+                count_param("growth_divisor", optional_param, "a new chunk is at least pool size / this", "12")
+                    .within(1, 1024),
+                size_param("minimum_growth", optional_param, "a new chunk is at least this", "4MiB")
+                    .within(0, max_pool_chunk_request),
+                size_param("growth_granularity", optional_param, "chunk sizes are rounded up to this", "2MiB")
+                    .within(256, GiB)
+                    .power_of_two(),
                 flag_param("consolidate_on_growth", optional_param,
                            "return wholly free chunks and take their bytes back in the new one", "true"),
                 flag_param("grow_in_place", optional_param,
@@ -143,37 +209,54 @@ std::vector<spec_resource> builtin_resources() {
                  return std::make_shared<pool_memory_resource>(std::move(up), a.size("initial").value_or(0), a.size("max"),
                                                                o);
                }});
+  r.back().validate = validate_pool;
   r.push_back({"fixed_size", "blocks of one size, O(1) allocate and free", needs_upstream,
-               {size_param("block_size", optional_param, "the size of every block (rounded up to 256)", "1MiB"),
-                count_param("blocks_to_preallocate", optional_param, "blocks per chunk taken from the upstream", "128")},
+               {size_param("block_size", optional_param, "the size of every block (rounded up to 256)", "1MiB").within(1, max_block),
+                count_param("blocks_to_preallocate", optional_param, "blocks per chunk taken from the upstream", "128")
+                    .within(1, MiB)},
                [](spec_arguments const& a, resource_ptr up) -> resource_ptr {
                  return std::make_shared<fixed_size_memory_resource>(
                      std::move(up), a.size("block_size").value_or(fixed_size_memory_resource::default_block_size),
                      a.count("blocks_to_preallocate").value_or(fixed_size_memory_resource::default_blocks_to_preallocate));
                }});
+  r.back().validate = validate_fixed_size;
   r.push_back({"binning", "power-of-two size classes, each a fixed_size over the upstream; larger requests go "
                           "to the upstream",
                needs_upstream,
-               {size_param_defaulting_to("min", "256B", "the smallest bin (rounded up to a power of two, at least 256)"),
-                size_param_defaulting_to("max", "64KiB", "the largest bin (rounded up to a power of two)")},
+               {size_param_defaulting_to("min", "256B", "the smallest bin (rounded up to a power of two, at least 256)")
+                    .within(1, max_block),
+                size_param_defaulting_to("max", "64KiB", "the largest bin (rounded up to a power of two)")
+                    .within(1, max_block)},
                [](spec_arguments const& a, resource_ptr up) -> resource_ptr {
                  return std::make_shared<binning_memory_resource>(std::move(up), *a.size("min"), *a.size("max"));
                }});
+  r.back().validate = validate_binning;
   r.push_back({"arena", "per-stream arenas of size-classed superblocks over a global arena; takes memory "
                         "when first needed, up to its size, and gives wholly free chunks back",
                needs_upstream,
-               {size_param_defaulting_to("size", "50%", "the arena's maximum: the most it holds from the upstream"),
-                size_param("superblock_size", optional_param, "a power of two from 64KiB to 16MiB", "4MiB"),
-                size_param("max_small_size", optional_param, "requests up to this go to the stream arenas", "1MiB"),
+               {size_param_defaulting_to("size", "50%", "the arena's maximum: the most it holds from the upstream")
+                    .within(1, max_memory),
+                size_param("superblock_size", optional_param, "the unit stream arenas take from the global arena",
+                           "4MiB")
+                    .within(64 * KiB, 16 * MiB)
+                    .power_of_two(),
+                size_param("max_small_size", optional_param,
+                           "requests up to this go to the stream arenas (a multiple of 256B, at most half a superblock)",
+                           "1MiB")
+                    .within(256, 8 * MiB),
                 count_param("empty_superblocks_kept", optional_param,
                             "wholly free superblocks a stream arena keeps (it fetches and holds up to twice "
-                            "as many, then hands the excess back at once)", "4"),
+                            "as many, then hands the excess back at once)", "4")
+                    .within(0, MiB),
                 flag_param("eager", optional_param,
                            "take the whole size at construction and keep it until destruction", "false"),
                 size_param("max_free", optional_param,
-                           "free bytes the global arena keeps before wholly free chunks go back", "256MiB"),
-                count_param("growth_divisor", optional_param, "a new chunk is at least held bytes / this", "4"),
-                size_param("minimum_growth", optional_param, "a new chunk is at least this", "32MiB")},
+                           "free bytes the global arena keeps before wholly free chunks go back", "256MiB")
+                    .within(0, max_memory),
+                count_param("growth_divisor", optional_param, "a new chunk is at least held bytes / this", "4")
+                    .within(1, 1024),
+                size_param("minimum_growth", optional_param, "a new chunk is at least this", "32MiB")
+                    .within(0, 512 * GiB)},
                [](spec_arguments const& a, resource_ptr up) -> resource_ptr {
                  arena_options o;
                  o.superblock_size = a.size("superblock_size").value_or(o.superblock_size);
@@ -185,6 +268,7 @@ std::vector<spec_resource> builtin_resources() {
                  o.minimum_growth = a.size("minimum_growth").value_or(o.minimum_growth);
                  return std::make_shared<arena_memory_resource>(std::move(up), *a.size("size"), o);
                }});
+  r.back().validate = validate_arena;
 
   // ---- adaptors ------------------------------------------------------------------------
   r.push_back({"logging", "writes every allocate/free as CSV (RMM's format; replayable)", needs_upstream,
@@ -192,7 +276,9 @@ std::vector<spec_resource> builtin_resources() {
                 flag_param("auto_flush", optional_param, "flush after every record", "false"),
                 flag_param("async", optional_param, "format and write on a background thread", "false"),
                 count_param("queue_capacity", optional_param, "records the async ring holds",
-                            std::to_string(logging_resource_adaptor::default_queue_capacity))},
+                            std::to_string(logging_resource_adaptor::default_queue_capacity))
+                    .within(16, 16 * MiB)
+                    .power_of_two()},
                [](spec_arguments const& a, resource_ptr up) -> resource_ptr {
                  return std::make_shared<logging_resource_adaptor>(
                      std::move(up), a.text("file").value_or(""), a.flag("auto_flush").value_or(false),
@@ -201,7 +287,9 @@ std::vector<spec_resource> builtin_resources() {
                }});
   r.push_back({"limiting", "refuses allocations past a byte limit", needs_upstream,
                {size_param("limit", required, "bytes it may hand out at once"),
-                size_param("granularity", optional_param, "each allocation counts rounded up to this", "256B")},
+                size_param("granularity", optional_param, "each allocation counts rounded up to this", "256B")
+                    .within(1, GiB)
+                    .power_of_two()},
                [](spec_arguments const& a, resource_ptr up) -> resource_ptr {
                  return std::make_shared<limiting_resource_adaptor>(std::move(up), *a.size("limit"),
                                                                     a.size("granularity").value_or(default_alignment));
@@ -224,7 +312,9 @@ std::vector<spec_resource> builtin_resources() {
                  return std::make_shared<thread_safe_resource_adaptor>(std::move(up));
                }});
   r.push_back({"aligned", "hands out memory aligned to more than 256 bytes", needs_upstream,
-               {size_param("alignment", optional_param, "alignment for requests of at least threshold bytes", "256B"),
+               {size_param("alignment", optional_param, "alignment for requests of at least threshold bytes", "256B")
+                    .within(1, GiB)
+                    .power_of_two(),
                 size_param("threshold", optional_param, "requests this big or bigger get the alignment", "0")},
                [](spec_arguments const& a, resource_ptr up) -> resource_ptr {
                  return std::make_shared<aligned_resource_adaptor>(std::move(up),
@@ -232,7 +322,7 @@ std::vector<spec_resource> builtin_resources() {
                                                                    a.size("threshold").value_or(0));
                }});
   r.push_back({"retry", "when the upstream refuses, releases the stack below and tries again", needs_upstream,
-               {count_param("max_retries", optional_param, "retries per refused request", "1")},
+               {count_param("max_retries", optional_param, "retries per refused request", "1").within(0, 1000)},
                [](spec_arguments const& a, resource_ptr up) -> resource_ptr {
                  return std::make_shared<failure_callback_resource_adaptor>(std::move(up),
                                                                             a.count("max_retries").value_or(1));

@@ -35,12 +35,10 @@ void* system_memory_resource::do_allocate(std::size_t bytes, std::size_t alignme
   // The runtime rounds the size up to the alignment; near SIZE_MAX that wraps to a tiny
   // block. No host has this much memory, so such a request is simply refused.
   if (bytes > max_bytes || align > max_bytes) { return refuse("the size exceeds what any host heap can serve"); }
-  void* ptr = nullptr;
-  try {
-    ptr = ::operator new(bytes, std::align_val_t{align});
-  } catch (std::bad_alloc const&) {
-    return refuse("the host's operator new refused");
-  }
+  // The nothrow form: AddressSanitizer aborts on a failing throwing new even with
+  // allocator_may_return_null=1, but lets the nothrow form return null.
+  void* ptr = ::operator new(bytes, std::align_val_t{align}, std::nothrow);
+  if (ptr == nullptr) { return refuse("the host's operator new refused"); }
   shard& s = shard_of(ptr);
   try {
     std::lock_guard lock{s.mutex};

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Builds the libFuzzer targets (tests/fuzz) with clang, ASan and UBSan, and runs each for
+# SECONDS (default 60) over its seed corpus, tests/fuzz/corpus/<target>/. New inputs go to
+# build/fuzz/corpus/<target>/ (the seeds are never written); a crash, a sanitizer report, a
+# leak or a broken invariant stops that target, leaves the input in build/fuzz/artifacts/
+# and makes the script fail. Any further arguments name the targets to run
+# (allocation_log, spec, c_api; default all three, one after another).
+#   tools/run-fuzzers.sh 600 c_api
+#   MRSTACK_FUZZ_MISUSE=all tools/run-fuzzers.sh 60 c_api   # misuse on every stack
+set -euo pipefail
+seconds="${1:-60}"
+shift || true
+targets=("$@")
+((${#targets[@]})) || targets=(allocation_log spec c_api)
+cd "$(dirname "$0")/.."
+export PATH="/usr/local/cuda/bin:$PATH"
+build=build/fuzz
+cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_COMPILER=clang++ \
+  -DMRSTACK_BUILD_FUZZERS=ON -DMRSTACK_SANITIZE="address;undefined" -DMRSTACK_BUILD_TESTS=OFF \
+  -DMRSTACK_BUILD_BENCHMARKS=OFF -DMRSTACK_BUILD_TOOLS=OFF -DMRSTACK_BUILD_PYTHON=OFF >/dev/null
+cmake --build "$build" --target "${targets[@]/#/fuzz_}"
+# allocator_may_return_null: a fuzzed size may ask the host heap for exabytes, which is an
+# out-of-memory error to report, not a sanitizer abort.
+export ASAN_OPTIONS="allocator_may_return_null=1:detect_leaks=1:${ASAN_OPTIONS:-}"
+export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1:${UBSAN_OPTIONS:-}"
+status=0
+for t in "${targets[@]}"; do
+  mkdir -p "$build/corpus/$t" "$build/artifacts"
+  echo "run-fuzzers: fuzz_$t for ${seconds}s"
+  if ! "$build/tests/fuzz/fuzz_$t" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=4096 -max_len=4096 \
+      -print_final_stats=1 -artifact_prefix="$build/artifacts/$t-" "$build/corpus/$t" "tests/fuzz/corpus/$t" \
+      >"$build/fuzz_$t.log" 2>&1; then
+    echo "run-fuzzers: fuzz_$t FOUND A PROBLEM (input in $build/artifacts/):" >&2
+    grep -E "ERROR|invariant|fuzz_c_api:|fuzz_spec:|runtime error|SUMMARY" "$build/fuzz_$t.log" | head -20 >&2 || true
+    status=1
+  fi
+  grep -E "stat::number_of_executed_units|stat::peak_rss_mb|^#[0-9]+ *DONE" "$build/fuzz_$t.log" || true
+  echo "run-fuzzers: fuzz_$t corpus: $(ls "$build/corpus/$t" | wc -l) new inputs, $(ls "tests/fuzz/corpus/$t" | wc -l) seeds"
+done
+exit $status
