@@ -177,26 +177,16 @@ TEST_CASE("pool streams: the pool fails the model when the event wait is skipped
   CHECK_FALSE(fake->ordered_after(0x200, 0x100, clock));
 }
 
-TEST_CASE("pool streams: no CUDA call per free with any number of streams; one record when memory is wanted") {
+TEST_CASE("pool streams: one stream makes no CUDA calls; with two, created streams record at each free") {
   auto fake = std::make_shared<fake_stream_sync>();
   auto sim = std::make_shared<simulated_memory_resource>();
   pool_options options;
   options.stream_sync = fake;
-  options.shards = 1;
-  options.growth_divisor = 1000;  // small chunks: A never holds 28 MiB in one free block of its own
   auto const a_stream = stream_view{reinterpret_cast<cudaStream_t>(0x100)};
   auto const b_stream = stream_view{reinterpret_cast<cudaStream_t>(0x200)};
   options.initial_stream = a_stream;
   pool_memory_resource pool{sim, 64 * MiB, std::nullopt, options};
   CHECK(fake->syncs == 1);  // the initial chunk: waited for once, then usable by any stream
-  // B holds half the initial chunk, A the other half: each stream then grows or frees
-  // into memory of its own.
-  std::vector<void*> on_b;
-  for (int i = 0; i < 8; ++i) { on_b.push_back(pool.allocate(4 * MiB, b_stream)); }
-  void* a_hold = pool.allocate(32 * MiB, a_stream);
-  // Much live memory: growing by a request's size keeps the footprint within 9/8 of the
-  // live bytes, so below the pool may grow rather than synchronize while B's memory is wanted.
-  void* ballast = pool.allocate(512 * MiB, a_stream);
   std::size_t const at_start = fake->calls();
 
   std::mt19937_64 rng{42};
@@ -212,48 +202,35 @@ TEST_CASE("pool streams: no CUDA call per free with any number of streams; one r
       live.pop_back();
     }
   }
+  CHECK(fake->calls() == at_start);  // one stream: not a single event call, however many frees
+
   for (auto& [p, size] : live) { pool.deallocate(p, size, a_stream); }
   live.clear();
-  pool.deallocate(on_b.back(), 4 * MiB, b_stream);
-  on_b.pop_back();
-  // Two streams, each freeing thousands of times: not a single event call.
-  for (int i = 0; i < 2000; ++i) {
-    pool.deallocate(pool.allocate(4 * KiB, a_stream), 4 * KiB, a_stream);
-    pool.deallocate(pool.allocate(4 * KiB, b_stream), 4 * KiB, b_stream);
-  }
-  CHECK(fake->calls() == at_start);
-  for (void* p : on_b) { pool.deallocate(p, 4 * MiB, b_stream); }  // B holds 32 MiB in one block
-  std::uint64_t const clock_b = fake->enqueue(0x200);              // work on B's blocks, still queued
+  CHECK(fake->calls() == at_start);  // frees never record
 
-  // A wants 32 MiB, which only B's memory holds. B is not named by this call and may be
-  // gone, so A does not take it now: B is marked wanted, and A grows.
-  std::size_t const pool_before = pool.pool_size();
-  void* big_a = pool.allocate(32 * MiB, a_stream);
-  CHECK(fake->calls() == at_start);
-  CHECK(pool.pool_size() > pool_before);
-  // B's next call records one event and parks everything B holds free under it.
-  void* b_small = pool.allocate(4 * KiB, b_stream);
-  CHECK(fake->records == 1);
-  // A takes it after one wait on that event: ordered after B's work, and no growth.
-  std::size_t const grown = pool.pool_size();
-  void* from_b = pool.allocate(28 * MiB, a_stream);
+  // B takes over what A holds. A's frees predate the second stream, so no event covers
+  // them, and A may be destroyed by now (naming it would be undefined): one device sync.
+  void* on_b = pool.allocate(32 * MiB, b_stream);
+  CHECK(fake->records == 0);
+  CHECK(fake->waits == 0);
+  CHECK(fake->sync_alls == 1);
+  std::size_t const calls = fake->calls();
+  std::uint64_t const clock_b = fake->enqueue(0x200);
+  pool.deallocate(on_b, 32 * MiB, b_stream);
+  for (int i = 0; i < 1000; ++i) { pool.deallocate(pool.allocate(4 * KiB, b_stream), 4 * KiB, b_stream); }
+  // Two streams in use: every free on B records while B is named (one event, re-recorded).
+  CHECK(fake->records == 1001);
+  CHECK(fake->creates + fake->records + fake->waits + fake->syncs + fake->sync_alls + fake->destroys == calls + 1002);
+  CHECK(pool.pool_size() == 64 * MiB);  // no growth: the memory moved between streams
+  // A takes B's memory back: one wait on B's event, no sync; A records after the wait
+  // (while A is named) so that a later handover from A is ordered after it too.
+  void* on_a = pool.allocate(48 * MiB, a_stream);
   CHECK(fake->waits == 1);
-  CHECK(fake->records == 1);
-  CHECK(fake->sync_alls == 0);
-  CHECK(pool.pool_size() == grown);
+  CHECK(fake->records == 1002);
+  CHECK(fake->sync_alls == 1);
   CHECK(fake->ordered_after(0x100, 0x200, clock_b));
   CHECK(pool.stats().stream_waits == 1);
-  pool.deallocate(from_b, 28 * MiB, a_stream);
-  pool.deallocate(big_a, 32 * MiB, a_stream);
-  pool.deallocate(a_hold, 32 * MiB, a_stream);
-  pool.deallocate(b_small, 4 * KiB, b_stream);
-  pool.deallocate(ballast, 512 * MiB, a_stream);
-  // More frees on both: still no records.
-  for (int i = 0; i < 1000; ++i) {
-    pool.deallocate(pool.allocate(4 * KiB, b_stream), 4 * KiB, b_stream);
-    pool.deallocate(pool.allocate(4 * KiB, a_stream), 4 * KiB, a_stream);
-  }
-  CHECK(fake->records == 1);
+  pool.deallocate(on_a, 48 * MiB, a_stream);
   CHECK(fake->dead_named == 0);
 }
 

@@ -1,7 +1,6 @@
 #include <mrstack/detail/stream_ordering.hpp>
 
 #include <atomic>
-#include <chrono>
 #include <mutex>
 #include <unordered_set>
 #include <stdexcept>
@@ -43,11 +42,6 @@ struct thread_identity {
 
 }  // namespace
 
-std::int64_t steady_nanoseconds() noexcept {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
-
 std::uintptr_t this_thread_key() noexcept {
   thread_local thread_identity const identity;
   return identity.key;
@@ -60,8 +54,8 @@ bool thread_has_exited(std::uintptr_t key) {
 
 // ---- stream_owners ------------------------------------------------------------------------
 
-stream_owners::stream_owners(std::shared_ptr<stream_sync> sync, thread_key_fn thread_key, bool record_on_demand)
-    : sync_{std::move(sync)}, thread_key_{thread_key}, on_demand_{record_on_demand} {
+stream_owners::stream_owners(std::shared_ptr<stream_sync> sync, thread_key_fn thread_key)
+    : sync_{std::move(sync)}, thread_key_{thread_key} {
   if (!sync_) { throw std::invalid_argument("stream_owners: a stream_sync is required"); }
   slots_.emplace_back();  // owner 0: synchronized, never a stream
 }
@@ -90,50 +84,17 @@ owner_id stream_owners::install(stream_ref const& s, owner_id reuse) {
   sl.dirty = false;
   sl.cover = 0;
   sl.wanted = false;
-  sl.parked = false;
-  sl.wanted_since = 0;
-  sl.parking = 0;
-  sl.parent = 0;
   by_key_.insert(s.key, o);
   return o;
 }
 
 void stream_owners::retire(owner_id o) noexcept {
   by_key_.erase(slots_[o].ref.key);
-  if (slots_[o].parking != 0) { slots_[slots_[o].parking].parent = 0; }  // orphaned: recyclable once empty
-  if (slots_[o].parked && slots_[o].parent != 0) { slots_[slots_[o].parent].parking = 0; }
   slots_[o].in_use = false;
   if (cached_owner_ == o) {
     cached_key_ = address_map::empty_key;
     cached_owner_ = 0;
   }
-}
-
-bool stream_owners::begin_park(owner_id o, stream_ref const& s, owner_id& parked) {
-  if (slots_[o].parking == 0) {
-    // Keyed apart from every stream (handles are user-space pointers, thread keys small).
-    constexpr std::uintptr_t parking_bit = std::uintptr_t{1} << (sizeof(std::uintptr_t) * 8 - 1);
-    owner_id const p = install(stream_ref{s.key | parking_bit, s.handle, false}, 0);
-    slots_[p].parked = true;
-    slots_[p].parent = o;
-    slots_[o].parking = p;
-  }
-  owner_id const p = slots_[o].parking;
-  slot& ps = slots_[p];
-  slot& os = slots_[o];
-  if (os.wanted && wanted_created_ > 0) { --wanted_created_; }
-  os.wanted = false;
-  os.wanted_since = 0;
-  if (ps.event == 0) { ps.event = sync_->create_event(); }
-  // One record now covers every free s made and everything it took over: all of it may
-  // move under this event (memory parked earlier too: a later record covers more).
-  if (!sync_->record(ps.event, s.handle)) { return false; }
-  ++records_;
-  ps.dirty = false;
-  ps.cover = ps.event;
-  os.dirty = false;  // its free memory is about to move out entirely
-  parked = p;
-  return true;
 }
 
 void stream_owners::record_now(slot& sl, stream_ref const& s) {
@@ -193,7 +154,6 @@ stream_owners::handover stream_owners::hand_over(owner_id from, stream_ref const
 
 void stream_owners::synchronize_all() {
   sync_->synchronize_all();
-  wanted_created_ = 0;
   for (auto& sl : slots_) {
     sl.dirty = false;
     sl.wanted = false;
@@ -211,14 +171,8 @@ void stream_owners::synchronize(owner_id o) {
 
 // ---- stream_ordered_pool -----------------------------------------------------------------------
 
-stream_ordered_pool::stream_ordered_pool(std::shared_ptr<stream_sync> sync, thread_key_fn thread_key,
-                                         bool record_on_demand)
-    : owners_{std::move(sync), thread_key, record_on_demand} {}
-
-void stream_ordered_pool::park(owner_id o, stream_ref const& s) {
-  owner_id p = 0;
-  if (owners_.begin_park(o, s, p)) { blocks_.transfer(o, p); }
-}
+stream_ordered_pool::stream_ordered_pool(std::shared_ptr<stream_sync> sync, thread_key_fn thread_key)
+    : owners_{std::move(sync), thread_key} {}
 
 std::uintptr_t stream_ordered_pool::allocate_from_other_streams(std::size_t size, std::size_t alignment,
                                                                stream_ref const& s, owner_id o) {
@@ -231,12 +185,6 @@ std::uintptr_t stream_ordered_pool::allocate_from_other_streams(std::size_t size
   for (std::size_t i = 1; i < limit; ++i) {
     auto const t = static_cast<owner_id>(i);
     if (t == o || !blocks_.can_allocate(size, alignment, t)) { continue; }
-    if (owners_.parked_for(t, s)) {  // s's own memory, parked: no wait needed
-      blocks_.transfer(t, o);
-      if (std::uintptr_t const a = blocks_.allocate(size, alignment, o)) { return a; }
-      continue;
-    }
-    if (owners_.defer(t, s)) { continue; }
     switch (owners_.hand_over(t, s)) {
       case stream_owners::handover::ready:
         if (owners_.ref(t).thread_bound && !thread_has_exited(owners_.ref(t).key)) {
@@ -258,12 +206,6 @@ std::uintptr_t stream_ordered_pool::allocate_from_other_streams(std::size_t size
   for (std::size_t i = 1; i < limit; ++i) {
     auto const t = static_cast<owner_id>(i);
     if (t == o || blocks_.free_blocks(t) == 0) { continue; }
-    if (owners_.parked_for(t, s)) {
-      blocks_.transfer(t, o);
-      moved = true;
-      continue;
-    }
-    if (owners_.defer(t, s)) { continue; }
     switch (owners_.hand_over(t, s)) {
       case stream_owners::handover::ready:
         blocks_.transfer(t, o);
@@ -295,8 +237,8 @@ bool stream_ordered_pool::return_stream_without_sync(chunk_id c, stream_ref& out
     out = stream_ref{};
     return true;
   }
-  if (owners.size() == 1 && (owners_.nameable_here(owners.front()) || owners_.ref(owners.front()).key == caller.key ||
-                             owners_.parked_for(owners.front(), caller))) {
+  if (owners.size() == 1 &&
+      (owners_.nameable_here(owners.front()) || owners_.ref(owners.front()).key == caller.key)) {
     out = owners_.ref(owners.front());
     return true;
   }

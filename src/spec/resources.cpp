@@ -251,7 +251,8 @@ std::vector<spec_resource> builtin_resources() {
                 flag_param("eager", optional_param,
                            "take the whole size at construction and keep it until destruction", "false"),
                 size_param("max_free", optional_param,
-                           "free bytes the global arena keeps before wholly free chunks go back", "256MiB")
+                           "free bytes the global arena keeps before wholly free chunks go back",
+                           "a quarter of size")
                     .within(0, max_memory),
                 count_param("growth_divisor", optional_param, "a new chunk is at least held bytes / this", "4")
                     .within(1, 1024),

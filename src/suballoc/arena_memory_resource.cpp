@@ -19,7 +19,7 @@ detail::arena_core::options core_options(arena_options const& o, std::size_t max
   opts.empty_superblocks_kept = o.empty_superblocks_kept;
   opts.max_size = max_size;
   opts.eager = o.eager;
-  opts.max_free_bytes = o.max_free_bytes;
+  opts.max_free_bytes = o.max_free_bytes == arena_options::a_quarter_of_the_size ? max_size / 4 : o.max_free_bytes;
   opts.growth_divisor = o.growth_divisor;
   opts.minimum_growth = o.minimum_growth;
   return opts;

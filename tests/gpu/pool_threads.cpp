@@ -4,8 +4,8 @@
 // stream). Some frees leave a late "poison" write queued on the freeing stream (behind a
 // host-function delay): a block handed to another stream before that write has run is
 // overwritten by it after the new owner wrote its tag, and the new owner's read-back
-// sees the poison. Memory moves between streams and threads (takeover, parking, other
-// shards' free memory) and the pool grows; every read-back must see its own tag. A
+// sees the poison. Memory moves between streams and threads (takeover of other
+// streams' free memory) and the pool grows; every read-back must see its own tag. A
 // control ([.control]) runs the same over a pool whose event seam does nothing, and
 // must see poison: the check can fail.
 #include <catch2/catch.hpp>
@@ -122,8 +122,8 @@ TEST_CASE("gpu pool threads: 16 threads x 4 streams keep their data through reus
   pool_memory_resource pool{upstream, 0};
   outcome const r = run_threads(pool, 16, 400);
   auto const st = pool.stats();
-  std::printf("checked %zu blocks, %zu with foreign bytes; %zu shards, %zu chunks taken, %zu records, %zu waits\n",
-              r.blocks_checked, r.bad_blocks, st.shards, st.upstream_allocations, st.events_recorded, st.stream_waits);
+  std::printf("checked %zu blocks, %zu with foreign bytes; %zu chunks taken, %zu records, %zu waits\n",
+              r.blocks_checked, r.bad_blocks, st.upstream_allocations, st.events_recorded, st.stream_waits);
   CHECK(r.errors == 0);
   CHECK(r.blocks_checked > 16 * 100);
   CHECK(r.bad_blocks == 0);

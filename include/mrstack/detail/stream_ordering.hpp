@@ -32,17 +32,6 @@
 /// go back to the upstream on a created stream only when the caller names it; otherwise
 /// after a device synchronization, on the legacy default stream (always valid).
 ///
-/// Recording on demand (`stream_ordered_pool` with `record_on_demand`, the pool's mode):
-/// no record at frees at all, however many streams. When t wants the free memory of a
-/// created stream s that no event covers, t does not take it now (it looks elsewhere or
-/// grows) but marks s *wanted*; s's next call (a call that names s, so s is alive)
-/// records one event and *parks* everything s holds free under it: a slot of its own
-/// whose memory any stream takes after one wait on that event (s itself without one).
-/// So one record serves every free s made before it, and records happen only when
-/// another stream actually wanted the memory. Memory of a stream that stays wanted
-/// longer than `max_deferral_ns` without a call (it may have been destroyed) is taken
-/// after one device synchronization instead.
-///
 /// CUDA enters only through `stream_sync`, an interface with a CUDA implementation
 /// (suballoc/stream_sync.hpp) and a recording fake in the tests, so the cross-stream
 /// logic is model-tested on machines without a GPU.
@@ -87,8 +76,6 @@ struct stream_ref {
 std::uintptr_t this_thread_key() noexcept;
 /// True once the thread with that key has exited (its default stream gets no more work).
 bool thread_has_exited(std::uintptr_t key);
-/// A monotonic clock in nanoseconds (how long a request to park has waited).
-std::int64_t steady_nanoseconds() noexcept;
 /// Where the ordering logic asks "which thread is calling?" (tests simulate threads).
 using thread_key_fn = std::uintptr_t (*)() noexcept;
 
@@ -97,10 +84,7 @@ using thread_key_fn = std::uintptr_t (*)() noexcept;
 /// thread-safe (its resource locks).
 class stream_owners {
  public:
-  /// `record_on_demand`: created streams never record at frees (see the header comment);
-  /// the caller parks their memory when `park_wanted` says so.
-  explicit stream_owners(std::shared_ptr<stream_sync> sync, thread_key_fn thread_key = &this_thread_key,
-                         bool record_on_demand = false);
+  explicit stream_owners(std::shared_ptr<stream_sync> sync, thread_key_fn thread_key = &this_thread_key);
   ~stream_owners();
   stream_owners(stream_owners const&) = delete;
   stream_owners& operator=(stream_owners const&) = delete;
@@ -129,10 +113,9 @@ class stream_owners {
   void note_free(owner_id o, stream_ref const& s) {
     slot& sl = slots_[o];
     sl.dirty = true;
-    if (sl.wanted && (s.thread_bound ? s.key == thread_key_() : !on_demand_)) {
+    if (sl.wanted && (!s.thread_bound || s.key == thread_key_())) {
       record_now(sl, s);
-      sl.wanted = sl.wanted && !on_demand_;  // on demand: one record per request, not one per free
-    } else if (eager_ && !on_demand_ && is_created(s)) {
+    } else if (eager_ && is_created(s)) {
       record_now(sl, s);  // s may be destroyed after this call: record while it is named
     }
   }
@@ -142,57 +125,14 @@ class stream_owners {
   void note_acquired(owner_id o, stream_ref const& s) {
     slot& sl = slots_[o];
     sl.dirty = true;
-    if (eager_ && !on_demand_ && is_created(s) && sl.ref.key == s.key) { record_now(sl, s); }
+    if (eager_ && is_created(s) && sl.ref.key == s.key) { record_now(sl, s); }
   }
   /// On every allocation by `o`'s stream: a thread-bound stream records here when
   /// another thread asked for its memory.
   void note_use(owner_id o, stream_ref const& s) {
     slot& sl = slots_[o];
-    if (sl.wanted && sl.dirty && (s.thread_bound ? s.key == thread_key_() : !on_demand_)) {
-      record_now(sl, s);
-      sl.wanted = sl.wanted && !on_demand_;
-    }
+    if (sl.wanted && sl.dirty && (!s.thread_bound || s.key == thread_key_())) { record_now(sl, s); }
   }
-
-  /// Recording on demand: true when stream `to` must not take `from`'s free memory now —
-  /// a created stream not named by this call, with frees no event covers. `from` is then
-  /// marked wanted (its next call parks its memory). False once it has been wanted for
-  /// `max_deferral_ns` unanswered: the stream may be gone, and `hand_over` synchronizes.
-  bool defer(owner_id from, stream_ref const& to) noexcept {
-    slot& f = slots_[from];
-    if (!on_demand_ || !is_created(f.ref) || f.parked || f.ref.key == to.key || (!f.dirty && f.cover != 0)) {
-      return false;
-    }
-    std::int64_t const now = steady_nanoseconds();
-    if (!f.wanted) {
-      ++wanted_created_;
-      f.wanted = true;
-      f.wanted_since = now;
-    }
-    return now - f.wanted_since <= max_deferral_ns;
-  }
-  /// Created streams whose memory another stream waits to be parked.
-  [[nodiscard]] std::size_t parks_pending() const noexcept { return wanted_created_; }
-  /// The owner id of `s` when it has a slot; 0 otherwise (creates nothing).
-  [[nodiscard]] owner_id find(stream_ref const& s) const noexcept {
-    std::uint32_t const found = by_key_.find(s.key);
-    return found != address_map::npos ? static_cast<owner_id>(found) : owner_id{0};
-  }
-  /// Recording on demand: true when the call on `s` (owner `o`) should park `o`'s memory.
-  [[nodiscard]] bool park_wanted(owner_id o, stream_ref const& s) const noexcept {
-    slot const& sl = slots_[o];
-    return sl.wanted && on_demand_ && !sl.parked && is_created(s) && sl.ref.key == s.key;
-  }
-  /// The parking slot of `o` (created on first use): its event is recorded on `s` (o's
-  /// stream, named by the current call) now. False when the record failed (nothing parked).
-  bool begin_park(owner_id o, stream_ref const& s, owner_id& parked);
-  /// True when `p` is the parking slot of the stream `s` names: s takes it back with no wait.
-  [[nodiscard]] bool parked_for(owner_id p, stream_ref const& s) const noexcept {
-    return slots_[p].parked && slots_[p].parent != 0 && !s.thread_bound && slots_[p].ref.handle == s.handle;
-  }
-  /// How long a request may stay unanswered before the stream's memory is taken with a
-  /// device synchronization (its stream may be gone): 2 ms.
-  static constexpr std::int64_t max_deferral_ns = 2'000'000;
 
   enum class handover {
     ready,                   ///< `to` now waits for `from`'s frees: move from's free memory to `to`
@@ -239,10 +179,6 @@ class stream_owners {
     bool dirty = false;     // freed into since the event was last recorded
     stream_sync::handle cover = 0;  // an event recorded after every free `dirty` does not flag
     bool wanted = false;    // another thread asked this thread-bound stream to record
-    bool parked = false;    // a parking slot: a created stream's memory under its event
-    std::int64_t wanted_since = 0;  // when `wanted` was set (steady_nanoseconds)
-    owner_id parking = 0;   // this stream's parking slot (0: none yet)
-    owner_id parent = 0;    // a parking slot's stream (0: that stream's slot was retired)
   };
 
   template <typename HoldsMemory>
@@ -250,9 +186,7 @@ class stream_owners {
     owner_id o = 0;
     if (slots_.size() >= soft_slot_limit) {
       for (std::size_t i = 1; i < slots_.size() && o == 0; ++i) {
-        // A parking slot stays while its stream's slot refers to it.
-        bool const referenced = slots_[i].parked && slots_[i].parent != 0;
-        if (!holds_memory(static_cast<owner_id>(i)) && !slots_[i].wanted && !referenced) { o = static_cast<owner_id>(i); }
+        if (!holds_memory(static_cast<owner_id>(i)) && !slots_[i].wanted) { o = static_cast<owner_id>(i); }
       }
       if (o != 0) { retire(o); }
     }
@@ -272,17 +206,13 @@ class stream_owners {
   std::size_t records_ = 0;
   std::size_t waits_ = 0;
   bool eager_ = false;  // a second stream was seen: created streams record on every free
-  bool on_demand_ = false;  // record_on_demand: never eager; park when wanted
-  std::size_t wanted_created_ = 0;  // created streams marked wanted by `defer`
 };
 
 /// `block_pool` plus stream ownership: the stream-ordered coalescing allocator shared by
 /// `pool_memory_resource` and the arena's global arena. Not thread-safe (its owner locks).
 class stream_ordered_pool {
  public:
-  /// `record_on_demand`: see the header comment (the pool's mode; the arena records eagerly).
-  explicit stream_ordered_pool(std::shared_ptr<stream_sync> sync, thread_key_fn thread_key = &this_thread_key,
-                               bool record_on_demand = false);
+  explicit stream_ordered_pool(std::shared_ptr<stream_sync> sync, thread_key_fn thread_key = &this_thread_key);
 
   /// A block for stream `s`: from s's own free blocks, then synchronized ones, then
   /// blocks taken over from other streams (with an event wait: all of another stream's
@@ -292,30 +222,17 @@ class stream_ordered_pool {
   std::uintptr_t allocate(std::size_t size, std::size_t alignment, stream_ref const& s) {
     owner_id const o = owner_of(s);
     owners_.note_use(o, s);
-    std::uintptr_t a = blocks_.allocate(size, alignment, o);
-    if (a == 0) { a = blocks_.allocate(size, alignment, block_pool::synchronized); }
-    if (a == 0) { a = allocate_from_other_streams(size, alignment, s, o); }
-    if (owners_.park_wanted(o, s)) [[unlikely]] { park(o, s); }
-    return a;
+    if (std::uintptr_t const a = blocks_.allocate(size, alignment, o)) { return a; }
+    if (std::uintptr_t const a = blocks_.allocate(size, alignment, block_pool::synchronized)) { return a; }
+    return allocate_from_other_streams(size, alignment, s, o);
   }
   /// Frees the live block at `address` on stream `s`; returns its size (0: not ours).
   std::size_t deallocate(std::uintptr_t address, stream_ref const& s) {
     blocks_.prefetch_deallocate(address);  // its cache miss overlaps finding the owner
     owner_id const o = owner_of(s);
     std::size_t const size = blocks_.deallocate(address, o);
-    if (size != 0) {
-      owners_.note_free(o, s);
-      if (owners_.park_wanted(o, s)) [[unlikely]] { park(o, s); }
-    }
+    if (size != 0) { owners_.note_free(o, s); }
     return size;
-  }
-
-  /// Record on demand: true while some created stream's memory waits to be parked.
-  [[nodiscard]] bool parks_pending() const noexcept { return owners_.parks_pending() != 0; }
-  /// At a call that names `s` but did not come here: parks s's memory when it is wanted.
-  void park_if_wanted(stream_ref const& s) {
-    owner_id const o = owners_.find(s);
-    if (o != 0 && owners_.park_wanted(o, s)) { park(o, s); }
   }
 
   /// Adds a chunk the upstream allocated on stream `s`; its memory belongs to `s`.
@@ -373,8 +290,6 @@ class stream_ordered_pool {
  private:
   std::uintptr_t allocate_from_other_streams(std::size_t size, std::size_t alignment, stream_ref const& s,
                                              owner_id o);
-  /// Records on `s` (named by this call) and moves everything `o` holds free under that event.
-  void park(owner_id o, stream_ref const& s);
   block_pool blocks_;
   stream_owners owners_;
 };

@@ -30,24 +30,15 @@
 /// - `release()` returns every wholly free chunk to the upstream (synchronizing first
 ///   only when their free blocks belong to several streams). Destruction returns every
 ///   chunk, live blocks or not.
-/// - Threads: the pool is split into shards, each a complete pool of its own (chunks, free
-///   lists, stream slots) behind its own lock; a thread allocates from its home shard
-///   (threads are spread over the shards round-robin) and frees into the shard whose
-///   chunk holds the block. Before a shard grows it takes what fits from the other shards'
-///   free memory (the same stream-ordered takeover as within one), and before the pool
-///   reports out-of-memory every shard synchronizes and returns its wholly free chunks:
-///   no shard hoards. One thread uses one shard, exactly the single-lock pool. Over a
-///   virtual range (in-place growth: one chunk) the pool has one shard.
+/// - Thread-safe (one mutex; the arena is the resource for many threads).
 /// - Works over any upstream: cuda, cuda_async, managed, pinned_host, system, simulated.
 ///   The upstream is only ever asked for 256-byte alignment.
-#include <atomic>
 #include <cstddef>
 #include <limits>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
-#include <vector>
 
 #include <mrstack/detail/lean_mutex.hpp>
 #include <mrstack/detail/stream_ordering.hpp>
@@ -87,10 +78,6 @@ struct pool_options {
   /// The seam to CUDA events; null: CUDA over device/managed/pinned memory, no-ops over
   /// host and simulated memory (see suballoc/stream_sync.hpp).
   std::shared_ptr<detail::stream_sync> stream_sync;
-  /// How many shards threads are spread over (rounded up to a power of two, at most 64);
-  /// 0: one per hardware thread. Shards are created when a thread first needs one, so a
-  /// single-threaded program has one. Forced to 1 when growing in place.
-  std::size_t shards = 0;
 };
 
 class pool_memory_resource final : public memory_resource {
@@ -127,51 +114,19 @@ class pool_memory_resource final : public memory_resource {
     std::size_t upstream_allocations = 0;  ///< chunks ever taken
     std::size_t events_recorded = 0;       ///< cross-stream handovers that recorded an event
     std::size_t stream_waits = 0;          ///< cudaStreamWaitEvent calls
-    std::size_t shards = 0;                ///< shards created so far
   };
   [[nodiscard]] statistics stats() const;
 
   /// Every structural invariant of the pool's bookkeeping; empty when all hold (O(blocks)).
   [[nodiscard]] std::string check_invariants() const;
-  /// Calls f(base, size) for every chunk (under a shard's lock: do not call the pool from f).
+  /// Calls f(base, size) for every chunk (under the pool's lock: do not call the pool from f).
   template <typename F>
   void for_each_chunk(F&& f) const {
-    for (std::size_t i = 0; i <= shard_mask_; ++i) {
-      shard* sh = shard_at(i);
-      if (sh == nullptr) { continue; }
-      std::lock_guard lock{sh->mutex};
-      sh->core.blocks().for_each_chunk(
-          [&](detail::chunk_id, detail::block_pool::chunk_info const& c) { f(c.base, c.size); });
-    }
+    std::lock_guard lock{mutex_};
+    core_.blocks().for_each_chunk([&](detail::chunk_id, detail::block_pool::chunk_info const& c) { f(c.base, c.size); });
   }
-  /// The most shards this pool spreads threads over.
-  [[nodiscard]] std::size_t shard_limit() const noexcept { return shard_mask_ + 1; }
 
  private:
-  /// One independent pool: its own lock, chunks, free lists and stream slots. Cache-line
-  /// aligned so that two shards' locks never share a line.
-  struct alignas(64) shard {
-    explicit shard(std::shared_ptr<detail::stream_sync> sync) : core{std::move(sync), &detail::this_thread_key, true} {}
-    mutable detail::lean_mutex mutex;  // a CAS to lock: see detail/lean_mutex.hpp
-    detail::stream_ordered_pool core;
-    /// Free bytes, published (relaxed) after every change: other shards read it to skip
-    /// this one without locking when it cannot serve them. A hint only.
-    std::atomic<std::size_t> free_hint{0};
-    /// Some created stream's memory here waits to be parked (see detail/stream_ordering.hpp).
-    std::atomic<bool> parks_pending{false};
-  };
-  /// After every change to `sh` (under its lock): its hints for other threads.
-  void publish(shard& sh) noexcept {
-    sh.free_hint.store(sh.core.blocks().free_bytes(), std::memory_order_relaxed);
-    bool const pending = sh.core.parks_pending();
-    if (pending != sh.parks_pending.load(std::memory_order_relaxed)) {
-      sh.parks_pending.store(pending, std::memory_order_relaxed);
-      shards_with_parks_.fetch_add(pending ? 1 : -1, std::memory_order_relaxed);
-    }
-  }
-  /// A call names the created stream `s`: park its memory in the shards that want it.
-  void serve_parks(detail::stream_ref const& s, shard const& home);
-
   void* do_allocate(std::size_t bytes, std::size_t alignment, stream_view stream) override;
   void do_deallocate(void* ptr, std::size_t bytes, std::size_t alignment, stream_view stream) override;
   bool do_is_equal(memory_resource const& other) const noexcept override { return this == &other; }
@@ -181,62 +136,25 @@ class pool_memory_resource final : public memory_resource {
   void do_release() override;
   fragmentation_info do_fragmentation() const override;
 
-  [[nodiscard]] shard* shard_at(std::size_t i) const noexcept { return shards_[i].load(std::memory_order_acquire); }
-  /// The calling thread's shard, created on first use.
-  shard& home_shard();
-  shard& create_shard(std::size_t index);
-  /// Calls f(shard&) for every shard created so far (no lock taken).
-  template <typename F>
-  void for_each_shard(F&& f) const {
-    for (std::size_t i = 0; i <= shard_mask_; ++i) {
-      if (shard* sh = shard_at(i)) { f(*sh); }
-    }
-  }
-
-  /// Nothing fit in the home shard: other shards' free memory, then growth, then the
-  /// out-of-memory path (every shard synchronized and trimmed) before giving up.
-  void* allocate_slow(std::size_t bytes, std::size_t size, std::size_t alignment, detail::stream_ref const& s,
-                      shard& home);
-  /// A block from a shard other than `home` that has room; 0 when none does.
-  std::uintptr_t allocate_from_other_shards(std::size_t size, std::size_t alignment, detail::stream_ref const& s,
-                                            shard const& home);
-  /// With `home` locked: grows it (or, when the upstream refuses, lets it synchronize);
-  /// 0 when that did not make room.
-  std::uintptr_t grow_and_allocate(std::size_t size, std::size_t alignment, detail::stream_ref const& s,
-                                   shard& home, std::string& why);
-  /// With `home` locked, before it grows: when streams' memory waits to be parked and
-  /// growing would take the footprint past 9/8 of the live bytes, synchronizes instead
-  /// (true: free memory became usable by every stream).
-  bool settle_before_growing(shard& home, std::size_t size);
-  /// Tries to take a chunk into `sh` that can serve `needed` bytes; false when the cap or the upstream refuses.
-  bool grow(shard& sh, std::size_t needed, detail::stream_ref const& s, std::string& why);
-  /// Returns `sh`'s wholly free chunks to the upstream; the bytes returned. Without
+  void* grow_and_allocate(std::size_t bytes, std::size_t size, std::size_t alignment, detail::stream_ref const& s);
+  /// Tries to take a chunk that can serve `needed` bytes; false when the cap or the upstream refuses.
+  bool grow(std::size_t needed, detail::stream_ref const& s, std::string& why);
+  /// Returns wholly free chunks to the upstream; the bytes returned. Without
   /// `may_synchronize`, chunks whose return would need a device synchronization stay.
-  std::size_t release_free_chunks(shard& sh, bool may_synchronize = true, detail::stream_ref const& caller = {});
-  /// Every shard in turn: synchronize what its streams hold and return its wholly free
-  /// chunks. True when anything changed.
-  bool trim_all_shards();
+  std::size_t release_free_chunks(bool may_synchronize = true, detail::stream_ref const& caller = {});
   [[noreturn]] void throw_out_of_memory(std::size_t bytes, std::string why) const;
-  std::uintptr_t grow_in_place_and_allocate(std::size_t size, std::size_t alignment, detail::stream_ref const& s,
-                                            shard& home, std::string& why);
-  /// Holds `bytes` more against the maximum; false (nothing held) when that would pass it.
-  bool reserve(std::size_t bytes) noexcept;
-  void note_peak() noexcept;
+  void* grow_in_place_and_allocate(std::size_t bytes, std::size_t size, std::size_t alignment,
+                                   detail::stream_ref const& s);
   /// Bytes held from the upstream: the chunks, less the holes released in place.
   [[nodiscard]] std::size_t footprint() const noexcept;
 
   resource_ptr upstream_;
   std::optional<std::size_t> maximum_size_;
   pool_options options_;
-  std::shared_ptr<detail::stream_sync> sync_;
-  std::size_t shard_mask_ = 0;  // shard count - 1 (a power of two)
-  std::unique_ptr<std::atomic<shard*>[]> shards_;
-  std::mutex creation_mutex_;  // creating a shard (once per shard)
-  std::vector<std::unique_ptr<shard>> owned_shards_;
-  std::atomic<std::size_t> held_bytes_{0};
-  std::atomic<int> shards_with_parks_{0};  // shards whose parks_pending is set  // chunk bytes of all shards (separate-chunk mode)
-  std::atomic<std::size_t> peak_pool_size_{0};
-  std::atomic<std::size_t> upstream_allocations_{0};
+  mutable detail::lean_mutex mutex_;  // a CAS to lock: see detail/lean_mutex.hpp
+  detail::stream_ordered_pool core_;
+  std::size_t peak_pool_size_ = 0;
+  std::size_t upstream_allocations_ = 0;
   std::unique_ptr<detail::in_place_pool_growth> growth_;  // set over a virtual range; destroyed first
 };
 
