@@ -147,6 +147,9 @@ TEST_CASE("gpu replay: on a two-thread, two-stream log the table times the alloc
                           << " ns/event wall), cuda_async " << driver.ns_per_call << " ns/call ("
                           << driver.ns_per_event << " ns/event wall)");
     CHECK(pool.ns_per_call < driver.ns_per_call);  // the verdict's fastest is a suballocator
-    CHECK(pool.ns_per_call <= pool.ns_per_event);
+    // In strict order one call runs at a time, so the time inside the allocator is part of
+    // the wall time; per-thread order runs the log's threads at once, and their calls
+    // overlap (the wall time per event can then be below the time of one call).
+    if (order == replay_order::strict) { CHECK(pool.ns_per_call <= pool.ns_per_event); }
   }
 }
