@@ -27,7 +27,15 @@ status=0
 for t in "${targets[@]}"; do
   mkdir -p "$build/corpus/$t" "$build/artifacts"
   echo "run-fuzzers: fuzz_$t for ${seconds}s"
-  if ! "$build/tests/fuzz/fuzz_$t" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=4096 -max_len=4096 \
+  # MRSTACK_FUZZ_RUNS (CI sets it) makes a run repeatable: a fixed seed, at most that many
+  # inputs, and no corpus of earlier runs, so CI replays the same inputs every time (a
+  # shorter run, on a slower machine, replays a prefix of them).
+  extra=()
+  if [ -n "${MRSTACK_FUZZ_RUNS:-}" ]; then
+    extra=(-seed=1 -runs="$MRSTACK_FUZZ_RUNS")
+    rm -rf "${build:?}/corpus/$t" && mkdir -p "$build/corpus/$t"
+  fi
+  if ! "$build/tests/fuzz/fuzz_$t" "${extra[@]}" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=4096 -max_len=4096 \
       -print_final_stats=1 -artifact_prefix="$build/artifacts/$t-" "$build/corpus/$t" "tests/fuzz/corpus/$t" \
       >"$build/fuzz_$t.log" 2>&1; then
     echo "run-fuzzers: fuzz_$t FOUND A PROBLEM (input in $build/artifacts/):" >&2

@@ -88,6 +88,8 @@ void validate_arena(spec_arguments const& a) {
 
 }  // namespace
 
+// long function: one table of every resource and parameter, read top to bottom like the
+// --list-resources output it produces; split, it would scatter one list over many screens.
 std::vector<spec_resource> builtin_resources() {
   std::vector<spec_resource> r;
 

@@ -49,12 +49,12 @@ struct stack_kind {
 
 // Every suballocator, each alone over simulated memory and in a realistic stack; a few
 // adaptors; the bare upstreams. `detects` as measured on this build (docs/reliability.md):
-// arena takes a wrong-size free, and a double free of a large block once the blocks around
-// its range were handed out again (tests/fuzz/findings/); fixed_size and binning take double, foreign and interior
-// frees; binning passes a wrong size above its largest bin to its upstream, where a pool
-// frees the bin's whole chunk; a pool frees a block whose size does not match "anyway", so
-// under `aligned` a stale pointer that is now the start of an aligned block's padding frees
-// that live block; system aborts on them (glibc) and takes a wrong size.
+// fixed_size, binning (over its own bins) and system refuse every kind; arena takes a
+// wrong-size free, and a double free of a large block once the blocks around its range were
+// handed out again (tests/fuzz/findings/); binning passes a wrong size above its largest bin
+// to its upstream, where a pool frees the bin's whole chunk; a pool frees a block whose size
+// does not match "anyway", so under `aligned` a stale pointer that is now the start of an
+// aligned block's padding frees that live block.
 constexpr unsigned arena_detects = foreign_free | interior_free;
 constexpr std::array<stack_kind, 16> stacks{{
     {"pool > simulated(capacity=4GiB)", false, every_misuse, 64u << 20},
@@ -62,17 +62,17 @@ constexpr std::array<stack_kind, 16> stacks{{
     {"pool > simulated_vmm(capacity=4GiB)", false, every_misuse, 64u << 20},
     {"arena(size=256MiB) > simulated", false, arena_detects, 8u << 20},
     {"arena(size=8MiB, superblock_size=64KiB, max_small_size=16KiB) > system", true, arena_detects, 256u << 10},
-    {"fixed_size(block_size=64KiB) > simulated", false, wrong_size_free, 64u << 10},
-    {"fixed_size(block_size=4KiB, blocks_to_preallocate=16) > system", true, wrong_size_free, 4u << 10},
-    {"binning > simulated(capacity=4GiB)", false, wrong_size_free, 1u << 20},
+    {"fixed_size(block_size=64KiB) > simulated", false, every_misuse, 64u << 10},
+    {"fixed_size(block_size=4KiB, blocks_to_preallocate=16) > system", true, every_misuse, 4u << 10},
+    {"binning > simulated(capacity=4GiB)", false, every_misuse, 1u << 20},
     {"binning(min=256B, max=1MiB) > pool > simulated", false, 0, 4u << 20},
-    {"binning(max=16KiB) > system", true, 0, 256u << 10},
+    {"binning(max=16KiB) > system", true, every_misuse, 256u << 10},
     {"tracking > binning > system", true, every_misuse, 256u << 10},
     {"statistics > limiting(64MiB) > pool > simulated", false, every_misuse, 8u << 20},
     {"aligned(alignment=4KiB, threshold=64KiB) > pool > simulated", false, foreign_free | interior_free, 1u << 20},
     {"thread_safe > retry > arena(size=64MiB) > simulated", false, arena_detects, 4u << 20},
     {"simulated(capacity=1GiB)", false, every_misuse, 16u << 20},
-    {"system", true, 0, 256u << 10},
+    {"system", true, every_misuse, 256u << 10},
 }};
 
 /// The misuse mixed into `kind`: its `detects`, unless MRSTACK_FUZZ_MISUSE says `all`,
