@@ -320,8 +320,13 @@ TEST_CASE("cross-device copies between the two devices' stacks") {
   auto const source = counting(n, 7);
   MRSTACK_CUDA_TRY(cudaMemcpy(a, source.data(), bytes, cudaMemcpyHostToDevice));
   MRSTACK_CUDA_TRY(cudaMemcpyPeer(b, 1, a, 0, bytes));
+  // Memory from device 1's cudaMallocAsync pool is accessible from device 1 only (no
+  // cudaMemPoolSetAccess for device 0 here): read it back with device 1 current. (With
+  // device 0 current, cudaMemcpy refuses it as an invalid argument.)
   std::vector<std::uint32_t> back(n);
+  MRSTACK_CUDA_TRY(cudaSetDevice(1));
   MRSTACK_CUDA_TRY(cudaMemcpy(back.data(), b, bytes, cudaMemcpyDeviceToHost));
+  MRSTACK_CUDA_TRY(cudaSetDevice(0));
   CHECK(back == source);
   // And back, on a stream of device 1, with the runtime finding both devices by address.
   MRSTACK_CUDA_TRY(cudaMemset(a, 0, bytes));
