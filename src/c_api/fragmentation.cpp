@@ -7,6 +7,7 @@
 #include <string>
 
 using mrstack::c_api::guarded;
+using mrstack::c_api::resolve_stack;
 using mrstack::c_api::set_last_error;
 
 namespace {
@@ -20,11 +21,11 @@ mrstack_status invalid(std::string message) {
 
 extern "C" {
 
-mrstack_status mrstack_get_fragmentation(mrstack_stack* stack, mrstack_fragmentation* out,
+mrstack_status mrstack_get_fragmentation(mrstack_stack* handle, mrstack_fragmentation* out,
                                          mrstack_fragmentation_stream* streams, size_t capacity) {
-  if (stack == nullptr || out == nullptr) {
-    return invalid("mrstack_get_fragmentation: the stack or the out-pointer is null");
-  }
+  if (out == nullptr) { return invalid("mrstack_get_fragmentation: the out-pointer is null"); }
+  auto const stack = resolve_stack(handle, "mrstack_get_fragmentation");  // a handle, not an address
+  if (!stack) { return MRSTACK_ERROR_INVALID_ARGUMENT; }
   if (streams == nullptr && capacity > 0) {
     return invalid("mrstack_get_fragmentation: " + std::to_string(capacity) +
                    " stream entries asked for, but the stream array is null");
@@ -53,8 +54,9 @@ mrstack_status mrstack_get_fragmentation(mrstack_stack* stack, mrstack_fragmenta
   });
 }
 
-mrstack_status mrstack_stack_release(mrstack_stack* stack) {
-  if (stack == nullptr) { return invalid("mrstack_stack_release: the stack is null"); }
+mrstack_status mrstack_stack_release(mrstack_stack* handle) {
+  auto const stack = resolve_stack(handle, "mrstack_stack_release");
+  if (!stack) { return MRSTACK_ERROR_INVALID_ARGUMENT; }
   return guarded([&] { stack->top->release(); });
 }
 

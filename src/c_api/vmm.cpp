@@ -22,10 +22,11 @@ mrstack_status null_argument(char const* function, char const* what) {
 
 extern "C" {
 
-mrstack_status mrstack_emm_get_ipc_handle_sized(mrstack_stack* stack, const void* ptr, size_t bytes,
+mrstack_status mrstack_emm_get_ipc_handle_sized(mrstack_stack* handle, const void* ptr, size_t bytes,
                                                 mrstack_ipc_handle* out) {
-  if (stack == nullptr) { return null_argument("mrstack_emm_get_ipc_handle_sized", "the stack"); }
   if (out == nullptr) { return null_argument("mrstack_emm_get_ipc_handle_sized", "the out-pointer"); }
+  auto const stack = mrstack::c_api::resolve_stack(handle, "mrstack_emm_get_ipc_handle_sized");
+  if (!stack) { return MRSTACK_ERROR_INVALID_ARGUMENT; }
   return guarded([&] {
     auto const h = stack->emm.get_ipc_handle(ptr, bytes);
     mrstack_ipc_handle result{};
@@ -57,18 +58,21 @@ mrstack_status mrstack_ipc_close(void* ptr) {
   return guarded([&] { mrstack::vmm_ipc::close(ptr); });
 }
 
-mrstack_status mrstack_stack_sleep(mrstack_stack* stack, int keep_contents) {
-  if (stack == nullptr) { return null_argument("mrstack_stack_sleep", "the stack"); }
+mrstack_status mrstack_stack_sleep(mrstack_stack* handle, int keep_contents) {
+  auto const stack = mrstack::c_api::resolve_stack(handle, "mrstack_stack_sleep");
+  if (!stack) { return MRSTACK_ERROR_INVALID_ARGUMENT; }
   return guarded([&] { mrstack::sleep_stack(*stack->top, keep_contents != 0); });
 }
 
-mrstack_status mrstack_stack_wake(mrstack_stack* stack) {
-  if (stack == nullptr) { return null_argument("mrstack_stack_wake", "the stack"); }
+mrstack_status mrstack_stack_wake(mrstack_stack* handle) {
+  auto const stack = mrstack::c_api::resolve_stack(handle, "mrstack_stack_wake");
+  if (!stack) { return MRSTACK_ERROR_INVALID_ARGUMENT; }
   return guarded([&] { mrstack::wake_stack(*stack->top); });
 }
 
-int mrstack_stack_is_asleep(mrstack_stack* stack) {
-  return stack != nullptr && mrstack::stack_asleep(*stack->top) ? 1 : 0;
+int mrstack_stack_is_asleep(mrstack_stack* handle) {
+  auto const stack = mrstack::c_api::resolve_stack(handle, "mrstack_stack_is_asleep");
+  return stack && mrstack::stack_asleep(*stack->top) ? 1 : 0;
 }
 
 }  // extern "C"
