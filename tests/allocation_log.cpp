@@ -3,6 +3,8 @@
 // consistency checks, multi-thread order, a random-log model test, and the sample log.
 #include <catch2/catch.hpp>
 
+#include "scratch_files.hpp"
+
 #include <mrstack/log/allocation_log.hpp>
 
 #include <cstdio>
@@ -47,11 +49,7 @@ void require_log_error(std::string const& text, std::size_t line, std::size_t co
   }
 }
 
-std::filesystem::path scratch_dir() {
-  auto dir = std::filesystem::temp_directory_path() / ("mrstack_log_test_" + std::to_string(::getpid()));
-  std::filesystem::create_directories(dir);
-  return dir;
-}
+std::filesystem::path scratch_dir() { return test_support::scratch_dir("mrstack_log_test_"); }
 
 void write_gzip(std::filesystem::path const& path, std::string const& text) {
   gzFile f = gzopen(path.c_str(), "wb");

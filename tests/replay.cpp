@@ -3,6 +3,8 @@
 // multi-thread log, the rewritten spec, and the tool's output, exit codes and --json.
 #include <catch2/catch.hpp>
 
+#include "scratch_files.hpp"
+
 #include <mrstack/log/allocation_log.hpp>
 #include <mrstack/replay/replay.hpp>
 #include <mrstack/spec_registry.hpp>
@@ -198,24 +200,13 @@ captured run_tool(std::vector<std::string> const& args) {
   return c;
 }
 
-std::filesystem::path scratch_dir() {
-  auto dir = std::filesystem::temp_directory_path() / ("mrstack_replay_test_" + std::to_string(::getpid()));
-  std::filesystem::create_directories(dir);
-  return dir;
-}
+std::filesystem::path scratch_dir() { return test_support::scratch_dir("mrstack_replay_test_"); }
 
 std::string write_file(std::string const& name, std::string const& text) {
-  auto const path = scratch_dir() / name;
-  std::ofstream{path} << text;
-  return path.string();
+  return test_support::write_file(scratch_dir(), name, text);
 }
 
-std::string slurp(std::string const& path) {
-  std::ifstream f{path};
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
+using test_support::slurp;
 
 }  // namespace
 

@@ -3,6 +3,8 @@
 // large inference-like log.
 #include <catch2/catch.hpp>
 
+#include "scratch_files.hpp"
+
 #include "mini_json.hpp"
 
 #include <mrstack/log/allocation_log.hpp>
@@ -79,24 +81,13 @@ replay_options simulated(std::size_t capacity) {
   return o;
 }
 
-std::filesystem::path scratch_dir() {
-  auto dir = std::filesystem::temp_directory_path() / ("mrstack_replay_failures_" + std::to_string(::getpid()));
-  std::filesystem::create_directories(dir);
-  return dir;
-}
+std::filesystem::path scratch_dir() { return test_support::scratch_dir("mrstack_replay_failures_"); }
 
 std::string write_file(std::string const& name, std::string const& text) {
-  auto const path = scratch_dir() / name;
-  std::ofstream{path} << text;
-  return path.string();
+  return test_support::write_file(scratch_dir(), name, text);
 }
 
-std::string slurp(std::string const& path) {
-  std::ifstream f{path};
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
+using test_support::slurp;
 
 struct captured {
   int status;

@@ -246,17 +246,27 @@ def write_log(lines, path):
     if path == "-":
         sys.stdout.write(text)
         return
+
+    def write(raw):
+        if path.endswith(".gz"):
+            with gzip.GzipFile(filename=os.path.basename(path)[:-3], mode="wb", fileobj=raw, mtime=0) as gz:
+                gz.write(text.encode())
+        else:
+            raw.write(text.encode())
+        raw.flush()
+        os.fsync(raw.fileno())
+
+    _write_atomically(path, write)
+
+
+def _write_atomically(path, write):
+    """Calls write(file) on a temporary file beside `path`, then renames it to `path`; on
+    any failure the temporary file is removed and `path` is left as it was."""
     directory = os.path.dirname(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(prefix=os.path.basename(path) + ".", suffix=".tmp", dir=directory)
     try:
-        with os.fdopen(fd, "wb") as raw:
-            if path.endswith(".gz"):
-                with gzip.GzipFile(filename=os.path.basename(path)[:-3], mode="wb", fileobj=raw, mtime=0) as gz:
-                    gz.write(text.encode())
-            else:
-                raw.write(text.encode())
-            raw.flush()
-            os.fsync(raw.fileno())
+        with os.fdopen(fd, "wb") as f:
+            write(f)
         os.replace(tmp, path)
     except BaseException:
         try:
@@ -423,18 +433,7 @@ def log_to_memory_viz(events, device=0, device_count=None):
 
 def write_snapshot(snapshot, path):
     """Pickles `snapshot` to `path` atomically (as torch.cuda.memory._dump_snapshot does)."""
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=os.path.basename(path) + ".", suffix=".tmp", dir=directory)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            pickle.dump(snapshot, f)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
+    _write_atomically(path, lambda f: pickle.dump(snapshot, f))
 
 
 def _memory_viz_main(args):

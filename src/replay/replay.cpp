@@ -31,26 +31,15 @@ bool device_present() {
   return ok;
 }
 
-namespace {
-
-std::size_t pool_attribute(cudaMemPool_t pool, cudaMemPoolAttr attr) {
-  std::uint64_t value = 0;
-  MRSTACK_CUDA_TRY(cudaMemPoolGetAttribute(pool, attr, &value));
-  return static_cast<std::size_t>(value);
-}
-
-}  // namespace
-
 std::size_t built_stack::footprint_now() const {
-  if (driver_pool != nullptr) { return pool_attribute(driver_pool->pool_handle(), cudaMemPoolAttrReservedMemCurrent); }
+  if (driver_pool != nullptr) { return driver_pool->reserved_bytes(); }
   if (range != nullptr) { return range->mapped_bytes(); }
   return meter != nullptr ? meter->bytes_held() : 0;
 }
 
 void built_stack::start_peak() const {
   if (driver_pool != nullptr) {
-    std::uint64_t zero = 0;  // resets the high-water mark to what is reserved now
-    MRSTACK_CUDA_TRY(cudaMemPoolSetAttribute(driver_pool->pool_handle(), cudaMemPoolAttrReservedMemHigh, &zero));
+    driver_pool->reset_peak_reserved_bytes();
   } else if (range != nullptr) {
     range->reset_peak_mapped_bytes();
   } else if (meter != nullptr) {
@@ -59,7 +48,7 @@ void built_stack::start_peak() const {
 }
 
 std::size_t built_stack::peak() const {
-  if (driver_pool != nullptr) { return pool_attribute(driver_pool->pool_handle(), cudaMemPoolAttrReservedMemHigh); }
+  if (driver_pool != nullptr) { return driver_pool->peak_reserved_bytes(); }
   if (range != nullptr) { return range->peak_mapped_bytes(); }
   return meter != nullptr ? meter->peak_bytes_held() : 0;
 }

@@ -90,6 +90,13 @@ std::size_t cuda_async_memory_resource::reserved_bytes() const {
 std::size_t cuda_async_memory_resource::used_bytes() const {
   return pool_attribute(pool_, cudaMemPoolAttrUsedMemCurrent);
 }
+std::size_t cuda_async_memory_resource::peak_reserved_bytes() const {
+  return pool_attribute(pool_, cudaMemPoolAttrReservedMemHigh);
+}
+void cuda_async_memory_resource::reset_peak_reserved_bytes() {
+  std::uint64_t zero = 0;  // the driver takes 0 as "reset the high-water mark to the current value"
+  MRSTACK_CUDA_TRY(cudaMemPoolSetAttribute(pool_, cudaMemPoolAttrReservedMemHigh, &zero));
+}
 
 std::size_t cuda_async_memory_resource::do_free_bytes_held() const noexcept {
   try {

@@ -37,6 +37,10 @@ class cuda_async_memory_resource final : public memory_resource {
   [[nodiscard]] std::size_t reserved_bytes() const;
   /// Bytes in use by allocations (cudaMemPoolAttrUsedMemCurrent).
   [[nodiscard]] std::size_t used_bytes() const;
+  /// The most bytes the pool has held reserved since the last reset (cudaMemPoolAttrReservedMemHigh).
+  [[nodiscard]] std::size_t peak_reserved_bytes() const;
+  /// Starts a new peak at what is reserved now.
+  void reset_peak_reserved_bytes();
 
  private:
   void* do_allocate(std::size_t bytes, std::size_t alignment, stream_view stream) override;
