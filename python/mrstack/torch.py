@@ -39,6 +39,7 @@ __all__ = ["install", "installed", "raises_torch_out_of_memory", "memory_stats",
 
 _installed = None
 _raises_torch_oom = False
+_why_not_torch_oom = "install() has not run"
 
 
 def installed():
@@ -47,20 +48,26 @@ def installed():
 
 
 def raises_torch_out_of_memory():
-    """True when a refusal reaches Python as ``torch.OutOfMemoryError`` (install() found
-    c10::OutOfMemoryError in PyTorch's libc10.so); False before install() or where it did
-    not, and PyTorch then raises RuntimeError with the same message (see
-    `out_of_memory_as_torch_error`)."""
+    """True when a refusal reaches Python as ``torch.OutOfMemoryError`` (install() found how
+    to build a c10::OutOfMemoryError with PyTorch's own libraries: docs/python.md); False
+    before install() or where it did not, and PyTorch then raises RuntimeError with the
+    same message (see `out_of_memory_as_torch_error`)."""
     return _raises_torch_oom
 
 
 def _bind_c10(lib, torch):
     """Lets mrstack throw c10::OutOfMemoryError (torch.OutOfMemoryError) on refusals;
-    returns whether it could."""
+    returns whether it could (when not, `_why_not_torch_oom` says why)."""
+    global _why_not_torch_oom
     libc10 = os.path.join(os.path.dirname(torch.__file__), "lib", "libc10.so")
     if not os.path.isfile(libc10):
+        _why_not_torch_oom = f"{libc10} does not exist"
         return False
-    return lib.dll.mrstack_torch_bind_c10(libc10.encode()) == _lib.SUCCESS
+    if lib.dll.mrstack_torch_bind_c10(libc10.encode()) != _lib.SUCCESS:
+        _why_not_torch_oom = lib.last_error()
+        return False
+    _why_not_torch_oom = ""
+    return True
 
 
 def install():

@@ -21,10 +21,13 @@
 #include <cuda_runtime_api.h>
 #include <cxxabi.h>
 #include <dlfcn.h>
+#include <link.h>
 
 #include <array>
 #include <atomic>
 #include <cstdio>
+#include <filesystem>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <typeinfo>
@@ -37,18 +40,25 @@ namespace {
 // PyTorch turns a c10::OutOfMemoryError unwinding out of its allocator into Python's
 // torch.OutOfMemoryError, and any other std::exception into RuntimeError. mrstack does not
 // link against PyTorch, so mrstack.torch.install() hands over the path of the libc10.so
-// PyTorch loaded, and the exception is built by libc10's own exported constructor
-// `OutOfMemoryError(SourceLocation, std::string)` and thrown with libc10's type_info.
+// PyTorch loaded, and the exception is built by libc10's own code and thrown with
+// PyTorch's type_info. Two ways, the first that the build exports:
+// - libc10's `OutOfMemoryError(SourceLocation, std::string)` (builds that export it);
+// - libc10's `Error(SourceLocation, std::string)`, then the object's vtable pointer set to
+//   OutOfMemoryError's (exported with its type_info by libc10_cuda.so and
+//   libtorch_python.so, beside libc10.so). OutOfMemoryError adds no member and overrides
+//   nothing (`using Error::Error;`), so an Error with its vtable is an OutOfMemoryError
+//   in every respect PyTorch looks at (torch 2.11 exports no constructor of it).
 // SourceLocation is a plain struct of two pointers and a line (c10/util/StringUtil.h).
 struct c10_source_location {
   char const* function;
   char const* file;
   std::uint32_t line;
 };
-using c10_oom_constructor = void (*)(void* self, c10_source_location where, std::string message);
+using c10_constructor = void (*)(void* self, c10_source_location where, std::string message);
 struct c10_binding {
-  c10_oom_constructor construct = nullptr;
-  std::type_info* type = nullptr;
+  c10_constructor construct = nullptr;  // OutOfMemoryError's, or Error's when `vtable` is set
+  std::type_info* type = nullptr;       // OutOfMemoryError's
+  void* vtable = nullptr;               // OutOfMemoryError's address point, for Error's constructor
 };
 // More than sizeof(c10::Error) (about 150 bytes: a vtable pointer, three strings, a vector,
 // a shared_ptr and a pointer); the object only uses what it needs.
@@ -64,8 +74,79 @@ std::atomic<c10_binding const*> bound_c10{nullptr};
     __cxxabiv1::__cxa_free_exception(storage);
     throw;
   }
+  if (c10.vtable != nullptr) { *static_cast<void**>(storage) = c10.vtable; }
   // c10::Error derives from std::exception first and alone: its virtual destructor ends the object.
   __cxxabiv1::__cxa_throw(storage, c10.type, [](void* object) { static_cast<std::exception*>(object)->~exception(); });
+}
+
+constexpr char const* oom_constructor_symbol =
+    "_ZN3c1016OutOfMemoryErrorC1ENS_14SourceLocationENSt7__cxx1112basic_stringIcSt11char_traitsIcESaIcEEE";
+constexpr char const* error_constructor_symbol =
+    "_ZN3c105ErrorC1ENS_14SourceLocationENSt7__cxx1112basic_stringIcSt11char_traitsIcESaIcEEE";
+constexpr char const* oom_type_symbol = "_ZTIN3c1016OutOfMemoryErrorE";
+constexpr char const* oom_vtable_symbol = "_ZTVN3c1016OutOfMemoryErrorE";
+constexpr char const* error_vtable_symbol = "_ZTVN3c105ErrorE";
+
+template <typename T>
+T* symbol(void* library, char const* name) {
+  return library != nullptr ? reinterpret_cast<T*>(dlsym(library, name)) : nullptr;
+}
+
+/// The size the ELF symbol table gives the object at `address` (0 when unknown).
+std::size_t symbol_size(void* address) {
+  Dl_info info{};
+  void* entry = nullptr;  // an ElfW(Sym) const*
+  if (dladdr1(address, &info, &entry, RTLD_DL_SYMENT) == 0 || entry == nullptr) { return 0; }
+  return static_cast<ElfW(Sym) const*>(entry)->st_size;
+}
+
+/// The second way (see above): libc10's Error constructor, OutOfMemoryError's type_info and
+/// vtable from a library PyTorch loaded beside libc10. Refuses unless that vtable names that
+/// type_info and is as long as Error's (the same slots, so the object behaves the same).
+bool bind_through_error(void* c10, std::string const& directory, c10_binding& binding, std::string& why) {
+  void* oom_vtable = nullptr;
+  for (char const* name : {"libtorch_python.so", "libc10_cuda.so"}) {
+    void* library = dlopen((directory + "/" + name).c_str(), RTLD_NOW | RTLD_NOLOAD);
+    binding.type = symbol<std::type_info>(library, oom_type_symbol);
+    oom_vtable = symbol<void>(library, oom_vtable_symbol);
+    if (binding.type != nullptr && oom_vtable != nullptr) { break; }
+  }
+  binding.construct = reinterpret_cast<c10_constructor>(dlsym(c10, error_constructor_symbol));
+  void* const error_vtable = symbol<void>(c10, error_vtable_symbol);
+  if (binding.type == nullptr || oom_vtable == nullptr || binding.construct == nullptr || error_vtable == nullptr) {
+    why = "neither libc10 exports c10::OutOfMemoryError's constructor nor do libc10 and the loaded "
+          "libtorch_python.so / libc10_cuda.so in " + directory + " export c10::Error's constructor and vtable "
+          "and c10::OutOfMemoryError's type_info and vtable";
+    return false;
+  }
+  // A vtable: offset to top, type_info, then the virtual functions (its "address point").
+  auto** const slots = static_cast<void**>(oom_vtable);
+  std::size_t const oom_size = symbol_size(oom_vtable);
+  if (slots[1] != static_cast<void*>(binding.type) || oom_size == 0 || oom_size != symbol_size(error_vtable)) {
+    why = "c10::OutOfMemoryError's vtable in this PyTorch does not have c10::Error's shape";
+    return false;
+  }
+  binding.vtable = slots + 2;
+  return true;
+}
+
+/// Finds how to throw c10::OutOfMemoryError in the PyTorch whose libc10.so is at `path`;
+/// null (and `why`) when this build allows neither way. The binding is never freed: a
+/// thread may be throwing with it.
+c10_binding const* bind_c10_out_of_memory(char const* path, std::string& why) {
+  void* c10 = dlopen(path, RTLD_NOW | RTLD_NOLOAD);  // PyTorch has loaded it: finds that copy
+  if (c10 == nullptr) { c10 = dlopen(path, RTLD_NOW); }
+  if (c10 == nullptr) {
+    char const* error = dlerror();
+    why = std::string{"cannot load "} + path + ": " + (error != nullptr ? error : "unknown error");
+    return nullptr;
+  }
+  auto binding = std::make_unique<c10_binding>();
+  binding->construct = reinterpret_cast<c10_constructor>(dlsym(c10, oom_constructor_symbol));
+  binding->type = symbol<std::type_info>(c10, oom_type_symbol);
+  if (binding->construct != nullptr && binding->type != nullptr) { return binding.release(); }
+  std::string const directory = std::filesystem::path{path}.parent_path().string();
+  return bind_through_error(c10, directory, *binding, why) ? binding.release() : nullptr;
 }
 
 // ---- the books ---------------------------------------------------------------------------
@@ -209,27 +290,11 @@ mrstack_status mrstack_torch_bind_c10(const char* libc10_path) {
     mrstack::c_api::set_last_error("mrstack_torch_bind_c10: the path is null");
     return MRSTACK_ERROR_INVALID_ARGUMENT;
   }
-  // PyTorch has loaded it already: this finds that copy (and keeps it loaded).
-  void* library = dlopen(libc10_path, RTLD_NOW | RTLD_NOLOAD);
-  if (library == nullptr) { library = dlopen(libc10_path, RTLD_NOW); }
-  if (library == nullptr) {
-    char const* why = dlerror();
-    mrstack::c_api::set_last_error(std::string{"mrstack_torch_bind_c10: cannot load "} + libc10_path + ": " +
-                                   (why != nullptr ? why : "unknown error"), 0, MRSTACK_ERROR_STATE);
-    return MRSTACK_ERROR_STATE;
-  }
-  static constexpr char const* constructor_symbol =
-      "_ZN3c1016OutOfMemoryErrorC1ENS_14SourceLocationENSt7__cxx1112basic_stringIcSt11char_traitsIcESaIcEEE";
-  static constexpr char const* type_symbol = "_ZTIN3c1016OutOfMemoryErrorE";
-  auto* binding = new c10_binding;  // never freed: a thread may be throwing with it
-  binding->construct = reinterpret_cast<c10_oom_constructor>(dlsym(library, constructor_symbol));
-  binding->type = static_cast<std::type_info*>(dlsym(library, type_symbol));
-  if (binding->construct == nullptr || binding->type == nullptr) {
-    mrstack::c_api::set_last_error(std::string{"mrstack_torch_bind_c10: "} + libc10_path + " lacks " +
-                                   (binding->construct == nullptr ? constructor_symbol : type_symbol) +
-                                   " (c10::OutOfMemoryError); out-of-memory stays a RuntimeError",
-                                   0, MRSTACK_ERROR_STATE);
-    delete binding;
+  std::string why;
+  c10_binding const* binding = bind_c10_out_of_memory(libc10_path, why);
+  if (binding == nullptr) {
+    mrstack::c_api::set_last_error("mrstack_torch_bind_c10: " + why + "; out-of-memory stays a RuntimeError", 0,
+                                   MRSTACK_ERROR_STATE);
     return MRSTACK_ERROR_STATE;
   }
   bound_c10.store(binding, std::memory_order_release);

@@ -37,10 +37,14 @@ def scenario(run_python, body, spec="pool(initial=256MiB) > cuda", check=True):
 def test_out_of_memory_is_torch_out_of_memory_error_and_the_stack_serves_on(run_python):
     done = scenario(run_python, """
 x = torch.ones(64 << 20, dtype=torch.uint8, device="cuda")
+bound = mrstack.torch.raises_torch_out_of_memory()
 try:
     torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
 except torch.OutOfMemoryError as e:
     message = str(e)
+except RuntimeError as e:
+    raise AssertionError(f"RuntimeError, not torch.OutOfMemoryError (c10 bound: {bound}, "
+                         f"why not: {mt._why_not_torch_oom!r}): {e}")
 else:
     raise AssertionError("no out-of-memory error")
 assert "out of memory" in message and "1.00 GiB" in message, message
@@ -74,21 +78,25 @@ print("ok")
     assert done.stdout.split()[-1] == "ok"
 
 
+# Two streams PyTorch created, neither the legacy default stream: PyTorch's own streams may
+# be blocking ones, and work on the legacy stream waits for every blocking stream, which
+# would order z's write after the side stream's read and hide the hazard.
 STREAM_HAZARD = """
 n = 32 << 20
-main = torch.cuda.current_stream()
+main = torch.cuda.Stream()
 side = torch.cuda.Stream()
-x = torch.ones(n, device="cuda")
-side.wait_stream(main)
-with torch.cuda.stream(side):
-    torch.cuda._sleep(2_000_000_000)   # the side stream is busy for about a second...
-    y = x * 2                          # ...then reads x
-x_ptr = x.data_ptr()
-{record}
-del x                                  # freed on x's allocation stream, main
-z = torch.zeros(n, device="cuda")      # main reuses the block at once if nothing waits
-reused = z.data_ptr() == x_ptr
-main.wait_stream(side)
+with torch.cuda.stream(main):
+    x = torch.ones(n, device="cuda")
+    side.wait_stream(main)
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(2_000_000_000)   # the side stream is busy for about a second...
+        y = x * 2                          # ...then reads x
+    x_ptr = x.data_ptr()
+    {record}
+    del x                                  # freed on x's allocation stream, main
+    z = torch.zeros(n, device="cuda")      # main reuses the block at once if nothing waits
+    reused = z.data_ptr() == x_ptr
+    main.wait_stream(side)
 torch.cuda.synchronize()
 print("reused", reused, "intact", bool((y == 2).all()))
 """
@@ -101,12 +109,12 @@ def test_record_stream_keeps_a_block_until_the_side_stream_is_done(run_python):
 
 
 def test_without_record_stream_the_hazard_is_real(run_python):
-    """The control: the same program without record_stream corrupts y whenever the pool
-    hands x's block to z (so the test above can fail)."""
+    """The control: the same program without record_stream: the pool hands x's block to z
+    at once and z's zeros reach y (so the test above can fail)."""
     done = scenario(run_python, STREAM_HAZARD.format(record=""))
     words = done.stdout.split()
-    if words[words.index("reused") + 1] == "True":
-        assert words[words.index("intact") + 1] == "False", done.stdout
+    assert words[words.index("reused") + 1] == "True", f"the pool did not reuse x's block: {done.stdout}"
+    assert words[words.index("intact") + 1] == "False", done.stdout
 
 
 MODEL = """
