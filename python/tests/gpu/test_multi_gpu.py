@@ -34,18 +34,26 @@ def _need(module):
 
 
 # Shared by the snippets: where a pointer lives and whether a device has a context, asked
-# of the driver (neither creates a context).
+# of the driver itself through ctypes (neither creates a context). CUDA numbers devices in
+# PCI bus order here, as NVML does, so "device 1" is the same GPU for both.
 DRIVER_HELPERS = """
-from cuda.bindings import driver as _cu
-_cu.cuInit(0)
+import ctypes, os
+os.environ["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+_cu = ctypes.CDLL("libcuda.so.1")
+assert _cu.cuInit(0) == 0
 def device_of(ptr):
-    err, ordinal = _cu.cuPointerGetAttribute(_cu.CUpointer_attribute.CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, int(ptr))
-    assert err == _cu.CUresult.CUDA_SUCCESS, err
-    return int(ordinal)
+    ordinal = ctypes.c_int(-1)
+    err = _cu.cuPointerGetAttribute(ctypes.byref(ordinal), 9, ctypes.c_uint64(int(ptr)))  # 9: DEVICE_ORDINAL
+    assert err == 0, f"cuPointerGetAttribute({int(ptr):#x}) failed: CUresult {err}"
+    return ordinal.value
 def has_context(device):
-    err, dev = _cu.cuDeviceGet(device)
-    err, flags, active = _cu.cuDevicePrimaryCtxGetState(dev)
-    return bool(active)
+    dev, flags, active = ctypes.c_int(), ctypes.c_uint(), ctypes.c_int()
+    assert _cu.cuDeviceGet(ctypes.byref(dev), device) == 0
+    assert _cu.cuDevicePrimaryCtxGetState(dev, ctypes.byref(flags), ctypes.byref(active)) == 0
+    return bool(active.value)
+def check_device(ptr, expected, what):
+    got = device_of(ptr)
+    assert got == expected, f"{what} at {int(ptr):#x} is on device {got}, expected device {expected}"
 """
 
 SPEC = "pool(initial=64MiB) > cuda"
@@ -63,7 +71,7 @@ arrays = {{}}
 for device, mib in ((0, 96), (1, 48)):
     with cuda.gpus[device]:
         a = cuda.to_device(np.full(mib * {MIB} // 4, device + 1, dtype=np.float32))
-        assert device_of(a.device_ctypes_pointer.value) == device
+        check_device(a.device_ctypes_pointer.value, device, "Numba's array")
         assert float(a.copy_to_host().sum()) == (device + 1) * mib * {MIB} // 4
         arrays[device] = a
 for device, mib in ((0, 96), (1, 48)):
@@ -83,7 +91,7 @@ kept = []
 for device, mib in ((1, 40), (0, 72)):
     with cupy.cuda.Device(device):
         a = cupy.ones(mib * {MIB} // 4, dtype=cupy.float32)
-        assert device_of(a.data.ptr) == device
+        check_device(a.data.ptr, device, "CuPy's array")
         assert float(a.sum()) == mib * {MIB} // 4
         kept.append(a)
     assert cupy.cuda.runtime.getDevice() == 0  # what the thread had, left as it was
@@ -106,7 +114,8 @@ mrstack.torch.install()
 import torch
 x = torch.ones(24 * {MIB} // 4, device="cuda:1")
 y = torch.ones(56 * {MIB} // 4, device="cuda:0")
-assert device_of(x.data_ptr()) == 1 and device_of(y.data_ptr()) == 0
+check_device(x.data_ptr(), 1, "x")
+check_device(y.data_ptr(), 0, "y")
 assert float(x.sum()) == 24 * {MIB} // 4 and float(y.sum()) == 56 * {MIB} // 4
 z = x.to("cuda:0") + y[: x.numel()]       # a cross-device copy, then math on device 0
 assert float(z.sum()) == 2 * x.numel()
@@ -125,7 +134,7 @@ import mrstack
 mrstack.configure("pool > cuda")
 s = mrstack.device_stack(1)
 p = s.allocate(1 << 30)
-assert device_of(p) == 1
+check_device(p, 1, "device 1's block")
 s.deallocate(p, 1 << 30)
 p = s.allocate(1 << 30)   # held while the memory is measured
 """,
@@ -135,21 +144,21 @@ from numba import cuda
 USE_MRSTACK and cuda.set_memory_manager(mrstack.numba.MrstackNumbaMemoryManager)
 cuda.select_device(1)
 a = cuda.device_array(64 << 20, dtype=np.float32)
-assert device_of(a.device_ctypes_pointer.value) == 1
+check_device(a.device_ctypes_pointer.value, 1, "Numba's array")
 """,
     "cupy": """
 import cupy, mrstack, mrstack.cupy
 USE_MRSTACK and mrstack.cupy.install()
 with cupy.cuda.Device(1):
     a = cupy.ones(64 << 20, dtype=cupy.float32)
-    assert device_of(a.data.ptr) == 1
+    check_device(a.data.ptr, 1, "CuPy's array")
 """,
     "torch": """
 import mrstack, mrstack.torch
 USE_MRSTACK and mrstack.torch.install()
 import torch
 a = torch.ones(64 << 20, device="cuda:1")
-assert device_of(a.data_ptr()) == 1
+check_device(a.data_ptr(), 1, "the tensor")
 """,
 }
 
