@@ -48,7 +48,12 @@ def _replay_tool():
 
 
 SCENARIO = """
-import json, time
+import json, sys, time
+try:                                   # dask-cuda 25.10 imports cuda.core.experimental, which
+    import cuda.core.experimental      # cuda-core 1.x (the GPU host's) calls cuda.core. Worker
+except ModuleNotFoundError:            # processes re-import this file, so they get it too.
+    import cuda.core
+    sys.modules["cuda.core.experimental"] = cuda.core
 import mrstack.dask
 from dask_cuda import LocalCUDACluster
 from distributed import Client
