@@ -156,14 +156,17 @@ std::vector<spec_resource> builtin_resources() {
                     .within(1, MiB),
                 count_param("device", optional_param, "the device ordinal", "the current device").within(0, 1023),
                 text_param("ipc", optional_param, "what memory can be exported as for IPC: fd, fabric, none, auto",
-                           "auto (fd where supported)")},
+                           "auto (fd where supported)"),
+                flag_param("peer_access", optional_param,
+                           "let every peer device read and write this memory (cuMemSetAccess)", "true")},
                [](spec_arguments const& a, resource_ptr) -> resource_ptr {
                  auto const device = a.count("device");
                  return std::make_shared<vmm_memory_resource>(
                      a.size("reserve").value_or(0),
                      a.count("map_granules").value_or(vmm_memory_resource::default_map_granules),
                      device ? static_cast<int>(*device) : detail::resolve_device(-1),  // the stack's device
-                     vmm_memory_resource::parse_ipc_mode(a.text("ipc").value_or("auto")));
+                     vmm_memory_resource::parse_ipc_mode(a.text("ipc").value_or("auto")),
+                     a.flag("peer_access").value_or(true));
                },
                {}, "simulated_vmm", false, true});
   r.push_back({"simulated_vmm", "the CPU twin of vmm: the same granule bookkeeping over fake addresses", bottom_resource,

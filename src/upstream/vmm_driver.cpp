@@ -80,6 +80,16 @@ int resolve_device(int device) {
   return current;
 }
 
+std::vector<CUmemAccessDesc> read_write_access(int device, std::vector<int> const& peers) {
+  std::vector<CUmemAccessDesc> access(1 + peers.size());
+  for (std::size_t i = 0; i < access.size(); ++i) {
+    access[i].location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    access[i].location.id = i == 0 ? device : peers[i - 1];
+    access[i].flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  }
+  return access;
+}
+
 scoped_context::scoped_context(CUcontext ctx) { MRSTACK_CU_TRY(api().ctx_push(ctx), "cuCtxPushCurrent"); }
 
 scoped_context::~scoped_context() {

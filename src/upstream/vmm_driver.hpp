@@ -6,6 +6,7 @@
 #include <cuda_runtime_api.h>
 
 #include <string>
+#include <vector>
 
 #include <mrstack/error.hpp>
 
@@ -46,6 +47,9 @@ std::string describe(CUresult result);
 
 /// `device` when >= 0, else the current device.
 int resolve_device(int device);
+
+/// Read-write access to device memory for `device` (first) and each of `peers`.
+std::vector<CUmemAccessDesc> read_write_access(int device, std::vector<int> const& peers);
 
 /// Runs driver calls with a context current, whatever the calling thread has.
 struct scoped_context {

@@ -17,6 +17,7 @@
 #include <random>
 #include <thread>
 
+#include "cuda_util.hpp"  // peers_of
 #include "vmm_driver.hpp"
 #include "vmm_ipc_registry.hpp"
 
@@ -455,10 +456,10 @@ void* open(handle const& h, int device) {
       b.runs.push_back({at, got.bytes[i], imported});
       at += got.bytes[i];
     }
-    CUmemAccessDesc access{};
-    access.location = prop.location;
-    access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-    MRSTACK_CU_TRY(d.mem_set_access(b.base, b.bytes, &access, 1), "cuMemSetAccess(imported block)");
+    // This device and its peers, as cudaIpcOpenMemHandle's lazy peer access gives: Numba
+    // opens a handle on the exporter's device and copies from it on another.
+    auto const access = read_write_access(ordinal, detail::peers_of(ordinal));
+    MRSTACK_CU_TRY(d.mem_set_access(b.base, b.bytes, access.data(), access.size()), "cuMemSetAccess(imported block)");
   } catch (...) {
     tear_down(b);
     throw;

@@ -8,7 +8,9 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <vector>
 
+#include "cuda_util.hpp"  // peers_of
 #include "vmm_driver.hpp"
 #include "vmm_ipc_registry.hpp"
 
@@ -77,7 +79,7 @@ struct vmm_memory_resource::driver {
   CUdevice device = 0;
   CUcontext context = nullptr;  // the device's primary context, retained
   CUmemAllocationProp properties{};
-  CUmemAccessDesc access{};
+  std::vector<CUmemAccessDesc> access;  // this device first, then the peers given access
   std::size_t granularity = 0;
   CUdeviceptr base = 0;
   std::size_t bytes = 0;
@@ -93,7 +95,8 @@ struct vmm_memory_resource::driver {
   std::map<std::size_t, std::size_t> staged;
   std::thread staging_release;
 
-  driver(std::size_t reserve_bytes, int requested_device, vmm_memory_resource::ipc_mode requested_ipc) {
+  driver(std::size_t reserve_bytes, int requested_device, vmm_memory_resource::ipc_mode requested_ipc,
+         bool peer_access) {
     int count = 0;
     MRSTACK_CUDA_TRY(cudaGetDeviceCount(&count));  // also initializes the runtime and the driver
     ordinal = resolve_device(requested_device);
@@ -117,8 +120,7 @@ struct vmm_memory_resource::driver {
     ipc_automatic = requested_ipc == vmm_memory_resource::ipc_mode::automatic;
     ever_exportable = ipc != vmm_memory_resource::ipc_mode::none;
     properties = device_memory_properties(ordinal, handle_type_of(ipc));
-    access.location = properties.location;
-    access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    access = read_write_access(ordinal, peer_access ? detail::peers_of(ordinal) : std::vector<int>{});
     MRSTACK_CU_TRY(d.mem_get_allocation_granularity(&granularity, &properties, CU_MEM_ALLOC_GRANULARITY_MINIMUM),
                    "cuMemGetAllocationGranularity(device " + std::to_string(ordinal) + ")");
     if (reserve_bytes == 0) {
@@ -164,9 +166,15 @@ struct vmm_memory_resource::driver {
 
 // ---- the resource -------------------------------------------------------------------------------
 
+std::vector<int> vmm_memory_resource::peers() const {
+  std::vector<int> peers;
+  for (std::size_t i = 1; i < driver_->access.size(); ++i) { peers.push_back(driver_->access[i].location.id); }
+  return peers;
+}
+
 vmm_memory_resource::vmm_memory_resource(std::size_t reserve_bytes, std::size_t map_granules, int device,
-                                         ipc_mode ipc)
-    : vmm_memory_resource(std::make_unique<driver>(reserve_bytes, device, ipc), map_granules) {}
+                                         ipc_mode ipc, bool peer_access)
+    : vmm_memory_resource(std::make_unique<driver>(reserve_bytes, device, ipc, peer_access), map_granules) {}
 
 vmm_memory_resource::vmm_memory_resource(std::unique_ptr<driver> drv, std::size_t map_granules)
     : virtual_range_resource("vmm", static_cast<std::uintptr_t>(drv->base), drv->bytes, drv->granularity,
@@ -259,7 +267,7 @@ std::uint64_t vmm_memory_resource::map(std::size_t offset, std::size_t bytes) {
 
 void vmm_memory_resource::enable_access(std::size_t offset, std::size_t bytes) {
   scoped_context const ctx{driver_->context};
-  MRSTACK_CU_TRY(api().mem_set_access(driver_->base + offset, bytes, &driver_->access, 1),
+  MRSTACK_CU_TRY(api().mem_set_access(driver_->base + offset, bytes, driver_->access.data(), driver_->access.size()),
                  "cuMemSetAccess(" + format_bytes(bytes) + ")");
 }
 

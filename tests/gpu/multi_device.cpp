@@ -138,7 +138,7 @@ int use_only_device_1() {
   if (current_context() != nullptr) { return fail("a context was current before anything ran"); }
   int failures = 0;
   for (char const* spec : {"pool(initial=64MiB) > cuda", "cuda_async(initial=32MiB)", "binning > pool > cuda_async",
-                           "cuda", "pinned_host"}) {
+                           "cuda", "pinned_host", "pool > vmm"}) {  // vmm: with access granted to its peers
     auto stack = stack_on(1, spec);
     std::vector<void*> blocks;
     // This thread never picked a device: the runtime would call it device 0.
@@ -355,7 +355,7 @@ TEST_CASE("peer_access: a kernel on device 1 reads and writes device 0's stack m
   std::size_t const n = (std::size_t{1} << 20) + 13;  // a partial last block
   std::size_t const bytes = n * sizeof(std::uint32_t);
   for (char const* spec : {"pool > cuda(peer_access=true)", "cuda_async(peer_access=true)",
-                           "pool > cuda_async(peer_access=true)"}) {
+                           "pool > cuda_async(peer_access=true)", "pool > vmm", "pool > vmm(peer_access=true)"}) {
     INFO("device 0's stack: " << spec);
     auto on0 = stack_on(0, spec);
     auto on1 = stack_on(1, "pool > cuda");
@@ -373,6 +373,41 @@ TEST_CASE("peer_access: a kernel on device 1 reads and writes device 0's stack m
     std::vector<std::uint32_t> written(n);
     MRSTACK_CUDA_TRY(cudaMemcpy(written.data(), zero, bytes, cudaMemcpyDeviceToHost));
     CHECK(written == counting(n, 102));
+    MRSTACK_CUDA_TRY(cudaSetDevice(0));
+    on0->deallocate(zero, bytes);
+    on1->deallocate(one, bytes);
+  }
+}
+
+TEST_CASE("vmm memory is copied from another device's context with peer access, refused without") {
+  require_two_devices();
+  int can = 0;
+  MRSTACK_CUDA_TRY(cudaDeviceCanAccessPeer(&can, 1, 0));
+  if (can == 0) {
+    WARN("device 1 cannot access device 0's memory (cudaDeviceCanAccessPeer is 0): no peer test on this machine");
+    return;
+  }
+  std::size_t const n = std::size_t{1} << 20;
+  std::size_t const bytes = n * sizeof(std::uint32_t);
+  for (bool const peers : {true, false}) {
+    INFO("vmm(peer_access=" << peers << ")");
+    auto on0 = stack_on(0, peers ? "pool > vmm(peer_access=true)" : "pool > vmm(peer_access=false)");
+    auto on1 = stack_on(1, "pool > cuda");
+    void* zero = on0->allocate(bytes);
+    void* one = on1->allocate(bytes);
+    auto const source = counting(n, 7);
+    MRSTACK_CUDA_TRY(cudaMemcpy(zero, source.data(), bytes, cudaMemcpyHostToDevice));
+    MRSTACK_CUDA_TRY(cudaSetDevice(1));  // as Numba's copy_to_device from device 1's context
+    cudaError_t const copied = cudaMemcpy(one, zero, bytes, cudaMemcpyDeviceToDevice);
+    (void)cudaGetLastError();
+    if (peers) {
+      REQUIRE(copied == cudaSuccess);
+      std::vector<std::uint32_t> read(n);
+      MRSTACK_CUDA_TRY(cudaMemcpy(read.data(), one, bytes, cudaMemcpyDeviceToHost));
+      CHECK(read == source);
+    } else {
+      CHECK(copied != cudaSuccess);  // the control: without access the copy cannot work
+    }
     MRSTACK_CUDA_TRY(cudaSetDevice(0));
     on0->deallocate(zero, bytes);
     on1->deallocate(one, bytes);

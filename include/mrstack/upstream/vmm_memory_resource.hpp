@@ -13,7 +13,11 @@
 /// - The granularity is the driver's minimum for device memory (2 MiB on current GPUs).
 ///   Up to `map_granules` granules share one physical allocation (see granule_map.hpp: 1
 ///   gives exact release, larger values fewer driver calls). Physical memory is made
-///   read-write for `device` only.
+///   read-write for `device` and, with `peer_access` (the default), for every device that
+///   can access it as a peer (cudaDeviceCanAccessPeer), so copies and kernels on other
+///   devices may use it as they may use cudaMalloc memory (without access, a copy from
+///   another device's context fails with CUDA_ERROR_INVALID_VALUE). Granting access
+///   creates no context on the peers. `peer_access=false` keeps it to `device`.
 /// - Running out of device memory throws `out_of_memory` with the device's free memory.
 /// - Giving memory back (decommit, deallocate) first waits for all work on the device's
 ///   primary context: unmapping does not wait for kernels that may still use the memory.
@@ -35,6 +39,7 @@
 #include <cstddef>
 #include <memory>
 #include <string_view>
+#include <vector>
 
 #include <mrstack/upstream/virtual_range_resource.hpp>
 
@@ -55,11 +60,15 @@ class vmm_memory_resource final : public virtual_range_resource, private detail:
   static char const* to_string(ipc_mode mode) noexcept;
 
   /// `reserve_bytes` 0: twice the device's total memory. `device` -1: the current device.
+  /// `peer_access`: every device that can access this one (cudaDeviceCanAccessPeer) may
+  /// read and write the memory too (see the contract).
   explicit vmm_memory_resource(std::size_t reserve_bytes = 0, std::size_t map_granules = default_map_granules,
-                               int device = -1, ipc_mode ipc = ipc_mode::automatic);
+                               int device = -1, ipc_mode ipc = ipc_mode::automatic, bool peer_access = true);
   ~vmm_memory_resource() override;
 
   [[nodiscard]] int device() const noexcept;
+  /// The devices besides `device()` that may read and write the memory (empty without peer access).
+  [[nodiscard]] std::vector<int> peers() const;
   /// The export type in force (never `automatic`).
   [[nodiscard]] ipc_mode ipc() const noexcept;
 
