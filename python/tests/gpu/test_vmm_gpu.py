@@ -20,16 +20,20 @@ def test_numba_ipc_of_pool_vmm_blocks_between_two_processes(run_python):
         import mrstack, mrstack.numba
 
         def child(ipch, raw, size, queue):
-            # Numba's routes, unchanged: the pickled IpcHandle, then the raw bytes.
-            ctx = cuda.current_context()
-            arr = ipch.open_array(ctx, shape=size // 8, dtype=np.int64)
-            seen = arr.copy_to_host()
-            arr.copy_to_device(seen * 2 + 1)   # write back
-            cuda.synchronize()
-            ipch.close()
-            with cuda.open_ipc_array(raw, shape=size // 8, dtype=np.int64) as again:
-                second = again.copy_to_host()
-            queue.put((seen.tolist(), second.tolist()))
+            import traceback
+            try:
+                # Numba's routes, unchanged: the pickled IpcHandle, then the raw bytes.
+                ctx = cuda.current_context()
+                arr = ipch.open_array(ctx, shape=size // 8, dtype=np.int64)
+                seen = arr.copy_to_host()
+                arr.copy_to_device(seen * 2 + 1)   # write back
+                cuda.synchronize()
+                ipch.close()
+                with cuda.open_ipc_array(raw, shape=size // 8, dtype=np.int64) as again:
+                    second = again.copy_to_host()
+                queue.put(("ok", seen.tolist(), second.tolist()))
+            except BaseException:
+                queue.put(("failed", traceback.format_exc(), None))   # the parent says what, at once
 
         if __name__ == "__main__":
             pad = cuda.device_array(3000, dtype=np.uint8)       # the block sits inside a pool chunk
@@ -44,9 +48,10 @@ def test_numba_ipc_of_pool_vmm_blocks_between_two_processes(run_python):
             queue = spawn.Queue()
             p = spawn.Process(target=child, args=(again, raw, data.nbytes, queue))
             p.start()
-            seen, second = queue.get(timeout=120)
-            p.join()
-            assert p.exitcode == 0
+            outcome, seen, second = queue.get(timeout=60)
+            assert outcome == "ok", "the opening process failed:\n" + seen
+            p.join(timeout=60)
+            assert p.exitcode == 0, p.exitcode
             assert seen == data.tolist()
             assert second == (data * 2 + 1).tolist()
             assert d.copy_to_host().tolist() == (data * 2 + 1).tolist()   # A sees B's writes
