@@ -173,6 +173,12 @@ TEST_CASE("arena: bad frees are logic_errors; destruction returns the region") {
     CHECK_THROWS_WITH(mr.deallocate(p, 1000), Catch::Contains("already taken back"));
     int on_stack = 0;
     CHECK_THROWS_AS(mr.deallocate(&on_stack, 4), logic_error);
+    // A large block (from the global arena) freed with another size: refused, unchanged.
+    CHECK_THROWS_WITH(mr.deallocate(big, 2 * MiB), Catch::Contains("with that size"));
+    CHECK_THROWS_AS(mr.deallocate(big, 3 * MiB + 256), logic_error);
+    mr.deallocate(big, 3 * MiB);  // the right size frees it
+    CHECK_THROWS_AS(mr.deallocate(big, 3 * MiB), logic_error);  // a double free
+    big = mr.allocate(3 * MiB);
     (void)big;  // leaked on purpose
   }
   CHECK(sim->footprint() == 0);

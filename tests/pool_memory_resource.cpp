@@ -238,7 +238,12 @@ TEST_CASE("pool: bad frees are logic_errors naming the pointer; destruction retu
     pool_memory_resource pool{sim, 8 * MiB};
     void* a = pool.allocate(1000);
     CHECK_THROWS_WITH(pool.deallocate(static_cast<char*>(a) + 256, 10), Catch::Contains("did not hand out"));
-    CHECK_THROWS_WITH(pool.deallocate(a, 5000), Catch::Contains("5000"));  // wrong size (the block is freed anyway)
+    std::size_t const used = pool.used_bytes();
+    // A wrong size: refused, naming both sizes, and nothing moves.
+    CHECK_THROWS_WITH(pool.deallocate(a, 5000), Catch::Contains("5000") && Catch::Contains("1024 B; nothing was freed"));
+    CHECK(pool.used_bytes() == used);
+    CHECK(pool.check_invariants() == "");
+    pool.deallocate(a, 1000);                                                // the right size still frees it
     CHECK_THROWS_AS(pool.deallocate(a, 1000), logic_error);                 // now a double free
     void* leaked = pool.allocate(3 * MiB);
     (void)leaked;
@@ -286,6 +291,8 @@ TEST_CASE("pool: requests near SIZE_MAX are out_of_memory naming the request, ne
   // A wrong size near SIZE_MAX on free is a logic_error, not a wrapped size that matches.
   void* p = pool.allocate(1000);
   CHECK_THROWS_AS(pool.deallocate(p, max - 100), logic_error);
+  CHECK(pool.used_bytes() == 1024);  // refused: nothing freed
+  pool.deallocate(p, 1000);
   CHECK(pool.used_bytes() == 0);
   CHECK(pool.check_invariants() == "");
   // A maximum of SIZE_MAX: the growth arithmetic saturates instead of wrapping.

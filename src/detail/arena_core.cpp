@@ -410,7 +410,7 @@ bool arena_core::deallocate(std::uintptr_t p, std::size_t size, std::size_t alig
   if (!is_small(size, alignment)) {
     std::lock_guard lock{global_mutex_};
     if (map_.find(p) != nullptr) { return false; }  // inside a superblock: a small block, not a large one
-    return global_deallocate(p, s) != 0;
+    return global_deallocate(p, s, size) != 0;  // a large block's exact size, as it was handed out
   }
   auto* const sb = static_cast<superblock*>(map_.find(p));
   if (sb == nullptr) { return false; }

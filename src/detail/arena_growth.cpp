@@ -57,8 +57,8 @@ std::uintptr_t arena_core::global_allocate(std::size_t size, std::size_t alignme
   return global_.allocate(size, alignment, s);
 }
 
-std::size_t arena_core::global_deallocate(std::uintptr_t address, stream_ref const& s) {
-  std::size_t const freed = global_.deallocate(address, s);
+std::size_t arena_core::global_deallocate(std::uintptr_t address, stream_ref const& s, std::size_t expected_size) {
+  std::size_t const freed = global_.deallocate(address, s, expected_size);
   if (freed == 0) { return 0; }
   if (!opts_.eager) {
     note_maybe_empty(address);

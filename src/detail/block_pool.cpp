@@ -404,15 +404,16 @@ MRSTACK_HOT_INLINE std::uintptr_t block_pool::take(std::uint32_t b, std::size_t 
   return start;
 }
 
-std::size_t block_pool::deallocate(std::uintptr_t address, owner_id owner) {
+std::size_t block_pool::deallocate(std::uintptr_t address, owner_id owner, std::size_t expected_size) {
   std::uint32_t const b = live_.erase(address, starts_at(address));
   if (b == npos) { return 0; }
   block& n = at(b);
-  if (n.state != state_live) {  // a hole, not a live block: put it back and refuse
+  std::size_t const size = size_of(n);
+  // A hole (not a live block), or a free naming another size: put it back and refuse.
+  if (n.state != state_live || (expected_size != any_size && size != expected_size)) {
     live_.insert(address, b);
     return 0;
   }
-  std::size_t const size = size_of(n);
   live_bytes_ -= size;
   --chunks_[n.chunk].live_blocks;
   n.state = state_free;

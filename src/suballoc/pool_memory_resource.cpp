@@ -118,20 +118,24 @@ void* pool_memory_resource::do_allocate(std::size_t bytes, std::size_t alignment
 
 void pool_memory_resource::do_deallocate(void* ptr, std::size_t bytes, std::size_t, stream_view stream) {
   detail::stream_ref const s = to_stream_ref(stream);
-  std::size_t freed = 0;
+  auto const address = reinterpret_cast<std::uintptr_t>(ptr);
+  // A size past the largest block cannot match one (and would wrap when rounded).
+  std::size_t const expected = bytes > detail::block_pool::max_chunk_size ? 0 : detail::align_up(bytes, granularity);
+  std::size_t actual = 0;  // the block's size, when the free is refused
   {
     std::lock_guard lock{mutex_};
-    freed = core_.deallocate(reinterpret_cast<std::uintptr_t>(ptr), s);
-    if (growth_ && freed != 0) { growth_->after_deallocate(core_); }
+    if (core_.deallocate(address, s, expected) != 0) {
+      if (growth_) { growth_->after_deallocate(core_); }
+      return;
+    }
+    actual = core_.blocks().live_size(address);
   }
-  if (freed == 0) {
+  if (actual == 0) {
     throw logic_error("pool: deallocate of " + format_hex(ptr) + " (" + std::to_string(bytes) +
                       " B), which this pool did not hand out or has already taken back");
   }
-  if (freed != detail::align_up(bytes, granularity)) {
-    throw logic_error("pool: deallocate of " + format_hex(ptr) + " with size " + std::to_string(bytes) +
-                      " B, but its block is " + std::to_string(freed) + " B (freed anyway)");
-  }
+  throw logic_error("pool: deallocate of " + format_hex(ptr) + " with size " + std::to_string(bytes) +
+                    " B, but its block is " + std::to_string(actual) + " B; nothing was freed");
 }
 
 void* pool_memory_resource::grow_and_allocate(std::size_t bytes, std::size_t size, std::size_t alignment,

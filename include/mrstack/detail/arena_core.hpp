@@ -245,7 +245,8 @@ class arena_core {
   /// From the global arena, growing it when nothing fits; 0 when even growing cannot serve.
   std::uintptr_t global_allocate(std::size_t size, std::size_t alignment, stream_ref const& s);
   /// Frees into the global arena; then, past `max_free_bytes`, wholly free chunks go back.
-  std::size_t global_deallocate(std::uintptr_t address, stream_ref const& s);
+  std::size_t global_deallocate(std::uintptr_t address, stream_ref const& s,
+                                std::size_t expected_size = block_pool::any_size);
   /// Adds one chunk of at least `needed` bytes; false when the maximum or the upstream refuses.
   bool grow(std::size_t needed, stream_ref const& s);
   /// Registers a chunk the upstream handed out (owned by `s`, or synchronized for the eager region).

@@ -131,9 +131,13 @@ class block_pool {
   /// True when `allocate(size, alignment, owner)` would succeed. O(1) (may be
   /// conservative for alignments above `granularity`: then it asks for room to align).
   [[nodiscard]] bool can_allocate(std::size_t size, std::size_t alignment, owner_id owner) const;
-  /// Frees the live block at `address` into `owner`; returns its size, or 0 when no live
-  /// block starts there (the caller reports the foreign pointer).
-  std::size_t deallocate(std::uintptr_t address, owner_id owner);
+  /// `deallocate` without a size check.
+  static constexpr std::size_t any_size = ~std::size_t{0};
+  /// Frees the live block at `address` into `owner`; returns its size. Returns 0 and
+  /// changes nothing when no live block starts there (a foreign or double free), or when
+  /// `expected_size` is given and is not the block's size (`live_size` tells the caller
+  /// what it is): misuse is refused before anything moves.
+  std::size_t deallocate(std::uintptr_t address, owner_id owner, std::size_t expected_size = any_size);
   /// Starts loading what `deallocate(address, ...)` reads first (its address-table slot).
   void prefetch_deallocate(std::uintptr_t address) const noexcept { live_.prefetch(address); }
   /// Size of the live block at `address`, or 0.

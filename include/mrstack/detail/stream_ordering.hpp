@@ -226,11 +226,13 @@ class stream_ordered_pool {
     if (std::uintptr_t const a = blocks_.allocate(size, alignment, block_pool::synchronized)) { return a; }
     return allocate_from_other_streams(size, alignment, s, o);
   }
-  /// Frees the live block at `address` on stream `s`; returns its size (0: not ours).
-  std::size_t deallocate(std::uintptr_t address, stream_ref const& s) {
+  /// Frees the live block at `address` on stream `s`; returns its size (0: not ours, or
+  /// not of `expected_size`: see block_pool::deallocate).
+  std::size_t deallocate(std::uintptr_t address, stream_ref const& s,
+                         std::size_t expected_size = block_pool::any_size) {
     blocks_.prefetch_deallocate(address);  // its cache miss overlaps finding the owner
     owner_id const o = owner_of(s);
-    std::size_t const size = blocks_.deallocate(address, o);
+    std::size_t const size = blocks_.deallocate(address, o, expected_size);
     if (size != 0) { owners_.note_free(o, s); }
     return size;
   }
