@@ -227,10 +227,14 @@ int main(int argc, char** argv) {
   stack const stacks[] = {
       {"pool>cuda", "pool > footprint_meter > cuda", true},
       {"pool>vmm", "pool > vmm", true},
+      {"pool(eager_events)>cuda", "pool(eager_events) > footprint_meter > cuda", true},
+      {"pool(eager_events)>vmm", "pool(eager_events) > vmm", true},
       {"arena>cuda", "arena > footprint_meter > cuda", true},
       {"cuda_async", "cuda_async", true},
       {"pool>simulated", "pool > footprint_meter > simulated(capacity=80GiB)", false},
       {"pool>simulated_vmm", "pool > simulated_vmm(capacity=80GiB)", false},
+      {"pool(eager_events)>simulated", "pool(eager_events) > footprint_meter > simulated(capacity=80GiB)", false},
+      {"pool(eager_events)>simulated_vmm", "pool(eager_events) > simulated_vmm(capacity=80GiB)", false},
       {"arena>simulated", "arena > footprint_meter > simulated(capacity=80GiB)", false},
   };
   for (auto const& s : stacks) {

@@ -167,17 +167,19 @@ TEST_CASE("pool streams: the pool fails the model when the event wait is skipped
   };
   auto fake = std::make_shared<fake_stream_sync>();
   detail::stream_ordered_pool core{std::make_shared<forgetful>(fake), &simulated_thread_key};
-  (void)core.owner_of(shared_stream(0x200));  // both streams known: a's free records at once
   core.add_chunk(0x600000000000, 1 * MiB, shared_stream(0x100));
-  std::uintptr_t const a = core.allocate(1 * MiB, 256, shared_stream(0x100));
+  std::uintptr_t const a = core.allocate(512 * KiB, 256, shared_stream(0x100));
+  std::uintptr_t const a2 = core.allocate(512 * KiB, 256, shared_stream(0x100));
   std::uint64_t const clock = fake->enqueue(0x100);
   core.deallocate(a, shared_stream(0x100));
+  CHECK(core.allocate(1 * MiB, 256, shared_stream(0x200)) == 0);  // asks A to park; nothing yet
+  core.deallocate(a2, shared_stream(0x100));                      // A's call: records, parks both
   std::uintptr_t const b = core.allocate(1 * MiB, 256, shared_stream(0x200));
   REQUIRE(b == a);
   CHECK_FALSE(fake->ordered_after(0x200, 0x100, clock));
 }
 
-TEST_CASE("pool streams: one stream makes no CUDA calls; with two, created streams record at each free") {
+TEST_CASE("pool streams: one stream makes no CUDA calls; with two, created streams record only when asked") {
   auto fake = std::make_shared<fake_stream_sync>();
   auto sim = std::make_shared<simulated_memory_resource>();
   pool_options options;
@@ -203,34 +205,48 @@ TEST_CASE("pool streams: one stream makes no CUDA calls; with two, created strea
     }
   }
   CHECK(fake->calls() == at_start);  // one stream: not a single event call, however many frees
-
+  std::uint64_t const clock_a = fake->enqueue(0x100);  // A's last work on its blocks
   for (auto& [p, size] : live) { pool.deallocate(p, size, a_stream); }
   live.clear();
   CHECK(fake->calls() == at_start);  // frees never record
 
-  // B takes over what A holds. A's frees predate the second stream, so no event covers
-  // them, and A may be destroyed by now (naming it would be undefined): one device sync.
+  // B wants memory. A's frees are covered by no event, and A is not named by this call
+  // (it may be destroyed): B takes nothing of A's and grows; A is asked to record.
   void* on_b = pool.allocate(32 * MiB, b_stream);
   CHECK(fake->records == 0);
   CHECK(fake->waits == 0);
-  CHECK(fake->sync_alls == 1);
-  std::size_t const calls = fake->calls();
-  std::uint64_t const clock_b = fake->enqueue(0x200);
-  pool.deallocate(on_b, 32 * MiB, b_stream);
-  for (int i = 0; i < 1000; ++i) { pool.deallocate(pool.allocate(4 * KiB, b_stream), 4 * KiB, b_stream); }
-  // Two streams in use: every free on B records while B is named (one event, re-recorded).
-  CHECK(fake->records == 1001);
-  CHECK(fake->creates + fake->records + fake->waits + fake->syncs + fake->sync_alls + fake->destroys == calls + 1002);
-  CHECK(pool.pool_size() == 64 * MiB);  // no growth: the memory moved between streams
-  // A takes B's memory back: one wait on B's event, no sync; A records after the wait
-  // (while A is named) so that a later handover from A is ordered after it too.
-  void* on_a = pool.allocate(48 * MiB, a_stream);
+  CHECK(fake->sync_alls == 0);
+  std::size_t const grown = pool.pool_size();
+  CHECK(grown > 64 * MiB);
+  // A's next call records once and parks everything A holds free under that event.
+  void* small = pool.allocate(4 * KiB, a_stream);
+  CHECK(fake->records == 1);
+  // Two streams busy: frees record nothing while nobody asks, until a stream has freed
+  // 1/park_divisor of the pool since its last record: one record per 25 frees here, not
+  // one per free. B's first block comes from A's parked memory (one wait); then each
+  // stream reuses its own frees.
+  std::size_t const park_above = pool.pool_size() / detail::stream_ordered_pool::park_divisor;
+  std::size_t const frees_per_record = park_above / (4 * KiB) + 1;
+  for (int i = 0; i < 1000; ++i) {
+    pool.deallocate(pool.allocate(4 * KiB, b_stream), 4 * KiB, b_stream);
+    pool.deallocate(pool.allocate(4 * KiB, a_stream), 4 * KiB, a_stream);
+  }
+  std::size_t const records = 1 + 2 * (1000 / frees_per_record);
+  CHECK(frees_per_record == 25);
+  CHECK(fake->records == records);
   CHECK(fake->waits == 1);
-  CHECK(fake->records == 1002);
-  CHECK(fake->sync_alls == 1);
-  CHECK(fake->ordered_after(0x100, 0x200, clock_b));
-  CHECK(pool.stats().stream_waits == 1);
-  pool.deallocate(on_a, 48 * MiB, a_stream);
+  // B takes a large block of A's parked memory: one more wait on A's event, no sync, no growth.
+  void* more_b = pool.allocate(40 * MiB, b_stream);
+  CHECK(fake->waits == 2);
+  CHECK(fake->sync_alls == 0);
+  CHECK(fake->ordered_after(0x200, 0x100, clock_a));
+  CHECK(pool.pool_size() == grown);
+  CHECK(pool.stats().stream_waits == 2);
+  CHECK(pool.stats().events_recorded == records);
+  pool.deallocate(more_b, 40 * MiB, b_stream);
+  pool.deallocate(on_b, 32 * MiB, b_stream);
+  pool.deallocate(small, 4 * KiB, a_stream);
+  CHECK(pool.check_invariants() == "");
   CHECK(fake->dead_named == 0);
 }
 
@@ -270,7 +286,7 @@ TEST_CASE("pool streams: another thread's default stream is waited for through t
   current_thread = 3;
 }
 
-TEST_CASE("pool streams: a stream that can no longer record falls back to synchronizing the device") {
+TEST_CASE("pool streams: a stream that never calls again is reached after one device synchronization") {
   auto fake = std::make_shared<fake_stream_sync>();
   detail::stream_ordered_pool core{fake, &simulated_thread_key};
   stream_ref const a = shared_stream(0x100);
@@ -280,6 +296,8 @@ TEST_CASE("pool streams: a stream that can no longer record falls back to synchr
   std::uint64_t const clock = fake->enqueue(a.handle);
   core.deallocate(p, a);
   fake->kill(a.handle);  // destroyed
+  CHECK(core.allocate(4 * MiB, 256, b) == 0);  // a is asked to park, but it never calls again
+  CHECK(core.synchronize_everything());        // what the pool does when it cannot grow
   CHECK(core.allocate(4 * MiB, 256, b) == p);
   CHECK(fake->sync_alls == 1);
   CHECK(fake->dead_named == 0);  // a destroyed stream is never named: that is a crash on a GPU

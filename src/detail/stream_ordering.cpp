@@ -54,8 +54,8 @@ bool thread_has_exited(std::uintptr_t key) {
 
 // ---- stream_owners ------------------------------------------------------------------------
 
-stream_owners::stream_owners(std::shared_ptr<stream_sync> sync, thread_key_fn thread_key)
-    : sync_{std::move(sync)}, thread_key_{thread_key} {
+stream_owners::stream_owners(std::shared_ptr<stream_sync> sync, thread_key_fn thread_key, bool record_on_demand)
+    : sync_{std::move(sync)}, thread_key_{thread_key}, on_demand_{record_on_demand} {
   if (!sync_) { throw std::invalid_argument("stream_owners: a stream_sync is required"); }
   slots_.emplace_back();  // owner 0: synchronized, never a stream
 }
@@ -67,20 +67,23 @@ stream_owners::~stream_owners() {
   if (barrier_event_ != 0) { sync_->destroy_event(barrier_event_); }
 }
 
-owner_id stream_owners::install(stream_ref const& s, owner_id reuse) {
-  owner_id o = reuse;
-  if (o == 0) {
-    if (slots_.size() > 0xffffU) {
-      throw std::length_error("stream-ordered resource: more than 65535 streams hold free memory at once");
-    }
-    o = static_cast<owner_id>(slots_.size());
-    slots_.emplace_back();
+owner_id stream_owners::new_slot() {
+  if (slots_.size() > 0xffffU) {
+    throw std::length_error("stream-ordered resource: more than 65535 streams hold free memory at once");
   }
+  slots_.emplace_back();
+  return static_cast<owner_id>(slots_.size() - 1);
+}
+
+owner_id stream_owners::install(stream_ref const& s, owner_id reuse) {
+  owner_id const o = reuse != 0 ? reuse : new_slot();
   slot& sl = slots_[o];
   sl.ref = s;
   sl.in_use = true;
-  // A second stream: from now on created streams record while they are named.
-  eager_ = eager_ || by_key_.size() >= 1;
+  if (sl.parked != 0) { slots_[sl.parked].ref = s; }  // a recycled slot keeps its (empty) parked owner
+  // Eager rule, a second stream: from now on created streams record while they are named.
+  eager_ = eager_ || (!on_demand_ && by_key_.size() >= 1);
+  several_streams_ = several_streams_ || by_key_.size() >= 1;
   sl.dirty = false;
   sl.cover = 0;
   sl.wanted = false;
@@ -106,7 +109,32 @@ void stream_owners::record_now(slot& sl, stream_ref const& s) {
   }
 }
 
+owner_id stream_owners::park(owner_id o, stream_ref const& s) {
+  slot& sl = slots_[o];
+  if (sl.event == 0) { sl.event = sync_->create_event(); }
+  if (!sync_->record(sl.event, s.handle)) { return 0; }
+  ++records_;
+  sl.dirty = false;
+  sl.dirty_bytes = 0;
+  sl.cover = sl.event;
+  sl.wanted = false;
+  if (sl.parked == 0) {
+    owner_id const p = new_slot();  // may move slots_: `sl` is not used after this
+    slots_[p].ref = s;
+    slots_[p].in_use = true;
+    slots_[p].parent = o;
+    slots_[o].parked = p;
+  }
+  return slots_[o].parked;
+}
+
 stream_owners::handover stream_owners::hand_over(owner_id from, stream_ref const& to) {
+  if (slots_[from].parent != 0) {
+    // Parked memory: covered by its stream's event, recorded after every free parked.
+    sync_->wait(to.handle, slots_[slots_[from].parent].event);
+    ++waits_;
+    return handover::ready;
+  }
   slot& f = slots_[from];
   if (!f.dirty && f.cover != 0) {
     // Every block `from` holds was freed before that record: waiting on it is enough.
@@ -133,6 +161,10 @@ stream_owners::handover stream_owners::hand_over(owner_id from, stream_ref const
     return handover::ready;
   }
   if (is_created(f.ref) && f.ref.key != to.key) {
+    if (on_demand_) {
+      f.wanted = true;  // it records and parks at its next call
+      return handover::not_now;
+    }
     // Its frees since the last record predate the second stream (or its record failed),
     // and the stream itself may be destroyed: the device is the only thing to wait for.
     synchronize_all();
@@ -156,6 +188,7 @@ void stream_owners::synchronize_all() {
   sync_->synchronize_all();
   for (auto& sl : slots_) {
     sl.dirty = false;
+    sl.dirty_bytes = 0;
     sl.wanted = false;
   }
 }
@@ -171,8 +204,9 @@ void stream_owners::synchronize(owner_id o) {
 
 // ---- stream_ordered_pool -----------------------------------------------------------------------
 
-stream_ordered_pool::stream_ordered_pool(std::shared_ptr<stream_sync> sync, thread_key_fn thread_key)
-    : owners_{std::move(sync), thread_key} {}
+stream_ordered_pool::stream_ordered_pool(std::shared_ptr<stream_sync> sync, thread_key_fn thread_key,
+                                         bool record_on_demand)
+    : owners_{std::move(sync), thread_key, record_on_demand} {}
 
 std::uintptr_t stream_ordered_pool::allocate_from_other_streams(std::size_t size, std::size_t alignment,
                                                                stream_ref const& s, owner_id o) {
@@ -184,12 +218,13 @@ std::uintptr_t stream_ordered_pool::allocate_from_other_streams(std::size_t size
   // 1. A stream whose free blocks alone can serve the request: take over all it holds.
   for (std::size_t i = 1; i < limit; ++i) {
     auto const t = static_cast<owner_id>(i);
-    if (t == o || !blocks_.can_allocate(size, alignment, t)) { continue; }
+    if (owners_.stream_of(t) == o || !blocks_.can_allocate(size, alignment, t)) { continue; }
     switch (owners_.hand_over(t, s)) {
       case stream_owners::handover::ready:
-        if (owners_.ref(t).thread_bound && !thread_has_exited(owners_.ref(t).key)) {
-          // Another thread's cache: take just the block needed, leave the rest to it
-          // (moving it all would have the two threads pass their memory back and forth).
+        if (owners_.stream_of(t) != t || (owners_.ref(t).thread_bound && !thread_has_exited(owners_.ref(t).key))) {
+          // Parked memory, or another thread's cache: take just the block needed and leave
+          // the rest (moving it all would leave its stream with nothing, so the two would
+          // pass their memory back and forth, or grow).
           if (std::uintptr_t const a = blocks_.allocate(size, alignment, t)) { return a; }
           break;
         }
@@ -199,13 +234,15 @@ std::uintptr_t stream_ordered_pool::allocate_from_other_streams(std::size_t size
         break;
       case stream_owners::handover::everything_synchronized:
         return after_full_sync();
+      case stream_owners::handover::not_now:
+        break;
     }
   }
   // 2. Everything the other streams hold: merged with ours it may fit.
   bool moved = false;
   for (std::size_t i = 1; i < limit; ++i) {
     auto const t = static_cast<owner_id>(i);
-    if (t == o || blocks_.free_blocks(t) == 0) { continue; }
+    if (owners_.stream_of(t) == o || blocks_.free_blocks(t) == 0) { continue; }
     switch (owners_.hand_over(t, s)) {
       case stream_owners::handover::ready:
         blocks_.transfer(t, o);
@@ -214,6 +251,8 @@ std::uintptr_t stream_ordered_pool::allocate_from_other_streams(std::size_t size
         break;
       case stream_owners::handover::everything_synchronized:
         return after_full_sync();
+      case stream_owners::handover::not_now:
+        break;
     }
   }
   return moved ? blocks_.allocate(size, alignment, o) : 0;

@@ -202,7 +202,11 @@ std::vector<spec_resource> builtin_resources() {
                            "over vmm/simulated_vmm: one chunk grown in place, free granules given back", "true"),
                 size_param("release_threshold", optional_param,
                            "growing in place: give free granules back when more than this is free",
-                           "only on release() and when the device is full")},
+                           "only on release() and when the device is full"),
+                flag_param("eager_events", optional_param,
+                           "with several streams, record an event at every free on a created stream (RMM's rule) "
+                           "instead of when another stream wants the memory",
+                           "false")},
                [](spec_arguments const& a, resource_ptr up) -> resource_ptr {
                  pool_options o;
                  o.growth_divisor = a.count("growth_divisor").value_or(o.growth_divisor);
@@ -211,6 +215,7 @@ std::vector<spec_resource> builtin_resources() {
                  o.consolidate_on_growth = a.flag("consolidate_on_growth").value_or(o.consolidate_on_growth);
                  o.grow_in_place = a.flag("grow_in_place").value_or(o.grow_in_place);
                  o.release_threshold = a.size("release_threshold").value_or(o.release_threshold);
+                 o.record_on_demand = !a.flag("eager_events").value_or(false);
                  return std::make_shared<pool_memory_resource>(std::move(up), a.size("initial").value_or(0), a.size("max"),
                                                                o);
                }});

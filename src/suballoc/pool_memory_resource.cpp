@@ -27,7 +27,7 @@ pool_memory_resource::pool_memory_resource(resource_ptr upstream, std::size_t in
     : upstream_{std::move(upstream)},
       maximum_size_{maximum_size},
       options_{std::move(options)},
-      core_{pick_sync(options_, upstream_)} {
+      core_{pick_sync(options_, upstream_), &detail::this_thread_key, options_.record_on_demand} {
   if (options_.growth_divisor == 0) { throw logic_error("pool: growth_divisor must be at least 1"); }
   if (!detail::is_pow2(options_.growth_granularity) || options_.growth_granularity < granularity) {
     throw logic_error("pool: growth_granularity " + std::to_string(options_.growth_granularity) +

@@ -183,12 +183,12 @@ class fixed_size_blocks {
     owner_id const o = owner_of(s);
     stacks_[o].push_back(b);
     ++free_;
-    owners_.note_free(o, s);
+    (void)owners_.note_free(o, s);  // eager rule: never asks to park
   }
   /// A free block for `s` that stays marked free (for a thread cache); `address` 0: none.
   free_block take(stream_ref const& s) {
     owner_id const o = owner_of(s);
-    owners_.note_use(o, s);
+    (void)owners_.note_use(o, s);  // eager rule: never asks to park
     if (!stacks_[o].empty()) { return pop(o); }
     if (!stacks_[block_pool::synchronized].empty()) { return pop(block_pool::synchronized); }
     owner_id const from = take_over(s, o);
@@ -304,6 +304,8 @@ class fixed_size_blocks {
         case stream_owners::handover::everything_synchronized:
           for (std::size_t x = 1; x < stacks_.size(); ++x) { move_all(static_cast<owner_id>(x), block_pool::synchronized); }
           return stacks_[block_pool::synchronized].empty() ? no_owner : block_pool::synchronized;
+        case stream_owners::handover::not_now:  // the on-demand rule only
+          break;
       }
     }
     return no_owner;

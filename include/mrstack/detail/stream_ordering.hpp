@@ -24,13 +24,24 @@
 ///
 /// Streams the user created may be destroyed at any time after their last call, and CUDA
 /// gives no error for a destroyed handle: naming one is undefined behaviour (a crash).
-/// So such a stream is named only while a call is naming it. Lazy recording on it is safe
-/// only while it is the one stream in use; once a second stream appears, frees and
-/// acquisitions on a created stream record at once (what RMM does on every free), and
-/// a handover waits on that event alone. Memory such a stream freed before the second
-/// stream appeared has no event: taking it over synchronizes the device once. Chunks
-/// go back to the upstream on a created stream only when the caller names it; otherwise
-/// after a device synchronization, on the legacy default stream (always valid).
+/// So such a stream is named only while a call is naming it. Two rules for them:
+/// - *Recording on demand* (`stream_ordered_pool`: the pool and the arena's global arena).
+///   A free records nothing. When stream t wants the free memory of a created stream s
+///   and s is not the stream of the current call, t cannot record on s: it marks s
+///   *wanted* and takes nothing from it now (it grows, or takes other memory). At s's next
+///   call (allocate or free, which names s), s records one event and *parks* everything it
+///   holds free under it: the blocks move to a companion owner, "s's memory covered by
+///   s's event". Any stream takes parked memory after one wait on that event; s itself
+///   uses it with no wait. One record thus covers every free s made before it, and
+///   records happen only when another stream wanted the memory. A stream that never calls
+///   again (destroyed) keeps its unparked memory until the device is synchronized (when
+///   growth is refused, or on release).
+/// - *Eager* (fixed_size): once a second stream appears, frees and acquisitions on a
+///   created stream record at once (what RMM does on every free), and a handover waits on
+///   that event alone; memory such a stream freed before the second stream appeared has
+///   no event: taking it over synchronizes the device once.
+/// Chunks go back to the upstream on a created stream only when the caller names it;
+/// otherwise after a device synchronization, on the legacy default stream (always valid).
 ///
 /// CUDA enters only through `stream_sync`, an interface with a CUDA implementation
 /// (suballoc/stream_sync.hpp) and a recording fake in the tests, so the cross-stream
@@ -84,7 +95,9 @@ using thread_key_fn = std::uintptr_t (*)() noexcept;
 /// thread-safe (its resource locks).
 class stream_owners {
  public:
-  explicit stream_owners(std::shared_ptr<stream_sync> sync, thread_key_fn thread_key = &this_thread_key);
+  /// `record_on_demand`: created streams follow the on-demand rule (see above), else the eager one.
+  explicit stream_owners(std::shared_ptr<stream_sync> sync, thread_key_fn thread_key = &this_thread_key,
+                         bool record_on_demand = false);
   ~stream_owners();
   stream_owners(stream_owners const&) = delete;
   stream_owners& operator=(stream_owners const&) = delete;
@@ -108,16 +121,25 @@ class stream_owners {
     return true;
   }
 
-  /// After memory was freed into `o` by its stream `s`. (A thread-bound stream's memory
-  /// freed by another thread — an arena reclaiming superblocks — records nothing.)
-  void note_free(owner_id o, stream_ref const& s) {
+  /// After `bytes` were freed into `o` by its stream `s`. (A thread-bound stream's memory
+  /// freed by another thread — an arena reclaiming superblocks — records nothing.) True
+  /// when `o` must be parked now (`park`, on-demand rule): another stream wants its
+  /// memory, or — several streams in use — it holds more than `park_above` bytes freed
+  /// since its last record, which bounds what other streams cannot reach without asking.
+  [[nodiscard]] bool note_free(owner_id o, stream_ref const& s, std::size_t bytes = 0,
+                               std::size_t park_above = ~std::size_t{0}) {
     slot& sl = slots_[o];
     sl.dirty = true;
+    if (on_demand_ && is_created(s)) {
+      sl.dirty_bytes += bytes;
+      return sl.wanted || (several_streams_ && sl.dirty_bytes > park_above);
+    }
     if (sl.wanted && (!s.thread_bound || s.key == thread_key_())) {
       record_now(sl, s);
     } else if (eager_ && is_created(s)) {
       record_now(sl, s);  // s may be destroyed after this call: record while it is named
     }
+    return false;
   }
   /// Memory entered `o` (the stream `s` the caller names) some other way than a free on
   /// it (taken over from another stream after a wait, or a new chunk allocated on it): a
@@ -128,15 +150,27 @@ class stream_owners {
     if (eager_ && is_created(s) && sl.ref.key == s.key) { record_now(sl, s); }
   }
   /// On every allocation by `o`'s stream: a thread-bound stream records here when
-  /// another thread asked for its memory.
-  void note_use(owner_id o, stream_ref const& s) {
+  /// another thread asked for its memory. True when `o` must be parked now (as note_free).
+  [[nodiscard]] bool note_use(owner_id o, stream_ref const& s) {
     slot& sl = slots_[o];
-    if (sl.wanted && sl.dirty && (!s.thread_bound || s.key == thread_key_())) { record_now(sl, s); }
+    if (!sl.wanted || !sl.dirty) { return false; }
+    if (on_demand_ && is_created(s)) { return true; }
+    if (!s.thread_bound || s.key == thread_key_()) { record_now(sl, s); }
+    return false;
   }
+  /// On-demand rule: records `o`'s event on its stream `s` (which the current call names)
+  /// and returns the owner its free memory is to move to, covered by that event (0 when
+  /// the record failed: the memory stays where it is, wanted).
+  owner_id park(owner_id o, stream_ref const& s);
+  /// The owner holding `o`'s parked memory (0: none yet).
+  [[nodiscard]] owner_id parked_of(owner_id o) const noexcept { return slots_[o].parked; }
+  /// The stream owner `o`'s memory belongs to: `o` itself, or the stream a parked owner parks for.
+  [[nodiscard]] owner_id stream_of(owner_id o) const noexcept { return slots_[o].parent != 0 ? slots_[o].parent : o; }
 
   enum class handover {
-    ready,                   ///< `to` now waits for `from`'s frees: move from's free memory to `to`
-    everything_synchronized  ///< the device was synchronized: every free block is usable by all
+    ready,                    ///< `to` now waits for `from`'s frees: move from's free memory to `to`
+    everything_synchronized,  ///< the device was synchronized: every free block is usable by all
+    not_now                   ///< on-demand rule: `from` is asked to park; take nothing from it now
   };
   /// Makes stream `to` (on the calling thread) safe to use every block `from` holds free.
   handover hand_over(owner_id from, stream_ref const& to);
@@ -178,7 +212,10 @@ class stream_owners {
     bool in_use = false;
     bool dirty = false;     // freed into since the event was last recorded
     stream_sync::handle cover = 0;  // an event recorded after every free `dirty` does not flag
-    bool wanted = false;    // another thread asked this thread-bound stream to record
+    bool wanted = false;    // another stream asked this stream to record (and park)
+    std::size_t dirty_bytes = 0;  // on-demand rule: bytes freed since the last record
+    owner_id parked = 0;    // a stream's slot: the owner its parked memory is in
+    owner_id parent = 0;    // a parked owner's slot: the stream it parks for
   };
 
   template <typename HoldsMemory>
@@ -186,12 +223,16 @@ class stream_owners {
     owner_id o = 0;
     if (slots_.size() >= soft_slot_limit) {
       for (std::size_t i = 1; i < slots_.size() && o == 0; ++i) {
-        if (!holds_memory(static_cast<owner_id>(i)) && !slots_[i].wanted) { o = static_cast<owner_id>(i); }
+        slot const& sl = slots_[i];
+        bool const idle = !holds_memory(static_cast<owner_id>(i)) && !sl.wanted &&
+                          (sl.parked == 0 || !holds_memory(sl.parked));
+        if (sl.parent == 0 && idle) { o = static_cast<owner_id>(i); }  // a parked owner goes with its stream
       }
       if (o != 0) { retire(o); }
     }
     return install(s, o);
   }
+  owner_id new_slot();
   owner_id install(stream_ref const& s, owner_id reuse);
   void retire(owner_id o) noexcept;
   void record_now(slot& sl, stream_ref const& s);
@@ -205,14 +246,18 @@ class stream_owners {
   owner_id cached_owner_ = 0;
   std::size_t records_ = 0;
   std::size_t waits_ = 0;
-  bool eager_ = false;  // a second stream was seen: created streams record on every free
+  bool eager_ = false;  // eager rule, a second stream was seen: created streams record on every free
+  bool on_demand_ = false;  // created streams record on demand and park (see the header comment)
+  bool several_streams_ = false;  // a second stream was seen
 };
 
 /// `block_pool` plus stream ownership: the stream-ordered coalescing allocator shared by
 /// `pool_memory_resource` and the arena's global arena. Not thread-safe (its owner locks).
 class stream_ordered_pool {
  public:
-  explicit stream_ordered_pool(std::shared_ptr<stream_sync> sync, thread_key_fn thread_key = &this_thread_key);
+  /// `record_on_demand`: created streams follow the on-demand rule (see the header comment), else the eager one.
+  explicit stream_ordered_pool(std::shared_ptr<stream_sync> sync, thread_key_fn thread_key = &this_thread_key,
+                               bool record_on_demand = true);
 
   /// A block for stream `s`: from s's own free blocks, then synchronized ones, then
   /// blocks taken over from other streams (with an event wait: all of another stream's
@@ -221,9 +266,12 @@ class stream_ordered_pool {
   /// caller grows or gives up. With a single stream this makes no `stream_sync` calls.
   std::uintptr_t allocate(std::size_t size, std::size_t alignment, stream_ref const& s) {
     owner_id const o = owner_of(s);
-    owners_.note_use(o, s);
+    if (owners_.note_use(o, s)) { park(o, s); }
     if (std::uintptr_t const a = blocks_.allocate(size, alignment, o)) { return a; }
     if (std::uintptr_t const a = blocks_.allocate(size, alignment, block_pool::synchronized)) { return a; }
+    if (owner_id const p = owners_.parked_of(o)) {  // its own frees, parked: no wait
+      if (std::uintptr_t const a = blocks_.allocate(size, alignment, p)) { return a; }
+    }
     return allocate_from_other_streams(size, alignment, s, o);
   }
   /// Frees the live block at `address` on stream `s`; returns its size (0: not ours, or
@@ -233,7 +281,7 @@ class stream_ordered_pool {
     blocks_.prefetch_deallocate(address);  // its cache miss overlaps finding the owner
     owner_id const o = owner_of(s);
     std::size_t const size = blocks_.deallocate(address, o, expected_size);
-    if (size != 0) { owners_.note_free(o, s); }
+    if (size != 0 && owners_.note_free(o, s, size, blocks_.total_bytes() / park_divisor)) { park(o, s); }
     return size;
   }
 
@@ -258,6 +306,12 @@ class stream_ordered_pool {
     owners_.note_acquired(o, s);
     return size;
   }
+
+  /// A created stream, with several in use, parks once it has freed more than
+  /// 1/park_divisor of the pool since its last record: with 8 streams at most 1/128 of
+  /// the pool waits unreachable to the others until asked for, and small frees share
+  /// one record (a 6 GiB pool: one per 6 MiB freed).
+  static constexpr std::size_t park_divisor = 1024;
 
   /// Owner id of stream `s` (creating its slot when new).
   owner_id owner_of(stream_ref const& s) {
@@ -292,6 +346,10 @@ class stream_ordered_pool {
  private:
   std::uintptr_t allocate_from_other_streams(std::size_t size, std::size_t alignment, stream_ref const& s,
                                              owner_id o);
+  /// Records on `o`'s stream `s` and moves everything `o` holds free to its parked owner.
+  void park(owner_id o, stream_ref const& s) {
+    if (owner_id const p = owners_.park(o, s)) { blocks_.transfer(o, p); }
+  }
   block_pool blocks_;
   stream_owners owners_;
 };
