@@ -67,13 +67,26 @@ struct reuse_outcome {
 };
 
 /// The scenario, on `bytes` bytes: A writes 0xAA late and frees at once; B allocates,
-/// writes 0x55, waits, reads back.
-reuse_outcome cross_stream_reuse(memory_resource& mr, std::size_t bytes, stream_view a, stream_view b) {
+/// writes 0x55, waits, reads back. With `ask_first` (the pool: streams record on demand):
+/// when B's request finds A's memory unrecorded, it asks A and grows; A's next call (a
+/// free) records after its queued write and parks the block, which B's next request takes
+/// after a wait. (A large free may park at once: then B's first request takes it.)
+reuse_outcome cross_stream_reuse(memory_resource& mr, std::size_t bytes, stream_view a, stream_view b,
+                                 bool ask_first = false) {
   auto* x = static_cast<unsigned char*>(mr.allocate(bytes, a));
+  void* small = ask_first ? mr.allocate(256, a) : nullptr;
   delay(a, writer_delay_ms);
   MRSTACK_CUDA_TRY(cudaMemsetAsync(x, 0xAA, bytes, a.value()));
   mr.deallocate(x, bytes, a);
   auto* y = static_cast<unsigned char*>(mr.allocate(bytes, b));
+  void* probe = nullptr;
+  if (ask_first && y != x) {  // A had not recorded yet: B's request asked it to, and grew
+    probe = y;
+    mr.deallocate(small, 256, a);  // A's call records after its queued write and parks x
+    small = nullptr;
+    y = static_cast<unsigned char*>(mr.allocate(bytes, b));
+  }
+  if (small != nullptr) { mr.deallocate(small, 256, a); }
   MRSTACK_CUDA_TRY(cudaMemsetAsync(y, 0x55, bytes, b.value()));
   delay(b, reader_delay_ms);
   std::vector<unsigned char> host(bytes);
@@ -84,17 +97,18 @@ reuse_outcome cross_stream_reuse(memory_resource& mr, std::size_t bytes, stream_
   out.same_block = x == y;
   for (unsigned char c : host) { out.wrong_bytes += c != 0x55 ? 1 : 0; }
   mr.deallocate(y, bytes, b);
+  if (probe != nullptr) { mr.deallocate(probe, bytes, b); }
   return out;
 }
 
 /// With `both_known`, b uses the resource before the scenario, so a's free is covered by
 /// an event (recorded while a is named) and b waits on it; otherwise a's free predates
 /// the second stream and the handover synchronizes the device.
-void check_reuse(memory_resource& mr, std::size_t bytes = block_bytes, bool both_known = false) {
+void check_reuse(memory_resource& mr, std::size_t bytes = block_bytes, bool both_known = false, bool ask_first = false) {
   stream a;
   stream b;
   if (both_known) { mr.deallocate(mr.allocate(256, b), 256, b); }
-  reuse_outcome const r = cross_stream_reuse(mr, bytes, a, b);
+  reuse_outcome const r = cross_stream_reuse(mr, bytes, a, b, ask_first);
   INFO(mr.name() << ": " << r.wrong_bytes << " bytes of " << bytes << " overwritten by the previous stream's work");
   CHECK(r.same_block);
   CHECK(r.wrong_bytes == 0);
@@ -138,21 +152,29 @@ TEST_CASE("gpu suballocators: memory from each resource is written and read back
 }
 
 TEST_CASE("gpu suballocators: a block freed on one stream is reused on another only after its work") {
-  SECTION("pool over cuda") {
+  SECTION("pool over cuda (A records on demand, B waits on that event)") {
     pool_memory_resource mr{cuda(), 0};
-    check_reuse(mr);
-    CHECK(mr.stats().stream_waits == 0);  // a's free predates b: a device synchronization
-  }
-  SECTION("pool over cuda, both streams known first (an event wait)") {
-    pool_memory_resource mr{cuda(), 0};
-    check_reuse(mr, block_bytes, true);
+    check_reuse(mr, block_bytes, false, true);
     CHECK(mr.stats().events_recorded >= 1);
+    CHECK(mr.stats().stream_waits >= 1);
+  }
+  SECTION("pool over cuda, both streams known first") {
+    pool_memory_resource mr{cuda(), 0};
+    check_reuse(mr, block_bytes, true, true);
+    CHECK(mr.stats().events_recorded >= 1);
+    CHECK(mr.stats().stream_waits >= 1);
+  }
+  SECTION("pool over cuda, RMM's rule (an event at every free)") {
+    pool_options eager;
+    eager.record_on_demand = false;
+    pool_memory_resource mr{cuda(), 0, std::nullopt, eager};
+    check_reuse(mr, block_bytes, true);
     CHECK(mr.stats().stream_waits >= 1);
   }
   SECTION("pool over cuda_async (the pool outlives its streams)") {
     pool_memory_resource mr{std::make_shared<cuda_async_memory_resource>(), 0};
-    check_reuse(mr);
-    check_reuse(mr, block_bytes, true);
+    check_reuse(mr, block_bytes, false, true);
+    check_reuse(mr, block_bytes, true, true);
   }
   SECTION("fixed_size over cuda (one block, so B must take A's)") {
     fixed_size_memory_resource mr{cuda(), block_bytes, 1};
@@ -254,7 +276,7 @@ TEST_CASE("gpu suballocators: control - without the event wait the reuse test se
   pool_memory_resource mr{cuda(), 0, std::nullopt, options};
   stream a;
   stream b;
-  reuse_outcome const r = cross_stream_reuse(mr, block_bytes, a, b);
+  reuse_outcome const r = cross_stream_reuse(mr, block_bytes, a, b, true);
   INFO(r.wrong_bytes << " bytes overwritten");
   CHECK(r.same_block);
   CHECK(r.wrong_bytes > 0);

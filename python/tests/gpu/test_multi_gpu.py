@@ -98,9 +98,9 @@ for device, mib in ((1, 40), (0, 72)):
 for device, mib in ((0, 72), (1, 40)):
     live = mrstack.statistics(device).clients["cupy"].live_bytes
     assert mib * {MIB} <= live < (mib + 8) * {MIB}, mrstack.statistics(device)
-del kept
+del kept, a   # `a` still named the last array
 import gc; gc.collect()
-assert mrstack.statistics(0).clients["cupy"].live_bytes == 0
+assert mrstack.statistics(0).clients["cupy"].live_bytes == 0, mrstack.statistics(0)
 assert mrstack.statistics(1).clients["cupy"].live_bytes == 0
 """)
 

@@ -49,7 +49,7 @@ def test_numba_ipc_of_pool_vmm_blocks_between_two_processes(run_python):
             p = spawn.Process(target=child, args=(again, raw, data.nbytes, queue))
             p.start()
             outcome, seen, second = queue.get(timeout=60)
-            assert outcome == "ok", "the opening process failed:\n" + seen
+            assert outcome == "ok", "the opening process failed:\\n" + seen
             p.join(timeout=60)
             assert p.exitcode == 0, p.exitcode
             assert seen == data.tolist()
