@@ -244,7 +244,10 @@ def run_child(args):
         mrstack.configure(config["spec"])
         mrstack.torch.install()                    # before PyTorch touches CUDA
     import torch
-    torch.backends.cudnn.benchmark = True
+    # cuDNN's autotuner (cudnn.benchmark=True) asks the allocator for cacheInfo, which
+    # PyTorch's pluggable-allocator route does not provide (pytorch/pytorch#98481): every
+    # configuration runs with PyTorch's default (False), so all are measured alike.
+    torch.backends.cudnn.benchmark = False
     torch.cuda.init()
     torch.cuda.synchronize()
     free, total = torch.cuda.mem_get_info()

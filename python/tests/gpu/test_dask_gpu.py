@@ -71,17 +71,13 @@ def compute():
 
 def main():
     # Start-up: from creating the cluster to both workers ready (with the plugin set up).
-    # With mrstack the plugin is handed to the workers at start (a Worker argument), so each
-    # sets its stack up while it starts, before any task; client.register_plugin(plugin)
-    # does the same for workers already running (tests/test_dask.py covers it on the CPU).
     started = time.perf_counter()
-    extra = {{}}
-    if USE_MRSTACK:
-        extra["plugins"] = {{mrstack.dask.MrstackPlugin("pool(initial=1GiB) > cuda", hooks=("cupy",),
-                                                       log_file={log_file!r})}}
     cluster = LocalCUDACluster(n_workers=2, CUDA_VISIBLE_DEVICES="0,1", threads_per_worker=1,
-                               dashboard_address=None, **extra)
+                               dashboard_address=None)
     client = Client(cluster)
+    if USE_MRSTACK:
+        plugin = mrstack.dask.MrstackPlugin("pool(initial=1GiB) > cuda", hooks=("cupy",), log_file={log_file!r})
+        client.register_plugin(plugin)
     client.wait_for_workers(2)
     startup = time.perf_counter() - started
     value = compute()

@@ -183,3 +183,24 @@ print("ok")
                     "update docs/python.md and this test\n" + done.stdout)
     text = _clear_failure(done)
     assert "being captured into a CUDA graph" in text, text[-3000:]
+
+
+def test_cudnn_autotuner_fails_clearly_or_works(run_python):
+    """cudnn.benchmark=True asks the allocator for cacheInfo, which PyTorch's pluggable route
+    lacks (pytorch/pytorch#98481): a clear RuntimeError naming it, not a crash; or, on a
+    PyTorch that provides it, the right answer."""
+    done = scenario(run_python, """
+torch.backends.cudnn.benchmark = True
+conv = torch.nn.Conv2d(3, 16, 3).cuda()
+x = torch.randn(8, 3, 64, 64, device="cuda")
+with torch.no_grad():
+    y = conv(x)
+    torch.backends.cudnn.benchmark = False
+    assert torch.allclose(y, conv(x), atol=1e-3)
+print("ok")
+""", check=False)
+    if done.returncode == 0:
+        assert done.stdout.split()[-1] == "ok"
+        return
+    text = _clear_failure(done)
+    assert "cacheInfo" in text, text[-3000:]

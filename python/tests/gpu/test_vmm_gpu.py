@@ -24,12 +24,12 @@ def test_numba_ipc_of_pool_vmm_blocks_between_two_processes(run_python):
             try:
                 # Numba's routes, unchanged: the pickled IpcHandle, then the raw bytes.
                 ctx = cuda.current_context()
-                arr = ipch.open_array(ctx, shape=size // 8, dtype=np.int64)
+                arr = ipch.open_array(ctx, shape=size // 8, dtype=np.dtype(np.int64))  # a dtype: numba reads .itemsize
                 seen = arr.copy_to_host()
                 arr.copy_to_device(seen * 2 + 1)   # write back
                 cuda.synchronize()
                 ipch.close()
-                with cuda.open_ipc_array(raw, shape=size // 8, dtype=np.int64) as again:
+                with cuda.open_ipc_array(raw, shape=size // 8, dtype=np.dtype(np.int64)) as again:
                     second = again.copy_to_host()
                 queue.put(("ok", seen.tolist(), second.tolist()))
             except BaseException:
