@@ -14,8 +14,10 @@
 ///   (the lookup that finds the block detects it for free).
 /// - Streams: a block freed on stream s is reused on s without synchronization; another
 ///   stream t takes it only after `cudaStreamWaitEvent(t, e)` on an event `e` recorded on
-///   s no earlier than the free. Events are recorded lazily — when t first wants s's
-///   memory, not on every free — and then t takes over everything s holds free. Blocks
+///   s no earlier than the free. Events are recorded on demand: a free records nothing;
+///   when t wants s's memory, s records at its next call (which names s, so s cannot
+///   have been destroyed) and parks its free memory under that event, which t then takes
+///   after one wait (`record_on_demand`; RMM's event-per-free rule as an option). Blocks
 ///   of different streams never merge. With one stream in use the pool makes no CUDA
 ///   call per allocate or deallocate. Per-thread default streams are told apart by
 ///   thread. Rules in detail: detail/stream_ordering.hpp.
