@@ -344,14 +344,19 @@ TEST_CASE("cross-device copies between the two devices' stacks") {
   s1->deallocate(b, bytes);
 }
 
-TEST_CASE("peer_access: a kernel on device 1 reads and writes device 0's stack memory") {
+/// Two devices, and device 1 may access device 0's memory (else it says why, and false).
+static bool two_devices_with_peer_access() {
   require_two_devices();
   int can = 0;
   MRSTACK_CUDA_TRY(cudaDeviceCanAccessPeer(&can, 1, 0));
   if (can == 0) {
     WARN("device 1 cannot access device 0's memory (cudaDeviceCanAccessPeer is 0): no peer test on this machine");
-    return;
   }
+  return can != 0;
+}
+
+TEST_CASE("peer_access: a kernel on device 1 reads and writes device 0's stack memory") {
+  if (!two_devices_with_peer_access()) { return; }
   std::size_t const n = (std::size_t{1} << 20) + 13;  // a partial last block
   std::size_t const bytes = n * sizeof(std::uint32_t);
   for (char const* spec : {"pool > cuda(peer_access=true)", "cuda_async(peer_access=true)",
@@ -380,13 +385,7 @@ TEST_CASE("peer_access: a kernel on device 1 reads and writes device 0's stack m
 }
 
 TEST_CASE("vmm memory is copied from another device's context with peer access, refused without") {
-  require_two_devices();
-  int can = 0;
-  MRSTACK_CUDA_TRY(cudaDeviceCanAccessPeer(&can, 1, 0));
-  if (can == 0) {
-    WARN("device 1 cannot access device 0's memory (cudaDeviceCanAccessPeer is 0): no peer test on this machine");
-    return;
-  }
+  if (!two_devices_with_peer_access()) { return; }
   std::size_t const n = std::size_t{1} << 20;
   std::size_t const bytes = n * sizeof(std::uint32_t);
   for (bool const peers : {true, false}) {
