@@ -235,6 +235,9 @@ TEST_CASE("pool streams: one stream makes no CUDA calls; with two, created strea
   CHECK(frees_per_record == 25);
   CHECK(fake->records == records);
   CHECK(fake->waits == 1);
+  std::size_t a_entries = 0;  // A's memory, parked or not, is one stream's in the report
+  for (auto const& share : pool.fragmentation().streams) { a_entries += share.stream == 0x100 ? 1 : 0; }
+  CHECK(a_entries == 1);
   // B takes a large block of A's parked memory: one more wait on A's event, no sync, no growth.
   void* more_b = pool.allocate(40 * MiB, b_stream);
   CHECK(fake->waits == 2);

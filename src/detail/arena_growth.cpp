@@ -177,7 +177,8 @@ void arena_core::return_all_chunks() noexcept {
     bool single = arenas_.size() <= 1;
     std::vector<owner_id> owners;
     for (auto const& [base, rec] : chunks_) {
-      for (owner_id o : global_.blocks().chunk_owners(rec.id)) {
+      for (owner_id const x : global_.blocks().chunk_owners(rec.id)) {
+        owner_id const o = global_.owners().stream_of(x);  // a stream's parked memory is that stream's
         if (o != block_pool::synchronized && std::find(owners.begin(), owners.end(), o) == owners.end()) {
           owners.push_back(o);
         }

@@ -1,5 +1,6 @@
 #include <mrstack/detail/stream_ordering.hpp>
 
+#include <algorithm>
 #include <atomic>
 #include <mutex>
 #include <unordered_set>
@@ -269,9 +270,19 @@ bool stream_ordered_pool::synchronize_everything() {
   return true;
 }
 
+std::vector<owner_id> stream_ordered_pool::streams_holding(chunk_id c) const {
+  std::vector<owner_id> owners;
+  for (owner_id const x : blocks_.chunk_owners(c)) {
+    owner_id const o = owners_.stream_of(x);  // a stream's parked memory is that stream's
+    if (o != block_pool::synchronized && std::find(owners.begin(), owners.end(), o) == owners.end()) {
+      owners.push_back(o);
+    }
+  }
+  return owners;
+}
+
 bool stream_ordered_pool::return_stream_without_sync(chunk_id c, stream_ref& out, stream_ref const& caller) const {
-  std::vector<owner_id> owners = blocks_.chunk_owners(c);
-  std::erase(owners, block_pool::synchronized);
+  std::vector<owner_id> const owners = streams_holding(c);
   if (owners.empty()) {
     out = stream_ref{};
     return true;
@@ -285,8 +296,7 @@ bool stream_ordered_pool::return_stream_without_sync(chunk_id c, stream_ref& out
 }
 
 stream_ref stream_ordered_pool::return_stream(chunk_id c) {
-  std::vector<owner_id> owners = blocks_.chunk_owners(c);
-  std::erase(owners, block_pool::synchronized);
+  std::vector<owner_id> const owners = streams_holding(c);
   if (owners.empty()) { return stream_ref{}; }
   if (owners.size() == 1 && owners_.nameable_here(owners.front())) { return owners_.ref(owners.front()); }
   synchronize_everything();

@@ -329,14 +329,24 @@ fragmentation_info pool_memory_resource::do_fragmentation() const {
   info.free_bytes = b.free_bytes();
   info.largest_free_block = b.largest_free_block();
   info.free_blocks = b.free_block_count();
-  // Owner 0 is memory every stream may use; the others are one stream each. O(streams).
+  // Owner 0 is memory every stream may use; the others are one stream each, or a stream's
+  // parked memory (counted as that stream's). O(streams).
   auto const owners = std::min(b.owner_limit(), core_.owners().limit());
   for (std::size_t o = 1; o < owners; ++o) {
     auto const id = static_cast<detail::owner_id>(o);
     if (b.free_blocks(id) == 0) { continue; }
     detail::stream_ref const& r = core_.owners().ref(id);
-    info.streams.push_back({r.thread_bound ? r.key : r.handle, r.thread_bound, b.free_bytes(id),
-                            b.largest_free_block(id), b.free_blocks(id)});
+    std::uintptr_t const stream = r.thread_bound ? r.key : r.handle;
+    auto same = std::find_if(info.streams.begin(), info.streams.end(), [&](auto const& x) {
+      return x.stream == stream && x.thread_bound == r.thread_bound;
+    });
+    if (same == info.streams.end()) {
+      info.streams.push_back({stream, r.thread_bound, 0, 0, 0});
+      same = std::prev(info.streams.end());
+    }
+    same->free_bytes += b.free_bytes(id);
+    same->largest_free_block = std::max(same->largest_free_block, b.largest_free_block(id));
+    same->free_blocks += b.free_blocks(id);
   }
   return info;
 }

@@ -346,6 +346,8 @@ class stream_ordered_pool {
  private:
   std::uintptr_t allocate_from_other_streams(std::size_t size, std::size_t alignment, stream_ref const& s,
                                              owner_id o);
+  /// The streams whose free memory chunk `c` holds (parked memory counted as its stream's).
+  [[nodiscard]] std::vector<owner_id> streams_holding(chunk_id c) const;
   /// Records on `o`'s stream `s` and moves everything `o` holds free to its parked owner.
   void park(owner_id o, stream_ref const& s) {
     if (owner_id const p = owners_.park(o, s)) { blocks_.transfer(o, p); }
