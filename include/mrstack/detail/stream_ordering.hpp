@@ -259,11 +259,13 @@ class stream_ordered_pool {
   explicit stream_ordered_pool(std::shared_ptr<stream_sync> sync, thread_key_fn thread_key = &this_thread_key,
                                bool record_on_demand = true);
 
-  /// A block for stream `s`: from s's own free blocks, then synchronized ones, then
-  /// blocks taken over from other streams (with an event wait: all of another stream's
-  /// free blocks move to s; from a live thread's default stream only the block needed,
-  /// so threads do not pass their caches back and forth; an exited thread's all). 0 when nothing fits: the
-  /// caller grows or gives up. With a single stream this makes no `stream_sync` calls.
+  /// A block for stream `s`: from s's own free blocks, then synchronized ones, then its
+  /// own parked ones, then from other streams after an event wait — from parked memory
+  /// or a live thread's default stream only the block needed (so streams do not pass
+  /// their memory back and forth), otherwise all the other stream holds; a created
+  /// stream not yet recorded is asked to park and gives nothing now. 0 when nothing
+  /// fits: the caller grows or gives up. With a single stream this makes no
+  /// `stream_sync` calls.
   std::uintptr_t allocate(std::size_t size, std::size_t alignment, stream_ref const& s) {
     owner_id const o = owner_of(s);
     if (owners_.note_use(o, s)) { park(o, s); }
