@@ -295,6 +295,14 @@ bool stream_ordered_pool::return_stream_without_sync(chunk_id c, stream_ref& out
   return false;
 }
 
+bool stream_ordered_pool::hand_back_stream(chunk_id c, stream_ref& out, stream_ref const& caller) const {
+  if (return_stream_without_sync(c, out, caller)) { return true; }
+  std::vector<owner_id> const owners = streams_holding(c);
+  if (owners.size() != 1 || !owners_.ref(owners.front()).thread_bound) { return false; }
+  out = owners_.ref(owners.front());
+  return true;
+}
+
 stream_ref stream_ordered_pool::return_stream(chunk_id c) {
   std::vector<owner_id> const owners = streams_holding(c);
   if (owners.empty()) { return stream_ref{}; }

@@ -206,9 +206,18 @@ std::vector<spec_resource> builtin_resources() {
                 flag_param("eager_events", optional_param,
                            "with several streams, record an event at every free on a created stream (RMM's rule) "
                            "instead of when another stream wants the memory",
-                           "false")},
+                           "false"),
+                count_param("thread_shards", optional_param,
+                            "once several threads use it, each allocates from its own shard (threads beyond "
+                            "share them); 0: one lock for all",
+                            "64")
+                    .within(0, 64),
+                size_param("shard_block_limit", optional_param, "larger requests bypass the thread shards", "1MiB")
+                    .within(256, max_pool_chunk_request)},
                [](spec_arguments const& a, resource_ptr up) -> resource_ptr {
                  pool_options o;
+                 o.thread_shards = a.count("thread_shards").value_or(o.thread_shards);
+                 o.shard_block_limit = a.size("shard_block_limit").value_or(o.shard_block_limit);
                  o.growth_divisor = a.count("growth_divisor").value_or(o.growth_divisor);
                  o.minimum_growth = a.size("minimum_growth").value_or(o.minimum_growth);
                  o.growth_granularity = a.size("growth_granularity").value_or(o.growth_granularity);

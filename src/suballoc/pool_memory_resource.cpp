@@ -9,6 +9,8 @@
 #include <mrstack/suballoc/in_place_pool_growth.hpp>
 #include <mrstack/suballoc/stream_sync.hpp>
 
+#include "pool_shards.hpp"
+
 namespace mrstack {
 
 namespace {
@@ -29,6 +31,10 @@ pool_memory_resource::pool_memory_resource(resource_ptr upstream, std::size_t in
       options_{std::move(options)},
       core_{pick_sync(options_, upstream_), &detail::this_thread_key, options_.record_on_demand} {
   if (options_.growth_divisor == 0) { throw logic_error("pool: growth_divisor must be at least 1"); }
+  if (options_.thread_shards > detail::pool_shard_set::max_shards) {
+    throw logic_error("pool: thread_shards " + std::to_string(options_.thread_shards) + " exceeds " +
+                      std::to_string(detail::pool_shard_set::max_shards));
+  }
   if (!detail::is_pow2(options_.growth_granularity) || options_.growth_granularity < granularity) {
     throw logic_error("pool: growth_granularity " + std::to_string(options_.growth_granularity) +
                       " must be a power of two of at least 256");
@@ -111,6 +117,8 @@ void* pool_memory_resource::do_allocate(std::size_t bytes, std::size_t alignment
   alignment = std::max(alignment, granularity);
   std::size_t const size = detail::align_up(bytes, granularity);
   detail::stream_ref const s = to_stream_ref(stream);
+  if (use_shard(size)) { return allocate_in_shard(bytes, size, alignment, s); }
+  if (sharded_.load(std::memory_order_relaxed)) { return allocate_globally(bytes, size, alignment, s, nullptr); }
   std::lock_guard lock{mutex_};
   if (std::uintptr_t const a = core_.allocate(size, alignment, s)) { return reinterpret_cast<void*>(a); }
   return grow_and_allocate(bytes, size, alignment, s);
@@ -121,6 +129,12 @@ void pool_memory_resource::do_deallocate(void* ptr, std::size_t bytes, std::size
   auto const address = reinterpret_cast<std::uintptr_t>(ptr);
   // A size past the largest block cannot match one (and would wrap when rounded).
   std::size_t const expected = bytes > detail::block_pool::max_chunk_size ? 0 : detail::align_up(bytes, granularity);
+  if (sharded_.load(std::memory_order_acquire)) {
+    if (std::uint16_t const owner = shards_->slabs.find(address)) {
+      deallocate_in_shard(shards_->get(owner - 1), ptr, bytes, expected, s);
+      return;
+    }
+  }
   std::size_t actual = 0;  // the block's size, when the free is refused
   {
     std::lock_guard lock{mutex_};
@@ -130,6 +144,10 @@ void pool_memory_resource::do_deallocate(void* ptr, std::size_t bytes, std::size
     }
     actual = core_.blocks().live_size(address);
   }
+  throw_bad_free(ptr, bytes, actual);
+}
+
+void pool_memory_resource::throw_bad_free(void* ptr, std::size_t bytes, std::size_t actual) const {
   if (actual == 0) {
     throw logic_error("pool: deallocate of " + format_hex(ptr) + " (" + std::to_string(bytes) +
                       " B), which this pool did not hand out or has already taken back");
@@ -239,6 +257,7 @@ std::size_t pool_memory_resource::release_free_chunks(bool may_synchronize, deta
 }
 
 void pool_memory_resource::do_release() {
+  if (sharded_.load(std::memory_order_acquire)) { drain_shards({}, true, nullptr); }
   {
     std::lock_guard lock{mutex_};
     if (growth_) {
@@ -251,10 +270,10 @@ void pool_memory_resource::do_release() {
 }
 
 std::size_t pool_memory_resource::do_free_bytes_held() const noexcept {
-  std::size_t held = 0;
+  std::size_t held = sum_shards().free_bytes;
   {
     std::lock_guard lock{mutex_};
-    held = core_.blocks().free_bytes();
+    held += core_.blocks().free_bytes();
   }
   return held + upstream_->free_bytes_held();
 }
@@ -279,63 +298,58 @@ std::size_t pool_memory_resource::pool_size() const {
   std::lock_guard lock{mutex_};
   return footprint();
 }
-std::size_t pool_memory_resource::free_bytes() const {
-  std::lock_guard lock{mutex_};
-  return core_.blocks().free_bytes();
-}
-std::size_t pool_memory_resource::used_bytes() const {
-  std::lock_guard lock{mutex_};
-  return core_.blocks().live_bytes();
-}
-std::size_t pool_memory_resource::largest_free_block() const {
-  std::lock_guard lock{mutex_};
-  return core_.blocks().largest_free_block();
-}
+std::size_t pool_memory_resource::free_bytes() const { return stats().free_bytes; }
+std::size_t pool_memory_resource::used_bytes() const { return stats().used_bytes; }
+std::size_t pool_memory_resource::largest_free_block() const { return stats().largest_free_block; }
 std::size_t pool_memory_resource::chunk_count() const {
   std::lock_guard lock{mutex_};
   return core_.blocks().chunk_count();
 }
 
 pool_memory_resource::statistics pool_memory_resource::stats() const {
+  // Shards first, each under its own lock, then the global blocks (never both at once);
+  // a slab is a live global block, counted as the shard's free and live blocks instead.
+  shard_totals const shards = sum_shards();
   std::lock_guard lock{mutex_};
   statistics st;
   auto const& b = core_.blocks();
   st.pool_size = footprint();
-  st.free_bytes = b.free_bytes();
-  st.used_bytes = b.live_bytes();
-  st.largest_free_block = b.largest_free_block();
+  st.free_bytes = b.free_bytes() + shards.free_bytes;
+  st.used_bytes = b.live_bytes() - shards.slab_bytes + shards.live_bytes;
+  st.largest_free_block = std::max(b.largest_free_block(), shards.largest_free_block);
   st.chunks = b.chunk_count();
-  st.live_blocks = b.live_blocks();
-  st.free_blocks = b.free_block_count();
+  st.live_blocks = b.live_blocks() - shards.slabs + shards.live_blocks;
+  st.free_blocks = b.free_block_count() + shards.free_blocks;
   st.peak_pool_size = peak_pool_size_;
   st.upstream_allocations = upstream_allocations_;
-  st.events_recorded = core_.owners().records();
-  st.stream_waits = core_.owners().waits();
+  st.events_recorded = core_.owners().records() + shards.events_recorded;
+  st.stream_waits = core_.owners().waits() + shards.stream_waits;
+  st.thread_shards = shards.shards;
+  st.slab_bytes = shards.slab_bytes;
   return st;
 }
 
 std::string pool_memory_resource::check_invariants() const {
-  std::lock_guard lock{mutex_};
-  return core_.blocks().check_invariants();
+  {
+    std::lock_guard lock{mutex_};
+    std::string broken = core_.blocks().check_invariants();
+    if (!broken.empty()) { return broken; }
+  }
+  return check_shards();
 }
 
-fragmentation_info pool_memory_resource::do_fragmentation() const {
-  fragmentation_info info;
-  info.resource = "pool";
-  std::lock_guard lock{mutex_};
-  auto const& b = core_.blocks();
-  info.held_bytes = footprint();
-  info.live_bytes = b.live_bytes();
-  info.free_bytes = b.free_bytes();
-  info.largest_free_block = b.largest_free_block();
-  info.free_blocks = b.free_block_count();
+void detail::add_stream_fragmentation(detail::stream_ordered_pool const& core, fragmentation_info& info) {
+  auto const& b = core.blocks();
+  info.free_bytes += b.free_bytes();
+  info.largest_free_block = std::max(info.largest_free_block, b.largest_free_block());
+  info.free_blocks += b.free_block_count();
   // Owner 0 is memory every stream may use; the others are one stream each, or a stream's
   // parked memory (counted as that stream's). O(streams).
-  auto const owners = std::min(b.owner_limit(), core_.owners().limit());
+  auto const owners = std::min(b.owner_limit(), core.owners().limit());
   for (std::size_t o = 1; o < owners; ++o) {
     auto const id = static_cast<detail::owner_id>(o);
     if (b.free_blocks(id) == 0) { continue; }
-    detail::stream_ref const& r = core_.owners().ref(id);
+    detail::stream_ref const& r = core.owners().ref(id);
     std::uintptr_t const stream = r.thread_bound ? r.key : r.handle;
     auto same = std::find_if(info.streams.begin(), info.streams.end(), [&](auto const& x) {
       return x.stream == stream && x.thread_bound == r.thread_bound;
@@ -348,6 +362,17 @@ fragmentation_info pool_memory_resource::do_fragmentation() const {
     same->largest_free_block = std::max(same->largest_free_block, b.largest_free_block(id));
     same->free_blocks += b.free_blocks(id);
   }
+}
+
+fragmentation_info pool_memory_resource::do_fragmentation() const {
+  fragmentation_info info;
+  info.resource = "pool";
+  add_shard_fragmentation(info);
+  shard_totals const shards = sum_shards();
+  std::lock_guard lock{mutex_};
+  info.held_bytes = footprint();
+  info.live_bytes = core_.blocks().live_bytes() - shards.slab_bytes + shards.live_bytes;
+  detail::add_stream_fragmentation(core_, info);
   return info;
 }
 

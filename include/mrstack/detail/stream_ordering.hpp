@@ -196,6 +196,7 @@ class stream_owners {
   [[nodiscard]] stream_ref const& ref(owner_id o) const noexcept { return slots_[o].ref; }
   [[nodiscard]] std::size_t limit() const noexcept { return slots_.size(); }
   [[nodiscard]] stream_sync& sync() const noexcept { return *sync_; }
+  [[nodiscard]] std::shared_ptr<stream_sync> const& shared_sync() const noexcept { return sync_; }
   /// Counts of CUDA-facing calls made so far (for tests and statistics).
   [[nodiscard]] std::size_t records() const noexcept { return records_; }
   [[nodiscard]] std::size_t waits() const noexcept { return waits_; }
@@ -339,6 +340,10 @@ class stream_ordered_pool {
   /// As `return_stream`, but false (and no synchronization) when one would be needed.
   /// `caller` is the stream the current call names: a created stream is usable only then.
   bool return_stream_without_sync(chunk_id c, stream_ref& out, stream_ref const& caller) const;
+  /// As `return_stream_without_sync`, for giving `c` back to a parent pool rather than to
+  /// CUDA: another thread's default stream is fine then (the parent only books the memory
+  /// as that stream's; nothing names the stream until the parent hands it over).
+  bool hand_back_stream(chunk_id c, stream_ref& out, stream_ref const& caller) const;
 
   [[nodiscard]] block_pool& blocks() noexcept { return blocks_; }
   [[nodiscard]] block_pool const& blocks() const noexcept { return blocks_; }

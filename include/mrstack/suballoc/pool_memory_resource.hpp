@@ -32,15 +32,23 @@
 /// - `release()` returns every wholly free chunk to the upstream (synchronizing first
 ///   only when their free blocks belong to several streams). Destruction returns every
 ///   chunk, live blocks or not.
-/// - Thread-safe (one mutex; the arena is the resource for many threads).
+/// - Threads: used by one thread, the pool is one structure behind one lock. From the
+///   moment a second thread calls it, each thread allocates blocks of up to
+///   `shard_block_limit` from its own *shard* (its own lock and block metadata), which
+///   takes 2 MiB-aligned slabs from the pool's global blocks as it grows (geometrically,
+///   as the pool does); any thread may free any block. Before the pool grows, shards give
+///   back their wholly free slabs where no synchronization is needed, and before it
+///   reports out of memory, all of them (docs/suballocators.md, "Threads").
 /// - Works over any upstream: cuda, cuda_async, managed, pinned_host, system, simulated.
 ///   The upstream is only ever asked for 256-byte alignment.
+#include <atomic>
 #include <cstddef>
 #include <limits>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include <mrstack/detail/lean_mutex.hpp>
 #include <mrstack/detail/stream_ordering.hpp>
@@ -50,7 +58,10 @@ namespace mrstack {
 
 namespace detail {
 class in_place_pool_growth;
-}
+class pool_shard_set;
+struct pool_shard;
+struct slab_return;
+}  // namespace detail
 
 struct pool_options {
   /// A new chunk is at least pool_size / growth_divisor: growth is geometric (few chunks,
@@ -82,6 +93,12 @@ struct pool_options {
   /// (detail/stream_ordering.hpp). false: once a second stream is in use, every free on a
   /// created stream records (RMM's rule: more CUDA calls, no memory waiting to be asked for).
   bool record_on_demand = true;
+  /// How many thread shards a pool used by several threads may make (at most 64; threads
+  /// beyond share them). 0: never shard — one lock for every thread.
+  std::size_t thread_shards = 64;
+  /// Larger requests bypass the shards and go to the global blocks (under the one lock):
+  /// shards are for the many small blocks, whose calls are the ones a lock would slow.
+  std::size_t shard_block_limit = std::size_t{1} << 20;
   /// The seam to CUDA events; null: CUDA over device/managed/pinned memory, no-ops over
   /// host and simulated memory (see suballoc/stream_sync.hpp).
   std::shared_ptr<detail::stream_sync> stream_sync;
@@ -121,6 +138,8 @@ class pool_memory_resource final : public memory_resource {
     std::size_t upstream_allocations = 0;  ///< chunks ever taken
     std::size_t events_recorded = 0;       ///< cross-stream handovers that recorded an event
     std::size_t stream_waits = 0;          ///< cudaStreamWaitEvent calls
+    std::size_t thread_shards = 0;         ///< shards made (0: one thread so far, or sharding off)
+    std::size_t slab_bytes = 0;            ///< bytes the shards hold as slabs (part of pool_size)
   };
   [[nodiscard]] statistics stats() const;
 
@@ -155,6 +174,40 @@ class pool_memory_resource final : public memory_resource {
   /// Bytes held from the upstream: the chunks, less the holes released in place.
   [[nodiscard]] std::size_t footprint() const noexcept;
 
+  // ---- thread shards (src/suballoc/pool_shards.cpp) ----
+  /// True when this request goes to the calling thread's shard (sharding starts when a
+  /// second thread calls).
+  bool use_shard(std::size_t size);
+  void start_sharding();
+  void* allocate_in_shard(std::size_t bytes, std::size_t size, std::size_t alignment, detail::stream_ref const& s);
+  void* refill_and_allocate(detail::pool_shard& shard, std::uint16_t index, std::size_t bytes, std::size_t size,
+                            std::size_t alignment, detail::stream_ref const& s);
+  /// A 2 MiB-aligned slab of `bytes` from the global blocks (growing the pool if need be), or 0.
+  std::uintptr_t take_slab(std::size_t bytes, detail::stream_ref const& s, detail::pool_shard* held);
+  /// The global path of a sharded pool: drains the shards before growing and before
+  /// reporting out of memory.
+  void* allocate_globally(std::size_t bytes, std::size_t size, std::size_t alignment, detail::stream_ref const& s,
+                          detail::pool_shard* held);
+  void deallocate_in_shard(detail::pool_shard& shard, void* ptr, std::size_t bytes, std::size_t expected,
+                           detail::stream_ref const& s);
+  /// Takes the wholly free slabs of every shard (`held`: one the caller has locked) back
+  /// into the global blocks; with `may_synchronize`, all of them (the device may be
+  /// synchronized), else those that need no synchronization. Returns the bytes taken.
+  std::size_t drain_shards(detail::stream_ref const& caller, bool may_synchronize, detail::pool_shard* held);
+  /// Removes `shard`'s wholly free slabs (the caller holds its lock) and lists them.
+  std::vector<detail::slab_return> collect_free_slabs(detail::pool_shard& shard, detail::stream_ref const& caller,
+                                                      bool may_synchronize);
+  void return_slabs(std::vector<detail::slab_return> const& slabs);
+  [[noreturn]] void throw_bad_free(void* ptr, std::size_t bytes, std::size_t actual) const;
+  /// Sums over the shards, each read under its lock.
+  struct shard_totals {
+    std::size_t slab_bytes = 0, slabs = 0, live_bytes = 0, live_blocks = 0, free_bytes = 0, free_blocks = 0;
+    std::size_t largest_free_block = 0, events_recorded = 0, stream_waits = 0, shards = 0;
+  };
+  [[nodiscard]] shard_totals sum_shards() const;
+  [[nodiscard]] std::string check_shards() const;
+  void add_shard_fragmentation(fragmentation_info& info) const;
+
   resource_ptr upstream_;
   std::optional<std::size_t> maximum_size_;
   pool_options options_;
@@ -163,6 +216,9 @@ class pool_memory_resource final : public memory_resource {
   std::size_t peak_pool_size_ = 0;
   std::size_t upstream_allocations_ = 0;
   std::unique_ptr<detail::in_place_pool_growth> growth_;  // set over a virtual range; destroyed first
+  std::atomic<std::uintptr_t> first_thread_{0};  // the thread key of the first caller
+  std::atomic<bool> sharded_{false};             // set (once) after shards_ is made
+  std::unique_ptr<detail::pool_shard_set> shards_;
 };
 
 }  // namespace mrstack

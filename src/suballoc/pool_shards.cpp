@@ -1,0 +1,259 @@
+// pool_memory_resource's thread shards: where each thread's blocks come from once several
+// threads use the pool, and how slabs move between the shards and the global blocks.
+// Lock order: a shard, then the global lock; never the other way round. A thread that
+// holds a shard only ever *tries* another shard's lock.
+#include <mrstack/error.hpp>
+#include <mrstack/suballoc/pool_memory_resource.hpp>
+
+#include <algorithm>
+
+#include <mrstack/suballoc/in_place_pool_growth.hpp>
+
+#include "pool_shards.hpp"
+
+namespace mrstack {
+
+namespace {
+
+constexpr std::size_t granularity = detail::block_pool::granularity;
+constexpr std::size_t slab_alignment = detail::page_owner_map::page_size;
+constexpr std::size_t max_slab_growth = std::size_t{64} << 20;
+
+}  // namespace
+
+bool pool_memory_resource::use_shard(std::size_t size) {
+  if (!sharded_.load(std::memory_order_acquire)) {
+    if (options_.thread_shards == 0) { return false; }
+    std::uintptr_t const me = detail::this_thread_key();
+    std::uintptr_t first = first_thread_.load(std::memory_order_relaxed);
+    if (first == me) { return false; }
+    if (first == 0 && first_thread_.compare_exchange_strong(first, me, std::memory_order_relaxed)) { return false; }
+    if (first == me) { return false; }
+    start_sharding();
+  }
+  return size <= options_.shard_block_limit;
+}
+
+void pool_memory_resource::start_sharding() {
+  std::lock_guard lock{mutex_};
+  if (shards_) { return; }
+  shards_ = std::make_unique<detail::pool_shard_set>(options_.thread_shards, core_.owners().shared_sync(),
+                                                     options_.record_on_demand);
+  sharded_.store(true, std::memory_order_release);
+}
+
+void* pool_memory_resource::allocate_in_shard(std::size_t bytes, std::size_t size, std::size_t alignment,
+                                              detail::stream_ref const& s) {
+  std::uint16_t const index = shards_->index_of_this_thread();
+  detail::pool_shard& shard = shards_->get(index);
+  std::lock_guard lock{shard.mutex};
+  if (shard.asked_to_give_back.load(std::memory_order_relaxed)) {
+    shard.asked_to_give_back.store(false, std::memory_order_relaxed);
+    return_slabs(collect_free_slabs(shard, s, false));
+  }
+  if (std::uintptr_t const a = shard.core.allocate(size, alignment, s)) { return reinterpret_cast<void*>(a); }
+  return refill_and_allocate(shard, index, bytes, size, alignment, s);
+}
+
+void* pool_memory_resource::refill_and_allocate(detail::pool_shard& shard, std::uint16_t index, std::size_t bytes,
+                                                std::size_t size, std::size_t alignment, detail::stream_ref const& s) {
+  // Slabs grow with the shard, as chunks grow with the pool (few slabs), up to a cap: a
+  // slab must be carved whole out of the global blocks, and big ones strand the ends of
+  // chunks that could not hold them.
+  std::size_t const needed = detail::align_up(size + (alignment - granularity), slab_alignment);
+  std::size_t const held = shard.core.blocks().total_bytes();
+  std::size_t const slab =
+      std::max(needed, std::clamp(detail::align_down(held / options_.growth_divisor, slab_alignment),
+                                  detail::align_up(options_.minimum_growth, slab_alignment), max_slab_growth));
+  std::uintptr_t base = take_slab(slab, s, &shard);
+  std::size_t taken = slab;
+  if (base == 0 && slab > needed) {
+    base = take_slab(needed, s, &shard);
+    taken = needed;
+  }
+  if (base == 0) {  // no slab to be had: the request alone, from the global blocks (or out of memory)
+    return allocate_globally(bytes, size, alignment, s, &shard);
+  }
+  try {
+    shards_->slabs.set(base, taken, static_cast<std::uint16_t>(index + 1));
+    shard.core.add_chunk(base, taken, s);
+  } catch (...) {
+    shards_->slabs.set(base, taken, 0);
+    return_slabs({detail::slab_return{base, taken, s}});
+    throw;
+  }
+  std::uintptr_t const a = shard.core.allocate(size, alignment, s);
+  if (a == 0) { throw logic_error("pool: a fresh slab of " + format_bytes(taken) + " could not serve " + format_bytes(size)); }
+  return reinterpret_cast<void*>(a);
+}
+
+std::uintptr_t pool_memory_resource::take_slab(std::size_t bytes, detail::stream_ref const& s, detail::pool_shard* held) {
+  {
+    std::lock_guard lock{mutex_};
+    if (std::uintptr_t const a = core_.allocate(bytes, slab_alignment, s)) { return a; }
+  }
+  drain_shards(s, false, held);
+  std::lock_guard lock{mutex_};
+  if (std::uintptr_t const a = core_.allocate(bytes, slab_alignment, s)) { return a; }
+  try {
+    return reinterpret_cast<std::uintptr_t>(grow_and_allocate(bytes, bytes, slab_alignment, s));
+  } catch (out_of_memory const&) {
+    return 0;  // the caller tries a smaller slab, then the request alone
+  }
+}
+
+void* pool_memory_resource::allocate_globally(std::size_t bytes, std::size_t size, std::size_t alignment,
+                                              detail::stream_ref const& s, detail::pool_shard* held) {
+  {
+    std::lock_guard lock{mutex_};
+    if (std::uintptr_t const a = core_.allocate(size, alignment, s)) { return reinterpret_cast<void*>(a); }
+  }
+  drain_shards(s, false, held);
+  {
+    std::lock_guard lock{mutex_};
+    if (std::uintptr_t const a = core_.allocate(size, alignment, s)) { return reinterpret_cast<void*>(a); }
+    try {
+      return grow_and_allocate(bytes, size, alignment, s);
+    } catch (out_of_memory const&) {
+      // Shards may still hold free slabs that only a synchronization frees up.
+    }
+  }
+  drain_shards(s, true, held);
+  std::lock_guard lock{mutex_};
+  if (std::uintptr_t const a = core_.allocate(size, alignment, s)) { return reinterpret_cast<void*>(a); }
+  return grow_and_allocate(bytes, size, alignment, s);
+}
+
+void pool_memory_resource::deallocate_in_shard(detail::pool_shard& shard, void* ptr, std::size_t bytes,
+                                               std::size_t expected, detail::stream_ref const& s) {
+  auto const address = reinterpret_cast<std::uintptr_t>(ptr);
+  std::size_t actual = 0;
+  {
+    std::lock_guard lock{shard.mutex};
+    if (shard.core.deallocate(address, s, expected) != 0) {
+      if (shard.asked_to_give_back.load(std::memory_order_relaxed)) {
+        shard.asked_to_give_back.store(false, std::memory_order_relaxed);
+        return_slabs(collect_free_slabs(shard, s, false));
+      }
+      return;
+    }
+    actual = shard.core.blocks().live_size(address);
+  }
+  throw_bad_free(ptr, bytes, actual);
+}
+
+std::size_t pool_memory_resource::drain_shards(detail::stream_ref const& caller, bool may_synchronize,
+                                               detail::pool_shard* held) {
+  std::size_t bytes = 0;
+  for (std::size_t i = 0; i < shards_->count(); ++i) {
+    detail::pool_shard* shard = shards_->existing(i);
+    if (shard == nullptr) { continue; }
+    std::vector<detail::slab_return> slabs;
+    if (shard == held) {
+      slabs = collect_free_slabs(*shard, caller, may_synchronize);
+    } else {
+      std::unique_lock lock{shard->mutex, std::try_to_lock};
+      if (!lock.owns_lock()) {
+        shard->asked_to_give_back.store(true, std::memory_order_relaxed);
+        continue;
+      }
+      slabs = collect_free_slabs(*shard, caller, may_synchronize);
+    }
+    for (auto const& slab : slabs) { bytes += slab.size; }
+    return_slabs(slabs);
+  }
+  return bytes;
+}
+
+std::vector<detail::slab_return> pool_memory_resource::collect_free_slabs(detail::pool_shard& shard,
+                                                                          detail::stream_ref const& caller,
+                                                                          bool may_synchronize) {
+  std::vector<detail::chunk_id> free_slabs;
+  shard.core.blocks().for_each_chunk([&](detail::chunk_id c, detail::block_pool::chunk_info const& info) {
+    if (info.live_blocks == 0) { free_slabs.push_back(c); }
+  });
+  std::vector<detail::slab_return> slabs;
+  for (detail::chunk_id c : free_slabs) {
+    detail::stream_ref stream{};
+    if (may_synchronize) {
+      stream = shard.core.return_stream(c);
+    } else if (!shard.core.hand_back_stream(c, stream, caller)) {
+      shard.asked_to_give_back.store(true, std::memory_order_relaxed);  // its stream's next call can
+      continue;
+    }
+    auto const info = shard.core.blocks().chunk(c);
+    shard.core.blocks().remove_chunk(c);
+    shards_->slabs.set(info.base, info.size, 0);
+    slabs.push_back({info.base, info.size, stream});
+  }
+  return slabs;
+}
+
+void pool_memory_resource::return_slabs(std::vector<detail::slab_return> const& slabs) {
+  if (slabs.empty()) { return; }
+  std::lock_guard lock{mutex_};
+  for (auto const& slab : slabs) {
+    if (core_.deallocate(slab.base, slab.stream, slab.size) == 0) {
+      throw logic_error("pool: a slab at " + format_hex(reinterpret_cast<void*>(slab.base)) +
+                        " is not a live global block (internal error)");
+    }
+  }
+  if (growth_) { growth_->after_deallocate(core_); }
+}
+
+pool_memory_resource::shard_totals pool_memory_resource::sum_shards() const {
+  shard_totals t;
+  if (!sharded_.load(std::memory_order_acquire)) { return t; }
+  for (std::size_t i = 0; i < shards_->count(); ++i) {
+    detail::pool_shard* shard = shards_->existing(i);
+    if (shard == nullptr) { continue; }
+    std::lock_guard lock{shard->mutex};
+    auto const& b = shard->core.blocks();
+    ++t.shards;
+    t.slab_bytes += b.total_bytes();
+    t.slabs += b.chunk_count();
+    t.live_bytes += b.live_bytes();
+    t.live_blocks += b.live_blocks();
+    t.free_bytes += b.free_bytes();
+    t.free_blocks += b.free_block_count();
+    t.largest_free_block = std::max(t.largest_free_block, b.largest_free_block());
+    t.events_recorded += shard->core.owners().records();
+    t.stream_waits += shard->core.owners().waits();
+  }
+  return t;
+}
+
+std::string pool_memory_resource::check_shards() const {
+  if (!sharded_.load(std::memory_order_acquire)) { return {}; }
+  for (std::size_t i = 0; i < shards_->count(); ++i) {
+    detail::pool_shard* shard = shards_->existing(i);
+    if (shard == nullptr) { continue; }
+    std::lock_guard lock{shard->mutex};
+    std::string const broken = shard->core.blocks().check_invariants();
+    if (!broken.empty()) { return "shard " + std::to_string(i) + ": " + broken; }
+    std::string slab_error;
+    shard->core.blocks().for_each_chunk([&](detail::chunk_id, detail::block_pool::chunk_info const& c) {
+      if (!slab_error.empty()) { return; }
+      std::lock_guard global{mutex_};
+      if (core_.blocks().live_size(c.base) != c.size || shards_->slabs.find(c.base) != i + 1 ||
+          shards_->slabs.find(c.base + c.size - 1) != i + 1) {
+        slab_error = "shard " + std::to_string(i) + ": slab " + format_hex(reinterpret_cast<void*>(c.base)) + " of " +
+                     format_bytes(c.size) + " is not a live global block mapped to it";
+      }
+    });
+    if (!slab_error.empty()) { return slab_error; }
+  }
+  return {};
+}
+
+void pool_memory_resource::add_shard_fragmentation(fragmentation_info& info) const {
+  if (!sharded_.load(std::memory_order_acquire)) { return; }
+  for (std::size_t i = 0; i < shards_->count(); ++i) {
+    detail::pool_shard* shard = shards_->existing(i);
+    if (shard == nullptr) { continue; }
+    std::lock_guard lock{shard->mutex};
+    detail::add_stream_fragmentation(shard->core, info);
+  }
+}
+
+}  // namespace mrstack

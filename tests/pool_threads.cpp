@@ -1,0 +1,156 @@
+// pool_memory_resource's thread shards: when sharding starts, that any thread frees any
+// block, that the books stay exact, that misuse inside a shard is refused with nothing
+// moved, that memory one thread freed serves another before the pool grows, and that
+// release() gets every slab back. (tests/suballocators_threads.cpp hammers it with data.)
+#include <catch2/catch.hpp>
+
+#include <mrstack/suballoc/pool_memory_resource.hpp>
+#include <mrstack/upstream/simulated_memory_resource.hpp>
+#include <mrstack/upstream/system_memory_resource.hpp>
+
+#include <atomic>
+#include <functional>
+#include <thread>
+#include <vector>
+
+using namespace mrstack;
+
+namespace {
+
+constexpr std::size_t KiB = 1024;
+constexpr std::size_t MiB = 1024 * KiB;
+
+void on_another_thread(std::function<void()> const& f) {
+  std::exception_ptr error;
+  std::thread t{[&] {
+    try {
+      f();
+    } catch (...) {
+      error = std::current_exception();
+    }
+  }};
+  t.join();
+  if (error) { std::rethrow_exception(error); }
+}
+
+struct block {
+  void* p;
+  std::size_t bytes;
+};
+
+}  // namespace
+
+TEST_CASE("pool shards: blocks of a second thread, freed by the first; exact books") {
+  auto sim = std::make_shared<simulated_memory_resource>();
+  pool_options options;
+  options.shard_block_limit = 1 * MiB;
+  pool_memory_resource mr{sim, 0, std::nullopt, options};
+  void* first = mr.allocate(3000);  // the first thread: the global blocks
+  std::vector<block> blocks;
+  std::size_t rounded = 0;
+  on_another_thread([&] {
+    for (std::size_t i = 1; i <= 200; ++i) {
+      std::size_t const bytes = i * 5000 % (3 * MiB / 2) + 1;  // some past the shard limit
+      blocks.push_back({mr.allocate(bytes, stream_view::per_thread()), bytes});
+      rounded += (bytes + 255) / 256 * 256;
+    }
+  });
+  CHECK(mr.stats().thread_shards == 1);
+  CHECK(mr.stats().slab_bytes >= 2 * MiB);
+  CHECK(mr.used_bytes() == rounded + 3072);
+  CHECK(mr.stats().live_blocks == 201);
+  CHECK(mr.check_invariants() == "");
+  for (auto const& b : blocks) { mr.deallocate(b.p, b.bytes); }  // cross-thread, cross-stream frees
+  mr.deallocate(first, 3000);
+  CHECK(mr.used_bytes() == 0);
+  CHECK(mr.stats().live_blocks == 0);
+  CHECK(mr.free_bytes() == mr.pool_size());
+  CHECK(mr.check_invariants() == "");
+  mr.release();
+  CHECK(mr.pool_size() == 0);  // every slab came back from its shard, then every chunk upstream
+  CHECK(sim->footprint() == 0);
+}
+
+TEST_CASE("pool shards: misuse of a shard's block is refused and nothing moves") {
+  auto sys = std::make_shared<system_memory_resource>();
+  pool_memory_resource mr{sys, 0};
+  void* g = mr.allocate(256);  // the first thread
+  void* p = nullptr;
+  on_another_thread([&] { p = mr.allocate(4096, stream_view::per_thread()); });
+  auto const before = mr.stats();
+  CHECK_THROWS_WITH(mr.deallocate(p, 8192), Catch::Contains("its block is 4096 B; nothing was freed"));
+  CHECK_THROWS_WITH(mr.deallocate(static_cast<char*>(p) + 256, 4096), Catch::Contains("did not hand out"));
+  CHECK(mr.stats().used_bytes == before.used_bytes);
+  CHECK(mr.check_invariants() == "");
+  mr.deallocate(p, 4096);
+  CHECK_THROWS_WITH(mr.deallocate(p, 4096), Catch::Contains("did not hand out or has already taken back"));
+  CHECK(mr.used_bytes() == 256);
+  void* q = mr.allocate(4096);  // still serving
+  mr.deallocate(q, 4096);
+  mr.deallocate(g, 256);
+  CHECK(mr.check_invariants() == "");
+}
+
+TEST_CASE("pool shards: what one thread freed serves another before the pool grows") {
+  auto sim = std::make_shared<simulated_memory_resource>();
+  pool_memory_resource mr{sim, 0, 100 * MiB};  // room for 64 MiB live, not for two shards' 64 MiB
+  mr.deallocate(mr.allocate(256), 256);        // the first thread
+  auto fill_and_empty = [&] {
+    std::vector<void*> ps;
+    for (int i = 0; i < 1024; ++i) { ps.push_back(mr.allocate(64 * KiB, stream_view::per_thread())); }
+    for (void* p : ps) { mr.deallocate(p, 64 * KiB, stream_view::per_thread()); }
+  };
+  on_another_thread(fill_and_empty);
+  CHECK(mr.stats().slab_bytes >= 64 * MiB);
+  on_another_thread(fill_and_empty);  // a new thread, a new stream: the first's slabs come back
+  CHECK(mr.pool_size() <= 100 * MiB);
+  CHECK(mr.used_bytes() == 0);
+  CHECK(mr.check_invariants() == "");
+  // The first thread still alive (its stream still in use) while the second fills.
+  std::atomic<bool> emptied{false};
+  std::atomic<bool> done{false};
+  std::thread a{[&] {
+    fill_and_empty();
+    emptied = true;
+    while (!done) { std::this_thread::yield(); }
+  }};
+  while (!emptied) { std::this_thread::yield(); }
+  on_another_thread(fill_and_empty);
+  done = true;
+  a.join();
+  CHECK(mr.pool_size() <= 100 * MiB);
+  CHECK(mr.check_invariants() == "");
+}
+
+TEST_CASE("pool shards: more threads than shards, and sharding turned off") {
+  auto sim = std::make_shared<simulated_memory_resource>();
+  for (std::size_t shards : {0, 1, 3}) {
+    pool_options options;
+    options.thread_shards = shards;
+    pool_memory_resource mr{sim, 0, std::nullopt, options};
+    std::vector<std::thread> threads;
+    for (int t = 0; t < 6; ++t) {
+      threads.emplace_back([&, t] {
+        std::vector<block> mine;
+        for (int i = 0; i < 2000; ++i) {
+          if (mine.empty() || (i + t) % 3 != 0) {
+            std::size_t const bytes = 256 + static_cast<std::size_t>(i * 7919 + t * 104729) % (2 * MiB);
+            mine.push_back({mr.allocate(bytes, stream_view::per_thread()), bytes});
+          } else {
+            mr.deallocate(mine.back().p, mine.back().bytes, stream_view::per_thread());
+            mine.pop_back();
+          }
+        }
+        for (auto const& b : mine) { mr.deallocate(b.p, b.bytes, stream_view::per_thread()); }
+      });
+    }
+    for (auto& t : threads) { t.join(); }
+    INFO("thread_shards=" << shards);
+    CHECK(mr.stats().thread_shards == shards);
+    CHECK(mr.used_bytes() == 0);
+    CHECK(mr.check_invariants() == "");
+  }
+  pool_options too_many;
+  too_many.thread_shards = 65;
+  CHECK_THROWS_WITH((pool_memory_resource{sim, 0, std::nullopt, too_many}), Catch::Contains("thread_shards 65"));
+}
