@@ -4,6 +4,7 @@
 // release() gets every slab back. (tests/suballocators_threads.cpp hammers it with data.)
 #include <catch2/catch.hpp>
 
+#include <mrstack/detail/page_owner_map.hpp>
 #include <mrstack/suballoc/pool_memory_resource.hpp>
 #include <mrstack/upstream/simulated_memory_resource.hpp>
 #include <mrstack/upstream/system_memory_resource.hpp>
@@ -39,6 +40,25 @@ struct block {
 };
 
 }  // namespace
+
+TEST_CASE("page_owner_map: pages set, cleared and found anywhere in 64-bit space") {
+  detail::page_owner_map map;
+  constexpr std::uintptr_t page = detail::page_owner_map::page_size;
+  std::uintptr_t const leaf_end = std::uintptr_t{1} << 41;  // a leaf covers 2 TiB
+  std::uintptr_t const high = ~std::uintptr_t{0} - 4 * page + 1;
+  CHECK(map.find(leaf_end) == 0);
+  map.set(leaf_end - 2 * page, 4 * page, 7);  // across two leaves
+  map.set(high, 4 * page, 9);                  // the top of the address space
+  CHECK(map.find(leaf_end - 2 * page - 1) == 0);
+  CHECK(map.find(leaf_end - 2 * page) == 7);
+  CHECK(map.find(leaf_end + 2 * page - 1) == 7);
+  CHECK(map.find(leaf_end + 2 * page) == 0);
+  CHECK(map.find(high - 1) == 0);
+  CHECK(map.find(~std::uintptr_t{0}) == 9);
+  map.set(leaf_end, page, 0);
+  CHECK(map.find(leaf_end) == 0);
+  CHECK(map.find(leaf_end - 1) == 7);
+}
 
 TEST_CASE("pool shards: blocks of a second thread, freed by the first; exact books") {
   auto sim = std::make_shared<simulated_memory_resource>();

@@ -1,35 +1,48 @@
 #include <mrstack/detail/page_owner_map.hpp>
 
-#include <stdexcept>
-
 namespace mrstack::detail {
 
-page_owner_map::page_owner_map() : top_{new std::atomic<std::uint16_t*>[std::size_t{1} << top_bits]()} {}
+page_owner_map::page_owner_map() = default;
 
 page_owner_map::~page_owner_map() {
-  for (std::size_t i = 0; i < (std::size_t{1} << top_bits); ++i) { delete[] top_[i].load(std::memory_order_relaxed); }
+  for (auto& m : top_) {
+    mid_level* mid = m.load(std::memory_order_relaxed);
+    if (mid == nullptr) { continue; }
+    for (auto& leaf : *mid) { delete[] leaf.load(std::memory_order_relaxed); }
+    delete mid;
+  }
 }
 
-std::uint16_t* page_owner_map::leaf_for(std::uintptr_t page) {
-  std::atomic<std::uint16_t*>& slot = top_[page >> leaf_bits];
-  if (std::uint16_t* leaf = slot.load(std::memory_order_acquire)) { return leaf; }
-  auto* fresh = new std::uint16_t[std::size_t{1} << leaf_bits]();
-  std::uint16_t* expected = nullptr;
+namespace {
+// Installs a fresh level made by `make` unless another thread got there first.
+template <typename T, typename Make, typename Drop>
+T* install(std::atomic<T*>& slot, Make make, Drop drop) {
+  if (T* existing = slot.load(std::memory_order_acquire)) { return existing; }
+  T* fresh = make();
+  T* expected = nullptr;
   if (slot.compare_exchange_strong(expected, fresh, std::memory_order_acq_rel)) { return fresh; }
-  delete[] fresh;  // another thread made it first
+  drop(fresh);
   return expected;
+}
+}  // namespace
+
+std::uint16_t* page_owner_map::leaf_for(std::uintptr_t page) {
+  mid_level* mid = install(
+      top_[page >> (mid_bits + leaf_bits)], [] { return new mid_level{}; }, [](mid_level* m) { delete m; });
+  return install(
+      (*mid)[(page >> leaf_bits) & mid_mask], [] { return new std::uint16_t[std::size_t{1} << leaf_bits](); },
+      [](std::uint16_t* l) { delete[] l; });
 }
 
 void page_owner_map::set(std::uintptr_t base, std::size_t size, std::uint16_t value) {
   std::uintptr_t const first = base >> page_shift;
-  std::uintptr_t const end = (base + size) >> page_shift;
-  if (end > (std::uintptr_t{1} << (top_bits + leaf_bits)) || end < first) {
-    throw std::length_error("page_owner_map: address range past 2^57");
+  std::uintptr_t const last = (base + (size - 1)) >> page_shift;
+  for (std::uintptr_t p = first;; p = (p | leaf_mask) + 1) {  // every level first: all or nothing
+    (void)leaf_for(p);
+    if ((p | leaf_mask) >= last) { break; }
   }
-  for (std::uintptr_t p = first; p < end; p = (p | leaf_mask) + 1) { (void)leaf_for(p); }  // all or nothing
-  for (std::uintptr_t p = first; p < end; ++p) {
-    std::uint16_t* leaf = top_[p >> leaf_bits].load(std::memory_order_relaxed);
-    std::atomic_ref<std::uint16_t>{leaf[p & leaf_mask]}.store(value, std::memory_order_release);
+  for (std::uintptr_t p = first; p <= last; ++p) {
+    std::atomic_ref<std::uint16_t>{leaf_for(p)[p & leaf_mask]}.store(value, std::memory_order_release);
   }
 }
 

@@ -4,16 +4,16 @@
 ///
 /// Why: a sharded pool (pool_memory_resource with thread shards) hands whole 2 MiB-aligned
 /// slabs to its shards, and a free, from whatever thread, must find the shard that holds
-/// its block before it can take that shard's lock. Two dependent loads (a radix table of
-/// two levels over 57-bit addresses) answer it; the table's leaves are made on first use
+/// its block before it can take that shard's lock. Three dependent loads (a radix table
+/// over 64-bit addresses) answer it; the table's levels are made on first use
 /// and never freed before the map, so a reader never sees one vanish. Entries are written
 /// when a slab moves into or out of a shard (rare: a shard takes slabs geometrically).
 ///
 /// Values are shard index + 1; 0 means "no shard: the pool's own global blocks".
+#include <array>
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
-#include <memory>
 
 namespace mrstack::detail {
 
@@ -30,27 +30,33 @@ class page_owner_map {
   /// The value set for the page holding `address` (0 when none).
   [[nodiscard]] std::uint16_t find(std::uintptr_t address) const noexcept {
     std::uintptr_t const page = address >> page_shift;
-    if (page >> (top_bits + leaf_bits) != 0) { return 0; }
-    std::uint16_t const* leaf = top_[page >> leaf_bits].load(std::memory_order_acquire);
+    mid_level const* mid = top_[page >> (mid_bits + leaf_bits)].load(std::memory_order_acquire);
+    if (mid == nullptr) { return 0; }
+    std::uint16_t const* leaf = (*mid)[(page >> leaf_bits) & mid_mask].load(std::memory_order_acquire);
     if (leaf == nullptr) { return 0; }
     return std::atomic_ref<std::uint16_t const>{leaf[page & leaf_mask]}.load(std::memory_order_acquire);
   }
 
   /// Sets every page of [base, base + size) to `value` (base and size multiples of
-  /// page_size). Throws std::length_error for addresses past 2^57, std::bad_alloc when a
-  /// leaf cannot be made; then nothing changed.
+  /// page_size, the range not wrapping). Throws std::bad_alloc when a level cannot be
+  /// made; then nothing changed.
   void set(std::uintptr_t base, std::size_t size, std::uint16_t value);
 
  private:
+  // 64 - 21 = 43 bits of page number: 11 + 12 + 20.
   static constexpr unsigned leaf_bits = 20;
-  static constexpr unsigned top_bits = 16;  // 21 + 20 + 16 = 57-bit addresses
+  static constexpr unsigned mid_bits = 12;
+  static constexpr unsigned top_bits = 11;
   static constexpr std::uintptr_t leaf_mask = (std::uintptr_t{1} << leaf_bits) - 1;
+  static constexpr std::uintptr_t mid_mask = (std::uintptr_t{1} << mid_bits) - 1;
+  using mid_level = std::array<std::atomic<std::uint16_t*>, std::size_t{1} << mid_bits>;
 
   std::uint16_t* leaf_for(std::uintptr_t page);
 
-  // 2^16 pointers (512 KiB) and leaves of 2^20 entries (2 MiB, one per 2 TiB of address
-  // space, made only where slabs lie): device allocations cluster, so one leaf is typical.
-  std::unique_ptr<std::atomic<std::uint16_t*>[]> top_;
+  // 2^11 pointers to middle levels of 2^12 pointers to leaves of 2^20 entries (2 MiB, one
+  // per 2 TiB of address space, made only where slabs lie): device allocations cluster,
+  // so one leaf is typical.
+  std::array<std::atomic<mid_level*>, std::size_t{1} << top_bits> top_{};
 };
 
 }  // namespace mrstack::detail
