@@ -174,3 +174,33 @@ TEST_CASE("pool shards: more threads than shards, and sharding turned off") {
   too_many.thread_shards = 65;
   CHECK_THROWS_WITH((pool_memory_resource{sim, 0, std::nullopt, too_many}), Catch::Contains("thread_shards 65"));
 }
+
+TEST_CASE("pool: memory of a stream another thread drives is waited for, not grown past") {
+  auto sim = std::make_shared<simulated_memory_resource>();
+  pool_options options;
+  options.thread_shards = 0;  // the global blocks only
+  options.park_divisor = 1;   // parks only when asked: the wait is what must bring A's memory
+  pool_memory_resource mr{sim, 64 * MiB, std::nullopt, options};
+  stream_view const a{reinterpret_cast<cudaStream_t>(std::uintptr_t{0x100})};
+  stream_view const b{reinterpret_cast<cudaStream_t>(std::uintptr_t{0x200})};
+  void* held_by_b = mr.allocate(256, b);                 // a second stream
+  mr.deallocate(mr.allocate(48 * MiB, a), 48 * MiB, a);  // then every free byte is A's
+  std::atomic<bool> stop{false};
+  std::atomic<int> calls{0};
+  std::thread driver{[&] {  // another thread keeps calling on A
+    while (!stop) {
+      mr.deallocate(mr.allocate(256, a), 256, a);
+      ++calls;
+    }
+  }};
+  while (calls < 100) { std::this_thread::yield(); }
+  std::size_t const before = mr.pool_size();
+  void* p = mr.allocate(40 * MiB, b);  // only A's memory can serve it
+  stop = true;
+  driver.join();
+  CHECK(mr.pool_size() == before);  // taken from A after its park, not grown
+  CHECK(mr.stats().events_recorded >= 1);
+  mr.deallocate(p, 40 * MiB, b);
+  mr.deallocate(held_by_b, 256, b);
+  CHECK(mr.check_invariants() == "");
+}

@@ -119,6 +119,7 @@ owner_id stream_owners::park(owner_id o, stream_ref const& s) {
   sl.dirty_bytes = 0;
   sl.cover = sl.event;
   sl.wanted = false;
+  parks_.fetch_add(1, std::memory_order_release);
   if (sl.parked == 0) {
     owner_id const p = new_slot();  // may move slots_: `sl` is not used after this
     slots_[p].ref = s;
@@ -164,6 +165,7 @@ stream_owners::handover stream_owners::hand_over(owner_id from, stream_ref const
   if (is_created(f.ref) && f.ref.key != to.key) {
     if (on_demand_) {
       f.wanted = true;  // it records and parks at its next call
+      if (f.last_thread != 0 && f.last_thread != thread_key_()) { asked_busy_stream_ = true; }
       return handover::not_now;
     }
     // Its frees since the last record predate the second stream (or its record failed),
@@ -206,8 +208,8 @@ void stream_owners::synchronize(owner_id o) {
 // ---- stream_ordered_pool -----------------------------------------------------------------------
 
 stream_ordered_pool::stream_ordered_pool(std::shared_ptr<stream_sync> sync, thread_key_fn thread_key,
-                                         bool record_on_demand)
-    : owners_{std::move(sync), thread_key, record_on_demand} {}
+                                         bool record_on_demand, std::size_t park_divisor)
+    : owners_{std::move(sync), thread_key, record_on_demand}, park_divisor_{std::max<std::size_t>(park_divisor, 1)} {}
 
 std::uintptr_t stream_ordered_pool::allocate_from_other_streams(std::size_t size, std::size_t alignment,
                                                                stream_ref const& s, owner_id o) {

@@ -207,6 +207,11 @@ std::vector<spec_resource> builtin_resources() {
                            "with several streams, record an event at every free on a created stream (RMM's rule) "
                            "instead of when another stream wants the memory",
                            "false"),
+                count_param("park_divisor", optional_param,
+                            "with several streams, a stream records and parks after freeing 1/this of the pool "
+                            "(smaller: fewer CUDA events, more memory other streams must ask for)",
+                            "1024")
+                    .within(1, 1U << 20),
                 count_param("thread_shards", optional_param,
                             "once several threads use it, each allocates from its own shard (threads beyond "
                             "share them); 0: one lock for all",
@@ -217,6 +222,7 @@ std::vector<spec_resource> builtin_resources() {
                [](spec_arguments const& a, resource_ptr up) -> resource_ptr {
                  pool_options o;
                  o.thread_shards = a.count("thread_shards").value_or(o.thread_shards);
+                 o.park_divisor = a.count("park_divisor").value_or(o.park_divisor);
                  o.shard_block_limit = a.size("shard_block_limit").value_or(o.shard_block_limit);
                  o.growth_divisor = a.count("growth_divisor").value_or(o.growth_divisor);
                  o.minimum_growth = a.size("minimum_growth").value_or(o.minimum_growth);

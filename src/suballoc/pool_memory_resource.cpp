@@ -2,6 +2,8 @@
 #include <mrstack/suballoc/pool_memory_resource.hpp>
 
 #include <algorithm>
+#include <chrono>
+#include <thread>
 #include <cstdio>
 #include <limits>
 #include <vector>
@@ -29,8 +31,9 @@ pool_memory_resource::pool_memory_resource(resource_ptr upstream, std::size_t in
     : upstream_{std::move(upstream)},
       maximum_size_{maximum_size},
       options_{std::move(options)},
-      core_{pick_sync(options_, upstream_), &detail::this_thread_key, options_.record_on_demand} {
+      core_{pick_sync(options_, upstream_), &detail::this_thread_key, options_.record_on_demand, options_.park_divisor} {
   if (options_.growth_divisor == 0) { throw logic_error("pool: growth_divisor must be at least 1"); }
+  if (options_.park_divisor == 0) { throw logic_error("pool: park_divisor must be at least 1"); }
   if (options_.thread_shards > detail::pool_shard_set::max_shards) {
     throw logic_error("pool: thread_shards " + std::to_string(options_.thread_shards) + " exceeds " +
                       std::to_string(detail::pool_shard_set::max_shards));
@@ -119,9 +122,30 @@ void* pool_memory_resource::do_allocate(std::size_t bytes, std::size_t alignment
   detail::stream_ref const s = to_stream_ref(stream);
   if (use_shard(size)) { return allocate_in_shard(bytes, size, alignment, s); }
   if (sharded_.load(std::memory_order_relaxed)) { return allocate_globally(bytes, size, alignment, s, nullptr); }
-  std::lock_guard lock{mutex_};
+  std::unique_lock lock{mutex_};
   if (std::uintptr_t const a = core_.allocate(size, alignment, s)) { return reinterpret_cast<void*>(a); }
+  if (std::uintptr_t const a = retry_after_park(lock, size, alignment, s)) { return reinterpret_cast<void*>(a); }
   return grow_and_allocate(bytes, size, alignment, s);
+}
+
+std::uintptr_t pool_memory_resource::retry_after_park(std::unique_lock<detail::lean_mutex>& lock, std::size_t size,
+                                                      std::size_t alignment, detail::stream_ref const& s) {
+  if (!core_.owners().take_asked_busy_stream()) { return 0; }
+  // Another thread drives the stream asked to park, and parks at its next call: usually
+  // within microseconds, far sooner (and cheaper in memory) than growing would be.
+  std::uint64_t const before = core_.owners().parks();
+  lock.unlock();
+  auto const deadline = std::chrono::steady_clock::now() + park_wait;
+  bool parked = false;
+  while (!(parked = core_.owners().parks() != before) && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::yield();
+  }
+  lock.lock();
+  if (!parked) {
+    core_.owners().forget_busy_threads();  // no more waiting for it until it calls again
+    return 0;
+  }
+  return core_.allocate(size, alignment, s);
 }
 
 void pool_memory_resource::do_deallocate(void* ptr, std::size_t bytes, std::size_t, stream_view stream) {

@@ -38,7 +38,7 @@ void pool_memory_resource::start_sharding() {
   std::lock_guard lock{mutex_};
   if (shards_) { return; }
   shards_ = std::make_unique<detail::pool_shard_set>(options_.thread_shards, core_.owners().shared_sync(),
-                                                     options_.record_on_demand);
+                                                     options_.record_on_demand, options_.park_divisor);
   sharded_.store(true, std::memory_order_release);
 }
 
@@ -93,8 +93,9 @@ std::uintptr_t pool_memory_resource::take_slab(std::size_t bytes, detail::stream
     if (std::uintptr_t const a = core_.allocate(bytes, slab_alignment, s)) { return a; }
   }
   drain_shards(s, false, held);
-  std::lock_guard lock{mutex_};
+  std::unique_lock lock{mutex_};
   if (std::uintptr_t const a = core_.allocate(bytes, slab_alignment, s)) { return a; }
+  if (std::uintptr_t const a = retry_after_park(lock, bytes, slab_alignment, s)) { return a; }
   try {
     return reinterpret_cast<std::uintptr_t>(grow_and_allocate(bytes, bytes, slab_alignment, s));
   } catch (out_of_memory const&) {
@@ -110,8 +111,9 @@ void* pool_memory_resource::allocate_globally(std::size_t bytes, std::size_t siz
   }
   drain_shards(s, false, held);
   {
-    std::lock_guard lock{mutex_};
+    std::unique_lock lock{mutex_};
     if (std::uintptr_t const a = core_.allocate(size, alignment, s)) { return reinterpret_cast<void*>(a); }
+    if (std::uintptr_t const a = retry_after_park(lock, size, alignment, s)) { return reinterpret_cast<void*>(a); }
     try {
       return grow_and_allocate(bytes, size, alignment, s);
     } catch (out_of_memory const&) {

@@ -46,6 +46,7 @@
 /// CUDA enters only through `stream_sync`, an interface with a CUDA implementation
 /// (suballoc/stream_sync.hpp) and a recording fake in the tests, so the cross-stream
 /// logic is model-tested on machines without a GPU.
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -131,6 +132,7 @@ class stream_owners {
     slot& sl = slots_[o];
     sl.dirty = true;
     if (on_demand_ && is_created(s)) {
+      if (several_streams_) { sl.last_thread = thread_key_(); }
       sl.dirty_bytes += bytes;
       return sl.wanted || (several_streams_ && sl.dirty_bytes > park_above);
     }
@@ -153,6 +155,7 @@ class stream_owners {
   /// another thread asked for its memory. True when `o` must be parked now (as note_free).
   [[nodiscard]] bool note_use(owner_id o, stream_ref const& s) {
     slot& sl = slots_[o];
+    if (several_streams_ && on_demand_) { sl.last_thread = thread_key_(); }
     if (!sl.wanted || !sl.dirty) { return false; }
     if (on_demand_ && is_created(s)) { return true; }
     if (!s.thread_bound || s.key == thread_key_()) { record_now(sl, s); }
@@ -162,6 +165,23 @@ class stream_owners {
   /// and returns the owner its free memory is to move to, covered by that event (0 when
   /// the record failed: the memory stays where it is, wanted).
   owner_id park(owner_id o, stream_ref const& s);
+  /// True (once) when a `hand_over` since the last call answered `not_now` for a stream
+  /// another thread is driving: that thread is likely to call, and park, within
+  /// microseconds, so the caller may wait a little for `parks()` to change (without its
+  /// lock) rather than grow.
+  [[nodiscard]] bool take_asked_busy_stream() noexcept {
+    bool const asked = asked_busy_stream_;
+    asked_busy_stream_ = false;
+    return asked;
+  }
+  /// How many parks so far; read without the resource's lock.
+  [[nodiscard]] std::uint64_t parks() const noexcept { return parks_.load(std::memory_order_acquire); }
+  /// The waiting for a park timed out: do not wait for `o`'s stream again until it calls.
+  void forget_busy_threads() noexcept {
+    for (auto& sl : slots_) {
+      if (sl.wanted) { sl.last_thread = 0; }
+    }
+  }
   /// The owner holding `o`'s parked memory (0: none yet).
   [[nodiscard]] owner_id parked_of(owner_id o) const noexcept { return slots_[o].parked; }
   /// The stream owner `o`'s memory belongs to: `o` itself, or the stream a parked owner parks for.
@@ -217,6 +237,7 @@ class stream_owners {
     std::size_t dirty_bytes = 0;  // on-demand rule: bytes freed since the last record
     owner_id parked = 0;    // a stream's slot: the owner its parked memory is in
     owner_id parent = 0;    // a parked owner's slot: the stream it parks for
+    std::uintptr_t last_thread = 0;  // on-demand rule, several streams: the thread of its last call
   };
 
   template <typename HoldsMemory>
@@ -250,6 +271,8 @@ class stream_owners {
   bool eager_ = false;  // eager rule, a second stream was seen: created streams record on every free
   bool on_demand_ = false;  // created streams record on demand and park (see the header comment)
   bool several_streams_ = false;  // a second stream was seen
+  bool asked_busy_stream_ = false;  // see take_asked_busy_stream
+  std::atomic<std::uint64_t> parks_{0};
 };
 
 /// `block_pool` plus stream ownership: the stream-ordered coalescing allocator shared by
@@ -258,7 +281,7 @@ class stream_ordered_pool {
  public:
   /// `record_on_demand`: created streams follow the on-demand rule (see the header comment), else the eager one.
   explicit stream_ordered_pool(std::shared_ptr<stream_sync> sync, thread_key_fn thread_key = &this_thread_key,
-                               bool record_on_demand = true);
+                               bool record_on_demand = true, std::size_t park_divisor = default_park_divisor);
 
   /// A block for stream `s`: from s's own free blocks, then synchronized ones, then its
   /// own parked ones, then from other streams after an event wait — from parked memory
@@ -284,7 +307,7 @@ class stream_ordered_pool {
     blocks_.prefetch_deallocate(address);  // its cache miss overlaps finding the owner
     owner_id const o = owner_of(s);
     std::size_t const size = blocks_.deallocate(address, o, expected_size);
-    if (size != 0 && owners_.note_free(o, s, size, blocks_.total_bytes() / park_divisor)) { park(o, s); }
+    if (size != 0 && owners_.note_free(o, s, size, blocks_.total_bytes() / park_divisor_)) { park(o, s); }
     return size;
   }
 
@@ -311,10 +334,11 @@ class stream_ordered_pool {
   }
 
   /// A created stream, with several in use, parks once it has freed more than
-  /// 1/park_divisor of the pool since its last record: with 8 streams at most 1/128 of
-  /// the pool waits unreachable to the others until asked for, and small frees share
-  /// one record (a 6 GiB pool: one per 6 MiB freed).
-  static constexpr std::size_t park_divisor = 1024;
+  /// 1/park_divisor of the pool since its last record: by default, with 8 streams at most
+  /// 1/128 of the pool waits unreachable to the others until asked for, and small frees
+  /// share one record (a 6 GiB pool: one per 6 MiB freed). A smaller divisor records
+  /// less often (each record is a CUDA call) and leaves more memory unreachable.
+  static constexpr std::size_t default_park_divisor = 1024;
 
   /// Owner id of stream `s` (creating its slot when new).
   owner_id owner_of(stream_ref const& s) {
@@ -361,6 +385,7 @@ class stream_ordered_pool {
   }
   block_pool blocks_;
   stream_owners owners_;
+  std::size_t park_divisor_;
 };
 
 }  // namespace mrstack::detail

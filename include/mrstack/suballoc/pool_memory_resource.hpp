@@ -17,7 +17,9 @@
 ///   s no earlier than the free. Events are recorded on demand: a free records nothing;
 ///   when t wants s's memory, s records at its next call (which names s, so s cannot
 ///   have been destroyed) and parks its free memory under that event, which t then takes
-///   after one wait (`record_on_demand`; RMM's event-per-free rule as an option). Blocks
+///   after one wait (`record_on_demand`; RMM's event-per-free rule as an option). When
+///   that stream is driven by another thread, the asking thread waits for its park (up to
+///   `park_wait`, without the lock) before it grows. Blocks
 ///   of different streams never merge. With one stream in use the pool makes no CUDA
 ///   call per allocate or deallocate. Per-thread default streams are told apart by
 ///   thread. Rules in detail: detail/stream_ordering.hpp.
@@ -42,6 +44,7 @@
 /// - Works over any upstream: cuda, cuda_async, managed, pinned_host, system, simulated.
 ///   The upstream is only ever asked for 256-byte alignment.
 #include <atomic>
+#include <chrono>
 #include <cstddef>
 #include <limits>
 #include <memory>
@@ -93,6 +96,10 @@ struct pool_options {
   /// (detail/stream_ordering.hpp). false: once a second stream is in use, every free on a
   /// created stream records (RMM's rule: more CUDA calls, no memory waiting to be asked for).
   bool record_on_demand = true;
+  /// On demand, with several streams: a stream also records and parks once it has freed
+  /// 1/park_divisor of the pool since its last record (bounds the memory other streams
+  /// cannot reach without asking; fewer records with a smaller divisor).
+  std::size_t park_divisor = detail::stream_ordered_pool::default_park_divisor;
   /// How many thread shards a pool used by several threads may make (at most 64; threads
   /// beyond share them). 0: never shard — one lock for every thread.
   std::size_t thread_shards = 64;
@@ -163,6 +170,12 @@ class pool_memory_resource final : public memory_resource {
   fragmentation_info do_fragmentation() const override;
 
   void* grow_and_allocate(std::size_t bytes, std::size_t size, std::size_t alignment, detail::stream_ref const& s);
+  /// After an allocation failed under `lock`: when it asked a stream another thread drives
+  /// to park, waits for a park (at most `park_wait`, without the lock) and tries again; 0
+  /// when nothing came of it.
+  std::uintptr_t retry_after_park(std::unique_lock<detail::lean_mutex>& lock, std::size_t size, std::size_t alignment,
+                                  detail::stream_ref const& s);
+  static constexpr std::chrono::microseconds park_wait{50};
   /// Tries to take a chunk that can serve `needed` bytes; false when the cap or the upstream refuses.
   bool grow(std::size_t needed, detail::stream_ref const& s, std::string& why);
   /// Returns wholly free chunks to the upstream; the bytes returned. Without
