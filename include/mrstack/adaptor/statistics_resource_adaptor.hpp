@@ -29,8 +29,8 @@
 /// time in the order they took the locks. A free adds its bytes to its shard's credit.
 /// Reads, push and pop take the global lock and every shard's lock, so they see one
 /// consistent state: every counter is exact when read. (A thread that only allocates
-/// while others only free goes to the global lock once per refill, which takes half
-/// the pool: amortized.)
+/// while others only free goes to the global lock once per refill, which takes 1/128 of
+/// the pool: amortized while the headroom is large, and no hoarding while it is tight.)
 ///
 /// Overflow: counters are signed 64-bit and saturate, never wrap (a total past 2^63 − 1
 /// stays there). A deallocate with a larger size than was allocated (or one of memory
