@@ -37,17 +37,17 @@ void limiting_resource_adaptor::charge(std::size_t bytes, std::size_t amount) {
   std::lock_guard global{mutex_};
   std::lock_guard lock{s.mutex};
   std::size_t const want = amount - std::min(amount, s.credit);
-  if (pool_ < want) {
-    // Every other shard's credit into the pool: pool + this credit is then exactly limit - used.
-    for (std::size_t i = 0; i < detail::counter_shards; ++i) {
-      shard& t = shards_[i];
-      if (&t == &s) { continue; }
-      std::lock_guard other{t.mutex};
-      pool_ += t.credit;
-      t.credit = 0;
-    }
-    if (pool_ < want) { refuse(bytes, amount, limit_ - pool_ - s.credit); }
+  // Other shards' credit into the pool, shard by shard, until it is enough (emptying all of
+  // them would send each of their threads here next). Still short once every shard was
+  // taken: pool + this credit is then exactly limit - used, and the request is refused.
+  for (std::size_t i = 0; i < detail::counter_shards && pool_ < want; ++i) {
+    shard& t = shards_[i];
+    if (&t == &s) { continue; }
+    std::lock_guard other{t.mutex};
+    pool_ += t.credit;
+    t.credit = 0;
   }
+  if (pool_ < want) { refuse(bytes, amount, limit_ - pool_ - s.credit); }
   std::size_t const move = want + (pool_ - want) / 2;  // and half of what is left, for the next calls
   pool_ -= move;
   s.credit += move;

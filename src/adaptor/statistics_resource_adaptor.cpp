@@ -41,33 +41,30 @@ void statistics_resource_adaptor::count_up_slow(shard& s, std::int64_t n, std::i
   std::lock_guard lock{s.mutex};
   std::int64_t const need[2] = {n, k};
   counter* const top[2] = {&frames_.back().bytes, &frames_.back().allocations};
-  bool gathered = false;
   for (int q = 0; q < 2; ++q) {
     if (s.credit[q] >= need[q]) { continue; }
     std::int64_t const want = need[q] - s.credit[q];
-    if (pool_[q] < want && !gathered) {
-      // Every other shard's credit into the pool: pool + this credit is then exactly
-      // peak - current.
-      for (std::size_t i = 0; i < detail::counter_shards; ++i) {
-        shard& t = shards_[i];
-        if (&t == &s) { continue; }
-        std::lock_guard other{t.mutex};
-        for (int r = 0; r < 2; ++r) {
-          pool_[r] = saturating_add(pool_[r], t.credit[r]);
-          t.credit[r] = 0;
-        }
+    // Other shards' credit into the pool, shard by shard, until it is enough. Taking only
+    // what is needed matters: emptying every shard would send each of their threads here
+    // on its next allocation, and with a tight headroom (threads at the peak) they would
+    // empty each other's shards in turn. When every shard was taken and the pool is still
+    // short, pool + this credit is exactly peak - current.
+    for (std::size_t i = 0; i < detail::counter_shards && pool_[q] < want; ++i) {
+      shard& t = shards_[i];
+      if (&t == &s) { continue; }
+      std::lock_guard other{t.mutex};
+      for (int r = 0; r < 2; ++r) {
+        pool_[r] = saturating_add(pool_[r], t.credit[r]);
+        t.credit[r] = 0;
       }
-      gathered = true;
     }
     if (pool_[q] < want) {
       // No headroom left anywhere: this allocation makes a new peak, by exactly the excess.
       top[q]->peak = saturating_add(top[q]->peak, want - pool_[q]);
       pool_[q] = want;
     }
-    // And a little of what is left, for the next calls: a share per shard. Taking more
-    // (say half) starves the other threads when the headroom is tight, and each of them
-    // then gathers every shard's credit back, over and over (seen with 16 threads on one
-    // peak: a gathering every 90 calls).
+    // And a little of what is left, for the next calls: a share per shard, so that one
+    // thread does not take the headroom the others need when it is tight.
     std::int64_t const move = want + (pool_[q] - want) / static_cast<std::int64_t>(2 * detail::counter_shards);
     pool_[q] -= move;
     s.credit[q] = saturating_add(s.credit[q], move);

@@ -15,8 +15,9 @@
 /// shard a cache line with its own uncontended lock). A request charges its shard's
 /// credit when that covers it — no shared write; otherwise it takes the global lock and
 /// refills from the pool (taking what it needs and half of what is left), and when the
-/// pool is short gathers every shard's credit into it first. Only then, with
-/// pool + credit exactly limit − used, is a request refused. A free gives its charge back
+/// pool is short first moves other shards' credit into it, shard by shard, until it is
+/// enough. Only when every shard was taken, with pool + credit exactly limit − used, is
+/// a request refused. A free gives its charge back
 /// to its shard's credit. So the charges outstanding never exceed the limit — not even
 /// for an instant, since a charge is taken before the upstream is called — and a
 /// request is refused only when the serial order of the calls (the order they took the

@@ -23,8 +23,9 @@
 /// way: the headroom peak − current is split between a global pool and the shards'
 /// credits. An allocation that fits in its shard's credit cannot make a new peak, so it
 /// touches only its shard. One that does not takes the global lock, refills its credit
-/// from the pool, and, if the pool is short, gathers every shard's credit into it: then
-/// pool + credit is exactly peak − current, and when the allocation needs more, the peak
+/// from the pool, and, if the pool is short, moves other shards' credit into it, shard by
+/// shard, until it is enough; when every shard was taken, pool + credit is exactly
+/// peak − current, and when the allocation needs more, the peak
 /// rises by exactly the excess — the peak the calls would have reached taken one at a
 /// time in the order they took the locks. A free adds its bytes to its shard's credit.
 /// Reads, push and pop take the global lock and every shard's lock, so they see one
