@@ -83,14 +83,25 @@ print("ok")
 # would order z's write after the side stream's read and hide the hazard.
 STREAM_HAZARD = """
 n = 32 << 20
+# Every kernel used below runs once first: CUDA loads a module lazily at its first launch,
+# and loading one while the sleep runs waits for the sleep, which would queue z's fill only
+# after the side stream's read and hide the hazard (seen on an H200 under both allocators).
+w = torch.ones(1024, device="cuda")
+w2 = torch.empty(1024, device="cuda")
+torch.mul(w, 2, out=w2)
+torch.zeros(1024, device="cuda")
+torch.cuda._sleep(1000)
+bool((w2 == 2).all())
+del w, w2
 main = torch.cuda.Stream()
 side = torch.cuda.Stream()
 with torch.cuda.stream(main):
     x = torch.ones(n, device="cuda")
     side.wait_stream(main)
     with torch.cuda.stream(side):
+        y = torch.empty(n, device="cuda")  # before the sleep: no allocation in the window
         torch.cuda._sleep(2_000_000_000)   # the side stream is busy for about a second...
-        y = x * 2                          # ...then reads x
+        torch.mul(x, 2, out=y)             # ...then reads x
     x_ptr = x.data_ptr()
     {record}
     del x                                  # freed on x's allocation stream, main
