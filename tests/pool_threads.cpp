@@ -10,6 +10,7 @@
 #include <mrstack/upstream/system_memory_resource.hpp>
 
 #include <atomic>
+#include <chrono>
 #include <functional>
 #include <thread>
 #include <vector>
@@ -64,6 +65,7 @@ TEST_CASE("pool shards: blocks of a second thread, freed by the first; exact boo
   auto sim = std::make_shared<simulated_memory_resource>();
   pool_options options;
   options.shard_block_limit = 1 * MiB;
+  options.shard_after_contentions = 0;  // shard from the second thread on
   pool_memory_resource mr{sim, 0, std::nullopt, options};
   void* first = mr.allocate(3000);  // the first thread: the global blocks
   std::vector<block> blocks;
@@ -93,7 +95,9 @@ TEST_CASE("pool shards: blocks of a second thread, freed by the first; exact boo
 
 TEST_CASE("pool shards: misuse of a shard's block is refused and nothing moves") {
   auto sys = std::make_shared<system_memory_resource>();
-  pool_memory_resource mr{sys, 0};
+  pool_options options;
+  options.shard_after_contentions = 0;
+  pool_memory_resource mr{sys, 0, std::nullopt, options};
   void* g = mr.allocate(256);  // the first thread
   void* p = nullptr;
   on_another_thread([&] { p = mr.allocate(4096, stream_view::per_thread()); });
@@ -113,7 +117,9 @@ TEST_CASE("pool shards: misuse of a shard's block is refused and nothing moves")
 
 TEST_CASE("pool shards: what one thread freed serves another before the pool grows") {
   auto sim = std::make_shared<simulated_memory_resource>();
-  pool_memory_resource mr{sim, 0, 100 * MiB};  // room for 64 MiB live, not for two shards' 64 MiB
+  pool_options options;
+  options.shard_after_contentions = 0;
+  pool_memory_resource mr{sim, 0, 100 * MiB, options};  // room for 64 MiB live, not for two shards' 64 MiB
   mr.deallocate(mr.allocate(256), 256);        // the first thread
   auto fill_and_empty = [&] {
     std::vector<void*> ps;
@@ -147,6 +153,7 @@ TEST_CASE("pool shards: more threads than shards, and sharding turned off") {
   for (std::size_t shards : {0, 1, 3}) {
     pool_options options;
     options.thread_shards = shards;
+    options.shard_after_contentions = 0;
     pool_memory_resource mr{sim, 0, std::nullopt, options};
     std::vector<std::thread> threads;
     for (int t = 0; t < 6; ++t) {
@@ -202,5 +209,32 @@ TEST_CASE("pool: memory of a stream another thread drives is waited for, not gro
   CHECK(mr.stats().events_recorded >= 1);
   mr.deallocate(p, 40 * MiB, b);
   mr.deallocate(held_by_b, 256, b);
+  CHECK(mr.check_invariants() == "");
+}
+
+TEST_CASE("pool shards: threads that take turns keep one structure; contending threads shard") {
+  auto sim = std::make_shared<simulated_memory_resource>();
+  pool_memory_resource mr{sim, 0};
+  for (int t = 0; t < 4; ++t) {  // one after another, as PyTorch's main and autograd threads
+    on_another_thread([&] {
+      for (int i = 0; i < 1000; ++i) { mr.deallocate(mr.allocate(4096), 4096); }
+    });
+  }
+  CHECK(mr.stats().thread_shards == 0);
+  // Four threads at once, until the lock has been found taken often enough.
+  std::atomic<bool> sharded{false};
+  std::vector<std::thread> threads;
+  auto const give_up = std::chrono::steady_clock::now() + std::chrono::seconds{20};
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&] {
+      while (!sharded && std::chrono::steady_clock::now() < give_up) {
+        for (int i = 0; i < 1000; ++i) { mr.deallocate(mr.allocate(4096), 4096); }
+        if (mr.stats().thread_shards != 0) { sharded = true; }
+      }
+    });
+  }
+  for (auto& t : threads) { t.join(); }
+  CHECK(sharded);
+  CHECK(mr.used_bytes() == 0);
   CHECK(mr.check_invariants() == "");
 }

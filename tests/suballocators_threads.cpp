@@ -117,6 +117,21 @@ TEST_CASE("threads: pool") {
   CHECK(mr.used_bytes() == 0);
 }
 
+TEST_CASE("threads: pool, sharded from the second thread, more threads than shards") {
+  auto sys = std::make_shared<system_memory_resource>();
+  pool_options options;
+  options.shard_after_contentions = 0;
+  options.thread_shards = 3;
+  options.shard_block_limit = 32 * KiB;  // blocks above it on the global blocks, the rest in shards
+  pool_memory_resource mr{sys, 16 * MiB, std::nullopt, options};
+  CHECK(hammer(mr, 6, steps_per_thread(), 64 * KiB) == 0);
+  CHECK(mr.stats().thread_shards == 3);
+  CHECK(mr.check_invariants() == "");
+  CHECK(mr.used_bytes() == 0);
+  mr.release();
+  CHECK(mr.stats().slab_bytes == 0);
+}
+
 TEST_CASE("threads: fixed_size") {
   auto sys = std::make_shared<system_memory_resource>();
   fixed_size_memory_resource mr{sys, 4 * KiB, 64};

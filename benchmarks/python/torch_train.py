@@ -24,6 +24,8 @@ Configurations:
   expandable     PyTorch's allocator with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
   mrstack-vmm    mrstack.torch.install() over the stack "pool > vmm"
   mrstack-cuda   mrstack.torch.install() over the stack "pool > cuda"
+  mrstack-vmm-one-lock  (only when named) "pool(thread_shards=0) > vmm": training allocates
+                 from PyTorch's autograd thread too; this is the pool that never shards
 
 Step time: the median of --steps timed steps after --warmup untimed ones (each step ends
 with a device synchronize). Peak device memory: the most device memory in use, from
@@ -49,7 +51,11 @@ CONFIGS = {
     "expandable": {"env": {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}, "spec": None},
     "mrstack-vmm": {"env": {}, "spec": "pool > vmm"},
     "mrstack-cuda": {"env": {}, "spec": "pool > cuda"},
+    # Not run by default: the pool that never shards (PyTorch's autograd thread allocates
+    # too), to compare with the default, which shards only when threads contend.
+    "mrstack-vmm-one-lock": {"env": {}, "spec": "pool(thread_shards=0) > vmm"},
 }
+DEFAULT_CONFIGS = ("torch", "expandable", "mrstack-vmm", "mrstack-cuda")
 
 
 # ---- models (used when torchvision / transformers are missing) ---------------------------
@@ -331,7 +337,8 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--workloads", default=",".join(WORKLOADS), help=f"comma-separated, of {', '.join(WORKLOADS)}")
-    parser.add_argument("--configs", default=",".join(CONFIGS), help=f"comma-separated, of {', '.join(CONFIGS)}")
+    parser.add_argument("--configs", default=",".join(DEFAULT_CONFIGS),
+                        help=f"comma-separated, of {', '.join(CONFIGS)} (default: {','.join(DEFAULT_CONFIGS)})")
     parser.add_argument("--steps", type=int, default=20, help="timed steps (default 20)")
     parser.add_argument("--warmup", type=int, default=3, help="untimed steps first (default 3)")
     parser.add_argument("--generate-steps", type=int, default=5, help="timed generations (default 5)")

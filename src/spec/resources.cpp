@@ -217,12 +217,18 @@ std::vector<spec_resource> builtin_resources() {
                             "share them); 0: one lock for all",
                             "64")
                     .within(0, 64),
+                count_param("shard_after_contentions", optional_param,
+                            "shard once callers found the lock taken this many times (0: from the second "
+                            "calling thread on)",
+                            "256")
+                    .within(0, 1U << 30),
                 size_param("shard_block_limit", optional_param, "larger requests bypass the thread shards", "1MiB")
                     .within(256, max_pool_chunk_request)},
                [](spec_arguments const& a, resource_ptr up) -> resource_ptr {
                  pool_options o;
                  o.thread_shards = a.count("thread_shards").value_or(o.thread_shards);
                  o.park_divisor = a.count("park_divisor").value_or(o.park_divisor);
+                 o.shard_after_contentions = a.count("shard_after_contentions").value_or(o.shard_after_contentions);
                  o.shard_block_limit = a.size("shard_block_limit").value_or(o.shard_block_limit);
                  o.growth_divisor = a.count("growth_divisor").value_or(o.growth_divisor);
                  o.minimum_growth = a.size("minimum_growth").value_or(o.minimum_growth);

@@ -122,7 +122,11 @@ void* pool_memory_resource::do_allocate(std::size_t bytes, std::size_t alignment
   detail::stream_ref const s = to_stream_ref(stream);
   if (use_shard(size)) { return allocate_in_shard(bytes, size, alignment, s); }
   if (sharded_.load(std::memory_order_relaxed)) { return allocate_globally(bytes, size, alignment, s, nullptr); }
-  std::unique_lock lock{mutex_};
+  std::unique_lock lock{mutex_, std::try_to_lock};
+  if (!lock.owns_lock()) {
+    if (contended() && size <= options_.shard_block_limit) { return allocate_in_shard(bytes, size, alignment, s); }
+    lock.lock();
+  }
   if (std::uintptr_t const a = core_.allocate(size, alignment, s)) { return reinterpret_cast<void*>(a); }
   if (std::uintptr_t const a = retry_after_park(lock, size, alignment, s)) { return reinterpret_cast<void*>(a); }
   return grow_and_allocate(bytes, size, alignment, s);
@@ -161,7 +165,11 @@ void pool_memory_resource::do_deallocate(void* ptr, std::size_t bytes, std::size
   }
   std::size_t actual = 0;  // the block's size, when the free is refused
   {
-    std::lock_guard lock{mutex_};
+    std::unique_lock lock{mutex_, std::try_to_lock};
+    if (!lock.owns_lock()) {
+      (void)contended();
+      lock.lock();
+    }
     if (core_.deallocate(address, s, expected) != 0) {
       if (growth_) { growth_->after_deallocate(core_); }
       return;

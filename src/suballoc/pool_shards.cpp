@@ -23,7 +23,8 @@ constexpr std::size_t max_slab_growth = std::size_t{64} << 20;
 
 bool pool_memory_resource::use_shard(std::size_t size) {
   if (!sharded_.load(std::memory_order_acquire)) {
-    if (options_.thread_shards == 0) { return false; }
+    if (options_.thread_shards == 0 || options_.shard_after_contentions != 0) { return false; }
+    // Shard from the second calling thread on.
     std::uintptr_t const me = detail::this_thread_key();
     std::uintptr_t first = first_thread_.load(std::memory_order_relaxed);
     if (first == me) { return false; }
@@ -32,6 +33,13 @@ bool pool_memory_resource::use_shard(std::size_t size) {
     start_sharding();
   }
   return size <= options_.shard_block_limit;
+}
+
+bool pool_memory_resource::contended() {
+  if (options_.thread_shards == 0) { return false; }
+  if (contentions_.fetch_add(1, std::memory_order_relaxed) + 1 < options_.shard_after_contentions) { return false; }
+  start_sharding();
+  return true;
 }
 
 void pool_memory_resource::start_sharding() {

@@ -118,18 +118,27 @@ outcome run_threads(pool_memory_resource& pool, std::size_t threads, int steps) 
 }  // namespace
 
 TEST_CASE("gpu pool threads: 16 threads x 4 streams keep their data through reuse, takeover and growth") {
-  auto upstream = std::make_shared<cuda_memory_resource>();
-  pool_memory_resource pool{upstream, 0};
-  outcome const r = run_threads(pool, 16, 400);
-  auto const st = pool.stats();
-  std::printf("checked %zu blocks, %zu with foreign bytes; %zu chunks taken, %zu records, %zu waits\n",
-              r.blocks_checked, r.bad_blocks, st.upstream_allocations, st.events_recorded, st.stream_waits);
-  CHECK(r.errors == 0);
-  CHECK(r.blocks_checked > 16 * 100);
-  CHECK(r.bad_blocks == 0);
-  CHECK(st.used_bytes == 0);
-  CHECK(st.upstream_allocations > 1);  // it grew while running
-  CHECK(pool.check_invariants() == "");
+  // Sharding when the threads contend (the default), and from the second thread on.
+  for (std::size_t const after : {std::size_t{256}, std::size_t{0}}) {
+    pool_options options;
+    options.shard_after_contentions = after;
+    auto upstream = std::make_shared<cuda_memory_resource>();
+    pool_memory_resource pool{upstream, 0, std::nullopt, options};
+    outcome const r = run_threads(pool, 16, 400);
+    auto const st = pool.stats();
+    std::printf("shard after %zu contentions: checked %zu blocks, %zu with foreign bytes; %zu chunks taken, %zu "
+                "records, %zu waits, %zu shards\n",
+                after, r.blocks_checked, r.bad_blocks, st.upstream_allocations, st.events_recorded, st.stream_waits,
+                st.thread_shards);
+    INFO("shard_after_contentions " << after);
+    CHECK(r.errors == 0);
+    CHECK(r.blocks_checked > 16 * 100);
+    CHECK(r.bad_blocks == 0);
+    CHECK(st.used_bytes == 0);
+    CHECK(st.upstream_allocations > 1);  // it grew while running
+    if (after == 0) { CHECK(st.thread_shards >= 2); }
+    CHECK(pool.check_invariants() == "");
+  }
 }
 
 TEST_CASE("gpu pool threads: control - without events the same run sees foreign bytes", "[.control]") {

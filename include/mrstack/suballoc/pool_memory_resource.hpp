@@ -34,8 +34,9 @@
 /// - `release()` returns every wholly free chunk to the upstream (synchronizing first
 ///   only when their free blocks belong to several streams). Destruction returns every
 ///   chunk, live blocks or not.
-/// - Threads: used by one thread, the pool is one structure behind one lock. From the
-///   moment a second thread calls it, each thread allocates blocks of up to
+/// - Threads: used by one thread, or by threads that take turns, the pool is one structure
+///   behind one lock. Once threads contend for it (`shard_after_contentions`), each thread
+///   allocates blocks of up to
 ///   `shard_block_limit` from its own *shard* (its own lock and block metadata), which
 ///   takes 2 MiB-aligned slabs from the pool's global blocks as it grows (geometrically,
 ///   as the pool does); any thread may free any block. Before the pool grows, shards give
@@ -103,6 +104,10 @@ struct pool_options {
   /// How many thread shards a pool used by several threads may make (at most 64; threads
   /// beyond share them). 0: never shard — one lock for every thread.
   std::size_t thread_shards = 64;
+  /// Sharding starts once a thread has found the pool's lock taken this many times: where
+  /// threads take turns (PyTorch's main and autograd threads) the pool stays one
+  /// structure, which holds the least memory. 0: from the second calling thread on.
+  std::size_t shard_after_contentions = 256;
   /// Larger requests bypass the shards and go to the global blocks (under the one lock):
   /// shards are for the many small blocks, whose calls are the ones a lock would slow.
   std::size_t shard_block_limit = std::size_t{1} << 20;
@@ -188,9 +193,11 @@ class pool_memory_resource final : public memory_resource {
   [[nodiscard]] std::size_t footprint() const noexcept;
 
   // ---- thread shards (src/suballoc/pool_shards.cpp) ----
-  /// True when this request goes to the calling thread's shard (sharding starts when a
-  /// second thread calls).
+  /// True when this request goes to the calling thread's shard (sharded already, or
+  /// `shard_after_contentions` 0 and a second thread calls).
   bool use_shard(std::size_t size);
+  /// Counts a contended lock; true once sharding has started because of it.
+  bool contended();
   void start_sharding();
   void* allocate_in_shard(std::size_t bytes, std::size_t size, std::size_t alignment, detail::stream_ref const& s);
   void* refill_and_allocate(detail::pool_shard& shard, std::uint16_t index, std::size_t bytes, std::size_t size,
@@ -230,6 +237,7 @@ class pool_memory_resource final : public memory_resource {
   std::size_t upstream_allocations_ = 0;
   std::unique_ptr<detail::in_place_pool_growth> growth_;  // set over a virtual range; destroyed first
   std::atomic<std::uintptr_t> first_thread_{0};  // the thread key of the first caller
+  std::atomic<std::size_t> contentions_{0};      // times a caller found the lock taken
   std::atomic<bool> sharded_{false};             // set (once) after shards_ is made
   std::unique_ptr<detail::pool_shard_set> shards_;
 };
