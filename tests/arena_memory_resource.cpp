@@ -174,12 +174,20 @@ TEST_CASE("arena: bad frees are logic_errors; destruction returns the region") {
     int on_stack = 0;
     CHECK_THROWS_AS(mr.deallocate(&on_stack, 4), logic_error);
     // A large block (from the global arena) freed with another size: refused, unchanged.
-    CHECK_THROWS_WITH(mr.deallocate(big, 2 * MiB), Catch::Contains("with that size"));
+    CHECK_THROWS_WITH(mr.deallocate(big, 2 * MiB), Catch::Contains("its block is 3145728 B; nothing was freed"));
     CHECK_THROWS_AS(mr.deallocate(big, 3 * MiB + 256), logic_error);
     mr.deallocate(big, 3 * MiB);  // the right size frees it
     CHECK_THROWS_AS(mr.deallocate(big, 3 * MiB), logic_error);  // a double free
     big = mr.allocate(3 * MiB);
     (void)big;  // leaked on purpose
+    // A small block freed with another size of its own class (2304 and 2560 B share one):
+    // refused, naming both sizes, and the block stays live.
+    void* q = mr.allocate(2300);
+    CHECK_THROWS_WITH(mr.deallocate(q, 2560), Catch::Contains("with size 2560 B (alignment 256), but its block is 2304 B"));
+    CHECK_THROWS_WITH(mr.deallocate(q, 1000), Catch::Contains("its block is 2304 B"));  // another class
+    mr.deallocate(q, 2300);
+    CHECK_THROWS_WITH(mr.deallocate(q, 2300), Catch::Contains("already taken back"));
+    CHECK(mr.check_invariants() == "");
   }
   CHECK(sim->footprint() == 0);
   CHECK_THROWS_AS(arena_memory_resource(sim, 0), logic_error);

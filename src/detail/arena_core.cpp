@@ -173,7 +173,7 @@ void arena_core::list_remove(stream_arena& a, superblock& sb) noexcept {
   sb.listed = false;
 }
 
-std::uintptr_t arena_core::pop_block(stream_arena& a, superblock& sb) noexcept {
+std::uintptr_t arena_core::pop_block(stream_arena& a, superblock& sb, std::size_t size) noexcept {
   std::uint32_t index = 0;
   if (!sb.free_stack.empty()) {
     index = sb.free_stack.back();
@@ -186,6 +186,7 @@ std::uintptr_t arena_core::pop_block(stream_arena& a, superblock& sb) noexcept {
   a.free_bytes -= sb.block_size;
   --a.free_blocks;
   sb.live_bits[index / 64] |= std::uint64_t{1} << (index % 64);
+  if (!sb.units.empty()) { sb.units[index] = static_cast<std::uint16_t>(size / 256); }
   if (sb.free_count == 0) { list_remove(a, sb); }
   return sb.base + std::size_t{index} * sb.block_size;
 }
@@ -224,6 +225,8 @@ void arena_core::reclass(stream_arena& a, superblock& sb, unsigned cls) {
   sb.free_stack.clear();
   sb.free_stack.reserve(sb.capacity);
   sb.live_bits.resize((sb.capacity + 63) / 64);  // all zero: no block of a free superblock is live
+  bool const several_sizes = cls > 0 && sb.block_size - arena_size_classes::class_size(cls - 1) > 256;
+  sb.units.resize(several_sizes ? sb.capacity : 0);  // written as blocks are handed out
   a.free_bytes += std::size_t{sb.capacity} * sb.block_size;
   a.free_blocks += sb.capacity;
 }
@@ -389,7 +392,7 @@ std::uintptr_t arena_core::allocate_small(std::size_t size, stream_ref const& s)
     std::lock_guard lock{a->mutex};
     superblock* sb = a->lists[cls];
     if (sb == nullptr) { sb = acquire_superblock(*a, cls); }
-    if (sb != nullptr) { return pop_block(*a, *sb); }
+    if (sb != nullptr) { return pop_block(*a, *sb, size); }
   }
   return 0;
 }
@@ -432,8 +435,27 @@ bool arena_core::deallocate(std::uintptr_t p, std::size_t size, std::size_t alig
   }
   auto const index = static_cast<std::uint32_t>(offset / sb->block_size);
   if ((sb->live_bits[index / 64] >> (index % 64) & 1U) == 0) { return false; }
+  if (!sb->units.empty() && sb->units[index] != size / 256) { return false; }
   push_block(*owner, *sb, index);
   return true;
+}
+
+std::size_t arena_core::live_size(std::uintptr_t p) const {
+  auto const* const sb = static_cast<superblock const*>(map_.find(p));
+  if (sb == nullptr) {
+    std::lock_guard lock{global_mutex_};
+    return global_.blocks().live_size(p);
+  }
+  stream_arena* const owner = sb->arena;
+  if (owner == nullptr) { return 0; }
+  std::lock_guard lock{owner->mutex};
+  std::size_t const offset = p - sb->base;
+  if (sb->arena != owner || sb->block_size == 0 || offset >= opts_.superblock_size || offset % sb->block_size != 0) {
+    return 0;
+  }
+  auto const index = static_cast<std::uint32_t>(offset / sb->block_size);
+  if ((sb->live_bits[index / 64] >> (index % 64) & 1U) == 0) { return 0; }
+  return sb->units.empty() ? sb->block_size : std::size_t{sb->units[index]} * 256;
 }
 
 // ---- introspection ------------------------------------------------------------------------------------

@@ -112,11 +112,19 @@ void* arena_memory_resource::do_allocate(std::size_t bytes, std::size_t alignmen
 
 void arena_memory_resource::do_deallocate(void* ptr, std::size_t bytes, std::size_t alignment, stream_view stream) {
   alignment = std::max(alignment, granularity);
-  if (!core_->deallocate(reinterpret_cast<std::uintptr_t>(ptr), detail::align_up(bytes, granularity), alignment,
-                         to_stream_ref(stream))) {
-    throw logic_error("arena: deallocate of " + format_hex(ptr) + " (" + std::to_string(bytes) +
-                      " B), which this arena did not hand out with that size, or has already taken back");
+  if (core_->deallocate(reinterpret_cast<std::uintptr_t>(ptr), detail::align_up(bytes, granularity), alignment,
+                        to_stream_ref(stream))) {
+    return;
   }
+  if (std::size_t const actual = core_->live_size(reinterpret_cast<std::uintptr_t>(ptr))) {
+    std::string const why = actual != detail::align_up(bytes, granularity)
+                                ? "its block is " + std::to_string(actual) + " B"
+                                : "its block was handed out with another alignment";
+    throw logic_error("arena: deallocate of " + format_hex(ptr) + " with size " + std::to_string(bytes) +
+                      " B (alignment " + std::to_string(alignment) + "), but " + why + "; nothing was freed");
+  }
+  throw logic_error("arena: deallocate of " + format_hex(ptr) + " (" + std::to_string(bytes) +
+                    " B), which this arena did not hand out or has already taken back");
 }
 
 std::size_t arena_memory_resource::do_free_bytes_held() const noexcept {

@@ -50,12 +50,12 @@ struct stack_kind {
 // Every suballocator, each alone over simulated memory and in a realistic stack; a few
 // adaptors; the bare upstreams. `detects` as measured on this build (docs/reliability.md):
 // pool, fixed_size, binning and system refuse every kind (a pool checks a free's size
-// before it frees anything, so binning over a pool refuses too); arena takes a small
-// block freed with another size of its size class (the block is the class's size either
-// way, so nothing is corrupted), and a double free of a large block once the blocks
-// around its range were handed out again (tests/fuzz/findings/); under `aligned` a stale
-// pointer that is now the start of an aligned block's padding frees that live block.
-constexpr unsigned arena_detects = foreign_free | interior_free;
+// before it frees anything, so binning over a pool refuses too); arena refuses a wrong
+// size too (a small block's own size is kept where its class holds several) but takes a
+// double free of a large block once the blocks around its range were handed out again
+// (tests/fuzz/findings/); under `aligned` a stale pointer that is now the start of an
+// aligned block's padding frees that live block.
+constexpr unsigned arena_detects = foreign_free | wrong_size_free | interior_free;
 constexpr std::array<stack_kind, 16> stacks{{
     {"pool > simulated(capacity=4GiB)", false, every_misuse, 64u << 20},
     {"pool(initial=1MiB, growth_granularity=64KiB, minimum_growth=256KiB) > system", true, every_misuse, 256u << 10},

@@ -137,8 +137,12 @@ class arena_core {
 
   /// `size` a multiple of 256. 0 when the arena cannot serve it (after reclaiming and synchronizing).
   std::uintptr_t allocate(std::size_t size, std::size_t alignment, stream_ref const& s);
-  /// False when `p` is not a live block of this arena of that size class (a foreign or double free).
+  /// False (and nothing changes) when `p` is not a live block of this arena of that size
+  /// (a foreign, double or wrong-size free).
   bool deallocate(std::uintptr_t p, std::size_t size, std::size_t alignment, stream_ref const& s);
+  /// The size (a multiple of 256) of the live block at `p`, or 0: what a refused free
+  /// names.
+  [[nodiscard]] std::size_t live_size(std::uintptr_t p) const;
 
   [[nodiscard]] bool is_small(std::size_t size, std::size_t alignment) const noexcept {
     return size <= opts_.max_small_size && alignment <= 256;
@@ -205,6 +209,10 @@ class arena_core {
     superblock* next = nullptr;
     std::vector<std::uint16_t> free_stack;
     std::vector<std::uint64_t> live_bits;
+    // Classes that hold several sizes (above 2 KiB): each live block's size in 256-byte
+    // units, so that a free with another size of the same class is refused too. Empty
+    // for classes of one size.
+    std::vector<std::uint16_t> units;
   };
   struct alignas(64) stream_arena {
     lean_mutex mutex;  // taken on every small call: uncontended when streams are per thread
@@ -263,7 +271,7 @@ class arena_core {
   superblock& descriptor_for(std::uintptr_t address);
   static void list_push(stream_arena& a, superblock& sb) noexcept;
   static void list_remove(stream_arena& a, superblock& sb) noexcept;
-  std::uintptr_t pop_block(stream_arena& a, superblock& sb) noexcept;
+  std::uintptr_t pop_block(stream_arena& a, superblock& sb, std::size_t size) noexcept;
   void push_block(stream_arena& a, superblock& sb, std::uint32_t index);
 
   options opts_;
