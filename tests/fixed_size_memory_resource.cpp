@@ -163,3 +163,31 @@ TEST_CASE("fixed_size: stream-ordered reuse through the event seam") {
   CHECK(fake->dead_named == 0);
   for (void* q : again) { mr.deallocate(q, 1000, a); }
 }
+
+TEST_CASE("fixed_size: a created stream is cached while it is the only stream, not after") {
+  auto fake = std::make_shared<test::fake_stream_sync>();
+  auto sim = std::make_shared<simulated_memory_resource>();
+  auto const a = stream_view{reinterpret_cast<cudaStream_t>(0x100)};
+  auto const b = stream_view{reinterpret_cast<cudaStream_t>(0x200)};
+  fixed_size_memory_resource mr{sim, 64 * KiB, 16, fake};
+  std::vector<void*> blocks;
+  for (int i = 0; i < 8; ++i) { blocks.push_back(mr.allocate(1000, a)); }
+  for (void* p : blocks) { mr.deallocate(p, 1000, a); }
+  CHECK(mr.cached_blocks() > 0);  // one stream, a created one: through the thread's cache
+  CHECK(fake->records == 0);
+  // a is destroyed; then a second stream: a's cache goes back unrecorded (b's call does
+  // not name a, and must not), so b takes a's blocks after one device synchronization.
+  fake->kill(0x100);
+  void* on_b = mr.allocate(1000, b);
+  CHECK(fake->sync_alls == 1);
+  CHECK(mr.chunk_count() == 1);
+  // From now on created streams record at every free and are not cached.
+  mr.deallocate(on_b, 1000, b);
+  CHECK(fake->records == 1);
+  CHECK(mr.cached_blocks() == 0);
+  void* again = mr.allocate(1000, b);
+  mr.deallocate(again, 1000, b);
+  CHECK(mr.cached_blocks() == 0);
+  CHECK(fake->dead_named == 0);  // a was never named after it was destroyed
+  (void)a;
+}

@@ -187,17 +187,29 @@ fixed_size_memory_resource::thread_cache* fixed_size_memory_resource::cache_for_
   return caches_.back().get();
 }
 
+void fixed_size_memory_resource::note_stream(detail::stream_ref const& s) {
+  blocks_.note_stream(s);
+  // Once a second stream is in use, created streams record at every free (the eager
+  // rule), which a cache would defer: from then on they bypass the caches.
+  if (blocks_.records_eagerly()) { cache_created_streams_.store(false, std::memory_order_relaxed); }
+}
+
 void* fixed_size_memory_resource::refill_and_allocate(std::size_t bytes, detail::stream_ref const& s) {
   std::lock_guard lock{mutex_};
+  note_stream(s);
   thread_cache* const cache = cache_for_this_thread();
-  if (cache == nullptr) {
+  if (cache != nullptr && !cacheable(s)) {
+    std::lock_guard cache_lock{cache->lock};
+    if (cache->count != 0 && cache->stream.key != s.key) { spill(*cache, 0, &s); }
+  }
+  if (cache == nullptr || !cacheable(s)) {
     if (std::uintptr_t const a = blocks_.allocate(s)) { return reinterpret_cast<void*>(a); }
     return grow_and_allocate(bytes, s);
   }
   thread_cache& c = *cache;
   {
     std::lock_guard cache_lock{c.lock};
-    if (c.count != 0 && c.stream.key != s.key) { spill(c, 0); }
+    if (c.count != 0 && c.stream.key != s.key) { spill(c, 0, &s); }
     c.stream = s;
     // Half a cache at once: the shared lock is taken once per that many allocations.
     while (c.count < cache_capacity_ / 2) {
@@ -216,8 +228,9 @@ void* fixed_size_memory_resource::refill_and_allocate(std::size_t bytes, detail:
 
 void fixed_size_memory_resource::spill_and_free(void* ptr, std::size_t bytes, detail::stream_ref const& s) {
   std::lock_guard lock{mutex_};
+  note_stream(s);
   thread_cache* const cache = cache_for_this_thread();
-  if (cache == nullptr) {
+  if (cache == nullptr || !cacheable(s)) {
     auto const result = blocks_.deallocate(reinterpret_cast<std::uintptr_t>(ptr), s);
     if (result != detail::fixed_size_blocks::free_result::freed) { reject_free(ptr, bytes, result); }
     return;
@@ -229,30 +242,40 @@ void fixed_size_memory_resource::spill_and_free(void* ptr, std::size_t bytes, de
   if (result != detail::fixed_size_blocks::free_result::freed) { reject_free(ptr, bytes, result); }
   // Checked and marked free: from here nothing may fail before the block is stored.
   if (c.count != 0 && c.stream.key != s.key) {
-    spill(c, 0);
+    spill(c, 0, &s);
   } else if (c.count >= cache_capacity_) {
-    spill(c, cache_capacity_ / 2);
+    spill(c, cache_capacity_ / 2, &s);
   }
   c.stream = s;
   c.blocks[c.count++] = detail::free_block{reinterpret_cast<std::uintptr_t>(ptr), state};
 }
 
-void fixed_size_memory_resource::spill(thread_cache& c, std::size_t keep) {
+void fixed_size_memory_resource::spill(thread_cache& c, std::size_t keep, detail::stream_ref const* named) {
   // The oldest blocks go to the shared stacks as freed on the cache's stream (the most
   // recent stay: they are the likeliest to be warm). Draining another thread's cache
-  // records nothing on its stream: see note_free in detail/stream_ordering.hpp.
+  // records nothing on its stream: see note_free in detail/stream_ordering.hpp. A stream
+  // the user created may record only while the current call names it; otherwise its
+  // blocks go back unrecorded, and another stream takes them only after a device
+  // synchronization (the eager rule's fallback).
+  bool const may_record = !detail::stream_owners::is_created(c.stream) || (named != nullptr && named->key == c.stream.key);
   std::size_t const move = c.count - std::min(keep, c.count);
-  for (std::size_t i = 0; i < move; ++i) { blocks_.push_free(c.blocks[i], c.stream); }
+  for (std::size_t i = 0; i < move; ++i) {
+    if (may_record) {
+      blocks_.push_free(c.blocks[i], c.stream);
+    } else {
+      blocks_.push_free_unrecorded(c.blocks[i], c.stream);
+    }
+  }
   std::copy(c.blocks.get() + move, c.blocks.get() + c.count, c.blocks.get());
   c.count -= move;
 }
 
-bool fixed_size_memory_resource::take_back_caches() {
+bool fixed_size_memory_resource::take_back_caches(detail::stream_ref const* named) {
   bool moved = false;
   for (auto const& c : caches_) {
     std::lock_guard cache_lock{c->lock};
     moved = moved || c->count != 0;
-    spill(*c, 0);
+    spill(*c, 0, named);
   }
   // Every cache's lock was taken once: no thread still reads a snapshot replaced before.
   blocks_.chunks().collect();
@@ -274,7 +297,7 @@ void fixed_size_memory_resource::thread_exiting(void* cache) noexcept {
   try {
     {
       std::lock_guard cache_lock{c->lock};
-      spill(*c, 0);
+      spill(*c, 0, nullptr);
     }
     auto it = std::find_if(caches_.begin(), caches_.end(), [c](auto const& x) { return x.get() == c; });
     if (it != caches_.end()) { caches_.erase(it); }
@@ -333,7 +356,7 @@ fragmentation_info fixed_size_memory_resource::do_fragmentation() const {
 
 void* fixed_size_memory_resource::grow_and_allocate(std::size_t bytes, detail::stream_ref const& s) {
   // Free blocks sitting in threads' caches come back before the resource grows.
-  if (take_back_caches()) {
+  if (take_back_caches(&s)) {
     if (std::uintptr_t const a = blocks_.allocate(s)) { return reinterpret_cast<void*>(a); }
   }
   std::string why;

@@ -185,6 +185,19 @@ class fixed_size_blocks {
     ++free_;
     (void)owners_.note_free(o, s);  // eager rule: never asks to park
   }
+  /// As `push_free`, for a created stream `s` that the current call does not name: no
+  /// event may be recorded on it, so its memory is only marked as freed since the last
+  /// record (another stream takes it after a device synchronization).
+  void push_free_unrecorded(free_block b, stream_ref const& s) {
+    owner_id const o = owner_of(s);
+    stacks_[o].push_back(b);
+    ++free_;
+    owners_.mark_freed_unrecorded(o);
+  }
+  /// Registers stream `s` (its owner slot), as any call with it would.
+  void note_stream(stream_ref const& s) { (void)owner_of(s); }
+  /// True once a second stream is in use: created streams record at every free.
+  [[nodiscard]] bool records_eagerly() const noexcept { return owners_.records_eagerly(); }
   /// A free block for `s` that stays marked free (for a thread cache); `address` 0: none.
   free_block take(stream_ref const& s) {
     owner_id const o = owner_of(s);

@@ -143,6 +143,9 @@ class stream_owners {
     }
     return false;
   }
+  /// Memory was freed into `o` by a call that does not name its stream (a thread cache
+  /// given back): it counts as freed since the last record, and nothing is recorded.
+  void mark_freed_unrecorded(owner_id o) noexcept { slots_[o].dirty = true; }
   /// Memory entered `o` (the stream `s` the caller names) some other way than a free on
   /// it (taken over from another stream after a wait, or a new chunk allocated on it): a
   /// later handover must be ordered after that wait or allocation too.
@@ -204,6 +207,8 @@ class stream_owners {
   /// True when the calling thread may name `o`'s stream (record on it, free on it) with
   /// no call naming it: the legacy default stream, or the caller's own default stream.
   /// A stream the user created may be gone (see the header comment).
+  /// The eager rule is in force (a second stream was seen): created streams record at every free.
+  [[nodiscard]] bool records_eagerly() const noexcept { return eager_; }
   [[nodiscard]] bool nameable_here(owner_id o) const noexcept {
     stream_ref const& r = slots_[o].ref;
     return r.thread_bound ? r.key == thread_key_() : r.handle == legacy_stream;

@@ -26,15 +26,20 @@
 /// - Sizes are bounded so no arithmetic wraps: blocks of at most `max_block_size`, chunks
 ///   of at most `max_chunk_bytes` (a `logic_error` at construction otherwise).
 /// - Threads: each thread keeps a small cache of free blocks per resource (up to
-///   `thread_cache_blocks()`: 64 blocks or 64 MiB, at least 4) for the legacy default
-///   stream or its own per-thread default stream, so allocations and frees there touch
-///   only the thread's own lock; it refills from and spills to the shared free stacks in
-///   batches of half its size. A cached block is reused only on the stream it was freed
-///   on (caches of streams the user created would outlive them: such streams go to the
-///   shared stacks, one mutex). Before the resource grows, reports out-of-memory or
+///   `thread_cache_blocks()`: 64 blocks or 64 MiB, at least 4) for one stream at a time,
+///   so allocations and frees there touch only the thread's own lock; it refills from and
+///   spills to the shared free stacks in batches of half its size. A cached block is
+///   reused only on the stream it was freed on. Streams the user created are cached
+///   only while they are the one stream in use (no events are recorded then; from the
+///   second stream on they record at every free, so they go to the shared stacks); a
+///   cache of one that goes back while no call names it (the stream may be gone) records
+///   nothing, and another stream takes those blocks after a device synchronization, as
+///   it takes any memory freed before the second stream appeared.
+///   Before the resource grows, reports out-of-memory or
 ///   releases, it takes every thread's cache back; a thread that exits hands its caches
 ///   back. Frees into a cache are checked like any other.
 /// - Thread-safe. Works over any upstream (asks it for 256-byte alignment only).
+#include <atomic>
 #include <cstddef>
 #include <memory>
 #include <mutex>
@@ -62,6 +67,8 @@ class fixed_size_memory_resource final : public memory_resource, private detail:
   [[nodiscard]] std::size_t block_size() const noexcept { return block_size_; }
   [[nodiscard]] std::size_t block_alignment() const noexcept { return block_alignment_; }
   [[nodiscard]] std::size_t blocks_per_chunk() const noexcept { return blocks_per_chunk_; }
+  /// Free blocks held in threads' caches now (takes every cache's lock).
+  [[nodiscard]] std::size_t cached_blocks() const;
   /// Most free blocks one thread's cache holds (0: no caches).
   [[nodiscard]] std::size_t thread_cache_blocks() const noexcept { return cache_capacity_; }
   /// Bytes held from the upstream (chunks, including any alignment slack).
@@ -98,9 +105,14 @@ class fixed_size_memory_resource final : public memory_resource, private detail:
 
   // Thread caches (src/suballoc/fixed_size_memory_resource.cpp says how they stay safe).
   struct thread_cache;
-  [[nodiscard]] static bool cacheable(detail::stream_ref const& s) noexcept {
-    return s.thread_bound || s.handle == detail::stream_owners::legacy_stream;
+  /// Per-thread and legacy default streams always; streams the user created while only
+  /// one stream is in use (no events are recorded then).
+  [[nodiscard]] bool cacheable(detail::stream_ref const& s) const noexcept {
+    return !detail::stream_owners::is_created(s) || cache_created_streams_.load(std::memory_order_relaxed);
   }
+  /// Registers `s` with the shared stacks (under the mutex) and stops caching created
+  /// streams once a second stream is in use.
+  void note_stream(detail::stream_ref const& s);
   [[nodiscard]] thread_cache* my_cache() const noexcept {
     return static_cast<thread_cache*>(detail::this_thread_cache(ticket_));
   }
@@ -108,9 +120,10 @@ class fixed_size_memory_resource final : public memory_resource, private detail:
   void spill_and_free(void* ptr, std::size_t bytes, detail::stream_ref const& s);
   /// The calling thread's cache, created when missing; null when it can keep none (exiting).
   thread_cache* cache_for_this_thread();
-  void spill(thread_cache& c, std::size_t keep);
-  bool take_back_caches();
-  [[nodiscard]] std::size_t cached_blocks() const;
+  /// Moves all but `keep` of `c`'s blocks to the shared stacks; `named`: the stream the
+  /// current call names (null: none), the only created stream that may be recorded on.
+  void spill(thread_cache& c, std::size_t keep, detail::stream_ref const* named);
+  bool take_back_caches(detail::stream_ref const* named = nullptr);
   void thread_exiting(void* cache) noexcept override;
 
   struct chunk {
@@ -129,6 +142,7 @@ class fixed_size_memory_resource final : public memory_resource, private detail:
   std::vector<chunk> chunks_;
   std::size_t pool_size_ = 0;
   std::size_t cache_capacity_;
+  std::atomic<bool> cache_created_streams_{true};
   detail::cache_ticket ticket_;
   std::vector<std::unique_ptr<thread_cache>> caches_;  // under mutex_
 };
