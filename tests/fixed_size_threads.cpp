@@ -192,3 +192,33 @@ TEST_CASE("fixed_size threads: many threads, random sizes through binning, conte
   CHECK(mr.fragmentation().live_bytes == 0);
   (void)MiB;
 }
+
+TEST_CASE("fixed_size threads: a refill takes a live thread's blocks after one wait, not one wait a block") {
+  auto fake = std::make_shared<test::fake_stream_sync>();
+  auto sim = std::make_shared<simulated_memory_resource>();
+  fixed_size_memory_resource mr{sim, 64 * KiB, 256, fake};
+  std::size_t const half = mr.thread_cache_blocks() / 2;
+  std::atomic<int> phase{0};
+  std::thread a{[&] {
+    std::vector<void*> blocks;
+    for (std::size_t i = 0; i < 4 * mr.thread_cache_blocks(); ++i) {
+      blocks.push_back(mr.allocate(1000, stream_view::per_thread()));
+    }
+    for (void* p : blocks) { mr.deallocate(p, 1000, stream_view::per_thread()); }  // most spill to the shared stacks
+    phase = 1;
+    while (phase != 2) { std::this_thread::yield(); }  // alive while b takes them
+  }};
+  while (phase != 1) { std::this_thread::yield(); }
+  std::size_t const waits_before = fake->waits;
+  std::vector<void*> on_b;
+  std::thread b{[&] {
+    for (std::size_t i = 0; i < half; ++i) { on_b.push_back(mr.allocate(1000, stream_view::per_thread())); }
+    for (void* p : on_b) { mr.deallocate(p, 1000, stream_view::per_thread()); }
+  }};
+  b.join();
+  phase = 2;
+  a.join();
+  INFO("waits " << fake->waits - waits_before << " for " << half << " blocks");
+  CHECK(fake->waits - waits_before <= 2);
+  CHECK(mr.chunk_count() == 1);  // no growth: b's blocks came from a's
+}

@@ -213,7 +213,7 @@ void* fixed_size_memory_resource::refill_and_allocate(std::size_t bytes, detail:
     c.stream = s;
     // Half a cache at once: the shared lock is taken once per that many allocations.
     while (c.count < cache_capacity_ / 2) {
-      detail::free_block const b = blocks_.take(s);
+      detail::free_block const b = blocks_.take(s, cache_capacity_ / 2 - c.count);
       if (b.address == 0) { break; }
       c.blocks[c.count++] = b;
     }

@@ -199,12 +199,14 @@ class fixed_size_blocks {
   /// True once a second stream is in use: created streams record at every free.
   [[nodiscard]] bool records_eagerly() const noexcept { return owners_.records_eagerly(); }
   /// A free block for `s` that stays marked free (for a thread cache); `address` 0: none.
-  free_block take(stream_ref const& s) {
+  /// `batch`: how many blocks the caller is about to take (a cache refilling): from a
+  /// live thread's stream that many move over after one wait, not one per wait.
+  free_block take(stream_ref const& s, std::size_t batch = 1) {
     owner_id const o = owner_of(s);
     (void)owners_.note_use(o, s);  // eager rule: never asks to park
     if (!stacks_[o].empty()) { return pop(o); }
     if (!stacks_[block_pool::synchronized].empty()) { return pop(block_pool::synchronized); }
-    owner_id const from = take_over(s, o);
+    owner_id const from = take_over(s, o, batch);
     return from == no_owner ? free_block{} : pop(from);
   }
   /// Whether `block` is a block of ours, and whether it is free (for error messages).
@@ -295,6 +297,13 @@ class fixed_size_blocks {
     --free_;
     return b;
   }
+  void move_some(owner_id from, owner_id to, std::size_t count) {
+    auto& src = stacks_[from];
+    auto& dst = stacks_[to];
+    std::size_t const n = std::min(count, src.size());
+    dst.insert(dst.end(), src.end() - static_cast<std::ptrdiff_t>(n), src.end());
+    src.resize(src.size() - n);
+  }
   void move_all(owner_id from, owner_id to) {
     auto& src = stacks_[from];
     auto& dst = stacks_[to];
@@ -302,16 +311,19 @@ class fixed_size_blocks {
     src.clear();
   }
   /// Makes another stream's free blocks usable by `s`; returns the owner to pop from.
-  owner_id take_over(stream_ref const& s, owner_id o) {
+  owner_id take_over(stream_ref const& s, owner_id o, std::size_t batch) {
     for (std::size_t i = 1; i < stacks_.size(); ++i) {
       auto const t = static_cast<owner_id>(i);
       if (t == o || stacks_[t].empty()) { continue; }
       switch (owners_.hand_over(t, s)) {
         case stream_owners::handover::ready:
           if (owners_.ref(t).thread_bound && !thread_has_exited(owners_.ref(t).key)) {
-            return t;  // a live thread's cache: take one block
+            // A live thread's stream: only what the caller is about to take (all of it
+            // would leave that thread nothing, and the two would pass blocks back and forth).
+            move_some(t, o, batch);
+          } else {
+            move_all(t, o);
           }
-          move_all(t, o);
           owners_.note_acquired(o, s);
           return o;
         case stream_owners::handover::everything_synchronized:
