@@ -426,18 +426,26 @@ bool arena_core::deallocate(std::uintptr_t p, std::size_t size, std::size_t alig
     sync_->synchronize(s.handle);
   }
   std::lock_guard lock{owner->mutex};
-  // Checked under the lock (the superblock is set up and reclassed under it): a foreign
-  // or double free is refused, never pushed.
-  std::size_t const offset = p - sb->base;
-  if (sb->arena != owner || offset >= opts_.superblock_size || sb->block_size == 0 || offset % sb->block_size != 0 ||
-      sb->block_size != arena_size_classes::class_size(arena_size_classes::class_of(size))) {
-    return false;
-  }
-  auto const index = static_cast<std::uint32_t>(offset / sb->block_size);
-  if ((sb->live_bits[index / 64] >> (index % 64) & 1U) == 0) { return false; }
-  if (!sb->units.empty() && sb->units[index] != size / 256) { return false; }
+  // Checked under the lock (the superblock is set up and reclassed under it): a foreign,
+  // double or wrong-size free is refused, never pushed.
+  std::uint32_t index = 0;
+  if (!live_block(*sb, owner, p, index) || small_size(*sb, index) != size) { return false; }
   push_block(*owner, *sb, index);
   return true;
+}
+
+bool arena_core::live_block(superblock const& sb, stream_arena const* owner, std::uintptr_t p,
+                            std::uint32_t& index) const noexcept {
+  std::size_t const offset = p - sb.base;
+  if (sb.arena != owner || sb.block_size == 0 || offset >= opts_.superblock_size || offset % sb.block_size != 0) {
+    return false;
+  }
+  index = static_cast<std::uint32_t>(offset / sb.block_size);
+  return (sb.live_bits[index / 64] >> (index % 64) & 1U) != 0;
+}
+
+std::size_t arena_core::small_size(superblock const& sb, std::uint32_t index) noexcept {
+  return sb.units.empty() ? sb.block_size : std::size_t{sb.units[index]} * 256;
 }
 
 std::size_t arena_core::live_size(std::uintptr_t p) const {
@@ -449,13 +457,8 @@ std::size_t arena_core::live_size(std::uintptr_t p) const {
   stream_arena* const owner = sb->arena;
   if (owner == nullptr) { return 0; }
   std::lock_guard lock{owner->mutex};
-  std::size_t const offset = p - sb->base;
-  if (sb->arena != owner || sb->block_size == 0 || offset >= opts_.superblock_size || offset % sb->block_size != 0) {
-    return 0;
-  }
-  auto const index = static_cast<std::uint32_t>(offset / sb->block_size);
-  if ((sb->live_bits[index / 64] >> (index % 64) & 1U) == 0) { return 0; }
-  return sb->units.empty() ? sb->block_size : std::size_t{sb->units[index]} * 256;
+  std::uint32_t index = 0;
+  return live_block(*sb, owner, p, index) ? small_size(*sb, index) : 0;
 }
 
 // ---- introspection ------------------------------------------------------------------------------------

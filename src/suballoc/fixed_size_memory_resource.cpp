@@ -198,11 +198,11 @@ void* fixed_size_memory_resource::refill_and_allocate(std::size_t bytes, detail:
   std::lock_guard lock{mutex_};
   note_stream(s);
   thread_cache* const cache = cache_for_this_thread();
-  if (cache != nullptr && !cacheable(s)) {
-    std::lock_guard cache_lock{cache->lock};
-    if (cache->count != 0 && cache->stream.key != s.key) { spill(*cache, 0, &s); }
-  }
   if (cache == nullptr || !cacheable(s)) {
+    if (cache != nullptr) {  // its blocks of another stream may be what `s` takes over
+      std::lock_guard cache_lock{cache->lock};
+      if (cache->count != 0 && cache->stream.key != s.key) { spill(*cache, 0, &s); }
+    }
     if (std::uintptr_t const a = blocks_.allocate(s)) { return reinterpret_cast<void*>(a); }
     return grow_and_allocate(bytes, s);
   }
@@ -257,15 +257,9 @@ void fixed_size_memory_resource::spill(thread_cache& c, std::size_t keep, detail
   // the user created may record only while the current call names it; otherwise its
   // blocks go back unrecorded, and another stream takes them only after a device
   // synchronization (the eager rule's fallback).
-  bool const may_record = !detail::stream_owners::is_created(c.stream) || (named != nullptr && named->key == c.stream.key);
+  bool const is_named = named != nullptr && named->key == c.stream.key;
   std::size_t const move = c.count - std::min(keep, c.count);
-  for (std::size_t i = 0; i < move; ++i) {
-    if (may_record) {
-      blocks_.push_free(c.blocks[i], c.stream);
-    } else {
-      blocks_.push_free_unrecorded(c.blocks[i], c.stream);
-    }
-  }
+  for (std::size_t i = 0; i < move; ++i) { blocks_.push_free(c.blocks[i], c.stream, is_named); }
   std::copy(c.blocks.get() + move, c.blocks.get() + c.count, c.blocks.get());
   c.count -= move;
 }

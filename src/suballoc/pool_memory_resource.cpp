@@ -120,11 +120,12 @@ void* pool_memory_resource::do_allocate(std::size_t bytes, std::size_t alignment
   alignment = std::max(alignment, granularity);
   std::size_t const size = detail::align_up(bytes, granularity);
   detail::stream_ref const s = to_stream_ref(stream);
-  if (use_shard(size)) { return allocate_in_shard(bytes, size, alignment, s); }
-  if (sharded_.load(std::memory_order_relaxed)) { return allocate_globally(bytes, size, alignment, s, nullptr); }
+  if (sharded_.load(std::memory_order_acquire) || second_thread_arrived()) {
+    return allocate_sharded(bytes, size, alignment, s);
+  }
   std::unique_lock lock{mutex_, std::try_to_lock};
   if (!lock.owns_lock()) {
-    if (contended() && size <= options_.shard_block_limit) { return allocate_in_shard(bytes, size, alignment, s); }
+    if (contended()) { return allocate_sharded(bytes, size, alignment, s); }
     lock.lock();
   }
   if (std::uintptr_t const a = core_.allocate(size, alignment, s)) { return reinterpret_cast<void*>(a); }

@@ -21,18 +21,21 @@ constexpr std::size_t max_slab_growth = std::size_t{64} << 20;
 
 }  // namespace
 
-bool pool_memory_resource::use_shard(std::size_t size) {
-  if (!sharded_.load(std::memory_order_acquire)) {
-    if (options_.thread_shards == 0 || options_.shard_after_contentions != 0) { return false; }
-    // Shard from the second calling thread on.
-    std::uintptr_t const me = detail::this_thread_key();
-    std::uintptr_t first = first_thread_.load(std::memory_order_relaxed);
-    if (first == me) { return false; }
-    if (first == 0 && first_thread_.compare_exchange_strong(first, me, std::memory_order_relaxed)) { return false; }
-    if (first == me) { return false; }
-    start_sharding();
-  }
-  return size <= options_.shard_block_limit;
+bool pool_memory_resource::second_thread_arrived() {
+  if (options_.thread_shards == 0 || options_.shard_after_contentions != 0) { return false; }
+  std::uintptr_t const me = detail::this_thread_key();
+  std::uintptr_t first = first_thread_.load(std::memory_order_relaxed);
+  if (first == me) { return false; }
+  if (first == 0 && first_thread_.compare_exchange_strong(first, me, std::memory_order_relaxed)) { return false; }
+  if (first == me) { return false; }
+  start_sharding();
+  return true;
+}
+
+void* pool_memory_resource::allocate_sharded(std::size_t bytes, std::size_t size, std::size_t alignment,
+                                             detail::stream_ref const& s) {
+  if (size <= options_.shard_block_limit) { return allocate_in_shard(bytes, size, alignment, s); }
+  return allocate_globally(bytes, size, alignment, s, nullptr);
 }
 
 bool pool_memory_resource::contended() {

@@ -273,6 +273,11 @@ class arena_core {
   static void list_remove(stream_arena& a, superblock& sb) noexcept;
   std::uintptr_t pop_block(stream_arena& a, superblock& sb, std::size_t size) noexcept;
   void push_block(stream_arena& a, superblock& sb, std::uint32_t index);
+  /// True (and `index` set) when `p` starts a live block of `sb` while `owner` holds it;
+  /// the caller holds `owner`'s lock.
+  bool live_block(superblock const& sb, stream_arena const* owner, std::uintptr_t p, std::uint32_t& index) const noexcept;
+  /// The size a live small block was handed out with: its own where the class holds several.
+  static std::size_t small_size(superblock const& sb, std::uint32_t index) noexcept;
 
   options opts_;
   arena_upstream& upstream_;

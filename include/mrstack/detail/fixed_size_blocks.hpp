@@ -179,20 +179,18 @@ class fixed_size_blocks {
     return r;
   }
   /// Puts back a block already marked free (from a thread cache) as freed on `s`.
-  void push_free(free_block b, stream_ref const& s) {
+  /// `named`: the current call names `s`. A created stream it does not name may be gone:
+  /// nothing is recorded on it, its memory only counts as freed since its last record
+  /// (another stream takes it after a device synchronization).
+  void push_free(free_block b, stream_ref const& s, bool named = true) {
     owner_id const o = owner_of(s);
     stacks_[o].push_back(b);
     ++free_;
-    (void)owners_.note_free(o, s);  // eager rule: never asks to park
-  }
-  /// As `push_free`, for a created stream `s` that the current call does not name: no
-  /// event may be recorded on it, so its memory is only marked as freed since the last
-  /// record (another stream takes it after a device synchronization).
-  void push_free_unrecorded(free_block b, stream_ref const& s) {
-    owner_id const o = owner_of(s);
-    stacks_[o].push_back(b);
-    ++free_;
-    owners_.mark_freed_unrecorded(o);
+    if (named || !stream_owners::is_created(s)) {
+      (void)owners_.note_free(o, s);  // eager rule: never asks to park
+    } else {
+      owners_.mark_freed_unrecorded(o);
+    }
   }
   /// Registers stream `s` (its owner slot), as any call with it would.
   void note_stream(stream_ref const& s) { (void)owner_of(s); }

@@ -158,7 +158,7 @@ class stream_owners {
   /// another thread asked for its memory. True when `o` must be parked now (as note_free).
   [[nodiscard]] bool note_use(owner_id o, stream_ref const& s) {
     slot& sl = slots_[o];
-    if (several_streams_ && on_demand_) { sl.last_thread = thread_key_(); }
+    if (several_streams_ && on_demand_ && is_created(s)) { sl.last_thread = thread_key_(); }
     if (!sl.wanted || !sl.dirty) { return false; }
     if (on_demand_ && is_created(s)) { return true; }
     if (!s.thread_bound || s.key == thread_key_()) { record_now(sl, s); }
@@ -204,11 +204,11 @@ class stream_owners {
   /// Blocks until `o`'s stream is idle (its owner thread, or any thread for ordinary streams).
   void synchronize(owner_id o);
 
+  /// The eager rule is in force (a second stream was seen): created streams record at every free.
+  [[nodiscard]] bool records_eagerly() const noexcept { return eager_; }
   /// True when the calling thread may name `o`'s stream (record on it, free on it) with
   /// no call naming it: the legacy default stream, or the caller's own default stream.
   /// A stream the user created may be gone (see the header comment).
-  /// The eager rule is in force (a second stream was seen): created streams record at every free.
-  [[nodiscard]] bool records_eagerly() const noexcept { return eager_; }
   [[nodiscard]] bool nameable_here(owner_id o) const noexcept {
     stream_ref const& r = slots_[o].ref;
     return r.thread_bound ? r.key == thread_key_() : r.handle == legacy_stream;

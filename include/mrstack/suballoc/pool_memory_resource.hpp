@@ -193,9 +193,11 @@ class pool_memory_resource final : public memory_resource {
   [[nodiscard]] std::size_t footprint() const noexcept;
 
   // ---- thread shards (src/suballoc/pool_shards.cpp) ----
-  /// True when this request goes to the calling thread's shard (sharded already, or
-  /// `shard_after_contentions` 0 and a second thread calls).
-  bool use_shard(std::size_t size);
+  /// With `shard_after_contentions` 0: true (and sharding started) when a thread other
+  /// than the first calls.
+  bool second_thread_arrived();
+  /// A sharded pool's allocation: small blocks from the caller's shard, the rest globally.
+  void* allocate_sharded(std::size_t bytes, std::size_t size, std::size_t alignment, detail::stream_ref const& s);
   /// Counts a contended lock; true once sharding has started because of it.
   bool contended();
   void start_sharding();
