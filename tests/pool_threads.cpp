@@ -180,6 +180,9 @@ TEST_CASE("pool shards: more threads than shards, and sharding turned off") {
   pool_options too_many;
   too_many.thread_shards = 65;
   CHECK_THROWS_WITH((pool_memory_resource{sim, 0, std::nullopt, too_many}), Catch::Contains("thread_shards 65"));
+  pool_options no_parks;
+  no_parks.park_divisor = 0;
+  CHECK_THROWS_WITH((pool_memory_resource{sim, 0, std::nullopt, no_parks}), Catch::Contains("park_divisor must be at least 1"));
 }
 
 TEST_CASE("pool: memory of a stream another thread drives is waited for, not grown past") {

@@ -213,7 +213,7 @@ std::vector<spec_resource> builtin_resources() {
                             "1024")
                     .within(1, 1U << 20),
                 count_param("thread_shards", optional_param,
-                            "once several threads use it, each allocates from its own shard (threads beyond "
+                            "once threads contend for it, each allocates from its own shard (threads beyond "
                             "share them); 0: one lock for all",
                             "64")
                     .within(0, 64),
