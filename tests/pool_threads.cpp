@@ -241,3 +241,60 @@ TEST_CASE("pool shards: threads that take turns keep one structure; contending t
   CHECK(mr.used_bytes() == 0);
   CHECK(mr.check_invariants() == "");
 }
+
+TEST_CASE("pool shards: a slab on its way back to the global blocks cannot be freed by a bad call") {
+  // One thread makes its shard take a slab and free it, another drains it with release(),
+  // a third frees (slab base, slab size), which the pool never handed out: refused every
+  // time, and the other two never see an error. (Before the page map was cleared under
+  // the global lock, a slab in transit mapped to no shard yet was still a live global
+  // block of that size, so the bad free was accepted and the drain then failed.)
+  auto sim = std::make_shared<simulated_memory_resource>();
+  pool_options options;
+  options.shard_after_contentions = 0;
+  pool_memory_resource mr{sim, 64 * MiB, std::nullopt, options};
+  mr.deallocate(mr.allocate(256), 256);  // the first thread
+  std::atomic<bool> stop{false};
+  std::atomic<std::uintptr_t> slab{0};
+  std::atomic<int> accepted{0};
+  std::atomic<int> innocent_errors{0};
+  std::thread x{[&] {
+    while (!stop) {
+      try {
+        void* p = mr.allocate(256, stream_view::per_thread());
+        slab = reinterpret_cast<std::uintptr_t>(p) & ~(detail::page_owner_map::page_size - 1);
+        mr.deallocate(p, 256, stream_view::per_thread());
+      } catch (std::exception const&) {
+        ++innocent_errors;
+      }
+    }
+  }};
+  std::thread r{[&] {
+    while (!stop) {
+      try {
+        mr.release();
+      } catch (std::exception const&) {
+        ++innocent_errors;
+      }
+    }
+  }};
+  std::thread m{[&] {
+    while (!stop) {
+      if (std::uintptr_t const b = slab) {
+        try {
+          mr.deallocate(reinterpret_cast<void*>(b), 4 * MiB);
+          ++accepted;
+        } catch (logic_error const&) {
+        }
+      }
+    }
+  }};
+  std::this_thread::sleep_for(std::chrono::milliseconds{1500});
+  stop = true;
+  x.join();
+  r.join();
+  m.join();
+  CHECK(accepted == 0);
+  CHECK(innocent_errors == 0);
+  CHECK(mr.used_bytes() == 0);
+  CHECK(mr.check_invariants() == "");
+}

@@ -171,6 +171,15 @@ void pool_memory_resource::do_deallocate(void* ptr, std::size_t bytes, std::size
       (void)contended();
       lock.lock();
     }
+    // Slabs are mapped and unmapped under this lock: looked up again here, the answer is
+    // final (a slab carved since the first look must not be freed as a global block).
+    if (sharded_.load(std::memory_order_acquire)) {
+      if (std::uint16_t const owner = shards_->slabs.find(address)) {
+        lock.unlock();
+        deallocate_in_shard(shards_->get(owner - 1), ptr, bytes, expected, s);
+        return;
+      }
+    }
     if (core_.deallocate(address, s, expected) != 0) {
       if (growth_) { growth_->after_deallocate(core_); }
       return;

@@ -76,20 +76,18 @@ void* pool_memory_resource::refill_and_allocate(detail::pool_shard& shard, std::
   std::size_t const slab =
       std::max(needed, std::clamp(detail::align_down(held / options_.growth_divisor, slab_alignment),
                                   detail::align_up(options_.minimum_growth, slab_alignment), max_slab_growth));
-  std::uintptr_t base = take_slab(slab, s, &shard);
+  std::uintptr_t base = take_slab(slab, s, &shard, index);
   std::size_t taken = slab;
   if (base == 0 && slab > needed) {
-    base = take_slab(needed, s, &shard);
+    base = take_slab(needed, s, &shard, index);
     taken = needed;
   }
   if (base == 0) {  // no slab to be had: the request alone, from the global blocks (or out of memory)
     return allocate_globally(bytes, size, alignment, s, &shard);
   }
   try {
-    shards_->slabs.set(base, taken, static_cast<std::uint16_t>(index + 1));
     shard.core.add_chunk(base, taken, s);
   } catch (...) {
-    shards_->slabs.set(base, taken, 0);
     return_slabs({detail::slab_return{base, taken, s}});
     throw;
   }
@@ -98,20 +96,36 @@ void* pool_memory_resource::refill_and_allocate(detail::pool_shard& shard, std::
   return reinterpret_cast<void*>(a);
 }
 
-std::uintptr_t pool_memory_resource::take_slab(std::size_t bytes, detail::stream_ref const& s, detail::pool_shard* held) {
+std::uintptr_t pool_memory_resource::take_slab(std::size_t bytes, detail::stream_ref const& s, detail::pool_shard* held,
+                                              std::uint16_t index) {
   {
     std::lock_guard lock{mutex_};
-    if (std::uintptr_t const a = core_.allocate(bytes, slab_alignment, s)) { return a; }
+    if (std::uintptr_t const a = core_.allocate(bytes, slab_alignment, s)) { return map_slab(a, bytes, index, s); }
   }
   drain_shards(s, false, held);
   std::unique_lock lock{mutex_};
-  if (std::uintptr_t const a = core_.allocate(bytes, slab_alignment, s)) { return a; }
-  if (std::uintptr_t const a = retry_after_park(lock, bytes, slab_alignment, s)) { return a; }
+  if (std::uintptr_t const a = core_.allocate(bytes, slab_alignment, s)) { return map_slab(a, bytes, index, s); }
+  if (std::uintptr_t const a = retry_after_park(lock, bytes, slab_alignment, s)) { return map_slab(a, bytes, index, s); }
   try {
-    return reinterpret_cast<std::uintptr_t>(grow_and_allocate(bytes, bytes, slab_alignment, s));
+    auto const a = reinterpret_cast<std::uintptr_t>(grow_and_allocate(bytes, bytes, slab_alignment, s));
+    return map_slab(a, bytes, index, s);
   } catch (out_of_memory const&) {
     return 0;  // the caller tries a smaller slab, then the request alone
   }
+}
+
+std::uintptr_t pool_memory_resource::map_slab(std::uintptr_t base, std::size_t bytes, std::uint16_t index,
+                                              detail::stream_ref const& s) {
+  // Mapped while the global lock is still held: from the moment the slab is a live global
+  // block, a free of its address must reach the shard (which refuses it until the slab is
+  // its chunk), never the global blocks, which would take it as the slab's own free.
+  try {
+    shards_->slabs.set(base, bytes, static_cast<std::uint16_t>(index + 1));
+  } catch (...) {
+    (void)core_.deallocate(base, s, bytes);
+    throw;
+  }
+  return base;
 }
 
 void* pool_memory_resource::allocate_globally(std::size_t bytes, std::size_t size, std::size_t alignment,
@@ -196,8 +210,7 @@ std::vector<detail::slab_return> pool_memory_resource::collect_free_slabs(detail
     }
     auto const info = shard.core.blocks().chunk(c);
     shard.core.blocks().remove_chunk(c);
-    shards_->slabs.set(info.base, info.size, 0);
-    slabs.push_back({info.base, info.size, stream});
+    slabs.push_back({info.base, info.size, stream});  // still mapped to the shard: see return_slabs
   }
   return slabs;
 }
@@ -206,6 +219,10 @@ void pool_memory_resource::return_slabs(std::vector<detail::slab_return> const& 
   if (slabs.empty()) { return; }
   std::lock_guard lock{mutex_};
   for (auto const& slab : slabs) {
+    // Unmapped only now, under the global lock: until the slab is a free global block, a
+    // free of its address must reach the shard (which refuses it), not the global blocks,
+    // where the slab is still a live block of that size.
+    shards_->slabs.set(slab.base, slab.size, 0);
     if (core_.deallocate(slab.base, slab.stream, slab.size) == 0) {
       throw logic_error("pool: a slab at " + format_hex(reinterpret_cast<void*>(slab.base)) +
                         " is not a live global block (internal error)");

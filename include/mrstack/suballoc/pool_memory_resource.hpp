@@ -204,8 +204,12 @@ class pool_memory_resource final : public memory_resource {
   void* allocate_in_shard(std::size_t bytes, std::size_t size, std::size_t alignment, detail::stream_ref const& s);
   void* refill_and_allocate(detail::pool_shard& shard, std::uint16_t index, std::size_t bytes, std::size_t size,
                             std::size_t alignment, detail::stream_ref const& s);
-  /// A 2 MiB-aligned slab of `bytes` from the global blocks (growing the pool if need be), or 0.
-  std::uintptr_t take_slab(std::size_t bytes, detail::stream_ref const& s, detail::pool_shard* held);
+  /// A 2 MiB-aligned slab of `bytes` from the global blocks (growing the pool if need be),
+  /// already mapped to shard `index`; 0 when none.
+  std::uintptr_t take_slab(std::size_t bytes, detail::stream_ref const& s, detail::pool_shard* held,
+                           std::uint16_t index);
+  /// Maps a slab just taken to shard `index` (under the global lock); on failure frees it.
+  std::uintptr_t map_slab(std::uintptr_t base, std::size_t bytes, std::uint16_t index, detail::stream_ref const& s);
   /// The global path of a sharded pool: drains the shards before growing and before
   /// reporting out of memory.
   void* allocate_globally(std::size_t bytes, std::size_t size, std::size_t alignment, detail::stream_ref const& s,
@@ -219,6 +223,7 @@ class pool_memory_resource final : public memory_resource {
   /// Removes `shard`'s wholly free slabs (the caller holds its lock) and lists them.
   std::vector<detail::slab_return> collect_free_slabs(detail::pool_shard& shard, detail::stream_ref const& caller,
                                                       bool may_synchronize);
+  /// Unmaps the slabs and frees them into the global blocks, under the global lock.
   void return_slabs(std::vector<detail::slab_return> const& slabs);
   [[noreturn]] void throw_bad_free(void* ptr, std::size_t bytes, std::size_t actual) const;
   /// Sums over the shards, each read under its lock.
