@@ -8,6 +8,8 @@
 //                 a footprint_meter above cuda/simulated, the peak mapped memory of
 //                 vmm/simulated_vmm, the driver pool's reserved high-water mark of cuda_async
 //   peak_over_cap peak_GiB / 8 GiB
+//   cuda_syncs_per_call, records_per_call, waits_per_call, cuda_sync_share: the CUDA
+//                 stream-ordering calls of the timed runs (support/stream_sync_counters.hpp)
 //
 // Stacks are built from specs (mrstack::make_stack). With a GPU: pool > cuda, pool > vmm,
 // arena > cuda, cuda_async, on streams from cudaStreamCreateWithFlags(cudaStreamNonBlocking).
@@ -16,6 +18,7 @@
 #include <benchmark/benchmark.h>
 
 #include <allocation_sequence.hpp>
+#include <stream_sync_counters.hpp>
 
 #include <mrstack/replay/footprint_meter.hpp>
 #include <mrstack/spec.hpp>
@@ -197,11 +200,16 @@ void run(benchmark::State& state, std::string const& spec, bool device) {
   bool ok = run_once() >= 0;  // warm-up: what it leaves cached counts, its transient peak does not
   std::size_t peak = 0;
   if (ok) { probe.reset(); }
+  stream_sync_profile const before = cuda_stream_sync_profile();
+  double timed_seconds = 0;
   for (auto _ : state) {
     if (!ok) { break; }
     double const seconds = run_once();
     ok = seconds >= 0;
-    if (ok) { state.SetIterationTime(seconds); }
+    if (ok) {
+      state.SetIterationTime(seconds);
+      timed_seconds += seconds;
+    }
   }
   if (ok) { peak = probe.peak(); }
   for (cudaStream_t s : streams) { if (device) { (void)cudaStreamDestroy(s); } }
@@ -213,6 +221,8 @@ void run(benchmark::State& state, std::string const& spec, bool device) {
       benchmark::Counter(static_cast<double>(calls), benchmark::Counter::kIsIterationInvariantRate);
   state.counters["peak_GiB"] = static_cast<double>(peak) / GiB;
   state.counters["peak_over_cap"] = static_cast<double>(peak) / live_cap;
+  bench::report_stream_sync(state, before, static_cast<double>(calls) * static_cast<double>(state.iterations()),
+                            static_cast<double>(threads), timed_seconds);
 }
 
 }  // namespace

@@ -2,7 +2,8 @@
 // pre-generated sequence (random sizes in [1 B, 1 MiB], allocate with probability 0.73,
 // otherwise free a random live block of its own) on its per-thread default stream.
 // Reports calls_per_s: allocate-or-free calls per second, all threads together (wall
-// time from a common start to the last thread's end).
+// time from a common start to the last thread's end), and what the CUDA stream-ordering
+// calls cost per call (support/stream_sync_counters.hpp).
 //
 // multithreaded_one_stream/<name>: 16 threads, all naming one shared non-blocking stream.
 //
@@ -12,6 +13,7 @@
 #include <benchmark/benchmark.h>
 
 #include <allocation_sequence.hpp>
+#include <stream_sync_counters.hpp>
 
 #include <mrstack/suballoc/arena_memory_resource.hpp>
 #include <mrstack/suballoc/binning_memory_resource.hpp>
@@ -119,6 +121,8 @@ void run(benchmark::State& state, std::string const& name, bool device, bool sha
     state.SkipWithError(("a thread's call failed: " + error).c_str());
     return;
   }
+  stream_sync_profile const before = cuda_stream_sync_profile();
+  double timed_seconds = 0;
   for (auto _ : state) {
     double const seconds = run_once();
     if (seconds < 0) {
@@ -126,8 +130,11 @@ void run(benchmark::State& state, std::string const& name, bool device, bool sha
       return;
     }
     state.SetIterationTime(seconds);
+    timed_seconds += seconds;
   }
   state.counters["calls_per_s"] = benchmark::Counter(static_cast<double>(calls), benchmark::Counter::kIsIterationInvariantRate);
+  bench::report_stream_sync(state, before, static_cast<double>(calls) * static_cast<double>(state.iterations()),
+                            static_cast<double>(threads), timed_seconds);
   mr.reset();
   if (shared_stream && device) { (void)cudaStreamDestroy(shared); }
 }

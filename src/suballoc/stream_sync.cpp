@@ -1,6 +1,9 @@
 #include <mrstack/suballoc/stream_sync.hpp>
 
 #include <atomic>
+#include <chrono>
+
+#include <mrstack/detail/sharded_counters.hpp>
 
 #include <cuda_runtime_api.h>
 
@@ -9,6 +12,31 @@
 namespace mrstack {
 
 namespace {
+
+// The profile's per-thread slots: each thread adds to its own cache line.
+struct alignas(64) profile_slot {
+  std::array<std::atomic<std::uint64_t>, stream_sync_profile::kinds> calls{};
+  std::array<std::atomic<std::uint64_t>, stream_sync_profile::kinds> nanoseconds{};
+};
+std::array<profile_slot, detail::counter_shards> profile_slots;
+
+/// Times one CUDA call into the calling thread's slot.
+class profiled_call {
+ public:
+  explicit profiled_call(stream_sync_profile::kind k) noexcept : kind_{k}, start_{std::chrono::steady_clock::now()} {}
+  ~profiled_call() {
+    auto const ns = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start_);
+    profile_slot& slot = profile_slots[detail::this_thread_shard()];
+    slot.calls[kind_].fetch_add(1, std::memory_order_relaxed);
+    slot.nanoseconds[kind_].fetch_add(static_cast<std::uint64_t>(ns.count()), std::memory_order_relaxed);
+  }
+  profiled_call(profiled_call const&) = delete;
+  profiled_call& operator=(profiled_call const&) = delete;
+
+ private:
+  stream_sync_profile::kind kind_;
+  std::chrono::steady_clock::time_point start_;
+};
 
 cudaStream_t as_stream(detail::stream_sync::handle h) noexcept { return reinterpret_cast<cudaStream_t>(h); }
 cudaEvent_t as_event(detail::stream_sync::handle h) noexcept { return reinterpret_cast<cudaEvent_t>(h); }
@@ -19,6 +47,7 @@ cudaEvent_t as_event(detail::stream_sync::handle h) noexcept { return reinterpre
 class cuda_stream_sync final : public detail::stream_sync {
  public:
   handle create_event() override {
+    profiled_call timed{stream_sync_profile::create_event};
     detail::device_scope on_device{device_};
     cudaEvent_t event = nullptr;
     MRSTACK_CUDA_TRY(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
@@ -26,6 +55,7 @@ class cuda_stream_sync final : public detail::stream_sync {
   }
   void destroy_event(handle event) noexcept override { MRSTACK_CUDA_ASSERT_NOEXCEPT(cudaEventDestroy(as_event(event))); }
   bool record(handle event, handle stream) override {
+    profiled_call timed{stream_sync_profile::record};
     if (cudaEventRecord(as_event(event), as_stream(stream)) != cudaSuccess) {
       (void)cudaGetLastError();  // a stream that is gone: the caller synchronizes the device instead
       return false;
@@ -33,10 +63,15 @@ class cuda_stream_sync final : public detail::stream_sync {
     return true;
   }
   void wait(handle stream, handle event) override {
+    profiled_call timed{stream_sync_profile::wait};
     MRSTACK_CUDA_TRY(cudaStreamWaitEvent(as_stream(stream), as_event(event), 0));
   }
-  void synchronize(handle stream) override { MRSTACK_CUDA_TRY(cudaStreamSynchronize(as_stream(stream))); }
+  void synchronize(handle stream) override {
+    profiled_call timed{stream_sync_profile::synchronize};
+    MRSTACK_CUDA_TRY(cudaStreamSynchronize(as_stream(stream)));
+  }
   void synchronize_all() override {
+    profiled_call timed{stream_sync_profile::synchronize_all};
     detail::device_scope on_device{device_};
     MRSTACK_CUDA_TRY(cudaDeviceSynchronize());
   }
@@ -59,6 +94,38 @@ class host_stream_sync final : public detail::stream_sync {
 };
 
 }  // namespace
+
+std::uint64_t stream_sync_profile::total_calls() const noexcept {
+  std::uint64_t n = 0;
+  for (auto c : calls) { n += c; }
+  return n;
+}
+
+std::uint64_t stream_sync_profile::total_nanoseconds() const noexcept {
+  std::uint64_t n = 0;
+  for (auto c : nanoseconds) { n += c; }
+  return n;
+}
+
+stream_sync_profile stream_sync_profile::since(stream_sync_profile const& earlier) const noexcept {
+  stream_sync_profile d;
+  for (unsigned k = 0; k < kinds; ++k) {
+    d.calls[k] = calls[k] - earlier.calls[k];
+    d.nanoseconds[k] = nanoseconds[k] - earlier.nanoseconds[k];
+  }
+  return d;
+}
+
+stream_sync_profile cuda_stream_sync_profile() noexcept {
+  stream_sync_profile p;
+  for (auto const& slot : profile_slots) {
+    for (unsigned k = 0; k < stream_sync_profile::kinds; ++k) {
+      p.calls[k] += slot.calls[k].load(std::memory_order_relaxed);
+      p.nanoseconds[k] += slot.nanoseconds[k].load(std::memory_order_relaxed);
+    }
+  }
+  return p;
+}
 
 std::shared_ptr<detail::stream_sync> make_cuda_stream_sync() { return std::make_shared<cuda_stream_sync>(); }
 std::shared_ptr<detail::stream_sync> make_host_stream_sync() { return std::make_shared<host_stream_sync>(); }

@@ -17,6 +17,8 @@
 /// resource should first be synchronized and the resource's `release()` called (or the
 /// memory freed on a live stream) — a new stream that CUDA gives the same handle would
 /// otherwise inherit that memory without waiting for the old stream's work.
+#include <array>
+#include <cstdint>
 #include <memory>
 
 #include <mrstack/detail/stream_ordering.hpp>
@@ -24,6 +26,23 @@
 #include <mrstack/stream.hpp>
 
 namespace mrstack {
+
+/// What the suballocators' CUDA stream-ordering calls cost this process so far, all
+/// resources and threads together: how many of each kind and the wall time spent inside
+/// them. Benchmarks divide by their allocator calls to see where multi-threaded and
+/// multi-stream time goes. Counted per thread (no shared cache line on the hot path) and
+/// summed when read; the timing adds two clock reads to calls that cost microseconds.
+struct stream_sync_profile {
+  enum kind : unsigned { create_event, record, wait, synchronize, synchronize_all, kinds };
+  std::array<std::uint64_t, kinds> calls{};
+  std::array<std::uint64_t, kinds> nanoseconds{};
+  [[nodiscard]] std::uint64_t total_calls() const noexcept;
+  [[nodiscard]] std::uint64_t total_nanoseconds() const noexcept;
+  /// The difference since an earlier reading.
+  [[nodiscard]] stream_sync_profile since(stream_sync_profile const& earlier) const noexcept;
+};
+/// The profile of every `make_cuda_stream_sync()` object in the process.
+[[nodiscard]] stream_sync_profile cuda_stream_sync_profile() noexcept;
 
 std::shared_ptr<detail::stream_sync> make_cuda_stream_sync();
 std::shared_ptr<detail::stream_sync> make_host_stream_sync();
