@@ -1,10 +1,11 @@
 // Misuse never corrupts: double, foreign, interior and wrong-size frees, and impossible
-// sizes and parameters, over fixed_size, binning, system and simulated. Each misuse must
+// sizes and parameters, over fixed_size, binning, arena, system and simulated. Each misuse must
 // be a logic_error (or out_of_memory for sizes) naming the pointer and sizes, and the
 // resource must keep serving correctly afterwards: distinct, non-overlapping blocks whose
 // contents survive, and books that add up.
 #include <catch2/catch.hpp>
 
+#include <mrstack/suballoc/arena_memory_resource.hpp>
 #include <mrstack/suballoc/binning_memory_resource.hpp>
 #include <mrstack/suballoc/fixed_size_memory_resource.hpp>
 #include <mrstack/suballoc/pool_memory_resource.hpp>
@@ -12,11 +13,14 @@
 #include <mrstack/upstream/system_memory_resource.hpp>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cstring>
 #include <limits>
 #include <map>
 #include <random>
 #include <set>
+#include <thread>
 
 using namespace mrstack;
 
@@ -138,6 +142,105 @@ TEST_CASE("misuse: binning refuses foreign, double and wrong-size frees and says
     auto const f = mr.fragmentation();
     CHECK(f.live_bytes == 0);
   }
+}
+
+namespace {
+/// True when some block of `blocks` lies inside [at, at + bytes).
+bool any_inside(std::vector<void*> const& blocks, void const* at, std::size_t bytes) {
+  auto const lo = reinterpret_cast<std::uintptr_t>(at);
+  return std::any_of(blocks.begin(), blocks.end(), [&](void* b) {
+    auto const a = reinterpret_cast<std::uintptr_t>(b);
+    return a >= lo && a < lo + bytes;
+  });
+}
+}  // namespace
+
+// tests/fuzz/findings/c_api-arena-double-free-after-large-free: a large block is freed, its
+// range is carved into superblocks again, and the large block is freed a second time.
+TEST_CASE("misuse: arena refuses a large block's double free after superblocks took its range") {
+  auto sys = std::make_shared<system_memory_resource>();
+  arena_options options;
+  options.superblock_size = 1 * MiB;
+  options.max_small_size = 64 * KiB;
+  arena_memory_resource mr{sys, 256 * MiB, options};
+  std::size_t const large = 2627585;  // the finding's size
+  void* big = mr.allocate(large);
+  void* exact = mr.allocate(1 * MiB);  // a large block exactly one superblock big
+  mr.deallocate(big, large);
+  mr.deallocate(exact, 1 * MiB);
+  // Small blocks until superblocks cover both freed ranges (a new superblock's first block is its base).
+  std::vector<void*> small;
+  std::map<std::uintptr_t, std::size_t> keep;
+  while (small.size() < 512 && !(any_inside(small, big, large) && any_inside(small, exact, 1 * MiB))) {
+    small.push_back(mr.allocate(64 * KiB));
+    keep.emplace(reinterpret_cast<std::uintptr_t>(small.back()), 64 * KiB);
+    std::memset(small.back(), 0x3c, 64 * KiB);
+  }
+  REQUIRE(any_inside(small, big, large));
+  REQUIRE(any_inside(small, exact, 1 * MiB));
+  auto const before = mr.stats();
+  CHECK_THROWS_WITH(mr.deallocate(big, large), Catch::Contains(hex(big)) && Catch::Contains("2627585 B"));
+  CHECK_THROWS_WITH(mr.deallocate(exact, 1 * MiB), Catch::Contains(hex(exact)) && Catch::Contains("1048576 B"));
+  auto const after = mr.stats();
+  CHECK(after.global_free_bytes == before.global_free_bytes);
+  CHECK(after.free_bytes_in_arenas == before.free_bytes_in_arenas);
+  CHECK(after.superblocks_in_arenas == before.superblocks_in_arenas);
+  CHECK(after.large_live_bytes == before.large_live_bytes);
+  CHECK(mr.check_invariants() == "");
+  // Served correctly afterwards: the small blocks keep their bytes, new blocks overlap none.
+  keeps_serving(mr, 3 * MiB, keep, 50);
+  for (void* p : small) {
+    CHECK(static_cast<unsigned char*>(p)[64 * KiB - 1] == 0x3c);
+    mr.deallocate(p, 64 * KiB);
+  }
+  CHECK(mr.check_invariants() == "");
+}
+
+// The same free racing the superblocks' hand-out: a thread cycles a superblock between its
+// stream arena and the global arena while another frees the superblock's base as a large
+// block of its size. It was accepted while the superblock was between the two (carved,
+// not yet mapped), and the arena then handed the same memory out twice.
+TEST_CASE("misuse: arena refuses a large free of a superblock in transit, from another thread") {
+  auto sim = std::make_shared<simulated_memory_resource>();
+  arena_options options;
+  options.superblock_size = 1 * MiB;
+  options.max_small_size = 64 * KiB;
+  options.empty_superblocks_kept = 1;
+  options.eager = true;  // fixed addresses: the superblock comes back at the same base
+  arena_memory_resource mr{sim, 16 * MiB, options};
+  void* const base = mr.allocate(64 * KiB);  // a fresh superblock's first block is its base
+  mr.deallocate(base, 64 * KiB);
+  mr.release();
+  std::atomic<bool> stop{false};
+  std::atomic<int> accepted{0};
+  std::atomic<long> refused{0};
+  std::atomic<int> other{0};
+  std::thread freer{[&] {
+    while (!stop.load() && accepted.load() == 0 && other.load() == 0) {
+      try {
+        mr.deallocate(base, 1 * MiB);
+        accepted.fetch_add(1);
+      } catch (logic_error const&) {
+        refused.fetch_add(1);
+      } catch (std::exception const&) {
+        other.fetch_add(1);  // anything else: the arena is broken
+      }
+    }
+  }};
+  auto const until = std::chrono::steady_clock::now() + std::chrono::milliseconds(1500);
+  long cycles = 0;
+  while (std::chrono::steady_clock::now() < until && accepted.load() == 0) {
+    void* p = mr.allocate(64 * KiB);
+    mr.deallocate(p, 64 * KiB);
+    mr.release();  // the superblock goes back to the global arena
+    ++cycles;
+  }
+  stop.store(true);
+  freer.join();
+  CAPTURE(cycles, refused.load());
+  CHECK(accepted.load() == 0);
+  CHECK(other.load() == 0);
+  CHECK(mr.check_invariants() == "");
 }
 
 TEST_CASE("misuse: system refuses foreign, double and wrong-size frees, and impossible sizes") {
