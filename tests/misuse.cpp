@@ -1,10 +1,12 @@
 // Misuse never corrupts: double, foreign, interior and wrong-size frees, and impossible
-// sizes and parameters, over fixed_size, binning, arena, system and simulated. Each misuse must
+// sizes and parameters, over fixed_size, binning, arena, aligned > pool, system and
+// simulated. Each misuse must
 // be a logic_error (or out_of_memory for sizes) naming the pointer and sizes, and the
 // resource must keep serving correctly afterwards: distinct, non-overlapping blocks whose
 // contents survive, and books that add up.
 #include <catch2/catch.hpp>
 
+#include <mrstack/adaptor/aligned_resource_adaptor.hpp>
 #include <mrstack/suballoc/arena_memory_resource.hpp>
 #include <mrstack/suballoc/binning_memory_resource.hpp>
 #include <mrstack/suballoc/fixed_size_memory_resource.hpp>
@@ -241,6 +243,76 @@ TEST_CASE("misuse: arena refuses a large free of a superblock in transit, from a
   CHECK(accepted.load() == 0);
   CHECK(other.load() == 0);
   CHECK(mr.check_invariants() == "");
+}
+
+// tests/fuzz/findings/c_api-aligned-pool-stale-free-frees-live-block: a stale pointer that is
+// now the start of the pool block behind a live over-aligned allocation (its padding),
+// freed with a size that passes straight through and matches that pool block.
+TEST_CASE("misuse: aligned > pool refuses a stale pointer to the pool block behind a live aligned block") {
+  auto sys = std::make_shared<system_memory_resource>();
+  auto pool = std::make_shared<pool_memory_resource>(sys, 1 * MiB);
+  aligned_resource_adaptor al{pool, 4 * KiB, 64 * KiB};
+  void* pad = al.allocate(256);  // so the stale block does not start 4 KiB-aligned
+  void* stale = al.allocate(1542);
+  al.deallocate(stale, 1542);
+  // 100 B at 4 KiB asks the pool for 100 + 3840 B (a 4 KiB block): the stale block's place.
+  void* live = al.allocate(100, {}, 4 * KiB);
+  auto const gap = reinterpret_cast<std::uintptr_t>(live) - reinterpret_cast<std::uintptr_t>(stale);
+  REQUIRE((gap > 0 && gap < 4 * KiB));  // `stale` is the pool block behind `live`
+  std::memset(live, 0x7e, 100);
+  std::size_t const pool_used = pool->used_bytes();
+  // 4000 B pass through (below the threshold) and round to the pool block's 4 KiB.
+  CHECK_THROWS_WITH(al.deallocate(stale, 4000), Catch::Contains(hex(stale)) && Catch::Contains("4000 B") &&
+                                                    Catch::Contains(hex(live)) && Catch::Contains("100 B") &&
+                                                    Catch::Contains("nothing was freed"));
+  CHECK_THROWS_WITH(al.deallocate(stale, 1542), Catch::Contains("1542 B") && Catch::Contains("not a block"));
+  CHECK(pool->used_bytes() == pool_used);
+  CHECK(pool->check_invariants() == "");
+  CHECK(al.outstanding_over_aligned() == 1);
+  // Served correctly afterwards, around the live aligned block.
+  keeps_serving(al, 128 * KiB, {{reinterpret_cast<std::uintptr_t>(live), 100}, {reinterpret_cast<std::uintptr_t>(pad), 256}});
+  CHECK(static_cast<unsigned char*>(live)[99] == 0x7e);
+  al.deallocate(live, 100, {}, 4 * KiB);
+  al.deallocate(pad, 256);
+  CHECK(al.outstanding_over_aligned() == 0);
+  CHECK(pool->used_bytes() == 0);
+}
+
+TEST_CASE("misuse: aligned refuses an aligned block freed with another size or alignment, unchanged") {
+  auto sys = std::make_shared<system_memory_resource>();
+  auto pool = std::make_shared<pool_memory_resource>(sys, 1 * MiB);
+  aligned_resource_adaptor al{pool, 4 * KiB, 64 * KiB};
+  void* big = al.allocate(70000);
+  CHECK_THROWS_WITH(al.deallocate(big, 70000 + 2 * MiB),
+                    Catch::Contains(hex(big)) && Catch::Contains(std::to_string(70000 + 2 * MiB) + " B") &&
+                        Catch::Contains("allocated with 70000 B, alignment 4096") && Catch::Contains("nothing was freed"));
+  CHECK_THROWS_WITH(al.deallocate(big, 70000, {}, 64 * KiB), Catch::Contains("allocated with 70000 B, alignment 4096"));
+  // Below the threshold the free passes through: the pool finds no block starting there.
+  CHECK_THROWS_AS(al.deallocate(big, 1000), logic_error);
+  CHECK(al.outstanding_over_aligned() == 1);
+  al.deallocate(big, 70000);  // the right free still works
+  CHECK_THROWS_WITH(al.deallocate(big, 70000), Catch::Contains("already freed"));
+  CHECK(al.outstanding_over_aligned() == 0);
+  CHECK(pool->used_bytes() == 0);
+  // Over simulated memory the pool's first block starts 4 KiB-aligned, so the aligned block
+  // is the pool block itself: a pass-through free of it whose size rounds to that block's
+  // (4000 B against 100 + 3840) is refused too, naming how it was allocated.
+  auto sim_pool = std::make_shared<pool_memory_resource>(std::make_shared<simulated_memory_resource>(), 1 * MiB);
+  aligned_resource_adaptor over_sim{sim_pool, 4 * KiB, 64 * KiB};
+  void* first = over_sim.allocate(100, {}, 4 * KiB);
+  CHECK_THROWS_WITH(over_sim.deallocate(first, 4000), Catch::Contains(hex(first)) && Catch::Contains("4000 B") &&
+                                                         Catch::Contains("allocated with 100 B, alignment 4096"));
+  CHECK(over_sim.outstanding_over_aligned() == 1);
+  CHECK(sim_pool->used_bytes() == 4 * KiB);
+  over_sim.deallocate(first, 100, {}, 4 * KiB);
+  CHECK(sim_pool->used_bytes() == 0);
+  // A size in the same 256-byte unit counts as the same, as in a pool; the upstream still
+  // gets back exactly the size it handed out (simulated compares sizes exactly).
+  auto sim = std::make_shared<simulated_memory_resource>();
+  aligned_resource_adaptor direct{sim, 4 * KiB, 64 * KiB};
+  void* rounded = direct.allocate(70000);
+  direct.deallocate(rounded, 70001);
+  CHECK(sim->allocation_count() == 0);
 }
 
 TEST_CASE("misuse: system refuses foreign, double and wrong-size frees, and impossible sizes") {
