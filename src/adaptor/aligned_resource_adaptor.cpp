@@ -58,37 +58,31 @@ void* aligned_resource_adaptor::do_allocate(std::size_t bytes, std::size_t align
   return reinterpret_cast<void*>(aligned);
 }
 
-bool aligned_resource_adaptor::insert(table which, std::uintptr_t key, record const& r) {
-  shard& s = shard_for(key);
-  std::lock_guard lock{s.mutex};
-  return (s.*which).insert(key, r);  // may throw: the table could not grow
-}
-
-void aligned_resource_adaptor::erase(table which, std::uintptr_t key) noexcept {
-  shard& s = shard_for(key);
-  std::lock_guard lock{s.mutex};
-  (s.*which).erase(key);
-}
-
 void aligned_resource_adaptor::remember(std::uintptr_t aligned, std::uintptr_t original, std::size_t bytes,
                                         std::size_t align) {
   // Set before the block is handed out, so a thread that is given the pointer sees it.
   if (!any_over_aligned_.load(std::memory_order_relaxed)) { any_over_aligned_.store(true, std::memory_order_relaxed); }
+  shard& front = shard_for(aligned);
+  shard& behind = shard_behind(original);  // the same shard at the configured alignment: one lock
+  // Both locks at once (in address order) so neither table ever holds half an allocation.
+  std::unique_lock first{&front < &behind ? front.mutex : behind.mutex};
+  std::unique_lock second{&front < &behind ? behind.mutex : front.mutex, std::defer_lock};
+  if (&front != &behind) { second.lock(); }
   // Only a broken upstream hands out overlapping memory; say so rather than corrupt the tables.
   auto const overlapping = [&] {
     return logic_error("aligned: the upstream handed out " + format_hex(original) + ", whose aligned address " +
                        format_hex(aligned) + " or itself is already outstanding");
   };
-  if (!insert(&shard::by_aligned, aligned, record{original, bytes, align})) { throw overlapping(); }
+  if (!front.by_aligned.insert(aligned, record{original, bytes, align})) { throw overlapping(); }  // may throw: no room
   bool inserted = false;
   try {
-    inserted = insert(&shard::by_original, original, record{aligned, bytes, align});
+    inserted = behind.by_original.insert(original, record{aligned, bytes, align});
   } catch (...) {
-    erase(&shard::by_aligned, aligned);
+    front.by_aligned.erase(aligned);
     throw;
   }
   if (!inserted) {
-    erase(&shard::by_aligned, aligned);
+    front.by_aligned.erase(aligned);
     throw overlapping();
   }
 }
@@ -110,11 +104,11 @@ void aligned_resource_adaptor::do_deallocate(void* ptr, std::size_t bytes, std::
 
 aligned_resource_adaptor::record aligned_resource_adaptor::forget(std::uintptr_t aligned, std::size_t bytes,
                                                                   std::size_t align) {
+  shard& front = shard_for(aligned);
+  std::unique_lock lock{front.mutex};
   record found{};
   {
-    shard& s = shard_for(aligned);
-    std::lock_guard lock{s.mutex};
-    record const* r = s.by_aligned.find(aligned);
+    record const* r = front.by_aligned.find(aligned);
     if (r == nullptr) {
       throw logic_error("aligned: deallocate of " + format_hex(aligned) + " (" + sized(bytes, align) +
                         "), which it did not hand out or was already freed; nothing was freed");
@@ -125,9 +119,14 @@ aligned_resource_adaptor::record aligned_resource_adaptor::forget(std::uintptr_t
                         ", but it was allocated with " + sized(r->bytes, r->alignment) + "; nothing was freed");
     }
     found = *r;
-    s.by_aligned.erase(aligned);
   }
-  erase(&shard::by_original, found.other);
+  front.by_aligned.erase(aligned);
+  shard& behind = shard_behind(found.other);
+  if (&behind != &front) {
+    lock.unlock();  // one lock at a time: remember() takes two only in address order
+    lock = std::unique_lock{behind.mutex};
+  }
+  behind.by_original.erase(found.other);
   return found;
 }
 
@@ -135,7 +134,7 @@ void aligned_resource_adaptor::refuse_if_behind_live(std::uintptr_t ptr, std::si
                                                      std::size_t alignment) const {
   record r{};
   {
-    shard& s = shard_for(ptr);
+    shard& s = shard_behind(ptr);
     std::lock_guard lock{s.mutex};
     record const* found = s.by_original.find(ptr);
     if (found == nullptr) { return; }

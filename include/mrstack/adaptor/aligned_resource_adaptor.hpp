@@ -72,17 +72,14 @@ class aligned_resource_adaptor final : public memory_resource {
   };
   struct shard {
     std::mutex mutex;
-    detail::pointer_map<record> by_aligned;   // keys in this shard by shard_for(aligned)
-    detail::pointer_map<record> by_original;  // keys in this shard by shard_for(upstream's pointer)
+    detail::pointer_map<record> by_aligned;   // in shard_for(aligned)
+    detail::pointer_map<record> by_original;  // in shard_behind(upstream's pointer)
   };
   static constexpr std::size_t shard_count = 16;
   [[nodiscard]] shard& shard_for(std::uintptr_t address) const noexcept {
     return shards_[static_cast<std::size_t>((address >> 8) * 0x9e3779b97f4a7c15ULL >> 60) % shard_count];
   }
 
-  using table = detail::pointer_map<record> shard::*;
-  bool insert(table which, std::uintptr_t key, record const& r);
-  void erase(table which, std::uintptr_t key) noexcept;
   /// Remembers both addresses of a new over-aligned block (throws, having remembered nothing).
   void remember(std::uintptr_t aligned, std::uintptr_t original, std::size_t bytes, std::size_t align);
   /// Forgets the over-aligned block at `aligned` and returns its record (`other`: the
@@ -92,6 +89,13 @@ class aligned_resource_adaptor final : public memory_resource {
   /// Throws when `ptr` is the upstream's pointer behind a live over-aligned block (a
   /// pass-through free of it would free that block under its owner).
   void refuse_if_behind_live(std::uintptr_t ptr, std::size_t bytes, std::size_t alignment) const;
+
+  /// Where the upstream's pointer `original` is remembered: by the address it aligns to at
+  /// the configured alignment, so an allocation at that alignment keeps both of its
+  /// entries in one shard (one lock), and a pass-through free finds it from the pointer alone.
+  [[nodiscard]] shard& shard_behind(std::uintptr_t original) const noexcept {
+    return shard_for(detail::align_up(original, alignment_));
+  }
 
   resource_ptr upstream_;
   std::size_t alignment_;
