@@ -1,10 +1,13 @@
 // Misuse never corrupts: double, foreign, interior and wrong-size frees, and impossible
-// sizes and parameters, over fixed_size, binning, system and simulated. Each misuse must
+// sizes and parameters, over fixed_size, binning, arena, aligned > pool, system and
+// simulated. Each misuse must
 // be a logic_error (or out_of_memory for sizes) naming the pointer and sizes, and the
 // resource must keep serving correctly afterwards: distinct, non-overlapping blocks whose
 // contents survive, and books that add up.
 #include <catch2/catch.hpp>
 
+#include <mrstack/adaptor/aligned_resource_adaptor.hpp>
+#include <mrstack/suballoc/arena_memory_resource.hpp>
 #include <mrstack/suballoc/binning_memory_resource.hpp>
 #include <mrstack/suballoc/fixed_size_memory_resource.hpp>
 #include <mrstack/suballoc/pool_memory_resource.hpp>
@@ -12,11 +15,14 @@
 #include <mrstack/upstream/system_memory_resource.hpp>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cstring>
 #include <limits>
 #include <map>
 #include <random>
 #include <set>
+#include <thread>
 
 using namespace mrstack;
 
@@ -138,6 +144,175 @@ TEST_CASE("misuse: binning refuses foreign, double and wrong-size frees and says
     auto const f = mr.fragmentation();
     CHECK(f.live_bytes == 0);
   }
+}
+
+namespace {
+/// True when some block of `blocks` lies inside [at, at + bytes).
+bool any_inside(std::vector<void*> const& blocks, void const* at, std::size_t bytes) {
+  auto const lo = reinterpret_cast<std::uintptr_t>(at);
+  return std::any_of(blocks.begin(), blocks.end(), [&](void* b) {
+    auto const a = reinterpret_cast<std::uintptr_t>(b);
+    return a >= lo && a < lo + bytes;
+  });
+}
+}  // namespace
+
+// tests/fuzz/findings/c_api-arena-double-free-after-large-free: a large block is freed, its
+// range is carved into superblocks again, and the large block is freed a second time.
+TEST_CASE("misuse: arena refuses a large block's double free after superblocks took its range") {
+  auto sys = std::make_shared<system_memory_resource>();
+  arena_options options;
+  options.superblock_size = 1 * MiB;
+  options.max_small_size = 64 * KiB;
+  arena_memory_resource mr{sys, 256 * MiB, options};
+  std::size_t const large = 2627585;  // the finding's size
+  void* big = mr.allocate(large);
+  void* exact = mr.allocate(1 * MiB);  // a large block exactly one superblock big
+  mr.deallocate(big, large);
+  mr.deallocate(exact, 1 * MiB);
+  // Small blocks until superblocks cover both freed ranges (a new superblock's first block is its base).
+  std::vector<void*> small;
+  std::map<std::uintptr_t, std::size_t> keep;
+  while (small.size() < 512 && !(any_inside(small, big, large) && any_inside(small, exact, 1 * MiB))) {
+    small.push_back(mr.allocate(64 * KiB));
+    keep.emplace(reinterpret_cast<std::uintptr_t>(small.back()), 64 * KiB);
+    std::memset(small.back(), 0x3c, 64 * KiB);
+  }
+  REQUIRE(any_inside(small, big, large));
+  REQUIRE(any_inside(small, exact, 1 * MiB));
+  auto const before = mr.stats();
+  CHECK_THROWS_WITH(mr.deallocate(big, large), Catch::Contains(hex(big)) && Catch::Contains("2627585 B"));
+  CHECK_THROWS_WITH(mr.deallocate(exact, 1 * MiB), Catch::Contains(hex(exact)) && Catch::Contains("1048576 B"));
+  auto const after = mr.stats();
+  CHECK(after.global_free_bytes == before.global_free_bytes);
+  CHECK(after.free_bytes_in_arenas == before.free_bytes_in_arenas);
+  CHECK(after.superblocks_in_arenas == before.superblocks_in_arenas);
+  CHECK(after.large_live_bytes == before.large_live_bytes);
+  CHECK(mr.check_invariants() == "");
+  // Served correctly afterwards: the small blocks keep their bytes, new blocks overlap none.
+  keeps_serving(mr, 3 * MiB, keep, 50);
+  for (void* p : small) {
+    CHECK(static_cast<unsigned char*>(p)[64 * KiB - 1] == 0x3c);
+    mr.deallocate(p, 64 * KiB);
+  }
+  CHECK(mr.check_invariants() == "");
+}
+
+// The same free racing the superblocks' hand-out: a thread cycles a superblock between its
+// stream arena and the global arena while another frees the superblock's base as a large
+// block of its size. It was accepted while the superblock was between the two (carved,
+// not yet mapped), and the arena then handed the same memory out twice.
+TEST_CASE("misuse: arena refuses a large free of a superblock in transit, from another thread") {
+  auto sim = std::make_shared<simulated_memory_resource>();
+  arena_options options;
+  options.superblock_size = 1 * MiB;
+  options.max_small_size = 64 * KiB;
+  options.empty_superblocks_kept = 1;
+  options.eager = true;  // fixed addresses: the superblock comes back at the same base
+  arena_memory_resource mr{sim, 16 * MiB, options};
+  void* const base = mr.allocate(64 * KiB);  // a fresh superblock's first block is its base
+  mr.deallocate(base, 64 * KiB);
+  mr.release();
+  std::atomic<bool> stop{false};
+  std::atomic<int> accepted{0};
+  std::atomic<long> refused{0};
+  std::atomic<int> other{0};
+  std::thread freer{[&] {
+    while (!stop.load() && accepted.load() == 0 && other.load() == 0) {
+      try {
+        mr.deallocate(base, 1 * MiB);
+        accepted.fetch_add(1);
+      } catch (logic_error const&) {
+        refused.fetch_add(1);
+      } catch (std::exception const&) {
+        other.fetch_add(1);  // anything else: the arena is broken
+      }
+    }
+  }};
+  auto const until = std::chrono::steady_clock::now() + std::chrono::milliseconds(1500);
+  long cycles = 0;
+  while (std::chrono::steady_clock::now() < until && accepted.load() == 0) {
+    void* p = mr.allocate(64 * KiB);
+    mr.deallocate(p, 64 * KiB);
+    mr.release();  // the superblock goes back to the global arena
+    ++cycles;
+  }
+  stop.store(true);
+  freer.join();
+  CAPTURE(cycles, refused.load());
+  CHECK(accepted.load() == 0);
+  CHECK(other.load() == 0);
+  CHECK(mr.check_invariants() == "");
+}
+
+// tests/fuzz/findings/c_api-aligned-pool-stale-free-frees-live-block: a stale pointer that is
+// now the start of the pool block behind a live over-aligned allocation (its padding),
+// freed with a size that passes straight through and matches that pool block.
+TEST_CASE("misuse: aligned > pool refuses a stale pointer to the pool block behind a live aligned block") {
+  auto sys = std::make_shared<system_memory_resource>();
+  auto pool = std::make_shared<pool_memory_resource>(sys, 1 * MiB);
+  aligned_resource_adaptor al{pool, 4 * KiB, 64 * KiB};
+  void* pad = al.allocate(256);  // so the stale block does not start 4 KiB-aligned
+  void* stale = al.allocate(1542);
+  al.deallocate(stale, 1542);
+  // 100 B at 4 KiB asks the pool for 100 + 3840 B (a 4 KiB block): the stale block's place.
+  void* live = al.allocate(100, {}, 4 * KiB);
+  auto const gap = reinterpret_cast<std::uintptr_t>(live) - reinterpret_cast<std::uintptr_t>(stale);
+  REQUIRE((gap > 0 && gap < 4 * KiB));  // `stale` is the pool block behind `live`
+  std::memset(live, 0x7e, 100);
+  std::size_t const pool_used = pool->used_bytes();
+  // 4000 B pass through (below the threshold) and round to the pool block's 4 KiB.
+  CHECK_THROWS_WITH(al.deallocate(stale, 4000), Catch::Contains(hex(stale)) && Catch::Contains("4000 B") &&
+                                                    Catch::Contains(hex(live)) && Catch::Contains("100 B") &&
+                                                    Catch::Contains("nothing was freed"));
+  CHECK_THROWS_WITH(al.deallocate(stale, 1542), Catch::Contains("1542 B") && Catch::Contains("not a block"));
+  CHECK(pool->used_bytes() == pool_used);
+  CHECK(pool->check_invariants() == "");
+  CHECK(al.outstanding_over_aligned() == 1);
+  // Served correctly afterwards, around the live aligned block.
+  keeps_serving(al, 128 * KiB, {{reinterpret_cast<std::uintptr_t>(live), 100}, {reinterpret_cast<std::uintptr_t>(pad), 256}});
+  CHECK(static_cast<unsigned char*>(live)[99] == 0x7e);
+  al.deallocate(live, 100, {}, 4 * KiB);
+  al.deallocate(pad, 256);
+  CHECK(al.outstanding_over_aligned() == 0);
+  CHECK(pool->used_bytes() == 0);
+}
+
+TEST_CASE("misuse: aligned refuses an aligned block freed with another size or alignment, unchanged") {
+  auto sys = std::make_shared<system_memory_resource>();
+  auto pool = std::make_shared<pool_memory_resource>(sys, 1 * MiB);
+  aligned_resource_adaptor al{pool, 4 * KiB, 64 * KiB};
+  void* big = al.allocate(70000);
+  CHECK_THROWS_WITH(al.deallocate(big, 70000 + 2 * MiB),
+                    Catch::Contains(hex(big)) && Catch::Contains(std::to_string(70000 + 2 * MiB) + " B") &&
+                        Catch::Contains("allocated with 70000 B, alignment 4096") && Catch::Contains("nothing was freed"));
+  CHECK_THROWS_WITH(al.deallocate(big, 70000, {}, 64 * KiB), Catch::Contains("allocated with 70000 B, alignment 4096"));
+  // Below the threshold the free passes through: the pool finds no block starting there.
+  CHECK_THROWS_AS(al.deallocate(big, 1000), logic_error);
+  CHECK(al.outstanding_over_aligned() == 1);
+  al.deallocate(big, 70000);  // the right free still works
+  CHECK_THROWS_WITH(al.deallocate(big, 70000), Catch::Contains("already freed"));
+  CHECK(al.outstanding_over_aligned() == 0);
+  CHECK(pool->used_bytes() == 0);
+  // Over simulated memory the pool's first block starts 4 KiB-aligned, so the aligned block
+  // is the pool block itself: a pass-through free of it whose size rounds to that block's
+  // (4000 B against 100 + 3840) is refused too, naming how it was allocated.
+  auto sim_pool = std::make_shared<pool_memory_resource>(std::make_shared<simulated_memory_resource>(), 1 * MiB);
+  aligned_resource_adaptor over_sim{sim_pool, 4 * KiB, 64 * KiB};
+  void* first = over_sim.allocate(100, {}, 4 * KiB);
+  CHECK_THROWS_WITH(over_sim.deallocate(first, 4000), Catch::Contains(hex(first)) && Catch::Contains("4000 B") &&
+                                                         Catch::Contains("allocated with 100 B, alignment 4096"));
+  CHECK(over_sim.outstanding_over_aligned() == 1);
+  CHECK(sim_pool->used_bytes() == 4 * KiB);
+  over_sim.deallocate(first, 100, {}, 4 * KiB);
+  CHECK(sim_pool->used_bytes() == 0);
+  // A size in the same 256-byte unit counts as the same, as in a pool; the upstream still
+  // gets back exactly the size it handed out (simulated compares sizes exactly).
+  auto sim = std::make_shared<simulated_memory_resource>();
+  aligned_resource_adaptor direct{sim, 4 * KiB, 64 * KiB};
+  void* rounded = direct.allocate(70000);
+  direct.deallocate(rounded, 70001);
+  CHECK(sim->allocation_count() == 0);
 }
 
 TEST_CASE("misuse: system refuses foreign, double and wrong-size frees, and impossible sizes") {

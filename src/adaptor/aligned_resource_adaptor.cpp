@@ -1,8 +1,9 @@
 #include <mrstack/error.hpp>
 #include <mrstack/adaptor/aligned_resource_adaptor.hpp>
 
-#include <cstdio>
+#include <algorithm>
 #include <limits>
+#include <string>
 
 namespace mrstack {
 
@@ -21,10 +22,18 @@ std::size_t aligned_resource_adaptor::outstanding_over_aligned() const {
   std::size_t n = 0;
   for (auto& s : shards_) {
     std::lock_guard lock{s.mutex};
-    n += s.original.size();
+    n += s.by_aligned.size();
   }
   return n;
 }
+
+namespace {
+std::string sized(std::size_t bytes, std::size_t alignment) {
+  return std::to_string(bytes) + " B, alignment " + std::to_string(alignment);
+}
+/// 256-byte units, rounded up, without the wrap of align_up near SIZE_MAX.
+std::size_t units(std::size_t bytes) { return bytes / 256 + (bytes % 256 != 0 ? 1 : 0); }
+}  // namespace
 
 void* aligned_resource_adaptor::do_allocate(std::size_t bytes, std::size_t alignment, stream_view stream) {
   std::size_t const align = effective_alignment(bytes, alignment);
@@ -40,46 +49,105 @@ void* aligned_resource_adaptor::do_allocate(std::size_t bytes, std::size_t align
   void* const raw = upstream_->allocate(bytes + padding, stream, default_alignment);
   auto const original = reinterpret_cast<std::uintptr_t>(raw);
   std::uintptr_t const aligned = detail::align_up(original, align);
+  try {
+    remember(aligned, original, bytes, align);
+  } catch (...) {
+    upstream_->deallocate(raw, bytes + padding, stream, default_alignment);
+    throw;
+  }
+  return reinterpret_cast<void*>(aligned);
+}
+
+void aligned_resource_adaptor::remember(std::uintptr_t aligned, std::uintptr_t original, std::size_t bytes,
+                                        std::size_t align) {
+  // Set before the block is handed out, so a thread that is given the pointer sees it.
+  if (!any_over_aligned_.load(std::memory_order_relaxed)) { any_over_aligned_.store(true, std::memory_order_relaxed); }
+  shard& front = shard_for(aligned);
+  shard& behind = shard_behind(original);  // the same shard at the configured alignment: one lock
+  // Both locks at once (in address order) so neither table ever holds half an allocation.
+  std::unique_lock first{&front < &behind ? front.mutex : behind.mutex};
+  std::unique_lock second{&front < &behind ? behind.mutex : front.mutex, std::defer_lock};
+  if (&front != &behind) { second.lock(); }
+  // Only a broken upstream hands out overlapping memory; say so rather than corrupt the tables.
+  auto const overlapping = [&] {
+    return logic_error("aligned: the upstream handed out " + format_hex(original) + ", whose aligned address " +
+                       format_hex(aligned) + " or itself is already outstanding");
+  };
+  if (!front.by_aligned.insert(aligned, record{original, bytes, align})) { throw overlapping(); }  // may throw: no room
   bool inserted = false;
   try {
-    shard& s = shard_for(aligned);
-    std::lock_guard lock{s.mutex};
-    inserted = s.original.insert(aligned, original);
+    inserted = behind.by_original.insert(original, record{aligned, bytes, align});
   } catch (...) {
-    upstream_->deallocate(raw, bytes + padding, stream, default_alignment);  // the table could not grow
+    front.by_aligned.erase(aligned);
     throw;
   }
   if (!inserted) {
-    // Only a broken upstream hands out overlapping memory; say so rather than corrupt the table.
-    upstream_->deallocate(raw, bytes + padding, stream, default_alignment);
-    throw logic_error("aligned: the upstream handed out " + format_hex(original) + ", whose aligned address " +
-                      format_hex(aligned) + " is already outstanding");
+    front.by_aligned.erase(aligned);
+    throw overlapping();
   }
-  return reinterpret_cast<void*>(aligned);
 }
 
 void aligned_resource_adaptor::do_deallocate(void* ptr, std::size_t bytes, std::size_t alignment,
                                              stream_view stream) {
   std::size_t const align = effective_alignment(bytes, alignment);
+  auto const address = reinterpret_cast<std::uintptr_t>(ptr);
   if (align <= default_alignment) {
+    if (any_over_aligned_.load(std::memory_order_relaxed)) { refuse_if_behind_live(address, bytes, alignment); }
     upstream_->deallocate(ptr, bytes, stream, alignment);
     return;
   }
-  auto const aligned = reinterpret_cast<std::uintptr_t>(ptr);
-  std::uintptr_t original = 0;
-  {
-    shard& s = shard_for(aligned);
-    std::lock_guard lock{s.mutex};
-    std::uintptr_t const* found = s.original.find(aligned);
-    if (found == nullptr) {
-      throw logic_error("aligned: deallocate of " + format_hex(aligned) + " (" + std::to_string(bytes) + " B, alignment " +
-                        std::to_string(align) + "), which it did not hand out or was already freed");
-    }
-    original = *found;
-    s.original.erase(aligned);
-  }
-  upstream_->deallocate(reinterpret_cast<void*>(original), bytes + (align - default_alignment), stream,
+  // The upstream gets back exactly what it handed out, whatever rounding the size given had.
+  record const r = forget(address, bytes, align);
+  upstream_->deallocate(reinterpret_cast<void*>(r.other), r.bytes + (align - default_alignment), stream,
                         default_alignment);
+}
+
+aligned_resource_adaptor::record aligned_resource_adaptor::forget(std::uintptr_t aligned, std::size_t bytes,
+                                                                  std::size_t align) {
+  shard& front = shard_for(aligned);
+  std::unique_lock lock{front.mutex};
+  record found{};
+  {
+    record const* r = front.by_aligned.find(aligned);
+    if (r == nullptr) {
+      throw logic_error("aligned: deallocate of " + format_hex(aligned) + " (" + sized(bytes, align) +
+                        "), which it did not hand out or was already freed; nothing was freed");
+    }
+    // Sizes compare as the pool's do (rounded to 256), here, before anything is forgotten.
+    if (r->alignment != align || units(r->bytes) != units(bytes)) {
+      throw logic_error("aligned: deallocate of " + format_hex(aligned) + " with " + sized(bytes, align) +
+                        ", but it was allocated with " + sized(r->bytes, r->alignment) + "; nothing was freed");
+    }
+    found = *r;
+  }
+  front.by_aligned.erase(aligned);
+  shard& behind = shard_behind(found.other);
+  if (&behind != &front) {
+    lock.unlock();  // one lock at a time: remember() takes two only in address order
+    lock = std::unique_lock{behind.mutex};
+  }
+  behind.by_original.erase(found.other);
+  return found;
+}
+
+void aligned_resource_adaptor::refuse_if_behind_live(std::uintptr_t ptr, std::size_t bytes,
+                                                     std::size_t alignment) const {
+  record r{};
+  {
+    shard& s = shard_behind(ptr);
+    std::lock_guard lock{s.mutex};
+    record const* found = s.by_original.find(ptr);
+    if (found == nullptr) { return; }
+    r = *found;
+  }
+  std::string const given = "aligned: deallocate of " + format_hex(ptr) + " (" +
+                            sized(bytes, std::max(alignment, default_alignment)) + "), but ";
+  if (r.other == ptr) {  // the upstream's pointer was aligned already: it is the allocation itself
+    throw logic_error(given + "it was allocated with " + sized(r.bytes, r.alignment) + "; nothing was freed");
+  }
+  throw logic_error(given + "it is not a block this adaptor handed out: it is the start of the upstream block "
+                    "behind the live allocation " + format_hex(r.other) + " (" + sized(r.bytes, r.alignment) +
+                    "), a stale or foreign pointer; nothing was freed");
 }
 
 }  // namespace mrstack

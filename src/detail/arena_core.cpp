@@ -257,7 +257,13 @@ arena_core::superblock* arena_core::acquire_superblock(stream_arena& a, unsigned
                                            : global_.allocate(opts_.superblock_size, superblock_map::page_size, a.stream);
         if (addr == 0) { break; }
         try {
-          got[n++] = &descriptor_for(addr);
+          superblock& sb = descriptor_for(addr);
+          // Mapped before the global lock is let go: a large free naming `addr` (a stale
+          // pointer's second free on another thread) takes this lock, and must find a
+          // superblock here, not a global block it could free under this arena.
+          sb.arena = &a;
+          map_.set(addr, opts_.superblock_size, &sb);
+          got[n++] = &sb;
         } catch (...) {
           global_deallocate(addr, a.stream);
           throw;
@@ -275,14 +281,12 @@ arena_core::superblock* arena_core::acquire_superblock(stream_arena& a, unsigned
   try {
     for (; ready < n; ++ready) {
       superblock& sb = *got[ready];
-      sb.arena = &a;
-      sb.block_size = 0;  // reclass sets it up
+      sb.block_size = 0;  // reclass sets it up (small frees wait for `a`'s lock, held here)
       sb.capacity = 0;
       sb.listed = false;
       sb.spare = false;
       reclass(a, sb, cls);
       ++a.superblocks;
-      map_.set(sb.base, opts_.superblock_size, &sb);
     }
   } catch (...) {
     for (std::size_t i = 0; i < ready; ++i) { make_spare(a, *got[i]); }
@@ -312,6 +316,8 @@ void arena_core::detach_superblock(stream_arena& a, superblock& sb) noexcept {
 
 void arena_core::release_descriptor_locked(superblock& sb, stream_ref const& s) {
   std::uintptr_t const base = sb.base;
+  map_.set(base, opts_.superblock_size, nullptr);  // mapped as it was taken
+  sb.arena = nullptr;
   sb.base = 0;
   idle_descriptors_.push_back(&sb);  // within the room descriptor_for reserved
   global_deallocate(base, s);

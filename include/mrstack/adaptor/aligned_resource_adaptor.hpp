@@ -13,11 +13,22 @@
 /// The memory is never touched (device memory is fine).
 ///
 /// The pointers are remembered in 16 mutex-guarded open-addressing tables chosen by
-/// address (`detail::pointer_map`: no allocation per call, contention spread out). A
-/// deallocate of an over-aligned pointer it does not remember is a `logic_error`.
+/// address (`detail::pointer_map`: no allocation per call, contention spread out), each
+/// over-aligned allocation twice: by its aligned address (what `deallocate` is given) and
+/// by the upstream's pointer behind it. Misuse is a `logic_error` naming the pointer, the
+/// size given and the size allocated, and nothing is freed:
+/// - an over-aligned deallocate of a pointer it does not remember (foreign, double), or
+///   of a remembered one with another size (compared in 256-byte units, as a pool does;
+///   the upstream always gets back the size it handed out) or alignment;
+/// - a pass-through deallocate of the upstream's pointer behind a live over-aligned
+///   allocation (a stale pointer that now names the upstream block under the padding):
+///   the adaptor never handed that pointer out for the block, so the upstream must not
+///   see it. This costs every pass-through deallocate one table lookup under a shard's
+///   mutex, once any over-aligned allocation was made (until then, one relaxed load).
 ///
 /// Thread-safe. `name()` is "aligned". `free_bytes_held`/`release` go to the upstream.
 #include <array>
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <mutex>
@@ -53,19 +64,44 @@ class aligned_resource_adaptor final : public memory_resource {
   std::string do_name() const override { return "aligned"; }
   memory_resource* do_upstream() const noexcept override { return upstream_.get(); }
 
+  /// One over-aligned allocation, as seen from either of its two addresses.
+  struct record {
+    std::uintptr_t other;   // by aligned address: the upstream's pointer; by that: the aligned address
+    std::size_t bytes;      // as the caller asked
+    std::size_t alignment;  // as served (effective_alignment)
+  };
   struct shard {
     std::mutex mutex;
-    detail::pointer_map<std::uintptr_t> original;  // aligned address -> upstream's pointer
+    detail::pointer_map<record> by_aligned;   // in shard_for(aligned)
+    detail::pointer_map<record> by_original;  // in shard_behind(upstream's pointer)
   };
   static constexpr std::size_t shard_count = 16;
   [[nodiscard]] shard& shard_for(std::uintptr_t address) const noexcept {
     return shards_[static_cast<std::size_t>((address >> 8) * 0x9e3779b97f4a7c15ULL >> 60) % shard_count];
   }
 
+  /// Remembers both addresses of a new over-aligned block (throws, having remembered nothing).
+  void remember(std::uintptr_t aligned, std::uintptr_t original, std::size_t bytes, std::size_t align);
+  /// Forgets the over-aligned block at `aligned` and returns its record (`other`: the
+  /// upstream's pointer), or throws (changing nothing) when it is not live or was
+  /// allocated with another size or alignment.
+  record forget(std::uintptr_t aligned, std::size_t bytes, std::size_t align);
+  /// Throws when `ptr` is the upstream's pointer behind a live over-aligned block (a
+  /// pass-through free of it would free that block under its owner).
+  void refuse_if_behind_live(std::uintptr_t ptr, std::size_t bytes, std::size_t alignment) const;
+
+  /// Where the upstream's pointer `original` is remembered: by the address it aligns to at
+  /// the configured alignment, so an allocation at that alignment keeps both of its
+  /// entries in one shard (one lock), and a pass-through free finds it from the pointer alone.
+  [[nodiscard]] shard& shard_behind(std::uintptr_t original) const noexcept {
+    return shard_for(detail::align_up(original, alignment_));
+  }
+
   resource_ptr upstream_;
   std::size_t alignment_;
   std::size_t threshold_;
   mutable std::array<shard, shard_count> shards_;
+  std::atomic<bool> any_over_aligned_{false};  // set at the first over-aligned allocation, never cleared
 };
 
 }  // namespace mrstack

@@ -31,7 +31,10 @@
 /// superblock's arena's stream, the block goes straight back. Otherwise (another stream)
 /// the freeing stream is synchronized first (host wait), so the arena's stream may reuse
 /// the block at once — as RMM's arena does. A bitmap per superblock catches double and
-/// foreign frees.
+/// foreign frees. A large block's free is refused when its address lies in a superblock
+/// or starts no live global block of exactly its size; a superblock is mapped before the
+/// global lock that carved it is let go, so a stale large pointer whose range became
+/// superblocks never frees one, whichever thread frees it.
 ///
 /// A superblock that becomes wholly free stays in its class list when it is the only one
 /// there (a class that churns one block does not pay for re-setting it), else it becomes a
@@ -240,7 +243,7 @@ class arena_core {
   [[nodiscard]] std::size_t spare_limit() const noexcept { return 2 * opts_.empty_superblocks_kept; }
   /// Adds `sb` (wholly free, owned by `a`, in no list) to `a`'s spares.
   void make_spare(stream_arena& a, superblock& sb) noexcept;
-  /// Gives back a superblock taken for `s` but never set up (`global_mutex_` held).
+  /// Unmaps and gives back a superblock taken for `s` but never set up (`global_mutex_` held).
   void release_descriptor_locked(superblock& sb, stream_ref const& s);
   /// Unlinks `sb` (wholly free, owned by `a`, in no list) from `a` and the lookup table.
   void detach_superblock(stream_arena& a, superblock& sb) noexcept;

@@ -33,7 +33,10 @@
 ///   other than one hold free memory, synchronizes the device so it all merges, then
 ///   gives every wholly free chunk back to the upstream (not with `eager`: that region
 ///   stays until destruction). Destruction returns every chunk to the upstream.
-/// - A foreign or double free is a `logic_error`. Thread-safe.
+/// - A foreign, double, wrong-size or interior free is a `logic_error` naming the pointer,
+///   the size given and the block's size where one is live there, and nothing is freed
+///   (a large block's second free too, after its range was carved into superblocks).
+///   Thread-safe.
 #include <cstddef>
 #include <memory>
 #include <mutex>
