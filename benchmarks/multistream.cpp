@@ -139,6 +139,16 @@ std::vector<cudaStream_t> make_streams(std::size_t threads, bool device) {
   return streams;
 }
 
+void take_steps(memory_resource& mr, std::vector<step> const& steps, std::vector<void*>& ptrs, stream_view s) {
+  for (auto const& st : steps) {
+    if (st.allocate) {
+      ptrs[st.slot] = mr.allocate(st.bytes, s);
+    } else {
+      mr.deallocate(ptrs[st.slot], st.bytes, s);
+    }
+  }
+}
+
 void run(benchmark::State& state, std::string const& spec, bool device) {
   if (device && !bench::have_device()) {
     state.SkipWithError("no CUDA device");
@@ -176,13 +186,7 @@ void run(benchmark::State& state, std::string const& spec, bool device) {
         ready.fetch_add(1);
         while (!go.load(std::memory_order_acquire)) {}
         try {
-          for (auto const& st : steps[t]) {
-            if (st.allocate) {
-              ptrs[st.slot] = mr->allocate(st.bytes, s);
-            } else {
-              mr->deallocate(ptrs[st.slot], st.bytes, s);
-            }
-          }
+          take_steps(*mr, steps[t], ptrs, s);
         } catch (std::exception const& e) {
           std::lock_guard lock{error_mutex};
           if (!failed.exchange(true)) { error = e.what(); }
