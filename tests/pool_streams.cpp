@@ -75,7 +75,7 @@ struct live_block {
 
 }  // namespace
 
-TEST_CASE("pool streams: random work on shared and per-thread streams never reuses memory early (with deferred parks)") {
+TEST_CASE("pool streams: random work on shared and per-thread streams never reuses memory early") {
   int const seeds = long_tests() ? 40 : 5;
   int const steps = long_tests() ? 300000 : 100000;
   std::uintptr_t const threads[] = {3, 5, 7};
@@ -97,25 +97,13 @@ TEST_CASE("pool streams: random work on shared and per-thread streams never reus
     std::map<std::uintptr_t, live_block> live;
     std::uintptr_t next_chunk = 0x500000000000;
     std::size_t syncs = 0;
-    // Parks whose records are left to the caller (as the pool makes them after letting its
-    // lock go), completed some steps later: meanwhile their memory must reach no other stream.
-    std::vector<detail::deferred_park> pending;
-    auto maybe_defer = [&](detail::deferred_park& d) { return rng() % 2 == 0 ? &d : nullptr; };
-    auto complete_one = [&] {
-      detail::deferred_park const d = pending.front();
-      pending.erase(pending.begin());
-      core.complete_park(d, fake->record(d.event, d.stream));
-    };
     for (int step = 0; step < steps; ++step) {
-      if (!pending.empty() && rng() % 4 == 0) { complete_one(); }
       if (live.empty() || rng() % 100 < 52) {
         current_thread = threads[rng() % 3];
         stream_ref const s = rng() % 2 == 0 ? shared[rng() % 3] : ptds_of(current_thread);
         std::size_t const size = (1 + rng() % (rng() % 8 == 0 ? 4096 : 64)) * 256;
         std::size_t const alignment = rng() % 8 == 0 ? 4 * KiB : 256;
-        detail::deferred_park d;
-        std::uintptr_t a = core.allocate(size, alignment, s, maybe_defer(d));
-        if (d) { pending.push_back(d); }
+        std::uintptr_t a = core.allocate(size, alignment, s);
         if (a == 0 && core.blocks().total_bytes() > 256 * MiB && core.synchronize_everything()) {
           ++syncs;  // the pool's last resort before growing past a cap
           a = core.allocate(size, alignment, s);
@@ -139,10 +127,7 @@ TEST_CASE("pool streams: random work on shared and per-thread streams never reus
         // Freed on the stream it was used on; a per-thread stream only by its own thread.
         current_thread = it->second.stream.thread_bound ? it->second.thread : threads[rng() % 3];
         std::uint64_t const clock = fake->enqueue(it->second.stream.handle);  // its last use
-        detail::deferred_park d;
-        REQUIRE(core.deallocate(it->first, it->second.stream, detail::block_pool::any_size, maybe_defer(d)) ==
-                it->second.size);
-        if (d) { pending.push_back(d); }
+        REQUIRE(core.deallocate(it->first, it->second.stream) == it->second.size);
         freed.add(it->first, it->second.size, it->second.stream.handle, clock);
         live.erase(it);
       }
@@ -151,8 +136,6 @@ TEST_CASE("pool streams: random work on shared and per-thread streams never reus
     INFO("records " << fake->records << ", waits " << fake->waits << ", device syncs " << fake->sync_alls);
     CHECK(fake->records > 0);  // the test did exercise cross-stream handovers
     CHECK(fake->waits > 0);
-    CHECK(fake->records > 0);
-    while (!pending.empty()) { complete_one(); }
     for (auto const& [a, b] : live) {
       current_thread = b.thread;
       REQUIRE(core.deallocate(a, b.stream) == b.size);

@@ -130,40 +130,7 @@ owner_id stream_owners::park(owner_id o, stream_ref const& s) {
   return slots_[o].parked;
 }
 
-deferred_park stream_owners::begin_park(owner_id o, stream_ref const& s) {
-  if (slots_[o].event == 0) { slots_[o].event = sync_->create_event(); }
-  if (slots_[o].parked == 0) {
-    owner_id const p = new_slot();  // may move slots_
-    slots_[p].ref = s;
-    slots_[p].in_use = true;
-    slots_[p].parent = o;
-    slots_[o].parked = p;
-  }
-  slot& sl = slots_[o];
-  sl.dirty = false;  // what it holds moves to its parked owner, uncovered until the record
-  sl.dirty_bytes = 0;
-  sl.cover = 0;
-  sl.wanted = false;
-  ++slots_[sl.parked].pending;
-  return deferred_park{sl.parked, sl.event, s.handle};
-}
-
-void stream_owners::complete_park(deferred_park const& d, bool recorded) {
-  slot& p = slots_[d.parked];
-  if (p.pending != 0) { --p.pending; }
-  if (!recorded) { return; }
-  ++records_;
-  slot& sl = slots_[p.parent];
-  if (!sl.dirty && p.pending == 0) { sl.cover = d.event; }  // nothing freed since: the record covers it all
-  parks_.fetch_add(1, std::memory_order_release);
-}
-
 stream_owners::handover stream_owners::hand_over(owner_id from, stream_ref const& to) {
-  if (slots_[from].pending != 0) {
-    // Parked, its record still to be made by the thread that parked it (microseconds).
-    asked_busy_stream_ = true;
-    return handover::not_now;
-  }
   if (slots_[from].parent != 0) {
     // Parked memory: covered by its stream's event, recorded after every free parked.
     sync_->wait(to.handle, slots_[slots_[from].parent].event);

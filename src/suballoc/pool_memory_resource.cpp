@@ -128,28 +128,9 @@ void* pool_memory_resource::do_allocate(std::size_t bytes, std::size_t alignment
     if (contended()) { return allocate_sharded(bytes, size, alignment, s); }
     lock.lock();
   }
-  if (std::uintptr_t const a = allocate_first(lock, size, alignment, s)) { return reinterpret_cast<void*>(a); }
+  if (std::uintptr_t const a = core_.allocate(size, alignment, s)) { return reinterpret_cast<void*>(a); }
   if (std::uintptr_t const a = retry_after_park(lock, size, alignment, s)) { return reinterpret_cast<void*>(a); }
   return grow_and_allocate(bytes, size, alignment, s);
-}
-
-std::uintptr_t pool_memory_resource::allocate_first(std::unique_lock<detail::lean_mutex>& lock, std::size_t size,
-                                                    std::size_t alignment, detail::stream_ref const& s) {
-  detail::deferred_park park;
-  std::uintptr_t const a = core_.allocate(size, alignment, s, &park);
-  if (park) {
-    // Served: the park's record is made without the lock. Not served: the slow path
-    // goes on under the lock, and the record with it (as it would have before).
-    if (a != 0) { lock.unlock(); }
-    record_park(park);
-    if (a != 0) { lock.lock(); }
-    core_.complete_park(park, park.event != 0);
-  }
-  return a;
-}
-
-void pool_memory_resource::record_park(detail::deferred_park& park) {
-  if (!core_.owners().sync().record(park.event, park.stream)) { park.event = 0; }
 }
 
 std::uintptr_t pool_memory_resource::retry_after_park(std::unique_lock<detail::lean_mutex>& lock, std::size_t size,
@@ -199,15 +180,8 @@ void pool_memory_resource::do_deallocate(void* ptr, std::size_t bytes, std::size
         return;
       }
     }
-    detail::deferred_park park;
-    if (core_.deallocate(address, s, expected, &park) != 0) {
+    if (core_.deallocate(address, s, expected) != 0) {
       if (growth_) { growth_->after_deallocate(core_); }
-      if (park) {  // its record is made without the lock, which every other thread may be waiting for
-        lock.unlock();
-        record_park(park);
-        lock.lock();
-        core_.complete_park(park, park.event != 0);
-      }
       return;
     }
     actual = core_.blocks().live_size(address);

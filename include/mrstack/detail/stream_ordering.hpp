@@ -76,17 +76,6 @@ class stream_sync {
   virtual void synchronize_all() = 0;
 };
 
-/// A park decided under a resource's lock whose event the caller records after letting
-/// the lock go, then completes under the lock again (`stream_owners::begin_park`). An event
-/// record costs about a microsecond, inside the driver; made under the lock, every other
-/// thread of a multi-stream program waits it out (one record every two calls there).
-struct deferred_park {
-  owner_id parked = 0;  ///< the parked owner whose memory waits for the record (0: no park)
-  std::uintptr_t event = 0;
-  std::uintptr_t stream = 0;
-  explicit operator bool() const noexcept { return parked != 0; }
-};
-
 /// A stream as the ordering logic sees it.
 struct stream_ref {
   std::uintptr_t key = 0;     ///< identity: equal keys are the same stream
@@ -179,16 +168,6 @@ class stream_owners {
   /// and returns the owner its free memory is to move to, covered by that event (0 when
   /// the record failed: the memory stays where it is, wanted).
   owner_id park(owner_id o, stream_ref const& s);
-  /// As `park`, but the record is the caller's, made without the resource's lock: until
-  /// `complete_park`, the parked owner serves its own stream but no other (`hand_over`
-  /// answers `not_now`). Several parks of one stream may be pending at once (threads
-  /// sharing it): its memory goes to other streams once the last completes, when every
-  /// record — each made after its own move — has been issued, so the event's last record
-  /// covers every block moved.
-  deferred_park begin_park(owner_id o, stream_ref const& s);
-  /// After the caller recorded `d.event` on `d.stream`; `recorded` false when the record
-  /// failed (the caller then synchronizes the device: nothing else covers the memory).
-  void complete_park(deferred_park const& d, bool recorded);
   /// True (once) when a `hand_over` since the last call answered `not_now` for a stream
   /// another thread is driving: that thread is likely to call, and park, within
   /// microseconds, so the caller may wait a little for `parks()` to change (without its
@@ -263,7 +242,6 @@ class stream_owners {
     std::size_t dirty_bytes = 0;  // on-demand rule: bytes freed since the last record
     owner_id parked = 0;    // a stream's slot: the owner its parked memory is in
     owner_id parent = 0;    // a parked owner's slot: the stream it parks for
-    std::uint32_t pending = 0;  // a parked owner's slot: deferred parks not yet recorded
     std::uintptr_t last_thread = 0;  // on-demand rule, several streams: the thread of its last call
   };
 
@@ -274,7 +252,7 @@ class stream_owners {
       for (std::size_t i = 1; i < slots_.size() && o == 0; ++i) {
         slot const& sl = slots_[i];
         bool const idle = !holds_memory(static_cast<owner_id>(i)) && !sl.wanted &&
-                          (sl.parked == 0 || (!holds_memory(sl.parked) && slots_[sl.parked].pending == 0));
+                          (sl.parked == 0 || !holds_memory(sl.parked));
         if (sl.parent == 0 && idle) { o = static_cast<owner_id>(i); }  // a parked owner goes with its stream
       }
       if (o != 0) { retire(o); }
@@ -317,12 +295,9 @@ class stream_ordered_pool {
   /// stream not yet recorded is asked to park and gives nothing now. 0 when nothing
   /// fits: the caller grows or gives up. With a single stream this makes no
   /// `stream_sync` calls.
-  /// `defer`: where a park this call makes leaves its record to the caller (see
-  /// deferred_park); null: the park records here.
-  std::uintptr_t allocate(std::size_t size, std::size_t alignment, stream_ref const& s,
-                          deferred_park* defer = nullptr) {
+  std::uintptr_t allocate(std::size_t size, std::size_t alignment, stream_ref const& s) {
     owner_id const o = owner_of(s);
-    if (owners_.note_use(o, s)) { park(o, s, defer); }
+    if (owners_.note_use(o, s)) { park(o, s); }
     if (std::uintptr_t const a = blocks_.allocate(size, alignment, o)) { return a; }
     if (std::uintptr_t const a = blocks_.allocate(size, alignment, block_pool::synchronized)) { return a; }
     if (owner_id const p = owners_.parked_of(o)) {  // its own frees, parked: no wait
@@ -332,20 +307,13 @@ class stream_ordered_pool {
   }
   /// Frees the live block at `address` on stream `s`; returns its size (0: not ours, or
   /// not of `expected_size`: see block_pool::deallocate).
-  /// `defer` as for `allocate`.
   std::size_t deallocate(std::uintptr_t address, stream_ref const& s,
-                         std::size_t expected_size = block_pool::any_size, deferred_park* defer = nullptr) {
+                         std::size_t expected_size = block_pool::any_size) {
     blocks_.prefetch_deallocate(address);  // its cache miss overlaps finding the owner
     owner_id const o = owner_of(s);
     std::size_t const size = blocks_.deallocate(address, o, expected_size);
-    if (size != 0 && owners_.note_free(o, s, size, blocks_.total_bytes() / park_divisor_)) { park(o, s, defer); }
+    if (size != 0 && owners_.note_free(o, s, size, blocks_.total_bytes() / park_divisor_)) { park(o, s); }
     return size;
-  }
-  /// Completes a park `allocate` or `deallocate` deferred, once its event was recorded
-  /// (`recorded` false: the record failed, and everything is synchronized instead).
-  void complete_park(deferred_park const& d, bool recorded) {
-    owners_.complete_park(d, recorded);
-    if (!recorded) { (void)synchronize_everything(); }
   }
 
   /// Adds a chunk the upstream allocated on stream `s`; its memory belongs to `s`.
@@ -416,15 +384,9 @@ class stream_ordered_pool {
                                              owner_id o);
   /// The streams whose free memory chunk `c` holds (parked memory counted as its stream's).
   [[nodiscard]] std::vector<owner_id> streams_holding(chunk_id c) const;
-  /// Records on `o`'s stream `s` and moves everything `o` holds free to its parked owner;
-  /// with `defer` (and no park deferred yet this call), leaves the record to the caller.
-  void park(owner_id o, stream_ref const& s, deferred_park* defer) {
-    if (defer != nullptr && !*defer) {
-      *defer = owners_.begin_park(o, s);
-      blocks_.transfer(o, defer->parked);
-    } else if (owner_id const p = owners_.park(o, s)) {
-      blocks_.transfer(o, p);
-    }
+  /// Records on `o`'s stream `s` and moves everything `o` holds free to its parked owner.
+  void park(owner_id o, stream_ref const& s) {
+    if (owner_id const p = owners_.park(o, s)) { blocks_.transfer(o, p); }
   }
   block_pool blocks_;
   stream_owners owners_;

@@ -175,14 +175,6 @@ class pool_memory_resource final : public memory_resource {
   fragmentation_info do_fragmentation() const override;
 
   void* grow_and_allocate(std::size_t bytes, std::size_t size, std::size_t alignment, detail::stream_ref const& s);
-  /// The first try at a block, under `lock`: when it parks the stream's free memory and
-  /// serves the request, the park's event is recorded after `lock` is let go (a driver
-  /// call of about a microsecond that every other thread would wait out; see
-  /// detail::deferred_park). `lock` is held again on return.
-  std::uintptr_t allocate_first(std::unique_lock<detail::lean_mutex>& lock, std::size_t size, std::size_t alignment,
-                                detail::stream_ref const& s);
-  /// Records a deferred park's event; on failure clears `park.event`.
-  void record_park(detail::deferred_park& park);
   /// After an allocation failed under `lock`: when it asked a stream another thread drives
   /// to park, waits for a park (at most `park_wait`, without the lock) and tries again; 0
   /// when nothing came of it.
