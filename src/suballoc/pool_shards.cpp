@@ -40,6 +40,9 @@ void* pool_memory_resource::allocate_sharded(std::size_t bytes, std::size_t size
 
 bool pool_memory_resource::contended() {
   if (options_.thread_shards == 0) { return false; }
+  // Already sharded: neither the shared counter nor start_sharding's lock (one more trip
+  // through the contended lock for every contended free on the global blocks).
+  if (sharded_.load(std::memory_order_acquire)) { return true; }
   if (contentions_.fetch_add(1, std::memory_order_relaxed) + 1 < options_.shard_after_contentions) { return false; }
   start_sharding();
   return true;
