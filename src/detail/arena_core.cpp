@@ -72,6 +72,14 @@ struct thread_exit_hook {
 };
 thread_local thread_exit_hook exit_hook;
 
+/// log2 of a valid superblock size (the map's region), checked before the map is made.
+unsigned superblock_shift(std::size_t size) {
+  if (!is_pow2(size) || size < (std::size_t{64} << 10) || size > (std::size_t{16} << 20)) {
+    throw std::invalid_argument("arena: superblock size must be a power of two from 64 KiB to 16 MiB");
+  }
+  return static_cast<unsigned>(std::countr_zero(size));
+}
+
 }  // namespace
 
 // ---- construction ----------------------------------------------------------------------------------
@@ -84,11 +92,7 @@ arena_core::arena_core(arena_upstream& upstream, options const& opts, std::share
       sync_{sync},
       thread_key_{thread_key},
       global_{std::move(sync), thread_key},
-      map_{} {
-  if (!is_pow2(opts_.superblock_size) || opts_.superblock_size < (std::size_t{64} << 10) ||
-      opts_.superblock_size > (std::size_t{16} << 20)) {
-    throw std::invalid_argument("arena: superblock size must be a power of two from 64 KiB to 16 MiB");
-  }
+      map_{superblock_shift(opts.superblock_size)} {
   if (opts_.max_small_size % 256 != 0 || opts_.max_small_size > opts_.superblock_size / 2) {
     throw std::invalid_argument("arena: the small-request limit must be a multiple of 256 and at most half a superblock");
   }
@@ -253,8 +257,8 @@ arena_core::superblock* arena_core::acquire_superblock(stream_arena& a, unsigned
       while (n < want && n < got.size()) {
         // Only the first may grow the global arena: the extras are spares, not a reason to
         // take more memory from the upstream.
-        std::uintptr_t const addr = n == 0 ? global_allocate(opts_.superblock_size, superblock_map::page_size, a.stream)
-                                           : global_.allocate(opts_.superblock_size, superblock_map::page_size, a.stream);
+        std::uintptr_t const addr = n == 0 ? global_allocate(opts_.superblock_size, opts_.superblock_size, a.stream)
+                                           : global_.allocate(opts_.superblock_size, opts_.superblock_size, a.stream);
         if (addr == 0) { break; }
         try {
           superblock& sb = descriptor_for(addr);
@@ -536,7 +540,7 @@ std::string arena_core::check_invariants() const {
     std::string const where = "superblock at " + std::to_string(sb->base);
     if (map_.find(sb->base) != sb) { return where + ": map and descriptor disagree"; }
     if (sb->arena == nullptr) { return where + ": carved but owned by no arena"; }
-    if (sb->base % superblock_map::page_size != 0) { return where + ": misaligned"; }
+    if (sb->base % opts_.superblock_size != 0) { return where + ": misaligned"; }
     if (map_.find(sb->base + opts_.superblock_size - 1) != sb) { return where + ": its last page is not mapped to it"; }
     if (global_.blocks().live_size(sb->base) != opts_.superblock_size) { return where + ": not live in the global arena"; }
     std::size_t live = 0;

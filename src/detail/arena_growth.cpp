@@ -14,8 +14,9 @@ namespace mrstack::detail {
 
 // ---- superblock_map ------------------------------------------------------------------------------
 
-superblock_map::superblock_map()
-    : top_size_{std::size_t{1} << (address_bits - page_shift - leaf_bits)},
+superblock_map::superblock_map(unsigned region_shift)
+    : region_shift_{region_shift},
+      top_size_{std::size_t{1} << (address_bits - region_shift - leaf_bits)},
       top_{static_cast<void***>(std::calloc(top_size_, sizeof(void**)))} {
   if (top_ == nullptr) { throw std::bad_alloc(); }
 }
@@ -31,7 +32,7 @@ void superblock_map::reserve(std::uintptr_t base, std::size_t size) {
   if (last < base || (last >> address_bits) != 0) {
     throw std::length_error("arena: upstream memory above the 48-bit address space the superblock map covers");
   }
-  for (std::uintptr_t i = (base >> page_shift) >> leaf_bits; i <= ((last >> page_shift) >> leaf_bits); ++i) {
+  for (std::uintptr_t i = (base >> region_shift_) >> leaf_bits; i <= ((last >> region_shift_) >> leaf_bits); ++i) {
     if (top_[i] != nullptr) { continue; }  // only written under the caller's lock
     auto** const leaf = static_cast<void**>(std::calloc(leaf_size, sizeof(void*)));
     if (leaf == nullptr) { throw std::bad_alloc(); }
@@ -40,7 +41,7 @@ void superblock_map::reserve(std::uintptr_t base, std::size_t size) {
 }
 
 void superblock_map::set(std::uintptr_t address, std::size_t size, void* value) noexcept {
-  for (std::uintptr_t i = address >> page_shift; i < (address + size) >> page_shift; ++i) {
+  for (std::uintptr_t i = address >> region_shift_; i < (address + size) >> region_shift_; ++i) {
     std::atomic_ref<void*>{top_[i >> leaf_bits][i & (leaf_size - 1)]}.store(value, std::memory_order_release);
   }
 }

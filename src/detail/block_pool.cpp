@@ -311,13 +311,16 @@ bool block_pool::can_allocate(std::size_t size, std::size_t alignment, owner_id 
   unsigned const cls = class_of(need);
   if (class_floor(cls) == need && !idx.lists[cls].empty()) { return true; }
   if (first_in_larger_class(idx, cls) != npos) { return true; }
-  // The request's own class may still hold a block that fits.
-  return best_in_own_class(idx, size, alignment) != npos;
+  // The request's own class may still hold a block that fits, and so may the padded
+  // size's class (some of its blocks have room to align).
+  if (best_in_class(idx, class_of(size / granularity), size, alignment) != npos) { return true; }
+  return alignment > granularity && best_in_class(idx, cls, size, alignment) != npos;
 }
 
-MRSTACK_HOT_INLINE std::uint32_t block_pool::best_in_own_class(class_index const& idx, std::size_t size, std::size_t alignment) const {
+MRSTACK_HOT_INLINE std::uint32_t block_pool::best_in_class(class_index const& idx, unsigned cls, std::size_t size,
+                                                           std::size_t alignment) const {
   auto const units = static_cast<std::uint32_t>(size / granularity);
-  auto const& list = idx.lists[class_of(units)];
+  auto const& list = idx.lists[cls];
   std::uint32_t best = npos;
   std::uint32_t best_units = 0;
   std::size_t const scan = std::min<std::size_t>(list.size(), exact_class_scan);
@@ -343,12 +346,15 @@ std::uintptr_t block_pool::allocate(std::size_t size, std::size_t alignment, own
   std::size_t const need = (size + (alignment > granularity ? alignment - granularity : 0)) / granularity;
   if (need > max_units) { return 0; }  // larger than any chunk
   // 1. The request's own class: its blocks may or may not fit; look at a few, keep the tightest.
-  std::uint32_t best = best_in_own_class(idx, size, alignment);
+  std::uint32_t best = best_in_class(idx, class_of(size / granularity), size, alignment);
   if (best == npos) {
     // 2. The smallest class all of whose blocks fit (with room to align).
     unsigned const cls = class_of(need);
     best = class_floor(cls) == need && !idx.lists[cls].empty() ? idx.lists[cls].back().node
                                                                : first_in_larger_class(idx, cls);
+    // 3. Aligned: the padded size's own class, some of whose blocks have the room (a
+    // superblock-aligned superblock in a free block just short of twice its size).
+    if (best == npos && alignment > granularity) { best = best_in_class(idx, cls, size, alignment); }
     if (best == npos) { return 0; }
   }
   return take(best, size, alignment, owner);

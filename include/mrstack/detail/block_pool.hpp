@@ -326,8 +326,10 @@ class block_pool {
   /// clears the class's bitmap bit when it empties; no accounting.
   void unlink_entry(class_index& idx, std::uint32_t b) noexcept;
   /// The tightest fit for `size` (with `alignment`) among the last `exact_class_scan`
-  /// entries of the request's own class, or npos.
-  [[nodiscard]] std::uint32_t best_in_own_class(class_index const& idx, std::size_t size, std::size_t alignment) const;
+  /// entries of class `cls` (the request's own, or with alignment the class of the size
+  /// padded for it), or npos.
+  [[nodiscard]] std::uint32_t best_in_class(class_index const& idx, unsigned cls, std::size_t size,
+                                            std::size_t alignment) const;
   /// Confirms a `live_` tag match: does node n start at `address`?
   [[nodiscard]] auto starts_at(std::uintptr_t address) const noexcept {
     return [this, address](std::uint32_t n) { return addr_of(at(n)) == address; };
