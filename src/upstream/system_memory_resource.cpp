@@ -42,7 +42,13 @@ void* system_memory_resource::do_allocate(std::size_t bytes, std::size_t alignme
   shard& s = shard_of(ptr);
   try {
     std::lock_guard lock{s.mutex};
-    s.live.emplace(ptr, block{bytes, align});
+    auto const key = reinterpret_cast<std::uintptr_t>(ptr);
+    if (!s.live.insert(key, block{bytes, align})) {
+      // The heap handed out an address still booked here: it was freed behind this
+      // resource's back. The new block is what lives there now.
+      s.live.erase(key);
+      s.live.insert(key, block{bytes, align});
+    }
   } catch (...) {
     ::operator delete(ptr, std::align_val_t{align});
     return refuse("no memory left to record the block");
@@ -55,18 +61,18 @@ void system_memory_resource::do_deallocate(void* ptr, std::size_t bytes, std::si
   shard& s = shard_of(ptr);
   {
     std::lock_guard lock{s.mutex};
-    auto it = s.live.find(ptr);
-    if (it == s.live.end()) {
+    block const* const it = s.live.find(reinterpret_cast<std::uintptr_t>(ptr));
+    if (it == nullptr) {
       throw logic_error("system: deallocate of " + format_hex(ptr) + " with size " + std::to_string(bytes) +
                         " B: not a block it handed out, or already freed (nothing was freed)");
     }
-    if (it->second.bytes != bytes || it->second.alignment != align) {
+    if (it->bytes != bytes || it->alignment != align) {
       throw logic_error("system: deallocate of " + format_hex(ptr) + " with size " + std::to_string(bytes) +
                         " B and alignment " + std::to_string(align) + ", but it was allocated with " +
-                        std::to_string(it->second.bytes) + " B and alignment " + std::to_string(it->second.alignment) +
+                        std::to_string(it->bytes) + " B and alignment " + std::to_string(it->alignment) +
                         " (nothing was freed)");
     }
-    s.live.erase(it);
+    s.live.erase(reinterpret_cast<std::uintptr_t>(ptr));
   }
   ::operator delete(ptr, std::align_val_t{align});
 }

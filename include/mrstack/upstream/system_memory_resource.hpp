@@ -13,8 +13,8 @@
 /// table costs a hash insert and erase per call, small beside operator new itself.
 #include <cstddef>
 #include <mutex>
-#include <unordered_map>
 
+#include <mrstack/detail/pointer_map.hpp>
 #include <mrstack/resource.hpp>
 
 namespace mrstack {
@@ -43,7 +43,7 @@ class system_memory_resource final : public memory_resource {
   /// One lock and table per shard, so threads freeing different blocks rarely meet.
   struct alignas(64) shard {
     std::mutex mutex;
-    std::unordered_map<void*, block> live;
+    detail::pointer_map<block> live;  // one array: no host allocation per block, unlike a node map
   };
   static constexpr std::size_t shard_count = 16;
   static shard& shard_of(void const* ptr) noexcept;
