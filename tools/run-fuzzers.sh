@@ -13,11 +13,8 @@ shift || true
 targets=("$@")
 ((${#targets[@]})) || targets=(allocation_log spec c_api)
 cd "$(dirname "$0")/.."
-export PATH="/usr/local/cuda/bin:$PATH"
 build=build/fuzz
-cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_COMPILER=clang++ \
-  -DMRSTACK_BUILD_FUZZERS=ON -DMRSTACK_SANITIZE="address;undefined" -DMRSTACK_BUILD_TESTS=OFF \
-  -DMRSTACK_BUILD_BENCHMARKS=OFF -DMRSTACK_BUILD_TOOLS=OFF -DMRSTACK_BUILD_PYTHON=OFF >/dev/null
+tools/sanitized-build.sh
 cmake --build "$build" --target "${targets[@]/#/fuzz_}"
 # allocator_may_return_null: a fuzzed size may ask the host heap for exabytes, which is an
 # out-of-memory error to report, not a sanitizer abort.
