@@ -64,7 +64,12 @@ resource_ptr make_resource(std::string const& name, where w, std::size_t max_byt
   }
   if (name == "arena") {
     std::size_t const size = w == where::device ? bench::device_free_memory() / 10 * 8 : 64 * GiB;
-    return std::make_shared<arena_memory_resource>(up, size);
+    // Keeps what it took between runs, as the pool does: by default an arena gives back
+    // all but 256 MiB once a run has freed everything, and the next run would time
+    // cudaMalloc/cudaFree of its chunks, not the arena.
+    arena_options o;
+    o.max_free_bytes = size;
+    return std::make_shared<arena_memory_resource>(up, size, o);
   }
   if (name == "fixed_size") {
     return std::make_shared<fixed_size_memory_resource>(up, max_bytes, std::max<std::size_t>(1, 256 * MiB / max_bytes));

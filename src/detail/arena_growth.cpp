@@ -62,7 +62,12 @@ std::size_t arena_core::global_deallocate(std::uintptr_t address, stream_ref con
   std::size_t const freed = global_.deallocate(address, s, expected_size);
   if (freed == 0) { return 0; }
   if (!opts_.eager) {
-    note_maybe_empty(address);
+    // Only a free that emptied its chunk can make a candidate: the chunk lookup (a tree
+    // search, a tenth of a large free's time) is skipped for all the others.
+    if (global_.blocks().chunks_emptied() != emptied_seen_) {
+      emptied_seen_ = global_.blocks().chunks_emptied();
+      note_maybe_empty(address);
+    }
     if (global_.blocks().free_bytes() > opts_.max_free_bytes) { return_empty_chunks(opts_.max_free_bytes, false, s); }
   }
   return freed;

@@ -421,7 +421,7 @@ std::size_t block_pool::deallocate(std::uintptr_t address, owner_id owner, std::
     return 0;
   }
   live_bytes_ -= size;
-  --chunks_[n.chunk].live_blocks;
+  if (--chunks_[n.chunk].live_blocks == 0) { ++chunks_emptied_; }
   n.state = state_free;
   // How a neighbour joins the freed block: not at all, as a free block of the same owner
   // (the common case, handled here without moving index entries), or under the

@@ -297,6 +297,7 @@ class arena_core {
   stream_ordered_pool global_;
   std::map<std::uintptr_t, chunk_record> chunks_;   // by base
   std::vector<std::uintptr_t> empty_candidates_;    // chunk bases that may be wholly free
+  std::uint64_t emptied_seen_ = 0;                   // global_'s chunks_emptied() when last looked at
   std::size_t held_ = 0;
   std::size_t peak_held_ = 0;
   std::size_t upstream_allocations_ = 0;

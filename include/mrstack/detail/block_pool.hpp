@@ -202,6 +202,9 @@ class block_pool {
   [[nodiscard]] std::size_t withdrawn_bytes() const noexcept { return withdrawn_bytes_; }
   [[nodiscard]] std::size_t live_blocks() const noexcept { return live_.size(); }
   [[nodiscard]] std::size_t chunk_count() const noexcept { return chunk_count_; }
+  /// How many times a deallocate left a chunk with no live block: a caller that looks for
+  /// empty chunks after frees looks only when this moved.
+  [[nodiscard]] std::uint64_t chunks_emptied() const noexcept { return chunks_emptied_; }
   /// Free blocks of all owners (O(owners)).
   [[nodiscard]] std::size_t free_block_count() const noexcept {
     std::size_t n = 0;
@@ -365,6 +368,7 @@ class block_pool {
   std::size_t free_bytes_total_ = 0;
   std::size_t live_bytes_ = 0;
   std::size_t withdrawn_bytes_ = 0;
+  std::uint64_t chunks_emptied_ = 0;
   std::size_t chunk_count_ = 0;
 };
 
