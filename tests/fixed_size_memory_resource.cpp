@@ -14,6 +14,7 @@
 #include <map>
 #include <random>
 #include <set>
+#include <thread>
 
 using namespace mrstack;
 
@@ -164,12 +165,30 @@ TEST_CASE("fixed_size: stream-ordered reuse through the event seam") {
   for (void* q : again) { mr.deallocate(q, 1000, a); }
 }
 
+TEST_CASE("fixed_size: one thread keeps no cache; a second thread turns the caches on") {
+  auto sim = std::make_shared<simulated_memory_resource>();
+  fixed_size_memory_resource mr{sim, 64 * KiB, 16};
+  std::vector<void*> blocks;
+  for (int round = 0; round < 3; ++round) {  // the same thread again and again: one free list
+    for (int i = 0; i < 8; ++i) { blocks.push_back(mr.allocate(1000)); }
+    for (void* p : blocks) { mr.deallocate(p, 1000); }
+    blocks.clear();
+    CHECK(mr.cached_blocks() == 0);
+  }
+  std::thread{[&] { mr.deallocate(mr.allocate(1000), 1000); }}.join();
+  for (int i = 0; i < 8; ++i) { blocks.push_back(mr.allocate(1000)); }
+  for (void* p : blocks) { mr.deallocate(p, 1000); }
+  CHECK(mr.cached_blocks() > 0);  // now through this thread's cache
+  CHECK(mr.free_blocks() == 16);
+}
+
 TEST_CASE("fixed_size: a created stream is cached while it is the only stream, not after") {
   auto fake = std::make_shared<test::fake_stream_sync>();
   auto sim = std::make_shared<simulated_memory_resource>();
   auto const a = stream_view{reinterpret_cast<cudaStream_t>(0x100)};
   auto const b = stream_view{reinterpret_cast<cudaStream_t>(0x200)};
   fixed_size_memory_resource mr{sim, 64 * KiB, 16, fake};
+  std::thread{[&] { mr.deallocate(mr.allocate(1000, a), 1000, a); }}.join();  // a second thread: caches on
   std::vector<void*> blocks;
   for (int i = 0; i < 8; ++i) { blocks.push_back(mr.allocate(1000, a)); }
   for (void* p : blocks) { mr.deallocate(p, 1000, a); }

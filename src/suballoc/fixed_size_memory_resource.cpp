@@ -146,6 +146,7 @@ void* fixed_size_memory_resource::do_allocate(std::size_t bytes, std::size_t ali
     return refill_and_allocate(bytes, s);
   }
   std::lock_guard lock{mutex_};
+  note_thread();
   if (std::uintptr_t const a = blocks_.allocate(s)) { return reinterpret_cast<void*>(a); }
   return grow_and_allocate(bytes, s);
 }
@@ -173,6 +174,7 @@ void fixed_size_memory_resource::do_deallocate(void* ptr, std::size_t bytes, std
     return;
   }
   std::lock_guard lock{mutex_};
+  note_thread();
   auto const result = blocks_.deallocate(a, s);
   if (result != detail::fixed_size_blocks::free_result::freed) { reject_free(ptr, bytes, result); }
 }

@@ -86,40 +86,41 @@ class arena_upstream {
 
 /// Lock-free lookup from an address to the descriptor of the superblock holding it: one
 /// entry per superblock-sized, superblock-aligned region (superblocks are carved aligned to
-/// their size), two levels over the 48-bit address space (leaves of 2^16 entries, made
-/// under the caller's lock, freed only at destruction, so a reader never sees one vanish).
-/// One entry a superblock keeps the map small enough to stay in cache: with an entry per
-/// 64 KiB page, random frees over tens of GiB of superblocks missed the cache on the map
-/// itself (2.5x the time per free at 1e5 live blocks). The price is alignment: the first
-/// superblock of a chunk may leave up to a superblock of padding, which stays free in the
-/// global arena for large blocks. Both levels are calloc'ed: fresh zero pages the kernel
-/// maps as first touched, so an arena does not pay for zeroing address space it never uses.
+/// their size), three levels over the 64-bit address space (the two lower of 2^16 entries,
+/// made under the caller's lock, freed only at destruction, so a reader never sees one
+/// vanish; simulated_vmm's fake ranges lie above 2^48). One entry a superblock keeps the
+/// map small enough to stay in cache: with an entry per 64 KiB page, random frees over
+/// tens of GiB of superblocks missed the cache on the map itself (2.5x the time per free
+/// at 1e5 live blocks). The price is alignment: the first superblock of a chunk may leave
+/// up to a superblock of padding, which stays free in the global arena for large blocks.
+/// Every level is calloc'ed: fresh zero pages the kernel maps as first touched, so an
+/// arena does not pay for zeroing address space it never uses.
 class superblock_map {
  public:
-  /// Regions of `1 << region_shift` bytes (the superblock size).
+  /// Regions of `1 << region_shift` bytes (the superblock size, 64 KiB to 16 MiB).
   explicit superblock_map(unsigned region_shift);
   ~superblock_map();
   superblock_map(superblock_map const&) = delete;
   superblock_map& operator=(superblock_map const&) = delete;
-  static constexpr unsigned address_bits = 48;
   [[nodiscard]] void* find(std::uintptr_t address) const noexcept {
     std::uintptr_t const i = address >> region_shift_;
-    if ((address >> address_bits) != 0) { return nullptr; }
-    void** const l = std::atomic_ref<void**>{top_[i >> leaf_bits]}.load(std::memory_order_acquire);
-    return l == nullptr ? nullptr : std::atomic_ref<void*>{l[i & (leaf_size - 1)]}.load(std::memory_order_acquire);
+    void*** const mid = std::atomic_ref<void***>{top_[i >> (2 * level_bits)]}.load(std::memory_order_acquire);
+    if (mid == nullptr) { return nullptr; }
+    void** const entries = std::atomic_ref<void**>{mid[(i >> level_bits) & (level_size - 1)]}.load(std::memory_order_acquire);
+    return entries == nullptr ? nullptr : std::atomic_ref<void*>{entries[i & (level_size - 1)]}.load(std::memory_order_acquire);
   }
-  /// Makes sure the leaves for [base, base + size) exist (the caller's lock held; may throw).
+  /// Makes sure the entries for [base, base + size) exist (the caller's lock held; may throw).
   void reserve(std::uintptr_t base, std::size_t size);
-  /// Sets the entries of the regions of [address, address + size) (their leaves reserved;
-  /// `address` and `size` multiples of the region).
+  /// Sets the entries of the regions of [address, address + size) (reserved; `address`
+  /// and `size` multiples of the region).
   void set(std::uintptr_t address, std::size_t size, void* value) noexcept;
 
  private:
-  static constexpr unsigned leaf_bits = 16;
-  static constexpr std::size_t leaf_size = std::size_t{1} << leaf_bits;
+  static constexpr unsigned level_bits = 16;
+  static constexpr std::size_t level_size = std::size_t{1} << level_bits;
   unsigned region_shift_;
-  std::size_t top_size_;
-  void*** top_;  // read and written through std::atomic_ref
+  std::size_t top_size_;  // 2^(64 - region_shift - 32): 2^8 to 2^16 entries
+  void**** top_;          // read and written through std::atomic_ref
 };
 
 class arena_core {

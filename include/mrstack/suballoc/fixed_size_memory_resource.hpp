@@ -25,7 +25,9 @@
 ///   and the block size, and changes nothing.
 /// - Sizes are bounded so no arithmetic wraps: blocks of at most `max_block_size`, chunks
 ///   of at most `max_chunk_bytes` (a `logic_error` at construction otherwise).
-/// - Threads: each thread keeps a small cache of free blocks per resource (up to
+/// - Threads: used by one thread, the resource is one free list behind one lock (a cache
+///   would only add a second lock and batch moves to every call). Once a second thread
+///   calls, each thread keeps a small cache of free blocks per resource (up to
 ///   `thread_cache_blocks()`: 64 blocks or 64 MiB, at least 4) for one stream at a time,
 ///   so allocations and frees there touch only the thread's own lock; it refills from and
 ///   spills to the shared free stacks in batches of half its size. A cached block is
@@ -108,7 +110,23 @@ class fixed_size_memory_resource final : public memory_resource, private detail:
   /// Per-thread and legacy default streams always; streams the user created while only
   /// one stream is in use (no events are recorded then).
   [[nodiscard]] bool cacheable(detail::stream_ref const& s) const noexcept {
-    return !detail::stream_owners::is_created(s) || cache_created_streams_.load(std::memory_order_relaxed);
+    return caching_.load(std::memory_order_relaxed) &&
+           (!detail::stream_owners::is_created(s) || cache_created_streams_.load(std::memory_order_relaxed));
+  }
+  /// Under the mutex, on the uncached path: turns the caches on once a second thread calls.
+  void note_thread() noexcept {
+    // The address of a trivial thread_local: one instruction, no guard (this_thread_key
+    // is a call). A later thread may reuse an exited one's address, which is right here:
+    // threads that never overlap need no caches.
+    static thread_local char marker;
+    auto const me = reinterpret_cast<std::uintptr_t>(&marker);
+    if (first_thread_ == 0) {
+      first_thread_ = me;
+    } else if (first_thread_ != me && !caching_.load(std::memory_order_relaxed)) {
+      // Several streams already: created streams record at every free, uncached.
+      if (blocks_.records_eagerly()) { cache_created_streams_.store(false, std::memory_order_relaxed); }
+      caching_.store(true, std::memory_order_relaxed);
+    }
   }
   /// Registers `s` with the shared stacks (under the mutex) and stops caching created
   /// streams once a second stream is in use.
@@ -143,6 +161,8 @@ class fixed_size_memory_resource final : public memory_resource, private detail:
   std::size_t pool_size_ = 0;
   std::size_t cache_capacity_;
   std::atomic<bool> cache_created_streams_{true};
+  std::atomic<bool> caching_{false};  // a second thread has called: threads use their caches
+  std::uintptr_t first_thread_ = 0;   // the first caller's thread key (under mutex_)
   detail::cache_ticket ticket_;
   std::vector<std::unique_ptr<thread_cache>> caches_;  // under mutex_
 };
