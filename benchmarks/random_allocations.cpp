@@ -65,8 +65,9 @@ resource_ptr make_resource(std::string const& name, where w, std::size_t max_byt
   if (name == "arena") {
     std::size_t const size = w == where::device ? bench::device_free_memory() / 10 * 8 : 64 * GiB;
     // Keeps what it took between runs, as the pool does: by default an arena gives back
-    // all but 256 MiB once a run has freed everything, and the next run would time
-    // cudaMalloc/cudaFree of its chunks, not the arena.
+    // what it holds free beyond a quarter of its size once a run has freed everything
+    // (tens of GiB at 1e5 live blocks), and the next run would time cudaMalloc/cudaFree
+    // of those chunks, not the arena.
     arena_options o;
     o.max_free_bytes = size;
     return std::make_shared<arena_memory_resource>(up, size, o);
