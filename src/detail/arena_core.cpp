@@ -265,7 +265,7 @@ arena_core::superblock* arena_core::acquire_superblock(stream_arena& a, unsigned
           // Mapped before the global lock is let go: a large free naming `addr` (a stale
           // pointer's second free on another thread) takes this lock, and must find a
           // superblock here, not a global block it could free under this arena.
-          sb.arena = &a;
+          sb.arena.store(&a, std::memory_order_release);
           map_.set(addr, opts_.superblock_size, &sb);
           got[n++] = &sb;
         } catch (...) {
@@ -314,14 +314,14 @@ void arena_core::detach_superblock(stream_arena& a, superblock& sb) noexcept {
   a.free_bytes -= std::size_t{sb.capacity} * sb.block_size;
   a.free_blocks -= sb.capacity;
   map_.set(sb.base, opts_.superblock_size, nullptr);
-  sb.arena = nullptr;
+  sb.arena.store(nullptr, std::memory_order_release);
   sb.spare = false;
 }
 
 void arena_core::release_descriptor_locked(superblock& sb, stream_ref const& s) {
   std::uintptr_t const base = sb.base;
   map_.set(base, opts_.superblock_size, nullptr);  // mapped as it was taken
-  sb.arena = nullptr;
+  sb.arena.store(nullptr, std::memory_order_release);
   sb.base = 0;
   idle_descriptors_.push_back(&sb);  // within the room descriptor_for reserved
   global_deallocate(base, s);
@@ -428,7 +428,7 @@ bool arena_core::deallocate(std::uintptr_t p, std::size_t size, std::size_t alig
   auto* const sb = static_cast<superblock*>(map_.find(p));
   if (sb == nullptr) { return false; }
   // Read without the lock: a superblock holding a live block stays with its arena.
-  stream_arena* const owner = sb->arena;
+  stream_arena* const owner = sb->arena.load(std::memory_order_acquire);
   if (owner == nullptr) { return false; }
   if (owner != arena_for(s)) {
     // Another stream's arena: its stream may reuse the block at once, so this stream's
@@ -447,7 +447,8 @@ bool arena_core::deallocate(std::uintptr_t p, std::size_t size, std::size_t alig
 bool arena_core::live_block(superblock const& sb, stream_arena const* owner, std::uintptr_t p,
                             std::uint32_t& index) const noexcept {
   std::size_t const offset = p - sb.base;
-  if (sb.arena != owner || sb.block_size == 0 || offset >= opts_.superblock_size || offset % sb.block_size != 0) {
+  if (sb.arena.load(std::memory_order_relaxed) != owner || sb.block_size == 0 || offset >= opts_.superblock_size ||
+      offset % sb.block_size != 0) {
     return false;
   }
   index = static_cast<std::uint32_t>(offset / sb.block_size);
@@ -464,7 +465,7 @@ std::size_t arena_core::live_size(std::uintptr_t p) const {
     std::lock_guard lock{global_mutex_};
     return global_.blocks().live_size(p);
   }
-  stream_arena* const owner = sb->arena;
+  stream_arena* const owner = sb->arena.load(std::memory_order_acquire);
   if (owner == nullptr) { return 0; }
   std::lock_guard lock{owner->mutex};
   std::uint32_t index = 0;
@@ -539,7 +540,7 @@ std::string arena_core::check_invariants() const {
     ++carved;
     std::string const where = "superblock at " + std::to_string(sb->base);
     if (map_.find(sb->base) != sb) { return where + ": map and descriptor disagree"; }
-    if (sb->arena == nullptr) { return where + ": carved but owned by no arena"; }
+    if (sb->arena.load(std::memory_order_relaxed) == nullptr) { return where + ": carved but owned by no arena"; }
     if (sb->base % opts_.superblock_size != 0) { return where + ": misaligned"; }
     if (map_.find(sb->base + opts_.superblock_size - 1) != sb) { return where + ": its last page is not mapped to it"; }
     if (global_.blocks().live_size(sb->base) != opts_.superblock_size) { return where + ": not live in the global arena"; }
@@ -560,7 +561,7 @@ std::string arena_core::check_invariants() const {
     for (unsigned cls = 0; cls < a->lists.size(); ++cls) {
       superblock const* prev = nullptr;
       for (superblock const* sb = a->lists[cls]; sb != nullptr; prev = sb, sb = sb->next) {
-        if (sb->arena != a.get() || sb->cls != cls || sb->prev != prev) { return "arena list corrupt"; }
+        if (sb->arena.load(std::memory_order_relaxed) != a.get() || sb->cls != cls || sb->prev != prev) { return "arena list corrupt"; }
         free_bytes += std::size_t{sb->free_count} * sb->block_size;
         free_blocks += sb->free_count;
         empty += sb->free_count == sb->capacity ? 1 : 0;
@@ -568,7 +569,7 @@ std::string arena_core::check_invariants() const {
       }
     }
     for (superblock const* sb : a->spares) {
-      if (sb->arena != a.get() || !sb->spare || sb->listed) { return "arena spare corrupt"; }
+      if (sb->arena.load(std::memory_order_relaxed) != a.get() || !sb->spare || sb->listed) { return "arena spare corrupt"; }
       free_bytes += std::size_t{sb->free_count} * sb->block_size;
       free_blocks += sb->free_count;
     }

@@ -206,7 +206,9 @@ class arena_core {
   struct stream_arena;
   struct superblock {
     std::uintptr_t base = 0;
-    stream_arena* arena = nullptr;    // owner while carved out of the global arena
+    // Owner while carved out of the global arena. Atomic: a free reads it before it takes
+    // any lock (and a stale or bogus free may race a superblock changing hands).
+    std::atomic<stream_arena*> arena{nullptr};
     std::size_t block_size = 0;
     std::uint32_t capacity = 0;
     std::uint32_t free_count = 0;
