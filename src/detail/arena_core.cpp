@@ -266,7 +266,7 @@ arena_core::superblock* arena_core::acquire_superblock(stream_arena& a, unsigned
           // pointer's second free on another thread) takes this lock, and must find a
           // superblock here, not a global block it could free under this arena.
           sb.arena.store(&a, std::memory_order_release);
-          map_.set(addr, opts_.superblock_size, &sb);
+          map_.assign(addr, opts_.superblock_size, &sb);
           got[n++] = &sb;
         } catch (...) {
           global_deallocate(addr, a.stream);
@@ -313,14 +313,14 @@ void arena_core::detach_superblock(stream_arena& a, superblock& sb) noexcept {
   --a.superblocks;
   a.free_bytes -= std::size_t{sb.capacity} * sb.block_size;
   a.free_blocks -= sb.capacity;
-  map_.set(sb.base, opts_.superblock_size, nullptr);
+  map_.assign(sb.base, opts_.superblock_size, nullptr);
   sb.arena.store(nullptr, std::memory_order_release);
   sb.spare = false;
 }
 
 void arena_core::release_descriptor_locked(superblock& sb, stream_ref const& s) {
   std::uintptr_t const base = sb.base;
-  map_.set(base, opts_.superblock_size, nullptr);  // mapped as it was taken
+  map_.assign(base, opts_.superblock_size, nullptr);  // mapped as it was taken
   sb.arena.store(nullptr, std::memory_order_release);
   sb.base = 0;
   idle_descriptors_.push_back(&sb);  // within the room descriptor_for reserved
@@ -425,7 +425,7 @@ bool arena_core::deallocate(std::uintptr_t p, std::size_t size, std::size_t alig
     if (map_.find(p) != nullptr) { return false; }  // inside a superblock: a small block, not a large one
     return global_deallocate(p, s, size) != 0;  // a large block's exact size, as it was handed out
   }
-  auto* const sb = static_cast<superblock*>(map_.find(p));
+  auto* const sb = map_.find(p);
   if (sb == nullptr) { return false; }
   // Read without the lock: a superblock holding a live block stays with its arena.
   stream_arena* const owner = sb->arena.load(std::memory_order_acquire);
@@ -460,7 +460,7 @@ std::size_t arena_core::small_size(superblock const& sb, std::uint32_t index) no
 }
 
 std::size_t arena_core::live_size(std::uintptr_t p) const {
-  auto const* const sb = static_cast<superblock const*>(map_.find(p));
+  auto const* const sb = map_.find(p);
   if (sb == nullptr) {
     std::lock_guard lock{global_mutex_};
     return global_.blocks().live_size(p);

@@ -12,53 +12,6 @@
 
 namespace mrstack::detail {
 
-// ---- superblock_map ------------------------------------------------------------------------------
-
-superblock_map::superblock_map(unsigned region_shift)
-    : region_shift_{region_shift},
-      top_size_{std::size_t{1} << (64 - region_shift - 2 * level_bits)},
-      top_{static_cast<void****>(std::calloc(top_size_, sizeof(void***)))} {
-  if (top_ == nullptr) { throw std::bad_alloc(); }
-}
-
-superblock_map::~superblock_map() {
-  for (std::size_t t = 0; t < top_size_; ++t) {
-    if (top_[t] == nullptr) { continue; }
-    for (std::size_t m = 0; m < level_size; ++m) { std::free(top_[t][m]); }
-    std::free(top_[t]);
-  }
-  std::free(top_);
-}
-
-void superblock_map::reserve(std::uintptr_t base, std::size_t size) {
-  if (size == 0) { return; }
-  std::uintptr_t const last = base + size - 1;
-  if (last < base) { throw std::length_error("arena: a chunk past the end of the address space"); }
-  // Only written under the caller's lock; published with release stores for lock-free finds.
-  for (std::uintptr_t leaf = (base >> region_shift_) >> level_bits; leaf <= ((last >> region_shift_) >> level_bits);
-       ++leaf) {
-    void***& mid = top_[leaf >> level_bits];
-    if (mid == nullptr) {
-      auto*** const fresh = static_cast<void***>(std::calloc(level_size, sizeof(void**)));
-      if (fresh == nullptr) { throw std::bad_alloc(); }
-      std::atomic_ref<void***>{mid}.store(fresh, std::memory_order_release);
-    }
-    void**& entries = mid[leaf & (level_size - 1)];
-    if (entries == nullptr) {
-      auto** const fresh = static_cast<void**>(std::calloc(level_size, sizeof(void*)));
-      if (fresh == nullptr) { throw std::bad_alloc(); }
-      std::atomic_ref<void**>{entries}.store(fresh, std::memory_order_release);
-    }
-  }
-}
-
-void superblock_map::set(std::uintptr_t address, std::size_t size, void* value) noexcept {
-  for (std::uintptr_t i = address >> region_shift_; i < (address + size) >> region_shift_; ++i) {
-    void** const entries = top_[i >> (2 * level_bits)][(i >> level_bits) & (level_size - 1)];
-    std::atomic_ref<void*>{entries[i & (level_size - 1)]}.store(value, std::memory_order_release);
-  }
-}
-
 // ---- the global arena's chunks ---------------------------------------------------------------------
 
 std::uintptr_t arena_core::global_allocate(std::size_t size, std::size_t alignment, stream_ref const& s) {

@@ -25,9 +25,10 @@
 /// (at most 25% rounding waste, 44 classes up to 1 MiB).
 ///
 /// Freeing: the superblock of a small block is found in O(1) by address, without a lock:
-/// a two-level radix map (`superblock_map`) from superblock-aligned region to descriptor covers the
-/// 48-bit address space; its leaves are made when a chunk is first added there and live
-/// as long as the arena. When the freeing stream is the
+/// a `page_map` with one page per superblock (superblocks are carved aligned to their
+/// size) maps the address to its descriptor over the 64-bit address space; its levels are
+/// made when a chunk is first added there and live as long as the arena. When the freeing
+/// stream is the
 /// superblock's arena's stream, the block goes straight back. Otherwise (another stream)
 /// the freeing stream is synchronized first (host wait), so the arena's stream may reuse
 /// the block at once — as RMM's arena does. A bitmap per superblock catches double and
@@ -61,6 +62,7 @@
 
 #include <mrstack/detail/address_map.hpp>
 #include <mrstack/detail/lean_mutex.hpp>
+#include <mrstack/detail/page_map.hpp>
 #include <mrstack/detail/stream_ordering.hpp>
 
 namespace mrstack::detail {
@@ -82,45 +84,6 @@ class arena_upstream {
   virtual std::uintptr_t allocate(std::size_t size, stream_ref const& s) = 0;
   /// Gives a chunk back on `s` (whose work on it is all that may still be pending).
   virtual void deallocate(std::uintptr_t base, std::size_t size, stream_ref const& s) noexcept = 0;
-};
-
-/// Lock-free lookup from an address to the descriptor of the superblock holding it: one
-/// entry per superblock-sized, superblock-aligned region (superblocks are carved aligned to
-/// their size), three levels over the 64-bit address space (the two lower of 2^16 entries,
-/// made under the caller's lock, freed only at destruction, so a reader never sees one
-/// vanish; simulated_vmm's fake ranges lie above 2^48). One entry a superblock keeps the
-/// map small enough to stay in cache: with an entry per 64 KiB page, random frees over
-/// tens of GiB of superblocks missed the cache on the map itself (2.5x the time per free
-/// at 1e5 live blocks). The price is alignment: the first superblock of a chunk may leave
-/// up to a superblock of padding, which stays free in the global arena for large blocks.
-/// Every level is calloc'ed: fresh zero pages the kernel maps as first touched, so an
-/// arena does not pay for zeroing address space it never uses.
-class superblock_map {
- public:
-  /// Regions of `1 << region_shift` bytes (the superblock size, 64 KiB to 16 MiB).
-  explicit superblock_map(unsigned region_shift);
-  ~superblock_map();
-  superblock_map(superblock_map const&) = delete;
-  superblock_map& operator=(superblock_map const&) = delete;
-  [[nodiscard]] void* find(std::uintptr_t address) const noexcept {
-    std::uintptr_t const i = address >> region_shift_;
-    void*** const mid = std::atomic_ref<void***>{top_[i >> (2 * level_bits)]}.load(std::memory_order_acquire);
-    if (mid == nullptr) { return nullptr; }
-    void** const entries = std::atomic_ref<void**>{mid[(i >> level_bits) & (level_size - 1)]}.load(std::memory_order_acquire);
-    return entries == nullptr ? nullptr : std::atomic_ref<void*>{entries[i & (level_size - 1)]}.load(std::memory_order_acquire);
-  }
-  /// Makes sure the entries for [base, base + size) exist (the caller's lock held; may throw).
-  void reserve(std::uintptr_t base, std::size_t size);
-  /// Sets the entries of the regions of [address, address + size) (reserved; `address`
-  /// and `size` multiples of the region).
-  void set(std::uintptr_t address, std::size_t size, void* value) noexcept;
-
- private:
-  static constexpr unsigned level_bits = 16;
-  static constexpr std::size_t level_size = std::size_t{1} << level_bits;
-  unsigned region_shift_;
-  std::size_t top_size_;  // 2^(64 - region_shift - 32): 2^8 to 2^16 entries
-  void**** top_;          // read and written through std::atomic_ref
 };
 
 class arena_core {
@@ -307,7 +270,13 @@ class arena_core {
   std::size_t upstream_deallocations_ = 0;
   std::vector<std::unique_ptr<superblock>> descriptors_;  // every descriptor made (freed at destruction)
   std::vector<superblock*> idle_descriptors_;             // not describing a carved superblock now
-  superblock_map map_;                                    // carved superblocks by address
+  // Carved superblocks by address, one page per superblock (they are carved aligned to
+  // their size). One entry a superblock keeps the map in cache: with an entry per 64 KiB,
+  // random frees over tens of GiB of superblocks missed the cache on the map itself (2.5x
+  // the time per free at 1e5 live blocks). The price is alignment: a chunk's first
+  // superblock may leave up to a superblock of padding, free in the global arena for
+  // large blocks.
+  page_map<superblock*> map_;
 
   mutable std::mutex registry_mutex_;
   std::vector<std::unique_ptr<stream_arena>> arenas_;
