@@ -184,3 +184,17 @@ TEST_CASE("arena growth: 8 threads grow and shrink it at once; blocks never over
   mr.release();
   CHECK(mr.held_bytes() == 0);
 }
+
+TEST_CASE("arena growth: an arena of one superblock serves its small blocks when the upstream's chunk is aligned") {
+  // Superblocks are carved aligned to their size; growth asks room for that alignment
+  // first, and, when the maximum leaves none, for the superblock alone (which the
+  // simulated upstream's aligned chunks can hold).
+  auto sim = std::make_shared<simulated_memory_resource>();
+  arena_memory_resource mr{sim, 4 * MiB};  // the default superblock: 4 MiB
+  std::vector<void*> blocks;
+  for (int i = 0; i < 4; ++i) { blocks.push_back(mr.allocate(1 * MiB)); }
+  CHECK(mr.held_bytes() == 4 * MiB);
+  CHECK_THROWS_AS(mr.allocate(1 * MiB), out_of_memory);  // the maximum, exactly
+  for (void* p : blocks) { mr.deallocate(p, 1 * MiB); }
+  CHECK(mr.check_invariants() == "");
+}

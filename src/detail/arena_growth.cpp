@@ -20,7 +20,9 @@ std::uintptr_t arena_core::global_allocate(std::size_t size, std::size_t alignme
   if (size > std::numeric_limits<std::size_t>::max() / 2 || alignment > std::numeric_limits<std::size_t>::max() / 2) {
     return 0;
   }
-  if (!grow(size + alignment - 256, s)) { return 0; }
+  // An upstream chunk that happens to be aligned needs no padding: when the maximum leaves
+  // no room for it (an arena of one superblock), a chunk of the size alone may still serve.
+  if (!grow(size + alignment - 256, s) && (alignment <= 256 || !grow(size, s))) { return 0; }
   return global_.allocate(size, alignment, s);
 }
 

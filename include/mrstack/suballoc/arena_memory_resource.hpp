@@ -14,8 +14,12 @@
 ///   the stream arenas keep + the free space inside partly used chunks), before it grows,
 ///   and on `release()`. (A chunk whose free memory several streams, or another thread's
 ///   per-thread stream, own needs a device synchronization to go back: it waits for
-///   `release()` or exhaustion, so with many streams the bound is a target.) With `eager`, it takes all of `arena_size` at construction
-///   and keeps it until destruction.
+///   `release()` or exhaustion, so with many streams the bound is a target.) Superblocks
+///   are carved aligned to their size: from an upstream that aligns only to 256 bytes, a
+///   chunk may lose up to a superblock to padding (free for large blocks), and an arena of
+///   one superblock serves small blocks only when the upstream's chunk is aligned. With
+///   `eager`, it takes `arena_size` plus room to align its first superblock (a superblock
+///   less 256 bytes) at construction and keeps it until destruction.
 /// - Small requests (<= `max_small_size`, default 1 MiB, alignment 256) come from the
 ///   calling stream's arena: size classes of at most 25% rounding, O(1), one uncontended
 ///   lock. Larger requests, or larger alignments (any power of two), come from the global
