@@ -31,7 +31,8 @@ pool_memory_resource::pool_memory_resource(resource_ptr upstream, std::size_t in
     : upstream_{std::move(upstream)},
       maximum_size_{maximum_size},
       options_{std::move(options)},
-      core_{pick_sync(options_, upstream_), &detail::this_thread_key, options_.record_on_demand, options_.park_divisor} {
+      core_{pick_sync(options_, upstream_), &detail::this_thread_key, options_.record_on_demand, options_.park_divisor},
+      spare_events_{core_.owners().shared_sync()} {
   if (options_.growth_divisor == 0) { throw logic_error("pool: growth_divisor must be at least 1"); }
   if (options_.park_divisor == 0) { throw logic_error("pool: park_divisor must be at least 1"); }
   if (options_.thread_shards > detail::pool_shard_set::max_shards) {
@@ -164,6 +165,12 @@ void pool_memory_resource::do_deallocate(void* ptr, std::size_t bytes, std::size
       return;
     }
   }
+  // A free that will park its stream records the event before the lock (see
+  // detail/spare_events.hpp): under the lock, every other thread would wait out the call.
+  detail::prerecorded_event event{spare_events_};
+  if (bytes > park_certain_above_.load(std::memory_order_relaxed) && detail::stream_owners::is_created(s)) {
+    event.record_on(s.handle);
+  }
   std::size_t actual = 0;  // the block's size, when the free is refused
   {
     std::unique_lock lock{mutex_, std::try_to_lock};
@@ -180,8 +187,12 @@ void pool_memory_resource::do_deallocate(void* ptr, std::size_t bytes, std::size
         return;
       }
     }
-    if (core_.deallocate(address, s, expected) != 0) {
+    if (core_.deallocate(address, s, expected, event.get()) != 0) {
       if (growth_) { growth_->after_deallocate(core_); }
+      if (std::size_t const above = core_.park_certain_above();
+          above != park_certain_above_.load(std::memory_order_relaxed)) {
+        park_certain_above_.store(above, std::memory_order_relaxed);
+      }
       return;
     }
     actual = core_.blocks().live_size(address);
@@ -364,7 +375,7 @@ pool_memory_resource::statistics pool_memory_resource::stats() const {
   st.free_blocks = b.free_block_count() + shards.free_blocks;
   st.peak_pool_size = peak_pool_size_;
   st.upstream_allocations = upstream_allocations_;
-  st.events_recorded = core_.owners().records() + shards.events_recorded;
+  st.events_recorded = core_.owners().records() + spare_events_.records() + shards.events_recorded;
   st.stream_waits = core_.owners().waits() + shards.stream_waits;
   st.thread_shards = shards.shards;
   st.slab_bytes = shards.slab_bytes;

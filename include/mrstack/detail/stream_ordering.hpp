@@ -167,7 +167,24 @@ class stream_owners {
   /// On-demand rule: records `o`'s event on its stream `s` (which the current call names)
   /// and returns the owner its free memory is to move to, covered by that event (0 when
   /// the record failed: the memory stays where it is, wanted).
-  owner_id park(owner_id o, stream_ref const& s);
+  ///
+  /// `prerecorded`, when not null and not 0: an event the current call recorded on `s`
+  /// before its resource took its lock (so the CUDA call is not made under the lock). It
+  /// is used instead of a record here when no thread but the caller has ever named `s`
+  /// (`note_caller`): then every free `s` holds was made before that record, in the
+  /// caller's own order. The slot keeps it, and `*prerecorded` becomes the slot's old
+  /// event (0 if none) for the caller to reuse; otherwise it is left alone.
+  owner_id park(owner_id o, stream_ref const& s, stream_sync::handle* prerecorded = nullptr);
+  /// The calling thread names `o`'s stream (a created stream, on-demand rule): tracks
+  /// whether one thread alone ever has, which is what lets `park` use a prerecorded event.
+  void note_caller(owner_id o) noexcept {
+    std::uintptr_t const me = thread_key_();
+    slot& sl = slots_[o];
+    if (sl.sole_thread != me) { sl.sole_thread = sl.sole_thread == 0 ? me : several_threads; }
+  }
+  /// The on-demand rule is in force and a second stream was seen: frees park.
+  [[nodiscard]] bool parks_frees() const noexcept { return on_demand_ && several_streams_; }
+  [[nodiscard]] bool records_on_demand() const noexcept { return on_demand_; }
   /// True (once) when a `hand_over` since the last call answered `not_now` for a stream
   /// another thread is driving: that thread is likely to call, and park, within
   /// microseconds, so the caller may wait a little for `parks()` to change (without its
@@ -243,7 +260,9 @@ class stream_owners {
     owner_id parked = 0;    // a stream's slot: the owner its parked memory is in
     owner_id parent = 0;    // a parked owner's slot: the stream it parks for
     std::uintptr_t last_thread = 0;  // on-demand rule, several streams: the thread of its last call
+    std::uintptr_t sole_thread = 0;  // on-demand rule: the one thread that named it, or several_threads
   };
+  static constexpr std::uintptr_t several_threads = 2;  // thread keys are odd
 
   template <typename HoldsMemory>
   owner_id create(stream_ref const& s, HoldsMemory& holds_memory) {
@@ -307,12 +326,14 @@ class stream_ordered_pool {
   }
   /// Frees the live block at `address` on stream `s`; returns its size (0: not ours, or
   /// not of `expected_size`: see block_pool::deallocate).
+  /// `prerecorded`: see stream_owners::park (the caller's event, swapped when used).
   std::size_t deallocate(std::uintptr_t address, stream_ref const& s,
-                         std::size_t expected_size = block_pool::any_size) {
+                         std::size_t expected_size = block_pool::any_size,
+                         stream_sync::handle* prerecorded = nullptr) {
     blocks_.prefetch_deallocate(address);  // its cache miss overlaps finding the owner
     owner_id const o = owner_of(s);
     std::size_t const size = blocks_.deallocate(address, o, expected_size);
-    if (size != 0 && owners_.note_free(o, s, size, blocks_.total_bytes() / park_divisor_)) { park(o, s); }
+    if (size != 0 && owners_.note_free(o, s, size, blocks_.total_bytes() / park_divisor_)) { park(o, s, prerecorded); }
     return size;
   }
 
@@ -349,12 +370,22 @@ class stream_ordered_pool {
   owner_id owner_of(stream_ref const& s) {
     // The stream of the previous call, again (the common case): its slot and exclusivity
     // were settled then, and a key always names the same kind of stream.
-    if (owner_id cached = 0; owners_.cached(s, cached)) { return cached; }
-    owner_id const o = owners_.acquire(s, [this](owner_id x) { return blocks_.free_blocks(x) != 0; });
-    // Another thread's default stream can only be waited for through its thread (or a
-    // device synchronization): keep synchronized memory out of its hands.
-    if (blocks_.exclusive(o) != s.thread_bound) { blocks_.set_exclusive(o, s.thread_bound); }
+    owner_id o = 0;
+    if (!owners_.cached(s, o)) {
+      o = owners_.acquire(s, [this](owner_id x) { return blocks_.free_blocks(x) != 0; });
+      // Another thread's default stream can only be waited for through its thread (or a
+      // device synchronization): keep synchronized memory out of its hands.
+      if (blocks_.exclusive(o) != s.thread_bound) { blocks_.set_exclusive(o, s.thread_bound); }
+    }
+    if (owners_.records_on_demand() && stream_owners::is_created(s)) { owners_.note_caller(o); }
     return o;
+  }
+
+  /// A free of more than this many bytes on a created stream parks that stream for
+  /// certain (unless other threads named it too): its caller may record the event before
+  /// taking its lock and pass it to `deallocate`. ~0 while frees do not park.
+  [[nodiscard]] std::size_t park_certain_above() const noexcept {
+    return owners_.parks_frees() ? blocks_.total_bytes() / park_divisor_ : ~std::size_t{0};
   }
 
   /// Synchronizes the device when any stream holds free blocks, then makes every free
@@ -385,8 +416,8 @@ class stream_ordered_pool {
   /// The streams whose free memory chunk `c` holds (parked memory counted as its stream's).
   [[nodiscard]] std::vector<owner_id> streams_holding(chunk_id c) const;
   /// Records on `o`'s stream `s` and moves everything `o` holds free to its parked owner.
-  void park(owner_id o, stream_ref const& s) {
-    if (owner_id const p = owners_.park(o, s)) { blocks_.transfer(o, p); }
+  void park(owner_id o, stream_ref const& s, stream_sync::handle* prerecorded = nullptr) {
+    if (owner_id const p = owners_.park(o, s, prerecorded)) { blocks_.transfer(o, p); }
   }
   block_pool blocks_;
   stream_owners owners_;

@@ -55,6 +55,7 @@
 #include <vector>
 
 #include <mrstack/detail/lean_mutex.hpp>
+#include <mrstack/detail/spare_events.hpp>
 #include <mrstack/detail/stream_ordering.hpp>
 #include <mrstack/resource.hpp>
 
@@ -240,6 +241,10 @@ class pool_memory_resource final : public memory_resource {
   pool_options options_;
   mutable detail::lean_mutex mutex_;  // a CAS to lock: see detail/lean_mutex.hpp
   detail::stream_ordered_pool core_;
+  detail::spare_events spare_events_;  // prerecorded by frees that park (detail/spare_events.hpp)
+  // core_.park_certain_above() as of the last free, read before the lock (stale is safe:
+  // a needless record is harmless, a missing one is made under the lock as before)
+  std::atomic<std::size_t> park_certain_above_{~std::size_t{0}};
   std::size_t peak_pool_size_ = 0;
   std::size_t upstream_allocations_ = 0;
   std::unique_ptr<detail::in_place_pool_growth> growth_;  // set over a virtual range; destroyed first

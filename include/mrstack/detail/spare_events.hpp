@@ -1,0 +1,103 @@
+#pragma once
+/// `spare_events` and `prerecorded_event`: events a resource records *before* it takes
+/// its lock, so the CUDA call (about a microsecond, an ioctl in the driver) is not made
+/// while every other thread waits for that lock. CUDA-free: events go through
+/// `stream_sync`.
+///
+/// Used by the pool for a free that will park its stream for certain (see
+/// stream_owners::park): the free records on its own stream first — legal, the call
+/// names that stream — then, under the lock, the pool adopts the event when no other
+/// thread has named the stream, and hands back the slot's previous event, which goes to
+/// the spares for a later free. An event not adopted (another thread used the stream;
+/// the free was refused) goes back unused: a record no one waits on is harmless.
+#include <atomic>
+#include <cstddef>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include <mrstack/detail/lean_mutex.hpp>
+#include <mrstack/detail/stream_ordering.hpp>
+
+namespace mrstack::detail {
+
+/// Events no stream slot holds, for prerecording. Thread-safe (its own small lock).
+class spare_events {
+ public:
+  explicit spare_events(std::shared_ptr<stream_sync> sync) : sync_{std::move(sync)} {}
+  ~spare_events() {
+    for (stream_sync::handle e : spares_) { sync_->destroy_event(e); }
+  }
+  spare_events(spare_events const&) = delete;
+  spare_events& operator=(spare_events const&) = delete;
+
+  /// An event recorded on `stream` now, or 0 when none could be made or recorded (the
+  /// caller then records under its lock as before).
+  stream_sync::handle record_on(stream_sync::handle stream) noexcept {
+    stream_sync::handle e = take();
+    if (e == 0) { return 0; }
+    try {
+      if (sync_->record(e, stream)) {
+        records_.fetch_add(1, std::memory_order_relaxed);
+        return e;
+      }
+    } catch (...) {
+    }
+    give(e);
+    return 0;
+  }
+  /// Takes back an event nobody waits on any more (0: nothing).
+  void give(stream_sync::handle e) noexcept {
+    if (e == 0) { return; }
+    try {
+      std::lock_guard lock{mutex_};
+      spares_.push_back(e);
+    } catch (...) {
+      sync_->destroy_event(e);
+    }
+  }
+  /// Records made here so far.
+  [[nodiscard]] std::size_t records() const noexcept { return records_.load(std::memory_order_relaxed); }
+
+ private:
+  stream_sync::handle take() noexcept {
+    {
+      std::lock_guard lock{mutex_};
+      if (!spares_.empty()) {
+        stream_sync::handle const e = spares_.back();
+        spares_.pop_back();
+        return e;
+      }
+    }
+    try {
+      return sync_->create_event();
+    } catch (...) {
+      return 0;
+    }
+  }
+
+  std::shared_ptr<stream_sync> sync_;
+  lean_mutex mutex_;
+  std::vector<stream_sync::handle> spares_;
+  std::atomic<std::size_t> records_{0};
+};
+
+/// One call's prerecorded event: whatever handle it holds at the end of the scope (its
+/// own, unused, or the one a park swapped in) goes back to the spares.
+class prerecorded_event {
+ public:
+  explicit prerecorded_event(spare_events& spares) noexcept : spares_{spares} {}
+  ~prerecorded_event() { spares_.give(event_); }
+  prerecorded_event(prerecorded_event const&) = delete;
+  prerecorded_event& operator=(prerecorded_event const&) = delete;
+
+  void record_on(stream_sync::handle stream) noexcept { event_ = spares_.record_on(stream); }
+  /// What `stream_ordered_pool::deallocate` takes (null when nothing was recorded).
+  [[nodiscard]] stream_sync::handle* get() noexcept { return event_ != 0 ? &event_ : nullptr; }
+
+ private:
+  spare_events& spares_;
+  stream_sync::handle event_ = 0;
+};
+
+}  // namespace mrstack::detail

@@ -1,0 +1,240 @@
+// Events recorded before the pool's lock (detail/spare_events.hpp, stream_owners::park):
+// a free that will park its stream records first and the pool adopts that event only when
+// no other thread has named the stream — otherwise a free by another thread, made after
+// the record but before the lock, would be parked under an event that does not cover it.
+// Model-tested through the fake event seam with simulated threads, whose calls interleave
+// between one thread's record and its free.
+#include <catch2/catch.hpp>
+
+#include <fake_stream_sync.hpp>
+
+#include <mrstack/detail/spare_events.hpp>
+#include <mrstack/detail/stream_ordering.hpp>
+#include <mrstack/suballoc/pool_memory_resource.hpp>
+#include <mrstack/upstream/simulated_memory_resource.hpp>
+
+#include <iterator>
+#include <map>
+#include <optional>
+#include <random>
+#include <vector>
+
+using namespace mrstack;
+using detail::stream_ref;
+using test::fake_stream_sync;
+
+namespace {
+
+constexpr std::size_t KiB = 1024;
+constexpr std::size_t MiB = 1024 * KiB;
+
+std::uintptr_t current_thread = 3;
+std::uintptr_t simulated_thread_key() noexcept { return current_thread; }
+stream_ref created(std::uintptr_t handle) { return stream_ref{handle, handle, false}; }
+
+struct freed_range {
+  std::uintptr_t end;
+  std::uintptr_t stream;
+  std::uint64_t clock;
+};
+
+/// Memory freed and not yet handed out again; `take` checks a new user is ordered after it.
+class freed_memory {
+ public:
+  void add(std::uintptr_t a, std::size_t n, std::uintptr_t stream, std::uint64_t clock) {
+    ranges_[a] = freed_range{a + n, stream, clock};
+  }
+  void take(std::uintptr_t a, std::size_t n, std::uintptr_t user, fake_stream_sync const& fake) {
+    auto it = ranges_.upper_bound(a);
+    if (it != ranges_.begin() && std::prev(it)->second.end > a) { --it; }
+    std::vector<std::pair<std::uintptr_t, freed_range>> keep;
+    while (it != ranges_.end() && it->first < a + n) {
+      INFO("block at " << a << " for stream " << user << " overlaps memory freed on stream " << it->second.stream
+                       << " at its clock " << it->second.clock);
+      REQUIRE(fake.ordered_after(user, it->second.stream, it->second.clock));
+      if (it->first < a) { keep.emplace_back(it->first, freed_range{a, it->second.stream, it->second.clock}); }
+      if (it->second.end > a + n) { keep.emplace_back(a + n, freed_range{it->second.end, it->second.stream, it->second.clock}); }
+      it = ranges_.erase(it);
+    }
+    for (auto const& [k, r] : keep) { ranges_[k] = r; }
+  }
+
+ private:
+  std::map<std::uintptr_t, freed_range> ranges_;
+};
+
+struct live_block {
+  std::size_t size;
+  std::uintptr_t stream;
+};
+
+/// A thread between its prerecord and its free: the block, the last use's clock, the event.
+struct pending_free {
+  std::uintptr_t address;
+  std::uint64_t clock;
+  detail::stream_sync::handle event;
+};
+
+/// Runs `steps` random steps of three simulated threads over `streams` created streams
+/// (each thread uses any of them when `shared`, else only its own); returns how many
+/// prerecorded events the pool adopted.
+std::size_t run_model(std::uint64_t seed, bool shared, int steps) {
+  std::mt19937_64 rng{seed};
+  auto fake = std::make_shared<fake_stream_sync>();
+  detail::stream_ordered_pool core{fake, &simulated_thread_key, true, /*park_divisor=*/1024};
+  std::uintptr_t const threads[] = {3, 5, 7};
+  std::uintptr_t const streams[] = {0x100, 0x200, 0x300};
+  freed_memory freed;
+  std::map<std::uintptr_t, live_block> live;
+  std::map<std::uintptr_t, std::optional<pending_free>> pending;  // by thread
+  std::vector<detail::stream_sync::handle> spares;
+  std::size_t adopted = 0;
+  std::uintptr_t next_chunk = 0x500000000000;
+  auto finish_free = [&](std::uintptr_t thread) {
+    pending_free p = *pending[thread];
+    pending[thread].reset();
+    live_block const b = live.at(p.address);
+    detail::stream_sync::handle const mine = p.event;
+    REQUIRE(core.deallocate(p.address, created(b.stream), detail::block_pool::any_size, &p.event) == b.size);
+    adopted += p.event != mine ? 1 : 0;
+    if (p.event != 0) { spares.push_back(p.event); }
+    freed.add(p.address, b.size, b.stream, p.clock);
+    live.erase(p.address);
+  };
+  for (int step = 0; step < steps; ++step) {
+    current_thread = threads[rng() % 3];
+    if (pending[current_thread]) {  // a thread's next action is the free it prerecorded for
+      finish_free(current_thread);
+      continue;
+    }
+    std::uintptr_t const s = shared ? streams[rng() % 3] : streams[(current_thread - 3) / 2];
+    if (live.size() < 4 || rng() % 100 < 50) {
+      std::size_t const size = (1 + rng() % 64) * 64 * KiB;
+      std::uintptr_t a = core.allocate(size, 256, created(s));
+      if (a == 0 && core.blocks().total_bytes() > 512 * MiB && core.synchronize_everything()) {
+        a = core.allocate(size, 256, created(s));
+      }
+      if (a == 0) {
+        core.add_chunk(next_chunk, 32 * MiB, created(s));
+        next_chunk += 64 * MiB;
+        a = core.allocate(size, 256, created(s));
+        REQUIRE(a != 0);
+      }
+      freed.take(a, size, s, *fake);
+      live.emplace(a, live_block{size, s});
+      fake->enqueue(s);
+      continue;
+    }
+    // A free by this thread of a block on a stream it may use, not one another thread is freeing.
+    auto it = std::next(live.begin(), static_cast<std::ptrdiff_t>(rng() % live.size()));
+    bool busy = false;
+    for (auto const& [t, p] : pending) { busy = busy || (p && p->address == it->first); }
+    if (busy || (!shared && it->second.stream != s)) { continue; }
+    std::uintptr_t const stream = it->second.stream;
+    std::uint64_t const clock = fake->enqueue(stream);  // the block's last use
+    if (rng() % 2 == 0) {
+      // Prerecord on the block's stream now; other threads act before the free lands.
+      detail::stream_sync::handle e = 0;
+      if (spares.empty()) {
+        e = fake->create_event();
+      } else {
+        e = spares.back();
+        spares.pop_back();
+      }
+      REQUIRE(fake->record(e, stream));
+      pending[current_thread] = pending_free{it->first, clock, e};
+      continue;
+    }
+    REQUIRE(core.deallocate(it->first, created(stream)) == it->second.size);
+    freed.add(it->first, it->second.size, stream, clock);
+    live.erase(it);
+    if (step % 256 == 0) { REQUIRE(core.blocks().check_invariants() == ""); }
+  }
+  REQUIRE(core.blocks().check_invariants() == "");
+  for (auto& s : spares) { fake->destroy_event(s); }
+  return adopted;
+}
+
+}  // namespace
+
+TEST_CASE("pool prerecord: streams each used by one thread adopt the events recorded before the lock, safely") {
+  std::size_t adopted = 0;
+  for (std::uint64_t seed = 1; seed <= 6; ++seed) {
+    CAPTURE(seed);
+    adopted += run_model(seed, /*shared=*/false, 60000);
+  }
+  INFO("adopted " << adopted);
+  CHECK(adopted > 1000);  // the test exercised the adoption it is about
+  current_thread = 3;
+}
+
+TEST_CASE("pool prerecord: streams several threads use never park under an event recorded before another's free") {
+  std::size_t adopted = 0;
+  for (std::uint64_t seed = 1; seed <= 6; ++seed) {
+    CAPTURE(seed);
+    adopted += run_model(seed, /*shared=*/true, 60000);
+  }
+  INFO("adopted " << adopted);
+  CHECK(adopted < 20);  // only before a second thread named a stream
+  current_thread = 3;
+}
+
+TEST_CASE("pool prerecord: without the one-thread rule the model sees memory reused early (the model can fail)") {
+  // A stream named by two threads: B frees after A's record, then A's free parks both
+  // under A's event. The pool must record anew; a pool that adopted A's event would hand
+  // B's block to another stream before B's work.
+  auto fake = std::make_shared<fake_stream_sync>();
+  detail::stream_ordered_pool core{fake, &simulated_thread_key, true, 1024};
+  stream_ref const s = created(0x100);
+  stream_ref const t = created(0x200);
+  current_thread = 3;
+  core.add_chunk(0x500000000000, 64 * MiB, s);
+  std::uintptr_t const a = core.allocate(16 * MiB, 256, s);
+  std::uintptr_t const b = core.allocate(16 * MiB, 256, s);
+  current_thread = 5;
+  (void)core.allocate(4 * KiB, 256, t);  // a second stream: frees park from now on
+  current_thread = 3;
+  fake->enqueue(0x100);
+  detail::stream_sync::handle event = fake->create_event();
+  REQUIRE(fake->record(event, 0x100));  // A's prerecord
+  current_thread = 5;                   // B, on the same stream, frees after it
+  std::uint64_t const b_clock = fake->enqueue(0x100);
+  REQUIRE(core.deallocate(b, s) == 16 * MiB);
+  current_thread = 3;
+  detail::stream_sync::handle const mine = event;
+  REQUIRE(core.deallocate(a, s, detail::block_pool::any_size, &event) == 16 * MiB);
+  CHECK(event == mine);  // not adopted: the stream has had two threads
+  current_thread = 5;
+  std::uintptr_t const reused = core.allocate(32 * MiB, 256, t);  // takes parked memory
+  REQUIRE(reused != 0);
+  CHECK(fake->ordered_after(0x200, 0x100, b_clock));
+  // And the model would have caught the adoption: A's event does not cover B's free.
+  fake->wait(0x300, mine);
+  CHECK_FALSE(fake->ordered_after(0x300, 0x100, b_clock));
+  fake->destroy_event(event);
+  current_thread = 3;
+}
+
+TEST_CASE("pool prerecord: the pool records large frees on created streams before its lock, and counts them") {
+  auto fake = std::make_shared<fake_stream_sync>();
+  pool_options options;
+  options.stream_sync = fake;
+  pool_memory_resource pool{std::make_shared<simulated_memory_resource>(), 0, std::nullopt, options};
+  auto const a = stream_view{reinterpret_cast<cudaStream_t>(0x100)};
+  auto const b = stream_view{reinterpret_cast<cudaStream_t>(0x200)};
+  void* pa = pool.allocate(64 * MiB, a);
+  void* pb = pool.allocate(64 * MiB, b);
+  pool.deallocate(pb, 64 * MiB, b);  // the second stream is seen: the next free learns the bound
+  for (int i = 0; i < 100; ++i) {
+    pool.deallocate(pa, 64 * MiB, a);  // parks A, with the event it recorded first
+    pa = pool.allocate(64 * MiB, a);
+  }
+  std::size_t const created_events = fake->creates;
+  CHECK(created_events <= 3);  // two streams' events, reused; not one per free
+  CHECK(pool.stats().events_recorded == fake->records);
+  void* on_b = pool.allocate(64 * MiB, b);  // A's parked memory or B's own: never early
+  pool.deallocate(on_b, 64 * MiB, b);
+  pool.deallocate(pa, 64 * MiB, a);
+  CHECK(pool.check_invariants() == "");
+  CHECK(fake->dead_named == 0);
+}

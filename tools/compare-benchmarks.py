@@ -1,0 +1,77 @@
+#!/usr/bin/env python3
+"""Compares two builds of one Google Benchmark program, run interleaved on one host.
+
+    tools/compare-benchmarks.py OLD_BINARY NEW_BINARY [--rounds 5] [--filter REGEX]
+                                [--min-time 0.2] [--json OUT]
+
+Each round runs the old binary, then the new one (so drifts of the host — frequency,
+neighbours, page cache — hit both alike). Per benchmark it keeps the fastest round of each
+(the least disturbed measurement: noise only ever adds time) and the median, and prints
+new / old for both, then the geometric means. Exit status 0; the numbers are for reading.
+
+Why not one long run of each: on shared GPU hosts, round-to-round spreads of up to 40%
+were seen in the same binary, wider than the effects this tool is for (a few percent).
+"""
+import argparse
+import json
+import math
+import statistics
+import subprocess
+import sys
+
+
+def run_once(binary, filter_regex, min_time):
+    command = [binary, "--benchmark_format=json", f"--benchmark_min_time={min_time}"]
+    if filter_regex:
+        command.append(f"--benchmark_filter={filter_regex}")
+    done = subprocess.run(command, capture_output=True, text=True, check=True)
+    times = {}
+    for b in json.loads(done.stdout)["benchmarks"]:
+        if b.get("run_type", "iteration") == "iteration" and not b.get("error_occurred"):
+            times[b["name"]] = b["real_time"]  # in the benchmark's own time unit, alike in both
+    return times
+
+
+def geometric_mean(values):
+    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else float("nan")
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("old")
+    parser.add_argument("new")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--filter", default="")
+    parser.add_argument("--min-time", default="0.2", help="--benchmark_min_time, no unit (benchmark 1.7)")
+    parser.add_argument("--json", help="also write every round's times here")
+    args = parser.parse_args(argv)
+    rounds = {"old": [], "new": []}
+    for r in range(args.rounds):
+        for which in ("old", "new"):
+            rounds[which].append(run_once(getattr(args, which), args.filter, args.min_time))
+        print(f"round {r + 1}/{args.rounds} done", file=sys.stderr, flush=True)
+    names = [n for n in rounds["old"][0] if all(n in t for t in rounds["old"] + rounds["new"])]
+    if not names:
+        print("no benchmark ran in both builds (check --filter)")
+        return 1
+    fastest, medians = [], []
+    width = max(len(n) for n in names)
+    print(f"{'benchmark':<{width}}  {'old best':>10} {'new best':>10} {'best':>6} {'median':>7}")
+    for n in names:
+        old = [t[n] for t in rounds["old"]]
+        new = [t[n] for t in rounds["new"]]
+        best = min(new) / min(old)
+        median = statistics.median(new) / statistics.median(old)
+        fastest.append(best)
+        medians.append(median)
+        print(f"{n:<{width}}  {min(old):>10.4g} {min(new):>10.4g} {best:>6.3f} {median:>7.3f}")
+    print(f"geometric mean new/old: fastest rounds {geometric_mean(fastest):.3f}, medians {geometric_mean(medians):.3f}"
+          f" ({len(names)} benchmarks, {args.rounds} rounds; max by fastest {max(fastest):.3f})")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rounds, f)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
