@@ -28,7 +28,10 @@ Configurations:
                  from PyTorch's autograd thread too; this is the pool that never shards
 
 Step time: the median of --steps timed steps after --warmup untimed ones (each step ends
-with a device synchronize). Peak device memory: the most device memory in use, from
+with a device synchronize). With --rounds R every configuration runs R times, rounds
+interleaved (each round runs every configuration once, so a host's drift hits all alike),
+and the table shows the median of the R step times with their spread; the peak is the
+largest of the R. Peak device memory: the most device memory in use, from
 cudaMemGetInfo (torch.cuda.mem_get_info), sampled every millisecond by a thread and after
 every step, minus what was in use once the CUDA context existed: the same measure for
 every allocator. mrstack finds libmrstack_c.so as the package does (MRSTACK_LIBRARY, ...).
@@ -311,6 +314,26 @@ def run_one(args, workload, config):
     return {"workload": workload, "config": config, "error": f"exit {done.returncode}: {tail}"}
 
 
+def combine_rounds(runs, workloads, configs):
+    """One result per (workload, config): the median step time of its rounds, the largest peak."""
+    combined = []
+    for workload in workloads:
+        for config in configs:
+            mine = [r for r in runs if r["workload"] == workload and r["config"] == config]
+            good = [r for r in mine if "error" not in r]
+            if len(good) < len(mine) or not good:
+                combined.append(next(r for r in mine if "error" in r))
+                continue
+            result = dict(good[0])
+            result.pop("round", None)
+            if len(good) > 1:
+                result["step_ms_rounds"] = [r["step_ms"] for r in good]
+                result["step_ms"] = statistics.median(result["step_ms_rounds"])
+                result["peak_bytes"] = max(r["peak_bytes"] for r in good)
+            combined.append(result)
+    return combined
+
+
 def format_table(results, workloads, configs):
     """The table: one row per workload, 'step ms / peak GiB' per configuration."""
     by_key = {(r["workload"], r["config"]): r for r in results}
@@ -345,6 +368,8 @@ def main(argv=None):
     parser.add_argument("--generate-tokens", type=int, default=64)
     parser.add_argument("--resnet-batch", type=int, default=128)
     parser.add_argument("--gpt2-batch", type=int, default=8)
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="runs of every configuration, interleaved; the table shows their median (default 1)")
     parser.add_argument("--timeout", type=int, default=300, help="seconds per configuration (default 300)")
     parser.add_argument("--json", help="also write every result to this file")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
@@ -358,22 +383,30 @@ def main(argv=None):
     unknown = [w for w in workloads if w not in WORKLOADS] + [c for c in configs if c not in CONFIGS]
     if unknown:
         parser.error(f"unknown workloads or configs: {', '.join(unknown)}")
-    results = []
+    runs = []
     started = time.perf_counter()
-    for workload in workloads:
-        for config in configs:
-            result = run_one(args, workload, config)
-            results.append(result)
-            shown = result.get("error") or f"{result['step_ms']:.1f} ms/step, peak {result['peak_bytes'] / 2**30:.2f} GiB"
-            print(f"{workload:12s} {config:13s} {shown}", flush=True)
+    for round_index in range(max(args.rounds, 1)):
+        for workload in workloads:
+            for config in configs:
+                result = run_one(args, workload, config)
+                result["round"] = round_index + 1
+                runs.append(result)
+                shown = result.get("error") or f"{result['step_ms']:.1f} ms/step, peak {result['peak_bytes'] / 2**30:.2f} GiB"
+                print(f"{workload:12s} {config:13s} {shown}" + (f"  (round {round_index + 1})" if args.rounds > 1 else ""),
+                      flush=True)
+    results = combine_rounds(runs, workloads, configs)
     device = next((r["device"] for r in results if "device" in r), "unknown device")
     version = next((r["torch"] for r in results if "torch" in r), "?")
     print(f"\nstep ms (median) / peak device GiB (cudaMemGetInfo) on {device}, PyTorch {version}, "
           f"{args.steps} steps after {args.warmup} warm-up ({time.perf_counter() - started:.0f} s in all)\n")
     print(format_table(results, workloads, configs))
+    if args.rounds > 1:
+        print("\nstep ms per round (min-max): " + "; ".join(
+            f"{r['workload']}/{r['config']} {min(r['step_ms_rounds']):.1f}-{max(r['step_ms_rounds']):.1f}"
+            for r in results if "step_ms_rounds" in r))
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(results, f, indent=1)
+            json.dump({"combined": results, "runs": runs} if args.rounds > 1 else results, f, indent=1)
     return 0 if all("error" not in r for r in results) else 1
 
 
