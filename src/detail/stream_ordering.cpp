@@ -113,17 +113,20 @@ void stream_owners::record_now(slot& sl, stream_ref const& s) {
 
 owner_id stream_owners::park(owner_id o, stream_ref const& s, stream_sync::handle* prerecorded) {
   slot& sl = slots_[o];
-  if (prerecorded != nullptr && *prerecorded != 0 && sl.sole_thread == thread_key_()) {
-    // Recorded by this call before its lock; every free `s` holds was made by this thread
-    // before it (a free by another thread would have made sole_thread several_threads).
-    // The old event goes back to the caller: no wait is pending on it once the lock is let
-    // go (waits are made under the lock and take the event's record as of then).
+  std::uintptr_t const me = thread_key_();
+  if (prerecorded != nullptr && *prerecorded != 0 && sl.sole_thread == me) {
+    // Recorded by this call before its lock. Since this thread's last park of `s` (or
+    // since the slot was made) no other thread named `s`, so every free it holds — parked
+    // then, or freed since by this thread — came before that record in this thread's own
+    // order. The old event goes back to the caller: no wait is pending on it once the lock
+    // is let go (waits are made under the lock and take the event's record as of then).
     std::swap(sl.event, *prerecorded);  // its record is counted by whoever made it
   } else {
     if (sl.event == 0) { sl.event = sync_->create_event(); }
     if (!sync_->record(sl.event, s.handle)) { return 0; }
     ++records_;
   }
+  sl.sole_thread = me;  // everything held now is covered by this thread's park
   sl.dirty = false;
   sl.dirty_bytes = 0;
   sl.cover = sl.event;
