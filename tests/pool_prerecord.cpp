@@ -86,7 +86,7 @@ std::size_t run_model(std::uint64_t seed, usage use, int steps) {
   auto fake = std::make_shared<fake_stream_sync>();
   // Frees park when a stream has freed 1/park_divisor of the pool since its last park:
   // with 1024 nearly every free here parks, with 64 most do not (both must be safe).
-  detail::stream_ordered_pool core{fake, &simulated_thread_key, true, seed % 2 == 0 ? 64 : 1024};
+  detail::stream_ordered_pool core{fake, &simulated_thread_key, true, std::size_t{seed % 2 == 0 ? 64U : 1024U}};
   std::uintptr_t const threads[] = {3, 5, 7};
   std::uintptr_t const streams[] = {0x100, 0x200, 0x300};
   freed_memory freed;
