@@ -6,6 +6,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdlib>
+#include <cstring>
 #include <ctime>
 #include <limits>
 #include <mutex>
@@ -100,6 +101,18 @@ class clock_text {
 
 constexpr std::size_t max_row_length = 160;
 
+/// An asynchronous row, formatted by the thread that logged it: the writer only merges
+/// slots by stamp and copies their text, so formatting scales with the logging threads.
+/// The longest row is 113 characters (a 20-digit thread id and size, "allocate failure",
+/// 16-digit hex pointer and stream), so one slot is two cache lines.
+struct alignas(64) row_slot {
+  std::int64_t stamp;  // steady clock, ns
+  std::uint8_t is_free;
+  std::uint8_t length;
+  char text[118];
+};
+static_assert(sizeof(row_slot) == 128);
+
 /// Writes one row, newline included; returns the end.
 char* put_row(char* out, log_record const& r, clock_text& clock) {
   out = put_decimal(out, r.thread);
@@ -168,19 +181,29 @@ class async_log_writer {
   async_log_writer(async_log_writer const&) = delete;
   async_log_writer& operator=(async_log_writer const&) = delete;
 
-  /// Stamps `record` (its time set here) and queues it. Waits while its queue is full.
+  /// Stamps `record` (its time set here), formats its row into this thread's queue and
+  /// publishes it. Waits while the queue is full.
   void push(log_record record) noexcept {
     thread_queue* q = queue_for(detail::this_thread_shard());
     if (q == nullptr) { return; }  // no memory for a queue: the row is lost, the call is not
     std::lock_guard lock{q->producer};
     std::uint64_t const head = q->head.load(std::memory_order_relaxed);
-    while (head - q->tail.load(std::memory_order_acquire) >= queue_capacity_) {
+    // The writer's tail is read only when the last one seen says full: it moves in batches
+    // and lives on the writer's cache line.
+    while (head - q->tail_seen >= queue_capacity_) {
+      q->tail_seen = q->tail.load(std::memory_order_acquire);
+      if (head - q->tail_seen < queue_capacity_) { break; }
       wake();  // full: the writer must make room (the window is not open yet, so it can)
       std::this_thread::yield();
     }
     q->pending.store(0, std::memory_order_seq_cst);  // the window opens before the clock is read
     record.time_ns = steady_now_ns();
-    q->slots[head & (queue_capacity_ - 1)] = record;
+    row_slot& slot = q->slots[head & (queue_capacity_ - 1)];
+    slot.stamp = record.time_ns;
+    slot.is_free = record.action == 2 ? 1 : 0;
+    record.time_ns += wall_offset_ns_;
+    thread_local clock_text clock;
+    slot.length = static_cast<std::uint8_t>(put_row(slot.text, record, clock) - slot.text);
     q->head.store(head + 1, std::memory_order_release);
     q->pending.store(idle, std::memory_order_release);
     if (((head + 1) & (queue_capacity_ / 8 - 1)) == 0 && sleeping_.load(std::memory_order_relaxed)) { wake(); }
@@ -217,9 +240,10 @@ class async_log_writer {
     detail::lean_mutex producer;                 // uncontended unless threads share the shard
     std::atomic<std::int64_t> pending{idle};     // 0 while a record is being stamped
     std::atomic<std::uint64_t> head{0};          // records published
-    alignas(64) std::atomic<std::uint64_t> tail{0};     // records the writer took
+    std::uint64_t tail_seen = 0;                 // the producer's last look at `tail`
+    alignas(64) std::atomic<std::uint64_t> tail{0};     // records the writer took (published per batch)
     std::atomic<std::uint64_t> written{0};       // records in the sinks
-    std::vector<log_record> slots;
+    std::vector<row_slot> slots;
   };
 
   static std::int64_t steady_now_ns() noexcept {
@@ -256,66 +280,79 @@ class async_log_writer {
 
   /// One merge round: emits every record stamped before the safe bound (all of them when
   /// `final`); returns the rows written.
-  std::size_t merge_round(std::string& batch, clock_text& clock, bool final) {
+  std::size_t merge_round(std::string& batch, bool final) {
     // The cut, read before the marks. Less a margin: the CPU may start the loads of the
     // marks a little before the clock read completes (out-of-order execution), and a
     // window opened in between must still stamp after the bound.
     constexpr std::int64_t reorder_margin_ns = 2000;
     std::int64_t bound = final ? idle : steady_now_ns() - reorder_margin_ns;
     std::atomic_thread_fence(std::memory_order_seq_cst);
-    thread_queue* qs[counter_shards];
-    std::uint64_t ends[counter_shards];
+    merge_source sources[counter_shards];
     std::size_t n = 0;
     for (auto& slot : queues_) {
       thread_queue* q = slot.load(std::memory_order_acquire);
       if (q == nullptr) { continue; }
       bound = std::min(bound, q->pending.load(std::memory_order_seq_cst));
-      qs[n++] = q;
+      sources[n++] = merge_source{q, q->tail.load(std::memory_order_relaxed), 0};
     }
-    for (std::size_t i = 0; i < n; ++i) { ends[i] = qs[i]->head.load(std::memory_order_acquire); }
+    for (std::size_t i = 0; i < n; ++i) { sources[i].end = sources[i].queue->head.load(std::memory_order_acquire); }
+    // A min-heap of the sources whose next row is eligible, ordered by that row.
+    std::size_t heap[counter_shards];
+    std::size_t live = 0;
+    auto next_of = [&](std::size_t i) -> row_slot const& { return sources[i].queue->slots[sources[i].next & (queue_capacity_ - 1)]; };
+    auto eligible = [&](std::size_t i) { return sources[i].next != sources[i].end && next_of(i).stamp < bound; };
+    auto less = [&](std::size_t a, std::size_t b) { return before(next_of(b), next_of(a)); };  // std heaps are max-heaps
+    for (std::size_t i = 0; i < n; ++i) {
+      if (eligible(i)) { heap[live++] = i; }
+    }
+    std::make_heap(heap, heap + live, less);
     std::size_t rows = 0;
     char* out = batch.data();
     auto flush_batch = [&] {
+      for (std::size_t i = 0; i < n; ++i) { sources[i].queue->tail.store(sources[i].next, std::memory_order_release); }
       if (out == batch.data()) { return; }
       // One message of whole lines (the sink appends the last newline).
       logger_->log(spdlog::level::info, spdlog::string_view_t{batch.data(), static_cast<std::size_t>(out - batch.data() - 1)});
       if (flush_each_batch_) { logger_->flush(); }
-      for (std::size_t i = 0; i < n; ++i) { qs[i]->written.store(qs[i]->tail.load(std::memory_order_relaxed), std::memory_order_release); }
+      for (std::size_t i = 0; i < n; ++i) { sources[i].queue->written.store(sources[i].next, std::memory_order_release); }
       out = batch.data();
     };
-    for (;;) {
-      // The queue whose next eligible record comes first: (stamp, frees before allocations).
-      std::size_t best = n;
-      for (std::size_t i = 0; i < n; ++i) {
-        std::uint64_t const t = qs[i]->tail.load(std::memory_order_relaxed);
-        if (t == ends[i]) { continue; }
-        log_record const& r = qs[i]->slots[t & (queue_capacity_ - 1)];
-        if (r.time_ns >= bound) { continue; }
-        if (best == n || before(r, qs[best]->slots[qs[best]->tail.load(std::memory_order_relaxed) & (queue_capacity_ - 1)])) { best = i; }
+    while (live != 0) {
+      std::pop_heap(heap, heap + live, less);
+      std::size_t const i = heap[live - 1];
+      row_slot const& r = next_of(i);
+      // The slots were written on other cores: ask for this queue's next ones early.
+      __builtin_prefetch(&sources[i].queue->slots[(sources[i].next + 4) & (queue_capacity_ - 1)]);
+      std::memcpy(out, r.text, r.length);
+      out += r.length;
+      ++sources[i].next;
+      if (eligible(i)) {
+        std::push_heap(heap, heap + live, less);
+      } else {
+        --live;
       }
-      if (best == n) { break; }
-      std::uint64_t const t = qs[best]->tail.load(std::memory_order_relaxed);
-      log_record r = qs[best]->slots[t & (queue_capacity_ - 1)];
-      r.time_ns += wall_offset_ns_;
-      out = put_row(out, r, clock);
-      qs[best]->tail.store(t + 1, std::memory_order_release);
       if (++rows % batch_rows == 0) { flush_batch(); }
     }
     flush_batch();
     return rows;
   }
 
-  static bool before(log_record const& a, log_record const& b) noexcept {
-    if (a.time_ns != b.time_ns) { return a.time_ns < b.time_ns; }
-    return a.action == 2 && b.action != 2;  // a free first: its memory may be the other's
+  struct merge_source {
+    thread_queue* queue;
+    std::uint64_t next;  // its next row to emit
+    std::uint64_t end;   // rows published when the round began
+  };
+
+  static bool before(row_slot const& a, row_slot const& b) noexcept {
+    if (a.stamp != b.stamp) { return a.stamp < b.stamp; }
+    return a.is_free > b.is_free;  // a free first: its memory may be the other's
   }
 
   void run() {
     std::string batch;
-    batch.resize(batch_rows * max_row_length);
-    clock_text clock;
+    batch.resize(batch_rows * sizeof(row_slot::text));
     for (;;) {
-      if (merge_round(batch, clock, false) > 0) {
+      if (merge_round(batch, false) > 0) {
         if (flush_waiters_.load(std::memory_order_relaxed) > 0) {
           std::lock_guard lock{mutex_};
           written_cv_.notify_all();
@@ -326,7 +363,7 @@ class async_log_writer {
       if (stop_) {
         // The owner is being destroyed: no producer is left; everything is published.
         lock.unlock();
-        merge_round(batch, clock, true);
+        merge_round(batch, true);
         break;
       }
       sleeping_.store(true);
