@@ -29,16 +29,17 @@
 /// - synchronous (default): the calling thread formats its row and writes it through
 ///   spdlog before returning. With `auto_flush` each row is flushed at once, so a crash
 ///   loses nothing.
-/// - asynchronous (`async = true`): the calling thread only stamps the event (monotonic
-///   clock, thread id) and appends a 48-byte record to its own queue — one
+/// - asynchronous (`async = true`): the calling thread stamps the event (monotonic
+///   clock), formats its row and appends it, as a 128-byte slot, to its own queue — one
 ///   single-producer ring per thread (`detail::this_thread_shard`; threads past 64 share
-///   one behind an uncontended lock), each holding `queue_capacity / 16` records (at
-///   least 1024), made on the thread's first event. No write is shared between threads
-///   on the hot path; it makes no system call in the common case and never allocates
-///   after the first event. A writer thread merges the queues in timestamp order (frees
-///   before allocations at equal stamps; a record is emitted only once no thread can
-///   still publish an earlier one: see the pending windows in the source), formats rows
-///   in batches and hands them to the sinks, so the file stays a valid serial history.
+///   one behind an uncontended lock), each holding `queue_capacity / 16` rows (at least
+///   1024), made on the thread's first event. No write is shared between threads on the
+///   hot path; it makes no system call in the common case and never allocates after the
+///   first event. A writer thread merges the queues in timestamp order with a heap (frees
+///   before allocations at equal stamps; a row is emitted only once no thread can still
+///   publish an earlier one: see the pending windows in the source) and hands the rows to
+///   the sinks in batches, so the file stays a valid serial history. Formatting is thus
+///   spread over the logging threads; the writer only compares stamps and copies text.
 ///   The Time column is the wall-clock time at construction plus the monotonic time
 ///   since. When a thread's queue is full it waits for room (records are never
 ///   dropped). `auto_flush` then flushes after each batch the writer takes. `flush()`
