@@ -9,8 +9,12 @@
 /// The classic three-state futex lock: 0 free, 1 held, 2 held and someone may sleep. A
 /// contended locker spins briefly (critical sections here are tens of nanoseconds), then
 /// marks the lock 2 and sleeps in `std::atomic::wait` (a futex on Linux); an unlock that
-/// sees 2 wakes one sleeper. Meets the Lockable requirements, so std::lock_guard and
-/// std::unique_lock work with it; visible to ThreadSanitizer through its atomics.
+/// sees 2 wakes one sleeper — if a count of sleepers says there is one. Without the count,
+/// a woken locker leaves the state at 2 (it cannot know whether others sleep), and under
+/// steady contention every later unlock made a futex system call for nobody: at 8 threads
+/// on the pool's global lock, a microsecond per call on the unlocking thread. Meets the
+/// Lockable requirements, so std::lock_guard and std::unique_lock work with it; visible
+/// to ThreadSanitizer through its atomics.
 #include <atomic>
 #include <cstdint>
 
@@ -36,7 +40,12 @@ class lean_mutex {
   }
 
   void unlock() noexcept {
-    if (state_.exchange(free, std::memory_order_release) == held_with_sleepers) { state_.notify_one(); }
+    // seq_cst pairs with the sleeper's count-then-mark: an unlock that reads the mark 2 a
+    // sleeper set also sees that sleeper counted.
+    if (state_.exchange(free, std::memory_order_seq_cst) == held_with_sleepers &&
+        sleepers_.load(std::memory_order_seq_cst) != 0) {
+      state_.notify_one();
+    }
   }
 
  private:
@@ -50,11 +59,14 @@ class lean_mutex {
       pause();
       if (state_.load(std::memory_order_relaxed) == free && try_lock()) { return; }
     }
-    // Taking the lock as "held with sleepers" may cause one needless wake-up later; that
-    // is the price of never missing one.
-    while (state_.exchange(held_with_sleepers, std::memory_order_acquire) != free) {
+    // Counted before marking: an unlock that sees the mark sees the count. Taking the lock
+    // as "held with sleepers" is the price of never missing a wake-up; the count keeps
+    // that from costing a system call when nobody sleeps.
+    sleepers_.fetch_add(1, std::memory_order_seq_cst);
+    while (state_.exchange(held_with_sleepers, std::memory_order_seq_cst) != free) {
       state_.wait(held_with_sleepers, std::memory_order_relaxed);
     }
+    sleepers_.fetch_sub(1, std::memory_order_relaxed);
   }
 
   static void pause() noexcept {
@@ -66,6 +78,7 @@ class lean_mutex {
   }
 
   std::atomic<std::uint32_t> state_{free};
+  std::atomic<std::uint32_t> sleepers_{0};  // lockers past spinning, asleep or about to be
 };
 
 }  // namespace mrstack::detail
