@@ -185,7 +185,6 @@ class stream_owners {
   }
   /// The on-demand rule is in force and a second stream was seen: frees park.
   [[nodiscard]] bool parks_frees() const noexcept { return on_demand_ && several_streams_; }
-  [[nodiscard]] bool records_on_demand() const noexcept { return on_demand_; }
   /// True (once) when a `hand_over` since the last call answered `not_now` for a stream
   /// another thread is driving: that thread is likely to call, and park, within
   /// microseconds, so the caller may wait a little for `parks()` to change (without its
@@ -378,7 +377,9 @@ class stream_ordered_pool {
       // device synchronization): keep synchronized memory out of its hands.
       if (blocks_.exclusive(o) != s.thread_bound) { blocks_.set_exclusive(o, s.thread_bound); }
     }
-    if (owners_.records_on_demand() && stream_owners::is_created(s)) { owners_.note_caller(o); }
+    // Only once frees park (a second stream): before, nothing consults it, and a free made
+    // before the second stream appeared precedes any prerecord, which reads that it has.
+    if (owners_.parks_frees() && stream_owners::is_created(s)) { owners_.note_caller(o); }
     return o;
   }
 
