@@ -105,6 +105,15 @@ TEST_CASE("fixed_size threads: double and foreign frees are caught in the caches
   auto large = std::make_shared<system_memory_resource>();
   binning_memory_resource mr{sys, 256, 64 * KiB, large};
   constexpr int threads = 4;
+  // Enough blocks in every bin that no thread grows one while the others run: growing
+  // takes every cache back, and a block another thread had just freed (and is about to
+  // free again, on purpose) could then be handed out, making its second free a correct
+  // free of someone else's live block.
+  for (std::size_t bytes = 256; bytes <= 64 * KiB; bytes *= 2) {
+    std::vector<void*> warm(threads * 96);
+    for (auto& w : warm) { w = mr.allocate(bytes); }
+    for (auto* w : warm) { mr.deallocate(w, bytes); }
+  }
   std::atomic<int> caught{0};
   std::atomic<int> duplicates{0};
   std::vector<std::thread> pool;
@@ -121,8 +130,8 @@ TEST_CASE("fixed_size threads: double and foreign frees are caught in the caches
         } catch (logic_error const&) {
           caught.fetch_add(1);
         }
-        try {
-          mr.deallocate(static_cast<char*>(p) + 256, bytes, s);
+        try {  // inside p's block (p + 256 would start the next 256 B block: a valid free)
+          mr.deallocate(static_cast<char*>(p) + 128, bytes, s);
         } catch (logic_error const&) {
           caught.fetch_add(1);
         }
