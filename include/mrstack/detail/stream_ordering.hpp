@@ -172,8 +172,9 @@ class stream_owners {
   /// before its resource took its lock (so the CUDA call is not made under the lock). It
   /// is used instead of a record here when no thread but the caller has named `s` since
   /// the caller's own last park of it (`note_caller`): then every free `s` holds was made
-  /// before that record, in the caller's own order. The slot keeps it, and `*prerecorded` becomes the slot's old
-  /// event (0 if none) for the caller to reuse; otherwise it is left alone.
+  /// before that record, in the caller's own order. The slot keeps it, and `*prerecorded`
+  /// becomes the slot's old event (0 if none) for the caller to reuse; otherwise it is
+  /// left alone.
   owner_id park(owner_id o, stream_ref const& s, stream_sync::handle* prerecorded = nullptr);
   /// The calling thread names `o`'s stream (a created stream, on-demand rule): tracks
   /// whether one thread alone has since the last park (which makes the parking thread the
@@ -260,7 +261,7 @@ class stream_owners {
     owner_id parked = 0;    // a stream's slot: the owner its parked memory is in
     owner_id parent = 0;    // a parked owner's slot: the stream it parks for
     std::uintptr_t last_thread = 0;  // on-demand rule, several streams: the thread of its last call
-    std::uintptr_t sole_thread = 0;  // on-demand rule: the one thread that named it since its last park, or several_threads
+    std::uintptr_t sole_thread = 0;  // the one thread that named it since its last park, or several_threads
   };
   static constexpr std::uintptr_t several_threads = 2;  // thread keys are odd
 
