@@ -181,6 +181,7 @@ stream_owners::handover stream_owners::hand_over(owner_id from, stream_ref const
   if (is_created(f.ref) && f.ref.key != to.key) {
     if (on_demand_) {
       f.wanted = true;  // it records and parks at its next call
+      note_contention();
       if (f.last_thread != 0 && f.last_thread != thread_key_()) { asked_busy_stream_ = true; }
       return handover::not_now;
     }

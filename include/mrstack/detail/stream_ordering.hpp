@@ -125,8 +125,9 @@ class stream_owners {
   /// After `bytes` were freed into `o` by its stream `s`. (A thread-bound stream's memory
   /// freed by another thread — an arena reclaiming superblocks — records nothing.) True
   /// when `o` must be parked now (`park`, on-demand rule): another stream wants its
-  /// memory, or — several streams in use — it holds more than `park_above` bytes freed
-  /// since its last record, which bounds what other streams cannot reach without asking.
+  /// memory, or — several streams in use and memory *contended* (`contended_now`) — it
+  /// holds more than `park_above` bytes freed since its last record, which bounds what
+  /// other streams cannot reach without asking.
   [[nodiscard]] bool note_free(owner_id o, stream_ref const& s, std::size_t bytes = 0,
                                std::size_t park_above = ~std::size_t{0}) {
     slot& sl = slots_[o];
@@ -134,7 +135,8 @@ class stream_owners {
     if (on_demand_ && is_created(s)) {
       if (several_streams_) { sl.last_thread = thread_key_(); }
       sl.dirty_bytes += bytes;
-      return sl.wanted || (several_streams_ && sl.dirty_bytes > park_above);
+      ++frees_;
+      return sl.wanted || (several_streams_ && contended_now() && sl.dirty_bytes > park_above);
     }
     if (sl.wanted && (!s.thread_bound || s.key == thread_key_())) {
       record_now(sl, s);
@@ -186,6 +188,16 @@ class stream_owners {
   }
   /// The on-demand rule is in force and a second stream was seen: frees park.
   [[nodiscard]] bool parks_frees() const noexcept { return on_demand_ && several_streams_; }
+  /// Memory is contended: a stream asked another for its memory, or the resource grew,
+  /// within the last `contention_window` frees on created streams. Only then do frees
+  /// park before anyone asks. Streams that each reuse their own memory (a PyTorch
+  /// inference loop on two streams, once warm) then make no CUDA call per free; where
+  /// streams compete for memory (they ask, or the pool grows) frees park as they free,
+  /// so little waits unreachable.
+  [[nodiscard]] bool contended_now() const noexcept { return frees_ < contended_until_; }
+  /// A growth or a request for another stream's memory: contention for the next window.
+  void note_contention() noexcept { contended_until_ = frees_ + contention_window; }
+  static constexpr std::uint64_t contention_window = 4096;
   /// True (once) when a `hand_over` since the last call answered `not_now` for a stream
   /// another thread is driving: that thread is likely to call, and park, within
   /// microseconds, so the caller may wait a little for `parks()` to change (without its
@@ -297,6 +309,8 @@ class stream_owners {
   bool on_demand_ = false;  // created streams record on demand and park (see the header comment)
   bool several_streams_ = false;  // a second stream was seen
   bool asked_busy_stream_ = false;  // see take_asked_busy_stream
+  std::uint64_t frees_ = 0;            // frees on created streams (on-demand rule)
+  std::uint64_t contended_until_ = 0;  // see contended_now
   std::atomic<std::uint64_t> parks_{0};
 };
 
@@ -343,6 +357,7 @@ class stream_ordered_pool {
     owner_id const o = owner_of(s);
     chunk_id const c = blocks_.add_chunk(base, size, o);
     owners_.note_acquired(o, s);
+    owners_.note_contention();  // the pool grew: memory is short
     return c;
   }
 
@@ -351,6 +366,7 @@ class stream_ordered_pool {
     owner_id const o = owner_of(s);
     blocks_.extend_chunk(c, bytes, o);
     owners_.note_acquired(o, s);
+    owners_.note_contention();  // the pool grew: memory is short
   }
   /// Returns a withdrawn hole to the free memory of stream `s` (see block_pool::restore).
   std::size_t restore(std::uintptr_t address, stream_ref const& s) {
@@ -388,7 +404,7 @@ class stream_ordered_pool {
   /// certain (unless other threads named it too): its caller may record the event before
   /// taking its lock and pass it to `deallocate`. ~0 while frees do not park.
   [[nodiscard]] std::size_t park_certain_above() const noexcept {
-    return owners_.parks_frees() ? blocks_.total_bytes() / park_divisor_ : ~std::size_t{0};
+    return owners_.parks_frees() && owners_.contended_now() ? blocks_.total_bytes() / park_divisor_ : ~std::size_t{0};
   }
 
   /// Synchronizes the device when any stream holds free blocks, then makes every free

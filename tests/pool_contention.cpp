@@ -1,0 +1,61 @@
+// When frees park: with several streams, a free parks its stream before anyone asks only
+// while memory is contended (a stream asked another for memory, or the pool grew, within
+// the last stream_owners::contention_window frees). Streams that each reuse their own
+// memory then make no CUDA call per free; once one asks, frees park again. Counted
+// through the fake event seam.
+#include <catch2/catch.hpp>
+
+#include <fake_stream_sync.hpp>
+
+#include <mrstack/detail/stream_ordering.hpp>
+#include <mrstack/suballoc/pool_memory_resource.hpp>
+#include <mrstack/upstream/simulated_memory_resource.hpp>
+
+using namespace mrstack;
+
+namespace {
+constexpr std::size_t MiB = std::size_t{1} << 20;
+}
+
+TEST_CASE("pool contention: streams reusing their own memory stop recording, and start again when one asks") {
+  auto fake = std::make_shared<test::fake_stream_sync>();
+  pool_options options;
+  options.stream_sync = fake;
+  pool_memory_resource pool{std::make_shared<simulated_memory_resource>(), 0, std::nullopt, options};
+  auto const a = stream_view{reinterpret_cast<cudaStream_t>(0x100)};
+  auto const b = stream_view{reinterpret_cast<cudaStream_t>(0x200)};
+  // Warm up: each stream grows the pool for its own blocks (contention: frees park).
+  void* pa = pool.allocate(64 * MiB, a);
+  void* pb = pool.allocate(64 * MiB, b);
+  pool.deallocate(pa, 64 * MiB, a);
+  pool.deallocate(pb, 64 * MiB, b);
+  std::size_t const warm_records = fake->records;
+  CHECK(warm_records >= 1);  // the second stream's free parked: the pool had just grown
+  std::size_t const grown = pool.pool_size();
+  // Steady: each stream reuses its own memory; nobody asks, the pool does not grow.
+  auto steady = [&](int rounds) {
+    for (int i = 0; i < rounds; ++i) {
+      pool.deallocate(pool.allocate(64 * MiB, a), 64 * MiB, a);
+      pool.deallocate(pool.allocate(64 * MiB, b), 64 * MiB, b);
+    }
+  };
+  int const window_pairs = static_cast<int>(detail::stream_owners::contention_window / 2);
+  steady(window_pairs + 8);
+  std::size_t const after_window = fake->records;
+  steady(1000);
+  CHECK(fake->records == after_window);  // no contention: no record per free
+  CHECK(pool.pool_size() == grown);
+  CHECK(after_window - warm_records <= static_cast<std::size_t>(window_pairs) * 2 + 16);
+  // B now needs more than its own: it asks A (A's memory is not parked, so B grows), and
+  // from then on frees park again, so the next such request finds A's memory parked.
+  void* big = pool.allocate(100 * MiB, b);
+  std::size_t const asked = fake->records;
+  pool.deallocate(pool.allocate(64 * MiB, a), 64 * MiB, a);  // A's next call parks (asked)
+  CHECK(fake->records > asked);
+  std::size_t const resumed = fake->records;
+  steady(10);
+  CHECK(fake->records >= resumed + 10);  // contended again: frees park as they free
+  pool.deallocate(big, 100 * MiB, b);
+  CHECK(pool.check_invariants() == "");
+  CHECK(fake->dead_named == 0);
+}
