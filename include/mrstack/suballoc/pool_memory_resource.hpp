@@ -98,9 +98,11 @@ struct pool_options {
   /// (detail/stream_ordering.hpp). false: once a second stream is in use, every free on a
   /// created stream records (RMM's rule: more CUDA calls, no memory waiting to be asked for).
   bool record_on_demand = true;
-  /// On demand, with several streams: a stream also records and parks once it has freed
-  /// 1/park_divisor of the pool since its last record (bounds the memory other streams
-  /// cannot reach without asking; fewer records with a smaller divisor).
+  /// On demand, with several streams, while memory is contended (a stream asked another
+  /// for memory, or the pool grew, within the last 4096 frees): a stream also records and
+  /// parks once it has freed 1/park_divisor of the pool since its last record (bounds the
+  /// memory other streams cannot reach without asking; fewer records with a smaller
+  /// divisor).
   std::size_t park_divisor = detail::stream_ordered_pool::default_park_divisor;
   /// How many thread shards a pool used by several threads may make (at most 64; threads
   /// beyond share them). 0: never shard — one lock for every thread.
