@@ -1,6 +1,6 @@
 // When frees park: with several streams, a free parks its stream before anyone asks only
 // while memory is contended (a stream asked another for memory, or the pool grew, within
-// the last stream_owners::contention_window frees). Streams that each reuse their own
+// the last `contention_window` frees, 4096 by default). Streams that each reuse their own
 // memory then make no CUDA call per free; once one asks, frees park again. Counted
 // through the fake event seam.
 #include <catch2/catch.hpp>
@@ -39,7 +39,7 @@ TEST_CASE("pool contention: streams reusing their own memory stop recording, and
       pool.deallocate(pool.allocate(64 * MiB, b), 64 * MiB, b);
     }
   };
-  int const window_pairs = static_cast<int>(detail::stream_owners::contention_window / 2);
+  int const window_pairs = static_cast<int>(detail::stream_owners::default_contention_window / 2);
   steady(window_pairs + 8);
   std::size_t const after_window = fake->records;
   steady(1000);
@@ -58,4 +58,23 @@ TEST_CASE("pool contention: streams reusing their own memory stop recording, and
   pool.deallocate(big, 100 * MiB, b);
   CHECK(pool.check_invariants() == "");
   CHECK(fake->dead_named == 0);
+}
+
+TEST_CASE("pool contention: contention_window 0 parks at every share freed, as before it was tracked") {
+  auto fake = std::make_shared<test::fake_stream_sync>();
+  pool_options options;
+  options.stream_sync = fake;
+  options.contention_window = 0;
+  pool_memory_resource pool{std::make_shared<simulated_memory_resource>(), 0, std::nullopt, options};
+  auto const a = stream_view{reinterpret_cast<cudaStream_t>(0x100)};
+  auto const b = stream_view{reinterpret_cast<cudaStream_t>(0x200)};
+  pool.deallocate(pool.allocate(64 * MiB, a), 64 * MiB, a);
+  pool.deallocate(pool.allocate(64 * MiB, b), 64 * MiB, b);
+  std::size_t const before = fake->records;
+  for (int i = 0; i < 5000; ++i) {
+    pool.deallocate(pool.allocate(64 * MiB, a), 64 * MiB, a);
+    pool.deallocate(pool.allocate(64 * MiB, b), 64 * MiB, b);
+  }
+  CHECK(fake->records >= before + 10000);  // every 64 MiB free is more than 1/1024 of the pool
+  CHECK(pool.check_invariants() == "");
 }

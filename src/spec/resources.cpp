@@ -212,6 +212,11 @@ std::vector<spec_resource> builtin_resources() {
                             "(smaller: fewer CUDA events, more memory other streams must ask for)",
                             "1024")
                     .within(1, 1U << 20),
+                count_param("contention_window", optional_param,
+                            "with several streams, frees park before anyone asks only within this many frees "
+                            "of a stream asking another for memory or the pool growing (0: always)",
+                            "4096")
+                    .within(0, 1U << 30),
                 count_param("thread_shards", optional_param,
                             "once threads contend for it, each allocates from its own shard (threads beyond "
                             "share them); 0: one lock for all",
@@ -228,6 +233,7 @@ std::vector<spec_resource> builtin_resources() {
                  pool_options o;
                  o.thread_shards = a.count("thread_shards").value_or(o.thread_shards);
                  o.park_divisor = a.count("park_divisor").value_or(o.park_divisor);
+                 o.contention_window = a.count("contention_window").value_or(o.contention_window);
                  o.shard_after_contentions = a.count("shard_after_contentions").value_or(o.shard_after_contentions);
                  o.shard_block_limit = a.size("shard_block_limit").value_or(o.shard_block_limit);
                  o.growth_divisor = a.count("growth_divisor").value_or(o.growth_divisor);

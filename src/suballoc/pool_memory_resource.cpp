@@ -35,6 +35,7 @@ pool_memory_resource::pool_memory_resource(resource_ptr upstream, std::size_t in
       spare_events_{core_.owners().shared_sync()} {
   if (options_.growth_divisor == 0) { throw logic_error("pool: growth_divisor must be at least 1"); }
   if (options_.park_divisor == 0) { throw logic_error("pool: park_divisor must be at least 1"); }
+  core_.owners().set_contention_window(options_.contention_window);
   if (options_.thread_shards > detail::pool_shard_set::max_shards) {
     throw logic_error("pool: thread_shards " + std::to_string(options_.thread_shards) + " exceeds " +
                       std::to_string(detail::pool_shard_set::max_shards));

@@ -195,10 +195,13 @@ class stream_owners {
   /// inference loop on two streams, once warm) then make no CUDA call per free; where
   /// streams compete for memory (they ask, or the pool grows) frees park as they free,
   /// so little waits unreachable.
-  [[nodiscard]] bool contended_now() const noexcept { return frees_ < contended_until_; }
+  [[nodiscard]] bool contended_now() const noexcept { return window_ == 0 || frees_ < contended_until_; }
   /// A growth or a request for another stream's memory: contention for the next window.
-  void note_contention() noexcept { contended_until_ = frees_ + contention_window; }
-  static constexpr std::uint64_t contention_window = 4096;
+  void note_contention() noexcept { contended_until_ = frees_ + window_; }
+  /// How many frees contention lasts after its last sign; 0: always (frees park whenever
+  /// they pass the share, as before contention was tracked).
+  void set_contention_window(std::uint64_t frees) noexcept { window_ = frees; }
+  static constexpr std::uint64_t default_contention_window = 4096;
   /// True (once) when a `hand_over` since the last call answered `not_now` for a stream
   /// another thread is driving: that thread is likely to call, and park, within
   /// microseconds, so the caller may wait a little for `parks()` to change (without its
@@ -312,6 +315,7 @@ class stream_owners {
   bool asked_busy_stream_ = false;  // see take_asked_busy_stream
   std::uint64_t frees_ = 0;            // frees on created streams (on-demand rule)
   std::uint64_t contended_until_ = 0;  // see contended_now
+  std::uint64_t window_ = default_contention_window;
   std::atomic<std::uint64_t> parks_{0};
 };
 

@@ -104,6 +104,9 @@ struct pool_options {
   /// memory other streams cannot reach without asking; fewer records with a smaller
   /// divisor).
   std::size_t park_divisor = detail::stream_ordered_pool::default_park_divisor;
+  /// Memory counts as contended for this many frees on created streams after a stream
+  /// asked another for memory or the pool grew; 0: always (frees park at every share).
+  std::size_t contention_window = detail::stream_owners::default_contention_window;
   /// How many thread shards a pool used by several threads may make (at most 64; threads
   /// beyond share them). 0: never shard — one lock for every thread.
   std::size_t thread_shards = 64;
