@@ -5,11 +5,9 @@
 // through the fake event seam.
 #include <catch2/catch.hpp>
 
-#include <fake_stream_sync.hpp>
+#include <faked_pool.hpp>
 
 #include <mrstack/detail/stream_ordering.hpp>
-#include <mrstack/suballoc/pool_memory_resource.hpp>
-#include <mrstack/upstream/simulated_memory_resource.hpp>
 
 using namespace mrstack;
 
@@ -18,12 +16,11 @@ constexpr std::size_t MiB = std::size_t{1} << 20;
 }
 
 TEST_CASE("pool contention: streams reusing their own memory stop recording, and start again when one asks") {
-  auto fake = std::make_shared<test::fake_stream_sync>();
-  pool_options options;
-  options.stream_sync = fake;
-  pool_memory_resource pool{std::make_shared<simulated_memory_resource>(), 0, std::nullopt, options};
-  auto const a = stream_view{reinterpret_cast<cudaStream_t>(0x100)};
-  auto const b = stream_view{reinterpret_cast<cudaStream_t>(0x200)};
+  test::faked_pool f;
+  auto& fake = f.fake;
+  auto& pool = f.pool;
+  auto const a = f.a;
+  auto const b = f.b;
   // Warm up: each stream grows the pool for its own blocks (contention: frees park).
   void* pa = pool.allocate(64 * MiB, a);
   void* pb = pool.allocate(64 * MiB, b);
@@ -61,13 +58,13 @@ TEST_CASE("pool contention: streams reusing their own memory stop recording, and
 }
 
 TEST_CASE("pool contention: contention_window 0 parks at every share freed, as before it was tracked") {
-  auto fake = std::make_shared<test::fake_stream_sync>();
   pool_options options;
-  options.stream_sync = fake;
   options.contention_window = 0;
-  pool_memory_resource pool{std::make_shared<simulated_memory_resource>(), 0, std::nullopt, options};
-  auto const a = stream_view{reinterpret_cast<cudaStream_t>(0x100)};
-  auto const b = stream_view{reinterpret_cast<cudaStream_t>(0x200)};
+  test::faked_pool f{options};
+  auto& fake = f.fake;
+  auto& pool = f.pool;
+  auto const a = f.a;
+  auto const b = f.b;
   pool.deallocate(pool.allocate(64 * MiB, a), 64 * MiB, a);
   pool.deallocate(pool.allocate(64 * MiB, b), 64 * MiB, b);
   std::size_t const before = fake->records;

@@ -7,6 +7,7 @@
 #include <catch2/catch.hpp>
 
 #include <fake_stream_sync.hpp>
+#include <faked_pool.hpp>
 
 #include <mrstack/detail/spare_events.hpp>
 #include <mrstack/detail/stream_ordering.hpp>
@@ -229,12 +230,11 @@ TEST_CASE("pool prerecord: without the one-thread rule the model sees memory reu
 }
 
 TEST_CASE("pool prerecord: the pool records large frees on created streams before its lock, and counts them") {
-  auto fake = std::make_shared<fake_stream_sync>();
-  pool_options options;
-  options.stream_sync = fake;
-  pool_memory_resource pool{std::make_shared<simulated_memory_resource>(), 0, std::nullopt, options};
-  auto const a = stream_view{reinterpret_cast<cudaStream_t>(0x100)};
-  auto const b = stream_view{reinterpret_cast<cudaStream_t>(0x200)};
+  test::faked_pool f;
+  auto& fake = f.fake;
+  auto& pool = f.pool;
+  auto const a = f.a;
+  auto const b = f.b;
   void* pa = pool.allocate(64 * MiB, a);
   void* pb = pool.allocate(64 * MiB, b);
   pool.deallocate(pb, 64 * MiB, b);  // the second stream is seen: the next free learns the bound

@@ -134,7 +134,6 @@ class stream_owners {
     slot& sl = slots_[o];
     sl.dirty = true;
     if (on_demand_ && is_created(s)) {
-      if (several_streams_) { sl.last_thread = thread_key_(); }
       sl.dirty_bytes += bytes;
       ++frees_;
       return sl.wanted || (several_streams_ && contended_now() && sl.dirty_bytes > park_above);
@@ -161,7 +160,6 @@ class stream_owners {
   /// another thread asked for its memory. True when `o` must be parked now (as note_free).
   [[nodiscard]] bool note_use(owner_id o, stream_ref const& s) {
     slot& sl = slots_[o];
-    if (several_streams_ && on_demand_ && is_created(s)) { sl.last_thread = thread_key_(); }
     if (!sl.wanted || !sl.dirty) { return false; }
     if (on_demand_ && is_created(s)) { return true; }
     if (!s.thread_bound || s.key == thread_key_()) { record_now(sl, s); }
@@ -179,12 +177,15 @@ class stream_owners {
   /// becomes the slot's old event (0 if none) for the caller to reuse; otherwise it is
   /// left alone.
   owner_id park(owner_id o, stream_ref const& s, stream_sync::handle* prerecorded = nullptr);
-  /// The calling thread names `o`'s stream (a created stream, on-demand rule): tracks
-  /// whether one thread alone has since the last park (which makes the parking thread the
-  /// sole one), what lets `park` use a prerecorded event.
+  /// The calling thread names `o`'s stream (a created stream, on-demand rule, several
+  /// streams in use): records it as the thread of the stream's last call (whom a wanting
+  /// stream may wait for) and tracks whether one thread alone has named it since the last
+  /// park (which makes the parking thread the sole one), what lets `park` use a
+  /// prerecorded event.
   void note_caller(owner_id o) noexcept {
     std::uintptr_t const me = thread_key_();
     slot& sl = slots_[o];
+    sl.last_thread = me;
     if (sl.sole_thread != me) { sl.sole_thread = sl.sole_thread == 0 ? me : several_threads; }
   }
   /// The on-demand rule is in force and a second stream was seen: frees park.
@@ -276,7 +277,7 @@ class stream_owners {
     std::size_t dirty_bytes = 0;  // on-demand rule: bytes freed since the last record
     owner_id parked = 0;    // a stream's slot: the owner its parked memory is in
     owner_id parent = 0;    // a parked owner's slot: the stream it parks for
-    std::uintptr_t last_thread = 0;  // on-demand rule, several streams: the thread of its last call
+    std::uintptr_t last_thread = 0;  // on-demand rule, several streams: the thread of its last call (note_caller)
     std::uintptr_t sole_thread = 0;  // the one thread that named it since its last park, or several_threads
   };
   static constexpr std::uintptr_t several_threads = 2;  // thread keys are odd
