@@ -436,6 +436,9 @@ TEST_CASE("spec: values outside a parameter's range are refused when the stack i
   require_spec_error("pool(max=1PiB) > simulated", 10, "unknown unit");  // no PiB unit: parse error first
   require_spec_error("pool(max=300TiB) > simulated", 10, "expected 256B to 256TiB");
   require_spec_error("pool(growth_divisor=0) > simulated", 21, "0 is out of range: expected 1 to 1024");
+  require_spec_error("pool(contention_window=2000000000) > simulated", 24, "out of range");
+  auto const always = make_stack("pool(contention_window=0) > simulated");
+  CHECK(dynamic_cast<pool_memory_resource&>(*always).options().contention_window == 0);
   require_spec_error("pool(growth_granularity=3MiB) > simulated", 25, "a power of two");
   require_spec_error("fixed_size(block_size=0) > simulated", 23, "expected 1B to 1GiB");
   require_spec_error("fixed_size(block_size=1GiB, blocks_to_preallocate=2048) > simulated", 51,
