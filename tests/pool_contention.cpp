@@ -9,6 +9,8 @@
 
 #include <mrstack/detail/stream_ordering.hpp>
 
+#include <limits>
+
 using namespace mrstack;
 
 namespace {
@@ -74,4 +76,21 @@ TEST_CASE("pool contention: contention_window 0 parks at every share freed, as b
   }
   CHECK(fake->records >= before + 10000);  // every 64 MiB free is more than 1/1024 of the pool
   CHECK(pool.check_invariants() == "");
+}
+
+TEST_CASE("pool contention: a window near 2^64 keeps memory contended, not wrapped to never") {
+  // Found by a hostile test: frees + window wrapped, so "as long as can be" meant "never".
+  std::size_t const window = GENERATE(std::numeric_limits<std::size_t>::max(), std::size_t{1} << 63);
+  INFO("window " << window);
+  pool_options options;
+  options.contention_window = window;
+  test::faked_pool f{options};
+  f.pool.deallocate(f.pool.allocate(64 * MiB, f.a), 64 * MiB, f.a);
+  f.pool.deallocate(f.pool.allocate(64 * MiB, f.b), 64 * MiB, f.b);  // the pool just grew: contended
+  std::size_t const before = f.fake->records;
+  for (int i = 0; i < 100; ++i) {
+    f.pool.deallocate(f.pool.allocate(64 * MiB, f.a), 64 * MiB, f.a);
+    f.pool.deallocate(f.pool.allocate(64 * MiB, f.b), 64 * MiB, f.b);
+  }
+  CHECK(f.fake->records >= before + 200);  // every 64 MiB free is more than 1/1024 of the pool
 }

@@ -169,7 +169,9 @@ void pool_memory_resource::do_deallocate(void* ptr, std::size_t bytes, std::size
   // A free that will park its stream records the event before the lock (see
   // detail/spare_events.hpp): under the lock, every other thread would wait out the call.
   detail::prerecorded_event event{spare_events_};
-  if (bytes > park_certain_above_.load(std::memory_order_relaxed) && detail::stream_owners::is_created(s)) {
+  // Acquire: a bound below ~0 was stored after a second stream appeared, so every free
+  // made before that (whose memory this park may cover) happens before this record.
+  if (bytes > park_certain_above_.load(std::memory_order_acquire) && detail::stream_owners::is_created(s)) {
     event.record_on(s.handle);
   }
   std::size_t actual = 0;  // the block's size, when the free is refused
@@ -192,7 +194,7 @@ void pool_memory_resource::do_deallocate(void* ptr, std::size_t bytes, std::size
       if (growth_) { growth_->after_deallocate(core_); }
       if (std::size_t const above = core_.park_certain_above();
           above != park_certain_above_.load(std::memory_order_relaxed)) {
-        park_certain_above_.store(above, std::memory_order_relaxed);
+        park_certain_above_.store(above, std::memory_order_release);
       }
       return;
     }

@@ -198,7 +198,10 @@ class stream_owners {
   /// so little waits unreachable.
   [[nodiscard]] bool contended_now() const noexcept { return window_ == 0 || frees_ < contended_until_; }
   /// A growth or a request for another stream's memory: contention for the next window.
-  void note_contention() noexcept { contended_until_ = frees_ + window_; }
+  void note_contention() noexcept {
+    // Saturating: a window near 2^64 ("always contended") must not wrap to "never".
+    contended_until_ = window_ > ~std::uint64_t{0} - frees_ ? ~std::uint64_t{0} : frees_ + window_;
+  }
   /// How many frees contention lasts after its last sign; 0: always (frees park whenever
   /// they pass the share, as before contention was tracked).
   void set_contention_window(std::uint64_t frees) noexcept { window_ = frees; }
