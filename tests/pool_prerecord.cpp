@@ -87,7 +87,11 @@ std::size_t run_model(std::uint64_t seed, usage use, int steps) {
   auto fake = std::make_shared<fake_stream_sync>();
   // Frees park when a stream has freed 1/park_divisor of the pool since its last park:
   // with 1024 nearly every free here parks, with 64 most do not (both must be safe).
-  detail::stream_ordered_pool core{fake, &simulated_thread_key, true, std::size_t{seed % 2 == 0 ? 64U : 1024U}};
+  // (No minimum: the blocks here are small, and it is the parking that is under test.)
+  detail::park_policy parks;
+  parks.divisor = seed % 2 == 0 ? 64U : 1024U;
+  parks.minimum = 0;
+  detail::stream_ordered_pool core{fake, &simulated_thread_key, true, parks};
   std::uintptr_t const threads[] = {3, 5, 7};
   std::uintptr_t const streams[] = {0x100, 0x200, 0x300};
   freed_memory freed;
@@ -193,7 +197,9 @@ TEST_CASE("pool prerecord: without the one-thread rule the model sees memory reu
   // under A's event. The pool must record anew; a pool that adopted A's event would hand
   // B's block to another stream before B's work.
   auto fake = std::make_shared<fake_stream_sync>();
-  detail::stream_ordered_pool core{fake, &simulated_thread_key, true, 1024};
+  detail::park_policy parks;
+  parks.minimum = 0;
+  detail::stream_ordered_pool core{fake, &simulated_thread_key, true, parks};
   stream_ref const s = created(0x100);
   stream_ref const t = created(0x200);
   current_thread = 3;

@@ -184,6 +184,7 @@ TEST_CASE("pool streams: one stream makes no CUDA calls; with two, created strea
   auto sim = std::make_shared<simulated_memory_resource>();
   pool_options options;
   options.stream_sync = fake;
+  options.park_minimum = 0;  // the share of the pool alone (tests/pool_contention.cpp has the minimum)
   auto const a_stream = stream_view{reinterpret_cast<cudaStream_t>(0x100)};
   auto const b_stream = stream_view{reinterpret_cast<cudaStream_t>(0x200)};
   options.initial_stream = a_stream;

@@ -24,6 +24,7 @@ Configurations:
   expandable     PyTorch's allocator with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
   mrstack-vmm    mrstack.torch.install() over the stack "pool > vmm"
   mrstack-cuda   mrstack.torch.install() over the stack "pool > cuda"
+  NAME           (with --define NAME=SPEC) mrstack.torch.install() over that stack
   mrstack-vmm-one-lock  (only when named) "pool(thread_shards=0) > vmm": training allocates
                  from PyTorch's autograd thread too; this is the pool that never shards
 
@@ -294,7 +295,7 @@ def child_command(args, workload, config):
             "--steps", str(args.steps), "--warmup", str(args.warmup if workload != "generate" else
                                                           min(args.warmup, 1)),
             "--resnet-batch", str(args.resnet_batch), "--gpt2-batch", str(args.gpt2_batch),
-            "--generate-tokens", str(args.generate_tokens)]
+            "--generate-tokens", str(args.generate_tokens)] + [f"--define={d}" for d in args.define]
 
 
 def run_one(args, workload, config):
@@ -372,10 +373,18 @@ def main(argv=None):
                         help="runs of every configuration, interleaved; the table shows their median (default 1)")
     parser.add_argument("--timeout", type=int, default=300, help="seconds per configuration (default 300)")
     parser.add_argument("--json", help="also write every result to this file")
+    parser.add_argument("--define", action="append", default=[], metavar="NAME=SPEC",
+                        help="one more mrstack configuration, a stack spec under a name of its own "
+                             "(repeatable; then name it in --configs)")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--workload", help=argparse.SUPPRESS)
     parser.add_argument("--config", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    for definition in args.define:
+        name, equals, spec = definition.partition("=")
+        if not equals or not name or not spec.strip():
+            parser.error(f"--define {definition!r}: expected NAME=SPEC, e.g. park64='pool(park_divisor=64) > vmm'")
+        CONFIGS[name] = {"env": {}, "spec": spec}
     if args.child:
         return run_child(args)
     workloads = [w for w in args.workloads.split(",") if w]

@@ -225,8 +225,11 @@ void stream_owners::synchronize(owner_id o) {
 // ---- stream_ordered_pool -----------------------------------------------------------------------
 
 stream_ordered_pool::stream_ordered_pool(std::shared_ptr<stream_sync> sync, thread_key_fn thread_key,
-                                         bool record_on_demand, std::size_t park_divisor)
-    : owners_{std::move(sync), thread_key, record_on_demand}, park_divisor_{std::max<std::size_t>(park_divisor, 1)} {}
+                                         bool record_on_demand, park_policy parks)
+    : owners_{std::move(sync), thread_key, record_on_demand}, parks_{parks} {
+  parks_.divisor = std::max<std::size_t>(parks_.divisor, 1);
+  owners_.set_contention_window(parks_.contention_window);
+}
 
 std::uintptr_t stream_ordered_pool::allocate_from_other_streams(std::size_t size, std::size_t alignment,
                                                                stream_ref const& s, owner_id o) {

@@ -212,10 +212,13 @@ std::vector<spec_resource> builtin_resources() {
                             "(smaller: fewer CUDA events, more memory other streams must ask for)",
                             "1024")
                     .within(1, 1U << 20),
+                size_param("park_minimum", optional_param,
+                           "... but not before it has freed this much (each record is a CUDA call)", "8MiB")
+                    .within(0, TiB),
                 count_param("contention_window", optional_param,
                             "with several streams, frees park before anyone asks only within this many frees "
                             "of a stream asking another for memory or the pool growing (0: always)",
-                            "4096")
+                            "0")
                     .within(0, 1U << 30),
                 count_param("thread_shards", optional_param,
                             "once threads contend for it, each allocates from its own shard (threads beyond "
@@ -233,6 +236,7 @@ std::vector<spec_resource> builtin_resources() {
                  pool_options o;
                  o.thread_shards = a.count("thread_shards").value_or(o.thread_shards);
                  o.park_divisor = a.count("park_divisor").value_or(o.park_divisor);
+                 o.park_minimum = a.size("park_minimum").value_or(o.park_minimum);
                  o.contention_window = a.count("contention_window").value_or(o.contention_window);
                  o.shard_after_contentions = a.count("shard_after_contentions").value_or(o.shard_after_contentions);
                  o.shard_block_limit = a.size("shard_block_limit").value_or(o.shard_block_limit);

@@ -31,11 +31,10 @@ pool_memory_resource::pool_memory_resource(resource_ptr upstream, std::size_t in
     : upstream_{std::move(upstream)},
       maximum_size_{maximum_size},
       options_{std::move(options)},
-      core_{pick_sync(options_, upstream_), &detail::this_thread_key, options_.record_on_demand, options_.park_divisor},
+      core_{pick_sync(options_, upstream_), &detail::this_thread_key, options_.record_on_demand, options_.parks()},
       spare_events_{core_.owners().shared_sync()} {
   if (options_.growth_divisor == 0) { throw logic_error("pool: growth_divisor must be at least 1"); }
   if (options_.park_divisor == 0) { throw logic_error("pool: park_divisor must be at least 1"); }
-  core_.owners().set_contention_window(options_.contention_window);
   if (options_.thread_shards > detail::pool_shard_set::max_shards) {
     throw logic_error("pool: thread_shards " + std::to_string(options_.thread_shards) + " exceeds " +
                       std::to_string(detail::pool_shard_set::max_shards));

@@ -52,7 +52,7 @@ void pool_memory_resource::start_sharding() {
   std::lock_guard lock{mutex_};
   if (shards_) { return; }
   shards_ = std::make_unique<detail::pool_shard_set>(options_.thread_shards, core_.owners().shared_sync(),
-                                                     options_.record_on_demand, options_.park_divisor);
+                                                     options_.record_on_demand, options_.parks());
   sharded_.store(true, std::memory_order_release);
 }
 

@@ -22,8 +22,8 @@
 namespace mrstack::detail {
 
 struct alignas(64) pool_shard {
-  pool_shard(std::shared_ptr<stream_sync> sync, bool record_on_demand, std::size_t park_divisor)
-      : core{std::move(sync), &this_thread_key, record_on_demand, park_divisor} {}
+  pool_shard(std::shared_ptr<stream_sync> sync, bool record_on_demand, park_policy parks)
+      : core{std::move(sync), &this_thread_key, record_on_demand, parks} {}
   lean_mutex mutex;
   // Set by a thread that wanted this shard's wholly free slabs back but could not take
   // them (the shard was busy, or their stream is one only a call naming it may name);
@@ -47,8 +47,8 @@ class pool_shard_set {
  public:
   static constexpr std::size_t max_shards = counter_shards;
 
-  pool_shard_set(std::size_t count, std::shared_ptr<stream_sync> sync, bool record_on_demand, std::size_t park_divisor)
-      : count_{count}, sync_{std::move(sync)}, record_on_demand_{record_on_demand}, park_divisor_{park_divisor} {}
+  pool_shard_set(std::size_t count, std::shared_ptr<stream_sync> sync, bool record_on_demand, park_policy parks)
+      : count_{count}, sync_{std::move(sync)}, record_on_demand_{record_on_demand}, parks_{parks} {}
 
   /// The shard index of the calling thread: up to `count` threads that run at once each
   /// get their own (consecutive ordinals, see this_thread_shard).
@@ -60,7 +60,7 @@ class pool_shard_set {
     if (pool_shard* s = shards_[i].load(std::memory_order_acquire)) { return *s; }
     std::lock_guard lock{create_mutex_};
     if (!owned_[i]) {
-      owned_[i] = std::make_unique<pool_shard>(sync_, record_on_demand_, park_divisor_);
+      owned_[i] = std::make_unique<pool_shard>(sync_, record_on_demand_, parks_);
       shards_[i].store(owned_[i].get(), std::memory_order_release);
     }
     return *owned_[i];
@@ -76,7 +76,7 @@ class pool_shard_set {
   std::size_t count_;
   std::shared_ptr<stream_sync> sync_;
   bool record_on_demand_;
-  std::size_t park_divisor_;
+  park_policy parks_;
   std::array<std::atomic<pool_shard*>, max_shards> shards_{};
   std::array<std::unique_ptr<pool_shard>, max_shards> owned_{};
   std::mutex create_mutex_;

@@ -205,7 +205,11 @@ class stream_owners {
   /// How many frees contention lasts after its last sign; 0: always (frees park whenever
   /// they pass the share, as before contention was tracked).
   void set_contention_window(std::uint64_t frees) noexcept { window_ = frees; }
-  static constexpr std::uint64_t default_contention_window = 4096;
+  /// Always contended by default: the park minimum (park_policy) already keeps the
+  /// records of streams that each reuse their own memory rare, and parked memory is what
+  /// lets one stream's frees serve another without growth (PyTorch's two-stream loop:
+  /// 0.66 GiB at PyTorch's step time, against 0.81 with a 4096-free window).
+  static constexpr std::uint64_t default_contention_window = 0;
   /// True (once) when a `hand_over` since the last call answered `not_now` for a stream
   /// another thread is driving: that thread is likely to call, and park, within
   /// microseconds, so the caller may wait a little for `parks()` to change (without its
@@ -323,13 +327,29 @@ class stream_owners {
   std::atomic<std::uint64_t> parks_{0};
 };
 
+/// When a created stream parks its frees before anyone asks for them (the on-demand rule,
+/// several streams in use, memory contended): once it has freed more than
+/// max(pool / `divisor`, `minimum`) bytes since its last record. The share bounds what
+/// other streams cannot reach without asking (by default, with 8 streams, at most 1/128
+/// of the pool); the minimum bounds how often a stream records, because a record costs
+/// the same (~1 µs) whatever it covers: in a 0.4 GiB pool 1/1024 is 0.4 MiB, and a
+/// stream freeing activations recorded at nearly every free.
+struct park_policy {
+  static constexpr std::size_t default_divisor = 1024;
+  static constexpr std::size_t default_minimum = std::size_t{8} << 20;
+  std::size_t divisor = default_divisor;  ///< at least 1
+  std::size_t minimum = default_minimum;
+  /// See stream_owners::contended_now (0: always contended).
+  std::uint64_t contention_window = stream_owners::default_contention_window;
+};
+
 /// `block_pool` plus stream ownership: the stream-ordered coalescing allocator shared by
 /// `pool_memory_resource` and the arena's global arena. Not thread-safe (its owner locks).
 class stream_ordered_pool {
  public:
   /// `record_on_demand`: created streams follow the on-demand rule (see the header comment), else the eager one.
   explicit stream_ordered_pool(std::shared_ptr<stream_sync> sync, thread_key_fn thread_key = &this_thread_key,
-                               bool record_on_demand = true, std::size_t park_divisor = default_park_divisor);
+                               bool record_on_demand = true, park_policy parks = {});
 
   /// A block for stream `s`: from s's own free blocks, then synchronized ones, then its
   /// own parked ones, then from other streams after an event wait — from parked memory
@@ -357,7 +377,7 @@ class stream_ordered_pool {
     blocks_.prefetch_deallocate(address);  // its cache miss overlaps finding the owner
     owner_id const o = owner_of(s);
     std::size_t const size = blocks_.deallocate(address, o, expected_size);
-    if (size != 0 && owners_.note_free(o, s, size, blocks_.total_bytes() / park_divisor_)) { park(o, s, prerecorded); }
+    if (size != 0 && owners_.note_free(o, s, size, park_above())) { park(o, s, prerecorded); }
     return size;
   }
 
@@ -385,12 +405,7 @@ class stream_ordered_pool {
     return size;
   }
 
-  /// A created stream, with several in use, parks once it has freed more than
-  /// 1/park_divisor of the pool since its last record: by default, with 8 streams at most
-  /// 1/128 of the pool waits unreachable to the others until asked for, and small frees
-  /// share one record (a 6 GiB pool: one per 6 MiB freed). A smaller divisor records
-  /// less often (each record is a CUDA call) and leaves more memory unreachable.
-  static constexpr std::size_t default_park_divisor = 1024;
+  static constexpr std::size_t default_park_divisor = park_policy::default_divisor;
 
   /// Owner id of stream `s` (creating its slot when new).
   owner_id owner_of(stream_ref const& s) {
@@ -413,7 +428,7 @@ class stream_ordered_pool {
   /// certain (unless other threads named it too): its caller may record the event before
   /// taking its lock and pass it to `deallocate`. ~0 while frees do not park.
   [[nodiscard]] std::size_t park_certain_above() const noexcept {
-    return owners_.parks_frees() && owners_.contended_now() ? blocks_.total_bytes() / park_divisor_ : ~std::size_t{0};
+    return owners_.parks_frees() && owners_.contended_now() ? park_above() : ~std::size_t{0};
   }
 
   /// Synchronizes the device when any stream holds free blocks, then makes every free
@@ -447,9 +462,13 @@ class stream_ordered_pool {
   void park(owner_id o, stream_ref const& s, stream_sync::handle* prerecorded = nullptr) {
     if (owner_id const p = owners_.park(o, s, prerecorded)) { blocks_.transfer(o, p); }
   }
+  /// Freed bytes since its last record above which a stream parks (see park_policy).
+  [[nodiscard]] std::size_t park_above() const noexcept {
+    return std::max(blocks_.total_bytes() / parks_.divisor, parks_.minimum);
+  }
   block_pool blocks_;
   stream_owners owners_;
-  std::size_t park_divisor_;
+  park_policy parks_;
 };
 
 }  // namespace mrstack::detail

@@ -98,15 +98,23 @@ struct pool_options {
   /// (detail/stream_ordering.hpp). false: once a second stream is in use, every free on a
   /// created stream records (RMM's rule: more CUDA calls, no memory waiting to be asked for).
   bool record_on_demand = true;
-  /// On demand, with several streams, while memory is contended (a stream asked another
-  /// for memory, or the pool grew, within the last 4096 frees): a stream also records and
-  /// parks once it has freed 1/park_divisor of the pool since its last record (bounds the
-  /// memory other streams cannot reach without asking; fewer records with a smaller
-  /// divisor).
-  std::size_t park_divisor = detail::stream_ordered_pool::default_park_divisor;
+  /// On demand, with several streams, while memory is contended (always, by default): a
+  /// stream also records and parks once it has freed 1/park_divisor of the pool since its
+  /// last record (bounds the memory other streams cannot reach without asking; fewer
+  /// records with a smaller divisor) ...
+  std::size_t park_divisor = detail::park_policy::default_divisor;
+  /// ... but not before it has freed this many bytes: a record costs the same whatever
+  /// it covers, so in a small pool 1/park_divisor alone would record at nearly every free.
+  std::size_t park_minimum = detail::park_policy::default_minimum;
   /// Memory counts as contended for this many frees on created streams after a stream
-  /// asked another for memory or the pool grew; 0: always (frees park at every share).
+  /// asked another for memory or the pool grew; 0 (the default): always. A window suits
+  /// streams that never share memory: once warm they record nothing per free, but their
+  /// free memory then stays out of each other's reach (more footprint).
   std::size_t contention_window = detail::stream_owners::default_contention_window;
+  /// The three settings above, as the stream-ordered core takes them.
+  [[nodiscard]] detail::park_policy parks() const noexcept {
+    return {park_divisor, park_minimum, contention_window};
+  }
   /// How many thread shards a pool used by several threads may make (at most 64; threads
   /// beyond share them). 0: never shard — one lock for every thread.
   std::size_t thread_shards = 64;
