@@ -33,8 +33,9 @@
 ///   holds free under it: the blocks move to a companion owner, "s's memory covered by
 ///   s's event". Any stream takes parked memory after one wait on that event; s itself
 ///   uses it with no wait. One record thus covers every free s made before it, and
-///   records happen only when another stream wanted the memory (or, while memory is
-///   contended, once a stream has freed a share of the pool: `contended_now`). A stream
+///   records happen only when another stream wanted the memory, or once a stream has
+///   freed a share of the pool (`park_policy`; with a contention window, only while
+///   memory is contended: `contended_now`). A stream
 ///   that never calls again (destroyed) keeps its unparked memory until the device is
 ///   synchronized (when growth is refused, or on release).
 /// - *Eager* (fixed_size): once a second stream appears, frees and acquisitions on a
