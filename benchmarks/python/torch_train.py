@@ -264,8 +264,11 @@ def run_child(args):
     baseline = total - free                        # the context, before any allocation
     step, source = BUILDERS[args.workload](torch, args)
     times = []
+    sync_counts = None
     with PeakSampler(torch) as sampler:
         for i in range(args.warmup + args.steps):
+            if i == args.warmup and config["spec"] is not None:
+                sync_counts = mrstack.stream_sync_counts()
             torch.cuda.synchronize()
             started = time.perf_counter()
             step()
@@ -282,6 +285,11 @@ def run_child(args):
         stats = mrstack.torch.memory_stats()
         result["mrstack_peak_allocated"] = stats["allocated_bytes.all.peak"]
         result["mrstack_reserved"] = stats["reserved_bytes.all.current"]
+        # What ordering memory between streams cost per timed step (CUDA event records and
+        # stream waits, and the time inside them).
+        after = mrstack.stream_sync_counts()
+        for key in ("records", "waits", "seconds"):
+            result[f"stream_sync_{key}_per_step"] = (after[key] - sync_counts[key]) / args.steps
     else:
         result["torch_peak_allocated"] = torch.cuda.max_memory_allocated()
         result["torch_peak_reserved"] = torch.cuda.max_memory_reserved()
@@ -401,6 +409,10 @@ def main(argv=None):
                 result["round"] = round_index + 1
                 runs.append(result)
                 shown = result.get("error") or f"{result['step_ms']:.1f} ms/step, peak {result['peak_bytes'] / 2**30:.2f} GiB"
+                if "stream_sync_records_per_step" in result:
+                    shown += (f", {result['stream_sync_records_per_step']:.0f} records + "
+                              f"{result['stream_sync_waits_per_step']:.0f} waits a step "
+                              f"({1e6 * result['stream_sync_seconds_per_step']:.0f} us)")
                 print(f"{workload:12s} {config:13s} {shown}" + (f"  (round {round_index + 1})" if args.rounds > 1 else ""),
                       flush=True)
     results = combine_rounds(runs, workloads, configs)

@@ -281,6 +281,20 @@ MRSTACK_C_EXPORT mrstack_status mrstack_torch_statistics(int device, mrstack_tor
 /* Sets the reserved peak to `reserved_now` (the footprint now) and starts peak sampling over. */
 MRSTACK_C_EXPORT mrstack_status mrstack_torch_reset_peak(int device, uint64_t reserved_now);
 
+/* ---- CUDA stream-ordering calls -------------------------------------------------------- */
+/* The CUDA calls the suballocators of this process have made to order memory between
+ * streams, since it started, and the time spent inside them: read before and after a
+ * region (a training step) to see what it cost. Host-memory stacks make none. */
+typedef struct mrstack_stream_sync_counts {
+  uint64_t event_creates;
+  uint64_t records;                  /* cudaEventRecord */
+  uint64_t waits;                    /* cudaStreamWaitEvent */
+  uint64_t stream_synchronizations;  /* cudaStreamSynchronize */
+  uint64_t device_synchronizations;  /* cudaDeviceSynchronize */
+  uint64_t nanoseconds;              /* inside all of them */
+} mrstack_stream_sync_counts;
+MRSTACK_C_EXPORT mrstack_status mrstack_stream_sync_profile(mrstack_stream_sync_counts* out);
+
 #ifdef __cplusplus
 }
 #endif

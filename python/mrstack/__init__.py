@@ -23,6 +23,7 @@ __all__ = [
     "configure", "configured_spec", "statistics", "reset_peaks", "device_stack", "Stack",
     "Statistics", "ClientStatistics", "Fragmentation", "StreamFragmentation", "release", "MrstackError", "SpecError", "OutOfMemoryError",
     "CudaError", "StateError", "LibraryNotFoundError", "library_path", "CLIENTS", "fastpath", "FastPath",
+    "stream_sync_counts",
 ]
 
 CLIENTS = _lib.CLIENT_NAMES
@@ -286,6 +287,20 @@ def release(device=0):
     handle = lib.dll.mrstack_device_stack_if_built(int(device))
     if handle:
         lib.check(lib.dll.mrstack_stack_release(handle))
+
+
+def stream_sync_counts():
+    """The CUDA calls mrstack's suballocators have made in this process to order memory
+    between streams (event creates, records, stream waits, stream and device
+    synchronizations) and the seconds spent in them, as a dict. Read it before and after
+    a region (a training step) and subtract: that is what the region's stream ordering
+    cost. One stream makes none."""
+    lib = _lib.library()
+    raw = _lib._StreamSyncCounts()
+    lib.check(lib.dll.mrstack_stream_sync_profile(ctypes.byref(raw)))
+    counts = {name: int(getattr(raw, name)) for name, _ in raw._fields_ if name != "nanoseconds"}
+    counts["seconds"] = raw.nanoseconds * 1e-9
+    return counts
 
 
 def fastpath():

@@ -127,6 +127,11 @@ class _TorchStats(ctypes.Structure):
     _fields_ = [("num_ooms", ctypes.c_uint64), ("peak_reserved_bytes", ctypes.c_uint64)]
 
 
+class _StreamSyncCounts(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_uint64) for name in (
+        "event_creates", "records", "waits", "stream_synchronizations", "device_synchronizations", "nanoseconds")]
+
+
 def _package_dir():
     return os.path.dirname(os.path.abspath(__file__))
 
@@ -232,6 +237,7 @@ class Library:
         sig("mrstack_torch_record_stream", status, c_void, c_void)
         sig("mrstack_torch_statistics", status, c_int, ctypes.POINTER(_TorchStats))
         sig("mrstack_torch_reset_peak", status, c_int, c_u64)
+        sig("mrstack_stream_sync_profile", status, ctypes.POINTER(_StreamSyncCounts))
 
     def last_error(self):
         return self.dll.mrstack_last_error().decode("utf-8", "replace")

@@ -128,6 +128,21 @@ def test_per_client_books(lib):
             stack.allocate(16, client="jax")
 
 
+def test_stream_sync_counts_host_stacks_make_no_cuda_calls(lib):
+    before = mrstack.stream_sync_counts()
+    assert set(before) == {"event_creates", "records", "waits", "stream_synchronizations",
+                           "device_synchronizations", "seconds"}
+    with mrstack.Stack("pool > system") as stack:   # host memory: its streams need no events
+        ptrs = [stack.allocate(1 << 20, stream=s) for s in (0x100, 0x200, 0x100)]
+        for p, s in zip(ptrs, (0x100, 0x200, 0x100)):
+            stack.deallocate(p, 1 << 20, stream=s)
+        taken = stack.allocate(3 << 20, stream=0x200)   # takes 0x100's memory too
+        stack.deallocate(taken, 3 << 20, stream=0x200)
+    assert mrstack.stream_sync_counts() == before
+    assert lib.dll.mrstack_stream_sync_profile(None) == _lib.ERROR_INVALID_ARGUMENT
+    assert "out-pointer is null" in lib.last_error()
+
+
 def test_closed_stack_is_refused(lib):
     stack = mrstack.Stack("system")
     stack.close()

@@ -215,3 +215,31 @@ print("ok")
         return
     text = _clear_failure(done)
     assert "cacheInfo" in text, text[-3000:]
+
+
+def test_stream_sync_counts_see_two_streams_share_memory(run_python):
+    # Stream b wants memory only a's frees hold: a parks it under one record at its next
+    # call, and b takes it after one wait instead of growing (64 MiB frees are past the
+    # 8 MiB park minimum).
+    done = scenario(run_python, """
+a, b = torch.cuda.Stream(), torch.cuda.Stream()
+start = mrstack.stream_sync_counts()
+with torch.cuda.stream(a):
+    x = torch.empty(64 << 20, dtype=torch.uint8, device="cuda")   # the pool grows for a
+    del x
+with torch.cuda.stream(b):
+    y = torch.empty(1 << 20, dtype=torch.uint8, device="cuda")    # a's memory is not parked: grows
+with torch.cuda.stream(a):
+    x = torch.empty(64 << 20, dtype=torch.uint8, device="cuda")   # asked: a parks (a record)
+    del x                                                          # past the minimum: parks again
+reserved = mt.memory_reserved()
+with torch.cuda.stream(b):
+    z = torch.empty(48 << 20, dtype=torch.uint8, device="cuda")   # a's parked memory: one wait
+end = mrstack.stream_sync_counts()
+assert end["records"] - start["records"] >= 1, (start, end)
+assert end["waits"] - start["waits"] >= 1, (start, end)
+assert mt.memory_reserved() == reserved, (reserved, mt.memory_reserved())   # no growth
+assert end["seconds"] > start["seconds"]
+print("ok")
+""", spec="pool > cuda")
+    assert done.stdout.split()[-1] == "ok"
