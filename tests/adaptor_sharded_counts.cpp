@@ -7,12 +7,14 @@
 #include <mrstack/adaptor/limiting_resource_adaptor.hpp>
 #include <mrstack/adaptor/statistics_resource_adaptor.hpp>
 #include <mrstack/adaptor/tracking_resource_adaptor.hpp>
+#include <mrstack/detail/sharded_counters.hpp>
 #include <mrstack/upstream/simulated_memory_resource.hpp>
 
 #include <atomic>
 #include <barrier>
 #include <limits>
 #include <random>
+#include <set>
 #include <thread>
 #include <vector>
 
@@ -185,6 +187,54 @@ TEST_CASE("statistics: the peak is exactly the serial one when threads take turn
   for (auto& w : workers) { w.join(); }
   CHECK(stats.bytes_counter().peak == model_peak);
   CHECK(stats.bytes_counter().value == 0);
+}
+
+TEST_CASE("shards: threads that come and go never share a shard with a live thread") {
+  // Each round: a few threads start and exit, then 16 run at once beside this one. With
+  // ordinals from an ever-growing counter, some round's 16 came round to this thread's
+  // index (or to each other's), and the two shared one shard's lock.
+  std::size_t const mine = detail::this_thread_shard();
+  for (int round = 0; round < 8; ++round) {
+    for (int i = 0; i < 8; ++i) {
+      std::thread{[] { (void)detail::this_thread_shard(); }}.join();
+    }
+    constexpr int live = 16;
+    std::vector<std::size_t> got(live);
+    std::barrier all_in{live};
+    std::vector<std::thread> threads;
+    for (int t = 0; t < live; ++t) {
+      threads.emplace_back([&, t] {
+        got[static_cast<std::size_t>(t)] = detail::this_thread_shard();
+        all_in.arrive_and_wait();  // all alive at once: none has given its index back
+      });
+    }
+    for (auto& t : threads) { t.join(); }
+    std::set<std::size_t> distinct(got.begin(), got.end());
+    INFO("round " << round);
+    CHECK(distinct.size() == got.size());
+    CHECK(distinct.count(mine) == 0);
+  }
+}
+
+TEST_CASE("statistics: a refill takes other threads' spare credit first, so their next allocation stays local") {
+  // The main thread frees 1 MiB + 1 KiB after allocating 1 KiB last: 1 MiB of its credit
+  // is spare. Another thread's refill must take that, not all of it; the main thread's
+  // next 1 KiB is then served from its own credit, with no refill. Taking everything
+  // (the rule before) leaves it short, and the shortage passes on from thread to thread.
+  statistics_resource_adaptor stats{std::make_shared<fake_upstream>()};
+  void* const p = reinterpret_cast<void*>(0x100000);
+  (void)stats.allocate(std::size_t{1} << 20);
+  (void)stats.allocate(1024);
+  stats.deallocate(p, std::size_t{1} << 20);
+  stats.deallocate(p, 1024);
+  std::thread other{[&] { (void)stats.allocate(512 * 1024); }};  // a refill: its shard is empty
+  other.join();
+  std::uint64_t const before = stats.refills();
+  (void)stats.allocate(1024);
+  CHECK(stats.refills() == before);  // its own credit was left to it
+  auto const bytes = stats.bytes_counter();
+  CHECK(bytes.peak == (std::int64_t{1} << 20) + 1024);  // exact all the same
+  CHECK(bytes.value == 512 * 1024 + 1024);
 }
 
 TEST_CASE("limiting: 8 threads and a reader: used never passes the limit, books balance") {

@@ -10,6 +10,7 @@
 #include <mrstack/upstream/system_memory_resource.hpp>
 
 #include <atomic>
+#include <barrier>
 #include <chrono>
 #include <functional>
 #include <thread>
@@ -155,6 +156,10 @@ TEST_CASE("pool shards: more threads than shards, and sharding turned off") {
     options.thread_shards = shards;
     options.shard_after_contentions = 0;
     pool_memory_resource mr{sim, 0, std::nullopt, options};
+    // None exits before all are done: live threads hold distinct shard indices (a thread
+    // gives its index back when it exits, for the next new thread), so six threads reach
+    // every one of up to six shards.
+    std::barrier all_done{6};
     std::vector<std::thread> threads;
     for (int t = 0; t < 6; ++t) {
       threads.emplace_back([&, t] {
@@ -169,6 +174,7 @@ TEST_CASE("pool shards: more threads than shards, and sharding turned off") {
           }
         }
         for (auto const& b : mine) { mr.deallocate(b.p, b.bytes, stream_view::per_thread()); }
+        all_done.arrive_and_wait();
       });
     }
     for (auto& t : threads) { t.join(); }

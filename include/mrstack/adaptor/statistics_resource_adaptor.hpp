@@ -90,6 +90,11 @@ class statistics_resource_adaptor final : public memory_resource {
   [[nodiscard]] std::int64_t overfreed_bytes() const;
   [[nodiscard]] std::int64_t overfreed_allocations() const;
 
+  /// Allocations that found their thread's headroom credit short and took the global lock
+  /// to refill it (a diagnostic: in steady state this stops growing; a high rate means
+  /// threads are passing a tight headroom between them).
+  [[nodiscard]] std::uint64_t refills() const;
+
   /// Opens a region with zeroed counters. Returns the enclosing region's counters as
   /// they stood at the push.
   counters push_counters();
@@ -107,6 +112,7 @@ class statistics_resource_adaptor final : public memory_resource {
     std::int64_t credit[2] = {0, 0};  // headroom this shard may use without the global lock
     std::int64_t delta[2] = {0, 0};   // change of the innermost region's current since the last merge
     std::int64_t total[2] = {0, 0};   // its total's growth since the last merge
+    std::int64_t last_need[2] = {0, 0};  // its thread's last allocation: credit beyond it is spare
   };
 
   /// Counts `n` bytes and `k` allocations as outstanding (and, with `with_total`, in the totals).
@@ -130,6 +136,7 @@ class statistics_resource_adaptor final : public memory_resource {
   mutable std::vector<counters> frames_;  // back(): the innermost region, less what the shards hold
   mutable std::int64_t pool_[2] = {0, 0};  // innermost peak - current - every shard's credit
   mutable std::int64_t overfreed_[2] = {0, 0};
+  std::uint64_t refills_ = 0;  // under mutex_
 };
 
 }  // namespace mrstack
