@@ -1,8 +1,6 @@
 // The statistics adaptor's sharded counting (design: adaptor/statistics_resource_adaptor.hpp).
 #include <mrstack/adaptor/statistics_resource_adaptor.hpp>
 
-#include <algorithm>
-
 namespace mrstack {
 
 using detail::saturating_add;
@@ -26,8 +24,6 @@ void statistics_resource_adaptor::count_up(std::int64_t n, std::int64_t k, bool 
       // Within the headroom this shard holds: current stays at or below the peak.
       s.credit[bytes_q] -= n;
       s.credit[allocs_q] -= k;
-      s.last_need[bytes_q] = n;
-      s.last_need[allocs_q] = k;
       s.delta[bytes_q] = saturating_add(s.delta[bytes_q], n);
       s.delta[allocs_q] = saturating_add(s.delta[allocs_q], k);
       if (with_total) {
@@ -49,24 +45,22 @@ void statistics_resource_adaptor::count_up_slow(shard& s, std::int64_t n, std::i
   for (int q = 0; q < 2; ++q) {
     if (s.credit[q] >= need[q]) { continue; }
     std::int64_t const want = need[q] - s.credit[q];
-    // Other shards' credit into the pool, shard by shard, until it is enough: first only
-    // what each holds beyond its thread's last allocation, then everything. Taking a
-    // shard's whole credit leaves its thread short at its next allocation, to take
-    // another's in turn: near a tight peak one shortage went from thread to thread for
-    // good (16 threads, H200 host: 6% of the samples here and threads asleep on the
-    // global lock). Spare credit ends a shortage instead of passing it on. When every
-    // shard was taken and the pool is still short, pool + this credit is exactly
-    // peak - current.
-    for (bool const spare_only : {true, false}) {
-      for (std::size_t i = 0; i < detail::counter_shards && pool_[q] < want; ++i) {
-        shard& t = shards_[i];
-        if (&t == &s) { continue; }
-        std::lock_guard other{t.mutex};
-        for (int r = 0; r < 2; ++r) {
-          std::int64_t const take = spare_only ? std::max<std::int64_t>(t.credit[r] - t.last_need[r], 0) : t.credit[r];
-          pool_[r] = saturating_add(pool_[r], take);
-          t.credit[r] -= take;
-        }
+    // Other shards' credit into the pool, shard by shard, until it is enough. Taking only
+    // what is needed matters: emptying every shard would send each of their threads here
+    // on its next allocation. Even so, a shard that gives its credit leaves its thread
+    // short at its next allocation, to take another's in turn: near a tight peak the
+    // shortage passes from thread to thread (`refills()` counts it), and exactness
+    // forbids raising the peak while credit is left anywhere. Taking other shards' spare
+    // credit first (beyond their thread's last allocation) did not help at 16 threads on
+    // an H200 host: every shard held just its own need. When every shard was taken and
+    // the pool is still short, pool + this credit is exactly peak - current.
+    for (std::size_t i = 0; i < detail::counter_shards && pool_[q] < want; ++i) {
+      shard& t = shards_[i];
+      if (&t == &s) { continue; }
+      std::lock_guard other{t.mutex};
+      for (int r = 0; r < 2; ++r) {
+        pool_[r] = saturating_add(pool_[r], t.credit[r]);
+        t.credit[r] = 0;
       }
     }
     if (pool_[q] < want) {
@@ -82,7 +76,6 @@ void statistics_resource_adaptor::count_up_slow(shard& s, std::int64_t n, std::i
   }
   for (int q = 0; q < 2; ++q) {
     s.credit[q] -= need[q];
-    s.last_need[q] = need[q];
     s.delta[q] = saturating_add(s.delta[q], need[q]);
     if (with_total) { s.total[q] = saturating_add(s.total[q], need[q]); }
   }

@@ -112,7 +112,6 @@ class statistics_resource_adaptor final : public memory_resource {
     std::int64_t credit[2] = {0, 0};  // headroom this shard may use without the global lock
     std::int64_t delta[2] = {0, 0};   // change of the innermost region's current since the last merge
     std::int64_t total[2] = {0, 0};   // its total's growth since the last merge
-    std::int64_t last_need[2] = {0, 0};  // its thread's last allocation: credit beyond it is spare
   };
 
   /// Counts `n` bytes and `k` allocations as outstanding (and, with `with_total`, in the totals).
