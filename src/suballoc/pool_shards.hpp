@@ -3,7 +3,7 @@
 //
 // A shard is a stream-ordered pool of its own — its own lock, its own block metadata —
 // whose chunks are *slabs*: 2 MiB-aligned blocks the shard took from the pool's global
-// blocks. A thread allocates from the shard its ordinal picks; a free finds the shard of
+// blocks. A thread allocates from the shard its index picks; a free finds the shard of
 // its block through `page_owner_map` (any thread may free any block). So threads that
 // work apart touch neither a common lock nor common cache lines, which is what a single
 // lock cannot give however short its critical section: the block metadata itself would
@@ -51,7 +51,7 @@ class pool_shard_set {
       : count_{count}, sync_{std::move(sync)}, record_on_demand_{record_on_demand}, parks_{parks} {}
 
   /// The shard index of the calling thread: up to `count` threads that run at once each
-  /// get their own (consecutive ordinals, see this_thread_shard).
+  /// get their own (live threads hold distinct indices, see this_thread_shard).
   [[nodiscard]] std::uint16_t index_of_this_thread() const noexcept {
     return static_cast<std::uint16_t>(this_thread_shard() % count_);
   }
