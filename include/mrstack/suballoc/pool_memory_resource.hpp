@@ -94,8 +94,8 @@ struct pool_options {
   /// are free (max: only on release() and when the device runs out of memory).
   std::size_t release_threshold = std::numeric_limits<std::size_t>::max();
   /// Streams the user created record a CUDA event only when another stream wants their
-  /// memory, or after freeing 1/1024 of the pool, and park their free memory under it
-  /// (detail/stream_ordering.hpp). false: once a second stream is in use, every free on a
+  /// memory, or after freeing 1/1024 of the pool (at least 8 MiB), and park their free
+  /// memory under it (detail/stream_ordering.hpp). false: once a second stream is in use, every free on a
   /// created stream records (RMM's rule: more CUDA calls, no memory waiting to be asked for).
   bool record_on_demand = true;
   /// On demand, with several streams, while memory is contended (always, by default): a
