@@ -17,10 +17,14 @@ endfunction()
 
 # One executable per source file under a folder: tests, benchmarks and tools add
 # themselves by existing, so parallel work never edits the same CMake list.
-#   mrstack_add_programs(GLOB <pattern> PREFIX <name prefix> LIBS <libs...> OUT_VAR <var>)
+#   mrstack_add_programs(GLOB <pattern> PREFIX <name prefix> LIBS <libs...> OUT_VAR <var>
+#                        [EXCLUDE <sources...>])
 function(mrstack_add_programs)
-  cmake_parse_arguments(ARG "" "GLOB;PREFIX;OUT_VAR" "LIBS" ${ARGN})
+  cmake_parse_arguments(ARG "" "GLOB;PREFIX;OUT_VAR" "LIBS;EXCLUDE" ${ARGN})
   file(GLOB _sources CONFIGURE_DEPENDS ${ARG_GLOB})
+  if(ARG_EXCLUDE)
+    list(REMOVE_ITEM _sources ${ARG_EXCLUDE})
+  endif()
   set(_targets "")
   foreach(_src IN LISTS _sources)
     get_filename_component(_name ${_src} NAME_WE)

@@ -12,6 +12,7 @@
 
 #include <atomic>
 #include <barrier>
+#include <latch>
 #include <limits>
 #include <random>
 #include <set>
@@ -214,6 +215,53 @@ TEST_CASE("shards: threads that come and go never share a shard with a live thre
     CHECK(distinct.size() == got.size());
     CHECK(distinct.count(mine) == 0);
   }
+}
+
+TEST_CASE("shards: past 64 live threads, a new thread takes a free index, not an overflow thread's") {
+  detail::shard_indices reg;
+  std::vector<std::size_t> held;
+  for (std::size_t i = 0; i < detail::counter_shards; ++i) { held.push_back(reg.acquire()); }
+  std::size_t const overflow = reg.acquire();  // the 65th live thread shares some index
+  std::size_t const other = (overflow + 5) % detail::counter_shards;
+  reg.release(held[overflow]);  // the thread it shares with exits, and another one
+  reg.release(held[other]);
+  CHECK(reg.acquire() == other);  // 63 live threads: nobody holds `other`, so no sharing
+}
+
+namespace {
+std::latch* index_given_back = nullptr;
+std::latch* index_taken_again = nullptr;
+std::atomic<std::size_t> late_shard{0};
+struct uses_shard_at_exit {
+  ~uses_shard_at_exit() {  // runs after the thread's index went back (built before it was taken)
+    index_given_back->count_down();
+    index_taken_again->wait();
+    late_shard = detail::this_thread_shard();
+  }
+};
+}  // namespace
+
+TEST_CASE("shards: a thread-exit destructor after the index went back does not share a new thread's") {
+  (void)detail::this_thread_shard();
+  std::latch given_back{1}, taken{1}, done{1};
+  index_given_back = &given_back;
+  index_taken_again = &taken;
+  std::thread a{[] {
+    thread_local uses_shard_at_exit late;
+    (void)&late;
+    (void)detail::this_thread_shard();
+  }};
+  given_back.wait();
+  std::size_t b_index = 0;
+  std::thread b{[&] {
+    b_index = detail::this_thread_shard();  // a's index, given back
+    taken.count_down();
+    done.wait();
+  }};
+  a.join();
+  CHECK(late_shard.load() != b_index);
+  done.count_down();
+  b.join();
 }
 
 TEST_CASE("statistics: refills() counts the allocations that had to refill their thread's credit") {

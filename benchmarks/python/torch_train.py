@@ -60,6 +60,7 @@ CONFIGS = {
     "mrstack-vmm-one-lock": {"env": {}, "spec": "pool(thread_shards=0) > vmm"},
 }
 DEFAULT_CONFIGS = ("torch", "expandable", "mrstack-vmm", "mrstack-cuda")
+BUILT_IN_CONFIGS = frozenset(CONFIGS)
 
 
 # ---- models (used when torchvision / transformers are missing) ---------------------------
@@ -388,10 +389,15 @@ def main(argv=None):
     parser.add_argument("--workload", help=argparse.SUPPRESS)
     parser.add_argument("--config", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    args.define_names = set()
     for definition in args.define:
         name, equals, spec = definition.partition("=")
         if not equals or not name or not spec.strip():
             parser.error(f"--define {definition!r}: expected NAME=SPEC, e.g. park64='pool(park_divisor=64) > vmm'")
+        if name in BUILT_IN_CONFIGS or name in args.define_names or "," in name:
+            parser.error(f"--define {definition!r}: {name!r} is a built-in configuration, defined twice or holds "
+                         f"a comma; pick another name")
+        args.define_names.add(name)
         CONFIGS[name] = {"env": {}, "spec": spec}
     if args.child:
         return run_child(args)

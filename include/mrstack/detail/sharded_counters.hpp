@@ -7,8 +7,8 @@
 /// moves between cores on every call; with a few threads that transfer costs more than
 /// the whole suballocator below. Each thread writes its own shard (a cache line with its
 /// own lock, uncontended), and whoever needs the exact sum takes every shard's lock.
+#include <array>
 #include <atomic>
-#include <bit>
 #include <cstddef>
 #include <cstdint>
 #include <limits>
@@ -19,10 +19,10 @@ namespace mrstack::detail {
 /// Shards per adaptor: live threads beyond this share shards (still exact, only contended).
 inline constexpr std::size_t counter_shards = 64;
 
-/// Hands out shard indices: each thread gets the lowest index no live thread holds and
-/// gives it back when it exits, so live threads share a shard only when more than
-/// `counter_shards` of them use it at once (then indices are dealt round-robin). The
-/// first version dealt ordinals from a counter that only grew: in a process whose
+/// Hands out shard indices: each thread gets the index the fewest live threads hold (the
+/// lowest of those) and gives it back when it exits, so live threads share a shard only
+/// when more than `counter_shards` of them use it at once, and then as evenly as they
+/// can. The first version dealt ordinals from a counter that only grew: in a process whose
 /// threads come and go (a benchmark's workers, a thread pool made anew) a new thread's
 /// ordinal came round to a long-lived thread's (n + 64 ≡ n), and those two contended
 /// for one shard while others sat unused: on 16-core H200 hosts the bare pool at 16
@@ -30,43 +30,61 @@ inline constexpr std::size_t counter_shards = 64;
 /// Never destroyed: a thread may exit after static destruction began.
 class shard_indices {
  public:
-  struct grant {
-    std::size_t index;
-    bool exclusive;  // false: dealt round-robin to a thread beyond the first 64, shared
-  };
   static shard_indices& instance() {
     static auto* const registry = new shard_indices;
     return *registry;
   }
-  grant acquire() noexcept {
+  /// An index for a new live thread (counted as held until `release`).
+  std::size_t acquire() noexcept {
     std::lock_guard lock{mutex_};
-    if (used_ == ~std::uint64_t{0}) { return {overflow_++ % counter_shards, false}; }
-    auto const i = static_cast<std::size_t>(std::countr_one(used_));
-    used_ |= std::uint64_t{1} << i;
-    return {i, true};
+    std::size_t const i = least_held();
+    ++holders_[i];
+    return i;
   }
-  void release(grant g) noexcept {
-    if (!g.exclusive) { return; }
+  void release(std::size_t index) noexcept {
     std::lock_guard lock{mutex_};
-    used_ &= ~(std::uint64_t{1} << g.index);
+    if (index < counter_shards && holders_[index] != 0) { --holders_[index]; }
+  }
+  /// The index the fewest live threads hold, not taken (for a call made after its
+  /// thread's index went back, from a later thread-exit destructor).
+  std::size_t least_shared() noexcept {
+    std::lock_guard lock{mutex_};
+    return least_held();
   }
 
  private:
-  static_assert(counter_shards == 64, "the set of indices in use is one 64-bit word");
+  std::size_t least_held() const noexcept {
+    std::size_t best = 0;
+    for (std::size_t i = 1; i < counter_shards && holders_[best] != 0; ++i) {
+      if (holders_[i] < holders_[best]) { best = i; }
+    }
+    return best;
+  }
   std::mutex mutex_;
-  std::uint64_t used_ = 0;
-  std::size_t overflow_ = 0;
+  std::array<std::uint32_t, counter_shards> holders_{};  // live threads holding each index
 };
 
 /// The calling thread's shard index, in [0, counter_shards): distinct among live threads
 /// (up to `counter_shards` of them), given back when the thread exits.
 inline std::size_t this_thread_shard() noexcept {
-  struct held {
-    shard_indices::grant grant = shard_indices::instance().acquire();
-    ~held() { shard_indices::instance().release(grant); }
+  // Trivially destructible, so a thread_local destructor that runs after the index went
+  // back (one built before this thread's first call) still reads them legally; such a
+  // late call shares the least-held index rather than one a new thread may hold alone.
+  thread_local std::size_t index = counter_shards;  // counter_shards: none held
+  thread_local bool given_back = false;
+  if (index < counter_shards) [[likely]] { return index; }
+  if (given_back) { return shard_indices::instance().least_shared(); }
+  struct give_back_at_exit {
+    ~give_back_at_exit() {
+      shard_indices::instance().release(index);
+      index = counter_shards;
+      given_back = true;
+    }
   };
-  thread_local held const mine;
-  return mine.grant.index;
+  index = shard_indices::instance().acquire();
+  thread_local give_back_at_exit const at_exit;
+  (void)at_exit;
+  return index;
 }
 
 /// a + b, clamped to the int64 range instead of wrapping.
