@@ -226,7 +226,7 @@ TEST_CASE("pool streams: one stream makes no CUDA calls; with two, created strea
   // 1/park_divisor of the pool since its last record: one record per 25 frees here, not
   // one per free. B's first block comes from A's parked memory (one wait); then each
   // stream reuses its own frees.
-  std::size_t const park_above = pool.pool_size() / detail::stream_ordered_pool::default_park_divisor;
+  std::size_t const park_above = pool.pool_size() / detail::park_policy::default_divisor;
   std::size_t const frees_per_record = park_above / (4 * KiB) + 1;
   for (int i = 0; i < 1000; ++i) {
     pool.deallocate(pool.allocate(4 * KiB, b_stream), 4 * KiB, b_stream);

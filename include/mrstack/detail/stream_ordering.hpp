@@ -406,8 +406,6 @@ class stream_ordered_pool {
     return size;
   }
 
-  static constexpr std::size_t default_park_divisor = park_policy::default_divisor;
-
   /// Owner id of stream `s` (creating its slot when new).
   owner_id owner_of(stream_ref const& s) {
     // The stream of the previous call, again (the common case): its slot and exclusivity
