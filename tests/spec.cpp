@@ -439,6 +439,9 @@ TEST_CASE("spec: values outside a parameter's range are refused when the stack i
   require_spec_error("pool(contention_window=2000000000) > simulated", 24, "out of range");
   auto const always = make_stack("pool(contention_window=0) > simulated");
   CHECK(dynamic_cast<pool_memory_resource&>(*always).options().contention_window == 0);
+  require_spec_error("pool(park_minimum=2TiB) > simulated", 19, "out of range");
+  auto const coarse = make_stack("pool(park_minimum=64MiB) > simulated");
+  CHECK(dynamic_cast<pool_memory_resource&>(*coarse).options().park_minimum == std::size_t{64} << 20);
   require_spec_error("pool(growth_granularity=3MiB) > simulated", 25, "a power of two");
   require_spec_error("fixed_size(block_size=0) > simulated", 23, "expected 1B to 1GiB");
   require_spec_error("fixed_size(block_size=1GiB, blocks_to_preallocate=2048) > simulated", 51,
