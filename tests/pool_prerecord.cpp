@@ -69,22 +69,32 @@ struct live_block {
   std::uintptr_t stream;
 };
 
-/// A thread between its prerecord and its free: the block, the last use's clock, the event.
+/// A thread between its prerecord and its free: the block, the last use's clock, what it
+/// did before the lock (found the stream idle, or recorded an event).
 struct pending_free {
   std::uintptr_t address;
   std::uint64_t clock;
-  detail::stream_sync::handle event;
+  detail::prepark before;
+};
+
+/// What one model run saw: prerecorded events adopted, and parks that found their stream
+/// idle (its memory made synchronized instead).
+struct model_counts {
+  std::size_t adopted = 0;
+  std::size_t settled_idle = 0;
 };
 
 /// Which streams a simulated thread uses: only its own; its own for 1,000 steps, then the
 /// next one's (threads of a pool taking turns on streams); or any of them.
 enum class usage { own, rotating, shared };
 
-/// Runs `steps` random steps of three simulated threads over three created streams;
-/// returns how many prerecorded events the pool adopted.
-std::size_t run_model(std::uint64_t seed, usage use, int steps) {
+/// Runs `steps` random steps of three simulated threads over three created streams. With
+/// `idle_streams`, the device now and then finishes a stream's work, the seam answers
+/// idle truly, and prerecording threads ask it first (as the pool does).
+model_counts run_model(std::uint64_t seed, usage use, int steps, bool idle_streams = false) {
   std::mt19937_64 rng{seed};
   auto fake = std::make_shared<fake_stream_sync>();
+  fake->report_idle = idle_streams;
   // Frees park when a stream has freed 1/park_divisor of the pool since its last park:
   // with 1024 nearly every free here parks, with 64 most do not (both must be safe).
   // (No minimum: the blocks here are small, and it is the parking that is under test.)
@@ -98,20 +108,21 @@ std::size_t run_model(std::uint64_t seed, usage use, int steps) {
   std::map<std::uintptr_t, live_block> live;
   std::map<std::uintptr_t, std::optional<pending_free>> pending;  // by thread
   std::vector<detail::stream_sync::handle> spares;
-  std::size_t adopted = 0;
+  model_counts counts;
   std::uintptr_t next_chunk = 0x500000000000;
   auto finish_free = [&](std::uintptr_t thread) {
     pending_free p = *pending[thread];
     pending[thread].reset();
     live_block const b = live.at(p.address);
-    detail::stream_sync::handle const mine = p.event;
-    REQUIRE(core.deallocate(p.address, created(b.stream), detail::block_pool::any_size, &p.event) == b.size);
-    adopted += p.event != mine ? 1 : 0;
-    if (p.event != 0) { spares.push_back(p.event); }
+    detail::stream_sync::handle const mine = p.before.event;
+    REQUIRE(core.deallocate(p.address, created(b.stream), detail::block_pool::any_size, &p.before) == b.size);
+    counts.adopted += p.before.event != mine ? 1 : 0;
+    if (p.before.event != 0) { spares.push_back(p.before.event); }
     freed.add(p.address, b.size, b.stream, p.clock);
     live.erase(p.address);
   };
   for (int step = 0; step < steps; ++step) {
+    if (idle_streams && rng() % 8 == 0) { fake->complete(streams[rng() % 3]); }  // the device catches up
     current_thread = threads[rng() % 3];
     if (pending[current_thread]) {  // a thread's next action is the free it prerecorded for
       finish_free(current_thread);
@@ -143,17 +154,22 @@ std::size_t run_model(std::uint64_t seed, usage use, int steps) {
     if (busy || (use != usage::shared && it->second.stream != s)) { continue; }
     std::uintptr_t const stream = it->second.stream;
     std::uint64_t const clock = fake->enqueue(stream);  // the block's last use
+    if (idle_streams && rng() % 2 == 0) { fake->complete(stream); }  // and the device ran it at once
     if (rng() % 2 == 0) {
-      // Prerecord on the block's stream now; other threads act before the free lands.
-      detail::stream_sync::handle e = 0;
-      if (spares.empty()) {
-        e = fake->create_event();
-      } else {
-        e = spares.back();
-        spares.pop_back();
+      // Prerecord on the block's stream now (or find it idle); other threads act before
+      // the free lands.
+      detail::prepark before;
+      before.idle = idle_streams && fake->idle(stream);
+      if (!before.idle) {
+        if (spares.empty()) {
+          before.event = fake->create_event();
+        } else {
+          before.event = spares.back();
+          spares.pop_back();
+        }
+        REQUIRE(fake->record(before.event, stream));
       }
-      REQUIRE(fake->record(e, stream));
-      pending[current_thread] = pending_free{it->first, clock, e};
+      pending[current_thread] = pending_free{it->first, clock, before};
       continue;
     }
     REQUIRE(core.deallocate(it->first, created(stream)) == it->second.size);
@@ -163,7 +179,8 @@ std::size_t run_model(std::uint64_t seed, usage use, int steps) {
   }
   REQUIRE(core.blocks().check_invariants() == "");
   for (auto& s : spares) { fake->destroy_event(s); }
-  return adopted;
+  counts.settled_idle = core.owners().idle_parks();
+  return counts;
 }
 
 }  // namespace
@@ -173,7 +190,7 @@ TEST_CASE("pool prerecord: streams each used by one thread adopt the events reco
     std::size_t adopted = 0;
     for (std::uint64_t seed = 1; seed <= 6; ++seed) {
       CAPTURE(seed);
-      adopted += run_model(seed, use, 60000);
+      adopted += run_model(seed, use, 60000).adopted;
     }
     INFO("rotating " << (use == usage::rotating) << ", adopted " << adopted);
     CHECK(adopted > 1000);  // the test exercised the adoption it is about, also as threads take turns
@@ -185,7 +202,7 @@ TEST_CASE("pool prerecord: streams several threads use never park under an event
   std::size_t adopted = 0;
   for (std::uint64_t seed = 1; seed <= 6; ++seed) {
     CAPTURE(seed);
-    adopted += run_model(seed, usage::shared, 60000);
+    adopted += run_model(seed, usage::shared, 60000).adopted;
   }
   INFO("adopted " << adopted);
   CHECK(adopted > 0);  // between one thread's two parks with no other thread in between
@@ -222,8 +239,10 @@ TEST_CASE("pool prerecord: without the one-thread rule the model sees memory reu
   CHECK(fake->records == records);  // too small to park: B's free waits for a record
   current_thread = 3;
   detail::stream_sync::handle const mine = event;
-  REQUIRE(core.deallocate(a, s, detail::block_pool::any_size, &event) == 16 * MiB);
-  CHECK(event == mine);  // not adopted: the stream has had two threads
+  detail::prepark before{event, false};
+  REQUIRE(core.deallocate(a, s, detail::block_pool::any_size, &before) == 16 * MiB);
+  CHECK(before.event == mine);  // not adopted: the stream has had two threads
+  event = before.event;
   current_thread = 5;
   std::uintptr_t const reused = core.allocate(48 * MiB, 256, t);  // takes parked memory, B's block too
   REQUIRE(reused != 0);
@@ -256,4 +275,58 @@ TEST_CASE("pool prerecord: the pool records large frees on created streams befor
   pool.deallocate(pa, 64 * MiB, a);
   CHECK(pool.check_invariants() == "");
   CHECK(fake->dead_named == 0);
+}
+
+TEST_CASE("pool idle streams: parks that find their stream idle record nothing, and nothing is reused early") {
+  for (usage const use : {usage::own, usage::rotating, usage::shared}) {
+    model_counts total;
+    for (std::uint64_t seed = 1; seed <= 6; ++seed) {
+      CAPTURE(seed);
+      model_counts const c = run_model(seed, use, 60000, true);
+      total.adopted += c.adopted;
+      total.settled_idle += c.settled_idle;
+    }
+    INFO("usage " << static_cast<int>(use) << ", adopted " << total.adopted << ", idle parks " << total.settled_idle);
+    CHECK(total.settled_idle > 1000);  // the idle path was exercised, beside events
+    CHECK(total.adopted > 0);
+  }
+  current_thread = 3;
+}
+
+TEST_CASE("pool idle streams: an idle answer from before the lock counts only while one thread names the stream (the model can fail)") {
+  // A finds s idle before its lock; B then uses a block on s and frees it; A's free parks
+  // s. Taking A's answer would hand B's block to another stream before B's work ran.
+  auto fake = std::make_shared<fake_stream_sync>();
+  fake->report_idle = true;
+  detail::park_policy parks;
+  parks.minimum = 0;
+  detail::stream_ordered_pool core{fake, &simulated_thread_key, true, parks};
+  stream_ref const s = created(0x100);
+  stream_ref const t = created(0x200);
+  current_thread = 3;
+  core.add_chunk(0x500000000000, 64 * MiB, s);
+  std::uintptr_t const a = core.allocate(16 * MiB, 256, s);
+  std::uintptr_t const b = core.allocate(4 * KiB, 256, s);
+  current_thread = 5;
+  core.add_chunk(0x600000000000, 8 * MiB, t);  // a second stream: frees park from now on
+  REQUIRE(core.allocate(4 * KiB, 256, t) != 0);
+  current_thread = 3;
+  std::uintptr_t const c = core.allocate(8 * MiB, 256, s);
+  REQUIRE(core.deallocate(c, s) == 8 * MiB);  // A parks s (idle: no record); A alone since
+  CHECK(core.owners().idle_parks() == 1);
+  detail::prepark before;
+  before.idle = fake->idle(0x100);  // A, before its lock
+  REQUIRE(before.idle);
+  current_thread = 5;  // B, on the same stream, uses b and frees it
+  std::uint64_t const b_clock = fake->enqueue(0x100);
+  REQUIRE(core.deallocate(b, s) == 4 * KiB);
+  current_thread = 3;
+  REQUIRE(core.deallocate(a, s, detail::block_pool::any_size, &before) == 16 * MiB);
+  CHECK(core.owners().idle_parks() == 1);  // asked again under the lock: busy, so it recorded
+  current_thread = 5;
+  std::uintptr_t const reused = core.allocate(48 * MiB, 256, t);  // parked memory, B's block too
+  REQUIRE(reused != 0);
+  CHECK(fake->ordered_after(0x200, 0x100, b_clock));
+  CHECK_FALSE(fake->ordered_after(0x300, 0x100, b_clock));  // what a stream taking it unordered would see
+  current_thread = 3;
 }

@@ -9,7 +9,8 @@
 namespace mrstack::bench {
 
 /// Adds counters to `state`: cuda_syncs_per_call (event creates, records, stream waits and
-/// synchronizations per allocate-or-free call), records_per_call, waits_per_call and
+/// synchronizations per allocate-or-free call), records_per_call, waits_per_call,
+/// queries_per_call (is a stream idle?), ns_per_record and ns_per_query, and
 /// cuda_sync_share (the threads' time inside those calls over threads × wall time).
 inline void report_stream_sync(benchmark::State& state, stream_sync_profile const& before, double calls,
                                double threads, double wall_seconds) {
@@ -18,6 +19,13 @@ inline void report_stream_sync(benchmark::State& state, stream_sync_profile cons
   state.counters["cuda_syncs_per_call"] = static_cast<double>(d.total_calls()) / calls;
   state.counters["records_per_call"] = static_cast<double>(d.calls[stream_sync_profile::record]) / calls;
   state.counters["waits_per_call"] = static_cast<double>(d.calls[stream_sync_profile::wait]) / calls;
+  state.counters["queries_per_call"] = static_cast<double>(d.calls[stream_sync_profile::query]) / calls;
+  if (std::uint64_t const n = d.calls[stream_sync_profile::record]) {
+    state.counters["ns_per_record"] = static_cast<double>(d.nanoseconds[stream_sync_profile::record]) / static_cast<double>(n);
+  }
+  if (std::uint64_t const n = d.calls[stream_sync_profile::query]) {
+    state.counters["ns_per_query"] = static_cast<double>(d.nanoseconds[stream_sync_profile::query]) / static_cast<double>(n);
+  }
   if (wall_seconds > 0 && threads > 0) {
     state.counters["cuda_sync_share"] = static_cast<double>(d.total_nanoseconds()) * 1e-9 / (threads * wall_seconds);
   }

@@ -292,6 +292,7 @@ typedef struct mrstack_stream_sync_counts {
   uint64_t stream_synchronizations;  /* cudaStreamSynchronize */
   uint64_t device_synchronizations;  /* cudaDeviceSynchronize */
   uint64_t nanoseconds;              /* inside all of them */
+  uint64_t idle_queries;             /* cudaStreamQuery: has a stream finished its work? */
 } mrstack_stream_sync_counts;
 MRSTACK_C_EXPORT mrstack_status mrstack_stream_sync_profile(mrstack_stream_sync_counts* out);
 

@@ -292,7 +292,8 @@ def release(device=0):
 def stream_sync_counts():
     """The CUDA calls mrstack's suballocators have made in this process to order memory
     between streams (event creates, records, stream waits, stream and device
-    synchronizations) and the seconds spent in them, as a dict. Read it before and after
+    synchronizations, queries whether a stream is idle) and the seconds spent in them,
+    as a dict. Read it before and after
     a region (a training step) and subtract: that is what the region's stream ordering
     cost. One stream makes none."""
     lib = _lib.library()

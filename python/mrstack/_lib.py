@@ -129,7 +129,8 @@ class _TorchStats(ctypes.Structure):
 
 class _StreamSyncCounts(ctypes.Structure):
     _fields_ = [(name, ctypes.c_uint64) for name in (
-        "event_creates", "records", "waits", "stream_synchronizations", "device_synchronizations", "nanoseconds")]
+        "event_creates", "records", "waits", "stream_synchronizations", "device_synchronizations", "nanoseconds",
+        "idle_queries")]
 
 
 def _package_dir():

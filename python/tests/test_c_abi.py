@@ -131,7 +131,7 @@ def test_per_client_books(lib):
 def test_stream_sync_counts_host_stacks_make_no_cuda_calls(lib):
     before = mrstack.stream_sync_counts()
     assert set(before) == {"event_creates", "records", "waits", "stream_synchronizations",
-                           "device_synchronizations", "seconds"}
+                           "device_synchronizations", "idle_queries", "seconds"}
     with mrstack.Stack("pool > system") as stack:   # host memory: its streams need no events
         ptrs = [stack.allocate(1 << 20, stream=s) for s in (0x100, 0x200, 0x100)]
         for p, s in zip(ptrs, (0x100, 0x200, 0x100)):

@@ -17,5 +17,6 @@ extern "C" mrstack_status mrstack_stream_sync_profile(mrstack_stream_sync_counts
   out->stream_synchronizations = p.calls[kind::synchronize];
   out->device_synchronizations = p.calls[kind::synchronize_all];
   out->nanoseconds = p.total_nanoseconds();
+  out->idle_queries = p.calls[kind::query];
   return MRSTACK_SUCCESS;
 }

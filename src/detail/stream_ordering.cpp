@@ -117,8 +117,7 @@ void stream_owners::record_now(slot& sl, stream_ref const& s) {
 
 owner_id stream_owners::park(owner_id o, stream_ref const& s, stream_sync::handle* prerecorded) {
   slot& sl = slots_[o];
-  std::uintptr_t const me = thread_key_();
-  if (prerecorded != nullptr && *prerecorded != 0 && sl.sole_thread == me) {
+  if (prerecorded != nullptr && *prerecorded != 0 && sl.sole_thread == thread_key_()) {
     // Recorded by this call before its lock. Since this thread's last park of `s` (or
     // since the slot was made) no other thread named `s`, so every free it holds — parked
     // then, or freed since by this thread — came before that record in this thread's own
@@ -130,12 +129,42 @@ owner_id stream_owners::park(owner_id o, stream_ref const& s, stream_sync::handl
     if (!sync_->record(sl.event, s.handle)) { return 0; }
     ++records_;
   }
-  sl.sole_thread = me;  // everything held now is covered by this thread's park
+  sl.cover = sl.event;
+  sl.parked_complete = false;  // what it parks now waits for that event
+  return parked_slot(o, s);
+}
+
+owner_id stream_owners::park_if_idle(owner_id o, stream_ref const& s, prepark const* before) {
+  slot& sl = slots_[o];
+  if (before == nullptr || !before->idle || sl.sole_thread != thread_key_()) {
+    if (before != nullptr && before->event != 0) { return 0; }  // asked (or chose not to) before the lock
+    if (sl.asks_skipped != 0) {
+      --sl.asks_skipped;
+      return 0;
+    }
+    ++idle_queries_;
+    if (!sync_->idle(s.handle)) {
+      sl.busy_streak = static_cast<std::uint8_t>(std::min<unsigned>(sl.busy_streak + 1U, max_busy_streak));
+      sl.asks_skipped = static_cast<std::uint8_t>((1U << sl.busy_streak) - 1U);
+      return 0;
+    }
+  }
+  // Every free `o` holds, and everything it parked before (under events recorded before
+  // now), was made before the stream was seen idle: the work that used it has finished.
+  sl.busy_streak = 0;
+  sl.asks_skipped = 0;
+  sl.parked_complete = true;
+  ++idle_parks_;
+  return parked_slot(o, s);
+}
+
+owner_id stream_owners::parked_slot(owner_id o, stream_ref const& s) {
+  slot& sl = slots_[o];
+  sl.sole_thread = thread_key_();  // everything held now is covered by this thread's park
   sl.dirty = false;
   sl.dirty_bytes = 0;
-  sl.cover = sl.event;
   sl.wanted = false;
-  parks_.fetch_add(1, std::memory_order_release);
+  parks_.fetch_add(1, std::memory_order_release);  // a thread waiting for this stream to park may look again
   if (sl.parked == 0) {
     owner_id const p = new_slot();  // may move slots_: `sl` is not used after this
     slots_[p].ref = s;
@@ -148,7 +177,9 @@ owner_id stream_owners::park(owner_id o, stream_ref const& s, stream_sync::handl
 
 stream_owners::handover stream_owners::hand_over(owner_id from, stream_ref const& to) {
   if (slots_[from].parent != 0) {
-    // Parked memory: covered by its stream's event, recorded after every free parked.
+    // Parked memory: covered by its stream's event, recorded after every free parked, or
+    // complete (its stream had finished all its work when it last parked).
+    if (slots_[slots_[from].parent].parked_complete) { return handover::ready; }
     sync_->wait(to.handle, slots_[slots_[from].parent].event);
     ++waits_;
     return handover::ready;

@@ -165,13 +165,14 @@ void pool_memory_resource::do_deallocate(void* ptr, std::size_t bytes, std::size
       return;
     }
   }
-  // A free that will park its stream records the event before the lock (see
-  // detail/spare_events.hpp): under the lock, every other thread would wait out the call.
+  // A free that will park its stream asks whether the stream is idle, or records the
+  // event, before the lock (see detail/spare_events.hpp): under the lock, every other
+  // thread would wait out the CUDA call.
   detail::prerecorded_event event{spare_events_};
   // Acquire: a bound below ~0 was stored after a second stream appeared, so every free
   // made before that (whose memory this park may cover) happens before this record.
   if (bytes > park_certain_above_.load(std::memory_order_acquire) && detail::stream_owners::is_created(s)) {
-    event.record_on(s.handle);
+    event.prepare(s.handle);
   }
   std::size_t actual = 0;  // the block's size, when the free is refused
   {
@@ -379,6 +380,8 @@ pool_memory_resource::statistics pool_memory_resource::stats() const {
   st.upstream_allocations = upstream_allocations_;
   st.events_recorded = core_.owners().records() + spare_events_.records() + shards.events_recorded;
   st.stream_waits = core_.owners().waits() + shards.stream_waits;
+  st.idle_parks = core_.owners().idle_parks() + shards.idle_parks;
+  st.idle_queries = core_.owners().idle_queries() + spare_events_.queries() + shards.idle_queries;
   st.thread_shards = shards.shards;
   st.slab_bytes = shards.slab_bytes;
   return st;

@@ -252,6 +252,8 @@ pool_memory_resource::shard_totals pool_memory_resource::sum_shards() const {
     t.largest_free_block = std::max(t.largest_free_block, b.largest_free_block());
     t.events_recorded += shard->core.owners().records();
     t.stream_waits += shard->core.owners().waits();
+    t.idle_parks += shard->core.owners().idle_parks();
+    t.idle_queries += shard->core.owners().idle_queries();
   }
   return t;
 }

@@ -75,6 +75,13 @@ class cuda_stream_sync final : public detail::stream_sync {
     detail::device_scope on_device{device_};
     MRSTACK_CUDA_TRY(cudaDeviceSynchronize());
   }
+  bool idle(handle stream) override {
+    profiled_call timed{stream_sync_profile::query};
+    cudaError_t const status = cudaStreamQuery(as_stream(stream));
+    if (status == cudaSuccess) { return true; }
+    if (status != cudaErrorNotReady) { (void)cudaGetLastError(); }  // an error is "busy": the safe answer
+    return false;
+  }
 
  private:
   int device_ = detail::resolve_device(-1);
@@ -88,6 +95,7 @@ class host_stream_sync final : public detail::stream_sync {
   void wait(handle, handle) override {}
   void synchronize(handle) override {}
   void synchronize_all() override {}
+  bool idle(handle) override { return true; }
 
  private:
   std::atomic<handle> events_{0};

@@ -44,9 +44,16 @@ class fake_stream_sync final : public detail::stream_sync {
   void set_blocking(handle stream) { blocking_.insert(stream); }
   /// Called on every record with the stream handle (tests check who may record where).
   std::function<void(handle)> on_record;
+  /// The device has run all the work enqueued on `stream` so far (and, for `idle`, what
+  /// it waits for is done only when that stream's work is completed too).
+  void complete(handle stream) { done_[stream] = now_[stream]; }
+  /// Whether `idle` answers truly; off, it always says busy (as the seam's default does),
+  /// which keeps the tests written before idle streams settled their memory as they were.
+  bool report_idle = false;
+  std::size_t queries = 0;
 
   std::size_t creates = 0, destroys = 0, records = 0, waits = 0, syncs = 0, sync_alls = 0;
-  [[nodiscard]] std::size_t calls() const { return creates + destroys + records + waits + syncs + sync_alls; }
+  [[nodiscard]] std::size_t calls() const { return creates + destroys + records + waits + syncs + sync_alls + queries; }
   [[nodiscard]] std::size_t live_events() const { return events_.size(); }
 
   // ---- the seam ----
@@ -90,6 +97,21 @@ class fake_stream_sync final : public detail::stream_sync {
   void synchronize_all() override {
     ++sync_alls;
     for (auto const& [s, t] : now_) { done_[s] = t; }
+  }
+  /// Idle: its own work is done, and so is all the work of other streams it waited for.
+  bool idle(handle stream) override {
+    ++queries;
+    if (dead_.count(stream) != 0) {
+      ++dead_named;
+      return false;
+    }
+    if (!report_idle) { return false; }
+    auto finished = [&](handle s, std::uint64_t t) { return t == 0 || done_[s] >= t; };
+    if (!finished(stream, now_[stream])) { return false; }
+    for (auto const& [s, t] : known_[stream]) {
+      if (!finished(s, t)) { return false; }
+    }
+    return true;
   }
 
  private:

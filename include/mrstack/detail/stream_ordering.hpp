@@ -76,6 +76,19 @@ class stream_sync {
   virtual void synchronize(handle stream) = 0;
   /// Blocks the host until all work on the device has finished.
   virtual void synchronize_all() = 0;
+  /// True when every piece of work enqueued on `stream` so far has finished (the stream
+  /// waits for nothing either): memory it freed is then usable by every stream with no
+  /// event. Asked only of a stream the current call names. Answering false is always
+  /// safe (the default: such a seam never reports a stream idle).
+  virtual bool idle(handle /*stream*/) { return false; }
+};
+
+/// What a call did on its stream before its resource took the lock (see
+/// stream_owners::park and stream_owners::park_if_idle): an event it recorded there,
+/// or that it found the stream idle and recorded nothing.
+struct prepark {
+  stream_sync::handle event = 0;  ///< recorded on the stream (0: none)
+  bool idle = false;              ///< the stream had finished all its work when asked
 };
 
 /// A stream as the ordering logic sees it.
@@ -178,6 +191,23 @@ class stream_owners {
   /// becomes the slot's old event (0 if none) for the caller to reuse; otherwise it is
   /// left alone.
   owner_id park(owner_id o, stream_ref const& s, stream_sync::handle* prerecorded = nullptr);
+  /// Parks `o` without a record when its stream `s` (created, named by the current call,
+  /// on-demand rule) has finished all its work: everything `o` holds free, and what it
+  /// parked before, is then complete, and another stream takes it with no wait (until
+  /// the next park that records). Returns the parked owner to move `o`'s free memory to,
+  /// or 0 when `s` is not known idle (the caller parks as usual). `before`: what the call
+  /// did before its resource's lock (null: nothing). Found idle then, the answer counts
+  /// only when no other thread named `s` since this thread's last park, as for a
+  /// prerecorded event (another thread's free in between may have work still pending);
+  /// with an event recorded then, `s` is not asked again. Otherwise `s` is asked here,
+  /// unless recent asks found it busy: after k busy answers in a row the next 2^k - 1
+  /// parks (at most 63) do not ask, so a stream that always has work queued (a training
+  /// loop) costs about one query per 64 parks. (Not synchronized memory: a neighbouring
+  /// free of `s` would take that back at once, under the merging rule.)
+  owner_id park_if_idle(owner_id o, stream_ref const& s, prepark const* before);
+  /// Streams asked whether they were idle (`park_if_idle`), and how many parks found one so.
+  [[nodiscard]] std::size_t idle_queries() const noexcept { return idle_queries_; }
+  [[nodiscard]] std::size_t idle_parks() const noexcept { return idle_parks_; }
   /// The calling thread names `o`'s stream (a created stream, on-demand rule, several
   /// streams in use): records it as the thread of the stream's last call (whom a wanting
   /// stream may wait for) and tracks whether one thread alone has named it since the last
@@ -287,7 +317,11 @@ class stream_owners {
     owner_id parent = 0;    // a parked owner's slot: the stream it parks for
     std::uintptr_t last_thread = 0;  // on-demand rule, several streams: the thread of its last call (note_caller)
     std::uintptr_t sole_thread = 0;  // the one thread that named it since its last park, or several_threads
+    bool parked_complete = false;    // its stream was idle at its last park: its parked memory needs no wait
+    std::uint8_t busy_streak = 0;    // park_if_idle: busy answers in a row (at most max_busy_streak)
+    std::uint8_t asks_skipped = 0;   // park_if_idle: parks left before the stream is asked again
   };
+  static constexpr std::uint8_t max_busy_streak = 6;
   static constexpr std::uintptr_t several_threads = 2;  // thread keys are odd
 
   template <typename HoldsMemory>
@@ -308,6 +342,8 @@ class stream_owners {
   owner_id install(stream_ref const& s, owner_id reuse);
   void retire(owner_id o) noexcept;
   void record_now(slot& sl, stream_ref const& s);
+  /// After a park of `o` by the calling thread: the slot is clean; returns its parked owner (made when new).
+  owner_id parked_slot(owner_id o, stream_ref const& s);
 
   std::shared_ptr<stream_sync> sync_;
   thread_key_fn thread_key_;
@@ -318,6 +354,8 @@ class stream_owners {
   owner_id cached_owner_ = 0;
   std::size_t records_ = 0;
   std::size_t waits_ = 0;
+  std::size_t idle_queries_ = 0;
+  std::size_t idle_parks_ = 0;
   bool eager_ = false;  // eager rule, a second stream was seen: created streams record on every free
   bool on_demand_ = false;  // created streams record on demand and park (see the header comment)
   bool several_streams_ = false;  // a second stream was seen
@@ -371,14 +409,14 @@ class stream_ordered_pool {
   }
   /// Frees the live block at `address` on stream `s`; returns its size (0: not ours, or
   /// not of `expected_size`: see block_pool::deallocate).
-  /// `prerecorded`: see stream_owners::park (the caller's event, swapped when used).
+  /// `before`: what the call did on `s` before its lock (stream_owners::park and
+  /// park_if_idle; a prerecorded event is swapped when used).
   std::size_t deallocate(std::uintptr_t address, stream_ref const& s,
-                         std::size_t expected_size = block_pool::any_size,
-                         stream_sync::handle* prerecorded = nullptr) {
+                         std::size_t expected_size = block_pool::any_size, prepark* before = nullptr) {
     blocks_.prefetch_deallocate(address);  // its cache miss overlaps finding the owner
     owner_id const o = owner_of(s);
     std::size_t const size = blocks_.deallocate(address, o, expected_size);
-    if (size != 0 && owners_.note_free(o, s, size, park_above())) { park(o, s, prerecorded); }
+    if (size != 0 && owners_.note_free(o, s, size, park_above())) { park(o, s, before); }
     return size;
   }
 
@@ -457,9 +495,12 @@ class stream_ordered_pool {
                                              owner_id o);
   /// The streams whose free memory chunk `c` holds (parked memory counted as its stream's).
   [[nodiscard]] std::vector<owner_id> streams_holding(chunk_id c) const;
-  /// Records on `o`'s stream `s` and moves everything `o` holds free to its parked owner.
-  void park(owner_id o, stream_ref const& s, stream_sync::handle* prerecorded = nullptr) {
-    if (owner_id const p = owners_.park(o, s, prerecorded)) { blocks_.transfer(o, p); }
+  /// Records on `o`'s stream `s` (or finds it idle) and moves everything `o` holds free
+  /// to its parked owner.
+  void park(owner_id o, stream_ref const& s, prepark* before = nullptr) {
+    owner_id p = owners_.park_if_idle(o, s, before);
+    if (p == 0) { p = owners_.park(o, s, before != nullptr && before->event != 0 ? &before->event : nullptr); }
+    if (p != 0) { blocks_.transfer(o, p); }
   }
   /// Freed bytes since its last record above which a stream parks (see park_policy).
   [[nodiscard]] std::size_t park_above() const noexcept {

@@ -164,6 +164,8 @@ class pool_memory_resource final : public memory_resource {
     std::size_t upstream_allocations = 0;  ///< chunks ever taken
     std::size_t events_recorded = 0;       ///< cross-stream handovers that recorded an event
     std::size_t stream_waits = 0;          ///< cudaStreamWaitEvent calls
+    std::size_t idle_parks = 0;            ///< parks that found their stream idle and recorded nothing
+    std::size_t idle_queries = 0;          ///< cudaStreamQuery calls asking whether a stream was idle
     std::size_t thread_shards = 0;         ///< shards made (0: one thread so far, or sharding off)
     std::size_t slab_bytes = 0;            ///< bytes the shards hold as slabs (part of pool_size)
   };
@@ -244,6 +246,7 @@ class pool_memory_resource final : public memory_resource {
   struct shard_totals {
     std::size_t slab_bytes = 0, slabs = 0, live_bytes = 0, live_blocks = 0, free_bytes = 0, free_blocks = 0;
     std::size_t largest_free_block = 0, events_recorded = 0, stream_waits = 0, shards = 0;
+    std::size_t idle_parks = 0, idle_queries = 0;
   };
   [[nodiscard]] shard_totals sum_shards() const;
   [[nodiscard]] std::string check_shards() const;

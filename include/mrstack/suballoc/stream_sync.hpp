@@ -5,9 +5,12 @@
 ///
 /// - `make_cuda_stream_sync()`: events (timing disabled) recorded and waited on with
 ///   cudaEventRecord / cudaStreamWaitEvent; cudaStreamSynchronize / cudaDeviceSynchronize
-///   as the fallbacks. Used by default over device, managed and pinned host memory.
+///   as the fallbacks; cudaStreamQuery tells whether a stream has finished all its work
+///   (its frees then need no event at all). Used by default over device, managed and
+///   pinned host memory.
 /// - `make_host_stream_sync()`: for memory no stream ever touches (the `system` and
-///   `simulated` upstreams): every free is complete at once, so every call is a no-op.
+///   `simulated` upstreams): every free is complete at once, so every call is a no-op
+///   and every stream is idle.
 ///   Used by default over host and fake memory, which keeps CPU-only programs free of
 ///   CUDA calls however many streams they name.
 ///
@@ -33,7 +36,7 @@ namespace mrstack {
 /// multi-stream time goes. Counted per thread (no shared cache line on the hot path) and
 /// summed when read; the timing adds two clock reads to calls that cost microseconds.
 struct stream_sync_profile {
-  enum kind : unsigned { create_event, record, wait, synchronize, synchronize_all, kinds };
+  enum kind : unsigned { create_event, record, wait, synchronize, synchronize_all, query, kinds };
   std::array<std::uint64_t, kinds> calls{};
   std::array<std::uint64_t, kinds> nanoseconds{};
   [[nodiscard]] std::uint64_t total_calls() const noexcept;
