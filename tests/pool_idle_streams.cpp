@@ -84,3 +84,26 @@ TEST_CASE("pool idle streams: a stream that stays busy is asked about once per 6
   pool.deallocate(pa, 64 * MiB, f.a);
   CHECK(pool.check_invariants() == "");
 }
+
+TEST_CASE("pool idle streams: one thread alternating between two busy streams is asked rarely on both") {
+  test::faked_pool f;
+  f.fake->report_idle = true;
+  auto& pool = f.pool;
+  void* pa = pool.allocate(64 * MiB, f.a);
+  void* pb = pool.allocate(64 * MiB, f.b);
+  std::size_t const queries = f.fake->queries;
+  for (int i = 0; i < 640; ++i) {
+    f.fake->enqueue(0x100);
+    f.fake->enqueue(0x200);
+    pool.deallocate(pa, 64 * MiB, f.a);
+    pool.deallocate(pb, 64 * MiB, f.b);
+    pa = pool.allocate(64 * MiB, f.a);
+    pb = pool.allocate(64 * MiB, f.b);
+  }
+  std::size_t const asked = f.fake->queries - queries;
+  INFO(asked << " queries over 1280 parks");
+  CHECK(asked <= 40);  // each stream's busy streak is kept apart (not reset at every switch)
+  pool.deallocate(pa, 64 * MiB, f.a);
+  pool.deallocate(pb, 64 * MiB, f.b);
+  CHECK(pool.check_invariants() == "");
+}

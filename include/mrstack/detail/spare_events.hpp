@@ -11,6 +11,7 @@
 /// the spares for a later free. An event not adopted (another thread used the stream;
 /// the free was refused) goes back unused: a record no one waits on is harmless.
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cstddef>
 #include <memory>
@@ -58,18 +59,28 @@ class spare_events {
     }
   }
   /// Whether `stream` has finished all its work (stream_sync::idle), asked before a lock.
-  /// A thread that found its stream busy k times in a row does not ask for the next
-  /// 2^k - 1 times (at most 63), as stream_owners::park_if_idle does under the lock: a
-  /// stream that always has work queued then costs about one query per 64 parks.
+  /// A thread that found a stream busy k times in a row does not ask for the next 2^k - 1
+  /// times (at most 63), as stream_owners::park_if_idle does under the lock: a stream that
+  /// always has work queued then costs about one query per 64 parks. Each thread keeps
+  /// that count for the last few streams it freed on (one thread often drives two or three).
   bool idle(stream_sync::handle stream) noexcept {
-    thread_local struct {
+    struct back_off {
       stream_sync::handle stream = 0;
       unsigned busy_streak = 0;
       unsigned asks_skipped = 0;
-    } last;
-    if (last.stream != stream) { last = {stream, 0, 0}; }
-    if (last.asks_skipped != 0) {
-      --last.asks_skipped;
+    };
+    thread_local std::array<back_off, 4> recent{};
+    thread_local unsigned next_victim = 0;
+    back_off* b = nullptr;
+    for (auto& r : recent) {
+      if (r.stream == stream) { b = &r; }
+    }
+    if (b == nullptr) {
+      b = &recent[next_victim++ % recent.size()];
+      *b = back_off{stream, 0, 0};
+    }
+    if (b->asks_skipped != 0) {
+      --b->asks_skipped;
       return false;
     }
     bool answer = false;
@@ -78,8 +89,8 @@ class spare_events {
     } catch (...) {
     }
     queries_.fetch_add(1, std::memory_order_relaxed);
-    last.busy_streak = answer ? 0 : std::min(last.busy_streak + 1, 6U);
-    last.asks_skipped = (1U << last.busy_streak) - 1U;
+    b->busy_streak = answer ? 0 : std::min(b->busy_streak + 1, 6U);
+    b->asks_skipped = (1U << b->busy_streak) - 1U;
     return answer;
   }
   /// Records made here so far, and idle queries.

@@ -35,7 +35,9 @@
 ///   uses it with no wait. One record thus covers every free s made before it, and
 ///   records happen only when another stream wanted the memory, or once a stream has
 ///   freed a share of the pool (`park_policy`; with a contention window, only while
-///   memory is contended: `contended_now`). A stream
+///   memory is contended: `contended_now`). A park first asks whether s has finished all
+///   its work (`stream_sync::idle`, cudaStreamQuery): then it records nothing, and its
+///   parked memory is taken with no wait (`park_if_idle`). A stream
 ///   that never calls again (destroyed) keeps its unparked memory until the device is
 ///   synchronized (when growth is refused, or on release).
 /// - *Eager* (fixed_size): once a second stream appears, frees and acquisitions on a
