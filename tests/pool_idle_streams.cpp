@@ -107,3 +107,25 @@ TEST_CASE("pool idle streams: one thread alternating between two busy streams is
   pool.deallocate(pb, 64 * MiB, f.b);
   CHECK(pool.check_invariants() == "");
 }
+
+TEST_CASE("pool idle streams: a stream found busy in one pool is still asked at once by another") {
+  test::faked_pool busy;
+  busy.fake->report_idle = true;
+  void* pb = busy.pool.allocate(64 * MiB, busy.b);
+  busy.pool.deallocate(pb, 64 * MiB, busy.b);
+  void* pa = busy.pool.allocate(64 * MiB, busy.a);
+  for (int i = 0; i < 20; ++i) {  // a long busy streak for handle a in this pool
+    busy.fake->enqueue(0x100);
+    busy.pool.deallocate(pa, 64 * MiB, busy.a);
+    pa = busy.pool.allocate(64 * MiB, busy.a);
+  }
+  busy.pool.deallocate(pa, 64 * MiB, busy.a);
+  test::faked_pool fresh;  // same stream handles, a pool of its own, nothing queued
+  fresh.fake->report_idle = true;
+  void* qb = fresh.pool.allocate(64 * MiB, fresh.b);
+  fresh.pool.deallocate(qb, 64 * MiB, fresh.b);
+  void* qa = fresh.pool.allocate(64 * MiB, fresh.a);
+  fresh.pool.deallocate(qa, 64 * MiB, fresh.a);
+  CHECK(fresh.pool.stats().idle_parks == 1);
+  CHECK(fresh.fake->records == 0);
+}

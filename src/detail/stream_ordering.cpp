@@ -89,6 +89,9 @@ owner_id stream_owners::install(stream_ref const& s, owner_id reuse) {
   sl.cover = 0;
   sl.wanted = false;
   sl.sole_thread = 0;  // a recycled slot holds no memory of the stream it had
+  sl.parked_complete = false;
+  sl.busy_streak = 0;
+  sl.asks_skipped = 0;
   by_key_.insert(s.key, o);
   return o;
 }

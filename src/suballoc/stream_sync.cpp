@@ -77,6 +77,17 @@ class cuda_stream_sync final : public detail::stream_sync {
   }
   bool idle(handle stream) override {
     profiled_call timed{stream_sync_profile::query};
+    // Only non-blocking streams: a blocking stream's later work also waits for earlier
+    // work on the legacy default stream, which its query does not report (and querying
+    // the legacy stream is an implicit synchronization that a graph capture in global
+    // mode forbids). And never a stream being captured: a query would end its capture.
+    unsigned int flags = 0;
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    if (cudaStreamGetFlags(as_stream(stream), &flags) != cudaSuccess || (flags & cudaStreamNonBlocking) == 0 ||
+        cudaStreamIsCapturing(as_stream(stream), &capture) != cudaSuccess || capture != cudaStreamCaptureStatusNone) {
+      (void)cudaGetLastError();
+      return false;
+    }
     cudaError_t const status = cudaStreamQuery(as_stream(stream));
     if (status == cudaSuccess) { return true; }
     if (status != cudaErrorNotReady) { (void)cudaGetLastError(); }  // an error is "busy": the safe answer

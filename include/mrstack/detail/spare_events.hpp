@@ -65,6 +65,7 @@ class spare_events {
   /// that count for the last few streams it freed on (one thread often drives two or three).
   bool idle(stream_sync::handle stream) noexcept {
     struct back_off {
+      spare_events const* owner = nullptr;  // streams of different pools are counted apart
       stream_sync::handle stream = 0;
       unsigned busy_streak = 0;
       unsigned asks_skipped = 0;
@@ -73,11 +74,11 @@ class spare_events {
     thread_local unsigned next_victim = 0;
     back_off* b = nullptr;
     for (auto& r : recent) {
-      if (r.stream == stream) { b = &r; }
+      if (r.owner == this && r.stream == stream) { b = &r; }
     }
     if (b == nullptr) {
       b = &recent[next_victim++ % recent.size()];
-      *b = back_off{stream, 0, 0};
+      *b = back_off{this, stream, 0, 0};
     }
     if (b->asks_skipped != 0) {
       --b->asks_skipped;
@@ -132,7 +133,7 @@ class prerecorded_event {
   prerecorded_event& operator=(prerecorded_event const&) = delete;
 
   /// Before a free that will park `stream`: when the stream has finished all its work,
-  /// nothing needs recording (the park makes the memory synchronized); else an event.
+  /// nothing needs recording (stream_owners::park_if_idle); else an event.
   void prepare(stream_sync::handle stream) noexcept {
     before_.idle = spares_.idle(stream);
     if (!before_.idle) { before_.event = spares_.record_on(stream); }

@@ -81,7 +81,8 @@ class stream_sync {
   /// True when every piece of work enqueued on `stream` so far has finished (the stream
   /// waits for nothing either): memory it freed is then usable by every stream with no
   /// event. Asked only of a stream the current call names. Answering false is always
-  /// safe (the default: such a seam never reports a stream idle).
+  /// safe (the default: such a seam never reports a stream idle; the CUDA one answers
+  /// false for blocking streams and for streams being captured into a graph).
   virtual bool idle(handle /*stream*/) { return false; }
 };
 
