@@ -183,6 +183,45 @@ model_counts run_model(std::uint64_t seed, usage use, int steps, bool idle_strea
   return counts;
 }
 
+/// The scene of the two explicit tests below: thread A (3) holds blocks `a` (16 MiB) and
+/// `b` (4 KiB) on created stream s and has just parked s, so it alone has named s since;
+/// thread B (5) uses a second stream t, so frees park.
+struct two_threads_one_stream {
+  struct scene {
+    stream_ref s, t;
+    std::uintptr_t a, b;
+  };
+  explicit two_threads_one_stream(bool idle_streams)
+      : fake{make_fake(idle_streams)}, core{fake, &simulated_thread_key, true, no_minimum()} {
+    scene& x = blocks;
+    x.s = created(0x100);
+    x.t = created(0x200);
+    current_thread = 3;
+    core.add_chunk(0x500000000000, 64 * MiB, x.s);
+    x.a = core.allocate(16 * MiB, 256, x.s);
+    x.b = core.allocate(4 * KiB, 256, x.s);
+    current_thread = 5;
+    core.add_chunk(0x600000000000, 8 * MiB, x.t);  // a second stream: frees park from now on
+    REQUIRE(core.allocate(4 * KiB, 256, x.t) != 0);
+    current_thread = 3;
+    std::uintptr_t const c = core.allocate(8 * MiB, 256, x.s);
+    REQUIRE(core.deallocate(c, x.s) == 8 * MiB);  // A parks s: the one thread since that park
+  }
+  static std::shared_ptr<fake_stream_sync> make_fake(bool idle_streams) {
+    auto f = std::make_shared<fake_stream_sync>();
+    f->report_idle = idle_streams;
+    return f;
+  }
+  static detail::park_policy no_minimum() {
+    detail::park_policy parks;
+    parks.minimum = 0;
+    return parks;
+  }
+  std::shared_ptr<fake_stream_sync> fake;
+  detail::stream_ordered_pool core;
+  scene blocks{};
+};
+
 }  // namespace
 
 TEST_CASE("pool prerecord: streams each used by one thread adopt the events recorded before the lock, safely") {
@@ -213,22 +252,10 @@ TEST_CASE("pool prerecord: without the one-thread rule the model sees memory reu
   // A stream named by two threads: B frees after A's record, then A's free parks both
   // under A's event. The pool must record anew; a pool that adopted A's event would hand
   // B's block to another stream before B's work.
-  auto fake = std::make_shared<fake_stream_sync>();
-  detail::park_policy parks;
-  parks.minimum = 0;
-  detail::stream_ordered_pool core{fake, &simulated_thread_key, true, parks};
-  stream_ref const s = created(0x100);
-  stream_ref const t = created(0x200);
-  current_thread = 3;
-  core.add_chunk(0x500000000000, 64 * MiB, s);
-  std::uintptr_t const a = core.allocate(16 * MiB, 256, s);
-  std::uintptr_t const b = core.allocate(4 * KiB, 256, s);
-  current_thread = 5;
-  core.add_chunk(0x600000000000, 8 * MiB, t);  // a second stream: frees park from now on
-  REQUIRE(core.allocate(4 * KiB, 256, t) != 0);
-  current_thread = 3;
-  std::uintptr_t const c = core.allocate(8 * MiB, 256, s);
-  REQUIRE(core.deallocate(c, s) == 8 * MiB);  // A parks s: the one thread since that park
+  two_threads_one_stream m{false};
+  auto& fake = m.fake;
+  auto& core = m.core;
+  auto const& [s, t, a, b] = m.blocks;
   fake->enqueue(0x100);
   detail::stream_sync::handle event = fake->create_event();
   REQUIRE(fake->record(event, 0x100));  // A's prerecord
@@ -296,23 +323,10 @@ TEST_CASE("pool idle streams: parks that find their stream idle record nothing, 
 TEST_CASE("pool idle streams: an idle answer from before the lock counts only while one thread names the stream (the model can fail)") {
   // A finds s idle before its lock; B then uses a block on s and frees it; A's free parks
   // s. Taking A's answer would hand B's block to another stream before B's work ran.
-  auto fake = std::make_shared<fake_stream_sync>();
-  fake->report_idle = true;
-  detail::park_policy parks;
-  parks.minimum = 0;
-  detail::stream_ordered_pool core{fake, &simulated_thread_key, true, parks};
-  stream_ref const s = created(0x100);
-  stream_ref const t = created(0x200);
-  current_thread = 3;
-  core.add_chunk(0x500000000000, 64 * MiB, s);
-  std::uintptr_t const a = core.allocate(16 * MiB, 256, s);
-  std::uintptr_t const b = core.allocate(4 * KiB, 256, s);
-  current_thread = 5;
-  core.add_chunk(0x600000000000, 8 * MiB, t);  // a second stream: frees park from now on
-  REQUIRE(core.allocate(4 * KiB, 256, t) != 0);
-  current_thread = 3;
-  std::uintptr_t const c = core.allocate(8 * MiB, 256, s);
-  REQUIRE(core.deallocate(c, s) == 8 * MiB);  // A parks s (idle: no record); A alone since
+  two_threads_one_stream m{true};  // A's park of s found it idle: no record
+  auto& fake = m.fake;
+  auto& core = m.core;
+  auto const& [s, t, a, b] = m.blocks;
   CHECK(core.owners().idle_parks() == 1);
   detail::prepark before;
   before.idle = fake->idle(0x100);  // A, before its lock

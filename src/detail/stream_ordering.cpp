@@ -90,8 +90,7 @@ owner_id stream_owners::install(stream_ref const& s, owner_id reuse) {
   sl.wanted = false;
   sl.sole_thread = 0;  // a recycled slot holds no memory of the stream it had
   sl.parked_complete = false;
-  sl.busy_streak = 0;
-  sl.asks_skipped = 0;
+  sl.idle_asks = {};
   by_key_.insert(s.key, o);
   return o;
 }
@@ -141,21 +140,15 @@ owner_id stream_owners::park_if_idle(owner_id o, stream_ref const& s, prepark co
   slot& sl = slots_[o];
   if (before == nullptr || !before->idle || sl.sole_thread != thread_key_()) {
     if (before != nullptr && before->event != 0) { return 0; }  // asked (or chose not to) before the lock
-    if (sl.asks_skipped != 0) {
-      --sl.asks_skipped;
-      return 0;
-    }
+    if (sl.idle_asks.skip()) { return 0; }
     ++idle_queries_;
-    if (!sync_->idle(s.handle)) {
-      sl.busy_streak = static_cast<std::uint8_t>(std::min<unsigned>(sl.busy_streak + 1U, max_busy_streak));
-      sl.asks_skipped = static_cast<std::uint8_t>((1U << sl.busy_streak) - 1U);
-      return 0;
-    }
+    bool const idle = sync_->idle(s.handle);
+    sl.idle_asks.answered(idle);
+    if (!idle) { return 0; }
   }
   // Every free `o` holds, and everything it parked before (under events recorded before
   // now), was made before the stream was seen idle: the work that used it has finished.
-  sl.busy_streak = 0;
-  sl.asks_skipped = 0;
+  sl.idle_asks.answered(true);
   sl.parked_complete = true;
   ++idle_parks_;
   return parked_slot(o, s);

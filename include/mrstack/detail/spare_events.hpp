@@ -10,7 +10,6 @@
 /// thread has named the stream, and hands back the slot's previous event, which goes to
 /// the spares for a later free. An event not adopted (another thread used the stream;
 /// the free was refused) goes back unused: a record no one waits on is harmless.
-#include <algorithm>
 #include <array>
 #include <atomic>
 #include <cstddef>
@@ -58,40 +57,34 @@ class spare_events {
       sync_->destroy_event(e);
     }
   }
-  /// Whether `stream` has finished all its work (stream_sync::idle), asked before a lock.
-  /// A thread that found a stream busy k times in a row does not ask for the next 2^k - 1
-  /// times (at most 63), as stream_owners::park_if_idle does under the lock: a stream that
-  /// always has work queued then costs about one query per 64 parks. Each thread keeps
-  /// that count for the last few streams it freed on (one thread often drives two or three).
+  /// Whether `stream` has finished all its work (stream_sync::idle), asked before a lock,
+  /// with the back-off stream_owners::park_if_idle uses under it (`idle_back_off`). Each
+  /// thread keeps it for the last few streams it freed on in each resource (one thread
+  /// often drives two or three).
   bool idle(stream_sync::handle stream) noexcept {
-    struct back_off {
-      spare_events const* owner = nullptr;  // streams of different pools are counted apart
+    struct recent_stream {
+      spare_events const* owner = nullptr;  // streams of different resources are counted apart
       stream_sync::handle stream = 0;
-      unsigned busy_streak = 0;
-      unsigned asks_skipped = 0;
+      idle_back_off asks{};
     };
-    thread_local std::array<back_off, 4> recent{};
+    thread_local std::array<recent_stream, 4> recent{};
     thread_local unsigned next_victim = 0;
-    back_off* b = nullptr;
-    for (auto& r : recent) {
-      if (r.owner == this && r.stream == stream) { b = &r; }
+    recent_stream* r = nullptr;
+    for (auto& x : recent) {
+      if (x.owner == this && x.stream == stream) { r = &x; }
     }
-    if (b == nullptr) {
-      b = &recent[next_victim++ % recent.size()];
-      *b = back_off{this, stream, 0, 0};
+    if (r == nullptr) {
+      r = &recent[next_victim++ % recent.size()];
+      *r = recent_stream{this, stream, {}};
     }
-    if (b->asks_skipped != 0) {
-      --b->asks_skipped;
-      return false;
-    }
+    if (r->asks.skip()) { return false; }
     bool answer = false;
     try {
       answer = sync_->idle(stream);
     } catch (...) {
     }
     queries_.fetch_add(1, std::memory_order_relaxed);
-    b->busy_streak = answer ? 0 : std::min(b->busy_streak + 1, 6U);
-    b->asks_skipped = (1U << b->busy_streak) - 1U;
+    r->asks.answered(answer);
     return answer;
   }
   /// Records made here so far, and idle queries.

@@ -86,6 +86,26 @@ class stream_sync {
   virtual bool idle(handle /*stream*/) { return false; }
 };
 
+/// How often a stream that keeps work queued is asked whether it is idle: after k busy
+/// answers in a row the next 2^k - 1 asks are skipped (at most 63), so such a stream (a
+/// training loop) costs about one query per 64 parks, and one that goes idle is found so
+/// within that many.
+struct idle_back_off {
+  std::uint8_t busy_streak = 0;
+  std::uint8_t asks_skipped = 0;
+  /// True (and counted) when this ask is to be skipped.
+  bool skip() noexcept {
+    if (asks_skipped == 0) { return false; }
+    --asks_skipped;
+    return true;
+  }
+  void answered(bool idle) noexcept {
+    busy_streak = idle ? 0 : static_cast<std::uint8_t>(busy_streak < max_streak ? busy_streak + 1 : max_streak);
+    asks_skipped = static_cast<std::uint8_t>((1U << busy_streak) - 1U);
+  }
+  static constexpr std::uint8_t max_streak = 6;
+};
+
 /// What a call did on its stream before its resource took the lock (see
 /// stream_owners::park and stream_owners::park_if_idle): an event it recorded there,
 /// or that it found the stream idle and recorded nothing.
@@ -203,10 +223,8 @@ class stream_owners {
   /// only when no other thread named `s` since this thread's last park, as for a
   /// prerecorded event (another thread's free in between may have work still pending);
   /// with an event recorded then, `s` is not asked again. Otherwise `s` is asked here,
-  /// unless recent asks found it busy: after k busy answers in a row the next 2^k - 1
-  /// parks (at most 63) do not ask, so a stream that always has work queued (a training
-  /// loop) costs about one query per 64 parks. (Not synchronized memory: a neighbouring
-  /// free of `s` would take that back at once, under the merging rule.)
+  /// unless recent asks found it busy (`idle_back_off`). (Not synchronized memory: a
+  /// neighbouring free of `s` would take that back at once, under the merging rule.)
   owner_id park_if_idle(owner_id o, stream_ref const& s, prepark const* before);
   /// Streams asked whether they were idle (`park_if_idle`), and how many parks found one so.
   [[nodiscard]] std::size_t idle_queries() const noexcept { return idle_queries_; }
@@ -321,10 +339,8 @@ class stream_owners {
     std::uintptr_t last_thread = 0;  // on-demand rule, several streams: the thread of its last call (note_caller)
     std::uintptr_t sole_thread = 0;  // the one thread that named it since its last park, or several_threads
     bool parked_complete = false;    // its stream was idle at its last park: its parked memory needs no wait
-    std::uint8_t busy_streak = 0;    // park_if_idle: busy answers in a row (at most max_busy_streak)
-    std::uint8_t asks_skipped = 0;   // park_if_idle: parks left before the stream is asked again
+    idle_back_off idle_asks{};       // park_if_idle's asks under the lock
   };
-  static constexpr std::uint8_t max_busy_streak = 6;
   static constexpr std::uintptr_t several_threads = 2;  // thread keys are odd
 
   template <typename HoldsMemory>
