@@ -32,10 +32,12 @@ Step time: the median of --steps timed steps after --warmup untimed ones (each s
 with a device synchronize). With --rounds R every configuration runs R times, rounds
 interleaved (each round runs every configuration once, so a host's drift hits all alike),
 and the table shows the median of the R step times with their spread; the peak is the
-largest of the R. Peak device memory: the most device memory in use, from
-cudaMemGetInfo (torch.cuda.mem_get_info), sampled every millisecond by a thread and after
-every step, minus what was in use once the CUDA context existed: the same measure for
-every allocator. mrstack finds libmrstack_c.so as the package does (MRSTACK_LIBRARY, ...).
+largest of the R. The fastest single step of all rounds is printed too: on shared hosts a
+whole process can run 30-50% slow whatever the allocator, and noise only adds time. Peak device memory: the most device memory in use, from
+cudaMemGetInfo (torch.cuda.mem_get_info), sampled every millisecond by a process of its
+own (a thread would take the GIL from the measured loop every millisecond) and after every
+step, minus what was in use once both CUDA contexts existed: the same measure for every
+allocator. --cpus pins every configuration's process to the same CPUs. mrstack finds libmrstack_c.so as the package does (MRSTACK_LIBRARY, ...).
 """
 import argparse
 import json
@@ -221,33 +223,84 @@ BUILDERS = {"resnet50": _resnet50_train, "gpt2": _gpt2_train, "generate": _gpt2_
 
 # ---- one configuration, in this process ----------------------------------------------------
 
-class PeakSampler:
-    """The most device memory in use (cudaMemGetInfo), sampled every `interval` seconds."""
+def _sample_device_memory(conn, interval, cpus):
+    """The sampler process: device memory in use (cudaMemGetInfo, device-wide) every
+    `interval` seconds, from a CUDA context of its own. In the measured process a sampling
+    thread would take the GIL from the step every millisecond; here it costs that process
+    nothing. Answers "peak" (the most seen since the last "start") and "start"."""
+    if cpus:
+        os.sched_setaffinity(0, cpus)
+    import torch
+    torch.cuda.init()
 
-    def __init__(self, torch, interval=0.001):
-        self.torch, self.interval, self.peak, self._stop = torch, interval, 0, threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
+    def used():
+        free, total = torch.cuda.mem_get_info()
+        return total - free
+
+    peak = used()
+    conn.send(peak)
+    while True:
+        if not conn.poll(interval):
+            peak = max(peak, used())
+            continue
+        request = conn.recv()
+        if request == "stop":
+            return
+        peak = used() if request == "start" else max(peak, used())
+        conn.send(peak)
+
+
+class PeakSampler:
+    """The most device memory in use (cudaMemGetInfo) while the steps run, sampled every
+    `interval` seconds by another process and by the measured one after every step."""
+
+    def __init__(self, torch, interval=0.001, cpus=None):
+        import multiprocessing
+        self.torch, self.peak = torch, 0
+        context = multiprocessing.get_context("spawn")
+        self._conn, theirs = context.Pipe()
+        self._process = context.Process(target=_sample_device_memory, args=(theirs, interval, cpus), daemon=True)
+        self._process.start()
+        self._conn.recv()                          # its CUDA context exists: part of every baseline
+
+    def in_use(self):
+        free, total = self.torch.cuda.mem_get_info()
+        return total - free
 
     def sample(self):
-        free, total = self.torch.cuda.mem_get_info()
-        self.peak = max(self.peak, total - free)
-
-    def _run(self):
-        while not self._stop.wait(self.interval):
-            self.sample()
+        self.peak = max(self.peak, self.in_use())
 
     def __enter__(self):
-        self._thread.start()
+        self._conn.send("start")
+        self.peak = max(self.peak, self._conn.recv())
         return self
 
     def __exit__(self, *exc):
-        self._stop.set()
-        self._thread.join()
         self.sample()
+        self._conn.send("peak")
+        self.peak = max(self.peak, self._conn.recv())
+        self._conn.send("stop")
+        self._process.join(timeout=30)
+
+
+def parse_cpus(text):
+    """'2-9,12' -> [2, 3, ..., 9, 12]."""
+    cpus = []
+    for part in filter(None, text.split(",")):
+        first, _, last = part.partition("-")
+        cpus.extend(range(int(first), int(last or first) + 1))
+    return cpus
 
 
 def run_child(args):
     config = CONFIGS[args.config]
+    args.sampler_cpus = None
+    if args.cpus:
+        # Every configuration's threads on the same CPUs (a process placed on a busier or
+        # slower core would otherwise be a different measurement); the sampler elsewhere.
+        mine = set(parse_cpus(args.cpus))
+        os.sched_setaffinity(0, mine)
+        args.sampler_cpus = sorted(set(range(os.cpu_count())) - mine) or None
     if config["spec"] is not None:
         sys.path.insert(0, os.path.join(REPO, "python"))
         import mrstack
@@ -261,12 +314,12 @@ def run_child(args):
     torch.backends.cudnn.benchmark = False
     torch.cuda.init()
     torch.cuda.synchronize()
-    free, total = torch.cuda.mem_get_info()
-    baseline = total - free                        # the context, before any allocation
+    sampler = PeakSampler(torch, cpus=args.sampler_cpus)
+    baseline = sampler.in_use()                    # both contexts, before any allocation
     step, source = BUILDERS[args.workload](torch, args)
     times = []
     sync_counts = None
-    with PeakSampler(torch) as sampler:
+    with sampler:
         for i in range(args.warmup + args.steps):
             if i == args.warmup and config["spec"] is not None:
                 sync_counts = mrstack.stream_sync_counts()
@@ -304,7 +357,8 @@ def child_command(args, workload, config):
             "--steps", str(args.steps), "--warmup", str(args.warmup if workload != "generate" else
                                                           min(args.warmup, 1)),
             "--resnet-batch", str(args.resnet_batch), "--gpt2-batch", str(args.gpt2_batch),
-            "--generate-tokens", str(args.generate_tokens)] + [f"--define={d}" for d in args.define]
+            "--generate-tokens", str(args.generate_tokens), "--cpus", args.cpus] + \
+        [f"--define={d}" for d in args.define]
 
 
 def run_one(args, workload, config):
@@ -339,6 +393,7 @@ def combine_rounds(runs, workloads, configs):
             if len(good) > 1:
                 result["step_ms_rounds"] = [r["step_ms"] for r in good]
                 result["step_ms"] = statistics.median(result["step_ms_rounds"])
+                result["step_ms_min"] = min(r["step_ms_min"] for r in good)
                 result["peak_bytes"] = max(r["peak_bytes"] for r in good)
             combined.append(result)
     return combined
@@ -380,6 +435,9 @@ def main(argv=None):
     parser.add_argument("--gpt2-batch", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=1,
                         help="runs of every configuration, interleaved; the table shows their median (default 1)")
+    parser.add_argument("--cpus", default="",
+                        help="run every configuration's process on these CPUs only, e.g. 2-9 (default: "
+                             "anywhere); the memory sampler then runs on the others")
     parser.add_argument("--timeout", type=int, default=300, help="seconds per configuration (default 300)")
     parser.add_argument("--json", help="also write every result to this file")
     parser.add_argument("--define", action="append", default=[], metavar="NAME=SPEC",
@@ -431,6 +489,10 @@ def main(argv=None):
         print("\nstep ms per round (min-max): " + "; ".join(
             f"{r['workload']}/{r['config']} {min(r['step_ms_rounds']):.1f}-{max(r['step_ms_rounds']):.1f}"
             for r in results if "step_ms_rounds" in r))
+    # Noise only ever adds time: on shared hosts a whole process can run 30-50% slow, so
+    # the fastest step is the steadiest measure of what the allocator itself costs.
+    print("\nfastest step (ms): " + "; ".join(
+        f"{r['workload']}/{r['config']} {r['step_ms_min']:.2f}" for r in results if "step_ms_min" in r))
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"combined": results, "runs": runs} if args.rounds > 1 else results, f, indent=1)
