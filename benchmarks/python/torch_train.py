@@ -33,11 +33,15 @@ with a device synchronize). With --rounds R every configuration runs R times, ro
 interleaved (each round runs every configuration once, so a host's drift hits all alike),
 and the table shows the median of the R step times with their spread; the peak is the
 largest of the R. The fastest single step of all rounds is printed too: on shared hosts a
-whole process can run 30-50% slow whatever the allocator, and noise only adds time. Peak device memory: the most device memory in use, from
-cudaMemGetInfo (torch.cuda.mem_get_info), sampled every millisecond by a process of its
-own (a thread would take the GIL from the measured loop every millisecond) and after every
-step, minus what was in use once both CUDA contexts existed: the same measure for every
-allocator. --cpus pins every configuration's process to the same CPUs. mrstack finds libmrstack_c.so as the package does (MRSTACK_LIBRARY, ...).
+whole process can run 30-85% slow whatever the allocator, and noise only adds time.
+
+Peak device memory: the most device memory in use, from cudaMemGetInfo
+(torch.cuda.mem_get_info), sampled every millisecond by a process of its own (a thread
+would take the GIL from the measured loop every millisecond) and after every step, minus
+what was in use once both CUDA contexts existed: the same measure for every allocator.
+--cpus pins every configuration's process to the same CPUs and the sampler to the others
+(without it the sampler may share a CPU with the measured process). mrstack finds
+libmrstack_c.so as the package does (MRSTACK_LIBRARY, ...).
 """
 import argparse
 import json
@@ -45,7 +49,6 @@ import os
 import statistics
 import subprocess
 import sys
-import threading
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -250,18 +253,34 @@ def _sample_device_memory(conn, interval, cpus):
         conn.send(peak)
 
 
+class SamplerFailed(RuntimeError):
+    """The memory sampler process could not start or stopped answering."""
+
+
 class PeakSampler:
     """The most device memory in use (cudaMemGetInfo) while the steps run, sampled every
     `interval` seconds by another process and by the measured one after every step."""
 
-    def __init__(self, torch, interval=0.001, cpus=None):
+    def __init__(self, torch, interval=0.001, cpus=None, timeout=120):
         import multiprocessing
-        self.torch, self.peak = torch, 0
+        self.torch, self.peak, self._timeout = torch, 0, timeout
         context = multiprocessing.get_context("spawn")
         self._conn, theirs = context.Pipe()
         self._process = context.Process(target=_sample_device_memory, args=(theirs, interval, cpus), daemon=True)
         self._process.start()
-        self._conn.recv()                          # its CUDA context exists: part of every baseline
+        theirs.close()                             # its end only: a sampler that dies reads as EOF here
+        self._answer()                             # its CUDA context exists: part of every baseline
+
+    def _answer(self):
+        try:
+            if self._conn.poll(self._timeout):
+                return self._conn.recv()
+        except (EOFError, OSError):
+            pass
+        self._process.join(timeout=1)
+        raise SamplerFailed(f"the memory sampler process stopped (exit code {self._process.exitcode}); "
+                            "its error is above" if self._process.exitcode not in (None, 0) else
+                            f"the memory sampler process did not answer within {self._timeout} s")
 
     def in_use(self):
         free, total = self.torch.cuda.mem_get_info()
@@ -272,24 +291,58 @@ class PeakSampler:
 
     def __enter__(self):
         self._conn.send("start")
-        self.peak = max(self.peak, self._conn.recv())
+        self.peak = max(self.peak, self._answer())
         return self
 
     def __exit__(self, *exc):
         self.sample()
         self._conn.send("peak")
-        self.peak = max(self.peak, self._conn.recv())
+        self.peak = max(self.peak, self._answer())
         self._conn.send("stop")
         self._process.join(timeout=30)
 
 
 def parse_cpus(text):
-    """'2-9,12' -> [2, 3, ..., 9, 12]."""
+    """'2-9,12' -> [2, 3, ..., 9, 12]; '' -> []. A malformed list raises ValueError."""
     cpus = []
-    for part in filter(None, text.split(",")):
-        first, _, last = part.partition("-")
+    for part in text.split(",") if text else []:
+        first, dash, last = part.partition("-")
+        if not first.isdigit() or (dash and not last.isdigit()):
+            raise ValueError(f"{part!r} is not a CPU number or a range like 2-9")
+        if dash and int(last) < int(first):
+            raise ValueError(f"{part!r} runs backwards")
         cpus.extend(range(int(first), int(last or first) + 1))
     return cpus
+
+
+def cpu_choice(text, allowed=None):
+    """--cpus: the CPUs every configuration runs on, and those left to the sampler.
+    Each must be one this process may run on, and at least one must be left."""
+    allowed = set(os.sched_getaffinity(0)) if allowed is None else set(allowed)
+    try:
+        mine = set(parse_cpus(text))
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    if not mine:
+        return text
+    if not mine <= allowed:
+        raise argparse.ArgumentTypeError(f"CPUs {sorted(mine - allowed)} are not among those this process may "
+                                         f"use ({format_cpus(allowed)})")
+    if mine == allowed:
+        raise argparse.ArgumentTypeError(f"{text!r} is every CPU this process may use: leave at least one for "
+                                         f"the memory sampler")
+    return text
+
+
+def format_cpus(cpus):
+    """[0, 1, 2, 5] -> '0-2,5'."""
+    runs, cpus = [], sorted(cpus)
+    for c in cpus:
+        if runs and c == runs[-1][1] + 1:
+            runs[-1][1] = c
+        else:
+            runs.append([c, c])
+    return ",".join(f"{a}" if a == b else f"{a}-{b}" for a, b in runs)
 
 
 def run_child(args):
@@ -299,8 +352,8 @@ def run_child(args):
         # Every configuration's threads on the same CPUs (a process placed on a busier or
         # slower core would otherwise be a different measurement); the sampler elsewhere.
         mine = set(parse_cpus(args.cpus))
+        args.sampler_cpus = sorted(set(os.sched_getaffinity(0)) - mine)  # checked non-empty by cpu_choice
         os.sched_setaffinity(0, mine)
-        args.sampler_cpus = sorted(set(range(os.cpu_count())) - mine) or None
     if config["spec"] is not None:
         sys.path.insert(0, os.path.join(REPO, "python"))
         import mrstack
@@ -333,7 +386,7 @@ def run_child(args):
     result = {"workload": args.workload, "config": args.config, "model": source,
               "step_ms": 1e3 * statistics.median(times), "step_ms_min": 1e3 * min(times),
               "peak_bytes": sampler.peak - baseline, "steps": args.steps, "torch": torch.__version__,
-              "device": torch.cuda.get_device_name()}
+              "device": torch.cuda.get_device_name(), "cpus": args.cpus or "any"}
     if config["spec"] is not None:
         import mrstack.torch
         stats = mrstack.torch.memory_stats()
@@ -421,7 +474,7 @@ def format_table(results, workloads, configs):
     return "\n".join(lines + ([""] + errors if errors else []))
 
 
-def main(argv=None):
+def make_parser():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--workloads", default=",".join(WORKLOADS), help=f"comma-separated, of {', '.join(WORKLOADS)}")
@@ -435,7 +488,7 @@ def main(argv=None):
     parser.add_argument("--gpt2-batch", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=1,
                         help="runs of every configuration, interleaved; the table shows their median (default 1)")
-    parser.add_argument("--cpus", default="",
+    parser.add_argument("--cpus", default="", type=cpu_choice,
                         help="run every configuration's process on these CPUs only, e.g. 2-9 (default: "
                              "anywhere); the memory sampler then runs on the others")
     parser.add_argument("--timeout", type=int, default=300, help="seconds per configuration (default 300)")
@@ -446,6 +499,11 @@ def main(argv=None):
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--workload", help=argparse.SUPPRESS)
     parser.add_argument("--config", help=argparse.SUPPRESS)
+    return parser
+
+
+def main(argv=None):
+    parser = make_parser()
     args = parser.parse_args(argv)
     args.define_names = set()
     for definition in args.define:
@@ -489,10 +547,11 @@ def main(argv=None):
         print("\nstep ms per round (min-max): " + "; ".join(
             f"{r['workload']}/{r['config']} {min(r['step_ms_rounds']):.1f}-{max(r['step_ms_rounds']):.1f}"
             for r in results if "step_ms_rounds" in r))
-    # Noise only ever adds time: on shared hosts a whole process can run 30-50% slow, so
+    # Noise only ever adds time: on shared hosts a whole process can run 30-85% slow, so
     # the fastest step is the steadiest measure of what the allocator itself costs.
-    print("\nfastest step (ms): " + "; ".join(
-        f"{r['workload']}/{r['config']} {r['step_ms_min']:.2f}" for r in results if "step_ms_min" in r))
+    fastest = [f"{r['workload']}/{r['config']} {r['step_ms_min']:.2f}" for r in results if "step_ms_min" in r]
+    if fastest:
+        print("\nfastest step of all rounds (ms): " + "; ".join(fastest))
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"combined": results, "runs": runs} if args.rounds > 1 else results, f, indent=1)
