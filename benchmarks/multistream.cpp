@@ -15,6 +15,7 @@
 // arena > cuda, cuda_async, on streams from cudaStreamCreateWithFlags(cudaStreamNonBlocking).
 // Anywhere: the same suballocators over `simulated` / `simulated_vmm` (labelled
 // .../simulated), on distinct fake stream handles (no CUDA call is made).
+// --stack=LABEL=SPEC adds a stack of one's own (repeatable), e.g. to try a parameter.
 #include <benchmark/benchmark.h>
 
 #include <allocation_sequence.hpp>
@@ -28,9 +29,12 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -149,11 +153,30 @@ void take_steps(memory_resource& mr, std::vector<step> const& steps, std::vector
   }
 }
 
-void run(benchmark::State& state, std::string const& spec, bool device) {
-  if (device && !bench::have_device()) {
-    state.SkipWithError("no CUDA device");
-    return;
+/// The stack of `spec`, or null after skipping the benchmark (no GPU for a device stack,
+/// or a bad spec). `wants_device`: the stack needs a GPU; unset (a stack from --stack): it
+/// does unless its bottom is a simulated upstream (memory_kind::none). Sets `device`.
+resource_ptr build_stack(benchmark::State& state, std::string const& spec, std::optional<bool> wants_device,
+                         bool& device) {
+  device = wants_device.value_or(false);
+  if (!device || bench::have_device()) {
+    try {
+      resource_ptr mr = make_stack(spec);
+      device = wants_device.value_or(bottom_of_stack(*mr).kind() != memory_kind::none);
+      if (!device || bench::have_device()) { return mr; }
+    } catch (std::exception const& e) {
+      state.SkipWithError(e.what());
+      return nullptr;
+    }
   }
+  state.SkipWithError("no CUDA device");
+  return nullptr;
+}
+
+void run(benchmark::State& state, std::string const& spec, std::optional<bool> wants_device) {
+  bool device = false;
+  resource_ptr const mr = build_stack(state, spec, wants_device, device);
+  if (!mr) { return; }
   auto const threads = static_cast<std::size_t>(state.range(0));
   std::vector<std::vector<step>> steps(threads);
   std::vector<std::size_t> slots(threads);
@@ -161,13 +184,6 @@ void run(benchmark::State& state, std::string const& spec, bool device) {
   for (std::size_t t = 0; t < threads; ++t) {
     steps[t] = make_steps(live_cap / threads, 7000 + t, slots[t]);
     calls += steps[t].size();
-  }
-  resource_ptr mr;
-  try {
-    mr = make_stack(spec);
-  } catch (std::exception const& e) {
-    state.SkipWithError(e.what());
-    return;
   }
   footprint_probe probe{*mr};
   std::vector<cudaStream_t> const streams = make_streams(threads, device);
@@ -255,14 +271,31 @@ int main(int argc, char** argv) {
       {"pool(park_divisor=64)>simulated", "pool(park_divisor=64) > footprint_meter > simulated(capacity=80GiB)", false},
       {"arena>simulated", "arena > footprint_meter > simulated(capacity=80GiB)", false},
   };
-  for (auto const& s : stacks) {
-    std::string const label = std::string{"multistream/"} + s.label;
-    std::string const spec = s.spec;
-    bool const device = s.device;
-    auto* b = benchmark::RegisterBenchmark(label.c_str(), [spec, device](benchmark::State& st) { run(st, spec, device); });
+  auto add = [](std::string const& label, std::string const& spec, std::optional<bool> device) {
+    auto* b = benchmark::RegisterBenchmark(("multistream/" + label).c_str(),
+                                           [spec, device](benchmark::State& st) { run(st, spec, device); });
     b->ArgName("streams")->UseManualTime()->Unit(benchmark::kMillisecond)->Iterations(3);
     for (std::int64_t n : {1, 2, 4, 8}) { b->Arg(n); }
+  };
+  // --stack=LABEL=SPEC (repeatable): one more stack, run as "multistream/LABEL"; on a GPU
+  // unless its bottom is simulated. Taken out of argv before Google Benchmark reads it.
+  int kept = 1;
+  for (int i = 1; i < argc; ++i) {
+    std::string_view const arg{argv[i]};
+    if (!arg.starts_with("--stack=")) {
+      argv[kept++] = argv[i];
+      continue;
+    }
+    std::string_view const rest = arg.substr(8);
+    std::size_t const equals = rest.find('=');
+    if (equals == std::string_view::npos || equals == 0 || equals + 1 == rest.size()) {
+      std::fprintf(stderr, "bench_multistream: %s: expected --stack=LABEL=SPEC, e.g. --stack='arena12=arena(growth_divisor=12) > footprint_meter > cuda'\n", argv[i]);
+      return 1;
+    }
+    add(std::string{rest.substr(0, equals)}, std::string{rest.substr(equals + 1)}, std::nullopt);
   }
+  argc = kept;
+  for (auto const& s : stacks) { add(s.label, s.spec, s.device); }
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) { return 1; }
   benchmark::RunSpecifiedBenchmarks();

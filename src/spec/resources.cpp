@@ -295,7 +295,7 @@ std::vector<spec_resource> builtin_resources() {
                            "free bytes the global arena keeps before wholly free chunks go back",
                            "a quarter of size")
                     .within(0, max_memory),
-                count_param("growth_divisor", optional_param, "a new chunk is at least held bytes / this", "4")
+                count_param("growth_divisor", optional_param, "a new chunk is at least held bytes / this", "12")
                     .within(1, 1024),
                 size_param("minimum_growth", optional_param, "a new chunk is at least this", "32MiB")
                     .within(0, 512 * GiB)},

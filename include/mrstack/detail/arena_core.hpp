@@ -95,7 +95,7 @@ class arena_core {
     std::size_t max_size = std::size_t{1} << 30;  ///< most bytes held from the upstream at once
     bool eager = false;                       ///< take `max_size` at construction, keep it until destruction
     std::size_t max_free_bytes = std::size_t{256} << 20;  ///< free bytes the global arena keeps before chunks go back
-    std::size_t growth_divisor = 4;           ///< a chunk is at least held / this
+    std::size_t growth_divisor = 12;          ///< a chunk is at least held / this
     std::size_t minimum_growth = std::size_t{32} << 20;  ///< a chunk is at least this (capped by `max_size`)
   };
 
