@@ -77,14 +77,16 @@ class cuda_stream_sync final : public detail::stream_sync {
   }
   bool idle(handle stream) override {
     profiled_call timed{stream_sync_profile::query};
-    // Only non-blocking streams: a blocking stream's later work also waits for earlier
-    // work on the legacy default stream, which its query does not report (and querying
-    // the legacy stream is an implicit synchronization that a graph capture in global
-    // mode forbids). And never a stream being captured: a query would end its capture.
-    unsigned int flags = 0;
+    // Never a stream being captured, and that is asked first: on a capturing stream a
+    // query, and even cudaStreamGetFlags, fails and invalidates the capture (seen on an
+    // H200 with CUDA 13: gpu_test_pool_idle_parks). Then only non-blocking streams: a
+    // blocking stream's later work also waits for earlier work on the legacy default
+    // stream, which its query does not report (and querying the legacy stream is an
+    // implicit synchronization that a graph capture in global mode forbids).
     cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-    if (cudaStreamGetFlags(as_stream(stream), &flags) != cudaSuccess || (flags & cudaStreamNonBlocking) == 0 ||
-        cudaStreamIsCapturing(as_stream(stream), &capture) != cudaSuccess || capture != cudaStreamCaptureStatusNone) {
+    unsigned int flags = 0;
+    if (cudaStreamIsCapturing(as_stream(stream), &capture) != cudaSuccess || capture != cudaStreamCaptureStatusNone ||
+        cudaStreamGetFlags(as_stream(stream), &flags) != cudaSuccess || (flags & cudaStreamNonBlocking) == 0) {
       (void)cudaGetLastError();
       return false;
     }

@@ -165,7 +165,8 @@ class pool_memory_resource final : public memory_resource {
     std::size_t events_recorded = 0;       ///< cross-stream handovers that recorded an event
     std::size_t stream_waits = 0;          ///< cudaStreamWaitEvent calls
     std::size_t idle_parks = 0;            ///< parks that found their stream idle and recorded nothing
-    std::size_t idle_queries = 0;          ///< cudaStreamQuery calls asking whether a stream was idle
+    std::size_t idle_queries = 0;          ///< parks that asked whether their stream was idle (a blocking
+                                           ///< or captured stream is answered "busy" with no cudaStreamQuery)
     std::size_t thread_shards = 0;         ///< shards made (0: one thread so far, or sharding off)
     std::size_t slab_bytes = 0;            ///< bytes the shards hold as slabs (part of pool_size)
   };

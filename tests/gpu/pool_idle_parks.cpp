@@ -1,0 +1,112 @@
+// Parks of idle streams on a real device (design: docs/suballocators.md, "Stream-ordered
+// reuse"). With two streams in use, a large free parks its stream. The pool first asks
+// CUDA whether that stream has finished its work, but only a non-blocking stream not being
+// captured into a graph:
+// - idle, non-blocking: no event; the other stream takes the block at once, with no wait
+//   and no growth;
+// - blocking (created with default flags): never asked; the park records, and the other
+//   stream waits on that event;
+// - being captured: never asked (a query would end the capture); the capture still ends
+//   cleanly.
+// A busy non-blocking stream records, and the reuse waits for its work: covered by
+// gpu_test_suballocators ("a block freed on one stream is reused on another only after its
+// work"), whose freeing stream has a delayed write queued.
+#include <catch2/catch.hpp>
+
+#include <mrstack/stream.hpp>
+#include <mrstack/suballoc/pool_memory_resource.hpp>
+#include <mrstack/upstream/cuda_memory_resource.hpp>
+
+#include <algorithm>
+#include <vector>
+
+using namespace mrstack;
+
+namespace {
+
+constexpr std::size_t block_bytes = std::size_t{64} << 20;  // above the 8 MiB a stream frees before it parks
+
+struct handover {
+  // Around a's free, then around b's allocation (b may park its own idle memory there:
+  // a's search for 64 MiB asked b for the rest of b's first chunk).
+  pool_memory_resource::statistics before, after_free, after_take;
+  bool same_block = false;
+  bool b_reads_its_own_bytes = false;
+};
+
+/// `a` writes a block and finishes; the block is freed on `a`, then `b` asks for as much.
+handover free_on_a_then_allocate_on_b(pool_memory_resource& mr, stream_view a, stream_view b) {
+  mr.deallocate(mr.allocate(256, b), 256, b);  // b is known: two streams in use, so frees park
+  void* x = mr.allocate(block_bytes, a);
+  MRSTACK_CUDA_TRY(cudaMemsetAsync(x, 0xAA, block_bytes, a.value()));
+  a.synchronize();
+  handover h;
+  h.before = mr.stats();
+  mr.deallocate(x, block_bytes, a);
+  h.after_free = mr.stats();
+  void* y = mr.allocate(block_bytes, b);
+  h.after_take = mr.stats();
+  h.same_block = x == y;
+  MRSTACK_CUDA_TRY(cudaMemsetAsync(y, 0x55, block_bytes, b.value()));
+  std::vector<unsigned char> host(block_bytes);
+  MRSTACK_CUDA_TRY(cudaMemcpyAsync(host.data(), y, block_bytes, cudaMemcpyDeviceToHost, b.value()));
+  b.synchronize();
+  h.b_reads_its_own_bytes = std::all_of(host.begin(), host.end(), [](unsigned char c) { return c == 0x55; });
+  mr.deallocate(y, block_bytes, b);
+  return h;
+}
+
+resource_ptr cuda() { return std::make_shared<cuda_memory_resource>(); }
+
+}  // namespace
+
+TEST_CASE("gpu pool idle parks: an idle non-blocking stream parks with no event, and another stream takes it at once") {
+  pool_memory_resource mr{cuda(), 0};
+  stream a;  // non-blocking
+  stream b;
+  handover const h = free_on_a_then_allocate_on_b(mr, a, b);
+  CHECK(h.same_block);
+  CHECK(h.b_reads_its_own_bytes);
+  CHECK(h.after_free.idle_parks > h.before.idle_parks);
+  CHECK(h.after_free.events_recorded == h.before.events_recorded);
+  CHECK(h.after_take.stream_waits == h.after_free.stream_waits);  // taken with no wait
+  CHECK(h.after_take.events_recorded == h.after_free.events_recorded);
+  CHECK(h.after_take.pool_size == h.before.pool_size);  // and no growth
+}
+
+TEST_CASE("gpu pool idle parks: a blocking stream is never asked; its park records and the taker waits") {
+  pool_memory_resource mr{cuda(), 0};
+  stream a{cudaStreamDefault};  // blocking: its later work also waits for the legacy stream's
+  stream b;
+  handover const h = free_on_a_then_allocate_on_b(mr, a, b);
+  CHECK(h.same_block);
+  CHECK(h.b_reads_its_own_bytes);
+  // A query would have found it idle (its work is done) and parked it without an event.
+  CHECK(h.after_free.idle_parks == h.before.idle_parks);
+  CHECK(h.after_free.events_recorded > h.before.events_recorded);
+  CHECK(h.after_take.stream_waits > h.after_free.stream_waits);
+}
+
+TEST_CASE("gpu pool idle parks: a stream being captured is never asked, and its capture survives the park") {
+  pool_memory_resource mr{cuda(), 0};
+  stream a;
+  stream b;
+  mr.deallocate(mr.allocate(256, b), 256, b);  // two streams in use
+  void* x = mr.allocate(block_bytes, a);
+  a.synchronize();
+  auto const before = mr.stats();
+  // Relaxed: the test thread's own calls are not restricted while the capture runs.
+  MRSTACK_CUDA_TRY(cudaStreamBeginCapture(a.value(), cudaStreamCaptureModeRelaxed));
+  MRSTACK_CUDA_TRY(cudaMemsetAsync(x, 0xAA, block_bytes, a.value()));
+  mr.deallocate(x, block_bytes, a);  // parks: a query, or even asking the stream's flags, would invalidate the capture
+  cudaGraph_t graph = nullptr;
+  cudaError_t const ended = cudaStreamEndCapture(a.value(), &graph);
+  INFO("cudaStreamEndCapture: " << cudaGetErrorString(ended));
+  CHECK(ended == cudaSuccess);
+  if (graph != nullptr) { MRSTACK_CUDA_TRY(cudaGraphDestroy(graph)); }
+  auto const after = mr.stats();
+  CHECK(after.idle_parks == before.idle_parks);
+  CHECK(after.events_recorded > before.events_recorded);
+  a.synchronize();
+  MRSTACK_CUDA_TRY(cudaDeviceSynchronize());
+}
