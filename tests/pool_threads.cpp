@@ -13,6 +13,7 @@
 #include <barrier>
 #include <chrono>
 #include <functional>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -191,7 +192,17 @@ TEST_CASE("pool shards: more threads than shards, and sharding turned off") {
   CHECK_THROWS_WITH((pool_memory_resource{sim, 0, std::nullopt, no_parks}), Catch::Contains("park_divisor must be at least 1"));
 }
 
-TEST_CASE("pool: memory of a stream another thread drives is waited for, not grown past") {
+namespace {
+
+struct wait_outcome {
+  bool grew = true;
+  std::size_t idle_parks = 0;
+  std::size_t events_recorded = 0;
+  std::string invariants;
+};
+
+/// B asks for memory only A holds while another thread keeps calling on A.
+wait_outcome wait_for_a_driven_stream() {
   auto sim = std::make_shared<simulated_memory_resource>();
   pool_options options;
   options.thread_shards = 0;  // the global blocks only
@@ -214,13 +225,31 @@ TEST_CASE("pool: memory of a stream another thread drives is waited for, not gro
   void* p = mr.allocate(40 * MiB, b);  // only A's memory can serve it
   stop = true;
   driver.join();
-  CHECK(mr.pool_size() == before);  // taken from A after its park, not grown
-  // Simulated memory's streams are always idle (host stream sync): A parks with no record.
-  CHECK(mr.stats().idle_parks >= 1);
-  CHECK(mr.stats().events_recorded == 0);
+  wait_outcome out;
+  out.grew = mr.pool_size() != before;
+  out.idle_parks = mr.stats().idle_parks;
+  out.events_recorded = mr.stats().events_recorded;
   mr.deallocate(p, 40 * MiB, b);
   mr.deallocate(held_by_b, 256, b);
-  CHECK(mr.check_invariants() == "");
+  out.invariants = mr.check_invariants();
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("pool: memory of a stream another thread drives is waited for, not grown past") {
+  // The wait is bounded (park_wait, 50 us): a driver thread descheduled for longer (a
+  // loaded 2-core machine under ASan did so) lets B grow, as designed. So up to five
+  // tries, one of which must take A's memory; a pool that never waits grows in all five.
+  wait_outcome out;
+  for (int attempt = 0; attempt < 5 && out.grew; ++attempt) {
+    out = wait_for_a_driven_stream();
+    CHECK(out.invariants == "");
+  }
+  CHECK_FALSE(out.grew);  // taken from A after its park, not grown
+  // Simulated memory's streams are always idle (host stream sync): A parks with no record.
+  CHECK(out.idle_parks >= 1);
+  CHECK(out.events_recorded == 0);
 }
 
 TEST_CASE("pool shards: threads that take turns keep one structure; contending threads shard") {

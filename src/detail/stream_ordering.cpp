@@ -91,6 +91,7 @@ owner_id stream_owners::install(stream_ref const& s, owner_id reuse) {
   sl.sole_thread = 0;  // a recycled slot holds no memory of the stream it had
   sl.parked_complete = false;
   sl.idle_asks = {};
+  sl.freed_in_capture = false;
   by_key_.insert(s.key, o);
   return o;
 }
@@ -105,10 +106,15 @@ void stream_owners::retire(owner_id o) noexcept {
 }
 
 void stream_owners::record_now(slot& sl, stream_ref const& s) {
+  if (sync_->capturing(s.handle)) {  // stays dirty: recorded once the capture is over
+    sl.freed_in_capture = sl.freed_in_capture || sl.dirty;
+    return;
+  }
   if (sl.event == 0) { sl.event = sync_->create_event(); }
   if (sync_->record(sl.event, s.handle)) {
     ++records_;
     sl.dirty = false;
+    sl.freed_in_capture = false;
     sl.cover = sl.event;
     // Asked once, answered once: a thread whose memory another wanted recorded at every
     // later free or refill (binning at 16 threads: 0.038 records a call, each under a
@@ -127,6 +133,11 @@ owner_id stream_owners::park(owner_id o, stream_ref const& s, stream_sync::handl
     // is let go (waits are made under the lock and take the event's record as of then).
     std::swap(sl.event, *prerecorded);  // its record is counted by whoever made it
   } else {
+    // Being captured: nothing parks (its frees stay its own) until a call after the capture.
+    if (sync_->capturing(s.handle)) {
+      sl.freed_in_capture = true;
+      return 0;
+    }
     if (sl.event == 0) { sl.event = sync_->create_event(); }
     if (!sync_->record(sl.event, s.handle)) { return 0; }
     ++records_;
@@ -160,6 +171,7 @@ owner_id stream_owners::parked_slot(owner_id o, stream_ref const& s) {
   sl.dirty = false;
   sl.dirty_bytes = 0;
   sl.wanted = false;
+  sl.freed_in_capture = false;
   parks_.fetch_add(1, std::memory_order_release);  // a thread waiting for this stream to park may look again
   if (sl.parked == 0) {
     owner_id const p = new_slot();  // may move slots_: `sl` is not used after this
@@ -206,6 +218,13 @@ stream_owners::handover stream_owners::hand_over(owner_id from, stream_ref const
     return handover::ready;
   }
   if (is_created(f.ref) && f.ref.key != to.key) {
+    if (f.freed_in_capture) {
+      // Its stream was captured when it freed: no event orders after that work and a
+      // device synchronization does not either (it runs when the graph is launched). It
+      // parks at its first call after the capture.
+      f.wanted = true;
+      return handover::not_now;
+    }
     if (on_demand_) {
       f.wanted = true;  // it records and parks at its next call
       note_contention();

@@ -75,6 +75,14 @@ class cuda_stream_sync final : public detail::stream_sync {
     detail::device_scope on_device{device_};
     MRSTACK_CUDA_TRY(cudaDeviceSynchronize());
   }
+  bool capturing(handle stream) override {
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing(as_stream(stream), &status) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return true;  // e.g. the legacy stream while another captures in global mode: record nothing
+    }
+    return status != cudaStreamCaptureStatusNone;
+  }
   bool idle(handle stream) override {
     profiled_call timed{stream_sync_profile::query};
     // Never a stream being captured, and that is asked first: on a capturing stream a

@@ -6,8 +6,10 @@
 //   and no growth;
 // - blocking (created with default flags): never asked; the park records, and the other
 //   stream waits on that event;
-// - being captured: never asked (a query would end the capture); the capture still ends
-//   cleanly.
+// - being captured: never asked (a query, even asking its flags, would end the capture),
+//   and nothing parked or recorded (another stream cannot wait on an event recorded in a
+//   capture): the capture ends cleanly, another stream grows rather than take the memory,
+//   and takes it after the stream's first free after the capture.
 // A busy non-blocking stream records, and the reuse waits for its work: covered by
 // gpu_test_suballocators ("a block freed on one stream is reused on another only after its
 // work"), whose freeing stream has a delayed write queued.
@@ -106,7 +108,38 @@ TEST_CASE("gpu pool idle parks: a stream being captured is never asked, and its 
   if (graph != nullptr) { MRSTACK_CUDA_TRY(cudaGraphDestroy(graph)); }
   auto const after = mr.stats();
   CHECK(after.idle_parks == before.idle_parks);
-  CHECK(after.events_recorded > before.events_recorded);
+  CHECK(after.events_recorded == before.events_recorded);  // nothing recorded into the capture
   a.synchronize();
   MRSTACK_CUDA_TRY(cudaDeviceSynchronize());
+}
+
+TEST_CASE("gpu pool idle parks: memory freed while its stream is captured is not handed to another stream until after") {
+  pool_memory_resource mr{cuda(), 0};
+  stream a;
+  stream b;
+  mr.deallocate(mr.allocate(256, b), 256, b);  // two streams in use
+  void* x = mr.allocate(block_bytes, a);
+  void* w = mr.allocate(block_bytes, a);      // freed after the capture
+  a.synchronize();
+  MRSTACK_CUDA_TRY(cudaStreamBeginCapture(a.value(), cudaStreamCaptureModeRelaxed));
+  MRSTACK_CUDA_TRY(cudaMemsetAsync(x, 0xAA, block_bytes, a.value()));
+  mr.deallocate(x, block_bytes, a);
+  cudaGraph_t graph = nullptr;
+  REQUIRE(cudaStreamEndCapture(a.value(), &graph) == cudaSuccess);
+  // Before: x's free had recorded an event inside the capture, and b's wait on it failed
+  // ("invalid argument in cudaStreamWaitEvent"). Now b grows instead.
+  void* y = nullptr;
+  REQUIRE_NOTHROW(y = mr.allocate(block_bytes, b));
+  CHECK(y != x);
+  mr.deallocate(w, block_bytes, a);  // a's first call after the capture parks what it holds
+  std::vector<void*> taken;
+  std::size_t const pool_size = mr.pool_size();
+  for (int i = 0; i < 4 && (taken.empty() || taken.back() != x); ++i) { taken.push_back(mr.allocate(block_bytes, b)); }
+  CHECK(taken.back() == x);
+  CHECK(mr.pool_size() == pool_size);  // taken, not grown for
+  for (void* p : taken) { mr.deallocate(p, block_bytes, b); }
+  mr.deallocate(y, block_bytes, b);
+  MRSTACK_CUDA_TRY(cudaGraphDestroy(graph));
+  MRSTACK_CUDA_TRY(cudaDeviceSynchronize());
+  CHECK(mr.check_invariants() == "");
 }

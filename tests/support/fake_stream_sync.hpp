@@ -51,6 +51,13 @@ class fake_stream_sync final : public detail::stream_sync {
   /// which keeps the tests written before idle streams settled their memory as they were.
   bool report_idle = false;
   std::size_t queries = 0;
+  /// Graph capture of `stream` begins / ends. While it lasts CUDA runs nothing of the
+  /// stream's new work, and another stream cannot wait on an event recorded there: every
+  /// record on it is counted in `records_in_capture` (correct code keeps that at 0), and
+  /// `idle` says busy (as the CUDA seam does, asking nothing that would end the capture).
+  void begin_capture(handle stream) { captured_.insert(stream); }
+  void end_capture(handle stream) { captured_.erase(stream); }
+  std::size_t records_in_capture = 0;
 
   std::size_t creates = 0, destroys = 0, records = 0, waits = 0, syncs = 0, sync_alls = 0;
   [[nodiscard]] std::size_t calls() const { return creates + destroys + records + waits + syncs + sync_alls + queries; }
@@ -70,6 +77,7 @@ class fake_stream_sync final : public detail::stream_sync {
   bool record(handle event, handle stream) override {
     ++records;
     if (on_record) { on_record(stream); }
+    if (captured_.count(stream) != 0) { ++records_in_capture; }
     if (dead_.count(stream) != 0) {
       ++dead_named;
       return false;
@@ -94,6 +102,7 @@ class fake_stream_sync final : public detail::stream_sync {
     if (dead_.count(stream) != 0) { ++dead_named; }
     done_[stream] = now_[stream];
   }
+  bool capturing(handle stream) override { return captured_.count(stream) != 0; }
   void synchronize_all() override {
     ++sync_alls;
     for (auto const& [s, t] : now_) { done_[s] = t; }
@@ -105,7 +114,7 @@ class fake_stream_sync final : public detail::stream_sync {
       ++dead_named;
       return false;
     }
-    if (!report_idle) { return false; }
+    if (!report_idle || captured_.count(stream) != 0) { return false; }
     auto finished = [&](handle s, std::uint64_t t) { return t == 0 || done_[s] >= t; };
     if (!finished(stream, now_[stream])) { return false; }
     for (auto const& [s, t] : known_[stream]) {
@@ -133,6 +142,7 @@ class fake_stream_sync final : public detail::stream_sync {
   }
 
   std::set<handle> blocking_;
+  std::set<handle> captured_;
   std::map<handle, std::uint64_t> now_;
   std::map<handle, vclock> known_;
   std::map<handle, std::uint64_t> done_;

@@ -87,6 +87,15 @@ class spare_events {
     r->asks.answered(answer);
     return answer;
   }
+  /// Whether `stream` is being captured (stream_sync::capturing); an error says yes, the
+  /// safe answer (nothing is recorded then).
+  bool capturing(stream_sync::handle stream) noexcept {
+    try {
+      return sync_->capturing(stream);
+    } catch (...) {
+      return true;
+    }
+  }
   /// Records made here so far, and idle queries.
   [[nodiscard]] std::size_t records() const noexcept { return records_.load(std::memory_order_relaxed); }
   [[nodiscard]] std::size_t queries() const noexcept { return queries_.load(std::memory_order_relaxed); }
@@ -129,7 +138,7 @@ class prerecorded_event {
   /// nothing needs recording (stream_owners::park_if_idle); else an event.
   void prepare(stream_sync::handle stream) noexcept {
     before_.idle = spares_.idle(stream);
-    if (!before_.idle) { before_.event = spares_.record_on(stream); }
+    if (!before_.idle && !spares_.capturing(stream)) { before_.event = spares_.record_on(stream); }
   }
   /// What `stream_ordered_pool::deallocate` takes (null when nothing was done).
   [[nodiscard]] prepark* get() noexcept { return before_.event != 0 || before_.idle ? &before_ : nullptr; }

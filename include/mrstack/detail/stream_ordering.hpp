@@ -84,6 +84,11 @@ class stream_sync {
   /// safe (the default: such a seam never reports a stream idle; the CUDA one answers
   /// false for blocking streams and for streams being captured into a graph).
   virtual bool idle(handle /*stream*/) { return false; }
+  /// True while `stream` is being captured into a CUDA graph. Its work then runs only
+  /// when the graph is launched, so an event recorded on it orders nothing another stream
+  /// could wait for (CUDA refuses such a wait): its frees are not parked and no event is
+  /// recorded for them while it lasts. Asked only of a stream the current call names.
+  virtual bool capturing(handle /*stream*/) { return false; }
 };
 
 /// How often a stream that keeps work queued is asked whether it is idle: after k busy
@@ -340,6 +345,7 @@ class stream_owners {
     std::uintptr_t sole_thread = 0;  // the one thread that named it since its last park, or several_threads
     bool parked_complete = false;    // its stream was idle at its last park: its parked memory needs no wait
     idle_back_off idle_asks{};       // park_if_idle's asks under the lock
+    bool freed_in_capture = false;   // freed into while captured, not recorded since: no other stream takes it
   };
   static constexpr std::uintptr_t several_threads = 2;  // thread keys are odd
 

@@ -1,0 +1,76 @@
+// A stream being captured into a CUDA graph: its work runs only when the graph is
+// launched, and another stream cannot wait on an event recorded in the capture (on an H200
+// such a wait failed with "invalid argument"). So while the capture lasts the pool parks
+// none of that stream's frees and records nothing on it — the memory stays the stream's
+// own, and another stream that wants it grows instead — and its first call after the
+// capture parks as usual. Through the fake event seam (tests/support/fake_stream_sync.hpp).
+#include <catch2/catch.hpp>
+
+#include <faked_pool.hpp>
+
+#include <mrstack/suballoc/pool_memory_resource.hpp>
+
+#include <vector>
+
+using namespace mrstack;
+
+namespace {
+
+constexpr std::size_t MiB = std::size_t{1} << 20;
+
+/// a frees `size` bytes while captured; b then needs that much and more.
+void free_while_captured_then_take(std::size_t size, bool report_idle, pool_options options = {}) {
+  test::faked_pool f{options};
+  f.fake->report_idle = report_idle;
+  auto& pool = f.pool;
+  auto const a = reinterpret_cast<test::fake_stream_sync::handle>(f.a.value());
+  void* on_b = pool.allocate(size, f.b);
+  pool.deallocate(on_b, size, f.b);   // a second stream: frees park from now on
+  for (int i = 0; i < 3; ++i) {       // a parks once outside the capture (primes any pre-lock path)
+    pool.deallocate(pool.allocate(size, f.a), size, f.a);
+  }
+  void* x = pool.allocate(size, f.a);
+  void* w = pool.allocate(size, f.a);                 // freed after the capture
+  f.fake->begin_capture(a);
+  std::uint64_t const last_use = f.fake->enqueue(a);  // the graph's use of x
+  pool.deallocate(x, size, f.a);
+  void* small = pool.allocate(256, f.a);              // a's own reuse inside the capture is fine
+  pool.deallocate(small, 256, f.a);
+  CHECK(f.fake->records_in_capture == 0);
+  std::size_t const grown = pool.stats().upstream_allocations;
+  void* y1 = pool.allocate(size, f.b);                // b's own memory
+  void* y2 = pool.allocate(size, f.b);                // not a's: it grows
+  CHECK(y1 != x);
+  CHECK(y2 != x);
+  CHECK(pool.stats().upstream_allocations > grown);
+  CHECK(f.fake->records_in_capture == 0);
+  f.fake->end_capture(a);
+  std::size_t const records = f.fake->records;
+  pool.deallocate(w, size, f.a);                      // a's first call after the capture parks it
+  CHECK(f.fake->records > records);
+  std::vector<void*> taken{y1, y2};
+  std::size_t const before_taking = pool.stats().upstream_allocations;
+  while (taken.size() < 8 && taken.back() != x) { taken.push_back(pool.allocate(size, f.b)); }
+  CHECK(taken.back() == x);                           // now b takes it, with no growth,
+  CHECK(pool.stats().upstream_allocations == before_taking);
+  CHECK(f.fake->ordered_after(0x200, a, last_use));   // ordered after a's work
+  for (void* p : taken) { pool.deallocate(p, size, f.b); }
+  CHECK(f.fake->dead_named == 0);
+  CHECK(pool.check_invariants() == "");
+}
+
+}  // namespace
+
+TEST_CASE("pool capture: a stream being captured parks nothing and records nothing until the capture ends") {
+  SECTION("a large free (parks for certain: the event would be made before the lock)") {
+    free_while_captured_then_take(64 * MiB, false);
+  }
+  SECTION("the same with idle streams reported (a captured stream is never idle)") {
+    free_while_captured_then_take(64 * MiB, true);
+  }
+  SECTION("RMM's rule: an event at every free") {
+    pool_options eager;
+    eager.record_on_demand = false;
+    free_while_captured_then_take(64 * MiB, false, eager);
+  }
+}
