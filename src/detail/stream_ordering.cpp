@@ -256,6 +256,7 @@ void stream_owners::synchronize_all() {
     sl.dirty = false;
     sl.dirty_bytes = 0;
     sl.wanted = false;
+    sl.freed_in_capture = false;  // its free blocks become the synchronized ones (a last resort)
   }
 }
 
