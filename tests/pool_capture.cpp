@@ -74,3 +74,51 @@ TEST_CASE("pool capture: a stream being captured parks nothing and records nothi
     free_while_captured_then_take(64 * MiB, false, eager);
   }
 }
+
+namespace {
+
+/// b, being captured, asks for memory only a holds (parked under an event, or parked
+/// complete when a was idle).
+void take_while_captured(bool a_idle, pool_options options = {}) {
+  constexpr std::size_t size = 64 * MiB;
+  test::faked_pool f{options};
+  f.fake->report_idle = a_idle;
+  auto& pool = f.pool;
+  auto const b = reinterpret_cast<test::fake_stream_sync::handle>(f.b.value());
+  pool.deallocate(pool.allocate(256, f.b), 256, f.b);  // a second stream
+  void* x = pool.allocate(size, f.a);
+  f.fake->enqueue(0x100);
+  if (a_idle) { f.fake->complete(0x100); }
+  pool.deallocate(x, size, f.a);                        // a parks: recorded, or idle
+  f.fake->begin_capture(b);
+  std::size_t const grown = pool.stats().upstream_allocations;
+  void* y = pool.allocate(size, f.b);
+  CHECK(f.fake->waits_into_capture == 0);
+  CHECK(f.fake->syncs_in_capture == 0);
+  if (a_idle) {
+    CHECK(y == x);  // complete: no wait needed, so a captured stream may take it
+    CHECK(pool.stats().upstream_allocations == grown);
+  } else {
+    CHECK(y != x);  // it would need a wait: grown instead
+    CHECK(pool.stats().upstream_allocations > grown);
+  }
+  f.fake->end_capture(b);
+  void* z = pool.allocate(size, f.b);                   // after the capture: a's memory, with a wait
+  if (!a_idle) { CHECK(z == x); }
+  pool.deallocate(y, size, f.b);
+  pool.deallocate(z, size, f.b);
+  CHECK(pool.check_invariants() == "");
+}
+
+}  // namespace
+
+TEST_CASE("pool capture: a stream being captured takes other streams' memory only when it needs no wait") {
+  SECTION("a parked under an event: b grows") { take_while_captured(false); }
+  SECTION("a parked idle: b takes it") { take_while_captured(true); }
+  SECTION("RMM's rule") {
+    pool_options eager;
+    eager.record_on_demand = false;
+    take_while_captured(false, eager);
+  }
+}
+

@@ -98,7 +98,13 @@ class cuda_stream_sync final : public detail::stream_sync {
       (void)cudaGetLastError();
       return false;
     }
+    // A query is an "unsafe" call to CUDA while any capture in global mode (PyTorch's
+    // default) or one of this thread's in thread-local mode is under way, even on a stream
+    // not being captured: it would invalidate that capture. Relaxed for this one call.
+    cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+    bool const exchanged = cudaThreadExchangeStreamCaptureMode(&mode) == cudaSuccess;
     cudaError_t const status = cudaStreamQuery(as_stream(stream));
+    if (exchanged) { (void)cudaThreadExchangeStreamCaptureMode(&mode); }
     if (status == cudaSuccess) { return true; }
     if (status != cudaErrorNotReady) { (void)cudaGetLastError(); }  // an error is "busy": the safe answer
     return false;

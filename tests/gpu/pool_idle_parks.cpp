@@ -20,6 +20,8 @@
 #include <mrstack/upstream/cuda_memory_resource.hpp>
 
 #include <algorithm>
+#include <chrono>
+#include <thread>
 #include <vector>
 
 using namespace mrstack;
@@ -107,6 +109,7 @@ TEST_CASE("gpu pool idle parks: a stream being captured is never asked, and its 
   CHECK(ended == cudaSuccess);
   if (graph != nullptr) { MRSTACK_CUDA_TRY(cudaGraphDestroy(graph)); }
   auto const after = mr.stats();
+  CHECK(after.idle_queries > before.idle_queries);          // the free did come to park a
   CHECK(after.idle_parks == before.idle_parks);
   CHECK(after.events_recorded == before.events_recorded);  // nothing recorded into the capture
   a.synchronize();
@@ -143,3 +146,54 @@ TEST_CASE("gpu pool idle parks: memory freed while its stream is captured is not
   MRSTACK_CUDA_TRY(cudaDeviceSynchronize());
   CHECK(mr.check_invariants() == "");
 }
+
+TEST_CASE("gpu pool idle parks: a park on another stream does not end a capture in global mode") {
+  pool_memory_resource mr{cuda(), 0};
+  stream c;  // captured, in global mode: CUDA's default and PyTorch's
+  stream x;
+  stream y;
+  mr.deallocate(mr.allocate(256, y), 256, y);  // two streams in use
+  void* on_c = mr.allocate(4096, c);
+  void* on_x = mr.allocate(block_bytes, x);
+  MRSTACK_CUDA_TRY(cudaDeviceSynchronize());
+  auto const before = mr.stats();
+  MRSTACK_CUDA_TRY(cudaStreamBeginCapture(c.value(), cudaStreamCaptureModeGlobal));
+  MRSTACK_CUDA_TRY(cudaMemsetAsync(on_c, 0, 4096, c.value()));
+  mr.deallocate(on_x, block_bytes, x);  // x is idle: asked, which must not be "unsafe" for c
+  cudaGraph_t graph = nullptr;
+  cudaError_t const ended = cudaStreamEndCapture(c.value(), &graph);
+  INFO("cudaStreamEndCapture: " << cudaGetErrorString(ended));
+  CHECK(ended == cudaSuccess);
+  if (graph != nullptr) { MRSTACK_CUDA_TRY(cudaGraphDestroy(graph)); }
+  CHECK(mr.stats().idle_parks > before.idle_parks);
+  mr.deallocate(on_c, 4096, c);
+  MRSTACK_CUDA_TRY(cudaDeviceSynchronize());
+}
+
+TEST_CASE("gpu pool idle parks: a stream being captured does not wait for parked memory, it grows") {
+  pool_memory_resource mr{cuda(), 0};
+  stream a;
+  stream b;
+  mr.deallocate(mr.allocate(256, b), 256, b);  // two streams in use
+  void* x = mr.allocate(block_bytes, a);
+  MRSTACK_CUDA_TRY(cudaLaunchHostFunc(
+      a.value(), [](void*) { std::this_thread::sleep_for(std::chrono::milliseconds(100)); }, nullptr));
+  MRSTACK_CUDA_TRY(cudaMemsetAsync(x, 0xAA, block_bytes, a.value()));
+  auto const records = mr.stats().events_recorded;
+  mr.deallocate(x, block_bytes, a);  // a is busy (100 ms behind): parked under an event
+  CHECK(mr.stats().events_recorded > records);
+  // Relaxed: the growth (cudaMalloc) is then allowed while b is captured.
+  MRSTACK_CUDA_TRY(cudaStreamBeginCapture(b.value(), cudaStreamCaptureModeRelaxed));
+  void* y = nullptr;
+  CHECK_NOTHROW(y = mr.allocate(block_bytes, b));  // before: cudaStreamWaitEvent into the capture threw
+  if (y != nullptr) { MRSTACK_CUDA_TRY(cudaMemsetAsync(y, 0x55, block_bytes, b.value())); }
+  cudaGraph_t graph = nullptr;
+  cudaError_t const ended = cudaStreamEndCapture(b.value(), &graph);
+  INFO("cudaStreamEndCapture: " << cudaGetErrorString(ended));
+  CHECK(ended == cudaSuccess);
+  if (graph != nullptr) { MRSTACK_CUDA_TRY(cudaGraphDestroy(graph)); }
+  if (y != nullptr) { mr.deallocate(y, block_bytes, b); }
+  MRSTACK_CUDA_TRY(cudaDeviceSynchronize());
+  CHECK(mr.check_invariants() == "");
+}
+

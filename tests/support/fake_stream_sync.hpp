@@ -58,6 +58,9 @@ class fake_stream_sync final : public detail::stream_sync {
   void begin_capture(handle stream) { captured_.insert(stream); }
   void end_capture(handle stream) { captured_.erase(stream); }
   std::size_t records_in_capture = 0;
+  /// Waits into a captured stream (CUDA refuses them and ends the capture), and device or
+  /// stream synchronizations while any capture lasts: correct code keeps both at 0.
+  std::size_t waits_into_capture = 0, syncs_in_capture = 0;
 
   std::size_t creates = 0, destroys = 0, records = 0, waits = 0, syncs = 0, sync_alls = 0;
   [[nodiscard]] std::size_t calls() const { return creates + destroys + records + waits + syncs + sync_alls + queries; }
@@ -90,6 +93,7 @@ class fake_stream_sync final : public detail::stream_sync {
   }
   void wait(handle stream, handle event) override {
     ++waits;
+    if (captured_.count(stream) != 0) { ++waits_into_capture; }
     if (dead_.count(stream) != 0) { ++dead_named; }
     if (stream == legacy) { legacy_barrier(); }
     for (auto const& [s, t] : events_.at(event)) {
@@ -99,12 +103,14 @@ class fake_stream_sync final : public detail::stream_sync {
   }
   void synchronize(handle stream) override {
     ++syncs;
+    if (!captured_.empty()) { ++syncs_in_capture; }
     if (dead_.count(stream) != 0) { ++dead_named; }
     done_[stream] = now_[stream];
   }
   bool capturing(handle stream) override { return captured_.count(stream) != 0; }
   void synchronize_all() override {
     ++sync_alls;
+    if (!captured_.empty()) { ++syncs_in_capture; }
     for (auto const& [s, t] : now_) { done_[s] = t; }
   }
   /// Idle: its own work is done, and so is all the work of other streams it waited for.
