@@ -15,7 +15,9 @@
 // arena > cuda, cuda_async, on streams from cudaStreamCreateWithFlags(cudaStreamNonBlocking).
 // Anywhere: the same suballocators over `simulated` / `simulated_vmm` (labelled
 // .../simulated), on distinct fake stream handles (no CUDA call is made).
-// --stack=LABEL=SPEC adds a stack of one's own (repeatable), e.g. to try a parameter.
+// --stack=LABEL=SPEC adds a stack of one's own (repeatable), e.g. to try a parameter; its
+// footprint is read as the built-in stacks' are, so put footprint_meter above a cuda or
+// simulated bottom.
 #include <benchmark/benchmark.h>
 
 #include <allocation_sequence.hpp>
@@ -31,8 +33,8 @@
 #include <chrono>
 #include <cstdio>
 #include <mutex>
-#include <optional>
 #include <random>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -103,6 +105,7 @@ class footprint_probe {
     driver_pool_ = dynamic_cast<cuda_async_memory_resource*>(&bottom_of_stack(top));
     range_ = dynamic_cast<virtual_range_resource*>(&bottom_of_stack(top));
   }
+  [[nodiscard]] bool has_source() const noexcept { return meter_ != nullptr || driver_pool_ != nullptr || range_ != nullptr; }
   void reset() {
     if (driver_pool_ != nullptr) {
       std::uint64_t zero = 0;
@@ -154,28 +157,22 @@ void take_steps(memory_resource& mr, std::vector<step> const& steps, std::vector
 }
 
 /// The stack of `spec`, or null after skipping the benchmark (no GPU for a device stack,
-/// or a bad spec). `wants_device`: the stack needs a GPU; unset (a stack from --stack): it
-/// does unless its bottom is a simulated upstream (memory_kind::none). Sets `device`.
-resource_ptr build_stack(benchmark::State& state, std::string const& spec, std::optional<bool> wants_device,
-                         bool& device) {
-  device = wants_device.value_or(false);
-  if (!device || bench::have_device()) {
-    try {
-      resource_ptr mr = make_stack(spec);
-      device = wants_device.value_or(bottom_of_stack(*mr).kind() != memory_kind::none);
-      if (!device || bench::have_device()) { return mr; }
-    } catch (std::exception const& e) {
-      state.SkipWithError(e.what());
-      return nullptr;
-    }
+/// or a stack that cannot be built).
+resource_ptr build_stack(benchmark::State& state, std::string const& spec, bool device) {
+  if (device && !bench::have_device()) {
+    state.SkipWithError("no CUDA device");
+    return nullptr;
   }
-  state.SkipWithError("no CUDA device");
-  return nullptr;
+  try {
+    return make_stack(spec);
+  } catch (std::exception const& e) {
+    state.SkipWithError(e.what());
+    return nullptr;
+  }
 }
 
-void run(benchmark::State& state, std::string const& spec, std::optional<bool> wants_device) {
-  bool device = false;
-  resource_ptr const mr = build_stack(state, spec, wants_device, device);
+void run(benchmark::State& state, std::string const& spec, bool device) {
+  resource_ptr const mr = build_stack(state, spec, device);
   if (!mr) { return; }
   auto const threads = static_cast<std::size_t>(state.range(0));
   std::vector<std::vector<step>> steps(threads);
@@ -186,6 +183,11 @@ void run(benchmark::State& state, std::string const& spec, std::optional<bool> w
     calls += steps[t].size();
   }
   footprint_probe probe{*mr};
+  if (!probe.has_source()) {
+    state.SkipWithError("no footprint to read: put footprint_meter above a cuda or simulated bottom, e.g. "
+                        "'arena > footprint_meter > cuda'");
+    return;
+  }
   std::vector<cudaStream_t> const streams = make_streams(threads, device);
   std::string error;
   auto run_once = [&]() -> double {
@@ -245,16 +247,40 @@ void run(benchmark::State& state, std::string const& spec, std::optional<bool> w
                             static_cast<double>(threads), timed_seconds);
 }
 
+struct stack_entry {
+  std::string label;
+  std::string spec;
+  bool device;
+};
+
+/// `--stack=LABEL=SPEC`: a stack of one's own, checked now (a bad spec or label is an error
+/// naming it, not four skipped rows); on a GPU unless its bottom is simulated or `system`.
+stack_entry parse_user_stack(std::string_view arg, std::vector<stack_entry> const& taken) {
+  std::string_view const rest = arg.substr(std::string_view{"--stack="}.size());
+  std::size_t const equals = rest.find('=');
+  if (equals == std::string_view::npos || equals == 0 || equals + 1 == rest.size()) {
+    throw std::invalid_argument("expected --stack=LABEL=SPEC, e.g. --stack='arena4=arena(growth_divisor=4) > footprint_meter > cuda'");
+  }
+  std::string label{rest.substr(0, equals)};
+  std::string spec{rest.substr(equals + 1)};
+  if (label.find('/') != std::string::npos) {
+    throw std::invalid_argument("label '" + label + "' holds a '/', which separates a benchmark name's parts");
+  }
+  for (auto const& t : taken) {
+    if (t.label == label) { throw std::invalid_argument("label '" + label + "' is already a stack's"); }
+  }
+  stack_spec const parsed = parse_stack_spec(spec);
+  check_stack_spec(parsed);
+  std::string const& bottom = parsed.layers.back().name;
+  bool const device = bottom != "simulated" && bottom != "simulated_vmm" && bottom != "system";
+  return {std::move(label), std::move(spec), device};
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  struct stack {
-    char const* label;
-    char const* spec;
-    bool device;
-  };
   // The simulated device has 80 GiB, like a GPU of the class the targets are set on.
-  stack const stacks[] = {
+  std::vector<stack_entry> stacks = {
       {"pool>cuda", "pool > footprint_meter > cuda", true},
       {"pool>vmm", "pool > vmm", true},
       {"pool(eager_events)>cuda", "pool(eager_events) > footprint_meter > cuda", true},
@@ -271,14 +297,7 @@ int main(int argc, char** argv) {
       {"pool(park_divisor=64)>simulated", "pool(park_divisor=64) > footprint_meter > simulated(capacity=80GiB)", false},
       {"arena>simulated", "arena > footprint_meter > simulated(capacity=80GiB)", false},
   };
-  auto add = [](std::string const& label, std::string const& spec, std::optional<bool> device) {
-    auto* b = benchmark::RegisterBenchmark(("multistream/" + label).c_str(),
-                                           [spec, device](benchmark::State& st) { run(st, spec, device); });
-    b->ArgName("streams")->UseManualTime()->Unit(benchmark::kMillisecond)->Iterations(3);
-    for (std::int64_t n : {1, 2, 4, 8}) { b->Arg(n); }
-  };
-  // --stack=LABEL=SPEC (repeatable): one more stack, run as "multistream/LABEL"; on a GPU
-  // unless its bottom is simulated. Taken out of argv before Google Benchmark reads it.
+  // --stack=LABEL=SPEC (repeatable), taken out of argv before Google Benchmark reads it.
   int kept = 1;
   for (int i = 1; i < argc; ++i) {
     std::string_view const arg{argv[i]};
@@ -286,16 +305,20 @@ int main(int argc, char** argv) {
       argv[kept++] = argv[i];
       continue;
     }
-    std::string_view const rest = arg.substr(8);
-    std::size_t const equals = rest.find('=');
-    if (equals == std::string_view::npos || equals == 0 || equals + 1 == rest.size()) {
-      std::fprintf(stderr, "bench_multistream: %s: expected --stack=LABEL=SPEC, e.g. --stack='arena12=arena(growth_divisor=12) > footprint_meter > cuda'\n", argv[i]);
+    try {
+      stacks.push_back(parse_user_stack(arg, stacks));
+    } catch (std::exception const& e) {
+      std::fprintf(stderr, "bench_multistream: %s: %s\n", argv[i], e.what());
       return 1;
     }
-    add(std::string{rest.substr(0, equals)}, std::string{rest.substr(equals + 1)}, std::nullopt);
   }
   argc = kept;
-  for (auto const& s : stacks) { add(s.label, s.spec, s.device); }
+  for (auto const& s : stacks) {
+    auto* b = benchmark::RegisterBenchmark(("multistream/" + s.label).c_str(),
+                                           [spec = s.spec, device = s.device](benchmark::State& st) { run(st, spec, device); });
+    b->ArgName("streams")->UseManualTime()->Unit(benchmark::kMillisecond)->Iterations(3);
+    for (std::int64_t n : {1, 2, 4, 8}) { b->Arg(n); }
+  }
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) { return 1; }
   benchmark::RunSpecifiedBenchmarks();

@@ -79,7 +79,7 @@ class cuda_stream_sync final : public detail::stream_sync {
     cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
     if (cudaStreamIsCapturing(as_stream(stream), &status) != cudaSuccess) {
       (void)cudaGetLastError();
-      return true;  // e.g. the legacy stream while another captures in global mode: record nothing
+      return true;  // cannot tell: record nothing (the safe answer)
     }
     return status != cudaStreamCaptureStatusNone;
   }
