@@ -60,6 +60,25 @@ handover free_on_a_then_allocate_on_b(pool_memory_resource& mr, stream_view a, s
   return h;
 }
 
+/// Ends `s`'s capture, which nothing the pool did may have invalidated; drops the graph.
+void check_capture_ends_cleanly(stream_view s) {
+  cudaGraph_t graph = nullptr;
+  cudaError_t const ended = cudaStreamEndCapture(s.value(), &graph);
+  INFO("cudaStreamEndCapture: " << cudaGetErrorString(ended));
+  CHECK(ended == cudaSuccess);
+  if (graph != nullptr) { MRSTACK_CUDA_TRY(cudaGraphDestroy(graph)); }
+}
+
+resource_ptr cuda();
+
+/// A pool over cudaMalloc that streams a and b (non-blocking) have used: frees park.
+struct two_streams_in_use {
+  pool_memory_resource mr{cuda(), 0};
+  stream a;
+  stream b;
+  two_streams_in_use() { mr.deallocate(mr.allocate(256, b), 256, b); }
+};
+
 resource_ptr cuda() { return std::make_shared<cuda_memory_resource>(); }
 
 }  // namespace
@@ -92,10 +111,8 @@ TEST_CASE("gpu pool idle parks: a blocking stream is never asked; its park recor
 }
 
 TEST_CASE("gpu pool idle parks: a stream being captured is never asked, and its capture survives the park") {
-  pool_memory_resource mr{cuda(), 0};
-  stream a;
-  stream b;
-  mr.deallocate(mr.allocate(256, b), 256, b);  // two streams in use
+  two_streams_in_use f;
+  auto& [mr, a, b] = f;
   void* x = mr.allocate(block_bytes, a);
   a.synchronize();
   auto const before = mr.stats();
@@ -103,11 +120,7 @@ TEST_CASE("gpu pool idle parks: a stream being captured is never asked, and its 
   MRSTACK_CUDA_TRY(cudaStreamBeginCapture(a.value(), cudaStreamCaptureModeRelaxed));
   MRSTACK_CUDA_TRY(cudaMemsetAsync(x, 0xAA, block_bytes, a.value()));
   mr.deallocate(x, block_bytes, a);  // parks: a query, or even asking the stream's flags, would invalidate the capture
-  cudaGraph_t graph = nullptr;
-  cudaError_t const ended = cudaStreamEndCapture(a.value(), &graph);
-  INFO("cudaStreamEndCapture: " << cudaGetErrorString(ended));
-  CHECK(ended == cudaSuccess);
-  if (graph != nullptr) { MRSTACK_CUDA_TRY(cudaGraphDestroy(graph)); }
+  check_capture_ends_cleanly(a);
   auto const after = mr.stats();
   CHECK(after.idle_queries > before.idle_queries);          // the free did come to park a
   CHECK(after.idle_parks == before.idle_parks);
@@ -117,10 +130,8 @@ TEST_CASE("gpu pool idle parks: a stream being captured is never asked, and its 
 }
 
 TEST_CASE("gpu pool idle parks: memory freed while its stream is captured is not handed to another stream until after") {
-  pool_memory_resource mr{cuda(), 0};
-  stream a;
-  stream b;
-  mr.deallocate(mr.allocate(256, b), 256, b);  // two streams in use
+  two_streams_in_use f;
+  auto& [mr, a, b] = f;
   void* x = mr.allocate(block_bytes, a);
   void* w = mr.allocate(block_bytes, a);      // freed after the capture
   a.synchronize();
@@ -160,21 +171,15 @@ TEST_CASE("gpu pool idle parks: a park on another stream does not end a capture 
   MRSTACK_CUDA_TRY(cudaStreamBeginCapture(c.value(), cudaStreamCaptureModeGlobal));
   MRSTACK_CUDA_TRY(cudaMemsetAsync(on_c, 0, 4096, c.value()));
   mr.deallocate(on_x, block_bytes, x);  // x is idle: asked, which must not be "unsafe" for c
-  cudaGraph_t graph = nullptr;
-  cudaError_t const ended = cudaStreamEndCapture(c.value(), &graph);
-  INFO("cudaStreamEndCapture: " << cudaGetErrorString(ended));
-  CHECK(ended == cudaSuccess);
-  if (graph != nullptr) { MRSTACK_CUDA_TRY(cudaGraphDestroy(graph)); }
+  check_capture_ends_cleanly(c);
   CHECK(mr.stats().idle_parks > before.idle_parks);
   mr.deallocate(on_c, 4096, c);
   MRSTACK_CUDA_TRY(cudaDeviceSynchronize());
 }
 
 TEST_CASE("gpu pool idle parks: a stream being captured does not wait for parked memory, it grows") {
-  pool_memory_resource mr{cuda(), 0};
-  stream a;
-  stream b;
-  mr.deallocate(mr.allocate(256, b), 256, b);  // two streams in use
+  two_streams_in_use f;
+  auto& [mr, a, b] = f;
   void* x = mr.allocate(block_bytes, a);
   MRSTACK_CUDA_TRY(cudaLaunchHostFunc(
       a.value(), [](void*) { std::this_thread::sleep_for(std::chrono::milliseconds(100)); }, nullptr));
@@ -187,11 +192,7 @@ TEST_CASE("gpu pool idle parks: a stream being captured does not wait for parked
   void* y = nullptr;
   CHECK_NOTHROW(y = mr.allocate(block_bytes, b));  // before: cudaStreamWaitEvent into the capture threw
   if (y != nullptr) { MRSTACK_CUDA_TRY(cudaMemsetAsync(y, 0x55, block_bytes, b.value())); }
-  cudaGraph_t graph = nullptr;
-  cudaError_t const ended = cudaStreamEndCapture(b.value(), &graph);
-  INFO("cudaStreamEndCapture: " << cudaGetErrorString(ended));
-  CHECK(ended == cudaSuccess);
-  if (graph != nullptr) { MRSTACK_CUDA_TRY(cudaGraphDestroy(graph)); }
+  check_capture_ends_cleanly(b);
   if (y != nullptr) { mr.deallocate(y, block_bytes, b); }
   MRSTACK_CUDA_TRY(cudaDeviceSynchronize());
   CHECK(mr.check_invariants() == "");
