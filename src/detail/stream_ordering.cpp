@@ -184,14 +184,13 @@ owner_id stream_owners::parked_slot(owner_id o, stream_ref const& s) {
 }
 
 stream_owners::handover stream_owners::hand_over(owner_id from, stream_ref const& to) {
+  // Parked memory whose stream had finished all its work when it last parked: no wait.
   if (slots_[from].parent != 0 && slots_[slots_[from].parent].parked_complete) { return handover::ready; }
   // Every other way orders `to` after an event, or synchronizes the device: CUDA refuses
   // both into a stream being captured (and ends the capture). It takes other memory, or grows.
   if (sync_->capturing(to.handle)) { return handover::not_now; }
   if (slots_[from].parent != 0) {
-    // Parked memory: covered by its stream's event, recorded after every free parked, or
-    // complete (its stream had finished all its work when it last parked).
-    if (slots_[slots_[from].parent].parked_complete) { return handover::ready; }
+    // Parked memory: covered by its stream's event, recorded after every free parked.
     sync_->wait(to.handle, slots_[slots_[from].parent].event);
     ++waits_;
     return handover::ready;
