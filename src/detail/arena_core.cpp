@@ -430,9 +430,12 @@ bool arena_core::deallocate(std::uintptr_t p, std::size_t size, std::size_t alig
   // Read without the lock: a superblock holding a live block stays with its arena.
   stream_arena* const owner = sb->arena.load(std::memory_order_acquire);
   if (owner == nullptr) { return false; }
-  if (owner != arena_for(s)) {
+  if (owner != arena_for(s) && !sync_->capturing(s.handle)) {
     // Another stream's arena: its stream may reuse the block at once, so this stream's
-    // work on it must be finished first.
+    // work on it must be finished first. Not a stream being captured into a graph: CUDA
+    // refuses to synchronize it and ends the capture, and its work runs only when the
+    // graph is launched, which no call now can wait for — ordering the graph's launches
+    // with memory it freed is the caller's, as with the pool (docs/suballocators.md).
     sync_->synchronize(s.handle);
   }
   std::lock_guard lock{owner->mutex};
