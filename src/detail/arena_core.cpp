@@ -413,7 +413,13 @@ std::uintptr_t arena_core::allocate_large(std::size_t size, std::size_t alignmen
     // Retried even when this call found nothing to synchronize: another thread may have
     // just done it (between our attempts), which is as good.
     if (attempt == 2) { synchronize_everything(); }
-    std::lock_guard lock{global_mutex_};
+    std::unique_lock lock{global_mutex_};
+    if (std::uintptr_t const p = global_.allocate(size, alignment, s)) { return p; }
+    // A stream another thread drives was asked for its free memory: it parks at its next
+    // call, usually sooner than growth would take, and without the footprint.
+    if (wait_for_asked_park(global_.owners(), lock)) {
+      if (std::uintptr_t const p = global_.allocate(size, alignment, s)) { return p; }
+    }
     if (std::uintptr_t const p = global_allocate(size, alignment, s)) { return p; }
   }
   return 0;

@@ -136,22 +136,7 @@ void* pool_memory_resource::do_allocate(std::size_t bytes, std::size_t alignment
 
 std::uintptr_t pool_memory_resource::retry_after_park(std::unique_lock<detail::lean_mutex>& lock, std::size_t size,
                                                       std::size_t alignment, detail::stream_ref const& s) {
-  if (!core_.owners().take_asked_busy_stream()) { return 0; }
-  // Another thread drives the stream asked to park, and parks at its next call: usually
-  // within microseconds, far sooner (and cheaper in memory) than growing would be.
-  std::uint64_t const before = core_.owners().parks();
-  lock.unlock();
-  auto const deadline = std::chrono::steady_clock::now() + park_wait;
-  bool parked = false;
-  while (!(parked = core_.owners().parks() != before) && std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::yield();
-  }
-  lock.lock();
-  if (!parked) {
-    core_.owners().forget_busy_threads();  // no more waiting for it until it calls again
-    return 0;
-  }
-  return core_.allocate(size, alignment, s);
+  return detail::wait_for_asked_park(core_.owners(), lock) ? core_.allocate(size, alignment, s) : 0;
 }
 
 void pool_memory_resource::do_deallocate(void* ptr, std::size_t bytes, std::size_t, stream_view stream) {

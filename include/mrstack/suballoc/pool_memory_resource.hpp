@@ -193,11 +193,10 @@ class pool_memory_resource final : public memory_resource {
 
   void* grow_and_allocate(std::size_t bytes, std::size_t size, std::size_t alignment, detail::stream_ref const& s);
   /// After an allocation failed under `lock`: when it asked a stream another thread drives
-  /// to park, waits for a park (at most `park_wait`, without the lock) and tries again; 0
-  /// when nothing came of it.
+  /// to park, waits for a park (detail::wait_for_asked_park) and tries again; 0 when
+  /// nothing came of it.
   std::uintptr_t retry_after_park(std::unique_lock<detail::lean_mutex>& lock, std::size_t size, std::size_t alignment,
                                   detail::stream_ref const& s);
-  static constexpr std::chrono::microseconds park_wait{50};
   /// Tries to take a chunk that can serve `needed` bytes; false when the cap or the upstream refuses.
   bool grow(std::size_t needed, detail::stream_ref const& s, std::string& why);
   /// Returns wholly free chunks to the upstream; the bytes returned. Without
