@@ -15,6 +15,8 @@
 // arena > cuda, cuda_async, on streams from cudaStreamCreateWithFlags(cudaStreamNonBlocking).
 // Anywhere: the same suballocators over `simulated` / `simulated_vmm` (labelled
 // .../simulated), on distinct fake stream handles (no CUDA call is made).
+// multistream_one_thread/...: the same steps on the same S streams taken by one thread in
+// turn, so the stack's cost with S streams is seen apart from what threads add.
 // --stack=LABEL=SPEC adds a stack of one's own (repeatable), e.g. to try a parameter; its
 // footprint is read as the built-in stacks' are, so put footprint_meter above a cuda or
 // simulated bottom.
@@ -171,7 +173,70 @@ resource_ptr build_stack(benchmark::State& state, std::string const& spec, bool 
   }
 }
 
-void run(benchmark::State& state, std::string const& spec, bool device) {
+/// The S streams' steps, one thread each, started together; seconds until the last
+/// finished, or -1 with `error` set when a call failed.
+double run_threads(memory_resource& mr, std::vector<std::vector<step>> const& steps,
+                   std::vector<std::size_t> const& slots, std::vector<cudaStream_t> const& streams, std::string& error) {
+  std::size_t const threads = steps.size();
+  std::atomic<std::size_t> ready{0};
+  std::atomic<bool> go{false};
+  std::atomic<bool> failed{false};
+  std::mutex error_mutex;
+  std::vector<std::thread> workers;
+  std::vector<std::chrono::steady_clock::time_point> ends(threads);
+  for (std::size_t t = 0; t < threads; ++t) {
+    workers.emplace_back([&, t] {
+      std::vector<void*> ptrs(slots[t]);
+      stream_view const s{streams[t]};
+      ready.fetch_add(1);
+      while (!go.load(std::memory_order_acquire)) {}
+      try {
+        take_steps(mr, steps[t], ptrs, s);
+      } catch (std::exception const& e) {
+        std::lock_guard lock{error_mutex};
+        if (!failed.exchange(true)) { error = e.what(); }
+      }
+      ends[t] = std::chrono::steady_clock::now();
+    });
+  }
+  while (ready.load() != threads) {}
+  auto const start = std::chrono::steady_clock::now();
+  go.store(true, std::memory_order_release);
+  for (auto& w : workers) { w.join(); }
+  if (failed) { return -1; }
+  return std::chrono::duration<double>(*std::max_element(ends.begin(), ends.end()) - start).count();
+}
+
+/// The same steps on the same streams, taken by ONE thread in turn (a step of stream 0,
+/// one of stream 1, ...): the stack's own cost with S streams and no thread contending.
+double run_one_thread(memory_resource& mr, std::vector<std::vector<step>> const& steps,
+                      std::vector<std::size_t> const& slots, std::vector<cudaStream_t> const& streams, std::string& error) {
+  std::vector<std::vector<void*>> ptrs(steps.size());
+  for (std::size_t t = 0; t < steps.size(); ++t) { ptrs[t].resize(slots[t]); }
+  std::vector<std::size_t> next(steps.size(), 0);
+  auto const start = std::chrono::steady_clock::now();
+  try {
+    for (bool any = true; any;) {
+      any = false;
+      for (std::size_t t = 0; t < steps.size(); ++t) {
+        if (next[t] == steps[t].size()) { continue; }
+        any = true;
+        step const& st = steps[t][next[t]++];
+        if (st.allocate) {
+          ptrs[t][st.slot] = mr.allocate(st.bytes, stream_view{streams[t]});
+        } else {
+          mr.deallocate(ptrs[t][st.slot], st.bytes, stream_view{streams[t]});
+        }
+      }
+    }
+  } catch (std::exception const& e) {
+    error = e.what();
+    return -1;
+  }
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+void run(benchmark::State& state, std::string const& spec, bool device, bool one_thread) {
   resource_ptr const mr = build_stack(state, spec, device);
   if (!mr) { return; }
   auto const threads = static_cast<std::size_t>(state.range(0));
@@ -191,33 +256,7 @@ void run(benchmark::State& state, std::string const& spec, bool device) {
   std::vector<cudaStream_t> const streams = make_streams(threads, device);
   std::string error;
   auto run_once = [&]() -> double {
-    std::atomic<std::size_t> ready{0};
-    std::atomic<bool> go{false};
-    std::atomic<bool> failed{false};
-    std::mutex error_mutex;
-    std::vector<std::thread> workers;
-    std::vector<std::chrono::steady_clock::time_point> ends(threads);
-    for (std::size_t t = 0; t < threads; ++t) {
-      workers.emplace_back([&, t] {
-        std::vector<void*> ptrs(slots[t]);
-        stream_view const s{streams[t]};
-        ready.fetch_add(1);
-        while (!go.load(std::memory_order_acquire)) {}
-        try {
-          take_steps(*mr, steps[t], ptrs, s);
-        } catch (std::exception const& e) {
-          std::lock_guard lock{error_mutex};
-          if (!failed.exchange(true)) { error = e.what(); }
-        }
-        ends[t] = std::chrono::steady_clock::now();
-      });
-    }
-    while (ready.load() != threads) {}
-    auto const start = std::chrono::steady_clock::now();
-    go.store(true, std::memory_order_release);
-    for (auto& w : workers) { w.join(); }
-    if (failed) { return -1; }
-    return std::chrono::duration<double>(*std::max_element(ends.begin(), ends.end()) - start).count();
+    return one_thread ? run_one_thread(*mr, steps, slots, streams, error) : run_threads(*mr, steps, slots, streams, error);
   };
   bool ok = run_once() >= 0;  // warm-up: what it leaves cached counts, its transient peak does not
   std::size_t peak = 0;
@@ -313,11 +352,15 @@ int main(int argc, char** argv) {
     }
   }
   argc = kept;
-  for (auto const& s : stacks) {
-    auto* b = benchmark::RegisterBenchmark(("multistream/" + s.label).c_str(),
-                                           [spec = s.spec, device = s.device](benchmark::State& st) { run(st, spec, device); });
-    b->ArgName("streams")->UseManualTime()->Unit(benchmark::kMillisecond)->Iterations(3);
-    for (std::int64_t n : {1, 2, 4, 8}) { b->Arg(n); }
+  for (bool const one_thread : {false, true}) {
+    for (auto const& s : stacks) {
+      std::string const name = (one_thread ? "multistream_one_thread/" : "multistream/") + s.label;
+      auto* b = benchmark::RegisterBenchmark(name.c_str(), [spec = s.spec, device = s.device, one_thread](benchmark::State& st) {
+        run(st, spec, device, one_thread);
+      });
+      b->ArgName("streams")->UseManualTime()->Unit(benchmark::kMillisecond)->Iterations(3);
+      for (std::int64_t n : {1, 2, 4, 8}) { b->Arg(n); }
+    }
   }
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) { return 1; }
