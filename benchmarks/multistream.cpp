@@ -23,6 +23,7 @@
 #include <benchmark/benchmark.h>
 
 #include <allocation_sequence.hpp>
+#include <multistream_steps.hpp>
 #include <stream_sync_counters.hpp>
 
 #include <mrstack/replay/footprint_meter.hpp>
@@ -35,7 +36,6 @@
 #include <chrono>
 #include <cstdio>
 #include <mutex>
-#include <random>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -46,56 +46,10 @@ using namespace mrstack;
 
 namespace {
 
-constexpr std::size_t MiB = std::size_t{1} << 20;
+using bench::live_cap;
+using bench::make_steps;
+using bench::step;
 constexpr std::size_t GiB = std::size_t{1} << 30;
-constexpr std::size_t live_cap = 8 * GiB;
-constexpr std::size_t steps_per_thread = 20000;
-constexpr std::size_t largest = 64 * MiB;
-
-struct step {
-  std::uint32_t slot;
-  bool allocate;
-  std::size_t bytes;
-};
-
-/// One thread's steps, generated before timing; ends with every block freed.
-std::vector<step> make_steps(std::size_t cap, std::uint64_t seed, std::size_t& slots) {
-  std::mt19937_64 rng{seed};
-  std::uniform_int_distribution<std::size_t> size_of{1, largest};
-  std::vector<step> steps;
-  std::vector<std::pair<std::uint32_t, std::size_t>> live;
-  std::vector<std::uint32_t> free_slots;
-  std::size_t usage = 0;
-  slots = 0;
-  auto free_one = [&] {
-    std::size_t const k = rng() % live.size();
-    steps.push_back({live[k].first, false, live[k].second});
-    usage -= live[k].second;
-    free_slots.push_back(live[k].first);
-    live[k] = live.back();
-    live.pop_back();
-  };
-  for (std::size_t i = 0; i < steps_per_thread; ++i) {
-    std::size_t const bytes = size_of(rng);
-    if (live.empty() || (rng() % 2 == 0 && usage + bytes <= cap)) {
-      if (usage + bytes > cap) { continue; }  // nothing to free and it does not fit: skip
-      std::uint32_t slot = 0;
-      if (free_slots.empty()) {
-        slot = static_cast<std::uint32_t>(slots++);
-      } else {
-        slot = free_slots.back();
-        free_slots.pop_back();
-      }
-      steps.push_back({slot, true, bytes});
-      live.emplace_back(slot, bytes);
-      usage += bytes;
-    } else {
-      free_one();
-    }
-  }
-  while (!live.empty()) { free_one(); }
-  return steps;
-}
 
 /// Reads the stack's peak footprint, wherever it is best measured.
 class footprint_probe {
