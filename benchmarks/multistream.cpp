@@ -16,7 +16,10 @@
 // Anywhere: the same suballocators over `simulated` / `simulated_vmm` (labelled
 // .../simulated), on distinct fake stream handles (no CUDA call is made).
 // multistream_one_thread/...: the same steps on the same S streams taken by one thread in
-// turn, so the stack's cost with S streams is seen apart from what threads add.
+// turn, so the stack's cost with S streams is seen apart from what threads add. Its
+// footprint is not the threaded one's: every stream's live set is there at once (threads
+// on fewer cores than S run partly one after another), and a stream asked for memory is
+// driven by the asking thread itself, so the pool grows instead of waiting for its park.
 // --stack=LABEL=SPEC adds a stack of one's own (repeatable), e.g. to try a parameter; its
 // footprint is read as the built-in stacks' are, so put footprint_meter above a cuda or
 // simulated bottom.
@@ -237,7 +240,7 @@ void run(benchmark::State& state, std::string const& spec, bool device, bool one
   state.counters["peak_GiB"] = static_cast<double>(peak) / GiB;
   state.counters["peak_over_cap"] = static_cast<double>(peak) / live_cap;
   bench::report_stream_sync(state, before, static_cast<double>(calls) * static_cast<double>(state.iterations()),
-                            static_cast<double>(threads), timed_seconds);
+                            one_thread ? 1.0 : static_cast<double>(threads), timed_seconds);
 }
 
 struct stack_entry {

@@ -9,6 +9,7 @@
 
 #include <fake_stream_sync.hpp>
 
+#include <mrstack/error.hpp>
 #include <mrstack/suballoc/arena_memory_resource.hpp>
 #include <mrstack/suballoc/fixed_size_memory_resource.hpp>
 #include <mrstack/upstream/simulated_memory_resource.hpp>
@@ -92,24 +93,35 @@ TEST_CASE("fixed_size capture: a captured stream takes no memory that needs a wa
   for (void* p : held) { mr.deallocate(p, MiB, b); }
 }
 
-TEST_CASE("arena capture: a small block freed on a stream being captured is not synchronized") {
+TEST_CASE("arena capture: a small block freed on a stream being captured waits for the capture's end") {
   // Freed on another stream than its arena's, a small block is normally made safe by
-  // synchronizing the freeing stream; on a stream being captured that ends the capture.
+  // synchronizing the freeing stream; on a stream being captured that ends the capture,
+  // and the graph's work on the block has not even run. So it is held back, and goes back
+  // to its arena at the freeing stream's first call after the capture, which synchronizes.
   auto fake = std::make_shared<test::fake_stream_sync>();
   arena_options options;
   options.stream_sync = fake;
   arena_memory_resource arena{std::make_shared<simulated_memory_resource>(), 256 * MiB, options};
   void* x = arena.allocate(1024, a);
   fake->begin_capture(handle_of(b));
-  fake->enqueue(handle_of(b));
+  std::uint64_t const last_use = fake->enqueue(handle_of(b));
   arena.deallocate(x, 1024, b);
   CHECK(fake->syncs_in_capture == 0);
-  fake->end_capture(handle_of(b));
   CHECK(arena.check_invariants() == "");
-  void* again = arena.allocate(1024, a);  // the block is free again in a's arena
-  CHECK(again == x);
-  arena.deallocate(again, 1024, a);
-  SECTION("outside a capture the freeing stream is still synchronized") {
+  CHECK_THROWS_AS(arena.deallocate(x, 1024, b), logic_error);  // held back, not live: a second free is refused
+  void* during = arena.allocate(1024, a);
+  CHECK(during != x);  // not reused while the capture lasts
+  fake->end_capture(handle_of(b));
+  void* on_b = arena.allocate(256, b);  // b's first call after the capture gives x back
+  CHECK(fake->syncs_in_capture == 0);
+  void* after = arena.allocate(1024, a);
+  CHECK(after == x);
+  CHECK(fake->ordered_after(handle_of(a), handle_of(b), last_use));  // b was synchronized first
+  arena.deallocate(after, 1024, a);
+  arena.deallocate(during, 1024, a);
+  arena.deallocate(on_b, 256, b);
+  CHECK(arena.check_invariants() == "");
+  SECTION("outside a capture the freeing stream is synchronized at once") {
     void* y = arena.allocate(1024, a);
     std::size_t const syncs = fake->syncs;
     arena.deallocate(y, 1024, b);

@@ -225,6 +225,7 @@ void arena_core::reclass(stream_arena& a, superblock& sb, unsigned cls) {
   sb.block_size = arena_size_classes::class_size(cls);
   sb.capacity = static_cast<std::uint32_t>(opts_.superblock_size / sb.block_size);
   sb.free_count = sb.capacity;
+  sb.held_back = 0;
   sb.bump = 0;
   sb.free_stack.clear();
   sb.free_stack.reserve(sb.capacity);
@@ -390,6 +391,7 @@ bool arena_core::synchronize_everything() {
 // ---- allocation -------------------------------------------------------------------------------------
 
 std::uintptr_t arena_core::allocate(std::size_t size, std::size_t alignment, stream_ref const& s) {
+  settle_held_back(s);
   return is_small(size, alignment) ? allocate_small(size, s) : allocate_large(size, alignment, s);
 }
 
@@ -414,6 +416,8 @@ std::uintptr_t arena_core::allocate_large(std::size_t size, std::size_t alignmen
     // just done it (between our attempts), which is as good.
     if (attempt == 2) { synchronize_everything(); }
     std::unique_lock lock{global_mutex_};
+    // Only this search's asking counts: a superblock's search may have left the flag set.
+    (void)global_.owners().take_asked_busy_stream();
     if (std::uintptr_t const p = global_.allocate(size, alignment, s)) { return p; }
     // A stream another thread drives was asked for its free memory: it parks at its next
     // call, usually sooner than growth would take, and without the footprint.
@@ -426,6 +430,7 @@ std::uintptr_t arena_core::allocate_large(std::size_t size, std::size_t alignmen
 }
 
 bool arena_core::deallocate(std::uintptr_t p, std::size_t size, std::size_t alignment, stream_ref const& s) {
+  settle_held_back(s);
   if (!is_small(size, alignment)) {
     std::lock_guard lock{global_mutex_};
     if (map_.find(p) != nullptr) { return false; }  // inside a superblock: a small block, not a large one
@@ -436,12 +441,12 @@ bool arena_core::deallocate(std::uintptr_t p, std::size_t size, std::size_t alig
   // Read without the lock: a superblock holding a live block stays with its arena.
   stream_arena* const owner = sb->arena.load(std::memory_order_acquire);
   if (owner == nullptr) { return false; }
-  if (owner != arena_for(s) && !sync_->capturing(s.handle)) {
+  if (owner != arena_for(s)) {
     // Another stream's arena: its stream may reuse the block at once, so this stream's
-    // work on it must be finished first. Not a stream being captured into a graph: CUDA
-    // refuses to synchronize it and ends the capture, and its work runs only when the
-    // graph is launched, which no call now can wait for — ordering the graph's launches
-    // with memory it freed is the caller's, as with the pool (docs/suballocators.md).
+    // work on it must be finished first. A stream being captured into a graph cannot be
+    // synchronized (CUDA refuses and ends the capture): the block waits for its first
+    // call after the capture instead, as the pool keeps such frees (docs/suballocators.md).
+    if (sync_->capturing(s.handle)) { return hold_back(*sb, owner, p, size, s); }
     sync_->synchronize(s.handle);
   }
   std::lock_guard lock{owner->mutex};
@@ -451,6 +456,40 @@ bool arena_core::deallocate(std::uintptr_t p, std::size_t size, std::size_t alig
   if (!live_block(*sb, owner, p, index) || small_size(*sb, index) != size) { return false; }
   push_block(*owner, *sb, index);
   return true;
+}
+
+bool arena_core::hold_back(superblock& sb, stream_arena* owner, std::uintptr_t p, std::size_t size,
+                           stream_ref const& s) {
+  std::uint32_t index = 0;
+  {
+    std::lock_guard lock{owner->mutex};
+    if (!live_block(sb, owner, p, index) || small_size(sb, index) != size) { return false; }
+    sb.live_bits[index / 64] &= ~(std::uint64_t{1} << (index % 64));  // a second free is refused
+    ++sb.held_back;  // not free either: the superblock stays with its arena
+  }
+  stream_arena* const freeing = arena_for(s);
+  std::lock_guard lock{freeing->mutex};
+  if (freeing->freed_in_capture.empty()) { held_back_streams_.fetch_add(1, std::memory_order_relaxed); }
+  freeing->freed_in_capture.emplace_back(&sb, index);
+  return true;
+}
+
+void arena_core::settle_held_back_slow(stream_ref const& s) {
+  stream_arena* const a = arena_for(s);
+  std::vector<std::pair<superblock*, std::uint32_t>> blocks;
+  {
+    std::lock_guard lock{a->mutex};
+    if (a->freed_in_capture.empty() || sync_->capturing(s.handle)) { return; }
+    blocks.swap(a->freed_in_capture);
+    held_back_streams_.fetch_sub(1, std::memory_order_relaxed);
+  }
+  sync_->synchronize(s.handle);  // the graph's work was enqueued on s: done by now
+  for (auto [sb, index] : blocks) {
+    stream_arena* const owner = sb->arena.load(std::memory_order_acquire);
+    std::lock_guard lock{owner->mutex};
+    --sb->held_back;
+    push_block(*owner, *sb, index);
+  }
 }
 
 bool arena_core::live_block(superblock const& sb, stream_arena const* owner, std::uintptr_t p,
@@ -555,7 +594,7 @@ std::string arena_core::check_invariants() const {
     if (global_.blocks().live_size(sb->base) != opts_.superblock_size) { return where + ": not live in the global arena"; }
     std::size_t live = 0;
     for (auto w : sb->live_bits) { live += static_cast<std::size_t>(std::popcount(w)); }
-    if (live + sb->free_count != sb->capacity) { return where + ": live bits and free count disagree"; }
+    if (live + sb->free_count + sb->held_back != sb->capacity) { return where + ": live bits and free count disagree"; }
     if (sb->free_stack.size() + (sb->capacity - sb->bump) != sb->free_count) { return where + ": free stack wrong"; }
     if (sb->listed != (sb->free_count > 0 && !sb->spare)) { return where + ": listed iff it has free blocks and is no spare"; }
     if (sb->spare && sb->free_count != sb->capacity) { return where + ": a spare with live blocks"; }

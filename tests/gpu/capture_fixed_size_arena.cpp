@@ -6,7 +6,8 @@
 //   nothing, the other stream grows rather than take the block, and the capture ends
 //   cleanly; after the capture the stream's next free records and the block is taken.
 // - the arena synchronizes a stream that frees another stream's small block; on a stream
-//   being captured that call fails and ends the capture. So it is not made.
+//   being captured that call fails and ends the capture. So the block is held back until
+//   that stream's first call after the capture, which synchronizes it then.
 #include <catch2/catch.hpp>
 
 #include <mrstack/stream.hpp>
@@ -65,7 +66,7 @@ TEST_CASE("gpu capture: fixed_size hands a block freed in a capture to another s
   MRSTACK_CUDA_TRY(cudaDeviceSynchronize());
 }
 
-TEST_CASE("gpu capture: an arena's small block freed on a stream being captured leaves the capture intact") {
+TEST_CASE("gpu capture: an arena's small block freed on a stream being captured waits for the capture's end") {
   arena_memory_resource arena{std::make_shared<cuda_memory_resource>(), std::size_t{256} * MiB};
   stream a;
   stream b;
@@ -74,7 +75,15 @@ TEST_CASE("gpu capture: an arena's small block freed on a stream being captured 
   MRSTACK_CUDA_TRY(cudaStreamBeginCapture(b.value(), cudaStreamCaptureModeGlobal));
   MRSTACK_CUDA_TRY(cudaMemsetAsync(x, 0, 4096, b.value()));
   CHECK_NOTHROW(arena.deallocate(x, 4096, b));  // before: cudaStreamSynchronize(b) failed here
+  void* during = arena.allocate(4096, a);
+  CHECK(during != x);  // the graph's memset has not run: not reused yet
   check_capture_ends_cleanly(b);
+  void* on_b = arena.allocate(256, b);  // b's first call after the capture gives x back
+  void* after = arena.allocate(4096, a);
+  CHECK(after == x);
+  arena.deallocate(after, 4096, a);
+  arena.deallocate(during, 4096, a);
+  arena.deallocate(on_b, 256, b);
   MRSTACK_CUDA_TRY(cudaDeviceSynchronize());
   CHECK(arena.check_invariants() == "");
 }

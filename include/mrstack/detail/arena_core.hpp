@@ -177,6 +177,7 @@ class arena_core {
     std::uint32_t free_count = 0;
     std::uint32_t bump = 0;           // blocks [bump, capacity) were never handed out
     unsigned cls = 0;
+    std::uint32_t held_back = 0;      // freed inside a graph capture, not yet free (see hold_back)
     bool listed = false;              // in its arena's list for its class
     bool spare = false;               // wholly free, held by its arena for any class
     superblock* prev = nullptr;
@@ -195,6 +196,9 @@ class arena_core {
     std::size_t empty = 0;             // wholly free superblocks still in a class list
     std::vector<superblock*> spares;   // wholly free superblocks ready for any class
     std::size_t superblocks = 0;
+    // Other arenas' blocks this arena's stream freed while it was being captured into a
+    // graph: they go back to their arenas at its first call after the capture.
+    std::vector<std::pair<superblock*, std::uint32_t>> freed_in_capture;
     std::size_t free_bytes = 0;
     std::size_t free_blocks = 0;
   };
@@ -252,6 +256,17 @@ class arena_core {
   bool live_block(superblock const& sb, stream_arena const* owner, std::uintptr_t p, std::uint32_t& index) const noexcept;
   /// The size a live small block was handed out with: its own where the class holds several.
   static std::size_t small_size(superblock const& sb, std::uint32_t index) noexcept;
+  /// A small block of `owner`'s freed on stream `s` while `s` is being captured into a
+  /// graph: neither live nor free, kept on `s`'s arena until `s`'s first call after the
+  /// capture (the graph's work on it has not run, and CUDA allows no synchronization of
+  /// a stream being captured). False for a foreign, double or wrong-size free.
+  bool hold_back(superblock& sb, stream_arena* owner, std::uintptr_t p, std::size_t size, stream_ref const& s);
+  /// At a call naming `s`: when `s` holds blocks back and is no longer captured,
+  /// synchronizes it and gives them back to their arenas. One relaxed load otherwise.
+  void settle_held_back(stream_ref const& s) {
+    if (held_back_streams_.load(std::memory_order_relaxed) != 0) { settle_held_back_slow(s); }
+  }
+  void settle_held_back_slow(stream_ref const& s);
 
   options opts_;
   arena_upstream& upstream_;
@@ -259,6 +274,7 @@ class arena_core {
   std::shared_ptr<stream_sync> sync_;
   thread_key_fn thread_key_;
 
+  std::atomic<std::size_t> held_back_streams_{0};  // stream arenas whose freed_in_capture is not empty
   mutable lean_mutex global_mutex_;  // contended only on superblock batches and large blocks
   stream_ordered_pool global_;
   std::map<std::uintptr_t, chunk_record> chunks_;   // by base
