@@ -48,20 +48,6 @@ std::uintptr_t this_thread_key() noexcept {
   return identity.key;
 }
 
-namespace {
-thread_local std::uintptr_t acting_requester = 0;  // 0: this thread acts for itself
-}  // namespace
-
-std::uintptr_t acting_thread_key() noexcept {
-  return acting_requester != 0 ? acting_requester : this_thread_key();
-}
-
-bool acting_for_another_thread() noexcept { return acting_requester != 0 && acting_requester != this_thread_key(); }
-
-acting_for::acting_for(std::uintptr_t requester) noexcept : previous_{acting_requester} { acting_requester = requester; }
-
-acting_for::~acting_for() { acting_requester = previous_; }
-
 bool thread_has_exited(std::uintptr_t key) {
   std::lock_guard lock{exited_mutex()};
   return exited_threads().count(key) != 0;
@@ -217,9 +203,8 @@ stream_owners::handover stream_owners::hand_over(owner_id from, stream_ref const
     f.wanted = false;
     return handover::ready;
   }
-  if (f.ref.thread_bound && !own_default_stream(f.ref)) {
-    // Another thread's default stream (or the requester's, while this thread runs its
-    // call): ask its thread to record from now on (precise
+  if (f.ref.thread_bound && f.ref.key != thread_key_()) {
+    // Another thread's default stream: ask its thread to record from now on (precise
     // events next time), and order `to` after it now through the legacy default stream,
     // which waits for every blocking stream — per-thread default streams are blocking.
     f.wanted = true;

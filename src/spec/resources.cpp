@@ -231,11 +231,7 @@ std::vector<spec_resource> builtin_resources() {
                             "256")
                     .within(0, 1U << 30),
                 size_param("shard_block_limit", optional_param, "larger requests bypass the thread shards", "1MiB")
-                    .within(256, max_pool_chunk_request),
-                flag_param("combine", optional_param,
-                           "once threads contend, a call on a created stream that finds the global lock taken is "
-                           "run by the lock's holder, in a batch with the other waiting calls",
-                           "true")},
+                    .within(256, max_pool_chunk_request)},
                [](spec_arguments const& a, resource_ptr up) -> resource_ptr {
                  pool_options o;
                  o.thread_shards = a.count("thread_shards").value_or(o.thread_shards);
@@ -251,7 +247,6 @@ std::vector<spec_resource> builtin_resources() {
                  o.grow_in_place = a.flag("grow_in_place").value_or(o.grow_in_place);
                  o.release_threshold = a.size("release_threshold").value_or(o.release_threshold);
                  o.record_on_demand = !a.flag("eager_events").value_or(false);
-                 o.combine_calls = a.flag("combine").value_or(o.combine_calls);
                  return std::make_shared<pool_memory_resource>(std::move(up), a.size("initial").value_or(0), a.size("max"),
                                                                o);
                }});

@@ -5,9 +5,7 @@
 #include <chrono>
 #include <thread>
 #include <cstdio>
-#include <exception>
 #include <limits>
-#include <type_traits>
 #include <vector>
 
 #include <mrstack/suballoc/in_place_pool_growth.hpp>
@@ -20,31 +18,6 @@ namespace mrstack {
 namespace {
 
 constexpr std::size_t granularity = detail::block_pool::granularity;
-
-/// Runs `f` under `mutex` through `combiner` (on this thread or the lock holder's), and
-/// returns its result here, or rethrows its exception here.
-template <typename F>
-auto run_combined(detail::flat_combiner& combiner, detail::lean_mutex& mutex, F&& f) {
-  using result_type = decltype(f());
-  struct call {
-    std::remove_reference_t<F>* f;
-    result_type result{};
-    std::exception_ptr error;
-  } c{&f, result_type{}, nullptr};
-  combiner.run(
-      mutex,
-      [](void* context) noexcept {
-        auto& c = *static_cast<call*>(context);
-        try {
-          c.result = (*c.f)();
-        } catch (...) {
-          c.error = std::current_exception();
-        }
-      },
-      &c);
-  if (c.error) { std::rethrow_exception(c.error); }
-  return c.result;
-}
 
 std::shared_ptr<detail::stream_sync> pick_sync(pool_options const& options, resource_ptr const& upstream) {
   if (!upstream) { throw logic_error("pool: the upstream resource is null"); }
@@ -186,62 +159,33 @@ void pool_memory_resource::do_deallocate(void* ptr, std::size_t bytes, std::size
   if (bytes > park_certain_above_.load(std::memory_order_acquire) && detail::stream_owners::is_created(s)) {
     event.prepare(s.handle);
   }
-  global_free_result const r = free_globally(address, s, expected, event.get());
-  if (r.shard != 0) {
-    deallocate_in_shard(shards_->get(r.shard - 1), ptr, bytes, expected, s);
-  } else if (r.refused) {
-    throw_bad_free(ptr, bytes, r.actual);
-  }
-}
-
-pool_memory_resource::global_free_result pool_memory_resource::free_globally_locked(std::uintptr_t address,
-                                                                                   detail::stream_ref const& s,
-                                                                                   std::size_t expected,
-                                                                                   detail::prepark* before) {
-  global_free_result r;
-  // Slabs are mapped and unmapped under this lock: looked up again here, the answer is
-  // final (a slab carved since the first look must not be freed as a global block).
-  if (sharded_.load(std::memory_order_acquire)) {
-    if (std::uint16_t const owner = shards_->slabs.find(address)) {
-      r.shard = owner;
-      return r;
+  std::size_t actual = 0;  // the block's size, when the free is refused
+  {
+    std::unique_lock lock{mutex_, std::try_to_lock};
+    if (!lock.owns_lock()) {
+      (void)contended();
+      lock.lock();
     }
-  }
-  if (core_.deallocate(address, s, expected, before) != 0) {
-    if (growth_) { growth_->after_deallocate(core_); }
-    if (std::size_t const above = core_.park_certain_above();
-        above != park_certain_above_.load(std::memory_order_relaxed)) {
-      park_certain_above_.store(above, std::memory_order_release);
+    // Slabs are mapped and unmapped under this lock: looked up again here, the answer is
+    // final (a slab carved since the first look must not be freed as a global block).
+    if (sharded_.load(std::memory_order_acquire)) {
+      if (std::uint16_t const owner = shards_->slabs.find(address)) {
+        lock.unlock();
+        deallocate_in_shard(shards_->get(owner - 1), ptr, bytes, expected, s);
+        return;
+      }
     }
-    return r;
+    if (core_.deallocate(address, s, expected, event.get()) != 0) {
+      if (growth_) { growth_->after_deallocate(core_); }
+      if (std::size_t const above = core_.park_certain_above();
+          above != park_certain_above_.load(std::memory_order_relaxed)) {
+        park_certain_above_.store(above, std::memory_order_release);
+      }
+      return;
+    }
+    actual = core_.blocks().live_size(address);
   }
-  r.refused = true;
-  r.actual = core_.blocks().live_size(address);
-  return r;
-}
-
-std::uintptr_t pool_memory_resource::search_globally(std::size_t size, std::size_t alignment,
-                                                     detail::stream_ref const& s) {
-  if (!combines(s)) {
-    std::lock_guard lock{mutex_};
-    return core_.allocate(size, alignment, s);
-  }
-  return run_combined(combiner_, mutex_, [&] { return core_.allocate(size, alignment, s); });
-}
-
-pool_memory_resource::global_free_result pool_memory_resource::free_globally(std::uintptr_t address,
-                                                                            detail::stream_ref const& s,
-                                                                            std::size_t expected,
-                                                                            detail::prepark* before) {
-  if (combines(s)) {
-    return run_combined(combiner_, mutex_, [&] { return free_globally_locked(address, s, expected, before); });
-  }
-  std::unique_lock lock{mutex_, std::try_to_lock};
-  if (!lock.owns_lock()) {
-    (void)contended();
-    lock.lock();
-  }
-  return free_globally_locked(address, s, expected, before);
+  throw_bad_free(ptr, bytes, actual);
 }
 
 void pool_memory_resource::throw_bad_free(void* ptr, std::size_t bytes, std::size_t actual) const {
@@ -425,7 +369,6 @@ pool_memory_resource::statistics pool_memory_resource::stats() const {
   st.idle_queries = core_.owners().idle_queries() + spare_events_.queries() + shards.idle_queries;
   st.thread_shards = shards.shards;
   st.slab_bytes = shards.slab_bytes;
-  st.combined_calls = static_cast<std::size_t>(combiner_.combined());
   return st;
 }
 

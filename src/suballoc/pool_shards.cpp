@@ -133,7 +133,10 @@ std::uintptr_t pool_memory_resource::map_slab(std::uintptr_t base, std::size_t b
 
 void* pool_memory_resource::allocate_globally(std::size_t bytes, std::size_t size, std::size_t alignment,
                                               detail::stream_ref const& s, detail::pool_shard* held) {
-  if (std::uintptr_t const a = search_globally(size, alignment, s)) { return reinterpret_cast<void*>(a); }
+  {
+    std::lock_guard lock{mutex_};
+    if (std::uintptr_t const a = core_.allocate(size, alignment, s)) { return reinterpret_cast<void*>(a); }
+  }
   drain_shards(s, false, held);
   {
     std::unique_lock lock{mutex_};

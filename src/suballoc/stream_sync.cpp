@@ -2,7 +2,6 @@
 
 #include <atomic>
 #include <chrono>
-#include <optional>
 
 #include <mrstack/detail/sharded_counters.hpp>
 
@@ -57,11 +56,6 @@ class cuda_stream_sync final : public detail::stream_sync {
   void destroy_event(handle event) noexcept override { MRSTACK_CUDA_ASSERT_NOEXCEPT(cudaEventDestroy(as_event(event))); }
   bool record(handle event, handle stream) override {
     profiled_call timed{stream_sync_profile::record};
-    // The legacy default stream is the current device's: name the one of the device the
-    // events were made on, whichever device the calling thread (a combiner running
-    // another thread's call, detail/flat_combiner.hpp) has current.
-    std::optional<detail::device_scope> on_device;
-    if (stream == 0) { on_device.emplace(device_); }
     if (cudaEventRecord(as_event(event), as_stream(stream)) != cudaSuccess) {
       (void)cudaGetLastError();  // a stream that is gone: the caller synchronizes the device instead
       return false;
@@ -70,8 +64,6 @@ class cuda_stream_sync final : public detail::stream_sync {
   }
   void wait(handle stream, handle event) override {
     profiled_call timed{stream_sync_profile::wait};
-    std::optional<detail::device_scope> on_device;
-    if (stream == 0) { on_device.emplace(device_); }
     MRSTACK_CUDA_TRY(cudaStreamWaitEvent(as_stream(stream), as_event(event), 0));
   }
   void synchronize(handle stream) override {

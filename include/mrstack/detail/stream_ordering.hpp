@@ -133,25 +133,6 @@ struct stream_ref {
 std::uintptr_t this_thread_key() noexcept;
 /// True once the thread with that key has exited (its default stream gets no more work).
 bool thread_has_exited(std::uintptr_t key);
-/// The thread a call is made for: the calling thread, or — while this thread runs another
-/// thread's call for it (detail/flat_combiner.hpp) — that thread. The stream-ordering
-/// rules ask which thread named a stream (prerecorded parks, busy streams), and that is
-/// the requester, not the thread that happens to run its call.
-std::uintptr_t acting_thread_key() noexcept;
-/// True while this thread runs another thread's call: it must not record on that
-/// thread's per-thread default stream (cudaStreamPerThread would name its own).
-bool acting_for_another_thread() noexcept;
-/// For a scope, this thread runs calls for the thread with key `requester`.
-class acting_for {
- public:
-  explicit acting_for(std::uintptr_t requester) noexcept;
-  ~acting_for();
-  acting_for(acting_for const&) = delete;
-  acting_for& operator=(acting_for const&) = delete;
-
- private:
-  std::uintptr_t previous_;
-};
 /// Where the ordering logic asks "which thread is calling?" (tests simulate threads).
 using thread_key_fn = std::uintptr_t (*)() noexcept;
 
@@ -201,7 +182,7 @@ class stream_owners {
       ++frees_;
       return sl.wanted || (several_streams_ && contended_now() && sl.dirty_bytes > park_above);
     }
-    if (sl.wanted && (!s.thread_bound || own_default_stream(s))) {
+    if (sl.wanted && (!s.thread_bound || s.key == thread_key_())) {
       record_now(sl, s);
     } else if (eager_ && is_created(s)) {
       record_now(sl, s);  // s may be destroyed after this call: record while it is named
@@ -225,7 +206,7 @@ class stream_owners {
     slot& sl = slots_[o];
     if (!sl.wanted || !sl.dirty) { return false; }
     if (on_demand_ && is_created(s)) { return true; }
-    if (!s.thread_bound || own_default_stream(s)) { record_now(sl, s); }
+    if (!s.thread_bound || s.key == thread_key_()) { record_now(sl, s); }
     return false;
   }
   /// On-demand rule: records `o`'s event on its stream `s` (which the current call names)
@@ -331,12 +312,7 @@ class stream_owners {
   /// A stream the user created may be gone (see the header comment).
   [[nodiscard]] bool nameable_here(owner_id o) const noexcept {
     stream_ref const& r = slots_[o].ref;
-    return r.thread_bound ? own_default_stream(r) : r.handle == legacy_stream;
-  }
-  /// `r` is the calling thread's own per-thread default stream, which this thread may
-  /// record on (not while it runs another thread's call: its handle would name its own).
-  [[nodiscard]] bool own_default_stream(stream_ref const& r) const noexcept {
-    return r.thread_bound && r.key == thread_key_() && !acting_for_another_thread();
+    return r.thread_bound ? r.key == thread_key_() : r.handle == legacy_stream;
   }
   /// A stream the user created (neither the legacy nor a per-thread default stream): it
   /// may be destroyed after any call, so it is named only while a call names it.

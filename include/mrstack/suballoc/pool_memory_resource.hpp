@@ -54,7 +54,6 @@
 #include <string>
 #include <vector>
 
-#include <mrstack/detail/flat_combiner.hpp>
 #include <mrstack/detail/lean_mutex.hpp>
 #include <mrstack/detail/spare_events.hpp>
 #include <mrstack/detail/stream_ordering.hpp>
@@ -126,12 +125,6 @@ struct pool_options {
   /// Larger requests bypass the shards and go to the global blocks (under the one lock):
   /// shards are for the many small blocks, whose calls are the ones a lock would slow.
   std::size_t shard_block_limit = std::size_t{1} << 20;
-  /// Once threads contend (the pool sharded), a call on a stream the user created that
-  /// finds the global lock taken hands its locked part to the lock's holder, which runs
-  /// the waiting calls in a batch (detail/flat_combiner.hpp): the global blocks' data then
-  /// stays on one core instead of moving to each caller's. false: each caller takes the
-  /// lock itself.
-  bool combine_calls = true;
   /// The seam to CUDA events; null: CUDA over device/managed/pinned memory, no-ops over
   /// host and simulated memory (see suballoc/stream_sync.hpp).
   std::shared_ptr<detail::stream_sync> stream_sync;
@@ -176,7 +169,6 @@ class pool_memory_resource final : public memory_resource {
                                            ///< or captured stream is answered "busy" with no cudaStreamQuery)
     std::size_t thread_shards = 0;         ///< shards made (0: one thread so far, or sharding off)
     std::size_t slab_bytes = 0;            ///< bytes the shards hold as slabs (part of pool_size)
-    std::size_t combined_calls = 0;        ///< calls another thread ran for their caller (combine_calls)
   };
   [[nodiscard]] statistics stats() const;
 
@@ -200,24 +192,6 @@ class pool_memory_resource final : public memory_resource {
   fragmentation_info do_fragmentation() const override;
 
   void* grow_and_allocate(std::size_t bytes, std::size_t size, std::size_t alignment, detail::stream_ref const& s);
-  /// core_.allocate under the global lock; a created stream's call goes through the
-  /// combiner once the pool is sharded (see pool_options::combine_calls).
-  std::uintptr_t search_globally(std::size_t size, std::size_t alignment, detail::stream_ref const& s);
-  /// The part of a free the global lock covers: 0 freed, else the shard that holds the
-  /// block (1 + index), or `refused` with the block's real size in `actual`.
-  struct global_free_result {
-    std::uint16_t shard = 0;
-    bool refused = false;
-    std::size_t actual = 0;
-  };
-  global_free_result free_globally_locked(std::uintptr_t address, detail::stream_ref const& s, std::size_t expected,
-                                          detail::prepark* before);
-  /// free_globally_locked under the global lock, or through the combiner (as search_globally).
-  global_free_result free_globally(std::uintptr_t address, detail::stream_ref const& s, std::size_t expected,
-                                   detail::prepark* before);
-  bool combines(detail::stream_ref const& s) const noexcept {
-    return options_.combine_calls && detail::stream_owners::is_created(s) && sharded_.load(std::memory_order_acquire);
-  }
   /// After an allocation failed under `lock`: when it asked a stream another thread drives
   /// to park, waits for a park (detail::wait_for_asked_park) and tries again; 0 when
   /// nothing came of it.
@@ -282,7 +256,6 @@ class pool_memory_resource final : public memory_resource {
   std::optional<std::size_t> maximum_size_;
   pool_options options_;
   mutable detail::lean_mutex mutex_;  // a CAS to lock: see detail/lean_mutex.hpp
-  detail::flat_combiner combiner_;    // runs created streams' calls under mutex_ in batches, once sharded
   detail::stream_ordered_pool core_;
   detail::spare_events spare_events_;  // prerecorded by frees that park (detail/spare_events.hpp)
   // core_.park_certain_above() as of the last free, read before the lock (stale is safe:
