@@ -470,25 +470,36 @@ bool arena_core::hold_back(superblock& sb, stream_arena* owner, std::uintptr_t p
   stream_arena* const freeing = arena_for(s);
   std::lock_guard lock{freeing->mutex};
   if (freeing->freed_in_capture.empty()) { held_back_streams_.fetch_add(1, std::memory_order_relaxed); }
-  freeing->freed_in_capture.emplace_back(&sb, index);
+  freeing->freed_in_capture.push_back({&sb, index, freeing->held_back_total++});
   return true;
 }
 
 void arena_core::settle_held_back_slow(stream_ref const& s) {
   stream_arena* const a = arena_for(s);
-  std::vector<std::pair<superblock*, std::uint32_t>> blocks;
+  std::uint64_t ready = 0;  // blocks numbered below this were held before the synchronization
   {
     std::lock_guard lock{a->mutex};
     if (a->freed_in_capture.empty() || sync_->capturing(s.handle)) { return; }
-    blocks.swap(a->freed_in_capture);
-    held_back_streams_.fetch_sub(1, std::memory_order_relaxed);
+    ready = a->held_back_total;
   }
-  sync_->synchronize(s.handle);  // the graph's work was enqueued on s: done by now
-  for (auto [sb, index] : blocks) {
-    stream_arena* const owner = sb->arena.load(std::memory_order_acquire);
+  // Before the blocks leave the list: if this throws, they stay held back, not lost.
+  sync_->synchronize(s.handle);  // what s enqueued on them, the capture's work included, is done
+  std::vector<stream_arena::held_block> blocks;
+  {
+    std::lock_guard lock{a->mutex};
+    auto& held = a->freed_in_capture;
+    // Another thread on s may have settled some meanwhile, or held back more in a new
+    // capture (those wait for its end): only blocks held before the synchronization go.
+    auto const last = std::find_if(held.begin(), held.end(), [&](auto const& h) { return h.number >= ready; });
+    blocks.assign(held.begin(), last);
+    held.erase(held.begin(), last);
+    if (!blocks.empty() && held.empty()) { held_back_streams_.fetch_sub(1, std::memory_order_relaxed); }
+  }
+  for (auto const& h : blocks) {
+    stream_arena* const owner = h.sb->arena.load(std::memory_order_acquire);
     std::lock_guard lock{owner->mutex};
-    --sb->held_back;
-    push_block(*owner, *sb, index);
+    --h.sb->held_back;
+    push_block(*owner, *h.sb, h.index);
   }
 }
 

@@ -197,8 +197,16 @@ class arena_core {
     std::vector<superblock*> spares;   // wholly free superblocks ready for any class
     std::size_t superblocks = 0;
     // Other arenas' blocks this arena's stream freed while it was being captured into a
-    // graph: they go back to their arenas at its first call after the capture.
-    std::vector<std::pair<superblock*, std::uint32_t>> freed_in_capture;
+    // graph: they go back to their arenas at its first call after the capture. Numbered
+    // in order (held_back_total counts them), so a settlement takes exactly those held
+    // before its synchronization.
+    struct held_block {
+      superblock* sb;
+      std::uint32_t index;
+      std::uint64_t number;
+    };
+    std::vector<held_block> freed_in_capture;
+    std::uint64_t held_back_total = 0;
     std::size_t free_bytes = 0;
     std::size_t free_blocks = 0;
   };
