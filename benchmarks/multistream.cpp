@@ -27,6 +27,7 @@
 
 #include <allocation_sequence.hpp>
 #include <multistream_steps.hpp>
+#include <threads_together.hpp>
 #include <stream_sync_counters.hpp>
 
 #include <mrstack/replay/footprint_meter.hpp>
@@ -134,34 +135,9 @@ resource_ptr build_stack(benchmark::State& state, std::string const& spec, bool 
 /// finished, or -1 with `error` set when a call failed.
 double run_threads(memory_resource& mr, std::vector<std::vector<step>> const& steps,
                    std::vector<std::size_t> const& slots, std::vector<cudaStream_t> const& streams, std::string& error) {
-  std::size_t const threads = steps.size();
-  std::atomic<std::size_t> ready{0};
-  std::atomic<bool> go{false};
-  std::atomic<bool> failed{false};
-  std::mutex error_mutex;
-  std::vector<std::thread> workers;
-  std::vector<std::chrono::steady_clock::time_point> ends(threads);
-  for (std::size_t t = 0; t < threads; ++t) {
-    workers.emplace_back([&, t] {
-      std::vector<void*> ptrs(slots[t]);
-      stream_view const s{streams[t]};
-      ready.fetch_add(1);
-      while (!go.load(std::memory_order_acquire)) {}
-      try {
-        take_steps(mr, steps[t], ptrs, s);
-      } catch (std::exception const& e) {
-        std::lock_guard lock{error_mutex};
-        if (!failed.exchange(true)) { error = e.what(); }
-      }
-      ends[t] = std::chrono::steady_clock::now();
-    });
-  }
-  while (ready.load() != threads) {}
-  auto const start = std::chrono::steady_clock::now();
-  go.store(true, std::memory_order_release);
-  for (auto& w : workers) { w.join(); }
-  if (failed) { return -1; }
-  return std::chrono::duration<double>(*std::max_element(ends.begin(), ends.end()) - start).count();
+  return bench::run_threads_together(
+      steps.size(), [&](std::size_t t) { return std::vector<void*>(slots[t]); },
+      [&](std::size_t t, std::vector<void*>& ptrs) { take_steps(mr, steps[t], ptrs, stream_view{streams[t]}); }, error);
 }
 
 /// The same steps on the same streams, taken by ONE thread in turn (a step of stream 0,

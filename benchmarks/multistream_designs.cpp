@@ -20,6 +20,7 @@
 #include <benchmark/benchmark.h>
 
 #include <multistream_steps.hpp>
+#include <threads_together.hpp>
 
 #include <mrstack/detail/lean_mutex.hpp>
 #include <mrstack/spec.hpp>
@@ -181,22 +182,18 @@ void combined(benchmark::State& state, std::string const& spec) {
   double per_batch = 0;
   for (auto _ : state) {
     combiner c{*mr, threads};
-    std::atomic<std::size_t> ready{0};
-    std::atomic<bool> go{false};
-    std::vector<std::thread> workers;
-    for (std::size_t t = 0; t < threads; ++t) {
-      workers.emplace_back([&, t] {
-        std::vector<void*> ptrs(all.slots[t]);
-        ready.fetch_add(1);
-        while (!go.load(std::memory_order_acquire)) {}
-        for (step const& st : all.steps[t]) { c.call(t, st, ptrs[st.slot], fake_stream(t)); }
-      });
+    std::string error;
+    double const seconds = bench::run_threads_together(
+        threads, [&](std::size_t t) { return std::vector<void*>(all.slots[t]); },
+        [&](std::size_t t, std::vector<void*>& ptrs) {
+          for (step const& st : all.steps[t]) { c.call(t, st, ptrs[st.slot], fake_stream(t)); }
+        },
+        error);
+    if (seconds < 0) {
+      state.SkipWithError(("a call failed: " + error).c_str());
+      return;
     }
-    while (ready.load() != threads) {}
-    auto const start = std::chrono::steady_clock::now();
-    go.store(true, std::memory_order_release);
-    for (auto& w : workers) { w.join(); }
-    state.SetIterationTime(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    state.SetIterationTime(seconds);
     per_batch = c.calls_per_batch();
   }
   state.counters["calls_per_s"] =

@@ -14,6 +14,7 @@
 
 #include <allocation_sequence.hpp>
 #include <stream_sync_counters.hpp>
+#include <threads_together.hpp>
 
 #include <mrstack/suballoc/arena_memory_resource.hpp>
 #include <mrstack/suballoc/binning_memory_resource.hpp>
@@ -89,33 +90,12 @@ void run(benchmark::State& state, std::string const& name, bool device, bool sha
   stream_view const stream{shared};
   std::string error;
   auto run_once = [&]() -> double {
-    std::atomic<std::size_t> ready{0};
-    std::atomic<bool> go{false};
-    std::atomic<bool> failed{false};
-    std::mutex error_mutex;
-    std::vector<std::thread> workers;
-    std::vector<std::chrono::steady_clock::time_point> ends(threads);
-    for (std::size_t t = 0; t < threads; ++t) {
-      workers.emplace_back([&, t] {
-        std::vector<void*> ptrs(seqs[t].slots);
-        ready.fetch_add(1);
-        while (!go.load(std::memory_order_acquire)) {}
-        try {
+    return bench::run_threads_together(
+        threads, [&](std::size_t t) { return std::vector<void*>(seqs[t].slots); },
+        [&](std::size_t t, std::vector<void*>& ptrs) {
           bench::replay(*mr, seqs[t], ptrs, shared_stream ? stream : stream_view::per_thread());
-        } catch (std::exception const& e) {
-          std::lock_guard lock{error_mutex};
-          if (!failed.exchange(true)) { error = e.what(); }
-        }
-        ends[t] = std::chrono::steady_clock::now();
-      });
-    }
-    while (ready.load() != threads) {}
-    auto const start = std::chrono::steady_clock::now();
-    go.store(true, std::memory_order_release);
-    for (auto& w : workers) { w.join(); }
-    if (failed) { return -1; }
-    auto const end = *std::max_element(ends.begin(), ends.end());
-    return std::chrono::duration<double>(end - start).count();
+        },
+        error);
   };
   if (name != "cuda" && run_once() < 0) {  // warm up
     state.SkipWithError(("a thread's call failed: " + error).c_str());

@@ -10,6 +10,8 @@
 //   that stream's first call after the capture, which synchronizes it then.
 #include <catch2/catch.hpp>
 
+#include <capture_check.hpp>
+
 #include <mrstack/stream.hpp>
 #include <mrstack/suballoc/arena_memory_resource.hpp>
 #include <mrstack/suballoc/fixed_size_memory_resource.hpp>
@@ -22,14 +24,6 @@ using namespace mrstack;
 namespace {
 
 constexpr std::size_t MiB = std::size_t{1} << 20;
-
-void check_capture_ends_cleanly(stream_view s) {
-  cudaGraph_t graph = nullptr;
-  cudaError_t const ended = cudaStreamEndCapture(s.value(), &graph);
-  INFO("cudaStreamEndCapture: " << cudaGetErrorString(ended));
-  CHECK(ended == cudaSuccess);
-  if (graph != nullptr) { MRSTACK_CUDA_TRY(cudaGraphDestroy(graph)); }
-}
 
 }  // namespace
 
@@ -53,7 +47,7 @@ TEST_CASE("gpu capture: fixed_size hands a block freed in a capture to another s
     on_b.push_back(p);
     CHECK(p != x);
   }
-  check_capture_ends_cleanly(a);
+  test::check_capture_ends_cleanly(a);
   mr.deallocate(w, MiB, a);  // records: a is no longer captured
   void* y = nullptr;
   for (std::size_t i = 0; i < 2 * mr.blocks_per_chunk() && y != x; ++i) {
@@ -77,7 +71,7 @@ TEST_CASE("gpu capture: an arena's small block freed on a stream being captured 
   CHECK_NOTHROW(arena.deallocate(x, 4096, b));  // before: cudaStreamSynchronize(b) failed here
   void* during = arena.allocate(4096, a);
   CHECK(during != x);  // the graph's memset has not run: not reused yet
-  check_capture_ends_cleanly(b);
+  test::check_capture_ends_cleanly(b);
   void* on_b = arena.allocate(256, b);  // b's first call after the capture gives x back
   void* after = arena.allocate(4096, a);
   CHECK(after == x);

@@ -15,6 +15,8 @@
 // work"), whose freeing stream has a delayed write queued.
 #include <catch2/catch.hpp>
 
+#include <capture_check.hpp>
+
 #include <mrstack/stream.hpp>
 #include <mrstack/suballoc/pool_memory_resource.hpp>
 #include <mrstack/upstream/cuda_memory_resource.hpp>
@@ -58,15 +60,6 @@ handover free_on_a_then_allocate_on_b(pool_memory_resource& mr, stream_view a, s
   h.b_reads_its_own_bytes = std::all_of(host.begin(), host.end(), [](unsigned char c) { return c == 0x55; });
   mr.deallocate(y, block_bytes, b);
   return h;
-}
-
-/// Ends `s`'s capture, which nothing the pool did may have invalidated; drops the graph.
-void check_capture_ends_cleanly(stream_view s) {
-  cudaGraph_t graph = nullptr;
-  cudaError_t const ended = cudaStreamEndCapture(s.value(), &graph);
-  INFO("cudaStreamEndCapture: " << cudaGetErrorString(ended));
-  CHECK(ended == cudaSuccess);
-  if (graph != nullptr) { MRSTACK_CUDA_TRY(cudaGraphDestroy(graph)); }
 }
 
 resource_ptr cuda();
@@ -120,7 +113,7 @@ TEST_CASE("gpu pool idle parks: a stream being captured is never asked, and its 
   MRSTACK_CUDA_TRY(cudaStreamBeginCapture(a.value(), cudaStreamCaptureModeRelaxed));
   MRSTACK_CUDA_TRY(cudaMemsetAsync(x, 0xAA, block_bytes, a.value()));
   mr.deallocate(x, block_bytes, a);  // parks: a query, or even asking the stream's flags, would invalidate the capture
-  check_capture_ends_cleanly(a);
+  test::check_capture_ends_cleanly(a);
   auto const after = mr.stats();
   CHECK(after.idle_queries > before.idle_queries);          // the free did come to park a
   CHECK(after.idle_parks == before.idle_parks);
@@ -171,7 +164,7 @@ TEST_CASE("gpu pool idle parks: a park on another stream does not end a capture 
   MRSTACK_CUDA_TRY(cudaStreamBeginCapture(c.value(), cudaStreamCaptureModeGlobal));
   MRSTACK_CUDA_TRY(cudaMemsetAsync(on_c, 0, 4096, c.value()));
   mr.deallocate(on_x, block_bytes, x);  // x is idle: asked, which must not be "unsafe" for c
-  check_capture_ends_cleanly(c);
+  test::check_capture_ends_cleanly(c);
   CHECK(mr.stats().idle_parks > before.idle_parks);
   mr.deallocate(on_c, 4096, c);
   MRSTACK_CUDA_TRY(cudaDeviceSynchronize());
@@ -192,7 +185,7 @@ TEST_CASE("gpu pool idle parks: a stream being captured does not wait for parked
   void* y = nullptr;
   CHECK_NOTHROW(y = mr.allocate(block_bytes, b));  // before: cudaStreamWaitEvent into the capture threw
   if (y != nullptr) { MRSTACK_CUDA_TRY(cudaMemsetAsync(y, 0x55, block_bytes, b.value())); }
-  check_capture_ends_cleanly(b);
+  test::check_capture_ends_cleanly(b);
   if (y != nullptr) { mr.deallocate(y, block_bytes, b); }
   MRSTACK_CUDA_TRY(cudaDeviceSynchronize());
   CHECK(mr.check_invariants() == "");
