@@ -53,8 +53,13 @@ int hammer(memory_resource& mr, int threads, int steps, std::size_t max_bytes) {
   std::vector<stamped> exchange;  // blocks handed from one thread to another
   std::string first_refusal;
   std::vector<std::thread> pool;
+  std::atomic<int> started{0};
   for (int t = 0; t < threads; ++t) {
     pool.emplace_back([&, t] {
+      // All start together: on a loaded machine a thread could otherwise finish before the
+      // last one began (then fewer threads ever overlap, and fewer shards are made).
+      started.fetch_add(1);
+      while (started.load() < threads) { std::this_thread::yield(); }
       std::mt19937_64 rng{static_cast<std::uint64_t>(t) * 7777 + 1};
       std::vector<stamped> mine;
       auto const stream = stream_view::per_thread();

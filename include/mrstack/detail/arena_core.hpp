@@ -275,6 +275,8 @@ class arena_core {
     if (held_back_streams_.load(std::memory_order_relaxed) != 0) { settle_held_back_slow(s); }
   }
   void settle_held_back_slow(stream_ref const& s);
+  /// Held-back blocks agree between superblocks, lists and the count (every lock held).
+  [[nodiscard]] std::string check_held_back() const;
 
   options opts_;
   arena_upstream& upstream_;
@@ -282,8 +284,10 @@ class arena_core {
   std::shared_ptr<stream_sync> sync_;
   thread_key_fn thread_key_;
 
-  std::atomic<std::size_t> held_back_streams_{0};  // stream arenas whose freed_in_capture is not empty
-  mutable lean_mutex global_mutex_;  // contended only on superblock batches and large blocks
+  // Stream arenas whose freed_in_capture is not empty; read on every call, so on a line
+  // of its own, away from the contended global lock.
+  alignas(64) std::atomic<std::size_t> held_back_streams_{0};
+  alignas(64) mutable lean_mutex global_mutex_;  // contended only on superblock batches and large blocks
   stream_ordered_pool global_;
   std::map<std::uintptr_t, chunk_record> chunks_;   // by base
   std::vector<std::uintptr_t> empty_candidates_;    // chunk bases that may be wholly free
