@@ -54,7 +54,9 @@ struct run_state {
 
   std::atomic<bool> stop{false};
   std::atomic<std::uint32_t> next{0};     ///< strict order: the next event to run
-  std::atomic<std::uint64_t> made{0};     ///< per-thread order: allocations settled (wakes waiters)
+  // 32 bits, as `next`: std::atomic::wait sleeps on such a word with the futex itself;
+  // a 64-bit one goes through the library's shared waiter table instead.
+  std::atomic<std::uint32_t> made{0};     ///< per-thread order: allocations settled (wakes waiters; wraps)
   std::atomic<std::size_t> done{0};       ///< events done (progress; approximate in per-thread order)
   /// Per-thread order: the live bytes the replay reaches (its interleaving is not the
   /// log's, so neither is its peak). Counted outside the timed calls.

@@ -127,9 +127,9 @@ void per_thread_worker(run_state& s, unsigned w, unsigned of, double& inside_ns)
     if (!by_thread[t].empty()) { mine.push_back({&by_thread[t], 0}); }
   }
   constexpr std::size_t batch = 64;  // events of one log thread before the next gets its turn
-  idle_waiter<std::uint64_t> idle;
+  idle_waiter<std::uint32_t> idle;
   while (!mine.empty()) {
-    std::uint64_t const seen = s.made.load(std::memory_order_acquire);  // before the scan: no lost wake-up
+    std::uint32_t const seen = s.made.load(std::memory_order_acquire);  // before the scan: no lost wake-up
     bool progressed = false;
     for (std::size_t c = 0; c < mine.size();) {
       cursor& k = mine[c];
