@@ -8,6 +8,7 @@
 #include <cuda_runtime_api.h>
 
 #include "device_scope.hpp"
+#include "relaxed_capture_scope.hpp"
 
 namespace mrstack {
 
@@ -68,6 +69,9 @@ class cuda_stream_sync final : public detail::stream_sync {
   }
   void synchronize(handle stream) override {
     profiled_call timed{stream_sync_profile::synchronize};
+    // Never a stream being captured (the callers hold such frees back); another stream's
+    // capture must not be ended by it.
+    detail::relaxed_capture_scope const capture_safe;
     MRSTACK_CUDA_TRY(cudaStreamSynchronize(as_stream(stream)));
   }
   void synchronize_all() override {
@@ -101,10 +105,11 @@ class cuda_stream_sync final : public detail::stream_sync {
     // A query is an "unsafe" call to CUDA while any capture in global mode (PyTorch's
     // default) or one of this thread's in thread-local mode is under way, even on a stream
     // not being captured: it would invalidate that capture. Relaxed for this one call.
-    cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
-    bool const exchanged = cudaThreadExchangeStreamCaptureMode(&mode) == cudaSuccess;
-    cudaError_t const status = cudaStreamQuery(as_stream(stream));
-    if (exchanged) { (void)cudaThreadExchangeStreamCaptureMode(&mode); }
+    cudaError_t status = cudaSuccess;
+    {
+      detail::relaxed_capture_scope const capture_safe;
+      status = cudaStreamQuery(as_stream(stream));
+    }
     if (status == cudaSuccess) { return true; }
     if (status != cudaErrorNotReady) { (void)cudaGetLastError(); }  // an error is "busy": the safe answer
     return false;

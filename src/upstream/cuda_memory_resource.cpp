@@ -2,6 +2,7 @@
 
 #include "cuda_util.hpp"
 #include "device_scope.hpp"
+#include "relaxed_capture_scope.hpp"
 
 namespace mrstack {
 
@@ -16,6 +17,7 @@ void* cuda_memory_resource::do_allocate(std::size_t bytes, std::size_t alignment
   detail::require_upstream_alignment(alignment, default_alignment, "cuda");
   detail::device_scope on_device{device_};
   void* ptr = nullptr;
+  detail::relaxed_capture_scope const capture_safe;  // growth during a graph capture
   MRSTACK_ALLOC_TRY(cudaMalloc(&ptr, bytes), bytes, "cuda");
   return ptr;
 }

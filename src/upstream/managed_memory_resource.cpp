@@ -2,6 +2,7 @@
 
 #include "cuda_util.hpp"
 #include "device_scope.hpp"
+#include "relaxed_capture_scope.hpp"
 
 namespace mrstack {
 
@@ -11,6 +12,7 @@ void* managed_memory_resource::do_allocate(std::size_t bytes, std::size_t alignm
   detail::require_upstream_alignment(alignment, default_alignment, "managed");
   detail::device_scope on_device{device_};
   void* ptr = nullptr;
+  detail::relaxed_capture_scope const capture_safe;  // growth during a graph capture
   MRSTACK_ALLOC_TRY(cudaMallocManaged(&ptr, bytes, cudaMemAttachGlobal), bytes, "managed");
   return ptr;
 }

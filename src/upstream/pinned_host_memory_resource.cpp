@@ -2,6 +2,7 @@
 
 #include "cuda_util.hpp"
 #include "device_scope.hpp"
+#include "relaxed_capture_scope.hpp"
 
 namespace mrstack {
 
@@ -12,6 +13,7 @@ void* pinned_host_memory_resource::do_allocate(std::size_t bytes, std::size_t al
   detail::require_upstream_alignment(alignment, 4096, "pinned_host");
   detail::device_scope on_device{device_};
   void* ptr = nullptr;
+  detail::relaxed_capture_scope const capture_safe;  // growth during a graph capture
   MRSTACK_ALLOC_TRY(cudaHostAlloc(&ptr, bytes, cudaHostAllocPortable), bytes, "pinned_host");
   return ptr;
 }

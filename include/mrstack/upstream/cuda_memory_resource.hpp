@@ -9,7 +9,8 @@
 /// stream argument is ignored: memory is usable on any stream at once. A refusal throws
 /// `out_of_memory` naming the size and the device's free memory. Thread-safe. Slow
 /// (microseconds to milliseconds a call): the upstream for a suballocator, or the
-/// baseline in a benchmark.
+/// baseline in a benchmark. cudaMalloc is made in relaxed graph-capture mode, so a pool can
+/// grow while a stream is captured (src/relaxed_capture_scope.hpp says why that is safe).
 ///
 /// `peer_access`: every device that can (cudaDeviceCanAccessPeer) gets peer access to this
 /// device's memory at construction (cudaDeviceEnablePeerAccess on each peer, which creates

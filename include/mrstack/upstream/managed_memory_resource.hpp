@@ -3,7 +3,8 @@
 /// accessible from the host and every device. Synchronous like cudaMalloc, so the stream
 /// is ignored. Alignment up to 256. Thread-safe. Refusals throw `out_of_memory`.
 /// Calls run on the resource's device (given, or current at construction) and leave the
-/// caller's current device as it was.
+/// caller's current device as it was. cudaMallocManaged is made in relaxed graph-capture
+/// mode, as `cuda`'s cudaMalloc.
 #include <mrstack/resource.hpp>
 
 namespace mrstack {

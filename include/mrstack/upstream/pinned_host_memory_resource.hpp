@@ -6,6 +6,7 @@
 /// Put a pool over it for a pinned host pool (as CuPy's PinnedMemoryPool). The calls run
 /// with the resource's device current (given, or current at construction), so they create
 /// no context on any other device; the caller's current device is left as it was.
+/// cudaHostAlloc is made in relaxed graph-capture mode, as `cuda`'s cudaMalloc.
 #include <mrstack/resource.hpp>
 
 namespace mrstack {

@@ -1,0 +1,186 @@
+// Growth and synchronization while a stream is captured into a CUDA graph in global mode
+// (CUDA's default and PyTorch's), on a real device. In that mode CUDA refuses "unsafe"
+// calls — cudaMalloc, cudaStreamSynchronize — from every thread and ends the capture; mrstack makes them in relaxed mode (src/relaxed_capture_scope.hpp), so a pool
+// can grow for the graph or for another thread, and a stream can be synchronized, while a
+// capture goes on. The first case checks CUDA's rule itself, so that the others can fail.
+#include <catch2/catch.hpp>
+
+#include <capture_check.hpp>
+
+#include <mrstack/stream.hpp>
+#include <mrstack/suballoc/arena_memory_resource.hpp>
+#include <mrstack/suballoc/pool_memory_resource.hpp>
+#include <mrstack/upstream/cuda_memory_resource.hpp>
+#include <mrstack/upstream/managed_memory_resource.hpp>
+#include <mrstack/upstream/pinned_host_memory_resource.hpp>
+#include <mrstack/upstream/vmm_memory_resource.hpp>
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <thread>
+#include <vector>
+
+using namespace mrstack;
+
+namespace {
+
+constexpr std::size_t MiB = std::size_t{1} << 20;
+
+/// Runs f on another thread and waits for it (a capture in global mode is process-wide).
+template <typename F>
+void on_another_thread(F&& f) {
+  std::thread t{std::forward<F>(f)};
+  t.join();
+}
+
+/// Launches `graph` once and checks that every byte of `p` became `value`.
+void launch_and_check(cudaGraph_t graph, void const* p, std::size_t bytes, unsigned char value) {
+  cudaGraphExec_t exec = nullptr;
+  MRSTACK_CUDA_TRY(cudaGraphInstantiate(&exec, graph, 0));
+  MRSTACK_CUDA_TRY(cudaGraphLaunch(exec, nullptr));
+  MRSTACK_CUDA_TRY(cudaDeviceSynchronize());
+  std::vector<unsigned char> host(bytes);
+  MRSTACK_CUDA_TRY(cudaMemcpy(host.data(), p, bytes, cudaMemcpyDeviceToHost));
+  std::size_t wrong = 0;
+  for (auto b : host) { wrong += b != value ? 1 : 0; }
+  CHECK(wrong == 0);
+  MRSTACK_CUDA_TRY(cudaGraphExecDestroy(exec));
+}
+
+/// Captures, in global mode on `s`, an allocation of `bytes` from `mr` that must grow it
+/// and a memset of the block; then launches the graph and checks the block's bytes.
+void grow_inside_capture(memory_resource& mr, std::size_t bytes) {
+  stream s;
+  MRSTACK_CUDA_TRY(cudaStreamBeginCapture(s.value(), cudaStreamCaptureModeGlobal));
+  void* p = nullptr;
+  CHECK_NOTHROW(p = mr.allocate(bytes, s));  // before: cudaErrorStreamCaptureUnsupported
+  if (p != nullptr) { MRSTACK_CUDA_TRY(cudaMemsetAsync(p, 0x5A, bytes, s.value())); }
+  cudaGraph_t graph = nullptr;
+  cudaError_t const ended = cudaStreamEndCapture(s.value(), &graph);
+  INFO("cudaStreamEndCapture: " << cudaGetErrorString(ended));
+  REQUIRE(ended == cudaSuccess);
+  if (p != nullptr) { launch_and_check(graph, p, bytes, 0x5A); }
+  MRSTACK_CUDA_TRY(cudaGraphDestroy(graph));
+  if (p != nullptr) { mr.deallocate(p, bytes, s); }
+  MRSTACK_CUDA_TRY(cudaDeviceSynchronize());
+}
+
+}  // namespace
+
+TEST_CASE("gpu capture growth: CUDA ends a global-mode capture at another thread's cudaMalloc, unless relaxed") {
+  stream c;
+  MRSTACK_CUDA_TRY(cudaStreamBeginCapture(c.value(), cudaStreamCaptureModeGlobal));
+  cudaError_t refused = cudaSuccess;
+  on_another_thread([&] {
+    void* p = nullptr;
+    refused = cudaMalloc(&p, MiB);
+    if (refused == cudaSuccess) { (void)cudaFree(p); }
+    (void)cudaGetLastError();
+  });
+  INFO("cudaMalloc during another thread's capture: " << cudaGetErrorString(refused));
+  CHECK(refused != cudaSuccess);  // CUDA's rule: else the cases below prove nothing
+  cudaGraph_t graph = nullptr;
+  cudaError_t const ended = cudaStreamEndCapture(c.value(), &graph);
+  CHECK(ended != cudaSuccess);
+  if (graph != nullptr) { MRSTACK_CUDA_TRY(cudaGraphDestroy(graph)); }
+  (void)cudaGetLastError();
+
+  // The same call in relaxed mode leaves the capture alone.
+  MRSTACK_CUDA_TRY(cudaStreamBeginCapture(c.value(), cudaStreamCaptureModeGlobal));
+  cudaError_t relaxed = cudaErrorUnknown;
+  void* p = nullptr;
+  on_another_thread([&] {
+    cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+    MRSTACK_CUDA_TRY(cudaThreadExchangeStreamCaptureMode(&mode));
+    relaxed = cudaMalloc(&p, MiB);
+    MRSTACK_CUDA_TRY(cudaThreadExchangeStreamCaptureMode(&mode));
+  });
+  CHECK(relaxed == cudaSuccess);
+  test::check_capture_ends_cleanly(c);
+  if (relaxed == cudaSuccess) { MRSTACK_CUDA_TRY(cudaFree(p)); }  // a free is unsafe too: after the capture
+}
+
+TEST_CASE("gpu capture growth: pool > cuda grows for the stream being captured") {
+  pool_memory_resource pool{std::make_shared<cuda_memory_resource>(), 0};
+  grow_inside_capture(pool, 64 * MiB);
+  CHECK(pool.check_invariants() == "");
+}
+
+TEST_CASE("gpu capture growth: pool > vmm maps more for the stream being captured") {
+  // The driver's cuMemCreate and cuMemMap are not unsafe calls: this passed before the
+  // relaxed scope too. It checks that the pool's growth in place works inside a capture.
+  pool_memory_resource pool{std::make_shared<vmm_memory_resource>(), 0};
+  grow_inside_capture(pool, 64 * MiB);
+  std::size_t const mapped = pool.fragmentation().held_bytes;
+  grow_inside_capture(pool, 4 * mapped);  // past what is mapped: maps more, in place
+  CHECK(pool.fragmentation().held_bytes > mapped);
+  CHECK(pool.check_invariants() == "");
+}
+
+TEST_CASE("gpu capture growth: pool > pinned_host and pool > managed grow for the stream being captured") {
+  pool_memory_resource pinned{std::make_shared<pinned_host_memory_resource>(), 0};
+  grow_inside_capture(pinned, 8 * MiB);  // cudaHostAlloc
+  pool_memory_resource managed{std::make_shared<managed_memory_resource>(), 0};
+  grow_inside_capture(managed, 8 * MiB);  // cudaMallocManaged
+}
+
+TEST_CASE("gpu capture growth: another thread's pool grows while a stream is captured in global mode") {
+  pool_memory_resource pool{std::make_shared<cuda_memory_resource>(), 0};
+  stream c;
+  stream x;
+  MRSTACK_CUDA_TRY(cudaStreamBeginCapture(c.value(), cudaStreamCaptureModeGlobal));
+  void* p = nullptr;
+  on_another_thread([&] { CHECK_NOTHROW(p = pool.allocate(32 * MiB, x)); });
+  test::check_capture_ends_cleanly(c);
+  if (p != nullptr) { pool.deallocate(p, 32 * MiB, x); }
+  MRSTACK_CUDA_TRY(cudaDeviceSynchronize());
+}
+
+TEST_CASE("gpu capture growth: an arena settles a held-back block during another stream's capture") {
+  arena_memory_resource arena{std::make_shared<cuda_memory_resource>(), std::size_t{256} * MiB};
+  stream a;
+  stream b;
+  stream c;
+  void* x = arena.allocate(4096, a);
+  MRSTACK_CUDA_TRY(cudaDeviceSynchronize());
+  // b frees a's small block inside b's capture: held back until b's next call.
+  MRSTACK_CUDA_TRY(cudaStreamBeginCapture(b.value(), cudaStreamCaptureModeGlobal));
+  MRSTACK_CUDA_TRY(cudaMemsetAsync(x, 0, 4096, b.value()));
+  arena.deallocate(x, 4096, b);
+  test::check_capture_ends_cleanly(b);
+  // b's next call synchronizes b (to give x back) while c is captured by another thread.
+  MRSTACK_CUDA_TRY(cudaStreamBeginCapture(c.value(), cudaStreamCaptureModeGlobal));
+  void* on_b = nullptr;
+  on_another_thread([&] { CHECK_NOTHROW(on_b = arena.allocate(256, b)); });  // before: ended c's capture
+  test::check_capture_ends_cleanly(c);
+  void* after = arena.allocate(4096, a);
+  CHECK(after == x);  // settled: x is a's again
+  arena.deallocate(after, 4096, a);
+  if (on_b != nullptr) { arena.deallocate(on_b, 256, b); }
+  MRSTACK_CUDA_TRY(cudaDeviceSynchronize());
+  CHECK(arena.check_invariants() == "");
+}
+
+TEST_CASE("gpu capture growth: CUDA refuses a device synchronization during a capture, even relaxed") {
+  // The pools' last resort before out-of-memory synchronizes the device: it ends a
+  // capture under way on any thread, and docs/suballocators.md says so. If CUDA ever lets
+  // it through, this fails and the docs (and the relaxed scope) should change.
+  stream c;
+  MRSTACK_CUDA_TRY(cudaStreamBeginCapture(c.value(), cudaStreamCaptureModeGlobal));
+  cudaError_t synced = cudaSuccess;
+  on_another_thread([&] {
+    cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+    MRSTACK_CUDA_TRY(cudaThreadExchangeStreamCaptureMode(&mode));
+    synced = cudaDeviceSynchronize();
+    MRSTACK_CUDA_TRY(cudaThreadExchangeStreamCaptureMode(&mode));
+    (void)cudaGetLastError();
+  });
+  INFO("relaxed cudaDeviceSynchronize during another thread's capture: " << cudaGetErrorString(synced));
+  CHECK(synced != cudaSuccess);
+  cudaGraph_t graph = nullptr;
+  cudaError_t const ended = cudaStreamEndCapture(c.value(), &graph);
+  if (graph != nullptr) { MRSTACK_CUDA_TRY(cudaGraphDestroy(graph)); }
+  (void)cudaGetLastError();
+  CHECK(ended != cudaSuccess);
+}
