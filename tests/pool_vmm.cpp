@@ -5,7 +5,7 @@
 // and randomized traffic over many seeds keeps committed == touched after each release.
 #include <catch2/catch.hpp>
 
-#include <mrstack/suballoc/in_place_pool_growth.hpp>
+#include <mrstack/detail/in_place_pool_growth.hpp>
 #include <mrstack/suballoc/pool_memory_resource.hpp>
 #include <mrstack/upstream/simulated_memory_resource.hpp>
 #include <mrstack/upstream/simulated_vmm_memory_resource.hpp>
@@ -187,6 +187,25 @@ TEST_CASE("pool > simulated_vmm: several streams share one range; release waits 
   check_exact(*vmm, live);
   pool.deallocate(c, G, s2);
   CHECK(pool.check_invariants().empty());
+}
+
+TEST_CASE("in-place growth behind synchronized memory gives one block a per-thread stream can use") {
+  // The initial memory is synchronized and at the chunk's end; a per-thread default stream
+  // is an exclusive owner, which never absorbs synchronized memory. Growth gave the new
+  // granules to that stream: they did not merge with the end, and the request found no
+  // block (the pool then merged them by synchronizing every stream; an arena failed).
+  auto vmm = make_vmm();
+  detail::stream_ordered_pool core{std::make_shared<test::fake_stream_sync>()};
+  detail::in_place_growth_options options;
+  options.initial_bytes = 2 * G;
+  detail::in_place_pool_growth growth{*vmm, options};
+  growth.start(core);
+  detail::stream_ref const per_thread{detail::this_thread_key(), 2, true};
+  growth.grow(core, 3 * G, 256, per_thread);
+  CHECK(vmm->committed_bytes() == 3 * G);
+  CHECK(core.blocks().largest_free_block() == 3 * G);
+  CHECK(core.allocate(3 * G, 256, per_thread) == addr(vmm->range_base()));
+  CHECK(core.blocks().check_invariants().empty());
 }
 
 TEST_CASE("pool > simulated_vmm: memory a stream freed is released, and reused by another stream, only after its work") {

@@ -8,7 +8,7 @@
 #include <limits>
 #include <vector>
 
-#include <mrstack/suballoc/in_place_pool_growth.hpp>
+#include <mrstack/detail/in_place_pool_growth.hpp>
 #include <mrstack/suballoc/stream_sync.hpp>
 
 #include "pool_shards.hpp"
@@ -53,7 +53,9 @@ pool_memory_resource::pool_memory_resource(resource_ptr upstream, std::size_t in
     growth.initial_bytes = initial;
     growth.maximum_bytes = maximum_size_.value_or(std::numeric_limits<std::size_t>::max());
     growth.release_threshold = options_.release_threshold;
-    growth_ = detail::in_place_pool_growth::detect(*upstream_, growth);
+    if (auto* range = dynamic_cast<virtual_range*>(upstream_.get())) {
+      growth_ = std::make_unique<detail::in_place_pool_growth>(*range, growth);
+    }
   }
   if (growth_) {
     growth_->start(core_);  // freshly mapped memory has no pending work: usable by every stream

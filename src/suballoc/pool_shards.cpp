@@ -7,7 +7,7 @@
 
 #include <algorithm>
 
-#include <mrstack/suballoc/in_place_pool_growth.hpp>
+#include <mrstack/detail/in_place_pool_growth.hpp>
 
 #include "pool_shards.hpp"
 

@@ -28,6 +28,9 @@ class reference_core {
     state st;
   };
 
+  /// Owners are not modelled: every free neighbour merges.
+  [[nodiscard]] bool merges(int /*a*/, int /*b*/) const noexcept { return true; }
+
   int add_chunk(std::uintptr_t base, std::size_t size, int /*owner*/) {
     if (has_chunk_) { throw std::logic_error("reference_core: one chunk only"); }
     has_chunk_ = true;

@@ -159,6 +159,8 @@ class block_pool {
   [[nodiscard]] bool exclusive(owner_id owner) const noexcept {
     return owner < exclusive_.size() && exclusive_[owner] != 0;
   }
+  /// True when free blocks of `a` and `b` merge as neighbours (the merging rule above).
+  [[nodiscard]] bool merges(owner_id a, owner_id b) const noexcept { return a == b || sync_mergeable(a, b); }
 
   // ---- holes (in-place growth support) -------------------------------------------------
   struct range {

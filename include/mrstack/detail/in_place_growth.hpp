@@ -26,7 +26,8 @@
 /// The core (block_pool) must offer: add_chunk(base, size, owner) -> chunk id,
 /// extend_chunk(chunk, bytes, owner), withdraw_free_ranges(choose) with
 /// choose(address, size, owner) -> Core::range{offset, length}, restore(address, owner),
-/// for_each_free_block(f) with f(address, size, owner), free_bytes(), before_release()
+/// for_each_free_block(f) with f(address, size, owner), free_bytes(), merges(a, b) (free
+/// blocks of owners a and b merge as neighbours), before_release()
 /// (called first in every release: a stream-ordered core waits there for the work queued
 /// on the streams that freed its blocks), and the constants Core::granularity (its unit)
 /// and Core::synchronized (the owner that merges with any). Sizes and addresses given to it are multiples of the range's granularity.
@@ -229,10 +230,19 @@ class in_place_growth {
       if (last->first + last->second == frontier_) { start = hole_run_start(last); }
     }
     std::uintptr_t block_start = base_ + start;
+    Owner grow_owner = owner;
     core.for_each_free_block([&](std::uintptr_t address, std::size_t size, auto block_owner) {
-      // The core's merge rule: same owner, or either side synchronized.
-      bool const merges = block_owner == owner || block_owner == Core::synchronized || owner == Core::synchronized;
-      if (address + size == base_ + start && merges) {
+      if (address + size != base_ + start) { return; }
+      if (block_owner == Core::synchronized) {
+        // Fresh granules have no pending work: they join a synchronized block at the end
+        // as synchronized memory, which every stream allocates from. Given to the asker,
+        // they did not merge when it was exclusive (a per-thread default stream), so
+        // growth added only the bytes the request lacked behind a block it could not
+        // use: an arena over simulated_vmm failed its request (tests/arena_vmm.cpp), and
+        // the pool synchronized the device to merge them (tests/pool_vmm.cpp).
+        block_start = address;
+        grow_owner = Core::synchronized;
+      } else if (core.merges(block_owner, owner)) {
         block_start = address;
       }
     });
@@ -246,8 +256,8 @@ class in_place_growth {
     }
     if (extension > 0) { extension = std::min(std::max(extension, step_), range_bytes_ - frontier_); }
     commit_checked(start, frontier_ + extension - start);
-    restore_holes(core, start, frontier_, owner);
-    append(core, extension, owner);
+    restore_holes(core, start, frontier_, grow_owner);
+    append(core, extension, grow_owner);
   }
 
   template <typename Owner>

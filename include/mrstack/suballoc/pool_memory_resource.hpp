@@ -86,7 +86,7 @@ struct pool_options {
   /// chunk is usable by every stream without an event.
   stream_view initial_stream{};
   /// Over an upstream with the virtual_range capability (vmm, simulated_vmm): grow one
-  /// chunk in place and give whole free granules back (suballoc/in_place_pool_growth.hpp,
+  /// chunk in place and give whole free granules back (detail/in_place_pool_growth.hpp,
   /// docs/vmm.md); the growth settings above do not apply then. false: take separate
   /// chunks, as from any upstream.
   bool grow_in_place = true;

@@ -1,8 +1,8 @@
 #pragma once
-/// `in_place_pool_growth`: what `pool_memory_resource` does differently when its upstream
-/// has the `virtual_range` capability (vmm, simulated_vmm). Kept apart from the pool so
-/// the pool's own code only asks "is there one?" at four places (construction, growth,
-/// deallocate, release).
+/// `in_place_pool_growth`: what `pool_memory_resource` (and the arena's global arena,
+/// detail/arena_core.hpp) does differently when its upstream has the `virtual_range`
+/// capability (vmm, simulated_vmm). Kept apart from the pool so the pool's own code only
+/// asks "is there one?" at four places (construction, growth, deallocate, release).
 ///
 /// Over a virtual range the pool claims the whole range and keeps ONE chunk at its base
 /// that grows in place (detail/in_place_growth.hpp): new physical memory extends the free
@@ -19,18 +19,19 @@
 #include <limits>
 #include <memory>
 #include <optional>
+#include <string_view>
 #include <utility>
 
 #include <mrstack/detail/in_place_growth.hpp>
 #include <mrstack/detail/stream_ordering.hpp>
-#include <mrstack/resource.hpp>
-#include <mrstack/upstream/virtual_range.hpp>
+#include <mrstack/detail/virtual_range.hpp>
 
 namespace mrstack::detail {
 
 /// in_place_growth's view of a stream_ordered_pool for one call: memory it adds or
-/// restores goes to `stream`, or — without one — to every stream at once (synchronized:
-/// freshly mapped memory has no pending work).
+/// restores goes to `stream`, or — without one, or when the policy gives it to the
+/// synchronized owner — to every stream at once (freshly mapped memory has no pending
+/// work).
 struct stream_ordered_growth_view {
   static constexpr std::size_t granularity = block_pool::granularity;
   static constexpr owner_id synchronized = block_pool::synchronized;
@@ -39,18 +40,19 @@ struct stream_ordered_growth_view {
   stream_ordered_pool& pool;
   std::optional<stream_ref> stream;
 
-  chunk_id add_chunk(std::uintptr_t base, std::size_t size, owner_id) {
-    return stream ? pool.add_chunk(base, size, *stream) : pool.blocks().add_chunk(base, size, synchronized);
+  chunk_id add_chunk(std::uintptr_t base, std::size_t size, owner_id owner) {
+    return stream && owner != synchronized ? pool.add_chunk(base, size, *stream)
+                                           : pool.blocks().add_chunk(base, size, synchronized);
   }
-  void extend_chunk(chunk_id c, std::size_t bytes, owner_id) {
-    if (stream) {
+  void extend_chunk(chunk_id c, std::size_t bytes, owner_id owner) {
+    if (stream && owner != synchronized) {
       pool.extend_chunk(c, bytes, *stream);
     } else {
       pool.blocks().extend_chunk(c, bytes, synchronized);
     }
   }
-  std::size_t restore(std::uintptr_t address, owner_id) {
-    return stream ? pool.restore(address, *stream) : pool.blocks().restore(address, synchronized);
+  std::size_t restore(std::uintptr_t address, owner_id owner) {
+    return stream && owner != synchronized ? pool.restore(address, *stream) : pool.blocks().restore(address, synchronized);
   }
   template <typename Choose>
   std::size_t withdraw_free_ranges(Choose&& choose) {
@@ -61,21 +63,16 @@ struct stream_ordered_growth_view {
     pool.blocks().for_each_free_block(std::forward<F>(f));
   }
   [[nodiscard]] std::size_t free_bytes() const noexcept { return pool.blocks().free_bytes(); }
+  [[nodiscard]] bool merges(owner_id a, owner_id b) const noexcept { return pool.blocks().merges(a, b); }
   void before_release() { (void)pool.synchronize_everything(); }
 };
 
 class in_place_pool_growth {
  public:
-  /// The policy for a pool over `upstream` when it is a virtual range; nullptr otherwise.
-  static std::unique_ptr<in_place_pool_growth> detect(memory_resource& upstream,
-                                                      in_place_growth_options const& options) {
-    auto* range = dynamic_cast<virtual_range*>(&upstream);
-    if (range == nullptr) { return nullptr; }
-    return std::make_unique<in_place_pool_growth>(*range, options);
-  }
-
-  in_place_pool_growth(virtual_range& range, in_place_growth_options const& options)
-      : policy_{range, "pool", options} {}
+  /// `claimant`: who the range names as its user (the pool, or the arena's global arena).
+  in_place_pool_growth(virtual_range& range, in_place_growth_options const& options,
+                       std::string_view claimant = "pool")
+      : policy_{range, claimant, options} {}
 
   /// Commits the initial size, usable by every stream.
   void start(stream_ordered_pool& pool) {
