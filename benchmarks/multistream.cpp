@@ -12,7 +12,7 @@
 //                 stream-ordering calls of the timed runs (support/stream_sync_counters.hpp)
 //
 // Stacks are built from specs (mrstack::make_stack). With a GPU: pool > cuda, pool > vmm,
-// arena > cuda, cuda_async, on streams from cudaStreamCreateWithFlags(cudaStreamNonBlocking).
+// arena > cuda, arena > vmm, cuda_async, on streams from cudaStreamCreateWithFlags(cudaStreamNonBlocking).
 // Anywhere: the same suballocators over `simulated` / `simulated_vmm` (labelled
 // .../simulated), on distinct fake stream handles (no CUDA call is made).
 // multistream_one_thread/...: the same steps on the same S streams taken by one thread in
@@ -261,6 +261,7 @@ int main(int argc, char** argv) {
       {"pool(park_divisor=64)>cuda", "pool(park_divisor=64) > footprint_meter > cuda", true},
       {"pool(park_divisor=64)>vmm", "pool(park_divisor=64) > vmm", true},
       {"arena>cuda", "arena > footprint_meter > cuda", true},
+      {"arena>vmm", "arena > vmm", true},  // the global arena grown in place
       {"cuda_async", "cuda_async", true},
       {"pool>simulated", "pool > footprint_meter > simulated(capacity=80GiB)", false},
       {"pool>simulated_vmm", "pool > simulated_vmm(capacity=80GiB)", false},
@@ -268,6 +269,7 @@ int main(int argc, char** argv) {
       {"pool(eager_events)>simulated_vmm", "pool(eager_events) > simulated_vmm(capacity=80GiB)", false},
       {"pool(park_divisor=64)>simulated", "pool(park_divisor=64) > footprint_meter > simulated(capacity=80GiB)", false},
       {"arena>simulated", "arena > footprint_meter > simulated(capacity=80GiB)", false},
+      {"arena>simulated_vmm", "arena > simulated_vmm(capacity=80GiB)", false},
   };
   // --stack=LABEL=SPEC (repeatable), taken out of argv before Google Benchmark reads it.
   int kept = 1;

@@ -7,6 +7,7 @@
 #include <stdexcept>
 
 #include <mrstack/detail/align.hpp>
+#include <mrstack/detail/in_place_pool_growth.hpp>
 
 namespace mrstack::detail {
 
@@ -101,6 +102,12 @@ arena_core::arena_core(arena_upstream& upstream, options const& opts, std::share
   }
   if (opts_.growth_divisor == 0) { throw std::invalid_argument("arena: the growth divisor must be at least 1"); }
   if (opts_.eager) { opts_.max_free_bytes = std::numeric_limits<std::size_t>::max(); }
+  if (opts_.grow_in_place_over != nullptr && !opts_.eager) {
+    in_place_growth_options growth;
+    growth.maximum_bytes = opts_.max_size;
+    growth.release_threshold = opts_.max_free_bytes;
+    in_place_ = std::make_unique<in_place_pool_growth>(*opts_.grow_in_place_over, growth, "arena");  // claims the range
+  }
   std::lock_guard lock{live_cores_mutex()};
   live_cores().emplace(id_, this);
 }
@@ -111,6 +118,7 @@ arena_core::~arena_core() {
     live_cores().erase(id_);
   }
   return_all_chunks();
+  in_place_.reset();  // gives up the claim: every granule goes back
 }
 
 void arena_core::thread_exiting(void* arena) noexcept {
@@ -544,11 +552,11 @@ arena_core::statistics arena_core::stats() const {
   statistics st;
   {
     std::lock_guard lock{global_mutex_};
-    st.held_bytes = held_;
+    st.held_bytes = held_bytes_locked();
     st.peak_held_bytes = peak_held_;
-    st.chunks = chunks_.size();
-    st.upstream_allocations = upstream_allocations_;
-    st.upstream_deallocations = upstream_deallocations_;
+    st.chunks = in_place_ ? 1 : chunks_.size();
+    st.upstream_allocations = in_place_ ? in_place_->policy().grow_count() : upstream_allocations_;
+    st.upstream_deallocations = in_place_ ? in_place_->policy().release_count() : upstream_deallocations_;
     st.global_free_bytes = global_.blocks().free_bytes();
     st.global_free_blocks = global_.blocks().free_block_count();
     st.largest_free_block = global_.blocks().largest_free_block();
@@ -614,8 +622,16 @@ std::string arena_core::check_invariants() const {
     if (info.base != base || info.size != rec.size) { return "chunk record and global arena disagree"; }
     held += rec.size;
   }
-  if (held != held_ || held != global_.blocks().total_bytes()) { return "held bytes wrong"; }
-  if (!opts_.eager && held_ > opts_.max_size) { return "holds more than its maximum"; }
+  if (in_place_) {
+    auto const& policy = in_place_->policy();
+    if (!chunks_.empty() || global_.blocks().total_bytes() != policy.frontier_bytes() ||
+        global_.blocks().withdrawn_bytes() != policy.hole_bytes()) {
+      return "grown in place, but the global arena is not the range's one chunk and its holes";
+    }
+  } else if (held != held_ || held != global_.blocks().total_bytes()) {
+    return "held bytes wrong";
+  }
+  if (!opts_.eager && held_bytes_locked() > opts_.max_size) { return "holds more than its maximum"; }
   std::size_t carved = 0;
   for (auto const& d : descriptors_) {
     superblock const* sb = d.get();

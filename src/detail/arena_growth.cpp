@@ -9,6 +9,7 @@
 #include <stdexcept>
 
 #include <mrstack/detail/align.hpp>
+#include <mrstack/detail/in_place_pool_growth.hpp>
 
 namespace mrstack::detail {
 
@@ -16,6 +17,7 @@ namespace mrstack::detail {
 
 std::uintptr_t arena_core::global_allocate(std::size_t size, std::size_t alignment, stream_ref const& s) {
   if (std::uintptr_t const p = global_.allocate(size, alignment, s)) { return p; }
+  if (in_place_) { return grow_in_place_and_allocate(size, alignment, s); }
   // Room to align inside a chunk the upstream aligns to 256 only.
   if (size > std::numeric_limits<std::size_t>::max() / 2 || alignment > std::numeric_limits<std::size_t>::max() / 2) {
     return 0;
@@ -29,7 +31,9 @@ std::uintptr_t arena_core::global_allocate(std::size_t size, std::size_t alignme
 std::size_t arena_core::global_deallocate(std::uintptr_t address, stream_ref const& s, std::size_t expected_size) {
   std::size_t const freed = global_.deallocate(address, s, expected_size);
   if (freed == 0) { return 0; }
-  if (!opts_.eager) {
+  if (in_place_) {
+    in_place_->after_deallocate(global_);  // past max_free_bytes: free granules go back
+  } else if (!opts_.eager) {
     // Only a free that emptied its chunk can make a candidate: the chunk lookup (a tree
     // search, a tenth of a large free's time) is skipped for all the others.
     if (global_.blocks().chunks_emptied() != emptied_seen_) {
@@ -39,6 +43,30 @@ std::size_t arena_core::global_deallocate(std::uintptr_t address, stream_ref con
     if (global_.blocks().free_bytes() > opts_.max_free_bytes) { return_empty_chunks(opts_.max_free_bytes, false, s); }
   }
   return freed;
+}
+
+std::uintptr_t arena_core::grow_in_place_and_allocate(std::size_t size, std::size_t alignment, stream_ref const& s) {
+  try {
+    // Releases free granules itself and plans again when the range or the device is full.
+    in_place_->grow(global_, size, alignment, s);
+  } catch (growth_failure const& e) {
+    growth_refusal_ = e.what();
+    return 0;
+  }
+  // Superblocks may now be carved anywhere up to the chunk's end: the map needs its levels.
+  std::size_t const frontier = in_place_->policy().frontier_bytes();
+  map_.reserve(reinterpret_cast<std::uintptr_t>(opts_.grow_in_place_over->range_base()), frontier);
+  peak_held_ = std::max(peak_held_, held_bytes_locked());
+  return global_.allocate(size, alignment, s);
+}
+
+std::size_t arena_core::held_bytes_locked() const noexcept {
+  return in_place_ ? in_place_->committed_bytes() : held_;
+}
+
+std::string arena_core::growth_refusal() const {
+  std::lock_guard lock{global_mutex_};
+  return growth_refusal_;
 }
 
 bool arena_core::grow(std::size_t needed, stream_ref const& s) {
@@ -131,6 +159,7 @@ void arena_core::return_chunk(std::map<std::uintptr_t, chunk_record>::iterator i
 std::size_t arena_core::release_free_chunks() {
   std::lock_guard lock{global_mutex_};
   if (opts_.eager) { return 0; }
+  if (in_place_) { return in_place_->release(global_); }
   // Every chunk with no live block, not only those a free noted.
   for (auto& [base, rec] : chunks_) {
     if (!rec.candidate && global_.blocks().chunk(rec.id).live_blocks == 0) {

@@ -298,7 +298,10 @@ std::vector<spec_resource> builtin_resources() {
                 count_param("growth_divisor", optional_param, "a new chunk is at least held bytes / this", "12")
                     .within(1, 1024),
                 size_param("minimum_growth", optional_param, "a new chunk is at least this", "32MiB")
-                    .within(0, 512 * GiB)},
+                    .within(0, 512 * GiB),
+                flag_param("grow_in_place", optional_param,
+                           "over vmm/simulated_vmm: one chunk grown in place, free granules given back past max_free",
+                           "true")},
                [](spec_arguments const& a, resource_ptr up) -> resource_ptr {
                  arena_options o;
                  o.superblock_size = a.size("superblock_size").value_or(o.superblock_size);
@@ -308,6 +311,7 @@ std::vector<spec_resource> builtin_resources() {
                  o.max_free_bytes = a.size("max_free").value_or(o.max_free_bytes);
                  o.growth_divisor = a.count("growth_divisor").value_or(o.growth_divisor);
                  o.minimum_growth = a.size("minimum_growth").value_or(o.minimum_growth);
+                 o.grow_in_place = a.flag("grow_in_place").value_or(o.grow_in_place);
                  return std::make_shared<arena_memory_resource>(std::move(up), *a.size("size"), o);
                }});
   r.back().validate = validate_arena;

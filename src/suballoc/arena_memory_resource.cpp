@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <limits>
 
+#include <mrstack/detail/virtual_range.hpp>
 #include <mrstack/suballoc/stream_sync.hpp>
 
 namespace mrstack {
@@ -12,7 +13,7 @@ namespace {
 
 constexpr std::size_t granularity = 256;
 
-detail::arena_core::options core_options(arena_options const& o, std::size_t max_size) {
+detail::arena_core::options core_options(arena_options const& o, std::size_t max_size, memory_resource& upstream) {
   detail::arena_core::options opts;
   opts.superblock_size = o.superblock_size;
   opts.max_small_size = o.max_small_size;
@@ -22,6 +23,7 @@ detail::arena_core::options core_options(arena_options const& o, std::size_t max
   opts.max_free_bytes = o.max_free_bytes == arena_options::a_quarter_of_the_size ? max_size / 4 : o.max_free_bytes;
   opts.growth_divisor = o.growth_divisor;
   opts.minimum_growth = o.minimum_growth;
+  opts.grow_in_place_over = o.grow_in_place && !o.eager ? dynamic_cast<virtual_range*>(&upstream) : nullptr;
   return opts;
 }
 
@@ -69,7 +71,7 @@ arena_memory_resource::arena_memory_resource(resource_ptr upstream, std::size_t 
   try {
     // Eager: room to align the region to a superblock (the upstream aligns to 256 only).
     std::size_t const max_size = options.eager ? usable_size_ + sb - granularity : usable_size_;
-    core_ = std::make_unique<detail::arena_core>(source_, core_options(options, max_size), sync);
+    core_ = std::make_unique<detail::arena_core>(source_, core_options(options, max_size, *upstream_), sync);
   } catch (std::invalid_argument const& e) {
     throw logic_error(e.what());
   }
@@ -103,7 +105,8 @@ void* arena_memory_resource::do_allocate(std::size_t bytes, std::size_t alignmen
   info.free_bytes = st.global_free_bytes + st.free_bytes_in_arenas;
   info.largest_free_block = st.largest_free_block;
   info.limit_bytes = usable_size_;
-  std::string const refusal = source_.last_refusal();
+  std::string refusal = source_.last_refusal();
+  if (refusal.empty()) { refusal = core_->growth_refusal(); }
   info.detail = core_->is_small(size, alignment) ? "no superblock left for a small block"
                                                   : "no free range large enough in the global arena";
   info.detail += refusal.empty() ? std::string{" (the maximum size is reached)"} : " (upstream refused: " + refusal + ")";

@@ -14,6 +14,15 @@
 /// `eager`, the whole maximum is taken at construction as one chunk and never returned
 /// before destruction (the arena of earlier versions).
 ///
+/// Over a virtual range (`options::grow_in_place_over`: vmm, simulated_vmm) the global
+/// arena grows in place instead, as the pool does (detail/in_place_pool_growth.hpp):
+/// one chunk at the range's base whose end is extended by exactly the granules a request
+/// lacks, so free memory on either side of a growth merges and no chunk's tail is
+/// stranded. Past `max_free_bytes` free, and on `release_free_chunks()`, every whole free
+/// granule of the global arena is decommitted (after the streams that freed them are
+/// synchronized); holes are committed again before the end moves. `max_size` caps what is
+/// committed.
+///
 /// Small requests (<= `max_small_size`, alignment 256)
 /// are served by *stream arenas*: each stream gets one (every thread's per-thread
 /// default stream is a stream of its own, so threads using them never share an arena),
@@ -65,7 +74,13 @@
 #include <mrstack/detail/page_map.hpp>
 #include <mrstack/detail/stream_ordering.hpp>
 
+namespace mrstack {
+class virtual_range;
+}  // namespace mrstack
+
 namespace mrstack::detail {
+
+class in_place_pool_growth;
 
 /// Small-block size classes (sizes in bytes, multiples of 256).
 struct arena_size_classes {
@@ -97,6 +112,9 @@ class arena_core {
     std::size_t max_free_bytes = std::size_t{256} << 20;  ///< free bytes the global arena keeps before chunks go back
     std::size_t growth_divisor = 12;          ///< a chunk is at least held / this
     std::size_t minimum_growth = std::size_t{32} << 20;  ///< a chunk is at least this (capped by `max_size`)
+    /// Not null (and not `eager`): grow one chunk in place over this range instead of
+    /// taking chunks from the upstream; the range must outlive the core.
+    virtual_range* grow_in_place_over = nullptr;
   };
 
   /// Takes its chunks from `upstream` (which must outlive the core); with `opts.eager`,
@@ -133,8 +151,12 @@ class arena_core {
     add_chunk(base, size, stream_ref{}, true);
   }
   /// Gives every wholly free chunk back to the upstream (synchronizing the device when
-  /// streams that cannot be named here own some); the bytes returned.
+  /// streams that cannot be named here own some); growing in place, every whole free
+  /// granule. The bytes returned.
   std::size_t release_free_chunks();
+  [[nodiscard]] bool grows_in_place() const noexcept { return in_place_ != nullptr; }
+  /// Why growing in place last failed (empty when it has not, or without in-place growth).
+  [[nodiscard]] std::string growth_refusal() const;
 
   struct statistics {
     std::size_t held_bytes = 0;               ///< taken from the upstream now
@@ -243,6 +265,11 @@ class arena_core {
                                 std::size_t expected_size = block_pool::any_size);
   /// Adds one chunk of at least `needed` bytes; false when the maximum or the upstream refuses.
   bool grow(std::size_t needed, stream_ref const& s);
+  /// Over a virtual range: extends the one chunk for a block of `size` aligned to
+  /// `alignment` on `s`, then allocates it; 0 when growth was refused (`growth_refusal_`).
+  std::uintptr_t grow_in_place_and_allocate(std::size_t size, std::size_t alignment, stream_ref const& s);
+  /// Bytes held from the upstream: committed granules in place, else the chunks' sizes.
+  [[nodiscard]] std::size_t held_bytes_locked() const noexcept;
   /// Registers a chunk the upstream handed out (owned by `s`, or synchronized for the eager region).
   void add_chunk(std::uintptr_t base, std::size_t size, stream_ref const& s, bool synchronized);
   /// Notes the chunk holding `address` as possibly wholly free.
@@ -292,7 +319,9 @@ class arena_core {
   std::map<std::uintptr_t, chunk_record> chunks_;   // by base
   std::vector<std::uintptr_t> empty_candidates_;    // chunk bases that may be wholly free
   std::uint64_t emptied_seen_ = 0;                   // global_'s chunks_emptied() when last looked at
-  std::size_t held_ = 0;
+  std::unique_ptr<in_place_pool_growth> in_place_;  // over a virtual range, else null
+  std::string growth_refusal_;                       // in place: why growth last failed
+  std::size_t held_ = 0;                             // chunks' bytes (not in place)
   std::size_t peak_held_ = 0;
   std::size_t upstream_allocations_ = 0;
   std::size_t upstream_deallocations_ = 0;

@@ -79,6 +79,11 @@ struct arena_options {
   /// against 798 (the same 55-59 ns once grown).
   std::size_t growth_divisor = 12;
   std::size_t minimum_growth = std::size_t{32} << 20;
+  /// Over a virtual range (vmm, simulated_vmm) and not `eager`: the global arena is one
+  /// chunk grown in place by the granules a request lacks, and free granules go back
+  /// past `max_free_bytes` (the growth divisor and minimum then do not apply). False:
+  /// chunks through the upstream's allocate, as over any other upstream.
+  bool grow_in_place = true;
   /// The seam to CUDA events (null: CUDA over device memory, no-ops over host/simulated).
   std::shared_ptr<detail::stream_sync> stream_sync;
 };
@@ -93,6 +98,8 @@ class arena_memory_resource final : public memory_resource {
   [[nodiscard]] detail::arena_core::statistics stats() const { return core_->stats(); }
   /// Bytes held from the upstream now.
   [[nodiscard]] std::size_t held_bytes() const { return core_->stats().held_bytes; }
+  /// True over a virtual range with `grow_in_place` (and not `eager`).
+  [[nodiscard]] bool grows_in_place() const noexcept { return core_->grows_in_place(); }
   /// Every structural invariant; empty when all hold (takes every lock: for tests).
   [[nodiscard]] std::string check_invariants() const { return core_->check_invariants(); }
 
