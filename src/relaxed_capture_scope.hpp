@@ -6,19 +6,24 @@
 namespace mrstack::detail {
 
 /// While a stream is captured in global mode (CUDA's default, and PyTorch's), any thread
-/// that calls cudaMalloc, cudaHostAlloc, cudaStreamSynchronize and the like gets
+/// that calls cudaMalloc, cudaFree, cudaHostAlloc, cudaStreamSynchronize and the like gets
 /// cudaErrorStreamCaptureUnsupported and the capture is invalidated; in thread-local mode
 /// the capturing thread itself does (the driver's cuMemCreate and cuMemMap, which `vmm`
-/// grows with, are allowed: tests/gpu/capture_growth.cpp). CUDA calls them unsafe because the capture does not
-/// see them: a graph that relied on a cudaMalloc made during its capture would not make it
-/// again when launched. mrstack makes such calls for itself, not for the graph: it grows
-/// a pool whose memory stays allocated for every later launch (until `release()`, which is
-/// the caller's to order, as PyTorch's allocator does for its graph pools), and it
-/// synchronizes streams that are not being captured. So those calls are made in relaxed
-/// mode, which lifts the rule for this thread only, and the thread's own mode is put back
-/// after. Frees (cudaFree) are not relaxed: memory a graph may still use must not go back
-/// while it can run. A device synchronization cannot be relaxed: CUDA refuses it during
-/// any capture and ends that capture (measured on an H200 with CUDA 13).
+/// grows with, are allowed: tests/gpu/capture_growth.cpp). CUDA calls them unsafe because
+/// the capture does not see them: a graph that relied on a cudaMalloc made during its
+/// capture would not make it again when launched. mrstack makes such calls for itself, not
+/// for the graph, so it makes them in relaxed mode, which lifts the rule for this thread
+/// only (the thread's own mode is put back after):
+/// - it grows a pool; memory a live block of the graph uses is never given back;
+/// - it gives a wholly free chunk back (a pool growing, an arena past its free bound),
+///   but never one whose free memory a capture may hold (`stream_owners::held_by_capture`:
+///   freed during a capture and not recorded since, or of a stream being captured now);
+/// - it synchronizes streams that are not being captured (the callers check first).
+/// What relaxed mode cannot make legal, CUDA refuses whatever the mode and the capture
+/// ends: a device synchronization, and any use of the legacy default stream while a
+/// blocking stream is being captured (measured on an H200 with CUDA 13). mrstack avoids
+/// the second (`stream_owners::hand_over` asks first) and makes the first only as a last
+/// resort (see docs/suballocators.md, "Graph captures").
 /// Costs two cudaThreadExchangeStreamCaptureMode calls (a thread-local exchange);
 /// without a usable CUDA runtime it does nothing.
 class relaxed_capture_scope {

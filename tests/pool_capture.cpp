@@ -10,6 +10,9 @@
 
 #include <mrstack/suballoc/pool_memory_resource.hpp>
 
+#include <condition_variable>
+#include <mutex>
+#include <thread>
 #include <vector>
 
 using namespace mrstack;
@@ -122,3 +125,47 @@ TEST_CASE("pool capture: a stream being captured takes other streams' memory onl
   }
 }
 
+
+TEST_CASE("pool capture: while the legacy stream answers 'capturing', another thread's default-stream memory is not taken") {
+  // CUDA: while any blocking stream is being captured, a record on the legacy default
+  // stream ends that capture in every mode, and asking about the legacy stream reports
+  // an error, which the seam answers as "capturing". The fake marks the legacy stream.
+  test::faked_pool f;
+  auto& pool = f.pool;
+  std::mutex m;
+  std::condition_variable cv;
+  int phase = 0;
+  void* x = nullptr;
+  std::thread owner{[&] {
+    x = pool.allocate(4 * MiB, stream_view::per_thread());
+    pool.deallocate(x, 4 * MiB, stream_view::per_thread());
+    std::unique_lock lock{m};
+    phase = 1;
+    cv.notify_all();
+    cv.wait(lock, [&] { return phase == 2; });  // alive: its default stream is another thread's
+  }};
+  {
+    std::unique_lock lock{m};
+    cv.wait(lock, [&] { return phase == 1; });
+  }
+  f.fake->begin_capture(test::fake_stream_sync::handle{0});
+  std::size_t const grown = pool.stats().upstream_allocations;
+  void* y = pool.allocate(4 * MiB, f.b);
+  CHECK(f.fake->records_in_capture == 0);  // nothing recorded on the legacy stream
+  CHECK(f.fake->sync_alls == 0);
+  CHECK(y != x);                           // it grew instead
+  CHECK(pool.stats().upstream_allocations > grown);
+  f.fake->end_capture(test::fake_stream_sync::handle{0});
+  void* z = pool.allocate(4 * MiB, f.b);   // after the capture it may be taken
+  CHECK(z == x);
+  {
+    std::lock_guard lock{m};
+    phase = 2;
+  }
+  cv.notify_all();
+  owner.join();
+  pool.deallocate(y, 4 * MiB, f.b);
+  pool.deallocate(z, 4 * MiB, f.b);
+  CHECK(f.fake->dead_named == 0);
+  CHECK(pool.check_invariants() == "");
+}

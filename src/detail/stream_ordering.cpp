@@ -208,6 +208,10 @@ stream_owners::handover stream_owners::hand_over(owner_id from, stream_ref const
     // events next time), and order `to` after it now through the legacy default stream,
     // which waits for every blocking stream — per-thread default streams are blocking.
     f.wanted = true;
+    // While a blocking stream is being captured, the legacy stream may not be touched (a
+    // record there ends that capture, relaxed or not: measured on an H200); its query
+    // reports an error instead, which `capturing` answers true. Its thread records later.
+    if (sync_->capturing(legacy_stream)) { return handover::not_now; }
     if (barrier_event_ == 0) { barrier_event_ = sync_->create_event(); }
     if (!sync_->record(barrier_event_, legacy_stream)) {
       synchronize_all();
@@ -263,13 +267,8 @@ void stream_owners::synchronize_all() {
   }
 }
 
-void stream_owners::synchronize(owner_id o) {
-  if (o == 0) { return; }
-  if (!nameable_here(o)) {
-    synchronize_all();
-    return;
-  }
-  sync_->synchronize(slots_[o].ref.handle);
+bool stream_owners::held_by_capture(owner_id o) const {
+  return slots_[o].freed_in_capture || sync_->capturing(slots_[o].ref.handle);
 }
 
 // ---- stream_ordered_pool -----------------------------------------------------------------------
@@ -359,7 +358,7 @@ bool stream_ordered_pool::return_stream_without_sync(chunk_id c, stream_ref& out
     out = stream_ref{};
     return true;
   }
-  if (owners.size() == 1 &&
+  if (owners.size() == 1 && !owners_.held_by_capture(owners.front()) &&
       (owners_.nameable_here(owners.front()) || owners_.ref(owners.front()).key == caller.key)) {
     out = owners_.ref(owners.front());
     return true;

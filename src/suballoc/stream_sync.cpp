@@ -69,8 +69,8 @@ class cuda_stream_sync final : public detail::stream_sync {
   }
   void synchronize(handle stream) override {
     profiled_call timed{stream_sync_profile::synchronize};
-    // Never a stream being captured (the callers hold such frees back); another stream's
-    // capture must not be ended by it.
+    // The callers check that `stream` is not being captured (a capture cannot be
+    // synchronized, relaxed or not); another stream's capture must not be ended by it.
     detail::relaxed_capture_scope const capture_safe;
     MRSTACK_CUDA_TRY(cudaStreamSynchronize(as_stream(stream)));
   }

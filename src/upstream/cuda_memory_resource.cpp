@@ -26,6 +26,7 @@ void cuda_memory_resource::do_deallocate(void* ptr, std::size_t, std::size_t, st
   // cudaFree finds the pointer's device itself; the scope keeps it from creating a
   // context on the caller's device when that one has none yet.
   detail::device_scope on_device{device_};
+  detail::relaxed_capture_scope const capture_safe;  // a pool's chunk going back during a capture
   MRSTACK_CUDA_ASSERT_NOEXCEPT(cudaFree(ptr));
 }
 

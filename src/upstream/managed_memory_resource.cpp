@@ -19,6 +19,7 @@ void* managed_memory_resource::do_allocate(std::size_t bytes, std::size_t alignm
 
 void managed_memory_resource::do_deallocate(void* ptr, std::size_t, std::size_t, stream_view) {
   detail::device_scope on_device{device_};
+  detail::relaxed_capture_scope const capture_safe;  // a pool's chunk going back during a capture
   MRSTACK_CUDA_ASSERT_NOEXCEPT(cudaFree(ptr));
 }
 

@@ -17,7 +17,9 @@
 
 #include <cuda_runtime_api.h>
 
+#include <condition_variable>
 #include <cstdint>
+#include <mutex>
 #include <thread>
 #include <vector>
 
@@ -48,11 +50,12 @@ void launch_and_check(cudaGraph_t graph, void const* p, std::size_t bytes, unsig
   MRSTACK_CUDA_TRY(cudaGraphExecDestroy(exec));
 }
 
-/// Captures, in global mode on `s`, an allocation of `bytes` from `mr` that must grow it
-/// and a memset of the block; then launches the graph and checks the block's bytes.
-void grow_inside_capture(memory_resource& mr, std::size_t bytes) {
+/// Captures, on `s` in `mode`, an allocation of `bytes` from `mr` that must grow it and a
+/// memset of the block; then launches the graph and checks the block's bytes.
+void grow_inside_capture(memory_resource& mr, std::size_t bytes,
+                         cudaStreamCaptureMode mode = cudaStreamCaptureModeGlobal) {
   stream s;
-  MRSTACK_CUDA_TRY(cudaStreamBeginCapture(s.value(), cudaStreamCaptureModeGlobal));
+  MRSTACK_CUDA_TRY(cudaStreamBeginCapture(s.value(), mode));
   void* p = nullptr;
   CHECK_NOTHROW(p = mr.allocate(bytes, s));  // before: cudaErrorStreamCaptureUnsupported
   if (p != nullptr) { MRSTACK_CUDA_TRY(cudaMemsetAsync(p, 0x5A, bytes, s.value())); }
@@ -104,6 +107,77 @@ TEST_CASE("gpu capture growth: CUDA ends a global-mode capture at another thread
 TEST_CASE("gpu capture growth: pool > cuda grows for the stream being captured") {
   pool_memory_resource pool{std::make_shared<cuda_memory_resource>(), 0};
   grow_inside_capture(pool, 64 * MiB);
+  grow_inside_capture(pool, 128 * MiB, cudaStreamCaptureModeThreadLocal);
+  CHECK(pool.check_invariants() == "");
+}
+
+TEST_CASE("gpu capture growth: a pool gives a wholly free chunk back while another thread's capture goes on") {
+  // Growth first returns wholly free chunks (consolidate_on_growth): cudaFree, which
+  // ended the capture and lost the chunk before it was made in relaxed mode too.
+  pool_memory_resource pool{std::make_shared<cuda_memory_resource>(), 16 * MiB};
+  stream c;
+  stream x;
+  MRSTACK_CUDA_TRY(cudaStreamBeginCapture(c.value(), cudaStreamCaptureModeGlobal));
+  void* p = nullptr;
+  on_another_thread([&] { CHECK_NOTHROW(p = pool.allocate(64 * MiB, x)); });
+  test::check_capture_ends_cleanly(c);
+  if (p != nullptr) { pool.deallocate(p, 64 * MiB, x); }
+  MRSTACK_CUDA_TRY(cudaDeviceSynchronize());
+  CHECK(pool.check_invariants() == "");
+}
+
+TEST_CASE("gpu capture growth: an arena returns an empty chunk and grows while another thread's capture goes on") {
+  arena_options options;
+  options.max_free_bytes = 512 * MiB;  // the empty chunk stays until growth returns it
+  arena_memory_resource arena{std::make_shared<cuda_memory_resource>(), std::size_t{1} << 30, options};
+  stream c;
+  stream x;
+  arena.deallocate(arena.allocate(64 * MiB, x), 64 * MiB, x);
+  MRSTACK_CUDA_TRY(cudaDeviceSynchronize());
+  MRSTACK_CUDA_TRY(cudaStreamBeginCapture(c.value(), cudaStreamCaptureModeGlobal));
+  void* p = nullptr;
+  on_another_thread([&] { CHECK_NOTHROW(p = arena.allocate(256 * MiB, x)); });
+  test::check_capture_ends_cleanly(c);
+  if (p != nullptr) { arena.deallocate(p, 256 * MiB, x); }
+  MRSTACK_CUDA_TRY(cudaDeviceSynchronize());
+  CHECK(arena.check_invariants() == "");
+}
+
+TEST_CASE("gpu capture growth: another thread's default-stream memory is not taken through the legacy stream during a blocking stream's capture") {
+  // Taking it records an event on the legacy default stream, which a blocking stream's
+  // capture forbids in any mode; the pool asks first and grows instead.
+  pool_memory_resource pool{std::make_shared<cuda_memory_resource>(), 0};
+  std::mutex m;
+  std::condition_variable cv;
+  int phase = 0;
+  std::thread owner{[&] {
+    void* q = pool.allocate(64 * MiB, stream_view::per_thread());
+    pool.deallocate(q, 64 * MiB, stream_view::per_thread());  // this thread's default stream holds it
+    std::unique_lock lock{m};
+    phase = 1;
+    cv.notify_all();
+    cv.wait(lock, [&] { return phase == 2; });  // alive: its memory is another thread's stream's
+  }};
+  {
+    std::unique_lock lock{m};
+    cv.wait(lock, [&] { return phase == 1; });
+  }
+  cudaStream_t blocking = nullptr;
+  MRSTACK_CUDA_TRY(cudaStreamCreate(&blocking));  // blocking: ordered with the legacy stream
+  stream x;
+  MRSTACK_CUDA_TRY(cudaStreamBeginCapture(blocking, cudaStreamCaptureModeGlobal));
+  void* p = nullptr;
+  on_another_thread([&] { CHECK_NOTHROW(p = pool.allocate(64 * MiB, x)); });
+  test::check_capture_ends_cleanly(stream_view{blocking});
+  {
+    std::lock_guard lock{m};
+    phase = 2;
+  }
+  cv.notify_all();
+  owner.join();
+  if (p != nullptr) { pool.deallocate(p, 64 * MiB, x); }
+  MRSTACK_CUDA_TRY(cudaDeviceSynchronize());
+  MRSTACK_CUDA_TRY(cudaStreamDestroy(blocking));
   CHECK(pool.check_invariants() == "");
 }
 
@@ -158,6 +232,23 @@ TEST_CASE("gpu capture growth: an arena settles a held-back block during another
   CHECK(after == x);  // settled: x is a's again
   arena.deallocate(after, 4096, a);
   if (on_b != nullptr) { arena.deallocate(on_b, 256, b); }
+  MRSTACK_CUDA_TRY(cudaDeviceSynchronize());
+  CHECK(arena.check_invariants() == "");
+}
+
+TEST_CASE("gpu capture growth: an arena's cross-stream small free synchronizes its stream during another thread's capture") {
+  arena_memory_resource arena{std::make_shared<cuda_memory_resource>(), std::size_t{256} * MiB};
+  stream a;
+  stream b;
+  stream c;
+  void* x = arena.allocate(4096, a);
+  MRSTACK_CUDA_TRY(cudaDeviceSynchronize());
+  MRSTACK_CUDA_TRY(cudaStreamBeginCapture(c.value(), cudaStreamCaptureModeGlobal));
+  on_another_thread([&] { CHECK_NOTHROW(arena.deallocate(x, 4096, b)); });  // synchronizes b
+  test::check_capture_ends_cleanly(c);
+  void* again = arena.allocate(4096, a);
+  CHECK(again == x);  // back in a's arena at once
+  arena.deallocate(again, 4096, a);
   MRSTACK_CUDA_TRY(cudaDeviceSynchronize());
   CHECK(arena.check_invariants() == "");
 }

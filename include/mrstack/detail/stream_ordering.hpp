@@ -302,8 +302,11 @@ class stream_owners {
   /// Blocks until the device is idle; marks every slot clean. The caller then treats all
   /// free memory as synchronized.
   void synchronize_all();
-  /// Blocks until `o`'s stream is idle (its owner thread, or any thread for ordinary streams).
-  void synchronize(owner_id o);
+  /// True while `o`'s free memory may belong to a graph being captured: freed into during
+  /// a capture and not recorded since, or its stream is being captured now. Such memory
+  /// does not go back to the upstream (the graph's nodes before the free still use it
+  /// when launched); only `release()`, which synchronizes the device, returns it.
+  [[nodiscard]] bool held_by_capture(owner_id o) const;
 
   /// The eager rule is in force (a second stream was seen): created streams record at every free.
   [[nodiscard]] bool records_eagerly() const noexcept { return eager_; }
@@ -528,7 +531,8 @@ class stream_ordered_pool {
   /// the one stream its free blocks belong to, or — when they belong to several, or to
   /// another thread's default stream — the default stream after synchronizing everything.
   stream_ref return_stream(chunk_id c);
-  /// As `return_stream`, but false (and no synchronization) when one would be needed.
+  /// As `return_stream`, but false (and no synchronization) when one would be needed, or
+  /// while a capture may hold the memory (`stream_owners::held_by_capture`).
   /// `caller` is the stream the current call names: a created stream is usable only then.
   bool return_stream_without_sync(chunk_id c, stream_ref& out, stream_ref const& caller) const;
   /// As `return_stream_without_sync`, for giving `c` back to a parent pool rather than to
