@@ -169,3 +169,24 @@ TEST_CASE("pool capture: while the legacy stream answers 'capturing', another th
   CHECK(f.fake->dead_named == 0);
   CHECK(pool.check_invariants() == "");
 }
+
+TEST_CASE("pool capture: a chunk of a destroyed stream is not asked about when chunks go back") {
+  // Whether a chunk's memory is held by a capture is asked only for a stream the call may
+  // name: asking CUDA about a destroyed stream crashed on an H200 (growth looked for
+  // wholly free chunks to return, and one was a destroyed stream's).
+  auto fake = std::make_shared<test::fake_stream_sync>();
+  detail::stream_ordered_pool core{fake};
+  detail::stream_ref const a{0x100, 0x100, false};
+  detail::stream_ref const b{0x200, 0x200, false};
+  detail::chunk_id const of_a = core.add_chunk(0x10000000, 64 * MiB, a);
+  detail::chunk_id const of_b = core.add_chunk(0x20000000, 64 * MiB, b);
+  fake->kill(0x100);  // the user destroys a
+  detail::stream_ref out{};
+  CHECK_FALSE(core.return_stream_without_sync(of_a, out, b));  // a cannot be named by b's call
+  CHECK(fake->dead_named == 0);
+  CHECK(core.return_stream_without_sync(of_b, out, b));  // b's own: asked, and not captured
+  CHECK(out.key == b.key);
+  fake->begin_capture(0x200);
+  CHECK_FALSE(core.return_stream_without_sync(of_b, out, b));  // held by b's capture
+  fake->end_capture(0x200);
+}

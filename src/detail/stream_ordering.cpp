@@ -358,8 +358,11 @@ bool stream_ordered_pool::return_stream_without_sync(chunk_id c, stream_ref& out
     out = stream_ref{};
     return true;
   }
-  if (owners.size() == 1 && !owners_.held_by_capture(owners.front()) &&
-      (owners_.nameable_here(owners.front()) || owners_.ref(owners.front()).key == caller.key)) {
+  // Nameable first: a created stream that this call does not name may be destroyed, and
+  // asking CUDA about it crashed (an H200, tests/gpu/capture_growth.cpp).
+  if (owners.size() == 1 &&
+      (owners_.nameable_here(owners.front()) || owners_.ref(owners.front()).key == caller.key) &&
+      !owners_.held_by_capture(owners.front())) {
     out = owners_.ref(owners.front());
     return true;
   }

@@ -107,7 +107,10 @@ class fake_stream_sync final : public detail::stream_sync {
     if (dead_.count(stream) != 0) { ++dead_named; }
     done_[stream] = now_[stream];
   }
-  bool capturing(handle stream) override { return captured_.count(stream) != 0; }
+  bool capturing(handle stream) override {
+    if (dead_.count(stream) != 0) { ++dead_named; }
+    return captured_.count(stream) != 0;
+  }
   void synchronize_all() override {
     ++sync_alls;
     if (!captured_.empty()) { ++syncs_in_capture; }

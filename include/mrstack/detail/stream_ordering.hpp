@@ -305,7 +305,8 @@ class stream_owners {
   /// True while `o`'s free memory may belong to a graph being captured: freed into during
   /// a capture and not recorded since, or its stream is being captured now. Such memory
   /// does not go back to the upstream (the graph's nodes before the free still use it
-  /// when launched); only `release()`, which synchronizes the device, returns it.
+  /// when launched); only `release()`, which synchronizes the device, returns it. Asks
+  /// CUDA about `o`'s stream: call it only for a stream the calling thread may name.
   [[nodiscard]] bool held_by_capture(owner_id o) const;
 
   /// The eager rule is in force (a second stream was seen): created streams record at every free.
