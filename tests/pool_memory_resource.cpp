@@ -366,3 +366,22 @@ TEST_CASE("pool: fragmentation() reports held, live and free memory and each str
   pool.deallocate(x, MiB, a);
   pool.deallocate(z, MiB, a);
 }
+
+TEST_CASE("pool: growth that returns free chunks first still serves a request that fits under the maximum") {
+  // Growth returns wholly free chunks and adds their bytes to the new chunk. Added before
+  // the maximum was checked, they made a request that fitted look too large: with 60 of
+  // 64 MiB in free chunks, 56 MiB was refused at a footprint of 0.
+  pool_options o;
+  o.minimum_growth = 4 * MiB;
+  o.growth_divisor = 1000;
+  pool_memory_resource pool{std::make_shared<simulated_memory_resource>(), 0, 64 * MiB, o};
+  std::vector<void*> blocks;
+  for (int i = 0; i < 15; ++i) { blocks.push_back(pool.allocate(4 * MiB)); }
+  for (void* p : blocks) { pool.deallocate(p, 4 * MiB); }
+  CHECK(pool.chunk_count() == 15);
+  void* big = nullptr;
+  CHECK_NOTHROW(big = pool.allocate(56 * MiB));
+  CHECK(pool.pool_size() <= 64 * MiB);
+  if (big != nullptr) { pool.deallocate(big, 56 * MiB); }
+  CHECK(pool.check_invariants().empty());
+}

@@ -72,13 +72,15 @@ std::string arena_core::growth_refusal() const {
 bool arena_core::grow(std::size_t needed, stream_ref const& s) {
   if (opts_.eager) { return false; }
   std::size_t const held_before = held_;
-  // Wholly free chunks go back first and their bytes join the new chunk: several small
-  // chunks become one larger one, so free memory does not stay split between chunks.
-  needed = align_up(needed + return_empty_chunks(0, false, s), std::size_t{256});
+  // Wholly free chunks go back first and their bytes join the new chunk where the maximum
+  // leaves room: several small chunks become one larger one, so free memory does not stay
+  // split between chunks. The request alone is what must fit (as the pool's growth).
+  std::size_t const returned = return_empty_chunks(0, false, s);
+  needed = align_up(needed, std::size_t{256});
   std::size_t const cap = opts_.max_size > held_ ? align_down(opts_.max_size - held_, std::size_t{256}) : 0;
   if (needed > cap) { return false; }
   constexpr std::size_t growth_granularity = std::size_t{2} << 20;
-  std::size_t want = std::max({needed, held_before / opts_.growth_divisor, opts_.minimum_growth});
+  std::size_t want = std::max({std::min(needed + returned, cap), held_before / opts_.growth_divisor, opts_.minimum_growth});
   want = std::min(align_up(want, growth_granularity), cap);
   for (std::size_t chunk = want;;) {
     if (std::uintptr_t const base = upstream_.allocate(chunk, s)) {

@@ -216,7 +216,8 @@ void* pool_memory_resource::grow_and_allocate(std::size_t bytes, std::size_t siz
   if (core_.synchronize_everything()) {
     if (std::uintptr_t const a = retry()) { return reinterpret_cast<void*>(a); }
   }
-  if (release_free_chunks() > 0 && grow(needed, s, why)) {
+  (void)release_free_chunks();  // may already be empty: growth itself returned what it could
+  if (grow(needed, s, why)) {
     if (std::uintptr_t const a = retry()) { return reinterpret_cast<void*>(a); }
   }
   throw_out_of_memory(bytes, why);
@@ -244,8 +245,11 @@ void* pool_memory_resource::grow_in_place_and_allocate(std::size_t bytes, std::s
 
 bool pool_memory_resource::grow(std::size_t needed, detail::stream_ref const& s, std::string& why) {
   std::size_t const pool_before = core_.blocks().total_bytes();
+  // The bytes of wholly free chunks returned now join the new chunk, where the maximum
+  // leaves room for them: the request alone is what must fit (with them added first, a
+  // pool that had just returned everything refused a request that fitted: out-of-memory
+  // at footprint 0, tests/suballocators_threads_misuse.cpp).
   std::size_t const released = options_.consolidate_on_growth ? release_free_chunks(false, s) : 0;
-  needed += released;
   std::size_t const pool = core_.blocks().total_bytes();
   std::size_t const cap = !maximum_size_ ? std::numeric_limits<std::size_t>::max()
                           : *maximum_size_ > pool ? detail::align_down(*maximum_size_ - pool, granularity)
@@ -254,7 +258,8 @@ bool pool_memory_resource::grow(std::size_t needed, detail::stream_ref const& s,
     why = "the pool would exceed its maximum size";
     return false;
   }
-  std::size_t want = std::max({needed, pool_before / options_.growth_divisor, options_.minimum_growth});
+  std::size_t want = std::max({std::min(needed + released, cap), pool_before / options_.growth_divisor,
+                               options_.minimum_growth});
   // A chunk is at most max_chunk_size: clamping first keeps the rounding from wrapping.
   want = std::min(want, detail::align_down(detail::block_pool::max_chunk_size, options_.growth_granularity));
   want = std::min(detail::align_up(want, options_.growth_granularity), cap);
@@ -313,10 +318,11 @@ void pool_memory_resource::do_release() {
 }
 
 std::size_t pool_memory_resource::do_free_bytes_held() const noexcept {
-  std::size_t held = sum_shards().free_bytes;
-  {
-    std::lock_guard lock{mutex_};
-    held += core_.blocks().free_bytes();
+  std::size_t held = 0;
+  try {
+    with_shard_totals([&](shard_totals const& shards) { held = shards.free_bytes + core_.blocks().free_bytes(); });
+  } catch (...) {
+    return upstream_->free_bytes_held();  // a statistic: no lock could be had (out of memory)
   }
   return held + upstream_->free_bytes_held();
 }
@@ -350,11 +356,13 @@ std::size_t pool_memory_resource::chunk_count() const {
 }
 
 pool_memory_resource::statistics pool_memory_resource::stats() const {
-  // Shards first, each under its own lock, then the global blocks (never both at once);
-  // a slab is a live global block, counted as the shard's free and live blocks instead.
-  shard_totals const shards = sum_shards();
-  std::lock_guard lock{mutex_};
+  // A slab is a live global block, counted as the shard's free and live blocks instead.
   statistics st;
+  with_shard_totals([&](shard_totals const& shards) { fill_stats(st, shards); });
+  return st;
+}
+
+void pool_memory_resource::fill_stats(statistics& st, shard_totals const& shards) const {
   auto const& b = core_.blocks();
   st.pool_size = footprint();
   st.free_bytes = b.free_bytes() + shards.free_bytes;
@@ -371,7 +379,6 @@ pool_memory_resource::statistics pool_memory_resource::stats() const {
   st.idle_queries = core_.owners().idle_queries() + spare_events_.queries() + shards.idle_queries;
   st.thread_shards = shards.shards;
   st.slab_bytes = shards.slab_bytes;
-  return st;
 }
 
 std::string pool_memory_resource::check_invariants() const {
@@ -413,11 +420,11 @@ fragmentation_info pool_memory_resource::do_fragmentation() const {
   fragmentation_info info;
   info.resource = "pool";
   add_shard_fragmentation(info);
-  shard_totals const shards = sum_shards();
-  std::lock_guard lock{mutex_};
-  info.held_bytes = footprint();
-  info.live_bytes = core_.blocks().live_bytes() - shards.slab_bytes + shards.live_bytes;
-  detail::add_stream_fragmentation(core_, info);
+  with_shard_totals([&](shard_totals const& shards) {
+    info.held_bytes = footprint();
+    info.live_bytes = core_.blocks().live_bytes() - shards.slab_bytes + shards.live_bytes;
+    detail::add_stream_fragmentation(core_, info);
+  });
   return info;
 }
 

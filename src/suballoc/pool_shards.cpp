@@ -6,6 +6,7 @@
 #include <mrstack/suballoc/pool_memory_resource.hpp>
 
 #include <algorithm>
+#include <thread>
 
 #include <mrstack/detail/in_place_pool_growth.hpp>
 
@@ -178,21 +179,38 @@ std::size_t pool_memory_resource::drain_shards(detail::stream_ref const& caller,
   for (std::size_t i = 0; i < shards_->count(); ++i) {
     detail::pool_shard* shard = shards_->existing(i);
     if (shard == nullptr) { continue; }
-    std::vector<detail::slab_return> slabs;
-    if (shard == held) {
-      slabs = collect_free_slabs(*shard, caller, may_synchronize);
-    } else {
-      std::unique_lock lock{shard->mutex, std::try_to_lock};
-      if (!lock.owns_lock()) {
-        shard->asked_to_give_back.store(true, std::memory_order_relaxed);
-        continue;
-      }
-      slabs = collect_free_slabs(*shard, caller, may_synchronize);
+    std::unique_lock<detail::lean_mutex> lock;
+    if (shard != held && !lock_for_drain(*shard, lock, may_synchronize, held)) {
+      shard->asked_to_give_back.store(true, std::memory_order_relaxed);
+      continue;
     }
+    // Returned before the shard's lock goes (shard, then global): a slab is never out of
+    // its shard and still a live global block when another thread looks.
+    std::vector<detail::slab_return> const slabs = collect_free_slabs(*shard, caller, may_synchronize);
     for (auto const& slab : slabs) { bytes += slab.size; }
     return_slabs(slabs);
   }
   return bytes;
+}
+
+bool pool_memory_resource::lock_for_drain(detail::pool_shard& shard, std::unique_lock<detail::lean_mutex>& lock,
+                                          bool last_drain, detail::pool_shard const* held) {
+  lock = std::unique_lock{shard.mutex, std::try_to_lock};
+  if (lock.owns_lock() || !last_drain) { return lock.owns_lock(); }
+  // The drain before out-of-memory takes every free slab back: a shard busy for a moment
+  // (its thread allocating, or a thread reading statistics) had made the pool report
+  // out-of-memory with the bytes free in that shard (a hostile test). Holding no shard,
+  // wait for it; holding one, only try again for a while (two threads waiting for each
+  // other's shard would deadlock).
+  if (held == nullptr) {
+    lock.lock();
+    return true;
+  }
+  for (int attempt = 0; attempt < 1024 && !lock.owns_lock(); ++attempt) {
+    std::this_thread::yield();
+    (void)lock.try_lock();
+  }
+  return lock.owns_lock();
 }
 
 std::vector<detail::slab_return> pool_memory_resource::collect_free_slabs(detail::pool_shard& shard,
@@ -234,13 +252,15 @@ void pool_memory_resource::return_slabs(std::vector<detail::slab_return> const& 
   if (growth_) { growth_->after_deallocate(core_); }
 }
 
-pool_memory_resource::shard_totals pool_memory_resource::sum_shards() const {
+void pool_memory_resource::with_shard_totals(std::function<void(shard_totals const&)> const& read) const {
+  // Lock order as everywhere: shards, then the global lock; no thread waits for a shard's
+  // lock while it holds the global one, and a thread holding its shard only tries others.
+  std::vector<std::unique_lock<detail::lean_mutex>> locks;
   shard_totals t;
-  if (!sharded_.load(std::memory_order_acquire)) { return t; }
-  for (std::size_t i = 0; i < shards_->count(); ++i) {
+  for (std::size_t i = 0; sharded_.load(std::memory_order_acquire) && i < shards_->count(); ++i) {
     detail::pool_shard* shard = shards_->existing(i);
     if (shard == nullptr) { continue; }
-    std::lock_guard lock{shard->mutex};
+    locks.emplace_back(shard->mutex);
     auto const& b = shard->core.blocks();
     ++t.shards;
     t.slab_bytes += b.total_bytes();
@@ -255,7 +275,8 @@ pool_memory_resource::shard_totals pool_memory_resource::sum_shards() const {
     t.idle_parks += shard->core.owners().idle_parks();
     t.idle_queries += shard->core.owners().idle_queries();
   }
-  return t;
+  std::lock_guard global{mutex_};
+  read(t);
 }
 
 std::string pool_memory_resource::check_shards() const {

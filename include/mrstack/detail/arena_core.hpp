@@ -231,6 +231,10 @@ class arena_core {
     std::uint64_t held_back_total = 0;
     std::size_t free_bytes = 0;
     std::size_t free_blocks = 0;
+    // Its thread exited and it held nothing: out of the key map, kept for the next new
+    // stream (create_arena), so a program that runs a thread per task does not pile up
+    // arenas that every statistics call and every exhaustion walks.
+    bool retired = false;
   };
   struct chunk_record {
     chunk_id id = 0;
@@ -338,6 +342,7 @@ class arena_core {
   mutable std::mutex registry_mutex_;
   std::vector<std::unique_ptr<stream_arena>> arenas_;
   address_map arena_by_key_;
+  std::vector<std::uint32_t> retired_arenas_;  // indices into arenas_, reused first
 };
 
 }  // namespace mrstack::detail

@@ -23,9 +23,10 @@ namespace mrstack::detail {
 
 /// A block's in-use flag: `free_state` while it is free (in a stack or a thread cache),
 /// `used_state` while handed out. One byte per block, so threads freeing different blocks
-/// never write the same memory location; loads and stores only (no read-modify-write):
-/// sequential misuse is always caught; two threads freeing one block at the same instant
-/// (a data race in the caller) may both pass.
+/// never write the same memory location. A free exchanges it (one read-modify-write), so
+/// of two threads freeing one block at the same instant exactly one passes: with a load
+/// and a store both could, and the block was later handed out twice
+/// (tests/suballocators_threads_misuse.cpp).
 using block_state = std::atomic<std::uint8_t>;
 inline constexpr std::uint8_t used_state = 0;
 inline constexpr std::uint8_t free_state = 1;
@@ -168,8 +169,7 @@ class fixed_size_blocks {
   free_result check_free(std::uintptr_t block, block_state*& state) const noexcept {
     state = chunks_.find(block);
     if (state == nullptr) { return free_result::foreign; }
-    if (state->load(std::memory_order_relaxed) == free_state) { return free_result::already_free; }
-    state->store(free_state, std::memory_order_relaxed);
+    if (state->exchange(free_state, std::memory_order_relaxed) == free_state) { return free_result::already_free; }
     return free_result::freed;
   }
   free_result deallocate(std::uintptr_t block, stream_ref const& s) {

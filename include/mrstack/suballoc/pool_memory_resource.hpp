@@ -50,6 +50,7 @@
 #include <limits>
 #include <memory>
 #include <mutex>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -236,20 +237,28 @@ class pool_memory_resource final : public memory_resource {
   /// into the global blocks; with `may_synchronize`, all of them (the device may be
   /// synchronized), else those that need no synchronization. Returns the bytes taken.
   std::size_t drain_shards(detail::stream_ref const& caller, bool may_synchronize, detail::pool_shard* held);
+  /// Takes `shard`'s lock for a drain: tried, except in the last drain before out-of-memory.
+  static bool lock_for_drain(detail::pool_shard& shard, std::unique_lock<detail::lean_mutex>& lock, bool last_drain,
+                             detail::pool_shard const* held);
   /// Removes `shard`'s wholly free slabs (the caller holds its lock) and lists them.
   std::vector<detail::slab_return> collect_free_slabs(detail::pool_shard& shard, detail::stream_ref const& caller,
                                                       bool may_synchronize);
   /// Unmaps the slabs and frees them into the global blocks, under the global lock.
   void return_slabs(std::vector<detail::slab_return> const& slabs);
   [[noreturn]] void throw_bad_free(void* ptr, std::size_t bytes, std::size_t actual) const;
-  /// Sums over the shards, each read under its lock.
+  /// Sums over the shards.
   struct shard_totals {
     std::size_t slab_bytes = 0, slabs = 0, live_bytes = 0, live_blocks = 0, free_bytes = 0, free_blocks = 0;
     std::size_t largest_free_block = 0, events_recorded = 0, stream_waits = 0, shards = 0;
     std::size_t idle_parks = 0, idle_queries = 0;
   };
-  [[nodiscard]] shard_totals sum_shards() const;
+  /// Calls `read` with the shards' totals while every shard's lock and then the global
+  /// lock are held: one snapshot, in which each slab is in its shard and a live global
+  /// block (summed shard by shard, a slab going back in between was subtracted without
+  /// its global block: used bytes wrapped around, found by a hostile test).
+  void with_shard_totals(std::function<void(shard_totals const&)> const& read) const;
   [[nodiscard]] std::string check_shards() const;
+  void fill_stats(statistics& st, shard_totals const& shards) const;
   void add_shard_fragmentation(fragmentation_info& info) const;
 
   resource_ptr upstream_;

@@ -1,0 +1,154 @@
+// arena_core's introspection: statistics and the invariant checks (design:
+// detail/arena_core.hpp). Kept apart from the allocation paths, which it only reads.
+#include <mrstack/detail/arena_core.hpp>
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include <mrstack/detail/in_place_pool_growth.hpp>
+
+namespace mrstack::detail {
+
+// ---- introspection ------------------------------------------------------------------------------------
+
+arena_core::statistics arena_core::stats() const {
+  statistics st;
+  {
+    std::lock_guard lock{global_mutex_};
+    st.held_bytes = held_bytes_locked();
+    st.peak_held_bytes = peak_held_;
+    st.chunks = in_place_ ? 1 : chunks_.size();
+    st.upstream_allocations = in_place_ ? in_place_->policy().grow_count() : upstream_allocations_;
+    st.upstream_deallocations = in_place_ ? in_place_->policy().release_count() : upstream_deallocations_;
+    st.global_free_bytes = global_.blocks().free_bytes();
+    st.global_free_blocks = global_.blocks().free_block_count();
+    st.largest_free_block = global_.blocks().largest_free_block();
+    st.large_live_bytes = global_.blocks().live_bytes();
+  }
+  std::vector<stream_arena*> all;
+  {
+    std::lock_guard lock{registry_mutex_};
+    for (auto const& a : arenas_) { all.push_back(a.get()); }
+  }
+  for (stream_arena* a : all) {
+    statistics::stream_share share;
+    {
+      std::lock_guard arena_lock{a->mutex};
+      if (a->retired) { continue; }
+      ++st.stream_arenas;
+      share.stream = a->stream;
+      share.free_bytes = a->free_bytes;
+      share.free_blocks = a->free_blocks;
+      st.superblocks_in_arenas += a->superblocks;
+      // The largest class with a free block; any class when a spare is ready.
+      if (!a->spares.empty()) { share.largest_free_block = opts_.max_small_size; }
+      for (unsigned cls = a->lists.size(); cls-- > 0 && share.largest_free_block == 0;) {
+        if (a->lists[cls] != nullptr) { share.largest_free_block = arena_size_classes::class_size(cls); }
+      }
+    }
+    st.free_bytes_in_arenas += share.free_bytes;
+    st.free_blocks_in_arenas += share.free_blocks;
+    st.largest_free_in_arenas = std::max(st.largest_free_in_arenas, share.largest_free_block);
+    st.streams.push_back(share);
+  }
+  // The locks were not held together: an arena may have taken superblocks in between.
+  std::size_t const in_arenas = st.superblocks_in_arenas * opts_.superblock_size;
+  st.large_live_bytes = st.large_live_bytes > in_arenas ? st.large_live_bytes - in_arenas : 0;
+  return st;
+}
+
+std::string arena_core::check_held_back() const {
+  std::size_t in_superblocks = 0;
+  for (auto const& d : descriptors_) { in_superblocks += d->base != 0 ? d->held_back : 0; }
+  std::size_t listed = 0;
+  std::size_t streams = 0;
+  for (auto const& a : arenas_) {
+    listed += a->freed_in_capture.size();
+    streams += a->freed_in_capture.empty() ? 0 : 1;
+    for (auto const& h : a->freed_in_capture) {
+      if ((h.sb->live_bits[h.index / 64] >> (h.index % 64) & 1U) != 0) { return "a held-back block is live"; }
+    }
+  }
+  if (in_superblocks != listed) { return "held-back blocks: superblocks and lists disagree"; }
+  if (streams != held_back_streams_.load(std::memory_order_relaxed)) { return "held-back streams miscounted"; }
+  return "";
+}
+
+std::string arena_core::check_invariants() const {
+  std::lock_guard registry_lock{registry_mutex_};
+  std::vector<std::unique_lock<lean_mutex>> locks;
+  for (auto const& a : arenas_) { locks.emplace_back(a->mutex); }
+  std::lock_guard global_lock{global_mutex_};
+  if (std::string const e = global_.blocks().check_invariants(); !e.empty()) { return "global arena: " + e; }
+  std::size_t held = 0;
+  for (auto const& [base, rec] : chunks_) {
+    auto const info = global_.blocks().chunk(rec.id);
+    if (info.base != base || info.size != rec.size) { return "chunk record and global arena disagree"; }
+    held += rec.size;
+  }
+  if (in_place_) {
+    auto const& policy = in_place_->policy();
+    if (!chunks_.empty() || global_.blocks().total_bytes() != policy.frontier_bytes() ||
+        global_.blocks().withdrawn_bytes() != policy.hole_bytes()) {
+      return "grown in place, but the global arena is not the range's one chunk and its holes";
+    }
+  } else if (held != held_ || held != global_.blocks().total_bytes()) {
+    return "held bytes wrong";
+  }
+  if (!opts_.eager && held_bytes_locked() > opts_.max_size) { return "holds more than its maximum"; }
+  std::size_t carved = 0;
+  for (auto const& d : descriptors_) {
+    superblock const* sb = d.get();
+    if (sb->base == 0) { continue; }  // idle
+    ++carved;
+    std::string const where = "superblock at " + std::to_string(sb->base);
+    if (map_.find(sb->base) != sb) { return where + ": map and descriptor disagree"; }
+    if (sb->arena.load(std::memory_order_relaxed) == nullptr) { return where + ": carved but owned by no arena"; }
+    if (sb->base % opts_.superblock_size != 0) { return where + ": misaligned"; }
+    if (map_.find(sb->base + opts_.superblock_size - 1) != sb) { return where + ": its last page is not mapped to it"; }
+    if (global_.blocks().live_size(sb->base) != opts_.superblock_size) { return where + ": not live in the global arena"; }
+    std::size_t live = 0;
+    for (auto w : sb->live_bits) { live += static_cast<std::size_t>(std::popcount(w)); }
+    if (live + sb->free_count + sb->held_back != sb->capacity) { return where + ": live bits and free count disagree"; }
+    if (sb->free_stack.size() + (sb->capacity - sb->bump) != sb->free_count) { return where + ": free stack wrong"; }
+    if (sb->listed != (sb->free_count > 0 && !sb->spare)) { return where + ": listed iff it has free blocks and is no spare"; }
+    if (sb->spare && sb->free_count != sb->capacity) { return where + ": a spare with live blocks"; }
+  }
+  if (carved + idle_descriptors_.size() != descriptors_.size()) { return "descriptors lost"; }
+  if (std::string const e = check_held_back(); !e.empty()) { return e; }
+  std::size_t owned = 0;
+  for (auto const& a : arenas_) {
+    std::size_t free_bytes = 0;
+    std::size_t free_blocks = 0;
+    std::size_t listed = 0;
+    std::size_t empty = 0;
+    for (unsigned cls = 0; cls < a->lists.size(); ++cls) {
+      superblock const* prev = nullptr;
+      for (superblock const* sb = a->lists[cls]; sb != nullptr; prev = sb, sb = sb->next) {
+        if (sb->arena.load(std::memory_order_relaxed) != a.get() || sb->cls != cls || sb->prev != prev) { return "arena list corrupt"; }
+        free_bytes += std::size_t{sb->free_count} * sb->block_size;
+        free_blocks += sb->free_count;
+        empty += sb->free_count == sb->capacity ? 1 : 0;
+        ++listed;
+      }
+    }
+    for (superblock const* sb : a->spares) {
+      if (sb->arena.load(std::memory_order_relaxed) != a.get() || !sb->spare || sb->listed) { return "arena spare corrupt"; }
+      free_bytes += std::size_t{sb->free_count} * sb->block_size;
+      free_blocks += sb->free_count;
+    }
+    if (free_bytes != a->free_bytes) { return "arena free bytes wrong"; }
+    if (free_blocks != a->free_blocks) { return "arena free block count wrong"; }
+    if (empty != a->empty) { return "arena empty count wrong"; }
+    if (empty > opts_.empty_superblocks_kept || a->spares.size() > spare_limit()) {
+      return "arena keeps too many empty superblocks";
+    }
+    if (listed + a->spares.size() > a->superblocks) { return "arena lists more superblocks than it owns"; }
+    owned += a->superblocks;
+  }
+  if (owned != carved) { return "superblocks owned by arenas and carved in the table disagree"; }
+  return {};
+}
+
+}  // namespace mrstack::detail
