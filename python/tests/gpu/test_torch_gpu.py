@@ -220,11 +220,13 @@ print("ok")
 def test_stream_sync_counts_see_two_streams_share_memory(run_python):
     # Stream b wants memory only a's frees hold: a parks it under one record at its next
     # call, and b takes it after one wait instead of growing (64 MiB frees are past the
-    # 8 MiB park minimum).
+    # 8 MiB park minimum). a is kept busy: a stream with no work left parks with no record
+    # and is taken with no wait (idle parks), which this test is not about.
     done = scenario(run_python, """
 a, b = torch.cuda.Stream(), torch.cuda.Stream()
 start = mrstack.stream_sync_counts()
 with torch.cuda.stream(a):
+    torch.cuda._sleep(2_000_000_000)                               # about a second of work on a
     x = torch.empty(64 << 20, dtype=torch.uint8, device="cuda")   # the pool grows for a
     del x
 with torch.cuda.stream(b):
