@@ -36,6 +36,16 @@ void on_another_thread(F&& f) {
   t.join();
 }
 
+/// Runs f on another thread while a stream is captured in global mode here, then checks
+/// that the capture ends cleanly: what f did must not have ended it.
+template <typename F>
+void during_a_capture_elsewhere(F&& f) {
+  stream c;
+  MRSTACK_CUDA_TRY(cudaStreamBeginCapture(c.value(), cudaStreamCaptureModeGlobal));
+  on_another_thread(std::forward<F>(f));
+  test::check_capture_ends_cleanly(c);
+}
+
 /// Launches `graph` once and checks that every byte of `p` became `value`.
 void launch_and_check(cudaGraph_t graph, void const* p, std::size_t bytes, unsigned char value) {
   cudaGraphExec_t exec = nullptr;
@@ -115,12 +125,9 @@ TEST_CASE("gpu capture growth: a pool gives a wholly free chunk back while anoth
   // Growth first returns wholly free chunks (consolidate_on_growth): cudaFree, which
   // ended the capture and lost the chunk before it was made in relaxed mode too.
   pool_memory_resource pool{std::make_shared<cuda_memory_resource>(), 16 * MiB};
-  stream c;
   stream x;
-  MRSTACK_CUDA_TRY(cudaStreamBeginCapture(c.value(), cudaStreamCaptureModeGlobal));
   void* p = nullptr;
-  on_another_thread([&] { CHECK_NOTHROW(p = pool.allocate(64 * MiB, x)); });
-  test::check_capture_ends_cleanly(c);
+  during_a_capture_elsewhere([&] { CHECK_NOTHROW(p = pool.allocate(64 * MiB, x)); });
   if (p != nullptr) { pool.deallocate(p, 64 * MiB, x); }
   MRSTACK_CUDA_TRY(cudaDeviceSynchronize());
   CHECK(pool.check_invariants() == "");
@@ -130,14 +137,11 @@ TEST_CASE("gpu capture growth: an arena returns an empty chunk and grows while a
   arena_options options;
   options.max_free_bytes = 512 * MiB;  // the empty chunk stays until growth returns it
   arena_memory_resource arena{std::make_shared<cuda_memory_resource>(), std::size_t{1} << 30, options};
-  stream c;
   stream x;
   arena.deallocate(arena.allocate(64 * MiB, x), 64 * MiB, x);
   MRSTACK_CUDA_TRY(cudaDeviceSynchronize());
-  MRSTACK_CUDA_TRY(cudaStreamBeginCapture(c.value(), cudaStreamCaptureModeGlobal));
   void* p = nullptr;
-  on_another_thread([&] { CHECK_NOTHROW(p = arena.allocate(256 * MiB, x)); });
-  test::check_capture_ends_cleanly(c);
+  during_a_capture_elsewhere([&] { CHECK_NOTHROW(p = arena.allocate(256 * MiB, x)); });
   if (p != nullptr) { arena.deallocate(p, 256 * MiB, x); }
   MRSTACK_CUDA_TRY(cudaDeviceSynchronize());
   CHECK(arena.check_invariants() == "");
@@ -201,12 +205,9 @@ TEST_CASE("gpu capture growth: pool > pinned_host and pool > managed grow for th
 
 TEST_CASE("gpu capture growth: another thread's pool grows while a stream is captured in global mode") {
   pool_memory_resource pool{std::make_shared<cuda_memory_resource>(), 0};
-  stream c;
   stream x;
-  MRSTACK_CUDA_TRY(cudaStreamBeginCapture(c.value(), cudaStreamCaptureModeGlobal));
   void* p = nullptr;
-  on_another_thread([&] { CHECK_NOTHROW(p = pool.allocate(32 * MiB, x)); });
-  test::check_capture_ends_cleanly(c);
+  during_a_capture_elsewhere([&] { CHECK_NOTHROW(p = pool.allocate(32 * MiB, x)); });
   if (p != nullptr) { pool.deallocate(p, 32 * MiB, x); }
   MRSTACK_CUDA_TRY(cudaDeviceSynchronize());
 }
@@ -215,7 +216,6 @@ TEST_CASE("gpu capture growth: an arena settles a held-back block during another
   arena_memory_resource arena{std::make_shared<cuda_memory_resource>(), std::size_t{256} * MiB};
   stream a;
   stream b;
-  stream c;
   void* x = arena.allocate(4096, a);
   MRSTACK_CUDA_TRY(cudaDeviceSynchronize());
   // b frees a's small block inside b's capture: held back until b's next call.
@@ -224,10 +224,8 @@ TEST_CASE("gpu capture growth: an arena settles a held-back block during another
   arena.deallocate(x, 4096, b);
   test::check_capture_ends_cleanly(b);
   // b's next call synchronizes b (to give x back) while c is captured by another thread.
-  MRSTACK_CUDA_TRY(cudaStreamBeginCapture(c.value(), cudaStreamCaptureModeGlobal));
   void* on_b = nullptr;
-  on_another_thread([&] { CHECK_NOTHROW(on_b = arena.allocate(256, b)); });  // before: ended c's capture
-  test::check_capture_ends_cleanly(c);
+  during_a_capture_elsewhere([&] { CHECK_NOTHROW(on_b = arena.allocate(256, b)); });  // before: ended c's capture
   void* after = arena.allocate(4096, a);
   CHECK(after == x);  // settled: x is a's again
   arena.deallocate(after, 4096, a);
@@ -240,12 +238,9 @@ TEST_CASE("gpu capture growth: an arena's cross-stream small free synchronizes i
   arena_memory_resource arena{std::make_shared<cuda_memory_resource>(), std::size_t{256} * MiB};
   stream a;
   stream b;
-  stream c;
   void* x = arena.allocate(4096, a);
   MRSTACK_CUDA_TRY(cudaDeviceSynchronize());
-  MRSTACK_CUDA_TRY(cudaStreamBeginCapture(c.value(), cudaStreamCaptureModeGlobal));
-  on_another_thread([&] { CHECK_NOTHROW(arena.deallocate(x, 4096, b)); });  // synchronizes b
-  test::check_capture_ends_cleanly(c);
+  during_a_capture_elsewhere([&] { CHECK_NOTHROW(arena.deallocate(x, 4096, b)); });  // synchronizes b
   void* again = arena.allocate(4096, a);
   CHECK(again == x);  // back in a's arena at once
   arena.deallocate(again, 4096, a);
