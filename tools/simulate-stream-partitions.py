@@ -1,0 +1,164 @@
+#!/usr/bin/env python3
+"""What per-stream partitions over one shared pool would cost on bench_multistream's steps.
+
+A design considered for the multi-stream target (docs/suballocators.md, "What one shared
+pool can do"): each stream allocates from a partition of its own (no shared lock), whose
+memory comes in granule-aligned extents from one shared best-fit pool grown in place over
+a virtual range; a partition holding more than H free bytes hands the whole granules
+inside its largest free blocks back to the shared pool until it holds at most L. This
+simulates it on the benchmark's steps (same generator rules: 20,000 steps a stream of
+1 B-64 MiB uniform sizes, allocate or free with equal odds under the stream's share of an
+8 GiB cap, then free everything; streams interleaved at random) and prints, per setting,
+the peak committed memory / 8 GiB and the trips to the shared pool per allocator call
+(takes of an extent, and hand-backs). Each trip meets the shared lock, and a take of
+another stream's extent needs stream ordering.
+
+  tools/simulate-stream-partitions.py [S ...]      (default: 2 8; about 10 s per S)
+"""
+import bisect
+import random
+import sys
+
+GRANULE = 2 << 20
+CAP = 8 << 30
+STEPS = 20000
+LARGEST = 64 << 20
+ALIGN = 512
+
+
+def make_steps(cap, seed):
+    rng = random.Random(seed)
+    steps, live, usage, slot = [], [], 0, 0
+    def free_one():
+        nonlocal usage
+        k = rng.randrange(len(live))
+        s, b = live[k]
+        live[k] = live[-1]
+        live.pop()
+        steps.append((False, s, b))
+        usage -= b
+    for _ in range(STEPS):
+        b = rng.randint(1, LARGEST)
+        if not live or (rng.random() < 0.5 and usage + b <= cap):
+            if usage + b > cap:
+                continue
+            steps.append((True, slot, b))
+            live.append((slot, b))
+            slot += 1
+            usage += b
+        else:
+            free_one()
+    while live:
+        free_one()
+    return steps
+
+
+class FreeRanges:
+    """Free address ranges, merged with their neighbours; best fit by a linear scan."""
+    def __init__(self):
+        self.starts, self.size, self.total = [], {}, 0
+
+    def add(self, a, n):
+        self.total += n
+        i = bisect.bisect_left(self.starts, a)
+        if i > 0 and self.starts[i - 1] + self.size[self.starts[i - 1]] == a:
+            i -= 1
+            a = self.starts.pop(i)
+            n += self.size.pop(a)
+        if i < len(self.starts) and a + n == self.starts[i]:
+            n += self.size.pop(self.starts.pop(i))
+        self.starts.insert(i, a)
+        self.size[a] = n
+
+    def remove(self, a):
+        self.starts.pop(bisect.bisect_left(self.starts, a))
+        n = self.size.pop(a)
+        self.total -= n
+        return n
+
+    def best_fit(self, n):
+        best = None
+        for a in self.starts:
+            if self.size[a] >= n and (best is None or self.size[a] < self.size[best]):
+                best = a
+        return best
+
+
+def simulate(streams, keep_above, keep_down_to, extent_min):
+    steps = [make_steps(CAP // streams, 7000 + t) for t in range(streams)]
+    shared, frontier, peak = FreeRanges(), 0, 0
+    parts = [FreeRanges() for _ in range(streams)]
+    where = [dict() for _ in range(streams)]
+    takes = hand_backs = calls = 0
+    next_step = [0] * streams
+    rng = random.Random(1)
+    running = list(range(streams))
+    while running:
+        t = rng.choice(running)
+        if next_step[t] == len(steps[t]):
+            running.remove(t)
+            continue
+        allocate, slot, b = steps[t][next_step[t]]
+        next_step[t] += 1
+        calls += 1
+        n = (b + ALIGN - 1) // ALIGN * ALIGN
+        part = parts[t]
+        if allocate:
+            a = part.best_fit(n)
+            if a is None:
+                takes += 1
+                e = max((n + GRANULE - 1) // GRANULE * GRANULE, extent_min)
+                s = shared.best_fit(e)
+                if s is None:  # grow in place: the free range at the frontier counts
+                    tail = shared.starts[-1] if shared.starts else None
+                    have = shared.size[tail] if tail is not None and tail + shared.size[tail] == frontier else 0
+                    shared.add(frontier, e - have)
+                    frontier += e - have
+                    peak = max(peak, frontier)
+                    s = frontier - e
+                got = shared.remove(s)
+                if got > e:
+                    shared.add(s + e, got - e)
+                part.add(s, e)
+                a = part.best_fit(n)
+            got = part.remove(a)
+            if got > n:
+                part.add(a + n, got - n)
+            where[t][slot] = (a, n)
+        else:
+            a, n = where[t].pop(slot)
+            part.add(a, n)
+            if part.total > keep_above:
+                hand_backs += 1
+                for x in sorted(part.starts, key=lambda x: -part.size[x]):
+                    if part.total <= keep_down_to:
+                        break
+                    size = part.size[x]
+                    lo = (x + GRANULE - 1) // GRANULE * GRANULE
+                    hi = (x + size) // GRANULE * GRANULE
+                    if hi - lo < GRANULE:
+                        continue
+                    part.remove(x)
+                    if lo > x:
+                        part.add(x, lo - x)
+                    if x + size > hi:
+                        part.add(hi, x + size - hi)
+                    shared.add(lo, hi - lo)
+    return peak / CAP, takes / calls, hand_backs / calls
+
+
+def main():
+    counts = [int(a) for a in sys.argv[1:]] or [2, 8]
+    mib = 1 << 20
+    settings = [(128 * mib, 64 * mib, 2 * mib), (256 * mib, 128 * mib, 16 * mib), (256 * mib, 192 * mib, 2 * mib),
+                (384 * mib, 256 * mib, 2 * mib), (512 * mib, 384 * mib, 2 * mib)]
+    print("S  hand back above / down to  least extent   peak / cap  takes a call  hand-backs a call")
+    for s in counts:
+        for above, down_to, least in settings:
+            peak, takes, backs = simulate(s, above, down_to, least)
+            print(f"{s:<2} {above // mib:>6} / {down_to // mib:<4} MiB        {least // mib:>3} MiB      "
+                  f"{peak:8.3f}  {takes:11.3f}  {backs:13.3f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
