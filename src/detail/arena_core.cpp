@@ -69,6 +69,10 @@ struct thread_exit_hook {
       auto const it = live_cores().find(e.core_id);
       if (it != live_cores().end()) { it->second->thread_exiting(e.arena); }
     }
+    // A thread_local destroyed after this hook may still allocate: it must not find an
+    // arena retired here (and soon another stream's) in the cache.
+    arena_cache = {};
+    arena_cache_last = {};
   }
 };
 thread_local thread_exit_hook exit_hook;
@@ -127,17 +131,37 @@ void arena_core::thread_exiting(void* arena) noexcept {
   if (!a->stream.thread_bound || a->stream.key != thread_key_()) { return; }
   try {
     std::lock_guard registry{registry_mutex_};  // registry, arena, global: as check_invariants
-    std::lock_guard lock{a->mutex};
-    reclaim_from(*a);
-    if (a->superblocks != 0 || !a->freed_in_capture.empty()) { return; }  // blocks other threads free
-    std::uint32_t const index = arena_by_key_.erase(a->stream.key);
-    if (index == address_map::npos) { return; }
-    retired_arenas_.reserve(arenas_.size());
-    a->retired = true;
-    retired_arenas_.push_back(index);
+    {
+      std::lock_guard lock{a->mutex};
+      if (!retire_if_empty(*a, a->stream)) {
+        // Other threads still free its blocks: retired once they are all back.
+        orphaned_arenas_.push_back(arena_by_key_.find(a->stream.key));
+      }
+    }
+    retire_emptied_orphans();
   } catch (...) {
     // Best effort: exhaustion reclaims it later anyway.
   }
+}
+
+bool arena_core::retire_if_empty(stream_arena& a, stream_ref const& caller) {
+  reclaim_from(a, caller);
+  if (a.superblocks != 0 || !a.freed_in_capture.empty()) { return false; }
+  std::uint32_t const index = arena_by_key_.erase(a.stream.key);
+  if (index == address_map::npos) { return true; }  // retired already
+  retired_arenas_.reserve(arenas_.size());
+  a.retired = true;
+  retired_arenas_.push_back(index);
+  return true;
+}
+
+void arena_core::retire_emptied_orphans() {
+  std::erase_if(orphaned_arenas_, [&](std::uint32_t index) {
+    if (index >= arenas_.size()) { return true; }
+    stream_arena& o = *arenas_[index];
+    std::lock_guard lock{o.mutex};
+    return retire_if_empty(o, stream_ref{});  // its thread is gone: its stream is named by nobody
+  });
 }
 
 // ---- stream arenas ---------------------------------------------------------------------------------
@@ -220,7 +244,7 @@ std::uintptr_t arena_core::pop_block(stream_arena& a, superblock& sb, std::size_
   return sb.base + std::size_t{index} * sb.block_size;
 }
 
-void arena_core::push_block(stream_arena& a, superblock& sb, std::uint32_t index) {
+void arena_core::push_block(stream_arena& a, superblock& sb, std::uint32_t index, stream_ref const& caller) {
   sb.live_bits[index / 64] &= ~(std::uint64_t{1} << (index % 64));
   sb.free_stack.push_back(static_cast<std::uint16_t>(index));
   ++sb.free_count;
@@ -238,7 +262,7 @@ void arena_core::push_block(stream_arena& a, superblock& sb, std::uint32_t index
     // Spares run up to twice the number kept, then the excess goes back in one trip to
     // the global lock: an arena whose blocks are all being freed (a thread winding down
     // a phase) returns superblocks in batches, not one lock trip each.
-    if (a.spares.size() > spare_limit()) { surrender_spares(a, opts_.empty_superblocks_kept); }
+    if (a.spares.size() > spare_limit()) { surrender_spares(a, opts_.empty_superblocks_kept, caller); }
   }
 }
 
@@ -353,8 +377,12 @@ void arena_core::release_descriptor_locked(superblock& sb, stream_ref const& s) 
   global_deallocate(base, s);
 }
 
-void arena_core::surrender_spares(stream_arena& a, std::size_t keep) {
+void arena_core::surrender_spares(stream_arena& a, std::size_t keep, stream_ref const& caller) {
   if (a.spares.size() <= keep) { return; }
+  // Freed as `a`'s stream's memory. Named only when the current call may name it: a
+  // stream the user created may be destroyed by now (asking CUDA about it, or recording
+  // on it, is undefined behaviour), so then nothing is asked or recorded.
+  bool const named = may_name(a.stream, caller);
   // One at a time from the back, each detached only once the global arena has it back:
   // if a free throws, the spares not yet returned are still wholly this arena's. (Under
   // the global lock, so no other arena can take one before it is detached here.)
@@ -362,19 +390,21 @@ void arena_core::surrender_spares(stream_arena& a, std::size_t keep) {
   while (a.spares.size() > keep) {
     superblock& sb = *a.spares.back();
     std::uintptr_t const base = sb.base;
-    global_.deallocate(base, a.stream);
+    if (named) {
+      global_.deallocate(base, a.stream);
+    } else {
+      global_.deallocate_without_naming(base, a.stream);
+    }
     detach_superblock(a, sb);
     a.spares.pop_back();
     sb.base = 0;
     idle_descriptors_.push_back(&sb);  // within the room descriptor_for reserved
-    if (!opts_.eager) { note_maybe_empty(base); }
+    if (!opts_.eager && !in_place_) { note_maybe_empty(base); }
   }
-  if (!opts_.eager && global_.blocks().free_bytes() > opts_.max_free_bytes) {
-    return_empty_chunks(opts_.max_free_bytes, false, a.stream);
-  }
+  after_global_free(caller);
 }
 
-std::size_t arena_core::reclaim_from(stream_arena& a) {
+std::size_t arena_core::reclaim_from(stream_arena& a, stream_ref const& caller) {
   // Every wholly free superblock joins the spares, then all of them go back in one trip.
   // (Room first: a superblock taken off its list must not be lost to a failed push.)
   a.spares.reserve(a.spares.size() + a.empty);
@@ -390,11 +420,11 @@ std::size_t arena_core::reclaim_from(stream_arena& a) {
     }
   }
   std::size_t const returned = a.spares.size() * opts_.superblock_size;
-  surrender_spares(a, 0);
+  surrender_spares(a, 0, caller);
   return returned;
 }
 
-std::size_t arena_core::reclaim() {
+std::size_t arena_core::reclaim(stream_ref const& caller) {
   std::vector<stream_arena*> all;
   {
     std::lock_guard lock{registry_mutex_};
@@ -403,7 +433,7 @@ std::size_t arena_core::reclaim() {
   std::size_t returned = 0;
   for (stream_arena* a : all) {
     std::lock_guard lock{a->mutex};
-    returned += reclaim_from(*a);
+    returned += reclaim_from(*a, caller);
   }
   return returned;
 }
@@ -424,7 +454,7 @@ std::uintptr_t arena_core::allocate_small(std::size_t size, stream_ref const& s)
   stream_arena* const a = arena_for(s);
   unsigned const cls = arena_size_classes::class_of(size);
   for (int attempt = 0; attempt < 3; ++attempt) {
-    if (attempt == 1) { reclaim(); }  // never while holding an arena lock: reclaim takes them all
+    if (attempt == 1) { reclaim(s); }  // never while holding an arena lock: reclaim takes them all
     if (attempt == 2) { synchronize_everything(); }
     std::lock_guard lock{a->mutex};
     superblock* sb = a->lists[cls];
@@ -436,7 +466,7 @@ std::uintptr_t arena_core::allocate_small(std::size_t size, stream_ref const& s)
 
 std::uintptr_t arena_core::allocate_large(std::size_t size, std::size_t alignment, stream_ref const& s) {
   for (int attempt = 0; attempt < 3; ++attempt) {
-    if (attempt == 1 && reclaim() == 0) { continue; }
+    if (attempt == 1 && reclaim(s) == 0) { continue; }
     // Retried even when this call found nothing to synchronize: another thread may have
     // just done it (between our attempts), which is as good.
     if (attempt == 2) { synchronize_everything(); }
@@ -479,7 +509,7 @@ bool arena_core::deallocate(std::uintptr_t p, std::size_t size, std::size_t alig
   // double or wrong-size free is refused, never pushed.
   std::uint32_t index = 0;
   if (!live_block(*sb, owner, p, index) || small_size(*sb, index) != size) { return false; }
-  push_block(*owner, *sb, index);
+  push_block(*owner, *sb, index, s);
   return true;
 }
 
@@ -531,7 +561,7 @@ void arena_core::settle_held_back_slow(stream_ref const& s) {
     stream_arena* const owner = h.sb->arena.load(std::memory_order_acquire);
     std::lock_guard lock{owner->mutex};
     --h.sb->held_back;
-    push_block(*owner, *h.sb, h.index);
+    push_block(*owner, *h.sb, h.index, s);
   }
 }
 

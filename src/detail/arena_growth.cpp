@@ -31,18 +31,23 @@ std::uintptr_t arena_core::global_allocate(std::size_t size, std::size_t alignme
 std::size_t arena_core::global_deallocate(std::uintptr_t address, stream_ref const& s, std::size_t expected_size) {
   std::size_t const freed = global_.deallocate(address, s, expected_size);
   if (freed == 0) { return 0; }
-  if (in_place_) {
-    in_place_->after_deallocate(global_);  // past max_free_bytes: free granules go back
-  } else if (!opts_.eager) {
+  if (!opts_.eager && !in_place_ && global_.blocks().chunks_emptied() != emptied_seen_) {
     // Only a free that emptied its chunk can make a candidate: the chunk lookup (a tree
     // search, a tenth of a large free's time) is skipped for all the others.
-    if (global_.blocks().chunks_emptied() != emptied_seen_) {
-      emptied_seen_ = global_.blocks().chunks_emptied();
-      note_maybe_empty(address);
-    }
-    if (global_.blocks().free_bytes() > opts_.max_free_bytes) { return_empty_chunks(opts_.max_free_bytes, false, s); }
+    emptied_seen_ = global_.blocks().chunks_emptied();
+    note_maybe_empty(address);
   }
+  after_global_free(s);
   return freed;
+}
+
+void arena_core::after_global_free(stream_ref const& caller) {
+  if (opts_.eager || global_.blocks().free_bytes() <= opts_.max_free_bytes) { return; }
+  if (in_place_) {
+    in_place_->after_deallocate(global_, caller);  // not while a capture may hold free memory
+  } else {
+    return_empty_chunks(opts_.max_free_bytes, false, caller);
+  }
 }
 
 std::uintptr_t arena_core::grow_in_place_and_allocate(std::size_t size, std::size_t alignment, stream_ref const& s) {

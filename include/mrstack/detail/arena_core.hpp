@@ -138,7 +138,8 @@ class arena_core {
     return size <= opts_.max_small_size && alignment <= 256;
   }
   /// Returns every stream arena's wholly free superblocks to the global arena; the bytes returned.
-  std::size_t reclaim();
+  /// `caller`: the stream the current call names (the legacy stream when none).
+  std::size_t reclaim(stream_ref const& caller = {});
   /// Called on a thread that exits, for each arena it used last: its own per-thread
   /// stream's arena returns its free superblocks (nobody allocates from it again).
   void thread_exiting(void* arena) noexcept;
@@ -257,10 +258,22 @@ class arena_core {
   /// Unlinks `sb` (wholly free, owned by `a`, in no list) from `a` and the lookup table.
   void detach_superblock(stream_arena& a, superblock& sb) noexcept;
   /// Gives all but `keep` of `a`'s spares back to the global arena in one lock trip (`a` locked by the caller).
-  void surrender_spares(stream_arena& a, std::size_t keep);
+  void surrender_spares(stream_arena& a, std::size_t keep, stream_ref const& caller);
   /// Sets up `sb` (wholly free) for blocks of class `cls`.
   void reclass(stream_arena& a, superblock& sb, unsigned cls);
-  std::size_t reclaim_from(stream_arena& a);
+  std::size_t reclaim_from(stream_arena& a, stream_ref const& caller);
+  /// After an exiting thread's arena gave back what it could (registry and `a` locked):
+  /// retires it when it holds nothing. False while other threads' frees are still due.
+  bool retire_if_empty(stream_arena& a, stream_ref const& caller);
+  /// Retires the arenas of exited threads that have since emptied (registry locked).
+  void retire_emptied_orphans();
+  /// True when the current call, naming `caller`, may name `s` to CUDA.
+  [[nodiscard]] bool may_name(stream_ref const& s, stream_ref const& caller) const noexcept {
+    return s.key == caller.key || (s.thread_bound ? s.key == thread_key_() : s.handle == stream_owners::legacy_stream);
+  }
+  /// After memory went back to the global arena: past `max_free_bytes`, free granules
+  /// (in place, unless a capture may hold free memory) or wholly free chunks go back.
+  void after_global_free(stream_ref const& caller);
   // ---- chunks (arena_growth.cpp); all with `global_mutex_` held ----
   /// From the global arena, growing it when nothing fits; 0 when even growing cannot serve.
   std::uintptr_t global_allocate(std::size_t size, std::size_t alignment, stream_ref const& s);
@@ -289,7 +302,7 @@ class arena_core {
   static void list_push(stream_arena& a, superblock& sb) noexcept;
   static void list_remove(stream_arena& a, superblock& sb) noexcept;
   std::uintptr_t pop_block(stream_arena& a, superblock& sb, std::size_t size) noexcept;
-  void push_block(stream_arena& a, superblock& sb, std::uint32_t index);
+  void push_block(stream_arena& a, superblock& sb, std::uint32_t index, stream_ref const& caller);
   /// True (and `index` set) when `p` starts a live block of `sb` while `owner` holds it;
   /// the caller holds `owner`'s lock.
   bool live_block(superblock const& sb, stream_arena const* owner, std::uintptr_t p, std::uint32_t& index) const noexcept;
@@ -343,6 +356,7 @@ class arena_core {
   std::vector<std::unique_ptr<stream_arena>> arenas_;
   address_map arena_by_key_;
   std::vector<std::uint32_t> retired_arenas_;  // indices into arenas_, reused first
+  std::vector<std::uint32_t> orphaned_arenas_;  // exited threads' arenas others still free into
 };
 
 }  // namespace mrstack::detail

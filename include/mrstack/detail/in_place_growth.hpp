@@ -164,9 +164,12 @@ class in_place_growth {
 
   /// Call after each deallocate: releases when free bytes passed the threshold. O(1) when not.
   void after_deallocate(Core& core) {
-    if (threshold_ == std::numeric_limits<std::size_t>::max()) { return; }
-    std::size_t const free_now = core.free_bytes();
-    if (free_now > threshold_ && free_now - threshold_ > unreleasable_) { release(core); }
+    if (past_threshold(core.free_bytes())) { release(core); }
+  }
+  /// True when `after_deallocate` would release with `free_now` bytes free. O(1).
+  [[nodiscard]] bool past_threshold(std::size_t free_now) const noexcept {
+    return threshold_ != std::numeric_limits<std::size_t>::max() && free_now > threshold_ &&
+           free_now - threshold_ > unreleasable_;
   }
 
   [[nodiscard]] virtual_range& range() const noexcept { return range_; }

@@ -97,9 +97,13 @@ class in_place_pool_growth {
     stream_ordered_growth_view view{pool, std::nullopt};
     return policy_.release(view);
   }
-  /// On the pool's deallocate path: one compare unless a release threshold is set.
-  void after_deallocate(stream_ordered_pool& pool) {
-    if (policy_.release_threshold() == std::numeric_limits<std::size_t>::max()) { return; }
+  /// On the pool's deallocate path: one compare unless a release threshold is set. Not
+  /// while a capture may hold free memory (see stream_ordered_pool::
+  /// capture_may_hold_free_memory; `caller` is the stream the current call names): the
+  /// release would synchronize every stream and decommit what the graph still uses. A
+  /// later free releases, or `release()`.
+  void after_deallocate(stream_ordered_pool& pool, stream_ref const& caller) {
+    if (!policy_.past_threshold(pool.blocks().free_bytes()) || pool.capture_may_hold_free_memory(caller)) { return; }
     stream_ordered_growth_view view{pool, std::nullopt};
     policy_.after_deallocate(view);
   }

@@ -50,6 +50,7 @@
 /// CUDA enters only through `stream_sync`, an interface with a CUDA implementation
 /// (suballoc/stream_sync.hpp) and a recording fake in the tests, so the cross-stream
 /// logic is model-tested on machines without a GPU.
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstddef>
@@ -192,6 +193,11 @@ class stream_owners {
   /// Memory was freed into `o` by a call that does not name its stream (a thread cache
   /// given back): it counts as freed since the last record, and nothing is recorded.
   void mark_freed_unrecorded(owner_id o) noexcept { slots_[o].dirty = true; }
+  /// True when some stream holds memory it freed during a graph capture and has not
+  /// recorded since (asks CUDA nothing). O(streams).
+  [[nodiscard]] bool any_freed_in_capture() const noexcept {
+    return std::any_of(slots_.begin(), slots_.end(), [](slot const& sl) { return sl.freed_in_capture; });
+  }
   /// Memory entered `o` (the stream `s` the caller names) some other way than a free on
   /// it (taken over from another stream after a wait, or a new chunk allocated on it): a
   /// later handover must be ordered after that wait or allocation too.
@@ -466,6 +472,24 @@ class stream_ordered_pool {
   /// not of `expected_size`: see block_pool::deallocate).
   /// `before`: what the call did on `s` before its lock (stream_owners::park and
   /// park_if_idle; a prerecorded event is swapped when used).
+  /// Frees the live block at `address` into stream `s`'s memory for a call that does not
+  /// name `s` (an arena handing back another stream's superblocks; `s` may be destroyed):
+  /// nothing is asked of or recorded on `s`, and the memory counts as freed since its
+  /// last record, so other streams take it only through a later record or a device
+  /// synchronization. Returns its size (0: not a live block).
+  std::size_t deallocate_without_naming(std::uintptr_t address, stream_ref const& s) {
+    owner_id const o = owner_of(s);
+    std::size_t const size = blocks_.deallocate(address, o);
+    if (size != 0) { owners_.mark_freed_unrecorded(o); }
+    return size;
+  }
+  /// True when giving free memory back to the upstream now could take it from a graph
+  /// being captured, or end a capture: `caller` (the stream the current call names) is
+  /// being captured, or some stream freed memory during a capture and has not recorded
+  /// since. A release synchronizes every stream first, which CUDA refuses then.
+  [[nodiscard]] bool capture_may_hold_free_memory(stream_ref const& caller) const {
+    return owners_.any_freed_in_capture() || owners_.sync().capturing(caller.handle);
+  }
   std::size_t deallocate(std::uintptr_t address, stream_ref const& s,
                          std::size_t expected_size = block_pool::any_size, prepark* before = nullptr) {
     blocks_.prefetch_deallocate(address);  // its cache miss overlaps finding the owner

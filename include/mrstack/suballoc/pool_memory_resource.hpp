@@ -238,7 +238,7 @@ class pool_memory_resource final : public memory_resource {
   /// synchronized), else those that need no synchronization. Returns the bytes taken.
   std::size_t drain_shards(detail::stream_ref const& caller, bool may_synchronize, detail::pool_shard* held);
   /// Takes `shard`'s lock for a drain: tried, except in the last drain before out-of-memory.
-  static bool lock_for_drain(detail::pool_shard& shard, std::unique_lock<detail::lean_mutex>& lock, bool last_drain,
+  bool lock_for_drain(detail::pool_shard& shard, std::unique_lock<detail::lean_mutex>& lock, bool last_drain,
                              detail::pool_shard const* held);
   /// Removes `shard`'s wholly free slabs (the caller holds its lock) and lists them.
   std::vector<detail::slab_return> collect_free_slabs(detail::pool_shard& shard, detail::stream_ref const& caller,
@@ -276,6 +276,9 @@ class pool_memory_resource final : public memory_resource {
   std::atomic<std::uintptr_t> first_thread_{0};  // the thread key of the first caller
   std::atomic<std::size_t> contentions_{0};      // times a caller found the lock taken
   std::atomic<bool> sharded_{false};             // set (once) after shards_ is made
+  // Threads in a last drain before out-of-memory, waiting for other shards: statistics
+  // readers stay off the shards' locks meanwhile (with_shard_totals).
+  mutable std::atomic<int> drains_waiting_{0};
   std::unique_ptr<detail::pool_shard_set> shards_;
 };
 
