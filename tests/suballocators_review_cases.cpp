@@ -300,32 +300,22 @@ TEST_CASE("review: pool: a shard thread's last drain is not defeated by a statis
       // its shard, then the others each need one, which only that slab can give.
       std::atomic<int> phase{0};
       std::atomic<int> oom{0};
+      auto take_one = [&] {  // a block in this thread's shard, which needs a slab
+        try {
+          mr.deallocate(mr.allocate(256, stream_view::per_thread()), 256, stream_view::per_thread());
+        } catch (out_of_memory const&) {
+          oom.fetch_add(1);
+        }
+      };
       std::vector<std::thread> ts;
       for (int t = 0; t < 3; ++t) {
         ts.emplace_back([&, t] {
-          if (t == 0) {
-            mr.deallocate(mr.allocate(256, stream_view::per_thread()), 256, stream_view::per_thread());
-            phase = 1;
-          }
-          while (phase.load() < 1) { std::this_thread::yield(); }
-          if (t == 1) {
-            try {
-              void* p = mr.allocate(256, stream_view::per_thread());
-              mr.deallocate(p, 256, stream_view::per_thread());
-            } catch (out_of_memory const&) {
-              oom.fetch_add(1);
+          for (int turn = 0; turn < 3; ++turn) {  // thread t takes its turn t; all stay alive
+            while (phase.load() < turn) { std::this_thread::yield(); }
+            if (turn == t) {
+              take_one();
+              phase = t + 1;
             }
-            phase = 2;
-          }
-          while (phase.load() < 2) { std::this_thread::yield(); }
-          if (t == 2) {
-            try {
-              void* p = mr.allocate(256, stream_view::per_thread());
-              mr.deallocate(p, 256, stream_view::per_thread());
-            } catch (out_of_memory const&) {
-              oom.fetch_add(1);
-            }
-            phase = 3;
           }
           while (phase.load() < 3) { std::this_thread::yield(); }
         });
