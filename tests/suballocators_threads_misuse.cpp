@@ -11,6 +11,7 @@
 //   was handed out twice.
 #include <catch2/catch.hpp>
 
+#include <mrstack/detail/stream_ordering.hpp>
 #include <mrstack/error.hpp>
 #include <mrstack/suballoc/arena_memory_resource.hpp>
 #include <mrstack/suballoc/binning_memory_resource.hpp>
@@ -233,4 +234,23 @@ TEST_CASE("threads misuse: of two threads freeing one fixed_size or binning bloc
     binning_memory_resource mr{sys, 256, 16 * KiB, std::make_shared<pool_memory_resource>(sys, 0)};
     CHECK(both_frees_accepted(mr, 1 * KiB, 20000) == 0);
   }
+}
+
+TEST_CASE("threads misuse: what is kept to tell exited threads does not grow with them") {
+  std::size_t const before = detail::live_thread_keys();
+  std::vector<std::uintptr_t> keys;
+  for (int i = 0; i < 250; ++i) {
+    run_threads(4, [&](int) {
+      std::uintptr_t const key = detail::this_thread_key();
+      static std::mutex m;
+      std::lock_guard lock{m};
+      keys.push_back(key);
+    });
+  }
+  CHECK(detail::live_thread_keys() <= before + 4);  // 1,000 threads came and went
+  std::size_t exited = 0;
+  for (std::uintptr_t k : keys) { exited += detail::thread_has_exited(k) ? 1 : 0; }
+  CHECK(exited == keys.size());
+  CHECK_FALSE(detail::thread_has_exited(detail::this_thread_key()));  // alive
+  CHECK_FALSE(detail::thread_has_exited((std::uintptr_t{1} << 62) | 1U));  // never handed out
 }

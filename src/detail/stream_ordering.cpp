@@ -11,33 +11,40 @@ namespace mrstack::detail {
 
 namespace {
 
-// Keys of threads that have exited: their per-thread default streams get no more work,
-// so their free memory can be taken over whole. Leaked on purpose: threads may exit
-// after static destruction.
-std::mutex& exited_mutex() {
-  static auto* m = new std::mutex;
-  return *m;
-}
-std::unordered_set<std::uintptr_t>& exited_threads() {
-  static auto* keys = new std::unordered_set<std::uintptr_t>;
-  return *keys;
+// A thread whose key was handed out and that is no longer live has exited: its per-thread
+// default stream gets no more work, so its free memory can be taken over whole. Keys are
+// handed out in order, so the live ones are all there is to keep: a set of the exited
+// ones grew by an entry per thread that ever called, forever. Leaked on purpose: threads
+// may exit after static destruction.
+struct thread_registry {
+  std::mutex mutex;
+  std::unordered_set<std::uintptr_t> live;
+  std::uintptr_t next = 1;  // the next key's index: keys handed out are (i << 1) | 1, i < next
+  bool complete = true;     // false once a live key could not be noted: then nobody has exited
+};
+thread_registry& threads() {
+  static auto* r = new thread_registry;
+  return *r;
 }
 
 struct thread_identity {
   std::uintptr_t key;
   thread_identity() {
-    static std::atomic<std::uintptr_t> next_thread{1};
-    key = (next_thread.fetch_add(1, std::memory_order_relaxed) << 1) | 1U;
+    thread_registry& r = threads();
+    std::lock_guard lock{r.mutex};
+    key = (r.next++ << 1) | 1U;
+    try {
+      r.live.insert(key);
+    } catch (...) {
+      r.complete = false;  // the safe answer from now on: no thread has exited
+    }
   }
   thread_identity(thread_identity const&) = delete;
   thread_identity& operator=(thread_identity const&) = delete;
   ~thread_identity() {
-    try {
-      std::lock_guard lock{exited_mutex()};
-      exited_threads().insert(key);
-    } catch (...) {
-      // Without the note the thread's memory is still reachable, one block at a time.
-    }
+    thread_registry& r = threads();
+    std::lock_guard lock{r.mutex};
+    r.live.erase(key);
   }
 };
 
@@ -49,8 +56,15 @@ std::uintptr_t this_thread_key() noexcept {
 }
 
 bool thread_has_exited(std::uintptr_t key) {
-  std::lock_guard lock{exited_mutex()};
-  return exited_threads().count(key) != 0;
+  thread_registry& r = threads();
+  std::lock_guard lock{r.mutex};
+  return r.complete && (key & 1U) != 0 && (key >> 1) < r.next && r.live.count(key) == 0;
+}
+
+std::size_t live_thread_keys() {
+  thread_registry& r = threads();
+  std::lock_guard lock{r.mutex};
+  return r.live.size();
 }
 
 // ---- stream_owners ------------------------------------------------------------------------

@@ -134,6 +134,9 @@ struct stream_ref {
 std::uintptr_t this_thread_key() noexcept;
 /// True once the thread with that key has exited (its default stream gets no more work).
 bool thread_has_exited(std::uintptr_t key);
+/// How many keys the registry behind thread_has_exited keeps: one per live thread that
+/// has called this_thread_key (for tests: it must not grow with threads that exited).
+std::size_t live_thread_keys();
 /// Where the ordering logic asks "which thread is calling?" (tests simulate threads).
 using thread_key_fn = std::uintptr_t (*)() noexcept;
 
