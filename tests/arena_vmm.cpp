@@ -11,6 +11,8 @@
 #include <mrstack/suballoc/arena_memory_resource.hpp>
 #include <mrstack/upstream/simulated_vmm_memory_resource.hpp>
 
+#include <small_vmm.hpp>
+
 #include <atomic>
 #include <map>
 #include <mutex>
@@ -24,14 +26,11 @@ namespace {
 
 constexpr std::size_t KiB = std::size_t{1} << 10;
 constexpr std::size_t MiB = std::size_t{1} << 20;
-constexpr std::size_t G = 2 * MiB;  // the simulated granule
-constexpr std::size_t unlimited = std::numeric_limits<std::size_t>::max();
-
-std::shared_ptr<simulated_vmm_memory_resource> make_vmm(std::size_t capacity = unlimited) {
-  return std::make_shared<simulated_vmm_memory_resource>(std::size_t{1} << 36, G, capacity, 1);
-}
-
-std::uintptr_t addr(void* p) { return reinterpret_cast<std::uintptr_t>(p); }
+constexpr std::size_t G = test::vmm_granule;
+auto const make_vmm = [](std::size_t capacity = std::numeric_limits<std::size_t>::max()) {
+  return test::make_small_vmm(capacity);
+};
+using test::addr;
 
 arena_options small_options() {
   arena_options o;

@@ -10,6 +10,8 @@
 #include <mrstack/upstream/simulated_memory_resource.hpp>
 #include <mrstack/upstream/simulated_vmm_memory_resource.hpp>
 
+#include <small_vmm.hpp>
+
 #include <fake_stream_sync.hpp>
 
 #include <map>
@@ -23,14 +25,12 @@ namespace {
 
 constexpr std::size_t KiB = std::size_t{1} << 10;
 constexpr std::size_t MiB = std::size_t{1} << 20;
-constexpr std::size_t G = 2 * MiB;
+constexpr std::size_t G = test::vmm_granule;
 constexpr std::size_t unlimited = std::numeric_limits<std::size_t>::max();
-
-std::shared_ptr<simulated_vmm_memory_resource> make_vmm(std::size_t capacity = unlimited, std::size_t map_granules = 1) {
-  return std::make_shared<simulated_vmm_memory_resource>(std::size_t{1} << 36, G, capacity, map_granules);
-}
-
-std::uintptr_t addr(void* p) { return reinterpret_cast<std::uintptr_t>(p); }
+auto const make_vmm = [](std::size_t capacity = unlimited, std::size_t map_granules = 1) {
+  return test::make_small_vmm(capacity, map_granules);
+};
+using test::addr;
 
 // Granules (offsets / G) that the given live blocks touch.
 std::set<std::size_t> touched(virtual_range const& range, std::map<void*, std::size_t> const& live) {

@@ -16,6 +16,8 @@
 #include <mrstack/suballoc/pool_memory_resource.hpp>
 #include <mrstack/upstream/simulated_memory_resource.hpp>
 #include <mrstack/upstream/simulated_vmm_memory_resource.hpp>
+
+#include <small_vmm.hpp>
 #include <mrstack/upstream/system_memory_resource.hpp>
 
 #include <atomic>
@@ -34,13 +36,10 @@ namespace {
 
 constexpr std::size_t KiB = std::size_t{1} << 10;
 constexpr std::size_t MiB = std::size_t{1} << 20;
-constexpr std::size_t G = 2 * MiB;
+constexpr std::size_t G = test::vmm_granule;
 constexpr std::size_t unlimited = std::numeric_limits<std::size_t>::max();
-
-std::shared_ptr<simulated_vmm_memory_resource> make_vmm(std::size_t capacity = unlimited) {
-  return std::make_shared<simulated_vmm_memory_resource>(std::size_t{1} << 36, G, capacity, 1);
-}
-std::uintptr_t addr(void* p) { return reinterpret_cast<std::uintptr_t>(p); }
+auto const make_vmm = [](std::size_t capacity = unlimited) { return test::make_small_vmm(capacity); };
+using test::addr;
 using handle = test::fake_stream_sync::handle;
 stream_view sv(handle h) { return stream_view{reinterpret_cast<cudaStream_t>(h)}; }
 

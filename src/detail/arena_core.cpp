@@ -382,7 +382,7 @@ void arena_core::surrender_spares(stream_arena& a, std::size_t keep, stream_ref 
   // Freed as `a`'s stream's memory. Named only when the current call may name it: a
   // stream the user created may be destroyed by now (asking CUDA about it, or recording
   // on it, is undefined behaviour), so then nothing is asked or recorded.
-  bool const named = may_name(a.stream, caller);
+  bool const named = global_.owners().may_name(a.stream, caller);
   // One at a time from the back, each detached only once the global arena has it back:
   // if a free throws, the spares not yet returned are still wholly this arena's. (Under
   // the global lock, so no other arena can take one before it is detached here.)

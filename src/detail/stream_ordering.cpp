@@ -374,8 +374,7 @@ bool stream_ordered_pool::return_stream_without_sync(chunk_id c, stream_ref& out
   }
   // Nameable first: a created stream that this call does not name may be destroyed, and
   // asking CUDA about it crashed (an H200, tests/gpu/capture_growth.cpp).
-  if (owners.size() == 1 &&
-      (owners_.nameable_here(owners.front()) || owners_.ref(owners.front()).key == caller.key) &&
+  if (owners.size() == 1 && owners_.may_name(owners_.ref(owners.front()), caller) &&
       !owners_.held_by_capture(owners.front())) {
     out = owners_.ref(owners.front());
     return true;

@@ -267,10 +267,6 @@ class arena_core {
   bool retire_if_empty(stream_arena& a, stream_ref const& caller);
   /// Retires the arenas of exited threads that have since emptied (registry locked).
   void retire_emptied_orphans();
-  /// True when the current call, naming `caller`, may name `s` to CUDA.
-  [[nodiscard]] bool may_name(stream_ref const& s, stream_ref const& caller) const noexcept {
-    return s.key == caller.key || (s.thread_bound ? s.key == thread_key_() : s.handle == stream_owners::legacy_stream);
-  }
   /// After memory went back to the global arena: past `max_free_bytes`, free granules
   /// (in place, unless a capture may hold free memory) or wholly free chunks go back.
   void after_global_free(stream_ref const& caller);

@@ -323,9 +323,14 @@ class stream_owners {
   /// True when the calling thread may name `o`'s stream (record on it, free on it) with
   /// no call naming it: the legacy default stream, or the caller's own default stream.
   /// A stream the user created may be gone (see the header comment).
-  [[nodiscard]] bool nameable_here(owner_id o) const noexcept {
-    stream_ref const& r = slots_[o].ref;
+  [[nodiscard]] bool nameable_here(owner_id o) const noexcept { return nameable_here(slots_[o].ref); }
+  [[nodiscard]] bool nameable_here(stream_ref const& r) const noexcept {
     return r.thread_bound ? r.key == thread_key_() : r.handle == legacy_stream;
+  }
+  /// True when a call naming `caller` may name `s` to CUDA: it is the caller's stream, or
+  /// one the calling thread may always name (`nameable_here`).
+  [[nodiscard]] bool may_name(stream_ref const& s, stream_ref const& caller) const noexcept {
+    return s.key == caller.key || nameable_here(s);
   }
   /// A stream the user created (neither the legacy nor a per-thread default stream): it
   /// may be destroyed after any call, so it is named only while a call names it.
@@ -475,6 +480,14 @@ class stream_ordered_pool {
   /// not of `expected_size`: see block_pool::deallocate).
   /// `before`: what the call did on `s` before its lock (stream_owners::park and
   /// park_if_idle; a prerecorded event is swapped when used).
+  std::size_t deallocate(std::uintptr_t address, stream_ref const& s,
+                         std::size_t expected_size = block_pool::any_size, prepark* before = nullptr) {
+    blocks_.prefetch_deallocate(address);  // its cache miss overlaps finding the owner
+    owner_id const o = owner_of(s);
+    std::size_t const size = blocks_.deallocate(address, o, expected_size);
+    if (size != 0 && owners_.note_free(o, s, size, park_above())) { park(o, s, before); }
+    return size;
+  }
   /// Frees the live block at `address` into stream `s`'s memory for a call that does not
   /// name `s` (an arena handing back another stream's superblocks; `s` may be destroyed):
   /// nothing is asked of or recorded on `s`, and the memory counts as freed since its
@@ -492,14 +505,6 @@ class stream_ordered_pool {
   /// since. A release synchronizes every stream first, which CUDA refuses then.
   [[nodiscard]] bool capture_may_hold_free_memory(stream_ref const& caller) const {
     return owners_.any_freed_in_capture() || owners_.sync().capturing(caller.handle);
-  }
-  std::size_t deallocate(std::uintptr_t address, stream_ref const& s,
-                         std::size_t expected_size = block_pool::any_size, prepark* before = nullptr) {
-    blocks_.prefetch_deallocate(address);  // its cache miss overlaps finding the owner
-    owner_id const o = owner_of(s);
-    std::size_t const size = blocks_.deallocate(address, o, expected_size);
-    if (size != 0 && owners_.note_free(o, s, size, park_above())) { park(o, s, before); }
-    return size;
   }
 
   /// Adds a chunk the upstream allocated on stream `s`; its memory belongs to `s`.
