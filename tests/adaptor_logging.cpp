@@ -121,7 +121,13 @@ int seconds_of_day_now() {
 }
 
 /// `s` lies in [from, to] on the 24-hour clock (the window may wrap past midnight).
+/// `s` lies in [from - 1, to + 1] seconds of the day (around midnight too). The second of
+/// slack: std::time reads a coarse clock that may lag the adaptor's system_clock by a
+/// tick, and a row stamped just after a second turned was once read as outside.
 bool within(int s, int from, int to) {
+  constexpr int day = 24 * 3600;
+  from = (from + day - 1) % day;
+  to = (to + 1) % day;
   return from <= to ? (s >= from && s <= to) : (s >= from || s <= to);
 }
 
