@@ -104,6 +104,43 @@ TEST_CASE("arena growth: the free bytes it keeps are bounded by max_free_bytes")
   CHECK(mr.stats().upstream_deallocations > 0);
 }
 
+TEST_CASE("arena growth: a stream arena's superblock batches grow with it, and what it holds idle stays bounded") {
+  auto sim = std::make_shared<simulated_memory_resource>();
+  arena_options options = small_options();  // 1 MiB superblocks, 16 blocks of 64 KiB each, 2 kept
+  options.max_free_bytes = 1024 * MiB;
+  arena_memory_resource mr{sim, 1024 * MiB, options};
+  std::size_t const kept = options.empty_superblocks_kept;
+  // Free bytes inside the arena's superblocks: spares, class-list superblocks kept, and at
+  // most one partly used superblock (blocks are handed out densely here).
+  auto idle_bound = [&](std::size_t superblocks) { return (superblocks / 8 + 3 * kept + 1) * MiB; };
+  // Twice: growing to 256 superblocks (from the global arena the first time, from the
+  // depot the second), then handing them all back.
+  std::size_t most_idle[2] = {0, 0};
+  for (int round = 0; round < 2; ++round) {
+    std::vector<void*> blocks;
+    for (int i = 0; i < 16 * 256; ++i) {
+      blocks.push_back(mr.allocate(64 * KiB));
+      auto const st = mr.stats();
+      most_idle[round] = std::max(most_idle[round], st.free_bytes_in_arenas);
+      REQUIRE(st.free_bytes_in_arenas <= idle_bound(st.superblocks_in_arenas));
+    }
+    CHECK(mr.check_invariants() == "");
+    for (void* p : blocks) {
+      mr.deallocate(p, 64 * KiB);
+      auto const st = mr.stats();
+      REQUIRE(st.free_bytes_in_arenas <= idle_bound(st.superblocks_in_arenas));
+    }
+    // Wound down, it keeps no more than a small arena would.
+    CHECK(mr.stats().superblocks_in_arenas <= 3 * kept);
+    CHECK(mr.check_invariants() == "");
+  }
+  // From the global arena it takes 2 x kept a trip (each superblock is block-pool work
+  // under the shared lock); from the depot, more as it grows: it held more spares at once.
+  CHECK(most_idle[0] <= (2 * kept + 1) * MiB);
+  CHECK(most_idle[1] > (2 * kept + 1) * MiB);
+  CHECK(mr.held_bytes() <= 300 * MiB);  // the second round reused the first one's memory
+}
+
 TEST_CASE("arena growth: eager takes its whole size at once and keeps it") {
   auto sim = std::make_shared<simulated_memory_resource>();
   arena_options options = small_options();

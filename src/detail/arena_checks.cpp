@@ -25,6 +25,13 @@ arena_core::statistics arena_core::stats() const {
     st.global_free_blocks = global_.blocks().free_block_count();
     st.largest_free_block = global_.blocks().largest_free_block();
     st.large_live_bytes = global_.blocks().live_bytes();
+    std::lock_guard depot_lock{depot_mutex_};
+    // Depot superblocks are free memory outside the stream arenas, as the global arena's is.
+    std::size_t const depot_bytes = depot_superblocks_ * opts_.superblock_size;
+    st.global_free_bytes += depot_bytes;
+    st.global_free_blocks += depot_superblocks_;
+    st.large_live_bytes -= depot_bytes;  // live in the global arena's books, free in truth
+    if (depot_superblocks_ != 0) { st.largest_free_block = std::max(st.largest_free_block, opts_.superblock_size); }
   }
   std::vector<stream_arena*> all;
   {
@@ -104,7 +111,7 @@ std::string arena_core::check_invariants() const {
     ++carved;
     std::string const where = "superblock at " + std::to_string(sb->base);
     if (map_.find(sb->base) != sb) { return where + ": map and descriptor disagree"; }
-    if (sb->arena.load(std::memory_order_relaxed) == nullptr) { return where + ": carved but owned by no arena"; }
+    if (sb->arena.load(std::memory_order_relaxed) == nullptr) { continue; }  // in the depot: check_depot
     if (sb->base % opts_.superblock_size != 0) { return where + ": misaligned"; }
     if (map_.find(sb->base + opts_.superblock_size - 1) != sb) { return where + ": its last page is not mapped to it"; }
     if (global_.blocks().live_size(sb->base) != opts_.superblock_size) { return where + ": not live in the global arena"; }
@@ -141,13 +148,14 @@ std::string arena_core::check_invariants() const {
     if (free_bytes != a->free_bytes) { return "arena free bytes wrong"; }
     if (free_blocks != a->free_blocks) { return "arena free block count wrong"; }
     if (empty != a->empty) { return "arena empty count wrong"; }
-    if (empty > opts_.empty_superblocks_kept || a->spares.size() > spare_limit()) {
+    if (empty > opts_.empty_superblocks_kept || a->spares.size() > spare_limit(*a)) {
       return "arena keeps too many empty superblocks";
     }
     if (listed + a->spares.size() > a->superblocks) { return "arena lists more superblocks than it owns"; }
     owned += a->superblocks;
   }
-  if (owned != carved) { return "superblocks owned by arenas and carved in the table disagree"; }
+  if (std::string const e = check_depot(); !e.empty()) { return e; }
+  if (owned + depot_superblocks_ != carved) { return "superblocks owned by arenas or the depot and carved in the table disagree"; }
   return {};
 }
 

@@ -123,6 +123,10 @@ arena_core::~arena_core() {
   }
   return_all_chunks();
   in_place_.reset();  // gives up the claim: every granule goes back
+  for (depot_batch const& b : depot_) {
+    if (b.event != 0) { sync_->destroy_event(b.event); }
+  }
+  for (stream_sync::handle const e : depot_events_) { sync_->destroy_event(e); }
 }
 
 void arena_core::thread_exiting(void* arena) noexcept {
@@ -152,6 +156,7 @@ bool arena_core::retire_if_empty(stream_arena& a, stream_ref const& caller) {
   retired_arenas_.reserve(arenas_.size());
   a.retired = true;
   retired_arenas_.push_back(index);
+  streams_in_use_.fetch_sub(1, std::memory_order_relaxed);
   return true;
 }
 
@@ -194,15 +199,18 @@ arena_core::stream_arena* arena_core::create_arena(stream_ref const& s) {
     std::lock_guard lock{a.mutex};  // statistics may be reading it
     a.stream = s;  // nothing else to reset: it was retired holding nothing
     a.retired = false;
+    streams_in_use_.fetch_add(1, std::memory_order_relaxed);
     return &a;
   }
   auto a = std::make_unique<stream_arena>();
   a->stream = s;
   // push_block and acquire_superblock add spares while holding superblocks off every
-  // list: with this room they never allocate there.
-  a->spares.reserve(spare_limit() + 1);
+  // list: with this room (grown as the arena grows, in acquire_superblock) they never
+  // allocate there.
+  a->spares.reserve(spare_limit(*a) + 1);
   arenas_.push_back(std::move(a));
   arena_by_key_.insert(s.key, static_cast<std::uint32_t>(arenas_.size() - 1));
+  streams_in_use_.fetch_add(1, std::memory_order_relaxed);
   return arenas_.back().get();
 }
 
@@ -262,7 +270,7 @@ void arena_core::push_block(stream_arena& a, superblock& sb, std::uint32_t index
     // Spares run up to twice the number kept, then the excess goes back in one trip to
     // the global lock: an arena whose blocks are all being freed (a thread winding down
     // a phase) returns superblocks in batches, not one lock trip each.
-    if (a.spares.size() > spare_limit()) { surrender_spares(a, opts_.empty_superblocks_kept, caller); }
+    if (a.spares.size() > spare_limit(a)) { surrender_spares(a, opts_.empty_superblocks_kept, caller); }
   }
 }
 
@@ -296,15 +304,21 @@ arena_core::superblock* arena_core::acquire_superblock(stream_arena& a, unsigned
     return sb;
   }
   // Several at once: one trip to the global lock for this superblock and up to
-  // `spare_limit()` spares (at most 32), so threads that grow at the same time seldom
-  // meet there.
-  std::size_t const want = std::max<std::size_t>(1, spare_limit());
-  std::array<superblock*, 32> got{};
-  std::size_t n = 0;
-  {
+  // `spare_limit(a)` spares, so threads that grow at the same time seldom meet there.
+  std::size_t const want = std::clamp<std::size_t>(spare_limit(a), 1, most_superblocks_per_trip);
+  // Room for the spares this trip adds and for the limit it raises (push_block must not
+  // allocate): reserved before anything moves, so a failure here changes nothing.
+  a.spares.reserve(spare_limit(a) + want + 1);
+  std::array<superblock*, most_superblocks_per_trip> got{};
+  std::size_t n = take_from_depot(a, got.data(), want);
+  if (n == 0) {
+    // From the global arena, at most 2 x `empty_superblocks_kept`: each superblock there
+    // is a block-pool allocation, perhaps after an event wait, all under the lock every
+    // thread shares; larger trips held it so long that the others queued asleep.
+    std::size_t const global_want = std::clamp<std::size_t>(2 * opts_.empty_superblocks_kept, 1, want);
     std::lock_guard lock{global_mutex_};
     try {
-      while (n < want && n < got.size()) {
+      while (n < global_want) {
         // Only the first may grow the global arena: the extras are spares, not a reason to
         // take more memory from the upstream.
         std::uintptr_t const addr = n == 0 ? global_allocate(opts_.superblock_size, opts_.superblock_size, a.stream)
@@ -360,12 +374,8 @@ void arena_core::make_spare(stream_arena& a, superblock& sb) noexcept {
 }
 
 void arena_core::detach_superblock(stream_arena& a, superblock& sb) noexcept {
-  --a.superblocks;
-  a.free_bytes -= std::size_t{sb.capacity} * sb.block_size;
-  a.free_blocks -= sb.capacity;
   map_.assign(sb.base, opts_.superblock_size, nullptr);
-  sb.arena.store(nullptr, std::memory_order_release);
-  sb.spare = false;
+  leave_arena(a, sb);
 }
 
 void arena_core::release_descriptor_locked(superblock& sb, stream_ref const& s) {
@@ -379,6 +389,7 @@ void arena_core::release_descriptor_locked(superblock& sb, stream_ref const& s) 
 
 void arena_core::surrender_spares(stream_arena& a, std::size_t keep, stream_ref const& caller) {
   if (a.spares.size() <= keep) { return; }
+  if (surrender_to_depot(a, keep, caller)) { return; }
   // Freed as `a`'s stream's memory. Named only when the current call may name it: a
   // stream the user created may be destroyed by now (asking CUDA about it, or recording
   // on it, is undefined behaviour), so then nothing is asked or recorded.
@@ -430,16 +441,19 @@ std::size_t arena_core::reclaim(stream_ref const& caller) {
     std::lock_guard lock{registry_mutex_};
     for (auto const& a : arenas_) { all.push_back(a.get()); }
   }
-  std::size_t returned = 0;
+  std::size_t returned = depot_superblocks_seen_.load(std::memory_order_relaxed) * opts_.superblock_size;
   for (stream_arena* a : all) {
     std::lock_guard lock{a->mutex};
     returned += reclaim_from(*a, caller);
   }
+  std::lock_guard lock{global_mutex_};
+  drain_depot_locked(caller);
   return returned;
 }
 
 bool arena_core::synchronize_everything() {
   std::lock_guard lock{global_mutex_};
+  drain_depot_locked(stream_ref{});
   return global_.synchronize_everything();
 }
 

@@ -17,6 +17,11 @@ namespace mrstack::detail {
 
 std::uintptr_t arena_core::global_allocate(std::size_t size, std::size_t alignment, stream_ref const& s) {
   if (std::uintptr_t const p = global_.allocate(size, alignment, s)) { return p; }
+  if (depot_superblocks_seen_.load(std::memory_order_relaxed) != 0) {
+    // Free superblocks waiting in the depot come before new memory.
+    drain_depot_locked(s);
+    if (std::uintptr_t const p = global_.allocate(size, alignment, s)) { return p; }
+  }
   if (in_place_) { return grow_in_place_and_allocate(size, alignment, s); }
   // Room to align inside a chunk the upstream aligns to 256 only.
   if (size > std::numeric_limits<std::size_t>::max() / 2 || alignment > std::numeric_limits<std::size_t>::max() / 2) {
@@ -42,12 +47,17 @@ std::size_t arena_core::global_deallocate(std::uintptr_t address, stream_ref con
 }
 
 void arena_core::after_global_free(stream_ref const& caller) {
-  if (opts_.eager || global_.blocks().free_bytes() <= opts_.max_free_bytes) { return; }
-  if (in_place_) {
-    in_place_->after_deallocate(global_, caller);  // not while a capture may hold free memory
-  } else {
-    return_empty_chunks(opts_.max_free_bytes, false, caller);
+  std::size_t const depot_bytes = depot_superblocks_seen_.load(std::memory_order_relaxed) * opts_.superblock_size;
+  if (!opts_.eager && global_.blocks().free_bytes() + depot_bytes > opts_.max_free_bytes) {
+    drain_depot_locked(caller);  // its superblocks would keep their chunks
+    if (in_place_) {
+      in_place_->after_deallocate(global_, caller);  // not while a capture may hold free memory
+    } else {
+      return_empty_chunks(opts_.max_free_bytes, false, caller);
+    }
   }
+  // What the depot reads to stay within the bound (allocations since only lower it).
+  global_free_seen_.store(global_.blocks().free_bytes(), std::memory_order_relaxed);
 }
 
 std::uintptr_t arena_core::grow_in_place_and_allocate(std::size_t size, std::size_t alignment, stream_ref const& s) {
@@ -166,6 +176,7 @@ void arena_core::return_chunk(std::map<std::uintptr_t, chunk_record>::iterator i
 std::size_t arena_core::release_free_chunks() {
   std::lock_guard lock{global_mutex_};
   if (opts_.eager) { return 0; }
+  drain_depot_locked(stream_ref{});
   if (in_place_) { return in_place_->release(global_); }
   // Every chunk with no live block, not only those a free noted.
   for (auto& [base, rec] : chunks_) {

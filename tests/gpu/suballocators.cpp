@@ -16,6 +16,7 @@
 #include <mrstack/upstream/cuda_memory_resource.hpp>
 #include <mrstack/upstream/pinned_host_memory_resource.hpp>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -213,6 +214,41 @@ TEST_CASE("gpu suballocators: an arena block freed on another stream waits for t
   for (unsigned char c : host) { wrong += c != 0x55 ? 1 : 0; }
   CHECK(wrong == 0);
   mr.deallocate(y, bytes, a);
+}
+
+TEST_CASE("gpu suballocators: arena superblocks one stream hands back reach another only after its work") {
+  arena_options options;
+  options.empty_superblocks_kept = 1;  // spares past two go to the depot
+  arena_memory_resource mr{cuda(), 256 * MiB, options};
+  stream a;
+  stream b;
+  mr.deallocate(mr.allocate(256, b), 256, b);  // two streams in use: a's batches get events
+  constexpr std::size_t bytes = 1 * MiB;       // four to a superblock
+  constexpr int blocks = 64;
+  std::vector<unsigned char*> xs;
+  for (int i = 0; i < blocks; ++i) { xs.push_back(static_cast<unsigned char*>(mr.allocate(bytes, a))); }
+  delay(a, writer_delay_ms);
+  for (auto* x : xs) { MRSTACK_CUDA_TRY(cudaMemsetAsync(x, 0xAA, bytes, a.value())); }
+  for (auto* x : xs) { mr.deallocate(x, bytes, a); }  // a's writes are still queued
+  std::vector<unsigned char*> ys;
+  for (int i = 0; i < blocks; ++i) { ys.push_back(static_cast<unsigned char*>(mr.allocate(bytes, b))); }
+  for (auto* y : ys) { MRSTACK_CUDA_TRY(cudaMemsetAsync(y, 0x55, bytes, b.value())); }
+  delay(b, reader_delay_ms);
+  std::vector<unsigned char> host(bytes * blocks);
+  for (int i = 0; i < blocks; ++i) {
+    MRSTACK_CUDA_TRY(cudaMemcpyAsync(host.data() + bytes * i, ys[i], bytes, cudaMemcpyDeviceToHost, b.value()));
+  }
+  b.synchronize();
+  a.synchronize();
+  std::size_t reused = 0;
+  for (auto* y : ys) { reused += std::find(xs.begin(), xs.end(), y) != xs.end() ? 1 : 0; }
+  std::size_t wrong = 0;
+  for (unsigned char c : host) { wrong += c != 0x55 ? 1 : 0; }
+  INFO(reused << " of " << blocks << " blocks reused; " << wrong << " bytes overwritten by a's late work");
+  CHECK(reused > 0);
+  CHECK(wrong == 0);
+  for (auto* y : ys) { mr.deallocate(y, bytes, b); }
+  CHECK(mr.check_invariants() == "");
 }
 
 TEST_CASE("gpu suballocators: per-thread default streams of two threads") {

@@ -48,17 +48,28 @@
 ///
 /// A superblock that becomes wholly free stays in its class list when it is the only one
 /// there (a class that churns one block does not pay for re-setting it), else it becomes a
-/// *spare* of its arena, ready for any class. Spares run up to twice
-/// `empty_superblocks_kept`; past that, all but `empty_superblocks_kept` return to the
-/// global arena in one trip to its lock, owned by the arena's stream: the global arena's
-/// stream ordering then decides when another stream may take it (event wait). Superblocks
-/// come from the global arena up to 2 × `empty_superblocks_kept` (at most 32) at a time (one lock trip),
-/// the extras kept as spares. Both batches exist because the global lock is what threads
-/// share: a thread growing or shrinking by hundreds of superblocks meets the others there
-/// once per batch, not once per superblock. When the global arena cannot serve a
-/// request even by growing, every arena's empty superblocks are reclaimed and the request retried; then
-/// the device is synchronized (free memory of other threads' streams becomes usable);
-/// only then does it fail.
+/// *spare* of its arena, ready for any class. Spares run up to `spare_limit` — twice
+/// `empty_superblocks_kept`, or an eighth of the superblocks the arena owns when that is
+/// more — and past it all but `empty_superblocks_kept` go, in one batch, to the *depot*
+/// (arena_depot.cpp): a list of batches behind its own short lock, each still carved and
+/// mapped, owned by no arena, and tagged with its stream and an event recorded there after
+/// the batch's frees (no event while one stream is in use: no CUDA call then). A stream
+/// arena that needs superblocks takes a batch of its own stream from the depot with no
+/// wait, else another stream's after waiting for its event (a per-thread default stream's
+/// batch without one: after a record on the legacy stream, which follows every blocking
+/// stream), up to `spare_limit` (at most 64) in one trip. Only when the depot has nothing
+/// it may take does it go to the global arena, for up to 2 × `empty_superblocks_kept`: there each
+/// superblock is a block-pool allocation, perhaps after an event wait, under the lock
+/// every thread shares. (Sixteen threads growing and shrinking by a thousand superblocks
+/// each spent most of their time asleep on that lock; through the depot a batch moves as
+/// one list: docs/suballocators.md.) The depot gives everything it holds to the global
+/// arena (`drain_depot_locked`) before the global arena grows, before chunks go back past
+/// `max_free_bytes` (it holds at most what that bound leaves), and on `release()`; its
+/// superblocks count as free memory outside the stream arenas. When the global arena
+/// cannot serve a request even by growing, every arena's empty superblocks are reclaimed
+/// and the request retried; then the device is synchronized (free memory of other threads'
+/// streams becomes usable); only then does it fail.
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <cstddef>
@@ -249,8 +260,15 @@ class arena_core {
   std::uintptr_t allocate_large(std::size_t size, std::size_t alignment, stream_ref const& s);
   /// Takes a superblock from the global arena for `a` (locked by the caller); null when none.
   superblock* acquire_superblock(stream_arena& a, unsigned cls);
-  /// Most spares an arena holds before handing the excess back.
-  [[nodiscard]] std::size_t spare_limit() const noexcept { return 2 * opts_.empty_superblocks_kept; }
+  /// Most spares `a` holds before handing the excess back, and most superblocks it takes
+  /// in one trip to the global lock: twice `empty_superblocks_kept`, or an eighth of the
+  /// superblocks it owns when that is more (none when it keeps none).
+  [[nodiscard]] std::size_t spare_limit(stream_arena const& a) const noexcept {
+    std::size_t const kept = opts_.empty_superblocks_kept;
+    return kept == 0 ? 0 : std::max(2 * kept, a.superblocks / superblocks_per_batch_divisor);
+  }
+  static constexpr std::size_t superblocks_per_batch_divisor = 8;
+  static constexpr std::size_t most_superblocks_per_trip = 64;
   /// Adds `sb` (wholly free, owned by `a`, in no list) to `a`'s spares.
   void make_spare(stream_arena& a, superblock& sb) noexcept;
   /// Unmaps and gives back a superblock taken for `s` but never set up (`global_mutex_` held).
@@ -309,6 +327,37 @@ class arena_core {
   /// capture (the graph's work on it has not run, and CUDA allows no synchronization of
   /// a stream being captured). False for a foreign, double or wrong-size free.
   bool hold_back(superblock& sb, stream_arena* owner, std::uintptr_t p, std::size_t size, stream_ref const& s);
+  // ---- the depot (arena_depot.cpp) ----
+  /// Wholly free superblocks handed back by one stream arena in one trip, not yet merged
+  /// into the global arena. They stay carved and mapped (owned by no arena), linked
+  /// through `superblock::next`.
+  struct depot_batch {
+    stream_ref stream;              // the stream arena's stream: all their frees were on it
+    stream_sync::handle event = 0;  // recorded on `stream` after those frees; 0: none (one stream in use)
+    superblock* head = nullptr;
+    std::size_t count = 0;
+  };
+  /// Hands `a`'s spares past `keep` to the depot (`a` locked by the caller). False, with
+  /// nothing moved, when they must go to the global arena instead: the depot is full, or
+  /// other streams are in use and no event can be recorded on `a`'s stream for them.
+  bool surrender_to_depot(stream_arena& a, std::size_t keep, stream_ref const& caller);
+  /// Moves up to `want` depot superblocks to `a` (locked by the caller) into `got`, after
+  /// making `a`'s stream wait for their frees where another stream made them; the count.
+  std::size_t take_from_depot(stream_arena& a, superblock** got, std::size_t want);
+  /// Orders stream `s` after the frees of another stream's `batch` (depot locked); false
+  /// when it cannot be now (`s` or a needed legacy record is in a graph capture).
+  bool order_after_batch(stream_ref const& s, depot_batch const& batch);
+  /// Frees every depot superblock into the global arena for a call naming `caller`
+  /// (`global_mutex_` held): before the global arena grows, gives chunks back or reports
+  /// exhaustion, none of which can use a superblock that is not its free memory.
+  void drain_depot_locked(stream_ref const& caller);
+  /// An event for a depot batch (a spare one when there is one).
+  stream_sync::handle depot_event();
+  /// Takes `sb` (wholly free, in no list) out of `a`'s accounting; it stays mapped.
+  void leave_arena(stream_arena& a, superblock& sb) noexcept;
+  /// Depot batches and superblocks agree (every lock held).
+  [[nodiscard]] std::string check_depot() const;
+
   /// At a call naming `s`: when `s` holds blocks back and is no longer captured,
   /// synchronizes it and gives them back to their arenas. One relaxed load otherwise.
   void settle_held_back(stream_ref const& s) {
@@ -347,6 +396,17 @@ class arena_core {
   // superblock may leave up to a superblock of padding, free in the global arena for
   // large blocks.
   page_map<superblock*> map_;
+
+  // The depot: taken and filled with no block-pool work, so threads that grow and shrink
+  // by hundreds of superblocks at once meet only on this short lock (after the global one
+  // when both are held).
+  alignas(64) mutable lean_mutex depot_mutex_;
+  std::vector<depot_batch> depot_;
+  std::size_t depot_superblocks_ = 0;
+  std::vector<stream_sync::handle> depot_events_;           // spare events
+  std::atomic<std::size_t> depot_superblocks_seen_{0};      // depot_superblocks_, read without the lock
+  std::atomic<std::size_t> global_free_seen_{0};            // the global arena's free bytes when last looked at
+  std::atomic<std::size_t> streams_in_use_{0};              // stream arenas not retired
 
   mutable std::mutex registry_mutex_;
   std::vector<std::unique_ptr<stream_arena>> arenas_;

@@ -26,9 +26,10 @@
 ///   arena: a coalescing, stream-ordered pool (as `pool_memory_resource`).
 /// - Streams: a block is reused at once by the stream that freed it. A small block freed
 ///   on another stream than the one whose arena it came from synchronizes the freeing
-///   stream first (the block's own arena reuses it without further ado); superblocks and
-///   large blocks move between streams with an event wait (lazily recorded). One stream
-///   in use: no CUDA calls.
+///   stream first (the block's own arena reuses it without further ado); superblocks
+///   move between streams with an event wait (recorded when a stream arena hands a batch
+///   back while several streams are in use), large blocks too (lazily recorded). One
+///   stream in use: no CUDA calls.
 /// - On exhaustion the arena returns every stream arena's wholly free superblocks to the
 ///   global arena and retries, then synchronizes the device and retries; then throws
 ///   `out_of_memory` naming the request, the arena size, its free bytes and its largest
@@ -58,7 +59,11 @@ struct arena_options {
   std::size_t max_small_size = std::size_t{1} << 20;
   /// Wholly free superblocks a stream arena keeps. It takes up to twice this many from
   /// the global arena per trip to its lock, holds up to twice this many spares, and when
-  /// it has more hands all but this many back in one trip.
+  /// it has more hands all but this many back in one trip (to the depot, where other
+  /// stream arenas take them first). An arena that owns many superblocks holds and moves
+  /// more: up to an eighth of them (at most 64 a trip from the depot), so a thread
+  /// growing to gigabytes of small blocks makes a few dozen trips, not hundreds. 0: it
+  /// keeps nothing.
   std::size_t empty_superblocks_kept = 4;
   /// Take the whole `arena_size` from the upstream at construction and keep it until
   /// destruction (no growth, no return): one upstream call, addresses fixed up front.
