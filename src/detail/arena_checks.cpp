@@ -28,10 +28,11 @@ arena_core::statistics arena_core::stats() const {
     std::lock_guard depot_lock{depot_mutex_};
     // Depot superblocks are free memory outside the stream arenas, as the global arena's is.
     std::size_t const depot_bytes = depot_superblocks_ * opts_.superblock_size;
+    depot_ranges const ranges = depot_free_ranges_locked();
     st.global_free_bytes += depot_bytes;
-    st.global_free_blocks += depot_superblocks_;
+    st.global_free_blocks += ranges.count;
     st.large_live_bytes -= depot_bytes;  // live in the global arena's books, free in truth
-    if (depot_superblocks_ != 0) { st.largest_free_block = std::max(st.largest_free_block, opts_.superblock_size); }
+    st.largest_free_block = std::max(st.largest_free_block, ranges.largest);
   }
   std::vector<stream_arena*> all;
   {

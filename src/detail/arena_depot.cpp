@@ -52,7 +52,11 @@ bool arena_core::surrender_to_depot(stream_arena& a, std::size_t keep, stream_re
   stream_sync::handle event = 0;
   if (streams_in_use_.load(std::memory_order_relaxed) > 1) {
     if (!global_.owners().may_name(a.stream, caller) || sync_->capturing(a.stream.handle)) { return false; }
-    event = depot_event();
+    try {
+      event = depot_event();
+    } catch (...) {
+      return false;  // no event to be had (cudaEventCreate failed): the global arena orders them
+    }
     if (!sync_->record(event, a.stream.handle)) {
       std::lock_guard lock{depot_mutex_};
       depot_events_.push_back(event);  // room: it came from there or is one more than made
@@ -101,9 +105,13 @@ bool arena_core::order_after_batch(stream_ref const& s, depot_batch const& batch
   } else {
     barrier = sync_->create_event();
   }
+  struct give_back {  // to the spares, also when the record or the wait throws
+    std::vector<stream_sync::handle>& spares;
+    stream_sync::handle event;
+    ~give_back() { spares.push_back(event); }  // room: take_from_depot made it
+  } const returned{depot_events_, barrier};
   bool const recorded = sync_->record(barrier, stream_owners::legacy_stream);
   if (recorded) { sync_->wait(s.handle, barrier); }
-  depot_events_.push_back(barrier);  // room: take_from_depot made it
   return recorded;
 }
 
@@ -154,7 +162,10 @@ void arena_core::drain_depot_locked(stream_ref const& caller) {
   bool const caller_may_wait = !sync_->capturing(caller.handle);
   struct publish_count {  // also when a free throws: what is left stays counted
     arena_core& core;
-    ~publish_count() { core.depot_superblocks_seen_.store(core.depot_superblocks_, std::memory_order_relaxed); }
+    ~publish_count() {
+      core.depot_superblocks_seen_.store(core.depot_superblocks_, std::memory_order_relaxed);
+      core.note_global_free_locked();
+    }
   } const publish{*this};
   while (!depot_.empty()) {
     depot_batch& batch = depot_.back();
@@ -183,6 +194,24 @@ void arena_core::drain_depot_locked(stream_ref const& caller) {
     if (batch.event != 0) { depot_events_.push_back(batch.event); }
     depot_.pop_back();
   }
+}
+
+arena_core::depot_ranges arena_core::depot_free_ranges_locked() const {
+  // Contiguous depot superblocks merge when the depot drains: count them as one range.
+  std::vector<std::uintptr_t> bases;
+  bases.reserve(depot_superblocks_);
+  for (depot_batch const& b : depot_) {
+    for (superblock const* sb = b.head; sb != nullptr; sb = sb->next) { bases.push_back(sb->base); }
+  }
+  std::sort(bases.begin(), bases.end());
+  depot_ranges r;
+  std::size_t run = 0;
+  for (std::size_t i = 0; i < bases.size(); ++i) {
+    run = i > 0 && bases[i - 1] + opts_.superblock_size == bases[i] ? run + opts_.superblock_size : opts_.superblock_size;
+    if (run == opts_.superblock_size) { ++r.count; }
+    r.largest = std::max(r.largest, run);
+  }
+  return r;
 }
 
 std::string arena_core::check_depot() const {

@@ -351,10 +351,22 @@ class arena_core {
   /// (`global_mutex_` held): before the global arena grows, gives chunks back or reports
   /// exhaustion, none of which can use a superblock that is not its free memory.
   void drain_depot_locked(stream_ref const& caller);
+  /// Publishes the global arena's free bytes for the depot's bound (`global_mutex_` held):
+  /// after frees and growth, which raise them (allocations since only lower them, so the
+  /// depot errs towards the global arena).
+  void note_global_free_locked() noexcept {
+    global_free_seen_.store(global_.blocks().free_bytes(), std::memory_order_relaxed);
+  }
   /// An event for a depot batch (a spare one when there is one).
   stream_sync::handle depot_event();
   /// Takes `sb` (wholly free, in no list) out of `a`'s accounting; it stays mapped.
   void leave_arena(stream_arena& a, superblock& sb) noexcept;
+  /// The depot's superblocks as the free ranges they make once merged (depot locked).
+  struct depot_ranges {
+    std::size_t count = 0;
+    std::size_t largest = 0;
+  };
+  [[nodiscard]] depot_ranges depot_free_ranges_locked() const;
   /// Depot batches and superblocks agree (every lock held).
   [[nodiscard]] std::string check_depot() const;
 
