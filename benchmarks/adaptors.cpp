@@ -116,6 +116,14 @@ void BM_logging_async(benchmark::State& s) {
     return std::make_shared<mrstack::logging_resource_adaptor>(std::move(base), "/dev/null", false, true);
   });
 }
+// Per-thread order: each thread writes its own rows in runs (no merging writer).
+void BM_logging_per_thread(benchmark::State& s) {
+  allocate_free_pair(s, [](resource_ptr base) {
+    return std::make_shared<mrstack::logging_resource_adaptor>(std::move(base), "/dev/null", false, true,
+                                                               mrstack::logging_resource_adaptor::default_queue_capacity,
+                                                               mrstack::log_order::per_thread);
+  });
+}
 void BM_limiting(benchmark::State& s) {
   allocate_free_pair(s, [](resource_ptr base) {
     return std::make_shared<mrstack::limiting_resource_adaptor>(std::move(base), std::size_t{1} << 40);
@@ -194,6 +202,7 @@ BENCHMARK(BM_logging_async_burst)->Arg(1 << 10)->UseManualTime();
 MRSTACK_ADAPTOR_BENCH(BM_bare);
 MRSTACK_ADAPTOR_BENCH(BM_logging_sync);
 MRSTACK_ADAPTOR_BENCH(BM_logging_async);
+MRSTACK_ADAPTOR_BENCH(BM_logging_per_thread);
 MRSTACK_ADAPTOR_BENCH(BM_limiting);
 MRSTACK_ADAPTOR_BENCH(BM_statistics);
 MRSTACK_ADAPTOR_BENCH(BM_tracking);
@@ -211,5 +220,6 @@ MRSTACK_ADAPTOR_SCALING(BM_bare);
 MRSTACK_ADAPTOR_SCALING(BM_statistics);
 MRSTACK_ADAPTOR_SCALING(BM_limiting);
 MRSTACK_ADAPTOR_SCALING(BM_logging_async);
+MRSTACK_ADAPTOR_SCALING(BM_logging_per_thread);
 MRSTACK_ADAPTOR_SCALING(BM_tracking);
 BENCHMARK_MAIN();

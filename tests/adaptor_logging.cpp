@@ -120,7 +120,6 @@ int seconds_of_day_now() {
   return local.tm_hour * 3600 + local.tm_min * 60 + local.tm_sec;
 }
 
-/// `s` lies in [from, to] on the 24-hour clock (the window may wrap past midnight).
 /// `s` lies in [from - 1, to + 1] seconds of the day (around midnight too). The second of
 /// slack: std::time reads a coarse clock that may lag the adaptor's system_clock by a
 /// tick, and a row stamped just after a second turned was once read as outside.

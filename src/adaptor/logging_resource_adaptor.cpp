@@ -1,5 +1,8 @@
 #include <mrstack/adaptor/logging_resource_adaptor.hpp>
 
+#include "log_rows.hpp"
+#include "log_thread_buffers.hpp"
+
 #include <algorithm>
 #include <atomic>
 #include <bit>
@@ -26,80 +29,7 @@ namespace mrstack {
 
 namespace detail {
 
-/// One event, stamped on the calling thread; formatted later (asynchronous mode) or at once.
-struct log_record {
-  std::size_t thread;
-  std::int64_t time_ns;  // system_clock, since the epoch
-  std::uintptr_t pointer;
-  std::size_t bytes;
-  std::uintptr_t stream;
-  std::uint8_t action;
-};
-
 namespace {
-
-constexpr char const* action_text[] = {"allocate", "allocate failure", "free"};
-
-char* put_decimal(char* out, std::uint64_t v) {
-  char tmp[24];
-  int n = 0;
-  do {
-    tmp[n++] = static_cast<char>('0' + v % 10);
-    v /= 10;
-  } while (v != 0);
-  while (n > 0) { *out++ = tmp[--n]; }
-  return out;
-}
-
-char* put_hex(char* out, std::uint64_t v) {
-  static constexpr char digits[] = "0123456789abcdef";
-  char tmp[16];
-  int n = 0;
-  do {
-    tmp[n++] = digits[v & 0xf];
-    v >>= 4;
-  } while (v != 0);
-  while (n > 0) { *out++ = tmp[--n]; }
-  return out;
-}
-
-/// Local wall-clock "HH:MM:SS", recomputed only when the second changes (localtime_r
-/// takes the time-zone lock and costs far more than the rest of a row).
-class clock_text {
- public:
-  char* put(char* out, std::int64_t time_ns) {
-    std::int64_t const seconds = time_ns >= 0 ? time_ns / 1'000'000'000 : (time_ns - 999'999'999) / 1'000'000'000;
-    if (seconds != second_) {
-      second_ = seconds;
-      std::time_t const t = static_cast<std::time_t>(seconds);
-      std::tm local{};
-      localtime_r(&t, &local);
-      two_digits(hms_ + 0, local.tm_hour);
-      hms_[2] = ':';
-      two_digits(hms_ + 3, local.tm_min);
-      hms_[5] = ':';
-      two_digits(hms_ + 6, local.tm_sec);
-    }
-    for (char c : hms_) { *out++ = c; }
-    *out++ = '.';
-    auto micros = static_cast<std::uint32_t>((time_ns - seconds * 1'000'000'000) / 1000);
-    for (int i = 5; i >= 0; --i) {
-      out[i] = static_cast<char>('0' + micros % 10);
-      micros /= 10;
-    }
-    return out + 6;
-  }
-
- private:
-  static void two_digits(char* out, int v) {
-    out[0] = static_cast<char>('0' + v / 10);
-    out[1] = static_cast<char>('0' + v % 10);
-  }
-  std::int64_t second_{std::numeric_limits<std::int64_t>::min()};
-  char hms_[8]{};
-};
-
-constexpr std::size_t max_row_length = 160;
 
 /// An asynchronous row, formatted by the thread that logged it: the writer only merges
 /// slots by stamp and copies their text, so formatting scales with the logging threads.
@@ -112,35 +42,6 @@ struct alignas(64) row_slot {
   char text[118];
 };
 static_assert(sizeof(row_slot) == 128);
-
-/// Writes one row, newline included; returns the end.
-char* put_row(char* out, log_record const& r, clock_text& clock) {
-  out = put_decimal(out, r.thread);
-  *out++ = ',';
-  out = clock.put(out, r.time_ns);
-  *out++ = ',';
-  for (char const* a = action_text[r.action]; *a != '\0'; ++a) { *out++ = *a; }
-  *out++ = ',';
-  if (r.pointer == 0) {
-    for (char c : {'(', 'n', 'i', 'l', ')'}) { *out++ = c; }
-  } else {
-    *out++ = '0';
-    *out++ = 'x';
-    out = put_hex(out, r.pointer);
-  }
-  *out++ = ',';
-  out = put_decimal(out, r.bytes);
-  *out++ = ',';
-  if (r.stream == 0) {
-    *out++ = '0';
-  } else {
-    *out++ = '0';
-    *out++ = 'x';
-    out = put_hex(out, r.stream);
-  }
-  *out++ = '\n';
-  return out;
-}
 
 }  // namespace
 
@@ -418,25 +319,29 @@ resource_ptr checked_upstream(resource_ptr upstream) {
 }  // namespace
 
 logging_resource_adaptor::logging_resource_adaptor(resource_ptr upstream, std::string const& path, bool auto_flush,
-                                                   bool async, std::size_t queue_capacity)
+                                                   bool async, std::size_t queue_capacity, log_order order)
     : logging_resource_adaptor(checked_upstream(std::move(upstream)), std::vector<spdlog::sink_ptr>{},
-                               resolve_path(path), auto_flush, async, queue_capacity, 0) {}
+                               resolve_path(path), auto_flush, async, queue_capacity, order, 0) {}
 
 logging_resource_adaptor::logging_resource_adaptor(resource_ptr upstream, std::ostream& stream, bool auto_flush,
-                                                   bool async, std::size_t queue_capacity)
+                                                   bool async, std::size_t queue_capacity, log_order order)
     : logging_resource_adaptor(std::move(upstream),
                                std::vector<spdlog::sink_ptr>{std::make_shared<spdlog::sinks::ostream_sink_mt>(stream)},
-                               std::string{}, auto_flush, async, queue_capacity, 0) {}
+                               std::string{}, auto_flush, async, queue_capacity, order, 0) {}
 
 logging_resource_adaptor::logging_resource_adaptor(resource_ptr upstream, std::vector<spdlog::sink_ptr> sinks,
-                                                   bool auto_flush, bool async, std::size_t queue_capacity)
+                                                   bool auto_flush, bool async, std::size_t queue_capacity,
+                                                   log_order order)
     : logging_resource_adaptor(std::move(upstream), std::move(sinks), std::string{}, auto_flush, async,
-                               queue_capacity, 0) {}
+                               queue_capacity, order, 0) {}
 
 logging_resource_adaptor::logging_resource_adaptor(resource_ptr upstream, std::vector<spdlog::sink_ptr> sinks,
                                                    std::string path, bool auto_flush, bool async,
-                                                   std::size_t queue_capacity, int)
+                                                   std::size_t queue_capacity, log_order order, int)
     : upstream_{checked_upstream(std::move(upstream))}, path_{std::move(path)} {
+  if (order == log_order::per_thread && !async) {
+    throw logic_error("logging: per-thread order is a way of writing asynchronously: it needs async");
+  }
   if (!path_.empty()) { sinks.push_back(open_file_sink(path_)); }
   if (sinks.empty()) { throw logic_error("logging: no sink to write to"); }
   for (auto const& sink : sinks) {
@@ -450,23 +355,36 @@ logging_resource_adaptor::logging_resource_adaptor(resource_ptr upstream, std::v
   logger_->set_level(spdlog::level::info);
   logger_->set_pattern("%v");  // rows are formatted by us; the sinks add only the newline
   if (auto_flush && !async) { logger_->flush_on(spdlog::level::info); }
-  logger_->log(spdlog::level::info, header());
+  logger_->log(spdlog::level::info, header(order));
   if (auto_flush) { logger_->flush(); }
-  if (async) { writer_ = std::make_unique<detail::async_log_writer>(logger_, queue_capacity, auto_flush); }
+  if (async && order == log_order::per_thread) {
+    // A thread's buffer holds as many rows as its merged-mode queue would (rows are at
+    // most `max_row_length` plus the stamp, most far shorter).
+    std::size_t const rows = std::max<std::size_t>(queue_capacity / 16, 1024);
+    per_thread_ = std::make_unique<detail::log_thread_buffers>(logger_, rows * 80, auto_flush);
+  } else if (async) {
+    writer_ = std::make_unique<detail::async_log_writer>(logger_, queue_capacity, auto_flush);
+  }
 }
 
 logging_resource_adaptor::~logging_resource_adaptor() {
-  writer_.reset();  // drains and joins the writer before the logger goes
+  writer_.reset();      // drains and joins the writer before the logger goes
+  per_thread_.reset();  // writes every buffer out
   logger_->flush();
 }
 
-std::string logging_resource_adaptor::header() { return "Thread,Time,Action,Pointer,Size,Stream"; }
+std::string logging_resource_adaptor::header(log_order order) {
+  return order == log_order::per_thread ? "Thread,Time,Action,Pointer,Size,Stream,Stamp"
+                                        : "Thread,Time,Action,Pointer,Size,Stream";
+}
 
 std::size_t logging_resource_adaptor::current_thread_id() noexcept { return spdlog::details::os::thread_id(); }
 
 void logging_resource_adaptor::flush() {
   if (writer_) {
     writer_->flush();
+  } else if (per_thread_) {
+    per_thread_->flush();
   } else {
     logger_->flush();
   }
@@ -477,6 +395,10 @@ void logging_resource_adaptor::log_event(action what, void const* ptr, std::size
                             static_cast<std::uint8_t>(what)};
   if (writer_) {
     writer_->push(record);  // stamps it
+    return;
+  }
+  if (per_thread_) {
+    per_thread_->push(record);  // stamps it
     return;
   }
   auto const now = std::chrono::system_clock::now();

@@ -88,9 +88,13 @@ class log_parser {
 
   allocation_log parse() {
     read_header();
-    while (next_line()) {
-      if (trim(line_).empty()) { continue; }
-      read_row();
+    if (has_stamp_) {
+      read_rows_by_stamp();
+    } else {
+      while (next_line()) {
+        if (trim(line_).empty()) { continue; }
+        read_row();
+      }
     }
     finish();
     return std::move(log_);
@@ -143,6 +147,45 @@ class log_parser {
                                     std::string{expected_header});
       }
     }
+    has_stamp_ = fields_.size() > stamp_column && equal_ignoring_case(fields_[stamp_column].text, "Stamp");
+  }
+
+  /// A log written in per-thread order (a Stamp column after the six): its rows are read
+  /// sorted by stamp, frees before allocations at equal stamps, as if the file stood in
+  /// that order; errors still name each row's own line.
+  void read_rows_by_stamp() {
+    struct stamped_row {
+      std::uint64_t stamp;
+      bool is_free;
+      std::uint32_t line;
+      std::string_view text;
+    };
+    std::vector<stamped_row> rows;
+    while (next_line()) {
+      if (trim(line_).empty()) { continue; }
+      split();
+      if (fields_.size() <= stamp_column) {
+        fail(line_.size() + 1, "expected a Stamp in column " + std::to_string(stamp_column + 1) +
+                                   " (the header has one), found " + std::to_string(fields_.size()) + " columns");
+      }
+      field const& f = fields_[stamp_column];
+      std::uint64_t stamp = 0;
+      auto const [end, ec] = std::from_chars(f.text.data(), f.text.data() + f.text.size(), stamp);
+      if (f.text.empty() || ec != std::errc{} || end != f.text.data() + f.text.size()) {
+        fail(f.column, "bad Stamp '" + clip(f.text) + "': expected nanoseconds since the log began (decimal digits)");
+      }
+      rows.push_back({stamp, fields_[2].text == "free", line_number_, line_});
+    }
+    std::uint32_t const last_line = line_number_;
+    std::stable_sort(rows.begin(), rows.end(), [](stamped_row const& a, stamped_row const& b) {
+      return a.stamp != b.stamp ? a.stamp < b.stamp : a.is_free && !b.is_free;
+    });
+    for (stamped_row const& r : rows) {
+      line_ = r.text;
+      line_number_ = r.line;
+      read_row();
+    }
+    line_number_ = last_line;
   }
 
   enum class row_kind { allocate, failure, free };
@@ -355,6 +398,8 @@ class log_parser {
   std::unordered_map<std::string, std::uint32_t> threads_;
   std::unordered_map<std::uint64_t, std::uint16_t> streams_;
   std::size_t live_bytes_ = 0;
+  static constexpr std::size_t stamp_column = 6;  // 0-based: the seventh
+  bool has_stamp_ = false;
 };
 
 }  // namespace

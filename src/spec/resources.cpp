@@ -287,7 +287,8 @@ std::vector<spec_resource> builtin_resources() {
                     .within(256, 8 * MiB),
                 count_param("empty_superblocks_kept", optional_param,
                             "wholly free superblocks a stream arena keeps (it fetches and holds up to twice "
-                            "as many, then hands the excess back at once)", "4")
+                            "as many, or an eighth of its superblocks when more, then hands the excess back at once)",
+                            "4")
                     .within(0, MiB),
                 flag_param("eager", optional_param,
                            "take the whole size at construction and keep it until destruction", "false"),
@@ -324,12 +325,17 @@ std::vector<spec_resource> builtin_resources() {
                 count_param("queue_capacity", optional_param, "records the async ring holds",
                             std::to_string(logging_resource_adaptor::default_queue_capacity))
                     .within(16, 16 * MiB)
-                    .power_of_two()},
+                    .power_of_two(),
+                flag_param("per_thread", optional_param,
+                           "with async: each thread writes its own rows in runs, a Stamp column orders them "
+                           "(no merging writer to wait for)",
+                           "false")},
                [](spec_arguments const& a, resource_ptr up) -> resource_ptr {
                  return std::make_shared<logging_resource_adaptor>(
                      std::move(up), a.text("file").value_or(""), a.flag("auto_flush").value_or(false),
                      a.flag("async").value_or(false),
-                     a.count("queue_capacity").value_or(logging_resource_adaptor::default_queue_capacity));
+                     a.count("queue_capacity").value_or(logging_resource_adaptor::default_queue_capacity),
+                     a.flag("per_thread").value_or(false) ? log_order::per_thread : log_order::merged);
                }});
   r.push_back({"limiting", "refuses allocations past a byte limit", needs_upstream,
                {size_param("limit", required, "bytes it may hand out at once"),

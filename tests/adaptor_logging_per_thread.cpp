@@ -1,0 +1,189 @@
+// The logging adaptor's per-thread order: each thread writes its own rows in runs, with a
+// Stamp column; mrstack's log reader sorts by it. Checked: every call is a row, each
+// thread's rows stand in its own order, and the sorted file is a valid serial history
+// (the reader refuses the same rows unsorted); flush and the destructor write every
+// buffer out; the reader's sort and its errors; the spec parameter.
+#include <catch2/catch.hpp>
+
+#include <mrstack/adaptor/logging_resource_adaptor.hpp>
+#include <mrstack/error.hpp>
+#include <mrstack/log/allocation_log.hpp>
+#include <mrstack/spec.hpp>
+#include <mrstack/upstream/simulated_memory_resource.hpp>
+
+#include <algorithm>
+#include <atomic>
+#include <map>
+#include <random>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+using namespace mrstack;
+
+namespace {
+
+struct call {
+  std::string action;
+  std::uintptr_t pointer;
+  std::size_t bytes;
+};
+
+cudaStream_t fake_stream(std::uintptr_t v) { return reinterpret_cast<cudaStream_t>(v); }
+
+std::vector<std::string> split(std::string const& line) {
+  std::vector<std::string> fields;
+  std::stringstream ls{line};
+  for (std::string f; std::getline(ls, f, ',');) { fields.push_back(f); }
+  return fields;
+}
+
+/// `threads` threads, `ops` calls each, over one simulated upstream that reuses freed
+/// addresses (so one thread's free and another's allocation of the same address meet).
+std::vector<std::vector<call>> run_threads(logging_resource_adaptor& log, int threads, int ops) {
+  std::vector<std::vector<call>> expected(static_cast<std::size_t>(threads));
+  std::vector<std::thread> pool;
+  for (int t = 0; t < threads; ++t) {
+    pool.emplace_back([&, t] {
+      auto& mine = expected[static_cast<std::size_t>(t)];
+      std::mt19937_64 rng{static_cast<std::uint64_t>(t) * 104729 + 3};
+      std::vector<std::pair<void*, std::size_t>> held;
+      for (int i = 0; i < ops; ++i) {
+        if (held.empty() || rng() % 100 < 52) {
+          std::size_t const bytes = 1 + rng() % 4096;
+          void* p = log.allocate(bytes, fake_stream(0x7000 + static_cast<std::uintptr_t>(t)));
+          held.emplace_back(p, bytes);
+          mine.push_back({"allocate", reinterpret_cast<std::uintptr_t>(p), bytes});
+        } else {
+          std::size_t const k = rng() % held.size();
+          auto [p, bytes] = held[k];
+          held[k] = held.back();
+          held.pop_back();
+          log.deallocate(p, bytes, fake_stream(0x7000 + static_cast<std::uintptr_t>(t)));
+          mine.push_back({"free", reinterpret_cast<std::uintptr_t>(p), bytes});
+        }
+      }
+      for (auto [p, bytes] : held) {
+        log.deallocate(p, bytes, fake_stream(0x7000 + static_cast<std::uintptr_t>(t)));
+        mine.push_back({"free", reinterpret_cast<std::uintptr_t>(p), bytes});
+      }
+    });
+  }
+  for (auto& th : pool) { th.join(); }
+  return expected;
+}
+
+}  // namespace
+
+TEST_CASE("logging per thread: every call a row, each thread's in its own order, a valid history once sorted") {
+  std::size_t const queue = GENERATE(std::size_t{16}, logging_resource_adaptor::default_queue_capacity);
+  INFO("queue " << queue);
+  constexpr int threads = 8;
+  constexpr int ops = 5000;
+  auto sim = std::make_shared<simulated_memory_resource>(std::size_t{1} << 32);
+  std::ostringstream out;
+  std::vector<std::vector<call>> expected;
+  std::size_t total = 0;
+  {
+    logging_resource_adaptor log{sim, out, false, true, queue, log_order::per_thread};
+    CHECK(log.is_async());
+    CHECK(log.order() == log_order::per_thread);
+    expected = run_threads(log, threads, ops);
+    for (auto const& e : expected) { total += e.size(); }
+    log.flush();  // every buffer out while the adaptor lives
+    std::string const so_far = out.str();
+    CHECK(static_cast<std::size_t>(std::count(so_far.begin(), so_far.end(), '\n')) == total + 1);
+  }
+  std::string const text = out.str();
+  std::istringstream in{text};
+  std::string line;
+  REQUIRE(std::getline(in, line));
+  REQUIRE(line == "Thread,Time,Action,Pointer,Size,Stream,Stamp");
+  // In the file: each thread's rows in its order, stamps rising within a thread.
+  std::map<std::string, std::vector<std::vector<std::string>>> by_thread;
+  while (std::getline(in, line)) {
+    auto fields = split(line);
+    REQUIRE(fields.size() == 7);
+    by_thread[fields[0]].push_back(std::move(fields));
+  }
+  REQUIRE(by_thread.size() == threads);
+  std::size_t matched = 0;
+  for (auto const& mine : expected) {
+    // Find this thread's rows by its first call's pointer (thread ids are the OS's).
+    bool found = false;
+    for (auto const& [id, rows] : by_thread) {
+      if (rows.size() != mine.size() || std::stoull(rows[0][3], nullptr, 16) != mine[0].pointer) { continue; }
+      found = true;
+      for (std::size_t i = 0; i < mine.size(); ++i) {
+        INFO("thread " << id << " row " << i);
+        REQUIRE(rows[i][2] == mine[i].action);
+        REQUIRE(std::stoull(rows[i][3], nullptr, 16) == mine[i].pointer);
+        REQUIRE(std::stoull(rows[i][4]) == mine[i].bytes);
+        if (i > 0) { REQUIRE(std::stoull(rows[i][6]) >= std::stoull(rows[i - 1][6])); }
+      }
+    }
+    CHECK(found);
+    matched += found ? 1 : 0;
+  }
+  CHECK(matched == threads);
+  // The reader sorts by Stamp: a valid history. Unsorted (the Stamp column renamed) the
+  // same rows are not one: a free comes before its allocation or a reuse before its free.
+  allocation_log const parsed = parse_allocation_log(text, "per-thread.csv");
+  CHECK(parsed.events.size() == total);
+  CHECK(parsed.leaked_allocations.empty());
+  std::string unsorted = text;
+  unsorted.replace(unsorted.find(",Stamp"), 6, ",Other");
+  CHECK_THROWS_AS(parse_allocation_log(unsorted, "unsorted.csv"), log_error);
+  CHECK(sim->allocation_count() == 0);
+}
+
+TEST_CASE("logging per thread: the destructor writes out what threads left in their buffers") {
+  auto sim = std::make_shared<simulated_memory_resource>();
+  std::ostringstream out;
+  {
+    logging_resource_adaptor log{sim, out, false, true, logging_resource_adaptor::default_queue_capacity,
+                                 log_order::per_thread};
+    std::thread([&] { log.deallocate(log.allocate(100), 100); }).join();  // its thread is gone
+    log.deallocate(log.allocate(200), 200);
+  }
+  auto const parsed = parse_allocation_log(out.str(), "left.csv");
+  CHECK(parsed.events.size() == 4);
+}
+
+TEST_CASE("logging per thread: needs async, and the spec says so too") {
+  auto sim = std::make_shared<simulated_memory_resource>();
+  std::ostringstream out;
+  CHECK_THROWS_AS(logging_resource_adaptor(sim, out, false, false, 1024, log_order::per_thread), logic_error);
+  auto const stack = make_stack("logging(file=/dev/null, async, per_thread) > simulated");
+  auto const* log = dynamic_cast<logging_resource_adaptor const*>(stack.get());
+  REQUIRE(log != nullptr);
+  CHECK(log->order() == log_order::per_thread);
+  auto const merged = make_stack("logging(file=/dev/null, async) > simulated");
+  CHECK(dynamic_cast<logging_resource_adaptor const*>(merged.get())->order() == log_order::merged);
+}
+
+TEST_CASE("log reader: a Stamp column orders the rows; a bad stamp names its line and column") {
+  std::string const header = "Thread,Time,Action,Pointer,Size,Stream,Stamp\n";
+  // Thread 2 reuses 0x1000 at the stamp thread 1 freed it: the free comes first.
+  std::string const rows =
+      "2,00:00:01.000000,allocate,0x1000,16,0,700\n"
+      "2,00:00:01.000000,free,0x1000,16,0,900\n"
+      "1,00:00:01.000000,allocate,0x1000,16,0,500\n"
+      "1,00:00:01.000000,free,0x1000,16,0,700\n";
+  auto const log = parse_allocation_log(header + rows, "stamped.csv");
+  REQUIRE(log.events.size() == 4);
+  CHECK(log.event_lines == std::vector<std::uint32_t>{4, 5, 2, 3});
+  CHECK(log.events[0].action == log_action::allocate);
+  CHECK(log.events[1].action == log_action::free);
+  CHECK(log.line_count == 5);
+  try {
+    (void)parse_allocation_log(header + "1,00:00:01.000000,allocate,0x1000,16,0,12x\n", "bad.csv");
+    FAIL("expected a log_error");
+  } catch (log_error const& e) {
+    CHECK(e.line() == 2);
+    CHECK(e.column() == 40);
+    CHECK(std::string{e.what()}.find("bad Stamp '12x'") != std::string::npos);
+  }
+  CHECK_THROWS_AS(parse_allocation_log(header + "1,00:00:01.000000,allocate,0x1000,16,0\n", "short.csv"), log_error);
+}
