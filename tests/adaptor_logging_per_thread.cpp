@@ -14,6 +14,8 @@
 #include <algorithm>
 #include <atomic>
 #include <map>
+#include <filesystem>
+#include <fstream>
 #include <random>
 #include <sstream>
 #include <string>
@@ -186,4 +188,40 @@ TEST_CASE("log reader: a Stamp column orders the rows; a bad stamp names its lin
     CHECK(std::string{e.what()}.find("bad Stamp '12x'") != std::string::npos);
   }
   CHECK_THROWS_AS(parse_allocation_log(header + "1,00:00:01.000000,allocate,0x1000,16,0\n", "short.csv"), log_error);
+}
+
+TEST_CASE("logging per thread: auto_flush puts each row in the file before the call returns") {
+  auto sim = std::make_shared<simulated_memory_resource>();
+  auto const path = std::filesystem::temp_directory_path() / "mrstack_per_thread_auto_flush.csv";
+  auto lines_in_file = [&] {
+    std::ifstream in{path};
+    std::string const text{std::istreambuf_iterator<char>{in}, std::istreambuf_iterator<char>{}};
+    return std::count(text.begin(), text.end(), '\n');
+  };
+  {
+    logging_resource_adaptor log{sim, path.string(), true, true, logging_resource_adaptor::default_queue_capacity,
+                                 log_order::per_thread};
+    void* p = log.allocate(512);
+    CHECK(lines_in_file() == 2);  // the header and the allocation
+    log.deallocate(p, 512);
+    CHECK(lines_in_file() == 3);
+  }
+  std::filesystem::remove(path);
+}
+
+TEST_CASE("log reader: at equal stamps one thread's rows keep their order; frees go first only across threads") {
+  std::string const header = "Thread,Time,Action,Pointer,Size,Stream,Stamp\n";
+  // Thread 1 allocates and frees 0x1000 within one tick of a coarse clock (its own order
+  // stands); thread 4 reuses 0x2000 at the tick thread 3 freed it (the free goes first).
+  std::string const rows =
+      "4,00:00:01.000000,allocate,0x2000,16,0,900\n"
+      "2,00:00:01.000000,allocate,0x1000,16,0,700\n"
+      "2,00:00:01.000000,free,0x1000,16,0,800\n"
+      "1,00:00:01.000000,allocate,0x1000,16,0,500\n"
+      "1,00:00:01.000000,free,0x1000,16,0,500\n"
+      "3,00:00:01.000000,allocate,0x2000,16,0,100\n"
+      "3,00:00:01.000000,free,0x2000,16,0,900\n";
+  allocation_log log;
+  REQUIRE_NOTHROW(log = parse_allocation_log(header + rows, "tie.csv"));
+  CHECK(log.event_lines == std::vector<std::uint32_t>{7, 5, 6, 3, 4, 8, 2});
 }

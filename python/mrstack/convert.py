@@ -56,6 +56,7 @@ them as ``inactive`` ones. Frees without an allocation in the log are left out, 
 import argparse
 import csv
 import gzip
+import heapq
 import os
 import pickle
 import sys
@@ -324,7 +325,28 @@ def read_log_events(path):
             raise ConversionError(f"{path}:{number}: Pointer, Size and Stream must be integers (hex or decimal)") \
                 from None
         events.append((number, kind, address, size, stream, _parse_time_us(row[column["Time"]])))
+    if "Stamp" in header:
+        events = _in_stamp_order(path, rows, header.index("Stamp"), header.index("Thread") if "Thread" in header else None,
+                                 events)
     return events
+
+
+def _in_stamp_order(path, rows, stamp_column, thread_column, events):
+    """A log in per-thread order (a Stamp column): each thread's rows in file order, the
+    threads merged by stamp, a free before another thread's allocation at equal stamps
+    (as mrstack's reader and the logging adaptor's merged writer order them)."""
+    by_thread = {}
+    for event in events:
+        row = rows[event[0] - 1]
+        try:
+            stamp = int(row[stamp_column].strip())
+        except ValueError:
+            raise ConversionError(f"{path}:{event[0]}: bad Stamp {row[stamp_column]!r}: expected nanoseconds "
+                                  "(decimal digits)") from None
+        thread = row[thread_column].strip() if thread_column is not None else ""
+        by_thread.setdefault(thread, []).append((stamp, event[1] != "free", event[0], event))
+    merged = heapq.merge(*by_thread.values(), key=lambda item: item[:3])
+    return [item[3] for item in merged]
 
 
 class MemoryVizConversion:

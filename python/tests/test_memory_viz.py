@@ -121,6 +121,27 @@ def test_bad_logs_are_errors_naming_the_line(tmp_path):
     assert not (tmp_path / "s.pickle").exists()
 
 
+def test_a_per_thread_log_is_read_in_stamp_order(tmp_path):
+    """The logging adaptor's per-thread order: each thread's rows in file order, merged by
+    the Stamp column (a free before another thread's allocation at an equal stamp)."""
+    log = tmp_path / "per_thread.csv"
+    log.write_text("Thread,Time,Action,Pointer,Size,Stream,Stamp\n"
+                   "2,1:00:00.000002,allocate,0x1000,16,0,900\n"
+                   "1,1:00:00.000001,allocate,0x1000,16,0,500\n"
+                   "1,1:00:00.000001,free,0x1000,16,0,500\n"
+                   "1,1:00:00.000001,free,0x2000,32,0,900\n"
+                   "3,1:00:00.000000,allocate,0x2000,32,0,100\n")
+    events = read_log_events(str(log))
+    assert [line for line, *_ in events] == [6, 3, 4, 5, 2]
+    conversion = log_to_memory_viz(events, device=0)
+    actions = [e["action"] for e in conversion.snapshot["device_traces"][0] if e["action"] in ("alloc", "free_completed")]
+    assert actions.count("alloc") == 3
+    bad = tmp_path / "bad_stamp.csv"
+    bad.write_text("Thread,Time,Action,Pointer,Size,Stream,Stamp\n1,1:00:00.0,allocate,0x10,64,0,x\n")
+    with pytest.raises(ConversionError, match=r"bad_stamp.csv:2: bad Stamp 'x'"):
+        read_log_events(str(bad))
+
+
 def test_torch_memory_viz_reads_it(tmp_path):
     """PyTorch's own functions on the export (pure Python: no GPU needed)."""
     memory_viz = pytest.importorskip("torch.cuda._memory_viz", reason="torch is not installed")

@@ -75,7 +75,10 @@ void log_thread_buffers::push(log_record record) noexcept {
   out = put_decimal(out, static_cast<std::uint64_t>(stamp - start_ns_));
   *out++ = '\n';
   b->used = static_cast<std::size_t>(out - b->text.data());
-  if (write_each_row_) { write_out(*b); }
+  if (write_each_row_) {  // auto_flush: in the file before the call returns
+    write_out(*b);
+    logger_->flush();
+  }
 }
 
 void log_thread_buffers::write_out(buffer& b) noexcept {

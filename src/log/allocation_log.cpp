@@ -150,9 +150,11 @@ class log_parser {
     has_stamp_ = fields_.size() > stamp_column && equal_ignoring_case(fields_[stamp_column].text, "Stamp");
   }
 
-  /// A log written in per-thread order (a Stamp column after the six): its rows are read
-  /// sorted by stamp, frees before allocations at equal stamps, as if the file stood in
-  /// that order; errors still name each row's own line.
+  /// A log written in per-thread order (a Stamp column after the six): each thread's rows
+  /// in their file order, the threads merged by stamp — at equal stamps a free before an
+  /// allocation of another thread, as the adaptor's merged writer does (one thread's own
+  /// rows never change places: its allocation and free may share a coarse clock's tick).
+  /// Errors still name each row's own line.
   void read_rows_by_stamp() {
     struct stamped_row {
       std::uint64_t stamp;
@@ -161,6 +163,7 @@ class log_parser {
       std::string_view text;
     };
     std::vector<stamped_row> rows;
+    std::unordered_map<std::string_view, std::vector<std::uint32_t>> rows_of_thread;  // indices, file order
     while (next_line()) {
       if (trim(line_).empty()) { continue; }
       split();
@@ -172,18 +175,40 @@ class log_parser {
       std::uint64_t stamp = 0;
       auto const [end, ec] = std::from_chars(f.text.data(), f.text.data() + f.text.size(), stamp);
       if (f.text.empty() || ec != std::errc{} || end != f.text.data() + f.text.size()) {
-        fail(f.column, "bad Stamp '" + clip(f.text) + "': expected nanoseconds since the log began (decimal digits)");
+        fail(f.column, "bad Stamp '" + clip(f.text) +
+                           "': expected nanoseconds since the log began (decimal digits, at most 18446744073709551615)");
       }
+      rows_of_thread[fields_[0].text].push_back(static_cast<std::uint32_t>(rows.size()));
       rows.push_back({stamp, fields_[2].text == "free", line_number_, line_});
     }
     std::uint32_t const last_line = line_number_;
-    std::stable_sort(rows.begin(), rows.end(), [](stamped_row const& a, stamped_row const& b) {
-      return a.stamp != b.stamp ? a.stamp < b.stamp : a.is_free && !b.is_free;
-    });
-    for (stamped_row const& r : rows) {
+    // A k-way merge of the threads' rows: a heap of each thread's next row.
+    struct cursor {
+      std::vector<std::uint32_t> const* order;
+      std::size_t next;
+    };
+    std::vector<cursor> heap;
+    for (auto const& [thread, order] : rows_of_thread) { heap.push_back({&order, 0}); }
+    auto later = [&](cursor const& a, cursor const& b) {  // the heap's top is the earliest row
+      stamped_row const& x = rows[(*a.order)[a.next]];
+      stamped_row const& y = rows[(*b.order)[b.next]];
+      if (x.stamp != y.stamp) { return x.stamp > y.stamp; }
+      if (x.is_free != y.is_free) { return y.is_free; }
+      return x.line > y.line;
+    };
+    std::make_heap(heap.begin(), heap.end(), later);
+    while (!heap.empty()) {
+      std::pop_heap(heap.begin(), heap.end(), later);
+      cursor& c = heap.back();
+      stamped_row const& r = rows[(*c.order)[c.next]];
       line_ = r.text;
       line_number_ = r.line;
       read_row();
+      if (++c.next < c.order->size()) {
+        std::push_heap(heap.begin(), heap.end(), later);
+      } else {
+        heap.pop_back();
+      }
     }
     line_number_ = last_line;
   }

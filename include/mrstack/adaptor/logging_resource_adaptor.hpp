@@ -52,11 +52,12 @@
 ///   thread merges, so nothing bounds the log but the logging threads themselves (the
 ///   merged mode is bounded by its one writer: about 9 M rows a second). The file holds
 ///   each thread's rows in its own order, in runs, with a seventh column, `Stamp`:
-///   nanoseconds since logging began on the monotonic clock. Sorted by Stamp (frees before
-///   allocations at equal stamps) it is a valid serial history, and mrstack's log reader
-///   (so `mrstack-replay`) sorts a log whose header has that column. `flush()` writes
+///   nanoseconds since logging began on the monotonic clock. Merged by Stamp (each
+///   thread's rows in their order; at equal stamps a free before another thread's
+///   allocation) it is a valid serial history, and mrstack's log reader (so
+///   `mrstack-replay`) reads a log whose header has that column in that order. `flush()` writes
 ///   every buffer out; rows of a thread that logs nothing more wait in its buffer until
-///   then (or until the adaptor is destroyed). `auto_flush` writes every row at once.
+///   then (or until the adaptor is destroyed). `auto_flush` writes and flushes every row at once.
 ///
 /// Output goes to a file (truncated; the path defaults from `MRSTACK_LOG_FILE`), to a
 /// `std::ostream` (which must outlive the adaptor) or to any spdlog sinks (use their

@@ -13,8 +13,9 @@
 /// - Size: bytes, decimal.
 /// - Stamp (optional, the seventh column, named so in the header): nanoseconds on one
 ///   monotonic clock, as the logging adaptor writes in per-thread order. A log that has it
-///   is read sorted by it (frees before allocations at equal stamps), whatever the order
-///   of its rows in the file; events keep their own line numbers.
+///   is read as each thread's rows in file order, the threads merged by stamp (at equal
+///   stamps a free before another thread's allocation), whatever the order of its rows in
+///   the file; events keep their own line numbers.
 /// Blank lines are skipped; a file may be gzip-compressed (detected by its content).
 ///
 /// The reader checks the whole log before anything replays: a malformed line, a free of
