@@ -6,6 +6,7 @@
 // alone, and the depot gives its superblocks to the global arena before it grows.
 #include <catch2/catch.hpp>
 
+#include <bump_upstream.hpp>
 #include <fake_stream_sync.hpp>
 
 #include <mrstack/detail/arena_core.hpp>
@@ -36,6 +37,16 @@ arena_options depot_options(std::shared_ptr<test::fake_stream_sync> fake) {
   return o;
 }
 
+/// An arena over simulated memory with the recording fake (`size` at most).
+struct depot_setup {
+  std::shared_ptr<test::fake_stream_sync> fake = std::make_shared<test::fake_stream_sync>();
+  std::shared_ptr<simulated_memory_resource> sim = std::make_shared<simulated_memory_resource>();
+  arena_memory_resource mr;
+  explicit depot_setup(std::size_t size = 256 * MiB) : mr{sim, size, depot_options(fake)} {}
+  /// Stream b makes a call: two streams are in use from here.
+  void use_b() { mr.deallocate(mr.allocate(1000, on(stream_b)), 1000, on(stream_b)); }
+};
+
 /// `n` blocks of 256 KiB on `s`.
 std::vector<void*> fill(arena_memory_resource& mr, std::uintptr_t s, int n) {
   std::vector<void*> blocks;
@@ -57,16 +68,7 @@ std::set<std::uintptr_t> superblocks_of(std::vector<void*> const& blocks) {
 std::uintptr_t current_thread = 1;
 std::uintptr_t simulated_thread_key() noexcept { return current_thread; }
 
-/// Chunks at made-up addresses, 16 MiB apart (never touched).
-struct bump_upstream final : detail::arena_upstream {
-  std::uintptr_t next = std::uintptr_t{1} << 40;
-  std::uintptr_t allocate(std::size_t size, detail::stream_ref const&) override {
-    std::uintptr_t const p = next;
-    next += (size + 16 * MiB - 1) / (16 * MiB) * (16 * MiB);
-    return p;
-  }
-  void deallocate(std::uintptr_t, std::size_t, detail::stream_ref const&) noexcept override {}
-};
+using test::bump_upstream;
 
 bool share_a_superblock(std::vector<void*> const& x, std::vector<void*> const& y) {
   auto const a = superblocks_of(x);
@@ -78,9 +80,9 @@ bool share_a_superblock(std::vector<void*> const& x, std::vector<void*> const& y
 }  // namespace
 
 TEST_CASE("arena depot: one stream in use makes no CUDA call, and takes its superblocks back") {
-  auto fake = std::make_shared<test::fake_stream_sync>();
-  auto sim = std::make_shared<simulated_memory_resource>();
-  arena_memory_resource mr{sim, 256 * MiB, depot_options(fake)};
+  depot_setup d;
+  auto& fake = d.fake;
+  auto& mr = d.mr;
   std::size_t const at_start = fake->calls();
   auto first = fill(mr, stream_a, 160);  // 40 superblocks
   free_all(mr, first, stream_a);
@@ -94,10 +96,10 @@ TEST_CASE("arena depot: one stream in use makes no CUDA call, and takes its supe
 }
 
 TEST_CASE("arena depot: another stream takes a stream's superblocks only after waiting for its frees") {
-  auto fake = std::make_shared<test::fake_stream_sync>();
-  auto sim = std::make_shared<simulated_memory_resource>();
-  arena_memory_resource mr{sim, 256 * MiB, depot_options(fake)};
-  mr.deallocate(mr.allocate(1000, on(stream_b)), 1000, on(stream_b));  // two streams in use from here
+  depot_setup d;
+  d.use_b();
+  auto& fake = d.fake;
+  auto& mr = d.mr;
   auto const a_blocks = fill(mr, stream_a, 160);
   std::uint64_t const work = fake->enqueue(stream_a);  // a's kernels use its blocks, then it frees them
   std::size_t const records = fake->records;
@@ -120,9 +122,9 @@ TEST_CASE("arena depot: another stream takes a stream's superblocks only after w
 }
 
 TEST_CASE("arena depot: a stream that comes later takes the first one's unrecorded batches only in order") {
-  auto fake = std::make_shared<test::fake_stream_sync>();
-  auto sim = std::make_shared<simulated_memory_resource>();
-  arena_memory_resource mr{sim, 256 * MiB, depot_options(fake)};
+  depot_setup d;
+  auto& fake = d.fake;
+  auto& mr = d.mr;
   auto const a_blocks = fill(mr, stream_a, 160);
   std::uint64_t const work = fake->enqueue(stream_a);
   free_all(mr, a_blocks, stream_a);  // one stream in use: batches without events
@@ -135,10 +137,10 @@ TEST_CASE("arena depot: a stream that comes later takes the first one's unrecord
 }
 
 TEST_CASE("arena depot: a stream being captured takes no other stream's batch") {
-  auto fake = std::make_shared<test::fake_stream_sync>();
-  auto sim = std::make_shared<simulated_memory_resource>();
-  arena_memory_resource mr{sim, 256 * MiB, depot_options(fake)};
-  mr.deallocate(mr.allocate(1000, on(stream_b)), 1000, on(stream_b));
+  depot_setup d;
+  d.use_b();
+  auto& fake = d.fake;
+  auto& mr = d.mr;
   auto const a_blocks = fill(mr, stream_a, 160);
   free_all(mr, a_blocks, stream_a);
   fake->begin_capture(stream_b);
@@ -152,10 +154,10 @@ TEST_CASE("arena depot: a stream being captured takes no other stream's batch") 
 }
 
 TEST_CASE("arena depot: a free on another stream hands nothing to the depot for a stream it may not name") {
-  auto fake = std::make_shared<test::fake_stream_sync>();
-  auto sim = std::make_shared<simulated_memory_resource>();
-  arena_memory_resource mr{sim, 256 * MiB, depot_options(fake)};
-  mr.deallocate(mr.allocate(1000, on(stream_b)), 1000, on(stream_b));
+  depot_setup d;
+  d.use_b();
+  auto& fake = d.fake;
+  auto& mr = d.mr;
   auto const a_blocks = fill(mr, stream_a, 160);
   std::size_t records_on_a = 0;
   fake->on_record = [&](std::uintptr_t s) { records_on_a += s == stream_a ? 1 : 0; };
@@ -166,11 +168,10 @@ TEST_CASE("arena depot: a free on another stream hands nothing to the depot for 
 }
 
 TEST_CASE("arena depot: its superblocks go to the global arena before it grows, and on release") {
-  auto fake = std::make_shared<test::fake_stream_sync>();
-  auto sim = std::make_shared<simulated_memory_resource>();
-  arena_options o = depot_options(fake);
-  arena_memory_resource mr{sim, 32 * MiB, o};
-  mr.deallocate(mr.allocate(1000, on(stream_b)), 1000, on(stream_b));
+  depot_setup d{32 * MiB};
+  d.use_b();
+  auto& fake = d.fake;
+  auto& mr = d.mr;
   auto const a_blocks = fill(mr, stream_a, 96);  // 24 superblocks of the 32 MiB allowed
   std::uint64_t const work = fake->enqueue(stream_a);
   free_all(mr, a_blocks, stream_a);
@@ -184,7 +185,7 @@ TEST_CASE("arena depot: its superblocks go to the global arena before it grows, 
   free_all(mr, again, stream_a);
   mr.release();
   CHECK(mr.held_bytes() == 0);
-  CHECK(sim->footprint() == 0);
+  CHECK(d.sim->footprint() == 0);
   CHECK(mr.check_invariants() == "");
 }
 

@@ -3,6 +3,7 @@
 // a threaded stress ([stress]) and a model fuzz of stream ordering ([fuzz]).
 #include <catch2/catch.hpp>
 
+#include <bump_upstream.hpp>
 #include <fake_stream_sync.hpp>
 
 #include <mrstack/detail/arena_core.hpp>
@@ -47,19 +48,7 @@ TEST_CASE("depot review: free memory outside the stream arenas stays within max_
 }
 
 namespace {
-/// Chunks at made-up addresses, 16 MiB apart and aligned (never touched).
-struct bump_upstream final : detail::arena_upstream {
-  std::uintptr_t next = std::uintptr_t{1} << 40;
-  std::vector<std::pair<std::uintptr_t, std::uintptr_t>> returned;  // (base, stream handle)
-  std::uintptr_t allocate(std::size_t size, detail::stream_ref const&) override {
-    std::uintptr_t const p = next;
-    next += (size + 16 * MiB - 1) / (16 * MiB) * (16 * MiB);
-    return p;
-  }
-  void deallocate(std::uintptr_t base, std::size_t, detail::stream_ref const& s) noexcept override {
-    returned.emplace_back(base, s.handle);
-  }
-};
+using test::bump_upstream;
 
 /// The fake, with waits that fail on demand (cudaStreamWaitEvent returning an error).
 struct failing_sync final : detail::stream_sync {
