@@ -109,6 +109,37 @@ TEST_CASE("depot review: a failed wait after the legacy record leaks no event") 
   CHECK(fake->live_events() == 0);
 }
 
+TEST_CASE("depot review: no event for the legacy record: the batch stays, nothing leaks or breaks") {
+  auto sync = std::make_shared<failing_sync>();
+  auto fake = sync->fake;
+  detail::stream_ref const ptds1{1, 0x10, true};
+  detail::stream_ref const ptds2{2, 0x20, true};
+  fake->set_blocking(0x10);
+  fake->set_blocking(0x20);
+  bump_upstream up;
+  {
+    detail::arena_core core{up, core_options(), sync, &sim_thread_key};
+    sim_thread = 1;
+    std::vector<std::uintptr_t> first;
+    for (int i = 0; i < 160; ++i) { first.push_back(core.allocate(256 * KiB, 256, ptds1)); }
+    for (auto p : first) { REQUIRE(core.deallocate(p, 256 * KiB, 256, ptds1)); }  // event-less batches
+    sim_thread = 2;
+    sync->fail_creates = true;  // cudaEventCreate fails from here
+    std::uintptr_t p = 0;
+    try {
+      p = core.allocate(256 * KiB, 256, ptds2);  // the global arena's own ordering may need an event too
+    } catch (std::runtime_error const&) {
+    }
+    CHECK(core.check_invariants() == "");
+    sync->fail_creates = false;
+    if (p == 0) { p = core.allocate(256 * KiB, 256, ptds2); }  // served once events can be made
+    REQUIRE(p != 0);
+    REQUIRE(core.deallocate(p, 256 * KiB, 256, ptds2));
+    CHECK(core.check_invariants() == "");
+  }
+  CHECK(fake->live_events() == 0);
+}
+
 TEST_CASE("depot review: statistics see contiguous depot superblocks as the free range they are") {
   auto fake = std::make_shared<test::fake_stream_sync>();
   bump_upstream up;

@@ -59,7 +59,11 @@ bool arena_core::surrender_to_depot(stream_arena& a, std::size_t keep, stream_re
     }
     if (!sync_->record(event, a.stream.handle)) {
       std::lock_guard lock{depot_mutex_};
-      depot_events_.push_back(event);  // room: it came from there or is one more than made
+      try {
+        depot_events_.push_back(event);
+      } catch (...) {
+        sync_->destroy_event(event);
+      }
       return false;
     }
   }
@@ -103,7 +107,11 @@ bool arena_core::order_after_batch(stream_ref const& s, depot_batch const& batch
     barrier = depot_events_.back();
     depot_events_.pop_back();
   } else {
-    barrier = sync_->create_event();
+    try {
+      barrier = sync_->create_event();
+    } catch (...) {
+      return false;  // no event to be had: the batch waits for a drain
+    }
   }
   struct give_back {  // to the spares, also when the record or the wait throws
     std::vector<stream_sync::handle>& spares;
