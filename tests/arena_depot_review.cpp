@@ -86,13 +86,16 @@ detail::arena_core::options core_options() {
 }
 }  // namespace
 
-TEST_CASE("depot review: a failed wait after the legacy record leaks no event") {
-  auto sync = std::make_shared<failing_sync>();
-  auto fake = sync->fake;
+namespace {
+/// Two simulated threads on their per-thread (blocking) streams: thread 1 fills and frees
+/// 40 superblocks alone, so its batches carry no event; then it is thread 2's turn, whose
+/// allocations `run` makes. Every event is checked destroyed with the core.
+template <typename Run>
+void second_thread_after_an_alone_one(std::shared_ptr<failing_sync> const& sync, Run run) {
   detail::stream_ref const ptds1{1, 0x10, true};
   detail::stream_ref const ptds2{2, 0x20, true};
-  fake->set_blocking(0x10);
-  fake->set_blocking(0x20);
+  sync->fake->set_blocking(0x10);
+  sync->fake->set_blocking(0x20);
   bump_upstream up;
   {
     detail::arena_core core{up, core_options(), sync, &sim_thread_key};
@@ -101,29 +104,25 @@ TEST_CASE("depot review: a failed wait after the legacy record leaks no event") 
     for (int i = 0; i < 160; ++i) { first.push_back(core.allocate(256 * KiB, 256, ptds1)); }
     for (auto p : first) { REQUIRE(core.deallocate(p, 256 * KiB, 256, ptds1)); }  // event-less batches
     sim_thread = 2;
+    run(core, ptds2);
+    CHECK(core.check_invariants() == "");
+  }
+  CHECK(sync->fake->live_events() == 0);
+}
+}  // namespace
+
+TEST_CASE("depot review: a failed wait after the legacy record leaks no event") {
+  auto sync = std::make_shared<failing_sync>();
+  second_thread_after_an_alone_one(sync, [&](detail::arena_core& core, detail::stream_ref const& ptds2) {
     sync->fail_waits = true;
     CHECK_THROWS(core.allocate(256 * KiB, 256, ptds2));  // legacy barrier recorded, the wait fails
     sync->fail_waits = false;
-    CHECK(core.check_invariants() == "");
-  }
-  CHECK(fake->live_events() == 0);
+  });
 }
 
 TEST_CASE("depot review: no event for the legacy record: the batch stays, nothing leaks or breaks") {
   auto sync = std::make_shared<failing_sync>();
-  auto fake = sync->fake;
-  detail::stream_ref const ptds1{1, 0x10, true};
-  detail::stream_ref const ptds2{2, 0x20, true};
-  fake->set_blocking(0x10);
-  fake->set_blocking(0x20);
-  bump_upstream up;
-  {
-    detail::arena_core core{up, core_options(), sync, &sim_thread_key};
-    sim_thread = 1;
-    std::vector<std::uintptr_t> first;
-    for (int i = 0; i < 160; ++i) { first.push_back(core.allocate(256 * KiB, 256, ptds1)); }
-    for (auto p : first) { REQUIRE(core.deallocate(p, 256 * KiB, 256, ptds1)); }  // event-less batches
-    sim_thread = 2;
+  second_thread_after_an_alone_one(sync, [&](detail::arena_core& core, detail::stream_ref const& ptds2) {
     sync->fail_creates = true;  // cudaEventCreate fails from here
     std::uintptr_t p = 0;
     try {
@@ -135,9 +134,7 @@ TEST_CASE("depot review: no event for the legacy record: the batch stays, nothin
     if (p == 0) { p = core.allocate(256 * KiB, 256, ptds2); }  // served once events can be made
     REQUIRE(p != 0);
     REQUIRE(core.deallocate(p, 256 * KiB, 256, ptds2));
-    CHECK(core.check_invariants() == "");
-  }
-  CHECK(fake->live_events() == 0);
+  });
 }
 
 TEST_CASE("depot review: statistics see contiguous depot superblocks as the free range they are") {
