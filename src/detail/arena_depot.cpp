@@ -168,12 +168,10 @@ void arena_core::drain_depot_locked(stream_ref const& caller) {
   if (depot_superblocks_seen_.load(std::memory_order_relaxed) == 0) { return; }
   std::lock_guard lock{depot_mutex_};
   bool const caller_may_wait = !sync_->capturing(caller.handle);
+  global_free_note const note{*this};
   struct publish_count {  // also when a free throws: what is left stays counted
     arena_core& core;
-    ~publish_count() {
-      core.depot_superblocks_seen_.store(core.depot_superblocks_, std::memory_order_relaxed);
-      core.note_global_free_locked();
-    }
+    ~publish_count() { core.depot_superblocks_seen_.store(core.depot_superblocks_, std::memory_order_relaxed); }
   } const publish{*this};
   while (!depot_.empty()) {
     depot_batch& batch = depot_.back();

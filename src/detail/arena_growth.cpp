@@ -16,11 +16,7 @@ namespace mrstack::detail {
 // ---- the global arena's chunks ---------------------------------------------------------------------
 
 std::uintptr_t arena_core::global_allocate(std::size_t size, std::size_t alignment, stream_ref const& s) {
-  // Growth raises the free bytes the depot's bound reads: they are noted however this ends.
-  struct note_free_bytes {
-    arena_core& core;
-    ~note_free_bytes() { core.note_global_free_locked(); }
-  } const note{*this};
+  global_free_note const note{*this};  // growth raises the free bytes the depot's bound reads
   if (std::uintptr_t const p = global_.allocate(size, alignment, s)) { return p; }
   if (depot_superblocks_seen_.load(std::memory_order_relaxed) != 0) {
     // Free superblocks waiting in the depot come before new memory.
@@ -181,10 +177,7 @@ std::size_t arena_core::release_free_chunks() {
   std::lock_guard lock{global_mutex_};
   if (opts_.eager) { return 0; }
   drain_depot_locked(stream_ref{});
-  struct note_free_bytes {
-    arena_core& core;
-    ~note_free_bytes() { core.note_global_free_locked(); }
-  } const note{*this};
+  global_free_note const note{*this};
   if (in_place_) { return in_place_->release(global_); }
   // Every chunk with no live block, not only those a free noted.
   for (auto& [base, rec] : chunks_) {

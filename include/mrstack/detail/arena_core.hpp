@@ -357,6 +357,14 @@ class arena_core {
   void note_global_free_locked() noexcept {
     global_free_seen_.store(global_.blocks().free_bytes(), std::memory_order_relaxed);
   }
+  /// Notes the global arena's free bytes when it goes (`global_mutex_` held meanwhile).
+  struct global_free_note {
+    arena_core& core;
+    explicit global_free_note(arena_core& c) : core{c} {}
+    global_free_note(global_free_note const&) = delete;
+    global_free_note& operator=(global_free_note const&) = delete;
+    ~global_free_note() { core.note_global_free_locked(); }
+  };
   /// An event for a depot batch (a spare one when there is one).
   stream_sync::handle depot_event();
   /// Takes `sb` (wholly free, in no list) out of `a`'s accounting; it stays mapped.
