@@ -290,6 +290,65 @@ TEST_CASE("pool streams: another thread's default stream is waited for through t
   current_thread = 3;
 }
 
+TEST_CASE("pool streams: one legacy-stream record covers every default stream's free memory, waited on once") {
+  auto fake = std::make_shared<fake_stream_sync>();
+  detail::stream_ordered_pool core{fake, &simulated_thread_key};
+  stream_ref const t3 = ptds_of(3), t5 = ptds_of(5), t7 = ptds_of(7);
+  for (auto const& t : {t3, t5, t7}) { fake->set_blocking(t.handle); }
+  current_thread = 3;
+  core.add_chunk(0x700000000000, 24 * MiB, t3);
+  std::uintptr_t const a = core.allocate(8 * MiB, 256, t3);
+  std::uintptr_t const b = core.allocate(8 * MiB, 256, t3);
+  std::uintptr_t const c = core.allocate(8 * MiB, 256, t3);
+  std::uint64_t const clock_a = fake->enqueue(t3.handle);
+  core.deallocate(a, t3);
+  current_thread = 5;  // b and c are used and freed on thread 5's stream
+  std::uint64_t const clock_b = fake->enqueue(t5.handle);
+  core.deallocate(b, t5);
+
+  current_thread = 7;  // takes both freed blocks: one record covers both streams' frees
+  std::uintptr_t const first = core.allocate(8 * MiB, 256, t7);
+  std::uintptr_t const second = core.allocate(8 * MiB, 256, t7);
+  CHECK(((first == a && second == b) || (first == b && second == a)));
+  CHECK(fake->records == 1);
+  CHECK(fake->waits == 1);  // the second takeover: already ordered after that record
+  CHECK(fake->ordered_after(t7.handle, t3.handle, clock_a));
+  CHECK(fake->ordered_after(t7.handle, t5.handle, clock_b));
+
+  current_thread = 5;  // a free after the record is not covered by it
+  std::uint64_t const clock_c = fake->enqueue(t5.handle);
+  core.deallocate(c, t5);
+  current_thread = 7;
+  CHECK(core.allocate(8 * MiB, 256, t7) == c);
+  CHECK(fake->records == 2);
+  CHECK(fake->waits == 2);
+  CHECK(fake->ordered_after(t7.handle, t5.handle, clock_c));
+  current_thread = 3;
+}
+
+TEST_CASE("pool streams: a created stream waits on the legacy record at every takeover") {
+  // Default streams remember that they waited on the record; a created stream may not: its
+  // handle can be destroyed and come back as a new stream that never waited.
+  auto fake = std::make_shared<fake_stream_sync>();
+  detail::stream_ordered_pool core{fake, &simulated_thread_key};
+  stream_ref const t3 = ptds_of(3), t5 = ptds_of(5), user = shared_stream(0x100);
+  fake->set_blocking(t3.handle);
+  fake->set_blocking(t5.handle);
+  current_thread = 3;
+  core.add_chunk(0x700000000000, 16 * MiB, t3);
+  std::uintptr_t const a = core.allocate(8 * MiB, 256, t3);
+  std::uintptr_t const b = core.allocate(8 * MiB, 256, t3);
+  core.deallocate(a, t3);
+  current_thread = 5;
+  core.deallocate(b, t5);
+  current_thread = 7;
+  (void)core.allocate(8 * MiB, 256, user);
+  (void)core.allocate(8 * MiB, 256, user);
+  CHECK(fake->records == 1);
+  CHECK(fake->waits == 2);
+  current_thread = 3;
+}
+
 TEST_CASE("pool streams: a stream that never calls again is reached after one device synchronization") {
   auto fake = std::make_shared<fake_stream_sync>();
   detail::stream_ordered_pool core{fake, &simulated_thread_key};

@@ -106,6 +106,7 @@ owner_id stream_owners::install(stream_ref const& s, owner_id reuse) {
   sl.parked_complete = false;
   sl.idle_asks = {};
   sl.freed_in_capture = false;
+  sl.barrier_waited = 0;
   by_key_.insert(s.key, o);
   return o;
 }
@@ -212,8 +213,12 @@ stream_owners::handover stream_owners::hand_over(owner_id from, stream_ref const
   slot& f = slots_[from];
   if (!f.dirty && f.cover != 0) {
     // Every block `from` holds was freed before that record: waiting on it is enough.
-    sync_->wait(to.handle, f.cover);
-    ++waits_;
+    if (f.cover == barrier_event_) {
+      wait_on_barrier(to);
+    } else {
+      sync_->wait(to.handle, f.cover);
+      ++waits_;
+    }
     f.wanted = false;
     return handover::ready;
   }
@@ -232,10 +237,9 @@ stream_owners::handover stream_owners::hand_over(owner_id from, stream_ref const
       return handover::everything_synchronized;
     }
     ++records_;
-    f.dirty = false;
-    f.cover = barrier_event_;  // re-recorded later only ever covers more
-    sync_->wait(to.handle, barrier_event_);
-    ++waits_;
+    ++barrier_records_;
+    cover_default_streams_by_barrier();
+    wait_on_barrier(to);
     return handover::ready;
   }
   if (is_created(f.ref) && f.ref.key != to.key) {
@@ -269,6 +273,38 @@ stream_owners::handover stream_owners::hand_over(owner_id from, stream_ref const
   sync_->wait(to.handle, f.event);
   ++waits_;
   return handover::ready;
+}
+
+void stream_owners::cover_default_streams_by_barrier() noexcept {
+  // The record follows every free noted so far (they were noted under the resource's
+  // lock, which the caller holds), and CUDA orders legacy-stream work after all earlier
+  // work of every blocking stream: per-thread default streams, and the legacy stream
+  // itself. So every default stream's free memory is covered, not only the one asked
+  // for: a later takeover from any of them needs only a wait (16 threads taking each
+  // other's blocks through `binning` had made a record per takeover). No record on the
+  // legacy stream is made while a blocking stream is being captured (see hand_over), so
+  // memory a default stream freed during a capture is covered as the stream's own first
+  // record after the capture would cover it. Not parked owners (covered by their stream's own event),
+  // nor created streams (blocking or not: only a query would tell).
+  for (auto& sl : slots_) {
+    bool const default_stream = sl.ref.thread_bound || sl.ref.handle == legacy_stream;
+    if (!sl.in_use || sl.parent != 0 || !default_stream) { continue; }
+    sl.dirty = false;
+    sl.cover = barrier_event_;  // re-recorded later only ever covers more
+  }
+}
+
+void stream_owners::wait_on_barrier(stream_ref const& to) {
+  // A stream that waited on the barrier's latest record is ordered after it already. Only
+  // default streams are remembered: their keys are never reused, where a created stream's
+  // handle may be destroyed and come back as another stream that never waited.
+  bool const default_stream = to.thread_bound || to.handle == legacy_stream;
+  std::uint32_t const found = default_stream ? by_key_.find(to.key) : address_map::npos;
+  slot* const taker = found != address_map::npos ? &slots_[found] : nullptr;
+  if (taker != nullptr && taker->barrier_waited == barrier_records_) { return; }
+  sync_->wait(to.handle, barrier_event_);
+  ++waits_;
+  if (taker != nullptr) { taker->barrier_waited = barrier_records_; }
 }
 
 void stream_owners::synchronize_all() {

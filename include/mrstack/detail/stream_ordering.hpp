@@ -366,6 +366,7 @@ class stream_owners {
     bool parked_complete = false;    // its stream was idle at its last park: its parked memory needs no wait
     idle_back_off idle_asks{};       // park_if_idle's asks under the lock
     bool freed_in_capture = false;   // freed into while captured, not recorded since: no other stream takes it
+    std::uint64_t barrier_waited = 0;  // as a taker: the barrier record its stream last waited on (0: none)
   };
   static constexpr std::uintptr_t several_threads = 2;  // thread keys are odd
 
@@ -387,6 +388,11 @@ class stream_owners {
   owner_id install(stream_ref const& s, owner_id reuse);
   void retire(owner_id o) noexcept;
   void record_now(slot& sl, stream_ref const& s);
+  /// After a record of the barrier on the legacy stream: every default stream's free
+  /// memory is covered by it (see hand_over).
+  void cover_default_streams_by_barrier() noexcept;
+  /// Orders `to` after the barrier's latest record, unless it already waited on that record.
+  void wait_on_barrier(stream_ref const& to);
   /// After a park of `o` by the calling thread: the slot is clean; returns its parked owner (made when new).
   owner_id parked_slot(owner_id o, stream_ref const& s);
 
@@ -394,6 +400,7 @@ class stream_owners {
   thread_key_fn thread_key_;
   std::vector<slot> slots_;  // index = owner id; slot 0 stands for "synchronized"
   stream_sync::handle barrier_event_ = 0;  // recorded on the legacy default stream
+  std::uint64_t barrier_records_ = 0;      // its records so far: the latest one's number
   address_map by_key_;       // stream key -> owner id
   std::uintptr_t cached_key_ = address_map::empty_key;
   owner_id cached_owner_ = 0;
