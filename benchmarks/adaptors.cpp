@@ -80,6 +80,18 @@ bool base_available(benchmark::State& state) {
 // start is a barrier for all threads) and drops it after (the end is a barrier too).
 resource_ptr shared_resource;
 
+/// For the statistics adaptor (thread 0, after the loop's closing barrier): how often a
+/// thread found its headroom credit short (refills per pair, all threads' pairs), and the
+/// peak it counted, in blocks. At a peak of k blocks only k threads at once can allocate
+/// without a refill (see docs/adaptors.md), so the two explain its scaling.
+void report_statistics(benchmark::State& state, mrstack::memory_resource* mr) {
+  auto const* stats = dynamic_cast<mrstack::statistics_resource_adaptor const*>(mr);
+  if (stats == nullptr) { return; }
+  double const pairs = static_cast<double>(state.iterations()) * state.threads();
+  state.counters["refills_per_pair"] = static_cast<double>(stats->refills()) / pairs;
+  state.counters["peak_blocks"] = static_cast<double>(stats->allocations_counter().peak);
+}
+
 template <typename Make>
 void allocate_free_pair(benchmark::State& state, Make make) {
   if (!base_available(state)) { return; }
@@ -100,7 +112,10 @@ void allocate_free_pair(benchmark::State& state, Make make) {
     mr->deallocate(p, bytes, stream);
   }
   state.SetItemsProcessed(static_cast<std::int64_t>(state.iterations()));
-  if (state.thread_index() == 0) { shared_resource.reset(); }
+  if (state.thread_index() == 0) {
+    report_statistics(state, shared_resource.get());
+    shared_resource.reset();
+  }
 }
 
 void BM_bare(benchmark::State& s) {
