@@ -326,6 +326,38 @@ TEST_CASE("pool streams: one legacy-stream record covers every default stream's 
   current_thread = 3;
 }
 
+TEST_CASE("pool streams: a default stream covered by its own event keeps it when the legacy record is made") {
+  // A wait on the legacy stream also waits for every other blocking stream's work; an
+  // owner that recorded precisely is taken from after a wait on its own event.
+  auto fake = std::make_shared<fake_stream_sync>();
+  detail::stream_ordered_pool core{fake, &simulated_thread_key};
+  stream_ref const t3 = ptds_of(3), t5 = ptds_of(5), t7 = ptds_of(7), t9 = ptds_of(9);
+  for (auto const& t : {t3, t5, t7, t9}) { fake->set_blocking(t.handle); }
+  current_thread = 3;
+  core.add_chunk(0x700000000000, 20 * MiB, t3);
+  std::uintptr_t const a = core.allocate(8 * MiB, 256, t3);
+  std::uintptr_t const c = core.allocate(4 * MiB, 256, t3);
+  std::uintptr_t const b = core.allocate(8 * MiB, 256, t3);
+  core.deallocate(a, t3);
+  current_thread = 5;
+  CHECK(core.allocate(8 * MiB, 256, t5) == a);  // through the legacy stream; thread 3 is asked to record
+  current_thread = 3;
+  std::uint64_t const clock_c = fake->enqueue(t3.handle);
+  core.deallocate(c, t3);  // answers with a record on its own stream
+  CHECK(fake->records == 2);
+  current_thread = 9;
+  core.deallocate(b, t9);
+  current_thread = 7;
+  CHECK(core.allocate(8 * MiB, 256, t7) == b);  // a new legacy record
+  CHECK(fake->records == 3);
+  CHECK(fake->waits == 2);
+  CHECK(core.allocate(4 * MiB, 256, t7) == c);  // after a wait on thread 3's own event
+  CHECK(fake->records == 3);
+  CHECK(fake->waits == 3);
+  CHECK(fake->ordered_after(t7.handle, t3.handle, clock_c));
+  current_thread = 3;
+}
+
 TEST_CASE("pool streams: a created stream waits on the legacy record at every takeover") {
   // Default streams remember that they waited on the record; a created stream may not: its
   // handle can be destroyed and come back as a new stream that never waited.

@@ -284,11 +284,14 @@ void stream_owners::cover_default_streams_by_barrier() noexcept {
   // other's blocks through `binning` had made a record per takeover). No record on the
   // legacy stream is made while a blocking stream is being captured (see hand_over), so
   // memory a default stream freed during a capture is covered as the stream's own first
-  // record after the capture would cover it. Not parked owners (covered by their stream's own event),
-  // nor created streams (blocking or not: only a query would tell).
+  // record after the capture would cover it. Only owners freed into since their last
+  // cover: one covered by its own stream's event keeps it, since a wait on the legacy
+  // stream also waits for every other blocking stream's work. Not parked owners (covered
+  // by their stream's own event), nor created streams (blocking or not: only a query
+  // would tell).
   for (auto& sl : slots_) {
     bool const default_stream = sl.ref.thread_bound || sl.ref.handle == legacy_stream;
-    if (!sl.in_use || sl.parent != 0 || !default_stream) { continue; }
+    if (!sl.in_use || !sl.dirty || sl.parent != 0 || !default_stream) { continue; }
     sl.dirty = false;
     sl.cover = barrier_event_;  // re-recorded later only ever covers more
   }
