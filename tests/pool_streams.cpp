@@ -12,6 +12,7 @@
 #include <mrstack/upstream/simulated_memory_resource.hpp>
 
 #include <cstdlib>
+#include <initializer_list>
 #include <iterator>
 #include <map>
 #include <random>
@@ -71,6 +72,25 @@ struct live_block {
   std::size_t size;
   stream_ref stream;
   std::uintptr_t thread;
+};
+
+/// A pool over the fake seam; threads 3, 5, 7 and 9 on their per-thread default streams
+/// (blocking streams); blocks of `sizes` allocated in order on thread 3's stream from one
+/// chunk that holds exactly them.
+struct default_streams_setup {
+  std::shared_ptr<fake_stream_sync> fake = std::make_shared<fake_stream_sync>();
+  detail::stream_ordered_pool core{fake, &simulated_thread_key};
+  stream_ref t3 = ptds_of(3), t5 = ptds_of(5), t7 = ptds_of(7), t9 = ptds_of(9);
+  std::vector<std::uintptr_t> blocks;
+
+  explicit default_streams_setup(std::initializer_list<std::size_t> sizes) {
+    for (auto const& t : {t3, t5, t7, t9}) { fake->set_blocking(t.handle); }
+    current_thread = 3;
+    std::size_t total = 0;
+    for (std::size_t n : sizes) { total += n; }
+    core.add_chunk(0x700000000000, total, t3);
+    for (std::size_t n : sizes) { blocks.push_back(core.allocate(n, 256, t3)); }
+  }
 };
 
 }  // namespace
@@ -291,93 +311,74 @@ TEST_CASE("pool streams: another thread's default stream is waited for through t
 }
 
 TEST_CASE("pool streams: one legacy-stream record covers every default stream's free memory, waited on once") {
-  auto fake = std::make_shared<fake_stream_sync>();
-  detail::stream_ordered_pool core{fake, &simulated_thread_key};
-  stream_ref const t3 = ptds_of(3), t5 = ptds_of(5), t7 = ptds_of(7);
-  for (auto const& t : {t3, t5, t7}) { fake->set_blocking(t.handle); }
-  current_thread = 3;
-  core.add_chunk(0x700000000000, 24 * MiB, t3);
-  std::uintptr_t const a = core.allocate(8 * MiB, 256, t3);
-  std::uintptr_t const b = core.allocate(8 * MiB, 256, t3);
-  std::uintptr_t const c = core.allocate(8 * MiB, 256, t3);
-  std::uint64_t const clock_a = fake->enqueue(t3.handle);
-  core.deallocate(a, t3);
+  default_streams_setup x{8 * MiB, 8 * MiB, 8 * MiB};
+  auto& fake = x.fake;
+  std::uintptr_t const a = x.blocks[0], b = x.blocks[1], c = x.blocks[2];
+  std::uint64_t const clock_a = fake->enqueue(x.t3.handle);
+  x.core.deallocate(a, x.t3);
   current_thread = 5;  // b and c are used and freed on thread 5's stream
-  std::uint64_t const clock_b = fake->enqueue(t5.handle);
-  core.deallocate(b, t5);
+  std::uint64_t const clock_b = fake->enqueue(x.t5.handle);
+  x.core.deallocate(b, x.t5);
 
   current_thread = 7;  // takes both freed blocks: one record covers both streams' frees
-  std::uintptr_t const first = core.allocate(8 * MiB, 256, t7);
-  std::uintptr_t const second = core.allocate(8 * MiB, 256, t7);
+  std::uintptr_t const first = x.core.allocate(8 * MiB, 256, x.t7);
+  std::uintptr_t const second = x.core.allocate(8 * MiB, 256, x.t7);
   CHECK(((first == a && second == b) || (first == b && second == a)));
   CHECK(fake->records == 1);
   CHECK(fake->waits == 1);  // the second takeover: already ordered after that record
-  CHECK(fake->ordered_after(t7.handle, t3.handle, clock_a));
-  CHECK(fake->ordered_after(t7.handle, t5.handle, clock_b));
+  CHECK(fake->ordered_after(x.t7.handle, x.t3.handle, clock_a));
+  CHECK(fake->ordered_after(x.t7.handle, x.t5.handle, clock_b));
 
   current_thread = 5;  // a free after the record is not covered by it
-  std::uint64_t const clock_c = fake->enqueue(t5.handle);
-  core.deallocate(c, t5);
+  std::uint64_t const clock_c = fake->enqueue(x.t5.handle);
+  x.core.deallocate(c, x.t5);
   current_thread = 7;
-  CHECK(core.allocate(8 * MiB, 256, t7) == c);
+  CHECK(x.core.allocate(8 * MiB, 256, x.t7) == c);
   CHECK(fake->records == 2);
   CHECK(fake->waits == 2);
-  CHECK(fake->ordered_after(t7.handle, t5.handle, clock_c));
+  CHECK(fake->ordered_after(x.t7.handle, x.t5.handle, clock_c));
   current_thread = 3;
 }
 
 TEST_CASE("pool streams: a default stream covered by its own event keeps it when the legacy record is made") {
   // A wait on the legacy stream also waits for every other blocking stream's work; an
   // owner that recorded precisely is taken from after a wait on its own event.
-  auto fake = std::make_shared<fake_stream_sync>();
-  detail::stream_ordered_pool core{fake, &simulated_thread_key};
-  stream_ref const t3 = ptds_of(3), t5 = ptds_of(5), t7 = ptds_of(7), t9 = ptds_of(9);
-  for (auto const& t : {t3, t5, t7, t9}) { fake->set_blocking(t.handle); }
-  current_thread = 3;
-  core.add_chunk(0x700000000000, 20 * MiB, t3);
-  std::uintptr_t const a = core.allocate(8 * MiB, 256, t3);
-  std::uintptr_t const c = core.allocate(4 * MiB, 256, t3);
-  std::uintptr_t const b = core.allocate(8 * MiB, 256, t3);
-  core.deallocate(a, t3);
+  default_streams_setup x{8 * MiB, 4 * MiB, 8 * MiB};
+  auto& fake = x.fake;
+  std::uintptr_t const a = x.blocks[0], c = x.blocks[1], b = x.blocks[2];
+  x.core.deallocate(a, x.t3);
   current_thread = 5;
-  CHECK(core.allocate(8 * MiB, 256, t5) == a);  // through the legacy stream; thread 3 is asked to record
+  CHECK(x.core.allocate(8 * MiB, 256, x.t5) == a);  // through the legacy stream; thread 3 is asked to record
   current_thread = 3;
-  std::uint64_t const clock_c = fake->enqueue(t3.handle);
-  core.deallocate(c, t3);  // answers with a record on its own stream
+  std::uint64_t const clock_c = fake->enqueue(x.t3.handle);
+  x.core.deallocate(c, x.t3);  // answers with a record on its own stream
   CHECK(fake->records == 2);
   current_thread = 9;
-  core.deallocate(b, t9);
+  x.core.deallocate(b, x.t9);
   current_thread = 7;
-  CHECK(core.allocate(8 * MiB, 256, t7) == b);  // a new legacy record
+  CHECK(x.core.allocate(8 * MiB, 256, x.t7) == b);  // a new legacy record
   CHECK(fake->records == 3);
   CHECK(fake->waits == 2);
-  CHECK(core.allocate(4 * MiB, 256, t7) == c);  // after a wait on thread 3's own event
+  CHECK(x.core.allocate(4 * MiB, 256, x.t7) == c);  // after a wait on thread 3's own event
   CHECK(fake->records == 3);
   CHECK(fake->waits == 3);
-  CHECK(fake->ordered_after(t7.handle, t3.handle, clock_c));
+  CHECK(fake->ordered_after(x.t7.handle, x.t3.handle, clock_c));
   current_thread = 3;
 }
 
 TEST_CASE("pool streams: a created stream waits on the legacy record at every takeover") {
   // Default streams remember that they waited on the record; a created stream may not: its
   // handle can be destroyed and come back as a new stream that never waited.
-  auto fake = std::make_shared<fake_stream_sync>();
-  detail::stream_ordered_pool core{fake, &simulated_thread_key};
-  stream_ref const t3 = ptds_of(3), t5 = ptds_of(5), user = shared_stream(0x100);
-  fake->set_blocking(t3.handle);
-  fake->set_blocking(t5.handle);
-  current_thread = 3;
-  core.add_chunk(0x700000000000, 16 * MiB, t3);
-  std::uintptr_t const a = core.allocate(8 * MiB, 256, t3);
-  std::uintptr_t const b = core.allocate(8 * MiB, 256, t3);
-  core.deallocate(a, t3);
+  default_streams_setup x{8 * MiB, 8 * MiB};
+  stream_ref const user = shared_stream(0x100);
+  x.core.deallocate(x.blocks[0], x.t3);
   current_thread = 5;
-  core.deallocate(b, t5);
+  x.core.deallocate(x.blocks[1], x.t5);
   current_thread = 7;
-  (void)core.allocate(8 * MiB, 256, user);
-  (void)core.allocate(8 * MiB, 256, user);
-  CHECK(fake->records == 1);
-  CHECK(fake->waits == 2);
+  (void)x.core.allocate(8 * MiB, 256, user);
+  (void)x.core.allocate(8 * MiB, 256, user);
+  CHECK(x.fake->records == 1);
+  CHECK(x.fake->waits == 2);
   current_thread = 3;
 }
 
