@@ -99,4 +99,14 @@ inline char* put_row(char* out, log_record const& r, clock_text& clock) {
   return out;
 }
 
+/// Writes one row of per-thread order: the row, then the Stamp column (`stamp`, ns since
+/// logging began) before the newline; returns the end.
+inline char* put_stamped_row(char* out, log_record const& r, clock_text& clock, std::uint64_t stamp) {
+  out = put_row(out, r, clock);
+  out[-1] = ',';
+  out = put_decimal(out, stamp);
+  *out++ = '\n';
+  return out;
+}
+
 }  // namespace mrstack::detail

@@ -70,10 +70,8 @@ void log_thread_buffers::push(log_record record) noexcept {
   std::int64_t const stamp = steady_ns();
   record.time_ns = stamp + wall_offset_ns_;
   thread_local clock_text clock;
-  char* out = put_row(b->text.data() + b->used, record, clock);
-  out[-1] = ',';  // the Stamp column before the newline
-  out = put_decimal(out, static_cast<std::uint64_t>(stamp - start_ns_));
-  *out++ = '\n';
+  char* const out =
+      put_stamped_row(b->text.data() + b->used, record, clock, static_cast<std::uint64_t>(stamp - start_ns_));
   b->used = static_cast<std::size_t>(out - b->text.data());
   if (write_each_row_) {  // auto_flush: in the file before the call returns
     write_out(*b);
