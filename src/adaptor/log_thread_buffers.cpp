@@ -58,7 +58,7 @@ log_thread_buffers::buffer* log_thread_buffers::buffer_for(std::size_t shard) no
   return b;
 }
 
-void log_thread_buffers::push(log_record record) noexcept {
+void log_thread_buffers::push(log_record& record) noexcept {
   buffer* b = buffer_for(this_thread_shard());
   if (b == nullptr) { return; }  // no memory for a buffer: the row is lost, the call is not
   std::lock_guard lock{b->mutex};

@@ -37,7 +37,9 @@ class log_thread_buffers {
   log_thread_buffers& operator=(log_thread_buffers const&) = delete;
 
   /// Stamps `record` (its time set here) and appends its row to this thread's buffer.
-  void push(log_record record) noexcept;
+  /// By reference: a copy made by value read the caller's fresh stores back in 16-byte
+  /// pieces, which the CPU cannot forward from 8-byte ones (half of log_event's time).
+  void push(log_record& record) noexcept;
   /// Writes every buffer out and flushes the sinks: every row logged before is then in them.
   void flush();
 

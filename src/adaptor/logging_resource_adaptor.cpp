@@ -83,8 +83,8 @@ class async_log_writer {
   async_log_writer& operator=(async_log_writer const&) = delete;
 
   /// Stamps `record` (its time set here), formats its row into this thread's queue and
-  /// publishes it. Waits while the queue is full.
-  void push(log_record record) noexcept {
+  /// publishes it. Waits while the queue is full. By reference, as log_thread_buffers::push.
+  void push(log_record& record) noexcept {
     thread_queue* q = queue_for(detail::this_thread_shard());
     if (q == nullptr) { return; }  // no memory for a queue: the row is lost, the call is not
     std::lock_guard lock{q->producer};
