@@ -106,6 +106,21 @@ std::string describe(log_record const& r) {
 
 }  // namespace
 
+TEST_CASE("log digits: decimal and hex are std::to_chars's, edge and random values") {
+  std::mt19937_64 rng{7};
+  std::vector<std::uint64_t> values = edge_numbers();
+  for (int i = 0; i < 1'000'000; ++i) { values.push_back(random_number(rng)); }
+  for (std::uint64_t v : values) {
+    INFO("value " << v);
+    char expected[24];
+    char got[24 + 16];
+    char* const decimal_end = std::to_chars(expected, expected + sizeof expected, v).ptr;
+    REQUIRE(std::string(got, mrstack::detail::put_decimal(got, v)) == std::string(expected, decimal_end));
+    char* const hex_end = std::to_chars(expected, expected + sizeof expected, v, 16).ptr;
+    REQUIRE(std::string(got, mrstack::detail::put_hex(got, v)) == std::string(expected, hex_end));
+  }
+}
+
 TEST_CASE("log row text: edge values match the reference formatter") {
   std::vector<std::int64_t> times{0, -1, 1, 999, 1000, ns_per_second - 1, ns_per_second, -ns_per_second,
                                   -ns_per_second - 1, -ns_per_second + 1, 86'399 * ns_per_second + 999'999'999,
