@@ -69,9 +69,8 @@ void log_thread_buffers::push(log_record& record) noexcept {
   // tie), the file is a valid serial history.
   std::int64_t const stamp = steady_ns();
   record.time_ns = stamp + wall_offset_ns_;
-  thread_local clock_text clock;
-  char* const out =
-      put_stamped_row(b->text.data() + b->used, record, clock, static_cast<std::uint64_t>(stamp - start_ns_));
+  thread_local row_writer writer;
+  char* const out = writer.put_stamped(b->text.data() + b->used, record, static_cast<std::uint64_t>(stamp - start_ns_));
   b->used = static_cast<std::size_t>(out - b->text.data());
   if (write_each_row_) {  // auto_flush: in the file before the call returns
     write_out(*b);

@@ -33,8 +33,8 @@ namespace {
 
 /// An asynchronous row, formatted by the thread that logged it: the writer only merges
 /// slots by stamp and copies their text, so formatting scales with the logging threads.
-/// The longest row is 113 characters (a 20-digit thread id and size, "allocate failure",
-/// 16-digit hex pointer and stream), so one slot is two cache lines.
+/// The longest row is 113 characters and takes `row_room` bytes to write, so one slot is
+/// two cache lines.
 struct alignas(64) row_slot {
   std::int64_t stamp;  // steady clock, ns
   std::uint8_t is_free;
@@ -42,6 +42,7 @@ struct alignas(64) row_slot {
   char text[118];
 };
 static_assert(sizeof(row_slot) == 128);
+static_assert(sizeof(row_slot::text) >= row_room);
 
 }  // namespace
 
@@ -103,8 +104,8 @@ class async_log_writer {
     slot.stamp = record.time_ns;
     slot.is_free = record.action == 2 ? 1 : 0;
     record.time_ns += wall_offset_ns_;
-    thread_local clock_text clock;
-    slot.length = static_cast<std::uint8_t>(put_row(slot.text, record, clock) - slot.text);
+    thread_local row_writer writer;
+    slot.length = static_cast<std::uint8_t>(writer.put(slot.text, record) - slot.text);
     q->head.store(head + 1, std::memory_order_release);
     q->pending.store(idle, std::memory_order_release);
     if (((head + 1) & (queue_capacity_ / 8 - 1)) == 0 && sleeping_.load(std::memory_order_relaxed)) { wake(); }
@@ -403,9 +404,9 @@ void logging_resource_adaptor::log_event(action what, void const* ptr, std::size
   }
   auto const now = std::chrono::system_clock::now();
   record.time_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(now.time_since_epoch()).count();
-  thread_local detail::clock_text clock;
-  char row[detail::max_row_length];
-  char* const end = detail::put_row(row, record, clock);
+  thread_local detail::row_writer writer;
+  char row[detail::row_room];
+  char* const end = writer.put(row, record);
   // spdlog catches and reports sink errors itself (its error handler), so this never throws.
   logger_->log(now, spdlog::source_loc{}, spdlog::level::info,
                spdlog::string_view_t{row, static_cast<std::size_t>(end - row - 1)});
