@@ -10,6 +10,7 @@
 
 #include "../src/adaptor/log_rows.hpp"
 
+#include <algorithm>
 #include <charconv>
 #include <cinttypes>
 #include <cstdio>
@@ -76,7 +77,8 @@ struct formatter {
     char* const end = write(buffer);
     REQUIRE(end > buffer);
     REQUIRE(end <= buffer + room);
-    for (std::size_t i = room; i < sizeof buffer; ++i) { REQUIRE(buffer[i] == canary); }
+    char const* const touched = std::find_if(buffer + room, std::end(buffer), [](char c) { return c != canary; });
+    REQUIRE(touched - buffer == static_cast<std::ptrdiff_t>(sizeof buffer));
     return std::string(buffer, end);
   }
 };
@@ -107,6 +109,15 @@ std::string describe(log_record const& r) {
          " stream " + std::to_string(r.stream);
 }
 
+/// REQUIRE(got == expected), naming the case only when they differ (a message built for
+/// each of millions of rows would be most of the test's time, under the sanitizers most).
+template <typename Describe>
+void require_same(std::string const& got, std::string const& expected, Describe describe_case) {
+  if (got == expected) { return; }
+  INFO(describe_case());
+  REQUIRE(got == expected);
+}
+
 }  // namespace
 
 TEST_CASE("log digits: decimal and hex are std::to_chars's, edge and random values") {
@@ -114,13 +125,14 @@ TEST_CASE("log digits: decimal and hex are std::to_chars's, edge and random valu
   std::vector<std::uint64_t> values = edge_numbers();
   for (int i = 0; i < 1'000'000; ++i) { values.push_back(random_number(rng)); }
   for (std::uint64_t v : values) {
-    INFO("value " << v);
     char expected[24];
     char got[24 + 16];
     char* const decimal_end = std::to_chars(expected, expected + sizeof expected, v).ptr;
-    REQUIRE(std::string(got, mrstack::detail::put_decimal(got, v)) == std::string(expected, decimal_end));
+    require_same(std::string(got, mrstack::detail::put_decimal(got, v)), std::string(expected, decimal_end),
+                 [&] { return "decimal " + std::to_string(v); });
     char* const hex_end = std::to_chars(expected, expected + sizeof expected, v, 16).ptr;
-    REQUIRE(std::string(got, mrstack::detail::put_hex(got, v)) == std::string(expected, hex_end));
+    require_same(std::string(got, mrstack::detail::put_hex(got, v)), std::string(expected, hex_end),
+                 [&] { return "hex " + std::to_string(v); });
   }
 }
 
@@ -138,9 +150,8 @@ TEST_CASE("log row text: edge values match the reference formatter") {
         // Each number in every column at once, and with the nulls around it.
         for (log_record const& r : {log_record{n, t, n, n, n, action}, log_record{n, t, 0, n, 0, action},
                                     log_record{0, t, n, 0, n, action}}) {
-          INFO(describe(r));
-          REQUIRE(f.row(r) == reference_row(r));
-          REQUIRE(f.stamped_row(r, n) == reference_stamped_row(r, n));
+          require_same(f.row(r), reference_row(r), [&] { return describe(r); });
+          require_same(f.stamped_row(r, n), reference_stamped_row(r, n), [&] { return describe(r); });
           ++checked;
         }
       }
@@ -173,11 +184,11 @@ TEST_CASE("log row text: a million random rows through one formatter match the r
     r.bytes = random_number(rng);
     r.stream = rng() % 8 == 0 ? random_number(rng) : streams[rng() % streams.size()];
     stamp = rng() % 8 == 0 ? random_number(rng) : stamp + rng() % 3'000'000;  // mostly rising, as on a thread
-    INFO("row " << i << ": " << describe(r));
+    auto const what = [&] { return "row " + std::to_string(i) + ": " + describe(r); };
     if (i % 2 == 0) {
-      REQUIRE(f.row(r) == reference_row(r));
+      require_same(f.row(r), reference_row(r), what);
     } else {
-      REQUIRE(f.stamped_row(r, stamp) == reference_stamped_row(r, stamp));
+      require_same(f.stamped_row(r, stamp), reference_stamped_row(r, stamp), what);
     }
   }
 }
