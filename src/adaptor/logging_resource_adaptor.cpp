@@ -33,8 +33,9 @@ namespace {
 
 /// An asynchronous row, formatted by the thread that logged it: the writer only merges
 /// slots by stamp and copies their text, so formatting scales with the logging threads.
-/// The longest row is 113 characters and takes `row_room` bytes to write, so one slot is
-/// two cache lines.
+/// The longest row is 113 characters (`row_room`), so one slot is two cache lines; a
+/// shorter row stores little past its end (log_rows.hpp), so one that ends in the first
+/// line leaves the second to the writer's core untouched.
 struct alignas(64) row_slot {
   std::int64_t stamp;  // steady clock, ns
   std::uint8_t is_free;
