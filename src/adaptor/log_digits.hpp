@@ -5,8 +5,9 @@
 // per-thread row's time on the 2-core VM (a call through its base switch, a digit count
 // that divides in a loop, hex one nibble a step).
 //
-// The output is exactly std::to_chars's (decimal; hex base 16, lower case);
-// tests/adaptor_logging_format.cpp checks that against printf over random and edge values.
+// The output is exactly std::to_chars's (decimal; hex base 16, lower case):
+// tests/adaptor_logging_format.cpp checks it against std::to_chars over edge and random
+// values, and whole rows against printf.
 #include <array>
 #include <bit>
 #include <cstdint>

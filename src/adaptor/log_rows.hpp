@@ -7,8 +7,9 @@
 // of millions of times a second on a busy log, so what a thread's rows share is kept
 // between them in its `row_writer`: the text of its Thread and Stream columns and of the
 // current second. Fields are stored in fixed-size blocks that may run past their end
-// (the next field overwrites the excess), so no copy's length waits on a computed one.
-// tests/adaptor_logging_format.cpp holds the text to a printf reference.
+// (the next field overwrites the excess), so no copy's length waits on a computed one;
+// the last column is copied exactly. tests/adaptor_logging_format.cpp holds the text to a
+// printf reference.
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -38,7 +39,7 @@ inline constexpr std::size_t max_row_length = 160;
 /// so nothing is stored past the longest row (and at most 10 bytes past a shorter one).
 inline constexpr std::size_t row_room = 113;
 
-/// Local wall-clock "HH:MM:SS.uuuuuu" (15 characters, stored as 16 bytes). The
+/// Local wall-clock "HH:MM:SS.uuuuuu" (15 characters, stored exactly). The
 /// "HH:MM:SS." part is recomputed only when the second changes (localtime_r takes the
 /// time-zone lock and costs far more than the rest of a row).
 class clock_text {
@@ -138,7 +139,6 @@ class cached_column {
       if (n > 1) { std::memcpy(to + n - 2, from + n - 2, 2); }
     }
   }
-
 
   std::uint64_t value_ = 0;
   std::size_t length_;
