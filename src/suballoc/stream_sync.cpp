@@ -39,7 +39,12 @@ class profiled_call {
   std::chrono::steady_clock::time_point start_;
 };
 
-cudaStream_t as_stream(detail::stream_sync::handle h) noexcept { return reinterpret_cast<cudaStream_t>(h); }
+// Handle 0 is the legacy default stream (to_stream_ref maps it there), named as such: a
+// bare 0 would mean the calling thread's own stream in a build with per-thread default
+// streams, and then a "barrier" recorded there would order nothing after other threads.
+cudaStream_t as_stream(detail::stream_sync::handle h) noexcept {
+  return h == 0 ? cudaStreamLegacy : reinterpret_cast<cudaStream_t>(h);
+}
 cudaEvent_t as_event(detail::stream_sync::handle h) noexcept { return reinterpret_cast<cudaEvent_t>(h); }
 
 // Events and device-wide synchronization belong to the device current when the suballocator
