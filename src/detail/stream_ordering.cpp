@@ -224,23 +224,9 @@ stream_owners::handover stream_owners::hand_over(owner_id from, stream_ref const
   }
   if (f.ref.thread_bound && f.ref.key != thread_key_()) {
     // Another thread's default stream: ask its thread to record from now on (precise
-    // events next time), and order `to` after it now through the legacy default stream,
-    // which waits for every blocking stream — per-thread default streams are blocking.
+    // events next time), and order `to` after it now through the legacy default stream.
     f.wanted = true;
-    // While a blocking stream is being captured, the legacy stream may not be touched (a
-    // record there ends that capture, relaxed or not: measured on an H200); its query
-    // reports an error instead, which `capturing` answers true. Its thread records later.
-    if (sync_->capturing(legacy_stream)) { return handover::not_now; }
-    if (barrier_event_ == 0) { barrier_event_ = sync_->create_event(); }
-    if (!sync_->record(barrier_event_, legacy_stream)) {
-      synchronize_all();
-      return handover::everything_synchronized;
-    }
-    ++records_;
-    ++barrier_records_;
-    cover_default_streams_by_barrier();
-    wait_on_barrier(to);
-    return handover::ready;
+    return hand_over_through_legacy_stream(to);
   }
   if (is_created(f.ref) && f.ref.key != to.key) {
     if (f.freed_in_capture) {
@@ -261,6 +247,11 @@ stream_owners::handover stream_owners::hand_over(owner_id from, stream_ref const
     synchronize_all();
     return handover::everything_synchronized;
   }
+  // The caller's own default stream, or the legacy stream: a record there while it is
+  // being captured (the legacy stream counts as captured while any blocking stream is)
+  // would land in the capture, or end it, and another stream cannot wait on it. Found by
+  // a hostile review (tests/stream_ordering_review.cpp).
+  if (sync_->capturing(f.ref.handle)) { return handover::not_now; }
   if (f.event == 0) { f.event = sync_->create_event(); }
   if (!sync_->record(f.event, f.ref.handle)) {
     synchronize_all();
@@ -272,6 +263,24 @@ stream_owners::handover stream_owners::hand_over(owner_id from, stream_ref const
   f.wanted = false;
   sync_->wait(to.handle, f.event);
   ++waits_;
+  return handover::ready;
+}
+
+stream_owners::handover stream_owners::hand_over_through_legacy_stream(stream_ref const& to) {
+  // The legacy stream waits for every blocking stream — per-thread default streams are
+  // blocking. While a blocking stream is being captured it may not be touched (a record
+  // there ends that capture, relaxed or not: measured on an H200); its query reports an
+  // error instead, which `capturing` answers true. The owner's thread records later.
+  if (sync_->capturing(legacy_stream)) { return handover::not_now; }
+  if (barrier_event_ == 0) { barrier_event_ = sync_->create_event(); }
+  if (!sync_->record(barrier_event_, legacy_stream)) {
+    synchronize_all();
+    return handover::everything_synchronized;
+  }
+  ++records_;
+  ++barrier_records_;
+  cover_default_streams_by_barrier();
+  wait_on_barrier(to);
   return handover::ready;
 }
 

@@ -388,6 +388,8 @@ class stream_owners {
   owner_id install(stream_ref const& s, owner_id reuse);
   void retire(owner_id o) noexcept;
   void record_now(slot& sl, stream_ref const& s);
+  /// Orders `to` after another thread's default stream through a record on the legacy stream.
+  handover hand_over_through_legacy_stream(stream_ref const& to);
   /// After a record of the barrier on the legacy stream: every default stream's free
   /// memory is covered by it (see hand_over).
   void cover_default_streams_by_barrier() noexcept;
