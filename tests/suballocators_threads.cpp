@@ -130,7 +130,10 @@ TEST_CASE("threads: pool, sharded from the second thread, more threads than shar
   options.shard_block_limit = 32 * KiB;  // blocks above it on the global blocks, the rest in shards
   pool_memory_resource mr{sys, 16 * MiB, std::nullopt, options};
   CHECK(hammer(mr, 6, steps_per_thread(), 64 * KiB) == 0);
-  CHECK(mr.stats().thread_shards == 3);
+  // Never more shards than asked for; as many only when three threads ran at once, which a
+  // loaded machine does not promise (it may run them one after another).
+  CHECK(mr.stats().thread_shards >= 1);
+  CHECK(mr.stats().thread_shards <= 3);
   CHECK(mr.check_invariants() == "");
   CHECK(mr.used_bytes() == 0);
   mr.release();
