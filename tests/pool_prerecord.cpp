@@ -7,6 +7,7 @@
 #include <catch2/catch.hpp>
 
 #include <fake_stream_sync.hpp>
+#include <freed_ranges.hpp>
 #include <faked_pool.hpp>
 
 #include <mrstack/detail/spare_events.hpp>
@@ -23,6 +24,7 @@
 using namespace mrstack;
 using detail::stream_ref;
 using test::fake_stream_sync;
+using test::freed_ranges;
 
 namespace {
 
@@ -32,37 +34,6 @@ constexpr std::size_t MiB = 1024 * KiB;
 std::uintptr_t current_thread = 3;
 std::uintptr_t simulated_thread_key() noexcept { return current_thread; }
 stream_ref created(std::uintptr_t handle) { return stream_ref{handle, handle, false}; }
-
-struct freed_range {
-  std::uintptr_t end;
-  std::uintptr_t stream;
-  std::uint64_t clock;
-};
-
-/// Memory freed and not yet handed out again; `take` checks a new user is ordered after it.
-class freed_memory {
- public:
-  void add(std::uintptr_t a, std::size_t n, std::uintptr_t stream, std::uint64_t clock) {
-    ranges_[a] = freed_range{a + n, stream, clock};
-  }
-  void take(std::uintptr_t a, std::size_t n, std::uintptr_t user, fake_stream_sync const& fake) {
-    auto it = ranges_.upper_bound(a);
-    if (it != ranges_.begin() && std::prev(it)->second.end > a) { --it; }
-    std::vector<std::pair<std::uintptr_t, freed_range>> keep;
-    while (it != ranges_.end() && it->first < a + n) {
-      INFO("block at " << a << " for stream " << user << " overlaps memory freed on stream " << it->second.stream
-                       << " at its clock " << it->second.clock);
-      REQUIRE(fake.ordered_after(user, it->second.stream, it->second.clock));
-      if (it->first < a) { keep.emplace_back(it->first, freed_range{a, it->second.stream, it->second.clock}); }
-      if (it->second.end > a + n) { keep.emplace_back(a + n, freed_range{it->second.end, it->second.stream, it->second.clock}); }
-      it = ranges_.erase(it);
-    }
-    for (auto const& [k, r] : keep) { ranges_[k] = r; }
-  }
-
- private:
-  std::map<std::uintptr_t, freed_range> ranges_;
-};
 
 struct live_block {
   std::size_t size;
@@ -104,7 +75,7 @@ model_counts run_model(std::uint64_t seed, usage use, int steps, bool idle_strea
   detail::stream_ordered_pool core{fake, &simulated_thread_key, true, parks};
   std::uintptr_t const threads[] = {3, 5, 7};
   std::uintptr_t const streams[] = {0x100, 0x200, 0x300};
-  freed_memory freed;
+  freed_ranges freed;
   std::map<std::uintptr_t, live_block> live;
   std::map<std::uintptr_t, std::optional<pending_free>> pending;  // by thread
   std::vector<detail::stream_sync::handle> spares;
@@ -142,7 +113,7 @@ model_counts run_model(std::uint64_t seed, usage use, int steps, bool idle_strea
         a = core.allocate(size, 256, created(s));
         REQUIRE(a != 0);
       }
-      freed.take(a, size, s, *fake);
+      REQUIRE(freed.take(a, size, s, *fake) == "");
       live.emplace(a, live_block{size, s});
       fake->enqueue(s);
       continue;

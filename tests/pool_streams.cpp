@@ -6,6 +6,7 @@
 #include <catch2/catch.hpp>
 
 #include <fake_stream_sync.hpp>
+#include <freed_ranges.hpp>
 
 #include <mrstack/detail/stream_ordering.hpp>
 #include <mrstack/suballoc/pool_memory_resource.hpp>
@@ -22,6 +23,7 @@
 using namespace mrstack;
 using detail::stream_ref;
 using test::fake_stream_sync;
+using test::freed_ranges;
 
 namespace {
 
@@ -35,38 +37,6 @@ std::uintptr_t simulated_thread_key() noexcept { return current_thread; }
 constexpr std::uintptr_t ptds_handle_base = 0x100000;
 stream_ref ptds_of(std::uintptr_t thread) { return stream_ref{thread, ptds_handle_base + thread, true}; }
 stream_ref shared_stream(std::uintptr_t handle) { return stream_ref{handle, handle, false}; }
-
-/// Freed ranges not yet handed out again: who freed them, and when (the freer's clock).
-class freed_ranges {
- public:
-  void add(std::uintptr_t a, std::size_t n, std::uintptr_t freer, std::uint64_t clock) {
-    ranges_[a] = range{a + n, freer, clock};
-  }
-  /// Everything in [a, a+n) must be ordered before new work on `user`; then it is live.
-  void take(std::uintptr_t a, std::size_t n, std::uintptr_t user, fake_stream_sync const& fake) {
-    std::uintptr_t const end = a + n;
-    auto it = ranges_.upper_bound(a);
-    if (it != ranges_.begin() && std::prev(it)->second.end > a) { --it; }
-    std::vector<std::pair<std::uintptr_t, range>> keep;
-    while (it != ranges_.end() && it->first < end) {
-      INFO("block at " << a << " for stream " << user << " overlaps memory freed on stream " << it->second.freer
-                       << " at its clock " << it->second.clock);
-      REQUIRE(fake.ordered_after(user, it->second.freer, it->second.clock));
-      if (it->first < a) { keep.emplace_back(it->first, range{a, it->second.freer, it->second.clock}); }
-      if (it->second.end > end) { keep.emplace_back(end, range{it->second.end, it->second.freer, it->second.clock}); }
-      it = ranges_.erase(it);
-    }
-    for (auto const& [k, r] : keep) { ranges_[k] = r; }
-  }
-
- private:
-  struct range {
-    std::uintptr_t end;
-    std::uintptr_t freer;
-    std::uint64_t clock;
-  };
-  std::map<std::uintptr_t, range> ranges_;
-};
 
 struct live_block {
   std::size_t size;
@@ -136,7 +106,7 @@ TEST_CASE("pool streams: random work on shared and per-thread streams never reus
           REQUIRE(a != 0);
         }
         REQUIRE(a % alignment == 0);
-        freed.take(a, size, s.handle, *fake);
+        REQUIRE(freed.take(a, size, s.handle, *fake) == "");
         auto next = live.lower_bound(a);
         if (next != live.end()) { REQUIRE(a + size <= next->first); }
         if (next != live.begin()) { REQUIRE(std::prev(next)->first + std::prev(next)->second.size <= a); }

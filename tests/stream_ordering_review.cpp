@@ -9,6 +9,7 @@
 #include <catch2/catch.hpp>
 
 #include <fake_stream_sync.hpp>
+#include <freed_ranges.hpp>
 
 #include <mrstack/detail/fixed_size_blocks.hpp>
 #include <mrstack/detail/stream_ordering.hpp>
@@ -22,12 +23,14 @@
 #include <mutex>
 #include <random>
 #include <sstream>
+#include <string>
 #include <thread>
 #include <vector>
 
 using namespace mrstack;
 using detail::stream_ref;
 using test::fake_stream_sync;
+using test::freed_ranges;
 
 // What a failing model run saw: into the test's report, and to stderr with REVIEW_VERBOSE.
 #define DIAG(x)                                                                  \
@@ -50,23 +53,41 @@ stream_ref ptds_of(std::uintptr_t thread) { return stream_ref{thread, ptds_handl
 stream_ref shared_stream(std::uintptr_t handle) { return stream_ref{handle, handle, false}; }
 stream_ref const legacy = shared_stream(0);
 
-/// A real thread that holds a key of the registry behind thread_has_exited until told to end.
-class keyed_thread {
+/// A real thread, with its own key in the registry behind thread_has_exited, that runs
+/// the jobs it is given one at a time until told to end.
+class worker {
  public:
-  keyed_thread() {
+  worker() {
     thread_ = std::thread{[this] {
       std::unique_lock lock{m_};
       key_ = detail::this_thread_key();
       cv_.notify_all();
-      cv_.wait(lock, [this] { return stop_; });
+      for (;;) {
+        cv_.wait(lock, [this] { return job_ || stop_; });
+        if (stop_) { return; }
+        try {
+          job_();
+        } catch (...) {
+          error_ = std::current_exception();
+        }
+        job_ = nullptr;
+        cv_.notify_all();
+      }
     }};
     std::unique_lock lock{m_};
     cv_.wait(lock, [this] { return key_ != 0; });
   }
-  ~keyed_thread() { end(); }
-  keyed_thread(keyed_thread const&) = delete;
-  keyed_thread& operator=(keyed_thread const&) = delete;
-  std::uintptr_t key() const { return key_; }
+  ~worker() { end(); }
+  worker(worker const&) = delete;
+  worker& operator=(worker const&) = delete;
+  [[nodiscard]] std::uintptr_t key() const { return key_; }
+  void run(std::function<void()> f) {
+    std::unique_lock lock{m_};
+    job_ = std::move(f);
+    cv_.notify_all();
+    cv_.wait(lock, [this] { return !job_; });
+    if (error_) { std::rethrow_exception(std::exchange(error_, nullptr)); }
+  }
   void end() {
     if (!thread_.joinable()) { return; }
     {
@@ -80,6 +101,8 @@ class keyed_thread {
  private:
   std::mutex m_;
   std::condition_variable cv_;
+  std::function<void()> job_;
+  std::exception_ptr error_;
   std::uintptr_t key_ = 0;
   bool stop_ = false;
   std::thread thread_;
@@ -109,40 +132,6 @@ class flaky_sync final : public detail::stream_sync {
  private:
   std::shared_ptr<fake_stream_sync> inner_;
   std::mt19937_64 rng_;
-};
-
-class freed_ranges {
- public:
-  void add(std::uintptr_t a, std::size_t n, std::uintptr_t freer, std::uint64_t clock) {
-    ranges_[a] = range{a + n, freer, clock};
-  }
-  bool take(std::uintptr_t a, std::size_t n, std::uintptr_t user, fake_stream_sync const& fake) {
-    std::uintptr_t const end = a + n;
-    auto it = ranges_.upper_bound(a);
-    if (it != ranges_.begin() && std::prev(it)->second.end > a) { --it; }
-    std::vector<std::pair<std::uintptr_t, range>> keep;
-    bool ok = true;
-    while (it != ranges_.end() && it->first < end) {
-      if (!fake.ordered_after(user, it->second.freer, it->second.clock)) {
-        DIAG("block at " << std::hex << a << " for stream " << user << " overlaps memory freed on stream "
-                                  << it->second.freer << std::dec << " at its clock " << it->second.clock);
-        ok = false;
-      }
-      if (it->first < a) { keep.emplace_back(it->first, range{a, it->second.freer, it->second.clock}); }
-      if (it->second.end > end) { keep.emplace_back(end, range{it->second.end, it->second.freer, it->second.clock}); }
-      it = ranges_.erase(it);
-    }
-    for (auto const& [k, r] : keep) { ranges_[k] = r; }
-    return ok;
-  }
-
- private:
-  struct range {
-    std::uintptr_t end;
-    std::uintptr_t freer;
-    std::uint64_t clock;
-  };
-  std::map<std::uintptr_t, range> ranges_;
 };
 
 struct live_block {
@@ -177,10 +166,10 @@ int run_pool_model(std::uint64_t seed, model_options const& opt) {
   auto flaky = std::make_shared<flaky_sync>(fake, seed * 7 + 1);
   flaky->fail_percent = opt.record_fail_percent;
   int bad = 0;
-  std::vector<std::unique_ptr<keyed_thread>> real;  // backing keys for the simulated threads
+  std::vector<std::unique_ptr<worker>> real;  // backing keys for the simulated threads
   std::vector<std::uintptr_t> threads;
   auto start_thread = [&] {
-    real.push_back(std::make_unique<keyed_thread>());
+    real.push_back(std::make_unique<worker>());
     threads.push_back(real.back()->key());
     fake->set_blocking(ptds_of(real.back()->key()).handle);
   };
@@ -273,8 +262,8 @@ int run_pool_model(std::uint64_t seed, model_options const& opt) {
         a = core.allocate(size, 256, s);
         if (a == 0) { return -1; }
       }
-      if (!freed.take(a, size, s.handle, *fake)) {
-        DIAG("step " << step << " seed " << seed);
+      if (std::string const why = freed.take(a, size, s.handle, *fake); !why.empty()) {
+        DIAG(why << "step " << step << " seed " << seed);
         ++bad;
       }
       live.emplace(a, live_block{size, s, current_thread});
@@ -419,59 +408,6 @@ class ptds_sync final : public detail::stream_sync {
   std::shared_ptr<fake_stream_sync> fake_;
 };
 
-class worker {
- public:
-  worker() {
-    thread_ = std::thread{[this] {
-      std::unique_lock lock{m_};
-      key_ = detail::this_thread_key();
-      cv_.notify_all();
-      for (;;) {
-        cv_.wait(lock, [this] { return job_ || stop_; });
-        if (stop_) { return; }
-        try {
-          job_();
-        } catch (...) {
-          error_ = std::current_exception();
-        }
-        job_ = nullptr;
-        cv_.notify_all();
-      }
-    }};
-    std::unique_lock lock{m_};
-    cv_.wait(lock, [this] { return key_ != 0; });
-  }
-  ~worker() { end(); }
-  worker(worker const&) = delete;
-  worker& operator=(worker const&) = delete;
-  [[nodiscard]] std::uintptr_t key() const { return key_; }
-  void run(std::function<void()> f) {
-    std::unique_lock lock{m_};
-    job_ = std::move(f);
-    cv_.notify_all();
-    cv_.wait(lock, [this] { return !job_; });
-    if (error_) { std::rethrow_exception(std::exchange(error_, nullptr)); }
-  }
-  void end() {
-    if (!thread_.joinable()) { return; }
-    {
-      std::lock_guard lock{m_};
-      stop_ = true;
-    }
-    cv_.notify_all();
-    thread_.join();
-  }
-
- private:
-  std::mutex m_;
-  std::condition_variable cv_;
-  std::function<void()> job_;
-  std::exception_ptr error_;
-  std::uintptr_t key_ = 0;
-  bool stop_ = false;
-  std::thread thread_;
-};
-
 struct real_live {
   std::size_t size;
   stream_view stream;
@@ -483,7 +419,7 @@ struct real_options {
   int steps = 20000;
   bool created = true;
   bool exits = false;
-  std::function<std::size_t(std::mt19937_64&)> size = [](std::mt19937_64& r) { return 64 * KiB; };
+  std::function<std::size_t(std::mt19937_64&)> size = [](std::mt19937_64&) { return 64 * KiB; };
   std::function<std::size_t(std::size_t)> extent = [](std::size_t n) { return n; };
 };
 
@@ -551,8 +487,8 @@ int run_real_model(std::uint64_t seed, std::shared_ptr<fake_stream_sync> const& 
       workers[t]->run([&] { p = mr.allocate(n, s); });
       auto const a = reinterpret_cast<std::uintptr_t>(p);
       std::uintptr_t const h = handle_of(s, t);
-      if (!freed.take(a, opt.extent(n), h, *fake)) {
-        DIAG("step " << step << " seed " << seed << " thread " << t);
+      if (std::string const why = freed.take(a, opt.extent(n), h, *fake); !why.empty()) {
+        DIAG(why << "step " << step << " seed " << seed << " thread " << t);
         ++bad;
       }
       live.emplace(a, real_live{n, s, t});
@@ -587,25 +523,14 @@ int run_real_model(std::uint64_t seed, std::shared_ptr<fake_stream_sync> const& 
 }  // namespace
 
 TEST_CASE("review: real threads through fixed_size (thread caches)") {
+  bool const created_streams = GENERATE(true, false);  // false: default streams only
   for (std::uint64_t seed = 1; seed <= 4; ++seed) {
-    CAPTURE(seed);
+    CAPTURE(created_streams, seed);
     auto fake = std::make_shared<fake_stream_sync>();
     auto sim = std::make_shared<simulated_memory_resource>();
     fixed_size_memory_resource mr{sim, 64 * KiB, 16, std::make_shared<ptds_sync>(fake)};
     real_options o;
-    o.exits = true;
-    CHECK(run_real_model(seed, fake, mr, o) == 0);
-  }
-}
-
-TEST_CASE("review: real threads through fixed_size, default streams only") {
-  for (std::uint64_t seed = 1; seed <= 4; ++seed) {
-    CAPTURE(seed);
-    auto fake = std::make_shared<fake_stream_sync>();
-    auto sim = std::make_shared<simulated_memory_resource>();
-    fixed_size_memory_resource mr{sim, 64 * KiB, 16, std::make_shared<ptds_sync>(fake)};
-    real_options o;
-    o.created = false;
+    o.created = created_streams;
     o.exits = true;
     CHECK(run_real_model(seed, fake, mr, o) == 0);
   }
