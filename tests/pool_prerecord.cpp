@@ -8,6 +8,7 @@
 
 #include <fake_stream_sync.hpp>
 #include <freed_ranges.hpp>
+#include <simulated_threads.hpp>
 #include <faked_pool.hpp>
 
 #include <mrstack/detail/spare_events.hpp>
@@ -25,14 +26,14 @@ using namespace mrstack;
 using detail::stream_ref;
 using test::fake_stream_sync;
 using test::freed_ranges;
+using test::current_thread;
+using test::simulated_thread_key;
 
 namespace {
 
 constexpr std::size_t KiB = 1024;
 constexpr std::size_t MiB = 1024 * KiB;
 
-std::uintptr_t current_thread = 3;
-std::uintptr_t simulated_thread_key() noexcept { return current_thread; }
 stream_ref created(std::uintptr_t handle) { return stream_ref{handle, handle, false}; }
 
 struct live_block {

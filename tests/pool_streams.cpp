@@ -7,6 +7,7 @@
 
 #include <fake_stream_sync.hpp>
 #include <freed_ranges.hpp>
+#include <simulated_threads.hpp>
 
 #include <mrstack/detail/stream_ordering.hpp>
 #include <mrstack/suballoc/pool_memory_resource.hpp>
@@ -24,19 +25,17 @@ using namespace mrstack;
 using detail::stream_ref;
 using test::fake_stream_sync;
 using test::freed_ranges;
+using test::current_thread;
+using test::ptds_handle_base;
+using test::ptds_of;
+using test::shared_stream;
+using test::simulated_thread_key;
 
 namespace {
 
 bool long_tests() { return std::getenv("MRSTACK_LONG_TESTS") != nullptr; }
 constexpr std::size_t KiB = 1024;
 constexpr std::size_t MiB = 1024 * KiB;
-
-// Simulated threads: the ordering logic asks this function which thread is calling.
-std::uintptr_t current_thread = 3;
-std::uintptr_t simulated_thread_key() noexcept { return current_thread; }
-constexpr std::uintptr_t ptds_handle_base = 0x100000;
-stream_ref ptds_of(std::uintptr_t thread) { return stream_ref{thread, ptds_handle_base + thread, true}; }
-stream_ref shared_stream(std::uintptr_t handle) { return stream_ref{handle, handle, false}; }
 
 struct live_block {
   std::size_t size;

@@ -10,6 +10,7 @@
 
 #include <fake_stream_sync.hpp>
 #include <freed_ranges.hpp>
+#include <simulated_threads.hpp>
 
 #include <mrstack/detail/fixed_size_blocks.hpp>
 #include <mrstack/detail/stream_ordering.hpp>
@@ -31,6 +32,11 @@ using namespace mrstack;
 using detail::stream_ref;
 using test::fake_stream_sync;
 using test::freed_ranges;
+using test::current_thread;
+using test::ptds_handle_base;
+using test::ptds_of;
+using test::shared_stream;
+using test::simulated_thread_key;
 
 // What a failing model run saw: into the test's report, and to stderr with REVIEW_VERBOSE.
 #define DIAG(x)                                                                  \
@@ -46,11 +52,6 @@ namespace {
 constexpr std::size_t KiB = 1024;
 constexpr std::size_t MiB = 1024 * KiB;
 
-std::uintptr_t current_thread = 3;
-std::uintptr_t simulated_thread_key() noexcept { return current_thread; }
-constexpr std::uintptr_t ptds_handle_base = 0x100000;
-stream_ref ptds_of(std::uintptr_t thread) { return stream_ref{thread, ptds_handle_base + thread, true}; }
-stream_ref shared_stream(std::uintptr_t handle) { return stream_ref{handle, handle, false}; }
 stream_ref const legacy = shared_stream(0);
 
 /// A real thread, with its own key in the registry behind thread_has_exited, that runs
