@@ -139,6 +139,15 @@ void BM_logging_per_thread(benchmark::State& s) {
                                                                mrstack::log_order::per_thread);
   });
 }
+// Binary records in per-thread order: as BM_logging_per_thread with no row formatted.
+void BM_logging_binary(benchmark::State& s) {
+  allocate_free_pair(s, [](resource_ptr base) {
+    return std::make_shared<mrstack::logging_resource_adaptor>(std::move(base), "/dev/null", false, true,
+                                                               mrstack::logging_resource_adaptor::default_queue_capacity,
+                                                               mrstack::log_order::per_thread,
+                                                               mrstack::log_format::binary);
+  });
+}
 void BM_limiting(benchmark::State& s) {
   allocate_free_pair(s, [](resource_ptr base) {
     return std::make_shared<mrstack::limiting_resource_adaptor>(std::move(base), std::size_t{1} << 40);
@@ -218,6 +227,7 @@ MRSTACK_ADAPTOR_BENCH(BM_bare);
 MRSTACK_ADAPTOR_BENCH(BM_logging_sync);
 MRSTACK_ADAPTOR_BENCH(BM_logging_async);
 MRSTACK_ADAPTOR_BENCH(BM_logging_per_thread);
+MRSTACK_ADAPTOR_BENCH(BM_logging_binary);
 MRSTACK_ADAPTOR_BENCH(BM_limiting);
 MRSTACK_ADAPTOR_BENCH(BM_statistics);
 MRSTACK_ADAPTOR_BENCH(BM_tracking);
@@ -236,5 +246,6 @@ MRSTACK_ADAPTOR_SCALING(BM_statistics);
 MRSTACK_ADAPTOR_SCALING(BM_limiting);
 MRSTACK_ADAPTOR_SCALING(BM_logging_async);
 MRSTACK_ADAPTOR_SCALING(BM_logging_per_thread);
+MRSTACK_ADAPTOR_SCALING(BM_logging_binary);
 MRSTACK_ADAPTOR_SCALING(BM_tracking);
 BENCHMARK_MAIN();

@@ -5,6 +5,8 @@
 // buffer out; the reader's sort and its errors; the spec parameter.
 #include <catch2/catch.hpp>
 
+#include <logged_threads.hpp>
+
 #include <mrstack/adaptor/logging_resource_adaptor.hpp>
 #include <mrstack/error.hpp>
 #include <mrstack/log/allocation_log.hpp>
@@ -29,55 +31,8 @@ using namespace mrstack;
 
 namespace {
 
-struct call {
-  std::string action;
-  std::uintptr_t pointer;
-  std::size_t bytes;
-};
-
-cudaStream_t fake_stream(std::uintptr_t v) { return reinterpret_cast<cudaStream_t>(v); }
-
-std::vector<std::string> split(std::string const& line) {
-  std::vector<std::string> fields;
-  std::stringstream ls{line};
-  for (std::string f; std::getline(ls, f, ',');) { fields.push_back(f); }
-  return fields;
-}
-
-/// `threads` threads, `ops` calls each, over one simulated upstream that reuses freed
-/// addresses (so one thread's free and another's allocation of the same address meet).
-std::vector<std::vector<call>> run_threads(logging_resource_adaptor& log, int threads, int ops) {
-  std::vector<std::vector<call>> expected(static_cast<std::size_t>(threads));
-  std::vector<std::thread> pool;
-  for (int t = 0; t < threads; ++t) {
-    pool.emplace_back([&, t] {
-      auto& mine = expected[static_cast<std::size_t>(t)];
-      std::mt19937_64 rng{static_cast<std::uint64_t>(t) * 104729 + 3};
-      std::vector<std::pair<void*, std::size_t>> held;
-      for (int i = 0; i < ops; ++i) {
-        if (held.empty() || rng() % 100 < 52) {
-          std::size_t const bytes = 1 + rng() % 4096;
-          void* p = log.allocate(bytes, fake_stream(0x7000 + static_cast<std::uintptr_t>(t)));
-          held.emplace_back(p, bytes);
-          mine.push_back({"allocate", reinterpret_cast<std::uintptr_t>(p), bytes});
-        } else {
-          std::size_t const k = rng() % held.size();
-          auto [p, bytes] = held[k];
-          held[k] = held.back();
-          held.pop_back();
-          log.deallocate(p, bytes, fake_stream(0x7000 + static_cast<std::uintptr_t>(t)));
-          mine.push_back({"free", reinterpret_cast<std::uintptr_t>(p), bytes});
-        }
-      }
-      for (auto [p, bytes] : held) {
-        log.deallocate(p, bytes, fake_stream(0x7000 + static_cast<std::uintptr_t>(t)));
-        mine.push_back({"free", reinterpret_cast<std::uintptr_t>(p), bytes});
-      }
-    });
-  }
-  for (auto& th : pool) { th.join(); }
-  return expected;
-}
+using test::check_rows_per_thread;
+using test::split_row;
 
 /// True when the rows, in file order, never allocate a live pointer or free one that is not live.
 bool file_order_is_a_history(std::string const& text) {
@@ -86,7 +41,7 @@ bool file_order_is_a_history(std::string const& text) {
   std::getline(in, line);  // the header
   std::set<std::string> live;
   while (std::getline(in, line)) {
-    auto const fields = split(line);
+    auto const fields = split_row(line);
     bool const ok = fields[2] == "free" ? live.erase(fields[3]) == 1 : live.insert(fields[3]).second;
     if (!ok) { return false; }
   }
@@ -102,50 +57,20 @@ TEST_CASE("logging per thread: every call a row, each thread's in its own order,
   constexpr int ops = 5000;
   auto sim = std::make_shared<simulated_memory_resource>(std::size_t{1} << 32);
   std::ostringstream out;
-  std::vector<std::vector<call>> expected;
+  std::vector<std::vector<test::logged_call>> expected;
   std::size_t total = 0;
   {
     logging_resource_adaptor log{sim, out, false, true, queue, log_order::per_thread};
     CHECK(log.is_async());
     CHECK(log.order() == log_order::per_thread);
-    expected = run_threads(log, threads, ops);
+    expected = test::run_logged_threads(log, threads, ops);
     for (auto const& e : expected) { total += e.size(); }
     log.flush();  // every buffer out while the adaptor lives
     std::string const so_far = out.str();
     CHECK(static_cast<std::size_t>(std::count(so_far.begin(), so_far.end(), '\n')) == total + 1);
   }
   std::string const text = out.str();
-  std::istringstream in{text};
-  std::string line;
-  REQUIRE(std::getline(in, line));
-  REQUIRE(line == "Thread,Time,Action,Pointer,Size,Stream,Stamp");
-  // In the file: each thread's rows in its order, stamps rising within a thread.
-  std::map<std::string, std::vector<std::vector<std::string>>> by_thread;
-  while (std::getline(in, line)) {
-    auto fields = split(line);
-    REQUIRE(fields.size() == 7);
-    by_thread[fields[0]].push_back(std::move(fields));
-  }
-  REQUIRE(by_thread.size() == threads);
-  std::size_t matched = 0;
-  for (auto const& mine : expected) {
-    // Find this thread's rows by its first call's pointer (thread ids are the OS's).
-    bool found = false;
-    for (auto const& [id, rows] : by_thread) {
-      if (rows.size() != mine.size() || std::stoull(rows[0][3], nullptr, 16) != mine[0].pointer) { continue; }
-      found = true;
-      for (std::size_t i = 0; i < mine.size(); ++i) {
-        INFO("thread " << id << " row " << i);
-        REQUIRE(rows[i][2] == mine[i].action);
-        REQUIRE(std::stoull(rows[i][3], nullptr, 16) == mine[i].pointer);
-        REQUIRE(std::stoull(rows[i][4]) == mine[i].bytes);
-        if (i > 0) { REQUIRE(std::stoull(rows[i][6]) >= std::stoull(rows[i - 1][6])); }
-      }
-    }
-    CHECK(found);
-    matched += found ? 1 : 0;
-  }
-  CHECK(matched == threads);
+  check_rows_per_thread(text, expected);
   // The reader sorts by Stamp: a valid history. Unsorted (the Stamp column renamed) the
   // same rows are read in file order, which is a history only when the threads happened
   // not to overlap (a loaded machine may run them one after another): the reader must

@@ -5,9 +5,11 @@
 
 #include "scratch_files.hpp"
 
+#include <mrstack/adaptor/logging_resource_adaptor.hpp>
 #include <mrstack/log/allocation_log.hpp>
 #include <mrstack/replay/replay.hpp>
 #include <mrstack/spec_registry.hpp>
+#include <mrstack/upstream/simulated_memory_resource.hpp>
 
 #include <cstdio>
 #include <filesystem>
@@ -527,13 +529,13 @@ TEST_CASE("mrstack-replay: exit 2 for unusable input, with a clear message and n
   }
   auto const help = run_tool({"--help"});
   CHECK(help.status == 0);
-  CHECK_THAT(help.out, Catch::Contains("usage: mrstack-replay LOG.csv[.gz]"));
+  CHECK_THAT(help.out, Catch::Contains("usage: mrstack-replay LOG[.gz]"));
   // The usage lines (before the first blank line) name every option, and the option list
   // explains each.
   std::string const usage = help.out.substr(0, help.out.find("\n\n"));
   for (char const* option : {"--resource", "--simulate", "--capacity", "--repeat", "--warmup", "--order", "--workers",
                              "--expect-failures", "--json", "--timeline", "--timeline-points", "--shrink",
-                             "--max-log-bytes", "--max-line-bytes", "--list-resources"}) {
+                             "--write-csv", "--max-log-bytes", "--max-line-bytes", "--list-resources"}) {
     INFO(option);
     CHECK_THAT(usage, Catch::Contains(std::string{"["} + option) || Catch::Contains(std::string{" "} + option));
     CHECK_THAT(help.out.substr(usage.size()), Catch::Contains(std::string{"  "} + option) || Catch::Contains(std::string{", "} + option));
@@ -552,6 +554,41 @@ TEST_CASE("mrstack-replay: exit 2 for unusable input, with a clear message and n
   CHECK(list.status == 0);
   CHECK_THAT(list.out, Catch::Contains("cuda_async  (bottom: takes no upstream)"));
   CHECK_THAT(list.out, Catch::Contains("release_threshold"));
+}
+
+TEST_CASE("mrstack-replay --write-csv: a checked log written as CSV, binary logs decoded; nothing replayed") {
+  register_test_layers();
+  auto const csv_in = write_file("convert.csv", small_log);
+  auto const out_path = (scratch_dir() / "converted.csv").string();
+  std::filesystem::remove(out_path);
+  auto const plain = run_tool({csv_in, "--write-csv", out_path});
+  INFO(plain.out << plain.err);
+  CHECK(plain.status == 0);
+  CHECK_THAT(plain.out, Catch::Contains("as CSV to " + out_path));
+  CHECK(slurp(out_path) == small_log);
+  // A binary log, made by the adaptor, comes out as the CSV its reader sees.
+  auto const bin_path = (scratch_dir() / "two.bin").string();
+  {
+    logging_resource_adaptor log{std::make_shared<simulated_memory_resource>(), bin_path, false, true,
+                                 logging_resource_adaptor::default_queue_capacity, log_order::per_thread,
+                                 log_format::binary};
+    log.deallocate(log.allocate(100), 100);
+  }
+  auto const binary = run_tool({bin_path, "--write-csv", out_path});
+  CHECK(binary.status == 0);
+  CHECK_THAT(binary.out, Catch::Contains("(2 events, 1 threads)"));
+  CHECK(slurp(out_path) == read_log_text(bin_path));
+  CHECK(slurp(out_path).rfind("Thread,Time,Action,Pointer,Size,Stream,Stamp\n", 0) == 0);
+  // A log that does not check out writes nothing; replay options are refused with it.
+  std::filesystem::remove(out_path);
+  auto const bad_log = write_file("bad_convert.csv", header + "1,0,free,0x1000,16,0\n");
+  auto const bad = run_tool({bad_log, "--write-csv", out_path});
+  CHECK(bad.status == 2);
+  CHECK_THAT(bad.err, Catch::Contains("bad_convert.csv:2:"));
+  CHECK_FALSE(std::filesystem::exists(out_path));
+  auto const mixed = run_tool({csv_in, "--write-csv", out_path, "-r", "pool > cuda"});
+  CHECK(mixed.status == 2);
+  CHECK_THAT(mixed.err, Catch::Contains("--write-csv converts the log and replays nothing"));
 }
 
 TEST_CASE("mrstack-replay: the sample log over simulated memory") {

@@ -19,6 +19,7 @@
 
 #include <spdlog/details/os.h>
 #include <spdlog/logger.h>
+#include <spdlog/pattern_formatter.h>
 #include <spdlog/sinks/basic_file_sink.h>
 #include <spdlog/sinks/ostream_sink.h>
 
@@ -321,28 +322,33 @@ resource_ptr checked_upstream(resource_ptr upstream) {
 }  // namespace
 
 logging_resource_adaptor::logging_resource_adaptor(resource_ptr upstream, std::string const& path, bool auto_flush,
-                                                   bool async, std::size_t queue_capacity, log_order order)
+                                                   bool async, std::size_t queue_capacity, log_order order,
+                                                   log_format format)
     : logging_resource_adaptor(checked_upstream(std::move(upstream)), std::vector<spdlog::sink_ptr>{},
-                               resolve_path(path), auto_flush, async, queue_capacity, order, 0) {}
+                               resolve_path(path), auto_flush, async, queue_capacity, order, format, 0) {}
 
 logging_resource_adaptor::logging_resource_adaptor(resource_ptr upstream, std::ostream& stream, bool auto_flush,
-                                                   bool async, std::size_t queue_capacity, log_order order)
+                                                   bool async, std::size_t queue_capacity, log_order order,
+                                                   log_format format)
     : logging_resource_adaptor(std::move(upstream),
                                std::vector<spdlog::sink_ptr>{std::make_shared<spdlog::sinks::ostream_sink_mt>(stream)},
-                               std::string{}, auto_flush, async, queue_capacity, order, 0) {}
+                               std::string{}, auto_flush, async, queue_capacity, order, format, 0) {}
 
 logging_resource_adaptor::logging_resource_adaptor(resource_ptr upstream, std::vector<spdlog::sink_ptr> sinks,
                                                    bool auto_flush, bool async, std::size_t queue_capacity,
-                                                   log_order order)
+                                                   log_order order, log_format format)
     : logging_resource_adaptor(std::move(upstream), std::move(sinks), std::string{}, auto_flush, async,
-                               queue_capacity, order, 0) {}
+                               queue_capacity, order, format, 0) {}
 
 logging_resource_adaptor::logging_resource_adaptor(resource_ptr upstream, std::vector<spdlog::sink_ptr> sinks,
                                                    std::string path, bool auto_flush, bool async,
-                                                   std::size_t queue_capacity, log_order order, int)
-    : upstream_{checked_upstream(std::move(upstream))}, path_{std::move(path)} {
+                                                   std::size_t queue_capacity, log_order order, log_format format, int)
+    : upstream_{checked_upstream(std::move(upstream))}, path_{std::move(path)}, format_{format} {
   if (order == log_order::per_thread && !async) {
     throw logic_error("logging: per-thread order is a way of writing asynchronously: it needs async");
+  }
+  if (format == log_format::binary && order != log_order::per_thread) {
+    throw logic_error("logging: the binary format is written in per-thread order: it needs async and per_thread");
   }
   if (!path_.empty()) { sinks.push_back(open_file_sink(path_)); }
   if (sinks.empty()) { throw logic_error("logging: no sink to write to"); }
@@ -355,18 +361,22 @@ logging_resource_adaptor::logging_resource_adaptor(resource_ptr upstream, std::v
   }
   logger_ = std::make_shared<spdlog::logger>("mrstack.logging", sinks.begin(), sinks.end());
   logger_->set_level(spdlog::level::info);
-  logger_->set_pattern("%v");  // rows are formatted by us; the sinks add only the newline
+  // Rows are formatted by us: the sinks add only the newline, and to binary blocks nothing.
+  logger_->set_formatter(std::make_unique<spdlog::pattern_formatter>(
+      "%v", spdlog::pattern_time_type::local,
+      format == log_format::binary ? std::string{} : std::string{spdlog::details::os::default_eol}));
   if (auto_flush && !async) { logger_->flush_on(spdlog::level::info); }
-  logger_->log(spdlog::level::info, header(order));
-  if (auto_flush) { logger_->flush(); }
+  if (format == log_format::csv) { logger_->log(spdlog::level::info, header(order)); }
   if (async && order == log_order::per_thread) {
     // A thread's buffer holds as many rows as its merged-mode queue would (rows are at
-    // most `max_row_length` plus the stamp, most far shorter).
+    // most `max_row_length` plus the stamp, most far shorter; a binary record is 32 bytes).
     std::size_t const rows = std::max<std::size_t>(queue_capacity / 16, 1024);
-    per_thread_ = std::make_unique<detail::log_thread_buffers>(logger_, rows * 80, auto_flush);
+    per_thread_ = std::make_unique<detail::log_thread_buffers>(logger_, rows * 80, auto_flush,
+                                                               format == log_format::binary);
   } else if (async) {
     writer_ = std::make_unique<detail::async_log_writer>(logger_, queue_capacity, auto_flush);
   }
+  if (auto_flush) { logger_->flush(); }
 }
 
 logging_resource_adaptor::~logging_resource_adaptor() {

@@ -1,6 +1,7 @@
 // The allocation-log reader: CSV (plain or gzip) -> a checked, compact event array.
 #include <mrstack/error.hpp>
 #include <mrstack/log/allocation_log.hpp>
+#include <mrstack/log/binary_log.hpp>
 
 #include <algorithm>
 #include <cctype>
@@ -430,6 +431,10 @@ class log_parser {
 }  // namespace
 
 allocation_log parse_allocation_log(std::string_view text, std::string source, log_limits const& limits) {
+  if (is_binary_log(text)) {
+    std::string const csv = binary_log_to_csv(text, source, limits);
+    return log_parser{csv, std::move(source), limits}.parse();
+  }
   return log_parser{text, std::move(source), limits}.parse();
 }
 

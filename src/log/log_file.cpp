@@ -1,5 +1,6 @@
-// Reading a log file: plain or gzip (one or more streams), bounded, NUL-free.
+// Reading a log file: plain or gzip (one or more streams), CSV or binary, bounded, NUL-free.
 #include <mrstack/log/allocation_log.hpp>
+#include <mrstack/log/binary_log.hpp>
 
 #include <algorithm>
 #include <cerrno>
@@ -91,7 +92,8 @@ std::string gunzip(std::string const& path, std::string const& bytes, std::size_
 
 std::string read_log_text(std::string const& path, log_limits const& limits) {
   std::string bytes = read_raw(path, limits.max_text_bytes);
-  if (gzip_magic(bytes, 0)) { return gunzip(path, bytes, limits.max_text_bytes); }
+  if (gzip_magic(bytes, 0)) { bytes = gunzip(path, bytes, limits.max_text_bytes); }
+  if (is_binary_log(bytes)) { return binary_log_to_csv(bytes, path, limits); }
   if (bytes.size() > limits.max_text_bytes) { fail_file(path, too_big(limits.max_text_bytes)); }
   return bytes;
 }

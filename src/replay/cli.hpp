@@ -33,6 +33,7 @@ struct arguments {
   std::optional<std::string> timeline_path;
   std::size_t timeline_points = 2000;
   std::optional<std::string> shrink_path;
+  std::optional<std::string> csv_path;  // --write-csv: convert the log, replay nothing
   log_limits limits;
   bool list_resources = false;
   bool help = false;

@@ -9,15 +9,17 @@
 namespace mrstack::replay_cli {
 
 char const* const usage_text =
-    "usage: mrstack-replay LOG.csv[.gz] [--resource SPEC]... [--simulate] [--capacity SIZE]\n"
+    "usage: mrstack-replay LOG[.gz] [--resource SPEC]... [--simulate] [--capacity SIZE]\n"
     "                      [--repeat N] [--warmup] [--order strict|per-thread] [--workers N]\n"
     "                      [--expect-failures] [--json FILE] [--timeline FILE]\n"
     "                      [--timeline-points N] [--shrink OUT.csv] [--max-log-bytes SIZE]\n"
     "                      [--max-line-bytes SIZE]\n"
+    "       mrstack-replay LOG[.gz] --write-csv OUT.csv\n"
     "       mrstack-replay --list-resources\n"
     "\n"
     "Replays an allocation log (CSV Thread,Time,Action,Pointer,Size,Stream, plain or gzip:\n"
-    "what mrstack's and RMM's logging adaptors write) against stacks and compares them.\n"
+    "what mrstack's and RMM's logging adaptors write; or mrstack's binary log) against\n"
+    "stacks and compares them.\n"
     "\n"
     "  -r, --resource SPEC  a stack to replay, top to bottom, e.g. 'binning > pool > cuda';\n"
     "                       give it several times to compare (default: pool > cuda,\n"
@@ -42,6 +44,8 @@ char const* const usage_text =
     "  --timeline-points N  samples in the timeline (default 2000)\n"
     "  --shrink OUT.csv     when the (one) stack refuses an allocation, write a much smaller\n"
     "                       log that fails the same way (use with --capacity)\n"
+    "  --write-csv OUT.csv  check the log and write it as CSV (a binary log's rows as the\n"
+    "                       logging adaptor writes them in per-thread order); no replay\n"
     "  --max-log-bytes SIZE refuse a log whose text is larger (default 4GiB)\n"
     "  --max-line-bytes SIZE refuse a log with a longer line (default 64KiB)\n"
     "  --list-resources     every resource and parameter a spec can name\n"
@@ -80,6 +84,12 @@ void check_combinations(arguments const& a) {
   if (!a.help && !a.list_resources && a.log_path.empty()) { throw usage_error{"no log given"}; }
   if (a.expect_failures && a.order != replay_order::strict) {
     throw usage_error{"--expect-failures asks each recorded failure at its place in the log: it needs --order strict"};
+  }
+  bool const replays = !a.resources.empty() || a.simulate || a.capacity || a.repeat != 1 || a.warmup ||
+                       a.order != replay_order::strict || a.workers != 0 || a.expect_failures || a.json_path ||
+                       a.timeline_path || a.shrink_path;
+  if (a.csv_path && replays) {
+    throw usage_error{"--write-csv converts the log and replays nothing: give it only the log (and the --max-* limits)"};
   }
   if (a.shrink_path && a.resources.size() != 1) {
     throw usage_error{"--shrink needs exactly one --resource: the stack whose failure to keep"};
@@ -136,6 +146,8 @@ arguments parse_arguments(std::vector<std::string> const& args) {
       a.timeline_points = static_cast<std::size_t>(whole_number(arg, value(), 1000000, "samples"));
     } else if (arg == "--shrink") {
       a.shrink_path = file_name(arg, value());
+    } else if (arg == "--write-csv") {
+      a.csv_path = file_name(arg, value());
     } else if (arg == "--max-log-bytes") {
       a.limits.max_text_bytes = positive_size(arg, value());
     } else if (arg == "--max-line-bytes") {

@@ -198,6 +198,28 @@ int run(arguments const& a, std::FILE* out, std::FILE* err) {
   return all_complete ? 0 : 1;
 }
 
+/// --write-csv: the log's text, checked as a log, written whole or not at all.
+int write_csv(arguments const& a, std::FILE* out, std::FILE* err) {
+  std::string text;
+  allocation_log log;
+  try {
+    text = read_log_text(a.log_path, a.limits);
+    log = parse_allocation_log(text, a.log_path, a.limits);
+  } catch (log_error const& e) {
+    std::fprintf(err, "mrstack-replay: %s\n", e.what());
+    return 2;
+  }
+  try {
+    write_atomically(*a.csv_path, text);
+  } catch (std::exception const& e) {
+    std::fprintf(err, "mrstack-replay: --write-csv: %s\n", e.what());
+    return 2;
+  }
+  std::fprintf(out, "mrstack-replay: wrote %s (%zu events, %zu threads) as CSV to %s\n", a.log_path.c_str(),
+               log.events.size(), log.thread_names.size(), a.csv_path->c_str());
+  return 0;
+}
+
 }  // namespace
 
 int run_replay_tool(std::vector<std::string> const& args, std::FILE* out, std::FILE* err) {
@@ -217,7 +239,7 @@ int run_replay_tool(std::vector<std::string> const& args, std::FILE* out, std::F
     return 0;
   }
   try {
-    return run(a, out, err);
+    return a.csv_path ? write_csv(a, out, err) : run(a, out, err);
   } catch (std::exception const& e) {
     std::fprintf(err, "mrstack-replay: %s\n", e.what());
     return 2;

@@ -318,7 +318,7 @@ std::vector<spec_resource> builtin_resources() {
   r.back().validate = validate_arena;
 
   // ---- adaptors ------------------------------------------------------------------------
-  r.push_back({"logging", "writes every allocate/free as CSV (RMM's format; replayable)", needs_upstream,
+  r.push_back({"logging", "writes every allocate/free as CSV (RMM's format) or binary records; replayable", needs_upstream,
                {text_param("file", optional_param, "the log file (created or truncated)", "$MRSTACK_LOG_FILE"),
                 flag_param("auto_flush", optional_param, "flush after every record", "false"),
                 flag_param("async", optional_param, "format and write on a background thread", "false"),
@@ -329,13 +329,19 @@ std::vector<spec_resource> builtin_resources() {
                 flag_param("per_thread", optional_param,
                            "with async: each thread writes its own rows in runs, a Stamp column orders them "
                            "(no merging writer to wait for)",
+                           "false"),
+                flag_param("binary", optional_param,
+                           "32-byte records instead of CSV, written as per_thread writes (so async and per_thread "
+                           "are implied); mrstack-replay reads them and --write-csv converts them",
                            "false")},
                [](spec_arguments const& a, resource_ptr up) -> resource_ptr {
+                 bool const binary = a.flag("binary").value_or(false);
                  return std::make_shared<logging_resource_adaptor>(
                      std::move(up), a.text("file").value_or(""), a.flag("auto_flush").value_or(false),
-                     a.flag("async").value_or(false),
+                     a.flag("async").value_or(binary),
                      a.count("queue_capacity").value_or(logging_resource_adaptor::default_queue_capacity),
-                     a.flag("per_thread").value_or(false) ? log_order::per_thread : log_order::merged);
+                     a.flag("per_thread").value_or(binary) ? log_order::per_thread : log_order::merged,
+                     binary ? log_format::binary : log_format::csv);
                }});
   r.push_back({"limiting", "refuses allocations past a byte limit", needs_upstream,
                {size_param("limit", required, "bytes it may hand out at once"),

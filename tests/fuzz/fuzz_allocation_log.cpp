@@ -1,5 +1,5 @@
-// libFuzzer target: the allocation-log reader. Any byte string is a log: plain text goes
-// to parse_allocation_log; a gzip stream (by its magic bytes) goes through a memfd to
+// libFuzzer target: the allocation-log reader. Any byte string is a log: plain text and
+// binary logs (by their magic bytes) go to parse_allocation_log; a gzip stream (by its magic bytes) goes through a memfd to
 // read_allocation_log, which detects and inflates it. Every input must either parse into
 // a log whose invariants hold or be refused with a log_error; anything else (a crash, a
 // sanitizer report, another exception) is a finding.

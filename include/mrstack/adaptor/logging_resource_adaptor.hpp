@@ -59,6 +59,15 @@
 ///   every buffer out; rows of a thread that logs nothing more wait in its buffer until
 ///   then (or until the adaptor is destroyed). `auto_flush` writes and flushes every row at once.
 ///
+/// - binary (`format = log_format::binary`, with async and per-thread order): as
+///   per-thread order, but each buffer holds 32-byte records — stamp and kind, pointer,
+///   size, stream — in blocks that name their thread, after a 32-byte file header
+///   (layout: log/binary_log.hpp). The logging thread formats nothing, and the file is
+///   under half the CSV's size. mrstack's log reader (so `mrstack-replay`, which also
+///   writes the CSV out with `--write-csv`) reads it as the CSV this adaptor would have
+///   written in per-thread order. The sinks are handed raw bytes with no newline added:
+///   give it a file or a binary ostream.
+///
 /// Output goes to a file (truncated; the path defaults from `MRSTACK_LOG_FILE`), to a
 /// `std::ostream` (which must outlive the adaptor) or to any spdlog sinks (use their
 /// `_mt` variants; the adaptor sets their pattern to `%v`, as RMM's does).
@@ -86,6 +95,12 @@ class async_log_writer;
 class log_thread_buffers;
 }  // namespace detail
 
+/// What a log's rows are written as (see the modes above).
+enum class log_format : std::uint8_t {
+  csv,     ///< RMM's CSV columns
+  binary,  ///< 32-byte records (log/binary_log.hpp); needs async and per-thread order
+};
+
 /// How an asynchronous log orders its rows (see the modes above).
 enum class log_order : std::uint8_t {
   merged,      ///< one writer merges every thread's rows: the file is a serial history as it stands
@@ -103,17 +118,18 @@ class logging_resource_adaptor final : public memory_resource {
   /// Logs to the file at `path` (created or truncated; parent folders are created). An
   /// empty `path` means the file named by MRSTACK_LOG_FILE; a `logic_error` when that is
   /// unset. A file that cannot be opened throws `std::runtime_error` naming the path.
-  /// `log_order::per_thread` needs `async`: otherwise a `logic_error`.
+  /// `log_order::per_thread` needs `async`, `log_format::binary` both: otherwise a `logic_error`.
   explicit logging_resource_adaptor(resource_ptr upstream, std::string const& path = {}, bool auto_flush = false,
                                     bool async = false, std::size_t queue_capacity = default_queue_capacity,
-                                    log_order order = log_order::merged);
+                                    log_order order = log_order::merged, log_format format = log_format::csv);
   /// Logs to `stream`, which must outlive the adaptor.
   logging_resource_adaptor(resource_ptr upstream, std::ostream& stream, bool auto_flush = false, bool async = false,
-                           std::size_t queue_capacity = default_queue_capacity, log_order order = log_order::merged);
+                           std::size_t queue_capacity = default_queue_capacity, log_order order = log_order::merged,
+                           log_format format = log_format::csv);
   /// Logs to every sink in `sinks` (at least one).
   logging_resource_adaptor(resource_ptr upstream, std::vector<spdlog::sink_ptr> sinks, bool auto_flush = false,
                            bool async = false, std::size_t queue_capacity = default_queue_capacity,
-                           log_order order = log_order::merged);
+                           log_order order = log_order::merged, log_format format = log_format::csv);
   ~logging_resource_adaptor() override;
 
   /// Writes out every row logged so far (in asynchronous mode: waits for the writer to
@@ -127,13 +143,15 @@ class logging_resource_adaptor final : public memory_resource {
 
   [[nodiscard]] bool is_async() const noexcept { return writer_ != nullptr || per_thread_ != nullptr; }
   [[nodiscard]] log_order order() const noexcept { return per_thread_ ? log_order::per_thread : log_order::merged; }
+  [[nodiscard]] log_format format() const noexcept { return format_; }
   /// The file being written, or empty for ostream/sink output.
   [[nodiscard]] std::string const& path() const noexcept { return path_; }
   [[nodiscard]] resource_ptr const& upstream_resource() const noexcept { return upstream_; }
 
  private:
   logging_resource_adaptor(resource_ptr upstream, std::vector<spdlog::sink_ptr> sinks, std::string path,
-                           bool auto_flush, bool async, std::size_t queue_capacity, log_order order, int /*tag*/);
+                           bool auto_flush, bool async, std::size_t queue_capacity, log_order order, log_format format,
+                           int /*tag*/);
 
   void* do_allocate(std::size_t bytes, std::size_t alignment, stream_view stream) override;
   void do_deallocate(void* ptr, std::size_t bytes, std::size_t alignment, stream_view stream) override;
@@ -145,6 +163,7 @@ class logging_resource_adaptor final : public memory_resource {
 
   resource_ptr upstream_;
   std::string path_;
+  log_format format_;
   std::shared_ptr<spdlog::logger> logger_;
   std::unique_ptr<detail::async_log_writer> writer_;  // asynchronous, merged; else null
   std::unique_ptr<detail::log_thread_buffers> per_thread_;  // asynchronous, per-thread order; else null

@@ -16,7 +16,9 @@
 ///   is read as each thread's rows in file order, the threads merged by stamp (at equal
 ///   stamps a free before another thread's allocation), whatever the order of its rows in
 ///   the file; events keep their own line numbers.
-/// Blank lines are skipped; a file may be gzip-compressed (detected by its content).
+/// Blank lines are skipped; a file may be gzip-compressed (detected by its content). A
+/// binary log (the logging adaptor's `log_format::binary`; log/binary_log.hpp) is read as
+/// its CSV text, wherever text is taken.
 ///
 /// The reader checks the whole log before anything replays: a malformed line, a free of
 /// a pointer that is not live, a second allocation of a live pointer or a free whose size
@@ -120,7 +122,8 @@ allocation_log read_allocation_log(std::string const& path, log_limits const& li
 allocation_log parse_allocation_log(std::string_view text, std::string source = "<log>", log_limits const& limits = {});
 
 /// The log's text: the file's bytes, gunzipped when they start with the gzip magic number
-/// (several gzip streams one after another are one text). Throws `log_error` for a file
+/// (several gzip streams one after another are one text), and a binary log's CSV text
+/// when they (so gunzipped) start with its magic. Throws `log_error` for a file
 /// that cannot be read, damaged or cut-short gzip data, bytes after the last gzip stream,
 /// or text over `limits.max_text_bytes`.
 std::string read_log_text(std::string const& path, log_limits const& limits = {});
