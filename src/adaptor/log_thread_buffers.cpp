@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
-#include <mutex>
 
 #include <spdlog/logger.h>
 
@@ -23,14 +22,74 @@ std::int64_t wall_ns() noexcept {
       .count();
 }
 
+std::atomic<std::uint64_t> next_instance_id{1};
+
+using buffer = log_thread_buffers::buffer;
+
+/// The calling thread's most recently used buffers, by instance id: trivially
+/// destructible, so reading it needs no thread_local guard.
+struct cache_slot {
+  std::uint64_t owner;
+  buffer* b;
+};
+constexpr std::size_t cache_slots = 4;
+thread_local cache_slot hot_cache[cache_slots];
+thread_local bool thread_exiting = false;
+
+/// Every buffer the calling thread owns; at its exit they are orphaned (for another
+/// thread to adopt) and later calls of this thread write alone.
+struct owned_buffers {
+  struct held {
+    std::uint64_t owner;
+    buffer* raw;                // valid while its instance lives: only its calls read it
+    std::weak_ptr<buffer> keep; // for the exit, which may come after the instance died
+  };
+  std::vector<held> list;
+
+  ~owned_buffers() {
+    thread_exiting = true;
+    std::fill(std::begin(hot_cache), std::end(hot_cache), cache_slot{0, nullptr});
+    for (auto& h : list) {
+      if (auto b = h.keep.lock()) {
+        // Out first: a row this thread writes alone later must follow these in the file.
+        drain(*b);
+        b->orphaned.store(true, std::memory_order_release);
+      }
+    }
+  }
+};
+
+owned_buffers& this_thread_owned() {
+  thread_local owned_buffers owned;
+  return owned;
+}
+
+constexpr auto thread_kind = std::uint64_t{3} << binary_log::kind_shift;
+
+binary_log::record thread_record(std::size_t thread) noexcept { return {thread_kind, thread, 0, 0}; }
+
+bool is_thread_record(char const* at) noexcept {
+  std::uint64_t word = 0;
+  std::memcpy(&word, at, sizeof word);
+  return (word >> binary_log::kind_shift) == 3;
+}
+
+std::shared_ptr<log_thread_buffers::sink> make_sink(std::shared_ptr<spdlog::logger> logger, bool binary) {
+  auto s = std::make_shared<log_thread_buffers::sink>();
+  s->logger = std::move(logger);
+  s->binary = binary;
+  return s;
+}
+
 }  // namespace
 
 log_thread_buffers::log_thread_buffers(std::shared_ptr<spdlog::logger> logger, std::size_t buffer_bytes,
                                        bool write_each_row, bool binary)
-    : logger_{std::move(logger)},
+    : sink_{make_sink(std::move(logger), binary)},
       buffer_bytes_{std::max(buffer_bytes, 2 * max_row_length)},
       write_each_row_{write_each_row},
       binary_{binary},
+      id_{next_instance_id.fetch_add(1, std::memory_order_relaxed)},
       start_ns_{steady_ns()},
       wall_offset_ns_{wall_ns() - start_ns_} {
   if (binary_) {
@@ -39,110 +98,184 @@ log_thread_buffers::log_thread_buffers(std::shared_ptr<spdlog::logger> logger, s
     header.version = binary_log::format_version;
     header.record_size = binary_log::record_bytes;
     header.start_wall_ns = start_ns_ + wall_offset_ns_;
-    logger_->log(spdlog::level::info,
-                 spdlog::string_view_t{reinterpret_cast<char const*>(&header), sizeof header});
+    sink_->logger->log(spdlog::level::info,
+                       spdlog::string_view_t{reinterpret_cast<char const*>(&header), sizeof header});
   }
 }
 
 log_thread_buffers::~log_thread_buffers() {
-  for (auto& slot : buffers_) {
-    buffer* b = slot.load(std::memory_order_acquire);
-    if (b == nullptr) { continue; }
-    {
-      std::lock_guard lock{b->mutex};
-      write_out(*b);
-    }
-    delete b;
+  for (auto const& b : buffers_) {
+    std::lock_guard lock{b->consumer};
+    write_out(*b, b->committed.load(std::memory_order_acquire));
   }
 }
 
-log_thread_buffers::buffer* log_thread_buffers::buffer_for(std::size_t shard) noexcept {
-  buffer* b = buffers_[shard].load(std::memory_order_acquire);
-  if (b != nullptr) { return b; }
-  std::lock_guard lock{create_mutex_};
-  b = buffers_[shard].load(std::memory_order_relaxed);
-  if (b == nullptr) {
-    try {
-      b = new buffer(buffer_bytes_);
-    } catch (...) {
-      return nullptr;
-    }
-    buffers_[shard].store(b, std::memory_order_release);
+std::uint64_t log_thread_buffers::stamp_now() const noexcept {
+  return static_cast<std::uint64_t>(steady_ns() - start_ns_);
+}
+
+log_thread_buffers::buffer* log_thread_buffers::this_thread_buffer() noexcept {
+  for (auto const& slot : hot_cache) {
+    if (slot.owner == id_) { return slot.b; }
   }
+  if (thread_exiting) { return nullptr; }
+  owned_buffers& owned = this_thread_owned();
+  buffer* b = nullptr;
+  for (auto const& h : owned.list) {
+    if (h.owner == id_) { b = h.raw; }
+  }
+  if (b == nullptr) {
+    b = adopt_or_make();
+    if (b == nullptr) { return nullptr; }
+  }
+  std::move_backward(hot_cache, hot_cache + cache_slots - 1, hot_cache + cache_slots);
+  hot_cache[0] = {id_, b};
   return b;
 }
 
-void log_thread_buffers::push(log_record& record) noexcept {
-  buffer* b = buffer_for(this_thread_shard());
-  if (b == nullptr) { return; }  // no memory for a buffer: the row is lost, the call is not
-  std::lock_guard lock{b->mutex};
-  put_row(*b, record);
-  if (write_each_row_) {  // auto_flush: in the file before the call returns
-    write_out(*b);
-    logger_->flush();
+log_thread_buffers::buffer* log_thread_buffers::adopt_or_make() noexcept {
+  owned_buffers& owned = this_thread_owned();
+  std::erase_if(owned.list, [](owned_buffers::held const& h) { return h.keep.expired(); });
+  try {
+    std::lock_guard lock{buffers_mutex_};
+    std::shared_ptr<buffer> b;
+    for (auto const& candidate : buffers_) {
+      // Acquire: the exited owner's appends (and its `used`) are seen here.
+      if (candidate->orphaned.load(std::memory_order_acquire)) {
+        candidate->orphaned.store(false, std::memory_order_relaxed);
+        b = candidate;
+        break;
+      }
+    }
+    if (!b) { b = buffers_.emplace_back(std::make_shared<buffer>(buffer_bytes_, sink_)); }
+    owned.list.push_back({id_, b.get(), b});
+    return b.get();
+  } catch (...) {
+    return nullptr;  // no memory for a buffer: the caller writes its row alone
   }
 }
 
-void log_thread_buffers::put_row(buffer& b, log_record& record) noexcept {
-  if (binary_) {
-    put_binary(b, record);
+void log_thread_buffers::push(log_record& record) noexcept {
+  buffer* b = this_thread_buffer();
+  if (b == nullptr) [[unlikely]] {
+    write_alone(record);
     return;
   }
-  if (b.text.size() - b.used < max_row_length + 24) { write_out(b); }
-  // Stamped under the buffer's lock, so one buffer's rows are in stamp order even when
-  // threads share it. A free is stamped before it is forwarded and the allocation that
-  // reuses its memory after the upstream returned it: sorted by stamp (frees first at a
-  // tie), the file is a valid serial history.
-  std::int64_t const stamp = steady_ns();
-  record.time_ns = stamp + wall_offset_ns_;
+  append_row(*b, record);
+  b->committed.store(b->used, std::memory_order_release);
+  if (write_each_row_) {  // auto_flush: in the file before the call returns
+    drain(*b);
+    sink_->logger->flush();
+  }
+}
+
+void log_thread_buffers::append_row(buffer& b, log_record& record) noexcept {
+  if (binary_) {
+    append_binary(b, record);
+    return;
+  }
+  if (b.text.size() - b.used < max_row_length + 24) { drain(b); }
+  // A free is stamped before it is forwarded and the allocation that reuses its memory
+  // after the upstream returned it: sorted by stamp (frees first at a tie), the file is a
+  // valid serial history. One owner at a time, so a buffer's stamps rise.
+  std::uint64_t const stamp = stamp_now();
+  record.time_ns = start_ns_ + wall_offset_ns_ + static_cast<std::int64_t>(stamp);
   thread_local row_writer writer;
-  char* const out = writer.put_stamped(b.text.data() + b.used, record, static_cast<std::uint64_t>(stamp - start_ns_));
+  char* const out = writer.put_stamped(b.text.data() + b.used, record, stamp);
   b.used = static_cast<std::size_t>(out - b.text.data());
 }
 
-void log_thread_buffers::put_binary(buffer& b, log_record const& record) noexcept {
-  constexpr std::size_t most = binary_log::block_header_bytes + 2 * binary_log::record_bytes;
-  if (b.text.size() - b.used < most) { write_out(b); }
+void log_thread_buffers::append_binary(buffer& b, log_record const& record) noexcept {
+  if (b.text.size() - b.used < 2 * binary_log::record_bytes) { drain(b); }
   auto append = [&b](binary_log::record const& r) {
     std::memcpy(b.text.data() + b.used, &r, sizeof r);
     b.used += sizeof r;
-    ++b.records;
   };
-  if (b.used == 0) { b.used = binary_log::block_header_bytes; }  // filled in by write_out
-  if (b.records == 0 || b.thread != record.thread) {
-    // A block starts by naming its thread, and names the next when threads share the buffer.
-    append({std::uint64_t{3} << binary_log::kind_shift, record.thread, 0, 0});
+  if (!b.thread_named || b.thread != record.thread) {  // an adopted buffer changes thread
+    append(thread_record(record.thread));
     b.thread = record.thread;
+    b.thread_named = true;
   }
-  // Stamped under the buffer's lock, as the text rows are (see put_row).
-  auto const stamp = static_cast<std::uint64_t>(steady_ns() - start_ns_) & binary_log::stamp_mask;
+  std::uint64_t const stamp = stamp_now() & binary_log::stamp_mask;
   append({stamp | std::uint64_t{record.action} << binary_log::kind_shift, record.pointer, record.bytes, record.stream});
 }
 
-void log_thread_buffers::write_out(buffer& b) noexcept {
-  if (b.used == 0) { return; }
-  if (binary_) {
-    std::memcpy(b.text.data(), &binary_log::block_magic, 4);
-    std::memcpy(b.text.data() + 4, &b.records, 4);
-    logger_->log(spdlog::level::info, spdlog::string_view_t{b.text.data(), b.used});  // no newline added
-    b.used = 0;
-    b.records = 0;
+void drain(log_thread_buffers::buffer& b) noexcept {
+  std::lock_guard lock{b.consumer};
+  write_out(b, b.used);
+  b.used = 0;
+  b.written = 0;
+  b.committed.store(0, std::memory_order_relaxed);  // consumers read it under `consumer`
+}
+
+void write_out(log_thread_buffers::buffer& b, std::size_t upto) noexcept {
+  if (upto <= b.written) { return; }
+  spdlog::logger& logger = *b.out->logger;
+  char const* const from = b.text.data() + b.written;
+  std::size_t const bytes = upto - b.written;
+  b.written = upto;
+  // spdlog reports sink errors through its error handler, so nothing here throws.
+  if (!b.out->binary) {  // whole lines, one message; the sink adds the last newline
+    logger.log(spdlog::level::info, spdlog::string_view_t{from, bytes - 1});
     return;
   }
-  // One message of whole lines; the sink adds the last newline. spdlog reports sink
-  // errors through its error handler, so this does not throw.
-  logger_->log(spdlog::level::info, spdlog::string_view_t{b.text.data(), b.used - 1});
-  b.used = 0;
+  // A block: its header, its thread (unless its first record names one), the records.
+  struct {
+    std::uint32_t magic = binary_log::block_magic;
+    std::uint32_t count = 0;
+    binary_log::record thread{};
+  } head;
+  bool const named = is_thread_record(from);
+  head.count = static_cast<std::uint32_t>(bytes / binary_log::record_bytes + (named ? 0 : 1));
+  head.thread = thread_record(b.written_thread);
+  for (std::size_t at = 0; at < bytes; at += binary_log::record_bytes) {
+    if (is_thread_record(from + at)) { std::memcpy(&b.written_thread, from + at + 8, sizeof b.written_thread); }
+  }
+  std::size_t const head_bytes = binary_log::block_header_bytes + (named ? 0 : binary_log::record_bytes);
+  std::lock_guard together{b.out->mutex};  // no other block between its two pieces
+  logger.log(spdlog::level::info, spdlog::string_view_t{reinterpret_cast<char const*>(&head), head_bytes});
+  logger.log(spdlog::level::info, spdlog::string_view_t{from, bytes});
+}
+
+void log_thread_buffers::write_alone(log_record& record) noexcept {
+  std::uint64_t const stamp = stamp_now();
+  if (!binary_) {
+    record.time_ns = start_ns_ + wall_offset_ns_ + static_cast<std::int64_t>(stamp);
+    row_writer writer;
+    char row[max_row_length];
+    char const* const end = writer.put_stamped(row, record, stamp);
+    sink_->logger->log(spdlog::level::info, spdlog::string_view_t{row, static_cast<std::size_t>(end - row - 1)});
+    return;
+  }
+  struct {
+    std::uint32_t magic = binary_log::block_magic;
+    std::uint32_t count = 2;
+    binary_log::record thread{};
+    binary_log::record event{};
+  } block;
+  block.thread = thread_record(record.thread);
+  block.event = {(stamp & binary_log::stamp_mask) | std::uint64_t{record.action} << binary_log::kind_shift,
+                 record.pointer, record.bytes, record.stream};
+  std::lock_guard together{sink_->mutex};
+  sink_->logger->log(spdlog::level::info, spdlog::string_view_t{reinterpret_cast<char const*>(&block), sizeof block});
+}
+
+std::size_t log_thread_buffers::buffer_count() {
+  std::lock_guard lock{buffers_mutex_};
+  return buffers_.size();
 }
 
 void log_thread_buffers::flush() {
-  for (auto& slot : buffers_) {
-    buffer* b = slot.load(std::memory_order_acquire);
-    if (b == nullptr) { continue; }
-    std::lock_guard lock{b->mutex};
-    write_out(*b);
+  std::vector<std::shared_ptr<buffer>> all;
+  {
+    std::lock_guard lock{buffers_mutex_};
+    all = buffers_;
   }
-  logger_->flush();
+  for (auto const& b : all) {
+    std::lock_guard lock{b->consumer};
+    write_out(*b, b->committed.load(std::memory_order_acquire));
+  }
+  sink_->logger->flush();
 }
 
 }  // namespace mrstack::detail

@@ -5,22 +5,33 @@
 // order, in runs, and a Stamp column (nanoseconds since logging began, on the monotonic
 // clock) orders them all — mrstack's log reader sorts by it.
 //
-// In binary form (log/binary_log.hpp) a buffer holds one block of 32-byte records instead
-// of rows of text: no formatting on the logging thread, and less than half the bytes.
+// In binary form (log/binary_log.hpp) a buffer holds 32-byte records instead of rows of
+// text: no formatting on the logging thread, and less than half the bytes.
 //
 // Why: the merged asynchronous log is bounded by its one writer (about 9 M rows a second
 // on an H200 host's core), while 16 threads on a bare pool make over 100 M calls a
-// second. Here every thread pays for its own rows and nothing else; the sink's lock is
-// taken once per buffer (thousands of rows).
-#include <array>
+// second. Here every thread pays for its own rows and nothing else.
+//
+// A buffer belongs to one live thread, so appending a row takes no lock: a lock and
+// unlock (two locked instructions) cost ~20 ns a row on an H200 host, about what a row
+// may cost in all. Its owner appends and publishes how far (`committed`, a release
+// store); whoever writes rows out — the owner when the buffer is full, `flush()`, the
+// destructor — holds the buffer's `consumer` lock and writes from `written` up to what
+// was committed. A thread finds its buffer through a thread-local cache keyed by the
+// instance's id (never reused). When the thread exits, it writes its buffers out and
+// marks them orphaned, and a new thread adopts one rather than growing the set; a call
+// after that exit hook ran (a later thread_local destructor freeing memory) writes its
+// row on its own, after the thread's earlier rows. Buffers reach the sinks through a
+// `sink` they share with the instance, so an exiting thread can write its rows out
+// even while the instance is being destroyed.
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <vector>
 
 #include <mrstack/detail/lean_mutex.hpp>
-#include <mrstack/detail/sharded_counters.hpp>
 
 #include "log_rows.hpp"
 
@@ -37,7 +48,7 @@ class log_thread_buffers {
   /// file header written here (the logger's formatter must add no newline).
   log_thread_buffers(std::shared_ptr<spdlog::logger> logger, std::size_t buffer_bytes, bool write_each_row,
                      bool binary = false);
-  ~log_thread_buffers();  // writes out what is left
+  ~log_thread_buffers();  // writes out what is left; no thread may still log
   log_thread_buffers(log_thread_buffers const&) = delete;
   log_thread_buffers& operator=(log_thread_buffers const&) = delete;
 
@@ -47,31 +58,58 @@ class log_thread_buffers {
   void push(log_record& record) noexcept;
   /// Writes every buffer out and flushes the sinks: every row logged before is then in them.
   void flush();
+  /// Buffers made so far (a diagnostic: threads that come and go adopt, not add).
+  [[nodiscard]] std::size_t buffer_count();
+
+  /// Where rows go: the logger, and a lock that keeps one write-out's pieces together.
+  struct sink {
+    std::shared_ptr<spdlog::logger> logger;
+    bool binary = false;
+    lean_mutex mutex;
+  };
+
+  struct buffer {
+    buffer(std::size_t bytes, std::shared_ptr<sink> to) : text(bytes), out{std::move(to)} {}
+    std::vector<char> text;
+    std::shared_ptr<sink> out;
+    // The owner's.
+    std::size_t used = 0;        // bytes appended
+    std::size_t thread = 0;      // binary: the thread its last thread record named
+    bool thread_named = false;   // binary: a thread record has been appended
+    std::atomic<std::size_t> committed{0};  // `used` as published to consumers
+    std::atomic<bool> orphaned{false};      // its thread exited: another may adopt it
+    // The consumers', under `consumer`.
+    lean_mutex consumer;
+    std::size_t written = 0;          // bytes before it are in the sinks
+    std::size_t written_thread = 0;   // binary: the thread of the record at `written`
+  };
 
  private:
-  struct alignas(64) buffer {
-    explicit buffer(std::size_t bytes) : text(bytes) {}
-    lean_mutex mutex;  // the shard's threads (one, unless more than 64 run) and flush()
-    std::vector<char> text;
-    std::size_t used = 0;
-    std::uint32_t records = 0;  // binary: in the block being filled, thread records included
-    std::size_t thread = 0;     // binary: the thread its last thread record named
-  };
-  buffer* buffer_for(std::size_t shard) noexcept;
-  /// Appends `record`'s row (text) or record (binary) to `b`, stamped now.
-  void put_row(buffer& b, log_record& record) noexcept;
-  void put_binary(buffer& b, log_record const& record) noexcept;
-  /// Hands `b`'s rows to the sinks as one message (its mutex held).
-  void write_out(buffer& b) noexcept;
+  /// This thread's buffer (found, adopted or made); null once its thread is exiting, or
+  /// when no memory is left for one.
+  buffer* this_thread_buffer() noexcept;
+  buffer* adopt_or_make() noexcept;
+  /// The owner's rows: appended without a lock.
+  void append_row(buffer& b, log_record& record) noexcept;
+  void append_binary(buffer& b, log_record const& record) noexcept;
+  /// A row from a thread past its exit hook: written at once, on its own.
+  void write_alone(log_record& record) noexcept;
+  [[nodiscard]] std::uint64_t stamp_now() const noexcept;
 
-  std::shared_ptr<spdlog::logger> logger_;
+  std::shared_ptr<sink> sink_;
   std::size_t buffer_bytes_;
   bool write_each_row_;
   bool binary_;
+  std::uint64_t id_;             // this instance, in thread caches: never reused
   std::int64_t start_ns_;        // steady clock at construction: Stamp 0
   std::int64_t wall_offset_ns_;  // system_clock - steady_clock then: the Time column from stamps
-  lean_mutex create_mutex_;
-  std::array<std::atomic<buffer*>, counter_shards> buffers_{};
+  std::mutex buffers_mutex_;     // buffers_
+  std::vector<std::shared_ptr<buffer>> buffers_;
 };
+
+/// The owner's write-out of its whole buffer, which then starts empty.
+void drain(log_thread_buffers::buffer& b) noexcept;
+/// Writes b's rows in [b.written, upto) to its sink (b.consumer held).
+void write_out(log_thread_buffers::buffer& b, std::size_t upto) noexcept;
 
 }  // namespace mrstack::detail

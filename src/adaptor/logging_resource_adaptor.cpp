@@ -390,6 +390,10 @@ std::string logging_resource_adaptor::header(log_order order) {
                                         : "Thread,Time,Action,Pointer,Size,Stream";
 }
 
+std::size_t logging_resource_adaptor::thread_buffer_count() const {
+  return per_thread_ ? per_thread_->buffer_count() : 0;
+}
+
 std::size_t logging_resource_adaptor::current_thread_id() noexcept { return spdlog::details::os::thread_id(); }
 
 void logging_resource_adaptor::flush() {

@@ -144,6 +144,10 @@ class logging_resource_adaptor final : public memory_resource {
   [[nodiscard]] bool is_async() const noexcept { return writer_ != nullptr || per_thread_ != nullptr; }
   [[nodiscard]] log_order order() const noexcept { return per_thread_ ? log_order::per_thread : log_order::merged; }
   [[nodiscard]] log_format format() const noexcept { return format_; }
+  /// Per-thread order: the thread buffers made so far (a thread that exits leaves its
+  /// buffer to the next new thread, so this stays at the most threads logging at once);
+  /// 0 in the other modes.
+  [[nodiscard]] std::size_t thread_buffer_count() const;
   /// The file being written, or empty for ostream/sink output.
   [[nodiscard]] std::string const& path() const noexcept { return path_; }
   [[nodiscard]] resource_ptr const& upstream_resource() const noexcept { return upstream_; }
