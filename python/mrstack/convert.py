@@ -37,7 +37,8 @@ Only convert snapshots you trust: reading a pickle can run code.
 
 To PyTorch's memory viewer
 --------------------------
-``memory-viz`` goes the other way: it writes a log as the dict
+``memory-viz`` goes the other way (from a CSV log, or from the logging adaptor's binary
+records, which read as the CSV they stand for): it writes a log as the dict
 ``torch.cuda.memory._snapshot()`` returns, pickled, so https://pytorch.org/memory_viz and
 ``torch.cuda._memory_viz`` (``trace_plot``, ``segment_plot``, ``segsum``, ``trace``) show
 it. ``device_traces[N]`` gets ``alloc`` for each allocation, ``free_requested`` and
@@ -57,10 +58,13 @@ import argparse
 import csv
 import gzip
 import heapq
+import io
 import os
 import pickle
+import struct
 import sys
 import tempfile
+import time
 
 __all__ = ["ConversionError", "TorchConversion", "convert_torch_snapshot", "load_snapshot", "write_log",
            "read_log_events", "log_to_memory_viz", "write_snapshot", "main"]
@@ -288,13 +292,59 @@ def _parse_time_us(text):
         return None
 
 
+# The logging adaptor's binary records (include/mrstack/log/binary_log.hpp).
+_BINARY_MAGIC = b"MRSTLOG\x01"
+_BINARY_ACTIONS = ("allocate", "allocate failure", "free")
+
+
+def _binary_log_rows(path, data):
+    """A binary log's rows as the CSV the adaptor writes in per-thread order would hold
+    them (its header first). Raises ConversionError naming the byte offset."""
+    def fail(offset, what):
+        raise ConversionError(f"{path}: binary log, byte offset {offset}: {what}")
+    if len(data) < 32:
+        fail(0, f"cut short: the file header takes 32 bytes, the log has {len(data)}")
+    version, record_size, start_wall_ns, reserved = struct.unpack_from("<IIqQ", data, 8)
+    if version != 1 or record_size != 32 or reserved != 0:
+        fail(8, f"version {version}, records of {record_size} bytes: this reader reads version 1, 32-byte records")
+    rows = [HEADER.split(",") + ["Stamp"]]
+    at = 32
+    while at < len(data):
+        if len(data) - at < 8:
+            fail(at, "cut short where a block header was expected")
+        magic, count = struct.unpack_from("<II", data, at)
+        if magic != 0x4B4C4252 or count == 0 or count * 32 > len(data) - at - 8:
+            fail(at, f"a damaged or cut-short block (magic {magic:#x}, {count} records)")
+        at += 8
+        thread = None
+        for _ in range(count):
+            word, pointer, size, stream = struct.unpack_from("<QQQQ", data, at)
+            kind, stamp = word >> 62, word & ((1 << 62) - 1)
+            if kind == 3:
+                thread = pointer
+            elif thread is None:
+                fail(at, "a block's first record must name its thread (kind 3)")
+            else:
+                seconds, ns = divmod(start_wall_ns + stamp, 1_000_000_000)
+                clock = time.strftime("%H:%M:%S", time.localtime(seconds)) + f".{ns // 1000:06d}"
+                rows.append([str(thread), clock, _BINARY_ACTIONS[kind], f"{pointer:#x}" if pointer else "(nil)",
+                             str(size), f"{stream:#x}" if stream else "0", str(stamp)])
+            at += 32
+    return rows
+
+
 def read_log_events(path):
     """The events of an allocation log: (line, action, address, size, stream, time_us)
-    with action "allocate", "free" or "failure". Raises ConversionError naming the line."""
+    with action "allocate", "free" or "failure". Raises ConversionError naming the line.
+    A binary log (the logging adaptor's ``binary`` format) reads as its CSV rows."""
     opener = gzip.open if path.endswith(".gz") else open
     try:
-        with opener(path, "rt", newline="") as f:
-            rows = list(csv.reader(f))
+        with opener(path, "rb") as f:
+            data = f.read()
+        if data.startswith(_BINARY_MAGIC):
+            rows = _binary_log_rows(path, data)
+        else:
+            rows = list(csv.reader(io.StringIO(data.decode("utf-8"), newline="")))
     except FileNotFoundError:
         raise ConversionError(f"{path}: no such file") from None
     except (OSError, EOFError, UnicodeDecodeError) as e:
@@ -318,11 +368,13 @@ def read_log_events(path):
             raise ConversionError(f"{path}:{number}: unknown action {row[column['Action']]!r} "
                                   "(expected allocate, free or allocate failure)")
         try:
-            address = int(row[column["Pointer"]].strip() or "0", 0)
+            pointer = row[column["Pointer"]].strip()
+            # An allocate failure's null pointer, as the logging adaptors write it ((nil)) or others do.
+            address = 0 if pointer.lower() in ("", "nil", "(nil)") else int(pointer, 16)
             size = int(row[column["Size"]].strip())
-            stream = int(row[column["Stream"]].strip() or "0", 0)
+            stream = int(row[column["Stream"]].strip() or "0", 16)  # hex, with or without 0x, as the reader takes it
         except ValueError:
-            raise ConversionError(f"{path}:{number}: Pointer, Size and Stream must be integers (hex or decimal)") \
+            raise ConversionError(f"{path}:{number}: Pointer and Stream must be hex, Size decimal") \
                 from None
         events.append((number, kind, address, size, stream, _parse_time_us(row[column["Time"]])))
     if "Stamp" in header:

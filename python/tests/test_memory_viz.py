@@ -6,6 +6,7 @@ import os
 import pickle
 import random
 import subprocess
+import struct
 import sys
 
 import pytest
@@ -140,6 +141,42 @@ def test_a_per_thread_log_is_read_in_stamp_order(tmp_path):
     bad.write_text("Thread,Time,Action,Pointer,Size,Stream,Stamp\n1,1:00:00.0,allocate,0x10,64,0,x\n")
     with pytest.raises(ConversionError, match=r"bad_stamp.csv:2: bad Stamp 'x'"):
         read_log_events(str(bad))
+
+
+def _binary_log(blocks, start_wall_ns=1_700_000_000_123_456_000):
+    """A binary log as the logging adaptor writes one (include/mrstack/log/binary_log.hpp)."""
+    data = b"MRSTLOG\x01" + struct.pack("<IIqQ", 1, 32, start_wall_ns, 0)
+    for records in blocks:
+        data += struct.pack("<II", 0x4B4C4252, len(records))
+        for kind, stamp, pointer, size, stream in records:
+            data += struct.pack("<QQQQ", stamp | kind << 62, pointer, size, stream)
+    return data
+
+
+def test_binary_log_reads_as_its_csv(tmp_path):
+    """A binary log, plain or gzipped, gives the events of the same rows written as CSV;
+    a damaged one is an error naming the byte offset."""
+    blocks = [[(3, 0, 81234, 0, 0), (0, 1000, 0x1000, 256, 0x5500), (1, 1500, 0, 1 << 40, 0x5500),
+               (3, 0, 81240, 0, 0), (0, 1700, 0x2000, 64, 0)],
+              [(3, 0, 81234, 0, 0), (2, 2000, 0x1000, 256, 0x5500), (3, 0, 81240, 0, 0), (0, 2100, 0x1000, 128, 0)]]
+    csv_log = tmp_path / "same.csv"
+    csv_log.write_text("Thread,Time,Action,Pointer,Size,Stream,Stamp\n"
+                       "81234,0:00:00.000001,allocate,0x1000,256,0x5500,1000\n"
+                       "81234,0:00:00.000001,allocate failure,(nil),1099511627776,0x5500,1500\n"
+                       "81240,0:00:00.000001,allocate,0x2000,64,0,1700\n"
+                       "81234,0:00:00.000002,free,0x1000,256,0x5500,2000\n"
+                       "81240,0:00:00.000002,allocate,0x1000,128,0,2100\n")
+    binary = tmp_path / "log.bin"
+    binary.write_bytes(_binary_log(blocks))
+    packed = tmp_path / "log.bin.gz"
+    packed.write_bytes(gzip.compress(_binary_log(blocks)))
+    expected = [event[:5] for event in read_log_events(str(csv_log))]
+    assert [event[:5] for event in read_log_events(str(binary))] == expected
+    assert [event[:5] for event in read_log_events(str(packed))] == expected
+    cut = tmp_path / "cut.bin"
+    cut.write_bytes(_binary_log(blocks)[:-1])
+    with pytest.raises(ConversionError, match=r"cut.bin: binary log, byte offset 200: a damaged or cut-short block"):
+        read_log_events(str(cut))
 
 
 def test_torch_memory_viz_reads_it(tmp_path):
