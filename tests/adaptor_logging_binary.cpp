@@ -130,8 +130,8 @@ TEST_CASE("logging binary: every call a record, read back as its CSV row, a vali
   CHECK(sim->allocation_count() == 0);
 }
 
-TEST_CASE("logging binary: threads sharing a buffer (more than the shards) are told apart") {
-  // Every thread lives until all have logged, so the threads past the shard count share.
+TEST_CASE("logging binary: more threads at once than full-size buffers: each its own, all told apart") {
+  // Every thread lives until all have logged: none can adopt another's buffer.
   int const threads = static_cast<int>(detail::counter_shards) + 6;
   auto sim = std::make_shared<simulated_memory_resource>();
   std::ostringstream out;
@@ -156,6 +156,7 @@ TEST_CASE("logging binary: threads sharing a buffer (more than the shards) are t
       });
     }
     for (auto& th : pool) { th.join(); }
+    CHECK(log.thread_buffer_count() == static_cast<std::size_t>(threads));
   }
   test::check_rows_per_thread(binary_log_to_csv(out.str(), "shared.bin"), expected);
   CHECK(parse_allocation_log(out.str(), "shared.bin").thread_names.size() == static_cast<std::size_t>(threads));

@@ -147,7 +147,12 @@ log_thread_buffers::buffer* log_thread_buffers::adopt_or_make() noexcept {
         break;
       }
     }
-    if (!b) { b = buffers_.emplace_back(std::make_shared<buffer>(buffer_bytes_, sink_)); }
+    if (!b) {
+      // Past the first 64 (threads logging at once), small buffers: memory stays bounded
+      // by the threads' count at 16 KiB each, not at the full size.
+      std::size_t const bytes = buffers_.size() < full_size_buffers ? buffer_bytes_ : small_buffer_bytes;
+      b = buffers_.emplace_back(std::make_shared<buffer>(bytes, sink_));
+    }
     owned.list.push_back({id_, b.get(), b});
     return b.get();
   } catch (...) {

@@ -96,6 +96,9 @@ class log_thread_buffers {
   void write_alone(log_record& record) noexcept;
   [[nodiscard]] std::uint64_t stamp_now() const noexcept;
 
+  static constexpr std::size_t full_size_buffers = 64;
+  static constexpr std::size_t small_buffer_bytes = std::size_t{16} << 10;  // ~200 rows, 500 records
+
   std::shared_ptr<sink> sink_;
   std::size_t buffer_bytes_;
   bool write_each_row_;

@@ -48,8 +48,9 @@
 ///
 /// - asynchronous in per-thread order (`async = true`, `order = log_order::per_thread`):
 ///   each thread formats its rows into a buffer of its own (`queue_capacity / 16` rows,
-///   at least 1024; appended without a lock, and left to the next new thread when its
-///   thread exits) and, when it fills, writes it to the sinks itself as one message. No
+///   at least 1024, for the first 64 threads logging at once, 16 KiB for more; appended
+///   without a lock, and left to the next new thread when its thread exits) and, when it
+///   fills, writes it to the sinks itself as one message. No
 ///   thread merges, so nothing bounds the log but the logging threads themselves (the
 ///   merged mode is bounded by its one writer: about 9 M rows a second). The file holds
 ///   each thread's rows in its own order, in runs, with a seventh column, `Stamp`:
