@@ -17,11 +17,13 @@
 
 #include <algorithm>
 #include <barrier>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <string>
@@ -43,12 +45,13 @@ logging_resource_adaptor binary_log_to(std::ostream& out, resource_ptr up, std::
 /// A binary log built by hand: the header, then blocks of records.
 class log_bytes {
  public:
-  explicit log_bytes(std::int64_t start_wall_ns = 0) {
+  explicit log_bytes(std::int64_t start_wall_ns = 0, std::uint64_t clock = bl::clock_ns) {
     bl::file_header h{};
     std::memcpy(h.magic, bl::file_magic, 8);
     h.version = bl::format_version;
     h.record_size = bl::record_bytes;
     h.start_wall_ns = start_wall_ns;
+    h.clock = clock;
     put(h);
   }
   log_bytes& block(std::vector<bl::record> const& records) {
@@ -79,6 +82,37 @@ std::string error_of(std::string const& bytes, log_limits const& limits = {}) {
   }
   return "";
 }
+
+/// The Stamp column of each row of a per-thread CSV text.
+std::vector<std::uint64_t> stamps_of(std::string const& csv) {
+  std::vector<std::uint64_t> stamps;
+  std::istringstream in{csv};
+  std::string line;
+  std::getline(in, line);  // the header
+  while (std::getline(in, line)) { stamps.push_back(std::stoull(line.substr(line.rfind(',') + 1))); }
+  return stamps;
+}
+
+/// Sets (or, with null, unsets) an environment variable for the duration of a test.
+struct scoped_env {
+  scoped_env(char const* name, char const* value) : name_{name} {
+    if (char const* old = std::getenv(name)) { saved_ = old; }
+    if (value != nullptr) {
+      setenv(name, value, 1);
+    } else {
+      unsetenv(name);
+    }
+  }
+  ~scoped_env() {
+    if (saved_) {
+      setenv(name_, saved_->c_str(), 1);
+    } else {
+      unsetenv(name_);
+    }
+  }
+  char const* name_;
+  std::optional<std::string> saved_;
+};
 
 /// Local time as UTC for the duration of a test (the Time column is local time).
 struct utc_time_zone {
@@ -181,6 +215,53 @@ TEST_CASE("binary log: the decoder writes the per-thread CSV rows exactly") {
   CHECK(binary_log_to_csv(log_bytes{}.bytes, "empty.bin") == "Thread,Time,Action,Pointer,Size,Stream,Stamp\n");
 }
 
+TEST_CASE("binary log: tick stamps become nanoseconds through the points thread records carry") {
+  constexpr std::uint64_t named = std::uint64_t{3} << bl::kind_shift;
+  log_bytes log{0, bl::clock_ticks};
+  // Points (3000 ticks, 1000 ns) and (6000, 3000); (7000, 2500) runs backwards and is left
+  // out. Between points the rate of their segment, past the last the whole span's.
+  log.block({{named, 7, 3000, 1000}, event(bl::kind::allocate, 1500, 0x1000, 16, 0),
+             event(bl::kind::free, 3000, 0x1000, 16, 0)});
+  log.block({{named, 7, 6000, 3000}, event(bl::kind::allocate, 4500, 0x2000, 16, 0),
+             event(bl::kind::free, 9000, 0x2000, 16, 0)});
+  log.block({{named, 7, 7000, 2500}});
+  CHECK(stamps_of(binary_log_to_csv(log.bytes, "ticks.bin")) == std::vector<std::uint64_t>{500, 1000, 2000, 4500});
+  CHECK(parse_allocation_log(log.bytes, "ticks.bin").events.size() == 4);
+  // A point in a nanosecond log is damage; a stamp in a thread record is, in either.
+  CHECK_THAT(error_of(log_bytes{}.block({{named, 7, 3000, 1000}, event(bl::kind::allocate, 5, 0x1000, 16, 0)}).bytes),
+             Catch::Contains("byte offset 40: a thread record with a stamp, size or stream"));
+  CHECK_THAT(error_of(log_bytes{0, bl::clock_ticks}.block({{named | 5, 7, 0, 0}}).bytes),
+             Catch::Contains("byte offset 40: a thread record with a stamp"));
+}
+
+TEST_CASE("logging binary: tick stamps where the kernel keeps time by the counter, else the monotonic clock") {
+  bool const steady = GENERATE(false, true);
+  INFO("MRSTACK_LOG_CLOCK=steady " << steady);
+  scoped_env const env{"MRSTACK_LOG_CLOCK", steady ? "steady" : nullptr};
+  std::string kernel_clock;
+  std::ifstream{"/sys/devices/system/clocksource/clocksource0/current_clocksource"} >> kernel_clock;
+#if defined(__x86_64__)
+  bool const ticks = !steady && kernel_clock == "tsc";
+#else
+  bool const ticks = false;
+#endif
+  std::ostringstream out;
+  {
+    auto log = binary_log_to(out, std::make_shared<simulated_memory_resource>());
+    void* p = log.allocate(64);
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    log.deallocate(p, 64);
+  }
+  bl::file_header header{};
+  std::memcpy(&header, out.str().data(), sizeof header);
+  CHECK(header.clock == (ticks ? bl::clock_ticks : bl::clock_ns));
+  auto const stamps = stamps_of(binary_log_to_csv(out.str(), "clock.bin"));
+  REQUIRE(stamps.size() == 2);
+  // The 20 ms between the two calls, in nanoseconds whichever clock stamped them.
+  CHECK(stamps[1] - stamps[0] >= 19'000'000);
+  CHECK(stamps[1] - stamps[0] < 2'000'000'000);
+}
+
 TEST_CASE("binary log: a damaged layout is refused, naming the byte offset and what is wrong") {
   auto const good_block = std::vector<bl::record>{thread_record(1), event(bl::kind::allocate, 5, 0x1000, 16, 0)};
   auto expect = [](std::string const& bytes, std::string const& offset, std::string const& what) {
@@ -198,8 +279,8 @@ TEST_CASE("binary log: a damaged layout is refused, naming the byte offset and w
   bad[12] = 24;
   expect(bad, "12", "records of 24 bytes");
   bad = header;
-  bad[24] = 1;
-  expect(bad, "24", "the reserved header field is 0x1, expected 0");
+  bad[24] = 2;
+  expect(bad, "24", "clock 0x2: expected 0 (nanoseconds) or 1 (time-stamp counter ticks)");
   expect(header + "RBL", "32", "cut short: 3 bytes where a block header (8 bytes) was expected");
   expect(log_bytes{}.put(std::uint32_t{0x12345678}).put(std::uint32_t{1}).bytes, "32",
          "expected a block (magic 0x4b4c4252), found 0x12345678");

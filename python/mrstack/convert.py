@@ -56,6 +56,7 @@ them as ``inactive`` ones. Frees without an allocation in the log are left out, 
 
 import argparse
 import csv
+import bisect
 import gzip
 import heapq
 import io
@@ -297,6 +298,40 @@ _BINARY_MAGIC = b"MRSTLOG\x01"
 _BINARY_ACTIONS = ("allocate", "allocate failure", "free")
 
 
+def _binary_records(path, data):
+    """(offset, kind, stamp, pointer, size, stream, first in its block) for every record of
+    a binary log, after its 32-byte header; a damaged block is a ConversionError."""
+    at = 32
+    while at < len(data):
+        if len(data) - at < 8:
+            raise ConversionError(f"{path}: binary log, byte offset {at}: cut short where a block header was expected")
+        magic, count = struct.unpack_from("<II", data, at)
+        if magic != 0x4B4C4252 or count == 0 or count * 32 > len(data) - at - 8:
+            raise ConversionError(f"{path}: binary log, byte offset {at}: a damaged or cut-short block "
+                                  f"(magic {magic:#x}, {count} records)")
+        at += 8
+        for index in range(count):
+            word, pointer, size, stream = struct.unpack_from("<QQQQ", data, at)
+            yield at, word >> 62, word & ((1 << 62) - 1), pointer, size, stream, index == 0
+            at += 32
+
+
+def _tick_scale(points):
+    """Tick stamps to nanoseconds, piecewise linear through the (ticks, ns) points and
+    (0, 0), past the last at the whole span's rate; points running backwards left out."""
+    kept = [(0, 0)]
+    for ticks, ns in sorted(points):
+        if ticks > kept[-1][0] and ns >= kept[-1][1]:
+            kept.append((ticks, ns))
+    def scale(ticks):
+        if len(kept) == 1:
+            return 0
+        i = bisect.bisect_right([p[0] for p in kept], ticks)
+        a, b = (kept[0], kept[-1]) if i == len(kept) else (kept[i - 1], kept[i])
+        return int(a[1] + (ticks - a[0]) * (b[1] - a[1]) / (b[0] - a[0]))
+    return scale
+
+
 def _binary_log_rows(path, data):
     """A binary log's rows as the CSV the adaptor writes in per-thread order would hold
     them (its header first). Raises ConversionError naming the byte offset."""
@@ -304,32 +339,27 @@ def _binary_log_rows(path, data):
         raise ConversionError(f"{path}: binary log, byte offset {offset}: {what}")
     if len(data) < 32:
         fail(0, f"cut short: the file header takes 32 bytes, the log has {len(data)}")
-    version, record_size, start_wall_ns, reserved = struct.unpack_from("<IIqQ", data, 8)
-    if version != 1 or record_size != 32 or reserved != 0:
-        fail(8, f"version {version}, records of {record_size} bytes: this reader reads version 1, 32-byte records")
+    version, record_size, start_wall_ns, clock = struct.unpack_from("<IIqQ", data, 8)
+    if version != 1 or record_size != 32 or clock not in (0, 1):
+        fail(8, f"version {version}, records of {record_size} bytes, clock {clock}: this reader reads "
+                "version 1, 32-byte records, clock 0 or 1")
+    records = list(_binary_records(path, data))
+    # Clock 1: stamps are time-stamp counter ticks; thread records carry (ticks, ns) points.
+    scale = _tick_scale([(size, stream) for _, kind, _, _, size, stream, _ in records if kind == 3 and size]) \
+        if clock == 1 else (lambda stamp: stamp)
     rows = [HEADER.split(",") + ["Stamp"]]
-    at = 32
-    while at < len(data):
-        if len(data) - at < 8:
-            fail(at, "cut short where a block header was expected")
-        magic, count = struct.unpack_from("<II", data, at)
-        if magic != 0x4B4C4252 or count == 0 or count * 32 > len(data) - at - 8:
-            fail(at, f"a damaged or cut-short block (magic {magic:#x}, {count} records)")
-        at += 8
-        thread = None
-        for _ in range(count):
-            word, pointer, size, stream = struct.unpack_from("<QQQQ", data, at)
-            kind, stamp = word >> 62, word & ((1 << 62) - 1)
-            if kind == 3:
-                thread = pointer
-            elif thread is None:
-                fail(at, "a block's first record must name its thread (kind 3)")
-            else:
-                seconds, ns = divmod(start_wall_ns + stamp, 1_000_000_000)
-                clock = time.strftime("%H:%M:%S", time.localtime(seconds)) + f".{ns // 1000:06d}"
-                rows.append([str(thread), clock, _BINARY_ACTIONS[kind], f"{pointer:#x}" if pointer else "(nil)",
-                             str(size), f"{stream:#x}" if stream else "0", str(stamp)])
-            at += 32
+    thread = None
+    for at, kind, stamp, pointer, size, stream, first in records:
+        if kind == 3:
+            thread = pointer
+            continue
+        if first:
+            fail(at, "a block's first record must name its thread (kind 3)")
+        stamp = scale(stamp)
+        seconds, ns = divmod(start_wall_ns + stamp, 1_000_000_000)
+        clock_text = time.strftime("%H:%M:%S", time.localtime(seconds)) + f".{ns // 1000:06d}"
+        rows.append([str(thread), clock_text, _BINARY_ACTIONS[kind], f"{pointer:#x}" if pointer else "(nil)",
+                     str(size), f"{stream:#x}" if stream else "0", str(stamp)])
     return rows
 
 

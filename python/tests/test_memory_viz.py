@@ -143,9 +143,9 @@ def test_a_per_thread_log_is_read_in_stamp_order(tmp_path):
         read_log_events(str(bad))
 
 
-def _binary_log(blocks, start_wall_ns=1_700_000_000_123_456_000):
+def _binary_log(blocks, start_wall_ns=1_700_000_000_123_456_000, clock=0):
     """A binary log as the logging adaptor writes one (include/mrstack/log/binary_log.hpp)."""
-    data = b"MRSTLOG\x01" + struct.pack("<IIqQ", 1, 32, start_wall_ns, 0)
+    data = b"MRSTLOG\x01" + struct.pack("<IIqQ", 1, 32, start_wall_ns, clock)
     for records in blocks:
         data += struct.pack("<II", 0x4B4C4252, len(records))
         for kind, stamp, pointer, size, stream in records:
@@ -177,6 +177,20 @@ def test_binary_log_reads_as_its_csv(tmp_path):
     cut.write_bytes(_binary_log(blocks)[:-1])
     with pytest.raises(ConversionError, match=r"cut.bin: binary log, byte offset 200: a damaged or cut-short block"):
         read_log_events(str(cut))
+
+
+def test_binary_log_tick_stamps(tmp_path):
+    """Clock 1: tick stamps become nanoseconds through the points thread records carry (as
+    the C++ reader converts them: tests/adaptor_logging_binary.cpp)."""
+    blocks = [[(3, 0, 7, 3000, 1000), (0, 1500, 0x1000, 16, 0), (2, 3000, 0x1000, 16, 0)],
+              [(3, 0, 7, 6000, 3000), (0, 4500, 0x2000, 16, 0), (2, 9000, 0x2000, 16, 0)],
+              [(3, 0, 7, 7000, 2500)]]
+    log = tmp_path / "ticks.bin"
+    log.write_bytes(_binary_log(blocks, start_wall_ns=0, clock=1))
+    times = [event[5] for event in read_log_events(str(log))]
+    # 500, 1000, 2000 and 4500 ns after the start, as whole microseconds of the Time column
+    # (unconverted ticks would read 1, 3, 4 and 9).
+    assert [t - times[0] for t in times] == [0, 1, 2, 4]
 
 
 def test_torch_memory_viz_reads_it(tmp_path):

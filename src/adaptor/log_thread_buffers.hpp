@@ -65,6 +65,9 @@ class log_thread_buffers {
   struct sink {
     std::shared_ptr<spdlog::logger> logger;
     bool binary = false;
+    bool ticks = false;             // binary stamps are time-stamp counter ticks
+    std::uint64_t start_ticks = 0;  // stamp 0, in ticks and on the steady clock
+    std::int64_t start_ns = 0;
     lean_mutex mutex;
   };
 
@@ -100,6 +103,8 @@ class log_thread_buffers {
   static constexpr std::size_t small_buffer_bytes = std::size_t{16} << 10;  // ~200 rows, 500 records
 
   std::shared_ptr<sink> sink_;
+  bool ticks_;                 // sink_'s, kept at hand for the stamps
+  std::uint64_t start_ticks_;
   std::size_t buffer_bytes_;
   bool write_each_row_;
   bool binary_;

@@ -3,7 +3,10 @@
 // exactly as the same events logged as CSV in per-thread order would.
 #include <mrstack/log/binary_log.hpp>
 
+#include <algorithm>
 #include <cstring>
+#include <iterator>
+#include <vector>
 
 #include "../adaptor/log_rows.hpp"
 
@@ -48,7 +51,9 @@ binary_log::file_header checked_header(std::string_view bytes, std::string const
             "records of " + std::to_string(h.record_size) + " bytes; version 1 records are " +
                 std::to_string(binary_log::record_bytes));
   }
-  if (h.reserved != 0) { fail_at(source, 24, "the reserved header field is " + hex(h.reserved) + ", expected 0"); }
+  if (h.clock != binary_log::clock_ns && h.clock != binary_log::clock_ticks) {
+    fail_at(source, 24, "clock " + hex(h.clock) + ": expected 0 (nanoseconds) or 1 (time-stamp counter ticks)");
+  }
   return h;
 }
 
@@ -75,6 +80,57 @@ std::uint32_t checked_block(std::string_view bytes, std::size_t at, std::string 
   return count;
 }
 
+/// Calls `visit(offset, record, index in its block)` for every record, block by block,
+/// each block's header checked first.
+template <typename Visit>
+void for_each_record(std::string_view bytes, std::string const& source, Visit visit) {
+  for (std::size_t at = binary_log::file_header_bytes; at < bytes.size();) {
+    std::uint32_t const count = checked_block(bytes, at, source);
+    at += binary_log::block_header_bytes;
+    for (std::uint32_t i = 0; i < count; ++i, at += binary_log::record_bytes) {
+      visit(at, load<binary_log::record>(bytes, at), i);
+    }
+  }
+}
+
+/// Tick stamps to nanoseconds: piecewise linear through (ticks, ns) points taken together,
+/// (0, 0) the first; past the last point at the rate of the whole span. Points that would
+/// make time run backwards are left out, so the conversion never reverses two stamps.
+class tick_scale {
+ public:
+  void add(std::uint64_t ticks, std::uint64_t ns) { points_.push_back({ticks, ns}); }
+  [[nodiscard]] std::uint64_t ns(std::uint64_t ticks) {
+    if (!sorted_) { sort_points(); }
+    auto const next = std::upper_bound(points_.begin(), points_.end(), ticks,
+                                       [](std::uint64_t t, point const& p) { return t < p.ticks; });
+    point const& a = next == points_.end() ? points_.front() : *std::prev(next);
+    point const& b = next == points_.end() ? points_.back() : *next;
+    if (b.ticks == a.ticks) { return a.ns; }  // only the origin: no rate known
+    long double const rate = static_cast<long double>(b.ns - a.ns) / static_cast<long double>(b.ticks - a.ticks);
+    long double const value =
+        static_cast<long double>(a.ns) + (static_cast<long double>(ticks) - static_cast<long double>(a.ticks)) * rate;
+    return value >= static_cast<long double>(binary_log::stamp_mask) ? binary_log::stamp_mask
+                                                                      : static_cast<std::uint64_t>(value);
+  }
+
+ private:
+  struct point {
+    std::uint64_t ticks;
+    std::uint64_t ns;
+  };
+  void sort_points() {
+    std::sort(points_.begin(), points_.end(), [](point const& a, point const& b) { return a.ticks < b.ticks; });
+    std::vector<point> kept{{0, 0}};
+    for (point const& p : points_) {
+      if (p.ticks > kept.back().ticks && p.ns >= kept.back().ns) { kept.push_back(p); }
+    }
+    points_ = std::move(kept);
+    sorted_ = true;
+  }
+  std::vector<point> points_;
+  bool sorted_ = false;
+};
+
 }  // namespace
 
 bool is_binary_log(std::string_view bytes) noexcept {
@@ -84,38 +140,45 @@ bool is_binary_log(std::string_view bytes) noexcept {
 
 std::string binary_log_to_csv(std::string_view bytes, std::string const& source, log_limits const& limits) {
   auto const header = checked_header(bytes, source);
+  bool const ticks = header.clock == binary_log::clock_ticks;
+  // Tick stamps become nanoseconds through the points the thread records carry (a pass of
+  // its own: a block's stamps come before the point its write-out took).
+  tick_scale scale;
+  for_each_record(bytes, source, [&](std::size_t at, binary_log::record const& r, std::uint32_t) {
+    bool const is_thread = (r.stamp_and_kind >> binary_log::kind_shift) == 3;
+    if (!is_thread) { return; }
+    if ((r.stamp_and_kind & binary_log::stamp_mask) != 0 || (!ticks && (r.size != 0 || r.stream != 0))) {
+      fail_at(source, at,
+              ticks ? "a thread record with a stamp (its stamp field must be 0)"
+                    : "a thread record with a stamp, size or stream (its fields after the id must be 0)");
+    }
+    if (ticks && r.size != 0) { scale.add(r.size, r.stream); }
+  });
   std::string text = "Thread,Time,Action,Pointer,Size,Stream,Stamp\n";
   std::size_t used = text.size();
   detail::row_writer writer;
-  for (std::size_t at = binary_log::file_header_bytes; at < bytes.size();) {
-    std::uint32_t const count = checked_block(bytes, at, source);
-    at += binary_log::block_header_bytes;
-    std::uint64_t thread = 0;
-    for (std::uint32_t i = 0; i < count; ++i, at += binary_log::record_bytes) {
-      auto const r = load<binary_log::record>(bytes, at);
-      auto const what = static_cast<binary_log::kind>(r.stamp_and_kind >> binary_log::kind_shift);
-      std::uint64_t const stamp = r.stamp_and_kind & binary_log::stamp_mask;
-      if (what == binary_log::kind::thread) {
-        if (stamp != 0 || r.size != 0 || r.stream != 0) {
-          fail_at(source, at, "a thread record with a stamp, size or stream (its fields after the id must be 0)");
-        }
-        thread = r.pointer;
-        continue;
-      }
-      if (i == 0) { fail_at(source, at, "a block's first record must name its thread (kind 3)"); }
-      if (used + detail::max_row_length > limits.max_text_bytes) {
-        fail_at(source, at,
-                "the log's CSV text is larger than " + std::to_string(limits.max_text_bytes) +
-                    " bytes, the reader's limit (raise it with --max-log-bytes)");
-      }
-      if (text.size() < used + detail::max_row_length) { text.resize(used + detail::max_row_length); }
-      // Wrapping, not overflowing, on a damaged start time (the Time column is only shown).
-      auto const wall = static_cast<std::int64_t>(static_cast<std::uint64_t>(header.start_wall_ns) + stamp);
-      detail::log_record const row{thread, wall, r.pointer, r.size, r.stream, static_cast<std::uint8_t>(what)};
-      char* const end = writer.put_stamped(text.data() + used, row, stamp);
-      used = static_cast<std::size_t>(end - text.data());
+  std::uint64_t thread = 0;
+  for_each_record(bytes, source, [&](std::size_t at, binary_log::record const& r, std::uint32_t index) {
+    auto const what = static_cast<binary_log::kind>(r.stamp_and_kind >> binary_log::kind_shift);
+    if (what == binary_log::kind::thread) {
+      thread = r.pointer;
+      return;
     }
-  }
+    if (index == 0) { fail_at(source, at, "a block's first record must name its thread (kind 3)"); }
+    if (used + detail::max_row_length > limits.max_text_bytes) {
+      fail_at(source, at,
+              "the log's CSV text is larger than " + std::to_string(limits.max_text_bytes) +
+                  " bytes, the reader's limit (raise it with --max-log-bytes)");
+    }
+    if (text.size() < used + detail::max_row_length) { text.resize(used + detail::max_row_length); }
+    std::uint64_t const raw = r.stamp_and_kind & binary_log::stamp_mask;
+    std::uint64_t const stamp = ticks ? scale.ns(raw) : raw;
+    // Wrapping, not overflowing, on a damaged start time (the Time column is only shown).
+    auto const wall = static_cast<std::int64_t>(static_cast<std::uint64_t>(header.start_wall_ns) + stamp);
+    detail::log_record const row{thread, wall, r.pointer, r.size, r.stream, static_cast<std::uint8_t>(what)};
+    char* const end = writer.put_stamped(text.data() + used, row, stamp);
+    used = static_cast<std::size_t>(end - text.data());
+  });
   text.resize(used);
   return text;
 }

@@ -6,14 +6,21 @@
 /// Layout (little-endian, as written on the x86-64 and AArch64 hosts mrstack runs on):
 /// - a 32-byte file header: the 8 bytes `file_magic`, u32 `format_version`, u32
 ///   `record_bytes` (32), i64 the wall-clock time (system clock, ns since the epoch) at
-///   stamp 0, u64 reserved (0);
+///   stamp 0, u64 the clock of the stamps: `clock_ns` (0: nanoseconds on the monotonic
+///   clock) or `clock_ticks` (1: the CPU's time-stamp counter, see below);
 /// - then blocks, each written whole by one thread: u32 `block_magic`, u32 the number
 ///   of records that follow (at least one), then the records;
 /// - a record is four u64: the stamp (ns since logging began, on the monotonic clock,
 ///   below 2^62) with the record's kind in its top two bits, the pointer, the size and
 ///   the stream handle. Kinds: 0 allocate, 1 allocate failure, 2 free, 3 thread: the
-///   pointer field holds the OS thread id of the event records after it (stamp, size and
-///   stream are 0). A block's first record is a thread record.
+///   pointer field holds the OS thread id of the event records after it, its stamp is 0,
+///   and its size and stream are 0 — or, with `clock_ticks`, a point (ticks, ns) since
+///   stamp 0 read together when the block was written (ticks 0: none). A block's first
+///   record is a thread record.
+/// - `clock_ticks` stamps are time-stamp counter ticks since stamp 0 (read with `rdtscp`,
+///   which waits for the loads before it, as the monotonic clock's read does); a reader
+///   turns them into nanoseconds piecewise linearly through the points, so their order is
+///   kept. The adaptor uses them where the kernel keeps time by the same counter.
 ///
 /// A block holds one thread's records in its order (a thread record switches thread
 /// when threads share a buffer); merged by stamp (each thread's records in file order, at
@@ -40,6 +47,8 @@ inline constexpr std::uint32_t record_bytes = 32;
 inline constexpr std::uint32_t block_magic = 0x4B4C4252;  // "RBLK" in the file's bytes
 inline constexpr std::size_t file_header_bytes = 32;
 inline constexpr std::size_t block_header_bytes = 8;
+inline constexpr std::uint64_t clock_ns = 0;
+inline constexpr std::uint64_t clock_ticks = 1;
 
 enum class kind : std::uint8_t { allocate = 0, allocate_failure = 1, free = 2, thread = 3 };
 inline constexpr int kind_shift = 62;
@@ -58,7 +67,7 @@ struct file_header {
   std::uint32_t version;
   std::uint32_t record_size;
   std::int64_t start_wall_ns;
-  std::uint64_t reserved;
+  std::uint64_t clock;  // clock_ns or clock_ticks
 };
 static_assert(sizeof(file_header) == file_header_bytes);
 
@@ -70,10 +79,10 @@ static_assert(sizeof(file_header) == file_header_bytes);
 /// The CSV text of a binary log: the per-thread order's header
 /// (`Thread,Time,Action,Pointer,Size,Stream,Stamp`) and one row per event record, in file
 /// order, as the logging adaptor would have written them (Time in this machine's local
-/// time zone). A damaged layout — a wrong magic, version or record size, a block cut short,
-/// a block that does not start with a thread record, an unknown kind, a thread record with
-/// data, text past `limits.max_text_bytes` — is a `log_error` naming `source` and the
-/// byte offset.
+/// time zone; tick stamps converted to nanoseconds). A damaged layout — a wrong magic,
+/// version, record size or clock, a block cut short, a block that does not start with a
+/// thread record, a thread record with data it may not hold, text past
+/// `limits.max_text_bytes` — is a `log_error` naming `source` and the byte offset.
 [[nodiscard]] std::string binary_log_to_csv(std::string_view bytes, std::string const& source,
                                             log_limits const& limits = {});
 
