@@ -299,6 +299,7 @@ void log_thread_buffers::write_alone(log_record& record) noexcept {
     char row[max_row_length];
     char const* const end = writer.put_stamped(row, record, stamp);
     sink_->logger->log(spdlog::level::info, spdlog::string_view_t{row, static_cast<std::size_t>(end - row - 1)});
+    if (write_each_row_) { sink_->logger->flush(); }  // auto_flush: in the file before the call returns
     return;
   }
   struct {
@@ -310,8 +311,11 @@ void log_thread_buffers::write_alone(log_record& record) noexcept {
   block.thread = thread_record(*sink_, record.thread);
   block.event = {(stamp & binary_log::stamp_mask) | std::uint64_t{record.action} << binary_log::kind_shift,
                  record.pointer, record.bytes, record.stream};
-  std::lock_guard together{sink_->mutex};
-  sink_->logger->log(spdlog::level::info, spdlog::string_view_t{reinterpret_cast<char const*>(&block), sizeof block});
+  {
+    std::lock_guard together{sink_->mutex};
+    sink_->logger->log(spdlog::level::info, spdlog::string_view_t{reinterpret_cast<char const*>(&block), sizeof block});
+  }
+  if (write_each_row_) { sink_->logger->flush(); }
 }
 
 std::size_t log_thread_buffers::buffer_count() {
