@@ -7,11 +7,13 @@
 #include <logged_threads.hpp>
 
 #include <mrstack/adaptor/logging_resource_adaptor.hpp>
+#include <mrstack/error.hpp>
 #include <mrstack/log/allocation_log.hpp>
 #include <mrstack/log/binary_log.hpp>
 #include <mrstack/upstream/simulated_memory_resource.hpp>
 
 #include <atomic>
+#include <cstring>
 #include <barrier>
 #include <deque>
 #include <filesystem>
@@ -212,4 +214,23 @@ TEST_CASE("logging review: the adaptor destroyed while the threads that logged t
   }
   auto const parsed = parse_allocation_log(csv_of(out.str()), "destroyed");
   CHECK(parsed.events.size() == 2 * 100 * threads);
+}
+
+TEST_CASE("logging review: a binary log is held to the text limit by the CSV it stands for, as a CSV log is") {
+  namespace bl = binary_log;
+  std::string bytes(bl::file_header_bytes, '\0');
+  bl::file_header h{};
+  std::memcpy(h.magic, bl::file_magic, sizeof h.magic);
+  h.version = bl::format_version;
+  h.record_size = bl::record_bytes;
+  std::memcpy(bytes.data(), &h, sizeof h);
+  std::uint32_t const block[2] = {bl::block_magic, 2};
+  bl::record const records[2] = {{std::uint64_t{3} << bl::kind_shift, 1, 0, 0}, {5, 0x1000, 16, 0}};
+  bytes.append(reinterpret_cast<char const*>(block), sizeof block);
+  bytes.append(reinterpret_cast<char const*>(records), sizeof records);
+  std::string const csv = binary_log_to_csv(bytes, "exact.bin");
+  // The CSV itself reads at a limit of its own size; so must the binary log it stands for.
+  CHECK_NOTHROW(parse_allocation_log(csv, "exact.csv", log_limits{.max_text_bytes = csv.size()}));
+  CHECK_NOTHROW(binary_log_to_csv(bytes, "exact.bin", log_limits{.max_text_bytes = csv.size()}));
+  CHECK_THROWS_AS(binary_log_to_csv(bytes, "exact.bin", log_limits{.max_text_bytes = csv.size() - 1}), log_error);
 }
