@@ -165,11 +165,6 @@ std::string binary_log_to_csv(std::string_view bytes, std::string const& source,
       return;
     }
     if (index == 0) { fail_at(source, at, "a block's first record must name its thread (kind 3)"); }
-    if (used + detail::max_row_length > limits.max_text_bytes) {
-      fail_at(source, at,
-              "the log's CSV text is larger than " + std::to_string(limits.max_text_bytes) +
-                  " bytes, the reader's limit (raise it with --max-log-bytes)");
-    }
     if (text.size() < used + detail::max_row_length) { text.resize(used + detail::max_row_length); }
     std::uint64_t const raw = r.stamp_and_kind & binary_log::stamp_mask;
     std::uint64_t const stamp = ticks ? scale.ns(raw) : raw;
@@ -178,6 +173,13 @@ std::string binary_log_to_csv(std::string_view bytes, std::string const& source,
     detail::log_record const row{thread, wall, r.pointer, r.size, r.stream, static_cast<std::uint8_t>(what)};
     char* const end = writer.put_stamped(text.data() + used, row, stamp);
     used = static_cast<std::size_t>(end - text.data());
+    // The row's exact length, as a CSV log's text is held to the limit (the room for one
+    // more row is all it holds past it).
+    if (used > limits.max_text_bytes) {
+      fail_at(source, at,
+              "the log's CSV text is larger than " + std::to_string(limits.max_text_bytes) +
+                  " bytes, the reader's limit (raise it with --max-log-bytes)");
+    }
   });
   text.resize(used);
   return text;
