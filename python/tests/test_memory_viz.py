@@ -202,3 +202,13 @@ def test_torch_memory_viz_reads_it(tmp_path):
     assert "TOTAL MEM" in memory_viz.trace(snap)
     for html in (memory_viz.trace_plot(snap), memory_viz.segment_plot(snap)):
         assert "snapshot.pickle" in html
+
+
+def test_binary_log_thread_record_with_data_is_refused_as_the_cpp_reader_does(tmp_path):
+    """A thread record (kind 3) carries only the thread id: a stamp, size or stream in it is
+    a damaged log, refused by mrstack's C++ reader; the Python reader must not read it."""
+    for stamp, size, stream in ((7, 0, 0), (0, 16, 0), (0, 0, 0x55)):
+        damaged = tmp_path / f"thread_data_{stamp}_{size}_{stream}.bin"
+        damaged.write_bytes(_binary_log([[(3, stamp, 81234, size, stream), (0, 1000, 0x1000, 256, 0)]]))
+        with pytest.raises(ConversionError, match=r"byte offset 40: a thread record with a stamp, size or stream"):
+            read_log_events(str(damaged))
