@@ -591,6 +591,22 @@ TEST_CASE("mrstack-replay --write-csv: a checked log written as CSV, binary logs
   CHECK_THAT(mixed.err, Catch::Contains("--write-csv converts the log and replays nothing"));
 }
 
+TEST_CASE("mrstack-replay --write-csv: a log the reader refuses for a NUL byte is refused, not written") {
+  register_test_layers();
+  using namespace std::string_literals;
+  // parse_allocation_log takes a NUL in the Thread column; read_allocation_log (what a
+  // replay reads the file with) refuses the file. --write-csv must not write out a CSV
+  // that mrstack-replay would then refuse.
+  auto const nul_log = write_file("nul_convert.csv", header + "A\0B,0,allocate,0x1000,16,0\n1,0,free,0x1000,16,0\n"s);
+  CHECK_THROWS_AS(read_allocation_log(nul_log), log_error);
+  auto const out_path = (scratch_dir() / "nul_converted.csv").string();
+  std::filesystem::remove(out_path);
+  auto const c = run_tool({nul_log, "--write-csv", out_path});
+  CHECK(c.status == 2);
+  CHECK_THAT(c.err, Catch::Contains("a NUL byte"));
+  CHECK_FALSE(std::filesystem::exists(out_path));
+}
+
 TEST_CASE("mrstack-replay: the sample log over simulated memory") {
   register_test_layers();
   char const* env = std::getenv("MRSTACK_SAMPLE_LOG");  // ctest sets it
