@@ -212,3 +212,17 @@ def test_binary_log_thread_record_with_data_is_refused_as_the_cpp_reader_does(tm
         damaged.write_bytes(_binary_log([[(3, stamp, 81234, size, stream), (0, 1000, 0x1000, 256, 0)]]))
         with pytest.raises(ConversionError, match=r"byte offset 40: a thread record with a stamp, size or stream"):
             read_log_events(str(damaged))
+
+
+def test_damaged_gzip_data_is_a_conversion_error(tmp_path):
+    """A .gz log whose deflate data is damaged (zlib's error, not an OSError) is refused
+    with a ConversionError naming the file, like a bad CRC or a cut-short stream."""
+    import zlib
+    body = zlib.compressobj(6, zlib.DEFLATED, 31)
+    packed = bytearray(body.compress(b"Thread,Time,Action,Pointer,Size,Stream\n" +
+                                     b"1,0:00:00,allocate,0x1000,16,0\n" * 20) + body.flush())
+    packed[10] = 0xFF  # the first deflate block's header: an invalid block type
+    damaged = tmp_path / "damaged.csv.gz"
+    damaged.write_bytes(bytes(packed))
+    with pytest.raises(ConversionError, match=r"damaged.csv.gz: cannot read it"):
+        read_log_events(str(damaged))
