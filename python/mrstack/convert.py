@@ -66,6 +66,7 @@ import struct
 import sys
 import tempfile
 import time
+import zlib
 
 __all__ = ["ConversionError", "TorchConversion", "convert_torch_snapshot", "load_snapshot", "write_log",
            "read_log_events", "log_to_memory_viz", "write_snapshot", "main"]
@@ -382,7 +383,7 @@ def read_log_events(path):
             rows = list(csv.reader(io.StringIO(data.decode("utf-8"), newline="")))
     except FileNotFoundError:
         raise ConversionError(f"{path}: no such file") from None
-    except (OSError, EOFError, UnicodeDecodeError) as e:
+    except (OSError, EOFError, UnicodeDecodeError, zlib.error) as e:
         raise ConversionError(f"{path}: cannot read it ({e})") from None
     if not rows:
         raise ConversionError(f"{path}: empty, expected the header Thread,Time,Action,Pointer,Size,Stream")
