@@ -5,6 +5,7 @@
 #include <catch2/catch.hpp>
 
 #include <logged_threads.hpp>
+#include <scratch_files.hpp>
 
 #include <mrstack/adaptor/logging_resource_adaptor.hpp>
 #include <mrstack/error.hpp>
@@ -31,8 +32,6 @@ using namespace mrstack;
 
 namespace {
 
-std::string csv_of(std::string const& bytes) { return is_binary_log(bytes) ? binary_log_to_csv(bytes, "log") : bytes; }
-
 /// The rows of a per-thread CSV log grouped by Stream (each test thread has its own), in
 /// file order: [action, pointer, size, stamp].
 std::map<std::uintptr_t, std::vector<std::vector<std::string>>> rows_by_stream(std::string const& text) {
@@ -47,19 +46,6 @@ std::map<std::uintptr_t, std::vector<std::vector<std::string>>> rows_by_stream(s
   }
   return by;
 }
-
-std::string slurp(std::filesystem::path const& p) {
-  std::ifstream in{p, std::ios::binary};
-  return {std::istreambuf_iterator<char>{in}, std::istreambuf_iterator<char>{}};
-}
-
-struct late_free {
-  logging_resource_adaptor* log = nullptr;
-  void* block = nullptr;
-  ~late_free() {
-    if (log != nullptr) { log->deallocate(block, 48); }
-  }
-};
 
 }  // namespace
 
@@ -105,7 +91,7 @@ TEST_CASE("logging review: threads come and go (adopting buffers) while another 
     flusher.join();
     CHECK(log.thread_buffer_count() <= 2 * static_cast<std::size_t>(per_wave));
   }
-  std::string const text = csv_of(out.str());
+  std::string const text = test::csv_of(out.str());
   auto const by = rows_by_stream(text);
   REQUIRE(by.size() == expected.size());
   for (std::size_t t = 0; t < expected.size(); ++t) {
@@ -158,7 +144,7 @@ TEST_CASE("logging review: one thread, several adaptors, some destroyed and new 
   worker.join();
   logs.clear();
   for (std::size_t i = 0; i < outs.size(); ++i) {
-    std::string const text = csv_of(outs[i].str());
+    std::string const text = test::csv_of(outs[i].str());
     if (text.empty()) { continue; }
     INFO("log " << i);
     auto const parsed = parse_allocation_log(text, "several");
@@ -178,14 +164,14 @@ TEST_CASE("logging review: auto_flush puts a row logged after the thread's exit 
     logging_resource_adaptor log{sim, path.string(), true, true, logging_resource_adaptor::default_queue_capacity,
                                  log_order::per_thread, format};
     std::thread{[&log] {
-      thread_local late_free late;  // constructed before the logger's thread_locals: destroyed after its exit hook
+      thread_local test::freed_at_thread_exit late;  // constructed before the logger's thread_locals: destroyed after its exit hook
       void* p = log.allocate(48);
       late.log = &log;
       late.block = p;
     }}.join();
     // Both the allocation and the free (written alone, after the exit hook) are in the
     // file: auto_flush promises every row is there when its call returns.
-    auto const parsed = parse_allocation_log(csv_of(slurp(path)), "autoflush");
+    auto const parsed = parse_allocation_log(test::csv_of(test_support::slurp(path.string())), "autoflush");
     CHECK(parsed.events.size() == 2);
   }
   std::filesystem::remove(path);
@@ -212,7 +198,7 @@ TEST_CASE("logging review: the adaptor destroyed while the threads that logged t
     log.reset();
     for (auto& th : pool) { th.join(); }
   }
-  auto const parsed = parse_allocation_log(csv_of(out.str()), "destroyed");
+  auto const parsed = parse_allocation_log(test::csv_of(out.str()), "destroyed");
   CHECK(parsed.events.size() == 2 * 100 * threads);
 }
 

@@ -28,21 +28,6 @@ logging_resource_adaptor per_thread_log(std::ostream& out, resource_ptr up, log_
   return logging_resource_adaptor{std::move(up), out, false, true, queue, log_order::per_thread, format};
 }
 
-/// The log's CSV text, whichever format it was written in.
-std::string csv_of(std::string const& bytes) {
-  return is_binary_log(bytes) ? binary_log_to_csv(bytes, "log") : bytes;
-}
-
-/// Frees its block when its thread's thread_locals are destroyed: made before the thread's
-/// first logged call, so destroyed after the logger's own exit hook.
-struct freed_at_thread_exit {
-  logging_resource_adaptor* log = nullptr;
-  void* block = nullptr;
-  ~freed_at_thread_exit() {
-    if (log != nullptr) { log->deallocate(block, 48); }
-  }
-};
-
 }  // namespace
 
 TEST_CASE("logging thread buffers: flush() while threads log loses and repeats no row") {
@@ -62,7 +47,7 @@ TEST_CASE("logging thread buffers: flush() while threads log loses and repeats n
     done = true;
     flusher.join();
   }
-  std::string const text = csv_of(out.str());
+  std::string const text = test::csv_of(out.str());
   test::check_rows_per_thread(text, expected);
   CHECK_NOTHROW(parse_allocation_log(text, "flushed"));
 }
@@ -95,7 +80,7 @@ TEST_CASE("logging thread buffers: a call after the thread's exit hook is logged
   {
     auto log = per_thread_log(out, sim, format);
     std::thread{[&log] {
-      thread_local freed_at_thread_exit late;  // before the logger's thread_locals
+      thread_local test::freed_at_thread_exit late;  // before the logger's thread_locals
       void* p = log.allocate(48);
       late.log = &log;
       late.block = p;

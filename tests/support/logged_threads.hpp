@@ -1,10 +1,12 @@
 #pragma once
 // Threads calling a logging adaptor, and the check that a per-thread-order log holds their
-// calls: every call a row, each thread's rows in its own order with rising stamps. Shared
-// by the CSV and the binary per-thread tests.
+// calls: every call a row, each thread's rows in its own order with rising stamps; a
+// thread_local that frees after the logger's exit hook. Shared by the per-thread, binary,
+// thread-buffer and review tests of the logging adaptor.
 #include <catch2/catch.hpp>
 
 #include <mrstack/adaptor/logging_resource_adaptor.hpp>
+#include <mrstack/log/binary_log.hpp>
 
 #include <cstdint>
 #include <map>
@@ -24,6 +26,25 @@ struct logged_call {
 };
 
 inline cudaStream_t fake_stream(std::uintptr_t v) { return reinterpret_cast<cudaStream_t>(v); }
+
+/// A per-thread log's CSV text, whichever format it was written in.
+inline std::string csv_of(std::string const& bytes) {
+  return is_binary_log(bytes) ? binary_log_to_csv(bytes, "log") : bytes;
+}
+
+/// Frees its block (48 bytes) when its thread's thread_locals are destroyed: declared
+/// thread_local before the thread's first logged call, it is destroyed after the logger's
+/// own exit hook — a call the logger must still log.
+struct freed_at_thread_exit {
+  logging_resource_adaptor* log = nullptr;
+  void* block = nullptr;
+  freed_at_thread_exit() = default;
+  freed_at_thread_exit(freed_at_thread_exit const&) = delete;
+  freed_at_thread_exit& operator=(freed_at_thread_exit const&) = delete;
+  ~freed_at_thread_exit() {
+    if (log != nullptr) { log->deallocate(block, 48); }
+  }
+};
 
 inline std::vector<std::string> split_row(std::string const& line) {
   std::vector<std::string> fields;
