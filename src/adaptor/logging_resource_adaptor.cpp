@@ -376,7 +376,9 @@ logging_resource_adaptor::logging_resource_adaptor(resource_ptr upstream, std::v
   } else if (async) {
     writer_ = std::make_unique<detail::async_log_writer>(logger_, queue_capacity, auto_flush);
   }
-  if (auto_flush) { logger_->flush(); }
+  // The header is in the file at once, in every mode: a process that ends without running
+  // destructors (os._exit, a fork's child) leaves a log that reads as one, not an empty file.
+  logger_->flush();
 }
 
 logging_resource_adaptor::~logging_resource_adaptor() {
