@@ -70,6 +70,12 @@ owned_buffers& this_thread_owned() {
 
 constexpr auto thread_kind = std::uint64_t{3} << binary_log::kind_shift;
 
+/// An allocate, allocate-failure or free record.
+binary_log::record event_record(log_record const& r, std::uint64_t stamp) noexcept {
+  return {(stamp & binary_log::stamp_mask) | std::uint64_t{r.action} << binary_log::kind_shift, r.pointer, r.bytes,
+          r.stream};
+}
+
 bool is_thread_record(char const* at) noexcept {
   std::uint64_t word = 0;
   std::memcpy(&word, at, sizeof word);
@@ -251,8 +257,7 @@ void log_thread_buffers::append_binary(buffer& b, log_record const& record) noex
     append(thread_record(*b.out, record.thread));
     b.thread = record.thread;
   }
-  std::uint64_t const stamp = stamp_now() & binary_log::stamp_mask;
-  append({stamp | std::uint64_t{record.action} << binary_log::kind_shift, record.pointer, record.bytes, record.stream});
+  append(event_record(record, stamp_now()));
 }
 
 void drain(log_thread_buffers::buffer& b) noexcept {
@@ -285,9 +290,8 @@ void write_out(log_thread_buffers::buffer& b, std::size_t upto) noexcept {
   for (std::size_t at = 0; at < bytes; at += binary_log::record_bytes) {
     if (is_thread_record(from + at)) { std::memcpy(&b.written_thread, from + at + 8, sizeof b.written_thread); }
   }
-  std::size_t const head_bytes = sizeof head;
   std::lock_guard together{b.out->mutex};  // no other block between its two pieces
-  logger.log(spdlog::level::info, spdlog::string_view_t{reinterpret_cast<char const*>(&head), head_bytes});
+  logger.log(spdlog::level::info, spdlog::string_view_t{reinterpret_cast<char const*>(&head), sizeof head});
   logger.log(spdlog::level::info, spdlog::string_view_t{from, bytes});
 }
 
@@ -309,8 +313,7 @@ void log_thread_buffers::write_alone(log_record& record) noexcept {
     binary_log::record event{};
   } block;
   block.thread = thread_record(*sink_, record.thread);
-  block.event = {(stamp & binary_log::stamp_mask) | std::uint64_t{record.action} << binary_log::kind_shift,
-                 record.pointer, record.bytes, record.stream};
+  block.event = event_record(record, stamp);
   {
     std::lock_guard together{sink_->mutex};
     sink_->logger->log(spdlog::level::info, spdlog::string_view_t{reinterpret_cast<char const*>(&block), sizeof block});

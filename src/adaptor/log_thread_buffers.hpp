@@ -77,8 +77,8 @@ class log_thread_buffers {
     std::shared_ptr<sink> out;
     // The owner's.
     std::size_t used = 0;        // bytes appended
-    std::size_t thread = 0;      // binary: the thread its last thread record named
-    bool thread_named = false;   // binary: a thread record has been appended
+    std::size_t thread = 0;      // binary: the thread of the records it appends now
+    bool thread_named = false;   // binary: `thread` is set (a record has been appended)
     std::atomic<std::size_t> committed{0};  // `used` as published to consumers
     std::atomic<bool> orphaned{false};      // its thread exited: another may adopt it
     // The consumers', under `consumer`.
