@@ -118,8 +118,12 @@ def train(args):
             times.append(time.perf_counter() - started)
     if args.mode == "mrstack":
         import mrstack
-        s = mrstack.statistics(local_rank)
-        peak, held = s.clients["torch"].peak_bytes, s.peak_bytes + s.free_bytes_held
+        # Held: the stack's footprint when PyTorch's live bytes peaked, as PyTorch's own
+        # max_memory_reserved is its reserve's high-water mark. (The stack's peak plus the
+        # free bytes held at the end had counted memory twice: freed after the peak, it was
+        # in both.)
+        peak, held = mrstack.statistics(local_rank).clients["torch"].peak_bytes, \
+            mrstack.torch.max_memory_reserved(local_rank)
     else:
         peak, held = torch.cuda.max_memory_allocated(device), torch.cuda.max_memory_reserved(device)
     mine = {"rank": dist.get_rank(), "local_rank": local_rank, "pid": os.getpid(), "loss": float(loss),
