@@ -14,6 +14,13 @@ the peak committed memory / 8 GiB and the trips to the shared pool per allocator
 another stream's extent needs stream ordering.
 
   tools/simulate-stream-partitions.py [S ...]      (default: 2 8; about 10 s per S)
+
+With --borrowing it simulates another design instead: thread shards of slabs taken from
+one shared pool grown in place, where a shard that cannot serve a request first allocates
+from the other shards' free blocks (best fit among them) and only then takes a slab of
+max(request, shard / 12 within 4-64 MiB) (or exactly the request with --exact-slabs);
+wholly free slabs go back to the shared pool before it grows. It prints the peak / cap,
+the borrowings and slab takes per allocator call, and the same without borrowing.
 """
 import bisect
 import random
@@ -147,8 +154,107 @@ def simulate(streams, keep_above, keep_down_to, extent_min):
     return peak / CAP, takes / calls, hand_backs / calls
 
 
+class Shard:
+    """A thread shard: its slabs (base -> [size, free ranges, live blocks])."""
+    def __init__(self):
+        self.slabs = {}
+
+    def best_fit(self, n):
+        best = None
+        for base, (_, free, _) in self.slabs.items():
+            a = free.best_fit(n)
+            if a is not None and (best is None or free.size[a] < best[0]):
+                best = (free.size[a], base, a)
+        return best
+
+
+def simulate_borrowing(streams, exact_slabs, borrow):
+    steps = [make_steps(CAP // streams, 7000 + t) for t in range(streams)]
+    shared, frontier, peak = FreeRanges(), 0, 0
+    shards = [Shard() for _ in range(streams)]
+    where = [dict() for _ in range(streams)]
+    calls = borrowed = takes = 0
+    next_step = [0] * streams
+    rng = random.Random(1)
+    running = list(range(streams))
+
+    def take_slab(shard, e):
+        nonlocal frontier, peak
+        s = shared.best_fit(e)
+        if s is None:  # wholly free slabs go back first, then the pool grows in place
+            for other in shards:
+                for base in [b for b, v in other.slabs.items() if v[2] == 0]:
+                    shared.add(base, other.slabs.pop(base)[0])
+            s = shared.best_fit(e)
+        if s is None:
+            tail = shared.starts[-1] if shared.starts else None
+            have = shared.size[tail] if tail is not None and tail + shared.size[tail] == frontier else 0
+            grow = -(-(e - have) // GRANULE) * GRANULE
+            shared.add(frontier, grow)
+            frontier += grow
+            peak = max(peak, frontier)
+            s = shared.best_fit(e)
+        got = shared.remove(s)
+        if got > e:
+            shared.add(s + e, got - e)
+        free = FreeRanges()
+        free.add(s, e)
+        shard.slabs[s] = [e, free, 0]
+
+    while running:
+        t = rng.choice(running)
+        if next_step[t] == len(steps[t]):
+            running.remove(t)
+            continue
+        allocate, slot, b = steps[t][next_step[t]]
+        next_step[t] += 1
+        calls += 1
+        n = (b + ALIGN - 1) // ALIGN * ALIGN
+        if not allocate:
+            shard, base, a, n = where[t].pop(slot)
+            shard.slabs[base][1].add(a, n)
+            shard.slabs[base][2] -= 1
+            continue
+        shard, fit = shards[t], shards[t].best_fit(n)
+        if fit is None and borrow:
+            found = [(f[0], q, f) for q in range(streams) if q != t for f in [shards[q].best_fit(n)] if f]
+            if found:
+                _, q, fit = min(found)
+                shard = shards[q]
+                borrowed += 1
+        if fit is None:
+            shard = shards[t]
+            held = sum(v[0] for v in shard.slabs.values())
+            e = -(-n // GRANULE) * GRANULE
+            if not exact_slabs:
+                e = max(e, min(64 << 20, max(4 << 20, held // 12 // GRANULE * GRANULE)))
+            takes += 1
+            take_slab(shard, e)
+            fit = shard.best_fit(n)
+        _, base, a = fit
+        slab = shard.slabs[base]
+        got = slab[1].remove(a)
+        if got > n:
+            slab[1].add(a + n, got - n)
+        slab[2] += 1
+        where[t][slot] = (shard, base, a, n)
+    return peak / CAP, borrowed / calls, takes / calls
+
+
+def main_borrowing(counts, exact_slabs):
+    print("S  borrowing  peak / cap  borrowings a call  slab takes a call")
+    for s in counts:
+        for borrow in (True, False):
+            peak, borrowed, takes = simulate_borrowing(s, exact_slabs, borrow)
+            print(f"{s:<2} {'yes' if borrow else 'no':9s} {peak:10.3f}  {borrowed:17.3f}  {takes:17.3f}", flush=True)
+
+
 def main():
-    counts = [int(a) for a in sys.argv[1:]] or [2, 8]
+    args = [a for a in sys.argv[1:] if not a.startswith("--")]
+    counts = [int(a) for a in args] or [2, 8]
+    if "--borrowing" in sys.argv:
+        main_borrowing(counts, "--exact-slabs" in sys.argv)
+        return
     mib = 1 << 20
     settings = [(128 * mib, 64 * mib, 2 * mib), (256 * mib, 128 * mib, 16 * mib), (256 * mib, 192 * mib, 2 * mib),
                 (384 * mib, 256 * mib, 2 * mib), (512 * mib, 384 * mib, 2 * mib)]
