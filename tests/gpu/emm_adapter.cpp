@@ -12,11 +12,11 @@
 #include <mrstack/upstream/vmm_ipc.hpp>
 #include <mrstack/upstream/vmm_memory_resource.hpp>
 
+#include <caching_resource.hpp>
+
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <map>
-#include <mutex>
 #include <string>
 #include <vector>
 
@@ -27,6 +27,7 @@ extern char** environ;
 
 using namespace mrstack;
 using emm::adapter;
+using mrstack::test::caching_resource;
 
 namespace {
 
@@ -35,51 +36,6 @@ adapter::options on_current_device() {
   MRSTACK_CUDA_TRY(cudaGetDevice(&opts.device));
   return opts;
 }
-
-// Keeps freed blocks (exact size) and reports them as held free: a stand-in for a pool.
-class caching_resource final : public memory_resource {
- public:
-  explicit caching_resource(resource_ptr up) : up_{std::move(up)} {}
-
- private:
-  void* do_allocate(std::size_t bytes, std::size_t alignment, stream_view s) override {
-    {
-      std::lock_guard lock{mutex_};
-      if (auto it = cache_.find(bytes); it != cache_.end()) {
-        void* p = it->second;
-        cache_.erase(it);
-        held_ -= bytes;
-        return p;
-      }
-    }
-    return up_->allocate(bytes, s, alignment);
-  }
-  void do_deallocate(void* p, std::size_t bytes, std::size_t, stream_view) override {
-    std::lock_guard lock{mutex_};
-    cache_.emplace(bytes, p);
-    held_ += bytes;
-  }
-  std::string do_name() const override { return "caching"; }
-  memory_resource* do_upstream() const noexcept override { return up_.get(); }
-  std::size_t do_free_bytes_held() const noexcept override {
-    std::lock_guard lock{mutex_};
-    return held_;
-  }
-  void do_release() override {
-    std::multimap<std::size_t, void*> cache;
-    {
-      std::lock_guard lock{mutex_};
-      cache.swap(cache_);
-      held_ = 0;
-    }
-    for (auto const& [bytes, p] : cache) { up_->deallocate(p, bytes); }
-  }
-
-  resource_ptr up_;
-  mutable std::mutex mutex_;
-  std::multimap<std::size_t, void*> cache_;
-  std::size_t held_ = 0;
-};
 
 std::string to_hex(void const* data, std::size_t n) {
   std::string out;

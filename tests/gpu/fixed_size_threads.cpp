@@ -10,9 +10,10 @@
 #include <mrstack/suballoc/pool_memory_resource.hpp>
 #include <mrstack/upstream/cuda_memory_resource.hpp>
 
+#include <phase_gate.hpp>
+
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <mutex>
 #include <random>
 #include <thread>
@@ -36,20 +37,7 @@ void delay(stream_view s, std::uintptr_t ms) {
 TEST_CASE("gpu fixed_size threads: a cached block reaches another thread only after its queued write") {
   constexpr std::size_t block = 64 * MiB;
   auto mr = std::make_shared<fixed_size_memory_resource>(std::make_shared<cuda_memory_resource>(), block, 1);
-  std::mutex m;
-  std::condition_variable cv;
-  int phase = 0;
-  auto wait_for = [&](int p) {
-    std::unique_lock lock{m};
-    cv.wait(lock, [&] { return phase >= p; });
-  };
-  auto advance = [&](int p) {
-    {
-      std::lock_guard lock{m};
-      phase = p;
-    }
-    cv.notify_all();
-  };
+  test::phase_gate gate;
   void* x = nullptr;
   void* y = nullptr;
   std::size_t wrong = 0;
@@ -59,13 +47,13 @@ TEST_CASE("gpu fixed_size threads: a cached block reaches another thread only af
     delay(s, 100);
     (void)cudaMemsetAsync(x, 0xAA, block, s.value());
     mr->deallocate(x, block, s);  // into this thread's cache, the write still queued
-    advance(1);
-    wait_for(2);
+    gate.advance(1);
+    gate.wait_for(2);
     (void)cudaStreamSynchronize(cudaStreamPerThread);
   }};
   std::thread t2{[&] {
     auto const s = stream_view::per_thread();
-    wait_for(1);
+    gate.wait_for(1);
     y = mr->allocate(block, s);  // the one block: taken back from t1's cache
     (void)cudaMemsetAsync(y, 0x55, block, s.value());
     delay(s, 300);
@@ -75,7 +63,7 @@ TEST_CASE("gpu fixed_size threads: a cached block reaches another thread only af
     for (unsigned char c : host) { wrong += c != 0x55 ? 1 : 0; }
     mr->deallocate(y, block, s);
     (void)cudaStreamSynchronize(cudaStreamPerThread);
-    advance(2);
+    gate.advance(2);
   }};
   t1.join();
   t2.join();

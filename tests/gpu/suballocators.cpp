@@ -16,12 +16,12 @@
 #include <mrstack/upstream/cuda_memory_resource.hpp>
 #include <mrstack/upstream/pinned_host_memory_resource.hpp>
 
+#include <phase_gate.hpp>
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstring>
-#include <mutex>
 #include <thread>
 #include <vector>
 
@@ -257,20 +257,7 @@ TEST_CASE("gpu suballocators: per-thread default streams of two threads") {
   // after an event on the legacy default stream, which waits for every blocking stream
   // (per-thread default streams are blocking). If that did not hold, 0xAA would show.
   pool_memory_resource mr{cuda(), 0};
-  std::mutex m;
-  std::condition_variable cv;
-  int phase = 0;
-  auto wait_for = [&](int p) {
-    std::unique_lock lock{m};
-    cv.wait(lock, [&] { return phase >= p; });
-  };
-  auto advance = [&](int p) {
-    {
-      std::lock_guard lock{m};
-      phase = p;
-    }
-    cv.notify_all();
-  };
+  test::phase_gate gate;
   void* x = nullptr;
   void* y = nullptr;
   std::size_t wrong = 0;
@@ -280,13 +267,13 @@ TEST_CASE("gpu suballocators: per-thread default streams of two threads") {
     delay(s, writer_delay_ms);
     (void)cudaMemsetAsync(x, 0xAA, block_bytes, s.value());
     mr.deallocate(x, block_bytes, s);
-    advance(1);
-    wait_for(2);
+    gate.advance(1);
+    gate.wait_for(2);
     (void)cudaStreamSynchronize(cudaStreamPerThread);
   }};
   std::thread t2{[&] {
     auto const s = stream_view::per_thread();
-    wait_for(1);
+    gate.wait_for(1);
     y = mr.allocate(block_bytes, s);
     (void)cudaMemsetAsync(y, 0x55, block_bytes, s.value());
     delay(s, reader_delay_ms);
@@ -296,7 +283,7 @@ TEST_CASE("gpu suballocators: per-thread default streams of two threads") {
     for (unsigned char c : host) { wrong += c != 0x55 ? 1 : 0; }
     mr.deallocate(y, block_bytes, s);
     (void)cudaStreamSynchronize(cudaStreamPerThread);
-    advance(2);
+    gate.advance(2);
   }};
   t1.join();
   t2.join();

@@ -23,3 +23,20 @@ def cuda_device():
         pytest.skip("numba-cuda is not installed")
     if not have_cuda_device():
         pytest.skip("no CUDA device")
+
+
+def device_count():
+    """How many CUDA devices Numba sees (asked in a subprocess, as above)."""
+    code = "from numba import cuda; print(len(cuda.gpus))"
+    try:
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+        return int(done.stdout.strip() or 0)
+    except (OSError, subprocess.SubprocessError, ValueError):
+        return 0
+
+
+@pytest.fixture(scope="module")
+def two_devices():
+    count = device_count()
+    if count < 2:
+        pytest.skip(f"needs two CUDA devices; this machine has {count}")

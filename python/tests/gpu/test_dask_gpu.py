@@ -19,22 +19,6 @@ pytestmark = pytest.mark.usefixtures("cuda_device")
 REPO = Path(__file__).resolve().parents[3]
 
 
-def _device_count():
-    code = "from numba import cuda; print(len(cuda.gpus))"
-    try:
-        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-        return int(done.stdout.strip() or 0)
-    except (OSError, subprocess.SubprocessError, ValueError):
-        return 0
-
-
-@pytest.fixture(scope="module")
-def two_devices():
-    count = _device_count()
-    if count < 2:
-        pytest.skip(f"needs two CUDA devices; this machine has {count}")
-
-
 def _replay_tool():
     if os.environ.get("MRSTACK_REPLAY"):
         return os.environ["MRSTACK_REPLAY"]

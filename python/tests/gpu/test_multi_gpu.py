@@ -12,22 +12,6 @@ import pytest
 pytestmark = pytest.mark.usefixtures("cuda_device")
 
 
-def _device_count():
-    code = "from numba import cuda; print(len(cuda.gpus))"
-    try:
-        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-        return int(done.stdout.strip() or 0)
-    except (OSError, subprocess.SubprocessError, ValueError):
-        return 0
-
-
-@pytest.fixture(scope="module")
-def two_devices():
-    count = _device_count()
-    if count < 2:
-        pytest.skip(f"needs two CUDA devices; this machine has {count}")
-
-
 def _need(module):
     if importlib.util.find_spec(module) is None:
         pytest.skip(f"{module} is not installed")
