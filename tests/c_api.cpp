@@ -491,3 +491,36 @@ TEST_CASE("c api: a destroy waits for calls in flight on other threads; later ca
     CHECK(mrstack_allocate(s, 256, nullptr, 0, &p) == MRSTACK_ERROR_INVALID_ARGUMENT);
   }
 }
+
+TEST_CASE("c api: a free under another client or with another size is refused; the books never wrap") {
+  // fixed_size takes any size up to its block size back, so only the books can tell.
+  mrstack_stack* s = make("fixed_size > simulated");
+  void* p = nullptr;
+  REQUIRE(mrstack_allocate(s, 256, nullptr, MRSTACK_CLIENT_NUMBA, &p) == MRSTACK_SUCCESS);
+  CHECK(mrstack_deallocate(s, p, 256, nullptr, MRSTACK_CLIENT_CUPY) == MRSTACK_ERROR_LOGIC);
+  CHECK_THAT(last_error(), Catch::Contains("mrstack_deallocate: a free of 256 bytes as client cupy, which holds 0 "
+                                           "bytes in 0 allocations") &&
+                               Catch::Contains("nothing was freed"));
+  CHECK(mrstack_deallocate(s, p, 512, nullptr, MRSTACK_CLIENT_NUMBA) == MRSTACK_ERROR_LOGIC);
+  CHECK_THAT(last_error(), Catch::Contains("a free of 512 bytes as client numba, which holds 256 bytes in 1"));
+  auto st = stats(s);
+  CHECK(st.live_bytes == 256);
+  CHECK(st.clients[MRSTACK_CLIENT_NUMBA].live_bytes == 256);
+  CHECK(st.clients[MRSTACK_CLIENT_NUMBA].live_count == 1);
+  CHECK(st.clients[MRSTACK_CLIENT_CUPY].live_bytes == 0);
+  CHECK(st.clients[MRSTACK_CLIENT_CUPY].live_count == 0);
+  // Still allocated: the right free works, once; a refused free leaves the books as they were.
+  CHECK(mrstack_deallocate(s, p, 256, nullptr, MRSTACK_CLIENT_NUMBA) == MRSTACK_SUCCESS);
+  REQUIRE(mrstack_allocate(s, 64, nullptr, MRSTACK_CLIENT_NUMBA, &p) == MRSTACK_SUCCESS);
+  int foreign = 0;
+  CHECK(mrstack_deallocate(s, &foreign, 64, nullptr, MRSTACK_CLIENT_NUMBA) == MRSTACK_ERROR_LOGIC);
+  CHECK(stats(s).clients[MRSTACK_CLIENT_NUMBA].live_bytes == 64);
+  CHECK(mrstack_deallocate(s, p, 64, nullptr, MRSTACK_CLIENT_NUMBA) == MRSTACK_SUCCESS);
+  st = stats(s);
+  CHECK(st.live_bytes == 0);
+  for (auto const& c : st.clients) {
+    CHECK(c.live_bytes == 0);
+    CHECK(c.live_count == 0);
+  }
+  CHECK(mrstack_stack_destroy(s) == MRSTACK_SUCCESS);
+}

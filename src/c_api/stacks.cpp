@@ -57,6 +57,32 @@ void mrstack_stack::count_free(int client, std::uint64_t bytes) noexcept {
   live_bytes.fetch_sub(bytes, std::memory_order_relaxed);
 }
 
+bool mrstack_stack::try_count_free(int client, std::uint64_t bytes) noexcept {
+  auto& books = clients[static_cast<std::size_t>(client)];
+  // Each counter is taken down only if it covers the free (compare-and-swap, so concurrent
+  // frees cannot both pass a check one of them alone would).
+  std::uint64_t count = books.live_count.load(std::memory_order_relaxed);
+  do {
+    if (count == 0) { return false; }
+  } while (!books.live_count.compare_exchange_weak(count, count - 1, std::memory_order_relaxed));
+  std::uint64_t held = books.live_bytes.load(std::memory_order_relaxed);
+  do {
+    if (held < bytes) {
+      books.live_count.fetch_add(1, std::memory_order_relaxed);
+      return false;
+    }
+  } while (!books.live_bytes.compare_exchange_weak(held, held - bytes, std::memory_order_relaxed));
+  live_bytes.fetch_sub(bytes, std::memory_order_relaxed);
+  return true;
+}
+
+void mrstack_stack::uncount_free(int client, std::uint64_t bytes) noexcept {
+  auto& books = clients[static_cast<std::size_t>(client)];
+  books.live_bytes.fetch_add(bytes, std::memory_order_relaxed);
+  books.live_count.fetch_add(1, std::memory_order_relaxed);
+  live_bytes.fetch_add(bytes, std::memory_order_relaxed);
+}
+
 namespace mrstack::c_api {
 
 namespace {
@@ -316,11 +342,25 @@ mrstack_status mrstack_deallocate(mrstack_stack* handle, void* ptr, size_t bytes
                    0, MRSTACK_ERROR_LOGIC);
     return MRSTACK_ERROR_LOGIC;
   }
-  return guarded([&] {
+  // The books first: a free they cannot cover is refused before the memory goes back,
+  // since a layer that does not check sizes (fixed_size) would take it and the books wrap.
+  if (!stack->try_count_free(client, bytes)) {
+    auto const& books = stack->clients[static_cast<std::size_t>(client)];
+    set_last_error("mrstack_deallocate: a free of " + std::to_string(bytes) + " bytes as client " +
+                       mrstack_client_name(client) + ", which holds " +
+                       std::to_string(books.live_bytes.load(std::memory_order_relaxed)) + " bytes in " +
+                       std::to_string(books.live_count.load(std::memory_order_relaxed)) +
+                       " allocations: the pointer was not allocated from this stack as this client with this "
+                       "size (free with the size and client it was allocated with); nothing was freed",
+                   0, MRSTACK_ERROR_LOGIC);
+    return MRSTACK_ERROR_LOGIC;
+  }
+  auto const status = guarded([&] {
     mrstack::detail::device_scope on_device{stack->device};
     stack->top->deallocate(ptr, bytes, mrstack::stream_view{static_cast<cudaStream_t>(stream)});
-    stack->count_free(client, bytes);
   });
+  if (status != MRSTACK_SUCCESS) { stack->uncount_free(client, bytes); }  // the stack kept it
+  return status;
 }
 
 mrstack_status mrstack_get_statistics(mrstack_stack* handle, mrstack_statistics* out) {

@@ -311,12 +311,23 @@ void mrstack_torch_free(void* ptr, size_t size, int device, void* stream) {
     std::fprintf(stderr, "mrstack: %s\n", mrstack_last_error());
     return;
   }
+  // The books first, as mrstack_deallocate does: a size they cannot cover is refused
+  // before the memory goes back, rather than wrapping the torch client's counters.
+  if (!stack->try_count_free(MRSTACK_CLIENT_TORCH, size)) {
+    mrstack::c_api::set_last_error("mrstack_torch_free: a free of " + std::to_string(size) + " bytes on device " +
+                                       std::to_string(device) + ", more than PyTorch holds there (" +
+                                       std::to_string(stack->clients[MRSTACK_CLIENT_TORCH].live_bytes.load()) +
+                                       " bytes): not an allocation of mrstack_torch_alloc of this size; nothing was freed",
+                                   0, MRSTACK_ERROR_LOGIC);
+    std::fprintf(stderr, "mrstack: %s\n", mrstack_last_error());
+    return;
+  }
   try {
     mrstack::detail::device_scope on_device{device};
     wait_for_recorded_uses(ptr, stream);
     stack->top->deallocate(ptr, size, mrstack::stream_view{static_cast<cudaStream_t>(stream)});
-    stack->count_free(MRSTACK_CLIENT_TORCH, size);
   } catch (...) {
+    stack->uncount_free(MRSTACK_CLIENT_TORCH, size);  // the stack kept it
     (void)mrstack::c_api::status_from_current_exception();
     std::fprintf(stderr, "mrstack: PyTorch's free of %zu bytes on device %d failed: %s\n", size, device,
                  mrstack_last_error());
