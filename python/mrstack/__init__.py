@@ -29,6 +29,17 @@ __all__ = [
 CLIENTS = _lib.CLIENT_NAMES
 
 
+def _spec_bytes(spec, what):
+    """A spec as the C ABI takes it: a str without NUL (C would read only up to the first
+    NUL and silently drop the rest)."""
+    if not isinstance(spec, str):
+        raise TypeError(f"{what}: the spec must be a str, not {type(spec).__name__} ({spec!r:.60})")
+    if "\0" in spec:
+        raise ValueError(f"{what}: the spec {spec!r:.80} holds a NUL character (at {spec.index(chr(0))}); "
+                         "the C ABI would read only what comes before it")
+    return spec.encode()
+
+
 def _client_id(client):
     if isinstance(client, int) and 0 <= client < len(CLIENTS):
         return client
@@ -47,8 +58,8 @@ def configure(spec):
     column; nothing is built and CUDA is not touched until the first allocation. ``None``
     goes back to MRSTACK_RESOURCE or the default.
     """
+    encoded = None if spec is None else _spec_bytes(spec, "mrstack.configure")
     lib = _lib.library()
-    encoded = None if spec is None else str(spec).encode()
     lib.check(lib.dll.mrstack_configure(encoded))
 
 
@@ -133,9 +144,10 @@ class Stack:
     __slots__ = ("_lib", "_handle", "_owned", "device")
 
     def __init__(self, spec, device=0):
+        encoded = _spec_bytes(spec, "mrstack.Stack")
         lib = _lib.library()
         handle = ctypes.c_void_p()
-        lib.check(lib.dll.mrstack_stack_create(str(spec).encode(), int(device), ctypes.byref(handle)))
+        lib.check(lib.dll.mrstack_stack_create(encoded, int(device), ctypes.byref(handle)))
         self._lib, self._handle, self._owned, self.device = lib, handle.value, True, int(device)
 
     @classmethod

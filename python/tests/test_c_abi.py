@@ -219,3 +219,18 @@ def test_library_search_order(tmp_path, monkeypatch, library_path):
         _lib.library_path()
     monkeypatch.setenv("MRSTACK_LIBRARY", library_path)
     assert _lib.library_path() == library_path
+
+
+def test_a_spec_must_be_a_str_without_nul(lib):
+    # C reads a spec up to its first NUL: "simulated\0 > nonsense" built "simulated", silently.
+    with pytest.raises(ValueError, match=r"mrstack.Stack: the spec .* holds a NUL character \(at 9\)"):
+        mrstack.Stack("simulated\0 > nonsense_layer")
+    with pytest.raises(ValueError, match="mrstack.configure: the spec .* holds a NUL character"):
+        mrstack.configure("simulated\0junk")
+    # str() of another object made a spec of its repr: b'system' or None read as layer names.
+    for wrong in (b"system", None, 7):
+        with pytest.raises(TypeError, match=f"mrstack.Stack: the spec must be a str, not {type(wrong).__name__}"):
+            mrstack.Stack(wrong)
+    with pytest.raises(TypeError, match="mrstack.configure: the spec must be a str, not bytes"):
+        mrstack.configure(b"system")
+
