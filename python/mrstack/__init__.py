@@ -14,6 +14,7 @@ Importing the package loads nothing and touches no GPU: the shared library
 
 from dataclasses import dataclass, field
 import ctypes
+import operator
 
 from . import _lib
 from ._lib import (CudaError, FastPath, LibraryNotFoundError, MrstackError, OutOfMemoryError, SpecError,
@@ -27,6 +28,29 @@ __all__ = [
 ]
 
 CLIENTS = _lib.CLIENT_NAMES
+
+
+# The C ABI keeps the stacks of devices 0 to 63 (src/c_api/stacks.cpp); a size, an address or
+# a stream is 64 bits.
+_MAX_DEVICES = 64
+_U64 = 2**64 - 1
+
+
+def _integer(value, what, low, high):
+    """`value` as an int in [low, high], else TypeError / ValueError naming `what`: ctypes
+    would pass it on silently changed (the low bits of 2**64 bytes are 0, of device 2**32
+    device 0; a float is cut to an int, a str passes its own address)."""
+    try:
+        number = operator.index(value)
+    except TypeError:
+        raise TypeError(f"{what} must be an int, not {type(value).__name__} ({value!r:.60})") from None
+    if not low <= number <= high:
+        raise ValueError(f"{what} is {number}, outside [{low}, {high}]")
+    return number
+
+
+def _device(device, what):
+    return _integer(device, f"{what}: device", 0, _MAX_DEVICES - 1)
 
 
 def _spec_bytes(spec, what):
@@ -144,11 +168,11 @@ class Stack:
     __slots__ = ("_lib", "_handle", "_owned", "device")
 
     def __init__(self, spec, device=0):
-        encoded = _spec_bytes(spec, "mrstack.Stack")
+        encoded, device = _spec_bytes(spec, "mrstack.Stack"), _integer(device, "mrstack.Stack: device", 0, 2**31 - 1)
         lib = _lib.library()
         handle = ctypes.c_void_p()
-        lib.check(lib.dll.mrstack_stack_create(encoded, int(device), ctypes.byref(handle)))
-        self._lib, self._handle, self._owned, self.device = lib, handle.value, True, int(device)
+        lib.check(lib.dll.mrstack_stack_create(encoded, device, ctypes.byref(handle)))
+        self._lib, self._handle, self._owned, self.device = lib, handle.value, True, device
 
     @classmethod
     def _wrap(cls, lib, handle, device):
@@ -174,14 +198,19 @@ class Stack:
 
     def allocate(self, nbytes, stream=0, client="other"):
         """Allocates `nbytes` usable on `stream` (a cudaStream_t as an int); returns the address."""
+        nbytes = _integer(nbytes, "mrstack.Stack.allocate: nbytes", 0, _U64)
+        stream = _integer(stream or 0, "mrstack.Stack.allocate: stream", 0, _U64)
         out = ctypes.c_void_p()
-        self._lib.check(self._lib.dll.mrstack_allocate(self.handle, int(nbytes), stream or None,
+        self._lib.check(self._lib.dll.mrstack_allocate(self.handle, nbytes, stream or None,
                                                        _client_id(client), ctypes.byref(out)))
         return out.value or 0
 
     def deallocate(self, ptr, nbytes, stream=0, client="other"):
         """Frees what `allocate` returned, with the same size and client."""
-        self._lib.check(self._lib.dll.mrstack_deallocate(self.handle, ptr or None, int(nbytes), stream or None,
+        ptr = _integer(ptr or 0, "mrstack.Stack.deallocate: ptr", 0, _U64)
+        nbytes = _integer(nbytes, "mrstack.Stack.deallocate: nbytes", 0, _U64)
+        stream = _integer(stream or 0, "mrstack.Stack.deallocate: stream", 0, _U64)
+        self._lib.check(self._lib.dll.mrstack_deallocate(self.handle, ptr or None, nbytes, stream or None,
                                                          _client_id(client)))
 
     def statistics(self):
@@ -265,10 +294,11 @@ def _statistics_from(raw, description, fragmentation=None):
 
 def device_stack(device=0):
     """The process-wide stack of `device`, built from the configured spec on first use."""
+    device = _device(device, "mrstack.device_stack")
     lib = _lib.library()
     handle = ctypes.c_void_p()
-    lib.check(lib.dll.mrstack_device_stack(int(device), ctypes.byref(handle)))
-    return Stack._wrap(lib, handle.value, int(device))
+    lib.check(lib.dll.mrstack_device_stack(device, ctypes.byref(handle)))
+    return Stack._wrap(lib, handle.value, device)
 
 
 def statistics(device=0):

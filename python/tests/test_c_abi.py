@@ -234,3 +234,30 @@ def test_a_spec_must_be_a_str_without_nul(lib):
     with pytest.raises(TypeError, match="mrstack.configure: the spec must be a str, not bytes"):
         mrstack.configure(b"system")
 
+
+def test_integers_out_of_range_or_of_other_types_are_refused_not_wrapped(lib):
+    # ctypes keeps the low bits of an int and converts a float or a str as it comes: 2**64
+    # bytes became a successful allocation of 0 bytes, device 2**32 built on device 0.
+    with mrstack.Stack("tracking > simulated") as stack:
+        for nbytes, error, text in ((2**64, ValueError, "nbytes is 18446744073709551616, outside"),
+                                    (-1, ValueError, "nbytes is -1, outside"),
+                                    (1.5, TypeError, "nbytes must be an int, not float"),
+                                    ("16", TypeError, "nbytes must be an int, not str")):
+            with pytest.raises(error, match=f"mrstack.Stack.allocate: {text}"):
+                stack.allocate(nbytes)
+        with pytest.raises(TypeError, match="mrstack.Stack.allocate: stream must be an int, not str"):
+            stack.allocate(16, stream="s")
+        with pytest.raises(ValueError, match="mrstack.Stack.allocate: stream is -1"):
+            stack.allocate(16, stream=-1)
+        p = stack.allocate(16)
+        with pytest.raises(ValueError, match="mrstack.Stack.deallocate: ptr is"):
+            stack.deallocate(p + 2**64, 16)
+        with pytest.raises(ValueError, match="mrstack.Stack.deallocate: nbytes is"):
+            stack.deallocate(p, 16 + 2**64)
+        assert stack.statistics().live_bytes == 16
+        stack.deallocate(p, 16)
+    with pytest.raises(ValueError, match=r"mrstack.Stack: device is 4294967296, outside \[0, 2147483647\]"):
+        mrstack.Stack("simulated", device=2**32)
+    with pytest.raises(ValueError, match="mrstack.device_stack: device is 4294967296"):
+        mrstack.device_stack(2**32)
+
