@@ -306,18 +306,20 @@ def statistics(device=0):
     bytes each holds now and held at peak, with the stack's `Fragmentation` (held, live
     and free bytes, the largest free block, free blocks). Builds nothing: before the stack
     exists every number is 0."""
+    device = _device(device, "mrstack.statistics")  # a device that can have no stack is not one with nothing
     lib = _lib.library()
-    handle = lib.dll.mrstack_device_stack_if_built(int(device))
+    handle = lib.dll.mrstack_device_stack_if_built(device)
     if not handle:
-        return Statistics(device=int(device), stack="", live_bytes=0, peak_bytes=0, free_bytes_held=0,
+        return Statistics(device=device, stack="", live_bytes=0, peak_bytes=0, free_bytes_held=0,
                           emm_outstanding=0, clients={name: ClientStatistics() for name in CLIENTS})
-    return Stack._wrap(lib, handle, int(device)).statistics()
+    return Stack._wrap(lib, handle, device).statistics()
 
 
 def reset_peaks(device=0):
     """Sets every client's peak on `device` to what it holds now."""
+    device = _device(device, "mrstack.reset_peaks")
     lib = _lib.library()
-    handle = lib.dll.mrstack_device_stack_if_built(int(device))
+    handle = lib.dll.mrstack_device_stack_if_built(device)
     if handle:
         lib.check(lib.dll.mrstack_reset_peaks(handle))
 
@@ -325,8 +327,9 @@ def reset_peaks(device=0):
 def release(device=0):
     """Gives the free memory `device`'s stack holds back to the device (see
     `Stack.release`); nothing when the stack is not built yet."""
+    device = _device(device, "mrstack.release")
     lib = _lib.library()
-    handle = lib.dll.mrstack_device_stack_if_built(int(device))
+    handle = lib.dll.mrstack_device_stack_if_built(device)
     if handle:
         lib.check(lib.dll.mrstack_stack_release(handle))
 

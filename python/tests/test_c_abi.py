@@ -261,3 +261,13 @@ def test_integers_out_of_range_or_of_other_types_are_refused_not_wrapped(lib):
     with pytest.raises(ValueError, match="mrstack.device_stack: device is 4294967296"):
         mrstack.device_stack(2**32)
 
+
+def test_a_device_that_can_have_no_stack_is_refused_not_reported_empty(lib):
+    # statistics(-1) answered "device -1: nothing built", reset_peaks and release did nothing.
+    for call, name in ((mrstack.statistics, "statistics"), (mrstack.reset_peaks, "reset_peaks"),
+                       (mrstack.release, "release")):
+        for device in (-1, 64, 2**32):
+            with pytest.raises(ValueError, match=rf"mrstack.{name}: device is {device}, outside \[0, 63\]"):
+                call(device)
+        with pytest.raises(TypeError, match=f"mrstack.{name}: device must be an int, not str"):
+            call("0")
