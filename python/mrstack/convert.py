@@ -474,9 +474,17 @@ def _infer_segments(events, gap=SEGMENT_GAP):
     return [(start, end) for start, end in merged]
 
 
+# PyTorch's device index (c10::DeviceIndex) is an int8: a snapshot has traces for at most 128 devices.
+MAX_TORCH_DEVICE = 127
+
+
 def log_to_memory_viz(events, device=0, device_count=None):
     """The snapshot dict (``torch.cuda.memory._snapshot()`` layout) of a log's events."""
     import bisect
+    # Checked first: device_traces gets one list per device up to this one (a negative one
+    # indexed an empty list; a huge one built billions of lists).
+    if not 0 <= device <= MAX_TORCH_DEVICE:
+        raise ConversionError(f"--device {device}: PyTorch's device indices are 0 to {MAX_TORCH_DEVICE}")
     segments = _infer_segments(events)
     starts = [start for start, _ in segments]
     announced = set()

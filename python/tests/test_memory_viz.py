@@ -226,3 +226,20 @@ def test_damaged_gzip_data_is_a_conversion_error(tmp_path):
     damaged.write_bytes(bytes(packed))
     with pytest.raises(ConversionError, match=r"damaged.csv.gz: cannot read it"):
         read_log_events(str(damaged))
+
+
+def test_a_device_no_snapshot_can_hold_is_an_error_not_a_traceback(tmp_path):
+    # --device -1 raised IndexError out of main(); --device 10**10 built ten billion empty
+    # traces (a hang, then MemoryError). PyTorch's device index is an int8: 0 to 127.
+    path = write_log(tmp_path / "log.csv", [("allocate", 0x10000, 512, 0), ("free", 0x10000, 512, 0)])
+    events = read_log_events(path)
+    for device in (-1, 128, 10**10):
+        with pytest.raises(ConversionError, match=rf"device {device}: PyTorch's device indices are 0 to 127"):
+            log_to_memory_viz(events, device)
+    from mrstack.convert import main
+    out = tmp_path / "s.pickle"
+    assert main(["memory-viz", path, "-o", str(out), "--device", "-1"]) == 2
+    assert not out.exists()
+    assert main(["memory-viz", path, "-o", str(out), "--device", "127"]) == 0
+    with open(out, "rb") as f:
+        assert len(pickle.load(f)["device_traces"]) == 128
