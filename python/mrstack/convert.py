@@ -412,6 +412,9 @@ def read_log_events(path):
         except ValueError:
             raise ConversionError(f"{path}:{number}: Pointer and Stream must be hex, Size decimal") \
                 from None
+        if size < 0:  # int() reads a sign; mrstack-replay refuses it, as a size can have none
+            raise ConversionError(f"{path}:{number}: bad Size {row[column['Size']].strip()!r}: expected a number of "
+                                  "bytes (decimal digits)")
         events.append((number, kind, address, size, stream, _parse_time_us(row[column["Time"]])))
     if "Stamp" in header:
         events = _in_stamp_order(path, rows, header.index("Stamp"), header.index("Thread") if "Thread" in header else None,

@@ -243,3 +243,13 @@ def test_a_device_no_snapshot_can_hold_is_an_error_not_a_traceback(tmp_path):
     assert main(["memory-viz", path, "-o", str(out), "--device", "127"]) == 0
     with open(out, "rb") as f:
         assert len(pickle.load(f)["device_traces"]) == 128
+
+
+def test_a_negative_size_is_an_error_naming_the_line(tmp_path):
+    # It was read as a number and the allocation silently left out of the snapshot;
+    # mrstack-replay refuses the same log ("bad Size").
+    bad = tmp_path / "neg.csv"
+    bad.write_text("Thread,Time,Action,Pointer,Size,Stream\n1,0:00:00.0,allocate,0x10,64,0\n"
+                   "1,0:00:00.1,allocate,0x3000,-512,0\n")
+    with pytest.raises(ConversionError, match=r"neg.csv:3: bad Size '-512': expected a number of bytes"):
+        read_log_events(str(bad))
