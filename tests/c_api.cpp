@@ -524,3 +524,33 @@ TEST_CASE("c api: a free under another client or with another size is refused; t
   }
   CHECK(mrstack_stack_destroy(s) == MRSTACK_SUCCESS);
 }
+
+TEST_CASE("c api: an EMM token of another stack, or one never issued, frees nothing and is an error") {
+  mrstack_stack* a = make("pool(initial=1MiB) > system");
+  mrstack_stack* b = make("pool(initial=1MiB) > system");
+  mrstack_memory_pointer ma{};
+  mrstack_memory_pointer mb{};
+  REQUIRE(mrstack_emm_memalloc(a, 100, MRSTACK_CLIENT_NUMBA, &ma) == MRSTACK_SUCCESS);
+  REQUIRE(mrstack_emm_memalloc(b, 200, MRSTACK_CLIENT_NUMBA, &mb) == MRSTACK_SUCCESS);
+  CHECK(ma.token != mb.token);  // unique across stacks, not only within one
+  // A's finalizer run against B used to free B's first allocation (the same slot and generation).
+  CHECK(mrstack_emm_free(b, ma.token) == -1);
+  CHECK(mrstack_last_error_status() == MRSTACK_ERROR_LOGIC);
+  CHECK_THAT(last_error(), Catch::Contains("mrstack_emm_free: token 0x") &&
+                               Catch::Contains("was never issued by this stack") &&
+                               Catch::Contains("nothing was freed"));
+  CHECK(stats(b).emm_outstanding == 1);
+  CHECK(stats(b).clients[MRSTACK_CLIENT_NUMBA].live_bytes == 200);
+  for (std::uint64_t never : {std::uint64_t{0}, std::uint64_t{0xdeadbeef}, ~std::uint64_t{0}}) {
+    CHECK(mrstack_emm_free(a, never) == -1);
+  }
+  CHECK(mrstack_emm_free(b, mb.token) == 1);
+  CHECK(mrstack_emm_free(b, mb.token) == 0);  // a second call of its own finalizer stays a no-op
+  CHECK(mrstack_emm_free(a, ma.token) == 1);
+  size_t released = 1;
+  REQUIRE(mrstack_emm_memalloc(a, 100, MRSTACK_CLIENT_NUMBA, &ma) == MRSTACK_SUCCESS);
+  REQUIRE(mrstack_emm_reset(a, &released) == MRSTACK_SUCCESS);
+  CHECK(mrstack_emm_free(a, ma.token) == 0);  // made stale by the reset: a no-op, not an error
+  CHECK(mrstack_stack_destroy(a) == MRSTACK_SUCCESS);
+  CHECK(mrstack_stack_destroy(b) == MRSTACK_SUCCESS);
+}

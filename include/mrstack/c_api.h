@@ -170,7 +170,8 @@ typedef struct mrstack_emm_allocation {
 MRSTACK_C_EXPORT mrstack_emm_allocation mrstack_emm_memalloc_pair(mrstack_stack* stack, size_t bytes, int client);
 /* The finalizer: returns the memory of `token` to the stack exactly once. Returns 1 when
  * it freed (or queued) memory, 0 when the token was already freed or made stale by a
- * reset (a no-op), -1 on failure. */
+ * reset (a no-op), -1 on failure: among them a token this stack never issued (another
+ * stack's, or 0), MRSTACK_ERROR_LOGIC, which frees nothing. */
 MRSTACK_C_EXPORT int mrstack_emm_free(mrstack_stack* stack, uint64_t token);
 /* (free, total) bytes of the stack's device, counting what the stack holds free as free. */
 MRSTACK_C_EXPORT mrstack_status mrstack_emm_get_memory_info(mrstack_stack* stack, size_t* free_bytes,

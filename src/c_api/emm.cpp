@@ -3,6 +3,8 @@
 // books.
 #include "c_api_internal.hpp"
 
+#include <cinttypes>
+#include <cstdio>
 #include <cstring>
 #include <string>
 
@@ -76,7 +78,16 @@ int mrstack_emm_free(mrstack_stack* handle, uint64_t token) {
   if (!stack) { return -1; }
   try {
     auto const freed = stack->emm.free(token);
-    if (!freed) { return 0; }
+    if (!freed) {
+      if (stack->emm.issued(token)) { return 0; }  // freed before, or made stale by a reset: a no-op
+      // Another stack's token, or one never handed out: the caller frees into the wrong stack.
+      char hex[24];
+      std::snprintf(hex, sizeof hex, "0x%" PRIx64, token);
+      set_last_error(std::string{"mrstack_emm_free: token "} + hex +
+                         " was never issued by this stack (a token of another stack, or no token); nothing was freed",
+                     0, MRSTACK_ERROR_LOGIC);
+      return -1;
+    }
     stack->count_free(static_cast<int>(freed->tag), freed->size);
     return 1;
   } catch (...) {

@@ -2,6 +2,7 @@
 #include <mrstack/emm/adapter.hpp>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <cstdio>
 #include <exception>
@@ -95,6 +96,11 @@ adapter::adapter(resource_ptr stack, options opts) : stack_{std::move(stack)}, o
     throw logic_error("emm::adapter: device ordinal " + std::to_string(options_.device) + " is negative");
   }
   sleepable_ = find_virtual_range_resource(*stack_);
+  // The n-th adapter of the process starts its generations at n * 2^32 / golden ratio:
+  // the starts stay far apart however many adapters there are, so tokens of two adapters
+  // (two stacks of the C ABI) do not coincide and one's finalizer cannot free the other's.
+  static std::atomic<std::uint32_t> adapters_made{0};
+  generation_base_ = adapters_made.fetch_add(1, std::memory_order_relaxed) * 0x9E3779B9U;
 }
 
 void adapter::check_awake(char const* what) const {
@@ -135,6 +141,7 @@ memory_pointer adapter::memalloc(std::size_t size, std::uint32_t tag) {
     } else {
       if (slots_.size() >= no_slot) { throw logic_error("emm::adapter: more than 2^32-1 outstanding allocations"); }
       slots_.emplace_back();  // amortized: the table keeps its capacity, so steady state allocates nothing
+      slots_.back().generation = generation_base_;
       index = static_cast<std::uint32_t>(slots_.size() - 1);
     }
     slot& s = slots_[index];
@@ -176,6 +183,16 @@ std::optional<memory_pointer> adapter::free(std::uint64_t token) {
   }
   stack_->deallocate(freed.ptr, freed.size, options_.stream);
   return freed;
+}
+
+bool adapter::issued(std::uint64_t token) const {
+  auto const index = static_cast<std::uint32_t>(token & 0xffffffffU);
+  auto const generation = static_cast<std::uint32_t>(token >> 32);
+  std::lock_guard lock{mutex_};
+  if (token == 0 || index >= slots_.size()) { return false; }
+  // Generations of a slot run from generation_base_ + 1 up to its current one (mod 2^32).
+  std::uint32_t const age = generation - generation_base_;
+  return age != 0 && age <= static_cast<std::uint32_t>(slots_[index].generation - generation_base_);
 }
 
 memory_info adapter::get_memory_info() const {

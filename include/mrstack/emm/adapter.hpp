@@ -22,7 +22,9 @@
 ///   a reset, a token is not (the low 32 bits name a slot, the high 32 bits that slot's
 ///   generation, which changes on every use and on reset; a stale token could only match
 ///   again after 2^32 reuses of one slot while its old finalizer is still pending). Token 0
-///   is never issued.
+///   is never issued. Each adapter starts its generations elsewhere (spread over the 32
+///   bits), so another adapter's token names none of this one's allocations (`issued`)
+///   until one slot has been reused about 2^32 / (adapters made) times.
 /// - `free(token)` is the finalizer: the first call for a live token takes the allocation
 ///   out of the table and returns the memory to the stack (or queues it while a cleanup
 ///   guard is active); any later call, and any call after a `reset()` made the token stale,
@@ -138,6 +140,10 @@ class adapter {
   /// The finalizer of the allocation `token` names: returns what was freed the first time,
   /// nothing for a token already freed or made stale by `reset()` (or never issued).
   std::optional<memory_pointer> free(std::uint64_t token);
+  /// Whether this adapter ever issued `token` (live, freed or made stale), as opposed to a
+  /// token of another adapter, 0, or any other value: what tells a finalizer's harmless
+  /// second call from a foreign free when `free` returns nothing.
+  [[nodiscard]] bool issued(std::uint64_t token) const;
 
   [[nodiscard]] memory_info get_memory_info() const;
 
@@ -208,6 +214,7 @@ class adapter {
   mutable std::mutex mutex_;
   std::vector<slot> slots_;
   std::uint32_t free_head_ = no_slot;
+  std::uint32_t generation_base_ = 0;  // every slot's generation starts here (see the contract)
   std::size_t outstanding_count_ = 0;
   std::size_t outstanding_bytes_ = 0;
   std::vector<deferred_free> deferred_;
