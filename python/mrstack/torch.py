@@ -135,7 +135,9 @@ def _device_index(device):
     if index is None:
         import torch
         return torch.cuda.current_device()
-    return int(index)
+    import mrstack
+    # Checked, not int(): ctypes would keep the low 32 bits (2**32 answered for device 0).
+    return mrstack._device(index, "mrstack.torch")
 
 
 def _stack(device):

@@ -57,6 +57,26 @@ def test_books_under_pytorch_names(run_python):
     assert done.stdout.split() == ["ok"]
 
 
+def test_a_device_index_out_of_range_is_refused_not_truncated(run_python):
+    # ctypes kept the low 32 bits: memory_stats(2**32) answered for device 0; int() cut 1.9 to 1.
+    run_python("""
+        import re
+        import pytest
+        import mrstack, mrstack.torch as mt
+        mrstack.configure("simulated")
+        stack = mrstack.device_stack(0)
+        p = stack.allocate(4096, client="torch")
+        assert mt.memory_stats(0)["allocated_bytes.all.current"] == 4096
+        for call in (mt.memory_stats, mt.memory_allocated, mt.fragmentation, mt.reset_peak_memory_stats,
+                     mt.empty_cache):
+            with pytest.raises(ValueError, match=re.escape("mrstack.torch: device is 4294967296, outside [0, 63]")):
+                call(2**32)
+            with pytest.raises(TypeError, match="mrstack.torch: device must be an int, not float"):
+                call(1.9)
+        stack.deallocate(p, 4096, client="torch")
+    """)
+
+
 def test_record_stream_needs_a_pointer(run_python):
     done = run_python("""
         import mrstack
