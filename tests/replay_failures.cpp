@@ -261,6 +261,32 @@ TEST_CASE("replay failures: --timeline writes the documented schema") {
   CHECK(t.at("results").at(1).at("failures").number == 1);
 }
 
+TEST_CASE("replay failures: --timeline counts zero-byte allocations in a bucket of their own") {
+  // The reader keeps an allocation of 0 bytes at a real pointer (only a null one is
+  // skipped); the size histogram indexed its power-of-two bucket with bit_width(0) - 1,
+  // before the array, and the tool died freeing the corrupted heap.
+  std::string const text = header +
+                           "1,0,allocate,0x1000,0,0\n"
+                           "1,0,free,0x1000,0,0\n"
+                           "1,0,allocate,0x2000,100,0\n"
+                           "1,0,free,0x2000,100,0\n";
+  auto const log = parse_allocation_log(text, "zero.csv");
+  REQUIRE(log.events.size() == 4);
+  timeline const t = log_timeline(log, 10);
+  REQUIRE(t.size_histogram.size() == 2);
+  CHECK(t.size_histogram[0].min_bytes == 0);
+  CHECK(t.size_histogram[0].max_bytes == 0);
+  CHECK(t.size_histogram[0].allocations == 1);
+  CHECK(t.size_histogram[1].min_bytes == 64);
+  CHECK(t.size_histogram[1].allocations == 1);
+  auto const path = write_file("zero.csv", text);
+  auto const file = (scratch_dir() / "zero_timeline.json").string();
+  auto const c = run_tool({path, "--simulate", "-r", "pool > cuda", "--timeline", file});
+  INFO(c.out << c.err);
+  CHECK(c.status == 0);
+  CHECK(test::parse_json(slurp(file)).at("size_histogram").at(0).at("allocations").number == 1);
+}
+
 namespace {
 
 /// An inference-like log of exactly 126,240 events: 160 weights (256 KiB to 32 MiB)

@@ -31,7 +31,11 @@ timeline log_timeline(allocation_log const& log, std::size_t points) {
   for (std::size_t i = 0; i < t.threads.size(); ++i) { t.threads[i].name = log.thread_names[i]; }
   t.streams.resize(log.streams.size());
   for (std::size_t i = 0; i < t.streams.size(); ++i) { t.streams[i].name = log.stream_names[i]; }
-  std::vector<std::size_t> buckets(65, 0);  // bucket b: sizes in [2^b, 2^(b+1))
+  std::vector<std::size_t> buckets(64, 0);  // bucket b: sizes in [2^b, 2^(b+1))
+  // The reader takes an allocation of 0 bytes at a real pointer (only a null one is
+  // skipped): it has no power-of-two bucket (bit_width(0) - 1 would index before the
+  // array), so it gets one of its own.
+  std::size_t zero_byte_allocations = 0;
   std::size_t live = 0;  // cannot wrap: the reader refuses logs whose sums would
   std::size_t next_sample = 0;
   for (std::uint32_t i = 0; i < log.events.size(); ++i) {
@@ -44,7 +48,11 @@ timeline log_timeline(allocation_log const& log, std::size_t points) {
       ++stream.allocations;
       thread.bytes_allocated += e.bytes;
       stream.bytes_allocated += e.bytes;
-      ++buckets[static_cast<std::size_t>(std::bit_width(e.bytes)) - 1];
+      if (e.bytes == 0) {
+        ++zero_byte_allocations;
+      } else {
+        ++buckets[static_cast<std::size_t>(std::bit_width(e.bytes)) - 1];
+      }
     } else {
       live -= e.bytes;
       ++thread.frees;
@@ -55,6 +63,7 @@ timeline log_timeline(allocation_log const& log, std::size_t points) {
       ++next_sample;
     }
   }
+  if (zero_byte_allocations != 0) { t.size_histogram.push_back({0, 0, zero_byte_allocations}); }
   for (std::size_t b = 0; b < 64; ++b) {
     if (buckets[b] == 0) { continue; }
     std::size_t const lo = std::size_t{1} << b;

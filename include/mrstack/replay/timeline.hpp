@@ -49,8 +49,8 @@ struct activity {
 };
 
 struct size_bucket {
-  std::size_t min_bytes = 0;  ///< a power of two (1 for the first)
-  std::size_t max_bytes = 0;  ///< 2 * min_bytes - 1
+  std::size_t min_bytes = 0;  ///< a power of two (1 for the first); 0 for 0-byte allocations
+  std::size_t max_bytes = 0;  ///< 2 * min_bytes - 1 (0 for 0-byte allocations)
   std::size_t allocations = 0;
 };
 
