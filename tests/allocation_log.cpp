@@ -115,6 +115,21 @@ TEST_CASE("log: header names ignore case, extra columns are ignored, CRLF and bl
   CHECK(log.leaked_allocations.empty());
 }
 
+TEST_CASE("log: a UTF-8 byte order mark before the header is skipped") {
+  // Spreadsheets and Windows editors save "CSV UTF-8" with a BOM; it used to be read as
+  // part of the first header name, refused with "header column 1 is 'Thread', expected
+  // 'Thread'" (the three bytes do not show).
+  std::string const text = "\xEF\xBB\xBF" + header + "1,0,allocate,0x10,64,0\n1,0,free,0x10,64,0\n";
+  auto const log = parse_allocation_log(text, "bom.csv");
+  CHECK(log.events.size() == 2);
+  CHECK(log.event_lines == std::vector<std::uint32_t>{2, 3});
+  // The per-thread order's Stamp column is still found.
+  auto const stamped = parse_allocation_log(
+      "\xEF\xBB\xBFThread,Time,Action,Pointer,Size,Stream,Stamp\n2,0,free,0x10,64,0,20\n1,0,allocate,0x10,64,0,10\n",
+      "bom.csv");
+  CHECK(stamped.event_lines == std::vector<std::uint32_t>{3, 2});
+}
+
 TEST_CASE("log: every malformed line is an error naming file, line and column") {
   require_log_error("", 0, 0, "the log is empty: expected the header Thread,Time,Action,Pointer,Size,Stream");
   require_log_error("Thread,Time,Action,Address,Size,Stream\n", 1, 20,

@@ -435,6 +435,11 @@ allocation_log parse_allocation_log(std::string_view text, std::string source, l
     std::string const csv = binary_log_to_csv(text, source, limits);
     return log_parser{csv, std::move(source), limits}.parse();
   }
+  // A UTF-8 byte order mark (spreadsheets and Windows editors save "CSV UTF-8" with one)
+  // is no part of the header: read as one, it made the first column name 'Thread'
+  // plus three invisible bytes, refused with a message that seemed to contradict itself.
+  constexpr std::string_view byte_order_mark = "\xEF\xBB\xBF";
+  if (text.starts_with(byte_order_mark)) { text.remove_prefix(byte_order_mark.size()); }
   return log_parser{text, std::move(source), limits}.parse();
 }
 

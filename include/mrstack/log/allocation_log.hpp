@@ -16,9 +16,10 @@
 ///   is read as each thread's rows in file order, the threads merged by stamp (at equal
 ///   stamps a free before another thread's allocation), whatever the order of its rows in
 ///   the file; events keep their own line numbers.
-/// Blank lines are skipped; a file may be gzip-compressed (detected by its content). A
-/// binary log (the logging adaptor's `log_format::binary`; log/binary_log.hpp) is read as
-/// its CSV text, wherever text is taken.
+/// Blank lines are skipped, and a UTF-8 byte order mark before the header; a file may be
+/// gzip-compressed (detected by its content). A binary log (the logging adaptor's
+/// `log_format::binary`; log/binary_log.hpp) is read as its CSV text, wherever text is
+/// taken.
 ///
 /// The reader checks the whole log before anything replays: a malformed line, a free of
 /// a pointer that is not live, a second allocation of a live pointer or a free whose size
