@@ -38,7 +38,8 @@ Only convert snapshots you trust: reading a pickle can run code.
 To PyTorch's memory viewer
 --------------------------
 ``memory-viz`` goes the other way (from a CSV log, or from the logging adaptor's binary
-records, which read as the CSV they stand for): it writes a log as the dict
+records, which read as the CSV they stand for; plain or gzip-compressed, told apart by
+the content as mrstack-replay does): it writes a log as the dict
 ``torch.cuda.memory._snapshot()`` returns, pickled, so https://pytorch.org/memory_viz and
 ``torch.cuda._memory_viz`` (``trace_plot``, ``segment_plot``, ``segsum``, ``trace``) show
 it. ``device_traces[N]`` gets ``alloc`` for each allocation, ``free_requested`` and
@@ -373,10 +374,13 @@ def read_log_events(path):
     """The events of an allocation log: (line, action, address, size, stream, time_us)
     with action "allocate", "free" or "failure". Raises ConversionError naming the line.
     A binary log (the logging adaptor's ``binary`` format) reads as its CSV rows."""
-    opener = gzip.open if path.endswith(".gz") else open
     try:
-        with opener(path, "rb") as f:
+        with open(path, "rb") as f:
             data = f.read()
+        # Compressed or not by the content, as mrstack's reader decides (not by the name: a
+        # gzip file named .csv, or a plain one named .gz, is read there, so it is here).
+        if data.startswith(b"\x1f\x8b"):
+            data = gzip.decompress(data)  # every gzip stream, one after another
         if data.startswith(_BINARY_MAGIC):
             rows = _binary_log_rows(path, data)
         else:

@@ -253,3 +253,26 @@ def test_a_negative_size_is_an_error_naming_the_line(tmp_path):
                    "1,0:00:00.1,allocate,0x3000,-512,0\n")
     with pytest.raises(ConversionError, match=r"neg.csv:3: bad Size '-512': expected a number of bytes"):
         read_log_events(str(bad))
+
+
+def test_gzip_is_recognised_by_content_as_the_cpp_reader_does(tmp_path):
+    """mrstack-replay decides plain or gzip by the first bytes; the converter went by the
+    name, so a gzip log named .csv failed to decode and a plain one named .gz was 'not a
+    gzipped file'. Both read the same events as the plain .csv now."""
+    text = b"Thread,Time,Action,Pointer,Size,Stream\n1,0:00:00,allocate,0x1000,16,0\n1,0:00:01,free,0x1000,16,0\n"
+    plain = tmp_path / "plain.csv"
+    plain.write_bytes(text)
+    packed_as_csv = tmp_path / "packed.csv"
+    packed_as_csv.write_bytes(gzip.compress(text))
+    plain_as_gz = tmp_path / "plain.csv.gz"
+    plain_as_gz.write_bytes(text)
+    two_streams = tmp_path / "two.csv.gz"
+    two_streams.write_bytes(gzip.compress(text[:50]) + gzip.compress(text[50:]))
+    expected = read_log_events(str(plain))
+    assert len(expected) == 2
+    for path in (packed_as_csv, plain_as_gz, two_streams):
+        assert read_log_events(str(path)) == expected, path
+    cut = tmp_path / "cut.csv"
+    cut.write_bytes(gzip.compress(text)[:-9])
+    with pytest.raises(ConversionError, match=r"cut.csv: cannot read it"):
+        read_log_events(str(cut))
