@@ -56,13 +56,12 @@ them as ``inactive`` ones. Frees without an allocation in the log are left out, 
 """
 
 import argparse
-import csv
 import bisect
 import gzip
 import heapq
-import io
 import os
 import pickle
+import re
 import struct
 import sys
 import tempfile
@@ -370,10 +369,94 @@ def _binary_log_rows(path, data):
     return rows
 
 
+# The log format as mrstack's C++ reader takes it (include/mrstack/log/allocation_log.hpp):
+# the same rows must give the same events, or an error, on both sides.
+_COLUMNS = ("Thread", "Time", "Action", "Pointer", "Size", "Stream")
+_HEX = re.compile(r"(?:0[xX])?([0-9a-fA-F]{1,16})")
+_DECIMAL = re.compile(r"[0-9]+")
+_TIME = re.compile(r"([0-9]+)(?::([0-9]{2}):([0-9]{2}))?(?:\.[0-9]+)?")
+_ACTIONS = {"allocate": "allocate", "free": "free", "allocate failure": "failure"}
+
+
+def _hex_field(text):
+    """Hex with or without 0x (at most 16 digits), or glibc's (nil); None when malformed."""
+    if text == "(nil)":
+        return 0
+    match = _HEX.fullmatch(text)
+    return int(match.group(1), 16) if match else None
+
+
+def _decimal_field(text):
+    """Decimal digits only (no sign, no '_', no spaces inside), below 2^64; else None."""
+    return int(text) if _DECIMAL.fullmatch(text) and int(text) < 1 << 64 else None
+
+
+def _is_time(text):
+    """H:MM:SS[.f] (hours 0-23, minutes and seconds 0-59) or a number of seconds."""
+    match = _TIME.fullmatch(text)
+    if not match:
+        return False
+    hours, minutes, seconds = match.groups()
+    return minutes is None or (len(hours) <= 2 and int(hours) < 24 and int(minutes) < 60 and int(seconds) < 60)
+
+
+def _split_rows(text):
+    """(line number, fields) of each non-blank line, split as the C++ reader splits them: at
+    every comma (no quoting), each field trimmed of spaces and tabs, a line's \r dropped."""
+    rows = []
+    for number, line in enumerate(text.split("\n"), start=1):
+        if line.endswith("\r"):
+            line = line[:-1]
+        if line.strip(" \t"):
+            rows.append((number, [field.strip(" \t") for field in line.split(",")]))
+    return rows
+
+
+def _checked_header(path, header):
+    """Whether the log has the Stamp column; a header the C++ reader refuses is an error."""
+    for i, name in enumerate(_COLUMNS):
+        if i >= len(header) or header[i].lower() != name.lower():
+            found = header[i] if i < len(header) else "nothing"
+            raise ConversionError(f"{path}:1: header column {i + 1} is {found!r}, expected {name!r}: the header must "
+                                  f"start with {HEADER}")
+    return len(header) > 6 and header[6].lower() == "stamp"
+
+
+def _checked_event(path, number, row):
+    """One row's event (line, kind, address, size, stream, time_us), checked as the C++
+    reader checks it; None for a null-pointer row of size 0 (which that reader skips)."""
+    where = f"{path}:{number}"
+    thread, time_text, action, pointer, size_text, stream_text = row[:6]
+    if not thread:
+        raise ConversionError(f"{where}: the Thread column is empty: expected a thread id")
+    if not _is_time(time_text):
+        raise ConversionError(f"{where}: bad Time {time_text!r}: expected a time of day such as 01:00:00.000123 "
+                              "(hours 0-23, minutes and seconds 0-59) or a number of seconds")
+    kind = _ACTIONS.get(action)
+    if kind is None:
+        raise ConversionError(f"{where}: unknown action {action!r} (expected allocate, free or allocate failure)")
+    address, size, stream = _hex_field(pointer), _decimal_field(size_text), _hex_field(stream_text)
+    if address is None:
+        raise ConversionError(f"{where}: bad Pointer {pointer!r}: expected a hexadecimal address (with or without 0x)")
+    if size is None:
+        raise ConversionError(f"{where}: bad Size {size_text!r}: expected a number of bytes (decimal digits, "
+                              "below 2^64)")
+    if stream is None:
+        raise ConversionError(f"{where}: bad Stream {stream_text!r}: expected a hexadecimal stream handle")
+    if kind != "failure" and address == 0:
+        if size == 0:
+            return None  # an allocation of nothing, or a free of nullptr: a no-op
+        raise ConversionError(f"{where}: a{'' if kind == 'free' else 'n'} {action} row of {size} bytes has a null "
+                              "Pointer")
+    return number, kind, address, size, stream, _parse_time_us(time_text)
+
+
 def read_log_events(path):
     """The events of an allocation log: (line, action, address, size, stream, time_us)
     with action "allocate", "free" or "failure". Raises ConversionError naming the line.
-    A binary log (the logging adaptor's ``binary`` format) reads as its CSV rows."""
+    A binary log (the logging adaptor's ``binary`` format) reads as its CSV rows. The rows
+    are read and checked as mrstack's C++ reader reads them (header names without case,
+    a byte order mark skipped, fields split at every comma and trimmed, numbers strict)."""
     try:
         with open(path, "rb") as f:
             data = f.read()
@@ -382,63 +465,48 @@ def read_log_events(path):
         if data.startswith(b"\x1f\x8b"):
             data = gzip.decompress(data)  # every gzip stream, one after another
         if data.startswith(_BINARY_MAGIC):
-            rows = _binary_log_rows(path, data)
+            rows = list(enumerate(_binary_log_rows(path, data), start=1))
         else:
-            rows = list(csv.reader(io.StringIO(data.decode("utf-8"), newline="")))
+            nul = data.find(b"\0")
+            if nul >= 0:
+                line = data.count(b"\n", 0, nul) + 1
+                raise ConversionError(f"{path}:{line}: a NUL byte at byte offset {nul} of "
+                                      "the text: the log holds binary data, expected CSV text (or gzip-compressed CSV)")
+            rows = _split_rows(data.decode("utf-8-sig"))
     except FileNotFoundError:
         raise ConversionError(f"{path}: no such file") from None
     except (OSError, EOFError, UnicodeDecodeError, zlib.error) as e:
         raise ConversionError(f"{path}: cannot read it ({e})") from None
     if not rows:
-        raise ConversionError(f"{path}: empty, expected the header Thread,Time,Action,Pointer,Size,Stream")
-    header = [h.strip() for h in rows[0]]
-    try:
-        column = {name: header.index(name) for name in ("Time", "Action", "Pointer", "Size", "Stream")}
-    except ValueError as e:
-        raise ConversionError(f"{path}:1: the header {','.join(header)!r} lacks a column ({e})") from None
-    events = []
-    for number, row in enumerate(rows[1:], start=2):
-        if not row or all(not cell.strip() for cell in row):
-            continue
-        if len(row) < len(header):
-            raise ConversionError(f"{path}:{number}: {len(row)} fields, the header has {len(header)}")
-        action = row[column["Action"]].strip().lower()
-        kind = {"allocate": "allocate", "free": "free", "allocate failure": "failure"}.get(action)
-        if kind is None:
-            raise ConversionError(f"{path}:{number}: unknown action {row[column['Action']]!r} "
-                                  "(expected allocate, free or allocate failure)")
-        try:
-            pointer = row[column["Pointer"]].strip()
-            # An allocate failure's null pointer, as the logging adaptors write it ((nil)) or others do.
-            address = 0 if pointer.lower() in ("", "nil", "(nil)") else int(pointer, 16)
-            size = int(row[column["Size"]].strip())
-            stream = int(row[column["Stream"]].strip() or "0", 16)  # hex, with or without 0x, as the reader takes it
-        except ValueError:
-            raise ConversionError(f"{path}:{number}: Pointer and Stream must be hex, Size decimal") \
-                from None
-        if size < 0:  # int() reads a sign; mrstack-replay refuses it, as a size can have none
-            raise ConversionError(f"{path}:{number}: bad Size {row[column['Size']].strip()!r}: expected a number of "
-                                  "bytes (decimal digits)")
-        events.append((number, kind, address, size, stream, _parse_time_us(row[column["Time"]])))
-    if "Stamp" in header:
-        events = _in_stamp_order(path, rows, header.index("Stamp"), header.index("Thread") if "Thread" in header else None,
-                                 events)
+        raise ConversionError(f"{path}: empty, expected the header {HEADER}")
+    if rows[0][0] != 1:
+        raise ConversionError(f"{path}:1: a blank line, expected the header {HEADER}")
+    has_stamp = _checked_header(path, rows[0][1])
+    columns = 7 if has_stamp else 6
+    events, stamped = [], []
+    for number, row in rows[1:]:
+        if len(row) < columns:
+            raise ConversionError(f"{path}:{number}: {len(row)} fields, expected {columns} ({HEADER}"
+                                  f"{',Stamp' if has_stamp else ''})")
+        stamp = _decimal_field(row[6]) if has_stamp else None
+        if has_stamp and stamp is None:
+            raise ConversionError(f"{path}:{number}: bad Stamp {row[6]!r}: expected nanoseconds (decimal digits)")
+        event = _checked_event(path, number, row)
+        if event is not None:
+            events.append(event)
+            stamped.append((row[0], stamp))
+    if has_stamp:
+        events = _in_stamp_order(stamped, events)
     return events
 
 
-def _in_stamp_order(path, rows, stamp_column, thread_column, events):
+def _in_stamp_order(stamped, events):
     """A log in per-thread order (a Stamp column): each thread's rows in file order, the
     threads merged by stamp, a free before another thread's allocation at equal stamps
-    (as mrstack's reader and the logging adaptor's merged writer order them)."""
+    (as mrstack's reader and the logging adaptor's merged writer order them). `stamped`
+    holds each event's (thread, stamp)."""
     by_thread = {}
-    for event in events:
-        row = rows[event[0] - 1]
-        try:
-            stamp = int(row[stamp_column].strip())
-        except ValueError:
-            raise ConversionError(f"{path}:{event[0]}: bad Stamp {row[stamp_column]!r}: expected nanoseconds "
-                                  "(decimal digits)") from None
-        thread = row[thread_column].strip() if thread_column is not None else ""
+    for (thread, stamp), event in zip(stamped, events):
         by_thread.setdefault(thread, []).append((stamp, event[1] != "free", event[0], event))
     merged = heapq.merge(*by_thread.values(), key=lambda item: item[:3])
     return [item[3] for item in merged]

@@ -276,3 +276,57 @@ def test_gzip_is_recognised_by_content_as_the_cpp_reader_does(tmp_path):
     cut.write_bytes(gzip.compress(text)[:-9])
     with pytest.raises(ConversionError, match=r"cut.csv: cannot read it"):
         read_log_events(str(cut))
+
+
+def test_rows_are_read_and_checked_as_the_cpp_reader_reads_them(tmp_path):
+    """The converter must read a log as mrstack-replay does (tests/allocation_log.cpp): it
+    refused logs the C++ reader takes (header names in another case, extra header columns
+    that rows leave out) and silently took rows that reader refuses (a size of -10 or 1_0,
+    an upper-case action, a quoted field, a NUL byte), turning them into wrong events."""
+    def log(name, text):
+        path = tmp_path / name
+        path.write_bytes(text.encode("utf-8") if isinstance(text, str) else text)
+        return str(path)
+
+    header = "Thread,Time,Action,Pointer,Size,Stream\n"
+    same = read_log_events(log("plain.csv", header + "7,12.5,allocate,0xA0,256,0\n7,13,free,a0,256,0\n"))
+    assert [e[:5] for e in same] == [(2, "allocate", 0xA0, 256, 0), (3, "free", 0xA0, 256, 0)]
+    for name, text in [
+            ("case.csv", "thread,TIME,action,pointer,size,stream\n7,12.5,allocate,0XA0,256,(nil)\n7,13,free,a0,256,0\n"),
+            ("extra.csv", "Thread,Time,Action,Pointer,Size,Stream,Extra,More\n7,12.5,allocate,0xA0,256,0,x\n"
+                          "7,13,free,0xa0,256,0\n"),
+            ("spaces.csv", header + " 7 ,\t12.5, allocate ,0xA0, 256 ,0\r\n\r\n7,13,free,a0,256,0\n"),
+            ("nulls.csv", header + "7,12.5,allocate,0xA0,256,0\n7,1,free,0x0,0,0\n7,13,free,a0,256,0\n")]:
+        assert [e[1:5] for e in read_log_events(log(name, text))] == [e[1:5] for e in same], name
+    # A byte order mark before a per-thread log's header: the Stamp column still orders it.
+    bom = log("bom.csv", b"\xef\xbb\xbfThread,Time,Action,Pointer,Size,Stream,Stamp\n"
+                         b"2,0,free,0x1000,16,0,20\n1,0,allocate,0x1000,16,0,10\n")
+    assert [(line, kind) for line, kind, *_ in read_log_events(bom)] == [(3, "allocate"), (2, "free")]
+    row = "1,0:00:00,{action},{pointer},{size},{stream}\n"
+    fields = {"action": "allocate", "pointer": "0x1000", "size": "64", "stream": "0"}
+    for name, (key, value), message in [
+            ("negative", ("size", "-10"), r"bad Size '-10'"),
+            ("plus", ("size", "+10"), r"bad Size '\+10'"),
+            ("underscore", ("size", "1_0"), r"bad Size '1_0'"),
+            ("inner_space", ("size", "1 0"), r"bad Size '1 0'"),
+            ("huge", ("size", str(1 << 64)), r"bad Size"),
+            ("empty_pointer", ("pointer", ""), r"bad Pointer ''"),
+            ("nil_pointer", ("pointer", "nil"), r"bad Pointer 'nil'"),
+            ("long_pointer", ("pointer", "0x" + "1" * 17), r"bad Pointer"),
+            ("null_pointer", ("pointer", "0"), r"an allocate row of 64 bytes has a null Pointer"),
+            ("empty_stream", ("stream", ""), r"bad Stream ''"),
+            ("upper_action", ("action", "ALLOCATE"), r"unknown action 'ALLOCATE'"),
+            ("quoted", ("action", '"allocate"'), r"unknown action '\"allocate\"'")]:
+        with pytest.raises(ConversionError, match=rf"{name}.csv:2: {message}"):
+            read_log_events(log(f"{name}.csv", header + row.format(**{**fields, key: value})))
+    for name, text, message in [
+            ("time", header + "1,25:99:99,allocate,0x1000,64,0\n", r"time.csv:2: bad Time '25:99:99'"),
+            ("thread", header + ",0,allocate,0x1000,64,0\n", r"thread.csv:2: the Thread column is empty"),
+            ("columns", header + "1,0,allocate,0x1000,64\n", r"columns.csv:2: 5 fields, expected 6"),
+            ("order", "Time,Thread,Action,Pointer,Size,Stream\n0,1,allocate,0x1000,64,0\n",
+             r"order.csv:1: header column 1 is 'Time', expected 'Thread'"),
+            ("stamp", "Thread,Time,Action,Pointer,Size,Stream,Stamp\n1,0,allocate,0x1000,64,0,+5\n",
+             r"stamp.csv:2: bad Stamp '\+5'"),
+            ("nul", header + "1\0,0,allocate,0x1000,64,0\n", r"nul.csv:2: a NUL byte at byte offset 40")]:
+        with pytest.raises(ConversionError, match=message):
+            read_log_events(log(f"{name}.csv", text))
