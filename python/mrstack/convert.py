@@ -497,7 +497,23 @@ def read_log_events(path):
             stamped.append((row[0], stamp))
     if has_stamp:
         events = _in_stamp_order(stamped, events)
+    _check_no_live_reallocation(path, events)
     return events
+
+
+def _check_no_live_reallocation(path, events):
+    """A second allocation of a pointer still live is an error, as in mrstack's reader: the
+    log lost a free, and a snapshot of it would hold two blocks at one address (frees of
+    pointers not live are left out, counted, by log_to_memory_viz)."""
+    live = {}  # address -> line that allocated it
+    for line, kind, address, *_ in events:
+        if kind == "allocate":
+            if address in live:
+                raise ConversionError(f"{path}:{line}: allocate of {_hex(address)}, which is still live: line "
+                                      f"{live[address]} allocated it and no line freed it since")
+            live[address] = line
+        elif kind == "free":
+            live.pop(address, None)
 
 
 def _in_stamp_order(stamped, events):

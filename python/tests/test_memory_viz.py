@@ -330,3 +330,19 @@ def test_rows_are_read_and_checked_as_the_cpp_reader_reads_them(tmp_path):
             ("nul", header + "1\0,0,allocate,0x1000,64,0\n", r"nul.csv:2: a NUL byte at byte offset 40")]:
         with pytest.raises(ConversionError, match=message):
             read_log_events(log(f"{name}.csv", text))
+
+
+def test_a_second_allocation_of_a_live_pointer_is_an_error(tmp_path):
+    """mrstack-replay refuses a log that allocates a live pointer again (a free is missing);
+    the converter wrote a snapshot with two 'alloc' entries at one address, one free, and
+    the first block lost from the segments, with no word of it."""
+    log = tmp_path / "twice.csv"
+    log.write_text("Thread,Time,Action,Pointer,Size,Stream\n1,0,allocate,0x1000,16,0\n"
+                   "1,0,allocate,0x1000,16,0\n1,0,free,0x1000,16,0\n")
+    with pytest.raises(ConversionError, match=r"twice.csv:3: allocate of 0x1000, which is still live: line 2"):
+        read_log_events(str(log))
+    # In per-thread order the check follows the merged order: here the free comes first.
+    merged = tmp_path / "merged.csv"
+    merged.write_text("Thread,Time,Action,Pointer,Size,Stream,Stamp\n1,0,allocate,0x1000,16,0,10\n"
+                      "2,0,allocate,0x1000,16,0,30\n1,0,free,0x1000,16,0,20\n")
+    assert [line for line, *_ in read_log_events(str(merged))] == [2, 4, 3]
