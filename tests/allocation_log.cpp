@@ -130,6 +130,25 @@ TEST_CASE("log: a UTF-8 byte order mark before the header is skipped") {
   CHECK(stamped.event_lines == std::vector<std::uint32_t>{3, 2});
 }
 
+TEST_CASE("log: a thread id must be printable UTF-8 text, as JSON output needs") {
+  // A thread id is opaque text, but --json and --timeline write it back into JSON, which
+  // must be UTF-8: a log with a 0xff byte in its Thread column replayed, and the timeline
+  // it wrote could not be read ("invalid start byte").
+  auto const rows = [](std::string const& thread) {
+    return header + thread + ",0,allocate,0x10,64,0\n" + thread + ",0,free,0x10,64,0\n";
+  };
+  require_log_error(rows("\xff\xfe"), 2, 1, "bad Thread: byte 0xff is not printable UTF-8 text");
+  require_log_error(rows("w\x01"), 2, 2, "bad Thread: byte 0x01 is not printable UTF-8 text");
+  require_log_error(rows("a\xc0\xaf"), 2, 2, "bad Thread: byte 0xc0");        // an overlong '/'
+  require_log_error(rows("\xed\xa0\x80"), 2, 1, "bad Thread: byte 0xed");     // a UTF-16 surrogate
+  require_log_error(rows("\xe2\x82"), 2, 1, "bad Thread: byte 0xe2");          // cut short
+  require_log_error(rows("\x7f"), 2, 1, "bad Thread: byte 0x7f");
+  // Text in any script, and the four-byte forms, are thread ids like any other.
+  auto const log = parse_allocation_log(rows("w\xc3\xb6rker-\xe7\xba\xbf\xe7\xa8\x8b-\xf0\x9f\x98\x80"), "utf8.csv");
+  REQUIRE(log.thread_names.size() == 1);
+  CHECK(log.thread_names[0] == "w\xc3\xb6rker-\xe7\xba\xbf\xe7\xa8\x8b-\xf0\x9f\x98\x80");
+}
+
 TEST_CASE("log: every malformed line is an error naming file, line and column") {
   require_log_error("", 0, 0, "the log is empty: expected the header Thread,Time,Action,Pointer,Size,Stream");
   require_log_error("Thread,Time,Action,Address,Size,Stream\n", 1, 20,

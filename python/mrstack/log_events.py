@@ -170,6 +170,10 @@ def _checked_event(path, number, row):
     thread, time_text, action, pointer, size_text, stream_text = row[:6]
     if not thread:
         raise ConversionError(f"{where}: the Thread column is empty: expected a thread id")
+    bad = next((c for c in thread if ord(c) < 0x20 or ord(c) == 0x7F), None)
+    if bad is not None:  # (bytes that are not UTF-8 already failed to decode)
+        raise ConversionError(f"{where}: bad Thread: byte 0x{ord(bad):02x} is not printable UTF-8 text: expected a "
+                              "thread id")
     if not _is_time(time_text):
         raise ConversionError(f"{where}: bad Time {time_text!r}: expected a time of day such as 01:00:00.000123 "
                               "(hours 0-23, minutes and seconds 0-59) or a number of seconds")

@@ -346,3 +346,19 @@ def test_a_second_allocation_of_a_live_pointer_is_an_error(tmp_path):
     merged.write_text("Thread,Time,Action,Pointer,Size,Stream,Stamp\n1,0,allocate,0x1000,16,0,10\n"
                       "2,0,allocate,0x1000,16,0,30\n1,0,free,0x1000,16,0,20\n")
     assert [line for line, *_ in read_log_events(str(merged))] == [2, 4, 3]
+
+
+def test_a_thread_id_must_be_printable_utf8_as_the_cpp_reader_wants(tmp_path):
+    """mrstack-replay refuses a Thread with a control character or bytes that are not
+    UTF-8 (it writes thread ids back into JSON); the converter refuses the same logs."""
+    for name, thread, why in (("control.csv", b"w\x01", r"control.csv:2: bad Thread: byte 0x01 is not printable"),
+                              ("latin1.csv", b"\xff\xfe", r"latin1.csv: cannot read it")):
+        bad = tmp_path / name
+        bad.write_bytes(b"Thread,Time,Action,Pointer,Size,Stream\n" + thread + b",0:00:00.0,allocate,0x10,64,0\n")
+        with pytest.raises(ConversionError, match=why):
+            read_log_events(str(bad))
+    good = tmp_path / "utf8.csv"
+    good.write_bytes("Thread,Time,Action,Pointer,Size,Stream\nwörker-1,0:00:00.0,allocate,0x10,64,0\n"
+                     "wörker-1,0:00:00.1,free,0x10,64,0\n".encode())
+    assert [e[1] for e in read_log_events(str(good))] == ["allocate", "free"]
+

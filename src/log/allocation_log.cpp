@@ -70,6 +70,32 @@ bool is_time(std::string_view t) {
   return i == t.size();
 }
 
+/// The offset of the first byte that keeps `t` from being printable UTF-8 text (a control
+/// character, or a byte no well-formed UTF-8 sequence has there), or npos. A thread id is
+/// opaque text, but it is written back into JSON (--json, --timeline), which must be UTF-8.
+std::size_t first_unprintable(std::string_view t) {
+  std::size_t i = 0;
+  while (i < t.size()) {
+    auto const b = static_cast<unsigned char>(t[i]);
+    if (b < 0x20 || b == 0x7f) { return i; }
+    // Continuation bytes a lead byte announces, and the least code point it may carry
+    // (shorter forms of a code point are not UTF-8).
+    std::size_t const more = b < 0x80 ? 0 : b >= 0xc2 && b < 0xe0 ? 1 : b >= 0xe0 && b < 0xf0 ? 2 : b >= 0xf0 && b < 0xf5 ? 3 : 4;
+    if (more == 4) { return i; }                          // a continuation byte, or no lead byte at all
+    if (more > 0 && i + more >= t.size()) { return i; }   // a sequence cut short
+    std::uint32_t code = b & (0x7fU >> more);
+    for (std::size_t k = 1; k <= more; ++k) {
+      auto const c = static_cast<unsigned char>(t[i + k]);
+      if ((c & 0xc0) != 0x80) { return i; }
+      code = code << 6 | (c & 0x3fU);
+    }
+    bool const overlong = (more == 2 && code < 0x800) || (more == 3 && code < 0x10000);
+    if (overlong || code > 0x10ffff || (code >= 0xd800 && code < 0xe000)) { return i; }
+    i += more + 1;
+  }
+  return std::string_view::npos;
+}
+
 bool parse_hex(std::string_view t, std::uint64_t& out) {
   if (t == "(nil)") {  // how glibc's %p prints a null pointer (the logging adaptor's failure rows)
     out = 0;
@@ -236,6 +262,12 @@ class log_parser {
     field const& size = fields_[4];
     field const& stream = fields_[5];
     if (fields_[0].text.empty()) { fail(fields_[0].column, "the Thread column is empty: expected a thread id"); }
+    if (std::size_t const at = first_unprintable(fields_[0].text); at != std::string_view::npos) {
+      char byte[8];
+      std::snprintf(byte, sizeof byte, "0x%02x", static_cast<unsigned>(static_cast<unsigned char>(fields_[0].text[at])));
+      fail(fields_[0].column + at, std::string{"bad Thread: byte "} + byte +
+                                       " is not printable UTF-8 text: expected a thread id");
+    }
     if (!is_time(time.text)) {
       fail(time.column, "bad Time '" + clip(time.text) +
                             "': expected a time of day such as 01:00:00.000123 (H:MM:SS[.fraction], hours 0-23, "
