@@ -298,11 +298,19 @@ class spec_parser {
   std::size_t pos_ = 0;
 };
 
-bool needs_quotes(std::string_view value) {
+bool needs_quotes(std::string_view value, bool positional) {
   if (value.empty()) { return true; }
   if (std::isspace(static_cast<unsigned char>(value.front())) != 0 ||
       std::isspace(static_cast<unsigned char>(value.back())) != 0) {
     return true;
+  }
+  if (positional && is_name_start(value.front())) {
+    // A positional value that starts like `name =` would read back as a named argument
+    // (the parser takes a name followed by '=' as one), so it must be quoted.
+    std::size_t i = 1;
+    while (i < value.size() && is_name_char(value[i])) { ++i; }
+    while (i < value.size() && std::isspace(static_cast<unsigned char>(value[i])) != 0) { ++i; }
+    if (i < value.size() && value[i] == '=') { return true; }
   }
   return value.find_first_of(",)\"\\") != std::string_view::npos;
 }
@@ -323,7 +331,7 @@ std::string to_string(stack_spec const& spec) {
       auto const& arg = layer.arguments[j];
       if (j > 0) { out += ", "; }
       if (!arg.name.empty()) { out += arg.name + "="; }
-      if (needs_quotes(arg.value)) {
+      if (needs_quotes(arg.value, arg.name.empty())) {
         out += '"';
         for (char c : arg.value) {
           if (c == '"' || c == '\\') { out += '\\'; }
