@@ -34,6 +34,20 @@ void register_review_probe() {
   (void)once;
 }
 
+/// The spec must fail at check with `column` and a message containing `what`.
+void require_check_error(std::string const& spec, std::size_t column, std::string const& what) {
+  register_review_probe();
+  INFO("spec: " << spec);
+  try {
+    check_stack_spec(parse_stack_spec(spec));
+    FAIL("no error for a bad spec");
+  } catch (spec_error const& e) {
+    INFO("message:\n" << e.what());
+    CHECK(e.column() == column);
+    CHECK_THAT(std::string{e.what()}, Catch::Contains(what));
+  }
+}
+
 }  // namespace
 
 TEST_CASE("spec review: to_string quotes a positional value that would read back as name=value") {
@@ -55,4 +69,13 @@ TEST_CASE("spec review: to_string quotes a positional value that would read back
   CHECK_THROWS_WITH(check_stack_spec(back), Catch::Contains("bad value 'size=1KiB' for review_probe's size"));
   // A named value holding '=' needs no quotes: it reads back as the same value.
   CHECK(to_string(parse_stack_spec("review_probe(size=a=b) > simulated")) == "review_probe(size=a=b) > simulated");
+}
+
+TEST_CASE("spec review: a device ordinal past int's range is refused, not wrapped to another device") {
+  // 2^32 became device 0 and 2^32 - 1 became -1 ("the current device") when cast to int.
+  for (char const* bottom : {"cuda", "cuda_async", "managed", "pinned_host"}) {
+    std::string const name{bottom};
+    require_check_error(name + "(device=4294967296)", name.size() + 9, "out of range");
+    require_check_error(name + "(device=4294967295)", name.size() + 9, "out of range");
+  }
 }

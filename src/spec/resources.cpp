@@ -48,6 +48,10 @@ constexpr std::uint64_t max_pool_chunk_request = 512 * GiB;
 /// Blocks and bins past 1 GiB make chunks of at least 128 GiB (fixed_size and binning
 /// take at least 128 blocks at a time from below): use a pool for sizes that large.
 constexpr std::uint64_t max_block = GiB;
+/// Device ordinals are ints (-1 means "the current device"): an unbounded count would be
+/// cast to another device (2^32 to device 0, 2^32 - 1 to the current one), so the bound
+/// is far past any machine's device count but well inside int.
+constexpr std::uint64_t max_device = 1023;
 
 std::string bytes_text(std::uint64_t bytes) { return size_in_spec_units(bytes); }
 
@@ -95,7 +99,8 @@ std::vector<spec_resource> builtin_resources() {
 
   // ---- upstreams (bottom resources) ---------------------------------------------------
   r.push_back({"cuda", "device memory from cudaMalloc/cudaFree (synchronous)", bottom_resource,
-               {count_param("device", optional_param, "the device ordinal", "the device the stack is built for"),
+               {count_param("device", optional_param, "the device ordinal", "the device the stack is built for")
+                    .within(0, max_device),
                 flag_param("peer_access", optional_param,
                            "let every peer device read and write this memory (cudaDeviceEnablePeerAccess)", "false")},
                [](spec_arguments const& a, resource_ptr) -> resource_ptr {
@@ -110,7 +115,8 @@ std::vector<spec_resource> builtin_resources() {
                     .within(0, max_memory),
                 size_param("release_threshold", optional_param,
                            "bytes the pool keeps when the device synchronizes; the rest goes back", "keep everything"),
-                count_param("device", optional_param, "the device ordinal", "the device the stack is built for"),
+                count_param("device", optional_param, "the device ordinal", "the device the stack is built for")
+                    .within(0, max_device),
                 flag_param("peer_access", optional_param,
                            "let every peer device read and write the pool's memory (cudaMemPoolSetAccess)", "false")},
                [](spec_arguments const& a, resource_ptr) -> resource_ptr {
@@ -122,7 +128,8 @@ std::vector<spec_resource> builtin_resources() {
                },
                {}, {}, false, true});
   r.push_back({"managed", "unified memory from cudaMallocManaged", bottom_resource,
-               {count_param("device", optional_param, "the device ordinal", "the device the stack is built for")},
+               {count_param("device", optional_param, "the device ordinal", "the device the stack is built for")
+                    .within(0, max_device)},
                [](spec_arguments const& a, resource_ptr) -> resource_ptr {
                  auto const device = a.count("device");
                  return std::make_shared<managed_memory_resource>(device ? static_cast<int>(*device) : -1);
@@ -130,7 +137,8 @@ std::vector<spec_resource> builtin_resources() {
                });
   r.push_back({"pinned_host", "page-locked host memory from cudaHostAlloc", bottom_resource,
                {count_param("device", optional_param, "the device whose context the calls use",
-                            "the device the stack is built for")},
+                            "the device the stack is built for")
+                    .within(0, max_device)},
                [](spec_arguments const& a, resource_ptr) -> resource_ptr {
                  auto const device = a.count("device");
                  return std::make_shared<pinned_host_memory_resource>(device ? static_cast<int>(*device) : -1);
@@ -154,7 +162,7 @@ std::vector<spec_resource> builtin_resources() {
                     .within(0, max_memory),
                 count_param("map_granules", optional_param, "granules per physical allocation (1: exact release)", "16")
                     .within(1, MiB),
-                count_param("device", optional_param, "the device ordinal", "the current device").within(0, 1023),
+                count_param("device", optional_param, "the device ordinal", "the current device").within(0, max_device),
                 text_param("ipc", optional_param, "what memory can be exported as for IPC: fd, fabric, none, auto",
                            "auto (fd where supported)"),
                 flag_param("peer_access", optional_param,
