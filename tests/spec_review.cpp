@@ -79,3 +79,14 @@ TEST_CASE("spec review: a device ordinal past int's range is refused, not wrappe
     require_check_error(name + "(device=4294967295)", name.size() + 9, "out of range");
   }
 }
+
+TEST_CASE("spec review: a number must be finite") {
+  require_check_error("review_probe(ratio=nan) > simulated", 20, "expected a finite number");
+  require_check_error("review_probe(ratio=-inf) > simulated", 20, "expected a finite number");
+  require_check_error("review_probe(ratio=infinity) > simulated", 20, "expected a finite number");
+  register_review_probe();
+  auto const top = build_stack(parse_stack_spec("review_probe(ratio=1e308) > simulated"));
+  auto const* probe = dynamic_cast<pass_through const*>(top.get());
+  REQUIRE(probe != nullptr);
+  CHECK(probe->args.number("ratio") == 1e308);
+}

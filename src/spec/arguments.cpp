@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cctype>
 #include <charconv>
+#include <cmath>
 #include <limits>
 
 #include "spec/spec_detail.hpp"
@@ -192,6 +193,8 @@ class layer_checker {
         if (text.empty() || ec != std::errc{} || end != text.data() + text.size()) {
           bad_value(arg, param, "expected a number such as 0.5");
         }
+        // from_chars also reads nan and inf, which no parameter can mean ("a real number").
+        if (!std::isfinite(x)) { bad_value(arg, param, "expected a finite number such as 0.5"); }
         return x;
       }
       case param_type::flag: {
