@@ -90,3 +90,9 @@ TEST_CASE("spec review: a number must be finite") {
   REQUIRE(probe != nullptr);
   CHECK(probe->args.number("ratio") == 1e308);
 }
+
+TEST_CASE("spec review: a combination error points at its value when a bare flag stands before it") {
+  // The flag's bare name takes no position, so 2GiB is `initial` and 1GiB is `max`: the
+  // caret belongs under 2GiB, not under the flag.
+  require_check_error("pool(consolidate_on_growth, 2GiB, 1GiB) > simulated", 29, "initial 2GiB exceeds max 1GiB");
+}

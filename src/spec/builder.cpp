@@ -119,10 +119,28 @@ class spec_builder {
     std::size_t positional = 0;
     for (auto const& arg : layer.arguments) {
       std::string const* arg_name = &arg.name;
-      if (arg.name.empty() && positional < entry.parameters.size()) { arg_name = &entry.parameters[positional++].name; }
+      if (arg.name.empty()) {
+        // A flag's bare name is that flag and takes no position (as the argument checker reads it).
+        if (auto const* flag = bare_flag(entry, arg)) {
+          arg_name = &flag->name;
+        } else if (positional < entry.parameters.size()) {
+          arg_name = &entry.parameters[positional++].name;
+        }
+      }
       if (*arg_name == name) { return arg.value_column; }
     }
     return layer.column;
+  }
+
+  /// The flag a positional argument names by its bare name, or null.
+  static spec_parameter const* bare_flag(spec_resource const& entry, spec_argument const& arg) {
+    std::string_view text = arg.value;
+    while (!text.empty() && std::isspace(static_cast<unsigned char>(text.front())) != 0) { text.remove_prefix(1); }
+    while (!text.empty() && std::isspace(static_cast<unsigned char>(text.back())) != 0) { text.remove_suffix(1); }
+    for (auto const& p : entry.parameters) {
+      if (p.type == param_type::flag && p.name == text) { return &p; }
+    }
+    return nullptr;
   }
 
   resource_ptr build(std::vector<spec_resource const*> const& entries, std::vector<spec_arguments> const& arguments) {
