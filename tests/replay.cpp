@@ -446,6 +446,23 @@ TEST_CASE("replay: the spec it builds: bottom replaced under simulation, meter a
   CHECK(to_string(replay_spec_for("pool > simulated_vmm", false, 1024)) == "pool > simulated_vmm");
 }
 
+TEST_CASE("replay: a spec of the most layers allowed has no room for the meter, and the error says so") {
+  // 64 layers pass check_stack_spec; the meter made 65, refused as "the stack has 65
+  // layers" under a spec that has 64.
+  std::string spec;
+  for (std::size_t i = 0; i + 1 < max_stack_layers; ++i) { spec += "statistics > "; }
+  for (std::string const bottom : {"system", "simulated"}) {
+    INFO(bottom);
+    check_stack_spec(parse_stack_spec(spec + bottom));
+    CHECK_THROWS_WITH(replay_spec_for(spec + bottom, false, 1024),
+                      Catch::Contains("footprint_meter") && Catch::Contains("64 layers") &&
+                          !Catch::Contains("65 layers"));
+  }
+  // With the meter written in (in place of a layer), nothing is added: 64 layers build.
+  std::string const with_meter = spec.substr(std::string{"statistics > "}.size()) + "footprint_meter > simulated";
+  CHECK(replay_spec_for(with_meter, false, 1024).layers.size() == max_stack_layers);
+}
+
 TEST_CASE("mrstack-replay: the table, the header and the verdict") {
   register_test_layers();
   auto const log_path = write_file("small.csv", small_log);

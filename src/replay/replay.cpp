@@ -1,6 +1,7 @@
 // The replay engine: one parsed log, one stack, timed runs (the schedulers are in
 // replay_workers.cpp).
 #include "replay_run.hpp"
+#include "spec/spec_detail.hpp"
 
 #include <mrstack/replay/footprint_meter.hpp>
 #include <mrstack/spec_registry.hpp>
@@ -246,6 +247,7 @@ double median(std::vector<double> values) {
 stack_spec replay_spec_for(std::string const& spec_text, bool simulate, std::size_t simulated_capacity) {
   stack_spec spec = parse_stack_spec(spec_text);
   check_stack_spec(spec);
+  std::size_t const bottom_column = spec.layers.back().column;
   auto const* bottom = find_resource(spec.layers.back().name);  // checked above: registered
   if (simulate && !bottom->is_simulation) {
     std::string const twin = bottom->simulation_twin.empty() ? "simulated" : bottom->simulation_twin;
@@ -260,7 +262,17 @@ stack_spec replay_spec_for(std::string const& spec_text, bool simulate, std::siz
   bool const measured_by_bottom = find_resource(spec.layers.back().name)->reports_own_footprint;
   bool const has_meter = std::any_of(spec.layers.begin(), spec.layers.end(),
                                      [](spec_layer const& l) { return l.name == "footprint_meter"; });
-  if (!measured_by_bottom && !has_meter) { spec.layers.insert(spec.layers.end() - 1, spec_layer{"footprint_meter", {}, 0}); }
+  if (!measured_by_bottom && !has_meter) {
+    if (spec.layers.size() >= max_stack_layers) {
+      // The meter would make one layer more than the builder allows; said here, of the
+      // user's spec, instead of "65 layers" under a spec that has 64.
+      detail::throw_spec_error(spec_text, bottom_column,
+                               "the spec has " + std::to_string(spec.layers.size()) + " layers, the most allowed, and "
+                               "mrstack-replay measures the footprint with a footprint_meter it adds above the "
+                               "bottom: remove a layer, or write footprint_meter above the bottom in place of one");
+    }
+    spec.layers.insert(spec.layers.end() - 1, spec_layer{"footprint_meter", {}, 0});
+  }
   return spec;
 }
 
