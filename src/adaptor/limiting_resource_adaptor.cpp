@@ -22,7 +22,11 @@ std::size_t limiting_resource_adaptor::used_bytes() const {
   detail::all_shards_lock all{shards_.get()};  // one consistent state of every shard
   std::size_t unused = pool_;
   for (std::size_t i = 0; i < detail::counter_shards; ++i) { unused += shards_[i].credit; }
-  return limit_ - unused;  // pool + credits never exceed the limit
+  // Pool + credits stay within the limit, except after a free with a larger size than its
+  // allocation over an upstream that does not check sizes (cudaFree takes a pointer alone):
+  // then the excess came back as credit. Without tracking every block that cannot be
+  // caught; the count stops at zero rather than wrap to ~2^64.
+  return unused >= limit_ ? 0 : limit_ - unused;
 }
 
 void limiting_resource_adaptor::charge(std::size_t bytes, std::size_t amount) {

@@ -25,6 +25,12 @@
 /// charged from before it exists until after it has been returned (so the upstream's
 /// real usage is always within the counter).
 ///
+/// A free with a larger size than its allocation cannot be caught without tracking every
+/// block: over an upstream that checks sizes (pool, arena, tracking, simulated, system) it
+/// is refused below and never uncharged; over one that does not (`cuda`), the excess comes
+/// back as credit and the limit grows by it (`used_bytes()` then stops at zero). Put
+/// `tracking` below `limiting` there to have such frees refused.
+///
 /// Thread-safe. `name()` is "limiting". `free_bytes_held`/`release` go to the upstream.
 #include <cstddef>
 #include <cstdint>
