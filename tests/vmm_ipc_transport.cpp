@@ -1,6 +1,7 @@
 // vmm IPC's transport without a GPU: the exporter's registry and socket server hand an
 // opener the block's description and its runs' file descriptors (SCM_RIGHTS, in batches),
-// refuse ended exports with a reason, and reject bytes that are no handle. Pipes stand in
+// refuse ended exports with a reason, reject bytes that are no handle and answers that do
+// not match the handle, and do not stall behind a silent peer. Pipes stand in
 // for the driver's shareable handles.
 #include <catch2/catch.hpp>
 
@@ -9,9 +10,16 @@
 #include "../src/upstream/vmm_ipc_registry.hpp"
 
 #include <fcntl.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <unistd.h>
 
+#include <chrono>
+#include <cstddef>
+#include <cstdio>
 #include <cstring>
+#include <future>
+#include <thread>
 
 using namespace mrstack;
 
@@ -39,6 +47,28 @@ struct pipe_pair {
     ::close(write_end);
   }
 };
+
+// A run exporter handing out duplicates of one pipe end (the exporter's "physical memory").
+vmm_ipc::export_registry::run_exporter dup_of(int fd) {
+  return [fd](void* out, std::uint64_t) { *static_cast<int*>(out) = fcntl(fd, F_DUPFD_CLOEXEC, 0); };
+}
+
+// A socket connected to the exporter's server named by `h` (its pid and nonce).
+int connect_to_exporter(vmm_ipc::handle const& h) {
+  std::uint32_t pid = 0;
+  std::uint64_t nonce = 0;
+  std::memcpy(&pid, h.data() + 8, sizeof pid);
+  std::memcpy(&nonce, h.data() + 56, sizeof nonce);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  int const n = std::snprintf(addr.sun_path + 1, sizeof addr.sun_path - 1, "mrstack-vmm-ipc-%u-%016llx", pid,
+                              static_cast<unsigned long long>(nonce));
+  int const s = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+  REQUIRE(s >= 0);
+  REQUIRE(connect(s, reinterpret_cast<sockaddr*>(&addr),
+                  static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + static_cast<std::size_t>(n))) == 0);
+  return s;
+}
 
 }  // namespace
 
@@ -130,4 +160,63 @@ TEST_CASE("vmm IPC transport: bytes that are no handle, or a handle of a gone pr
   std::memcpy(h.data() + 8, &pid_one, sizeof pid_one);
   CHECK_THROWS_WITH(vmm_ipc::fetch_export(h, got), Catch::Contains("cannot reach the exporting process 1"));
   test_registry().forget_run(5);
+}
+
+TEST_CASE("vmm IPC transport: a peer that connects and never asks does not stall the openers after it") {
+  // The server answered one connection at a time and waited for its request without a
+  // limit: any process of the user that connected and stayed silent (hung, or stopped in
+  // a debugger) made every later open of every export of this process hang forever.
+  pipe_pair pipe;
+  std::vector<virtual_range_resource::mapped_run> runs{{0, 2 * MiB, 9}};
+  auto const h =
+      test_registry().add_export_with(runs, 0, MiB, 0, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, dup_of(pipe.write_end));
+  int const silent = connect_to_exporter(h);  // accepted first, then says nothing
+  std::promise<std::size_t> answer;
+  auto received = answer.get_future();
+  std::thread opener{[&] {
+    try {
+      vmm_ipc::fetched_export got;
+      vmm_ipc::fetch_export(h, got);
+      answer.set_value(got.fds.size());
+    } catch (...) {
+      answer.set_exception(std::current_exception());
+    }
+  }};
+  bool const served = received.wait_for(std::chrono::seconds{20}) == std::future_status::ready;
+  ::close(silent);  // unblocks a server still waiting on it, so the opener ends either way
+  opener.join();
+  CHECK(served);
+  CHECK(received.get() == 1);
+  test_registry().forget_run(9);
+}
+
+TEST_CASE("vmm IPC transport: an answer that does not match the handle, or lies outside its runs, is refused") {
+  pipe_pair pipe;
+  std::vector<virtual_range_resource::mapped_run> one{{0, 2 * MiB, 21}};
+  std::vector<virtual_range_resource::mapped_run> two{{0, 2 * MiB, 22}, {2 * MiB, 2 * MiB, 23}};
+  auto const small = test_registry().add_export_with(one, 256, MiB, 0, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+                                                     dup_of(pipe.write_end));
+  auto const large = test_registry().add_export_with(two, 0, 3 * MiB, 0, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+                                                     dup_of(pipe.write_end));
+  // A handle whose export id was damaged into another export's: the opener would map
+  // another block (of another size) and hand it out as this one.
+  auto damaged = small;
+  std::memcpy(damaged.data() + 16, large.data() + 16, sizeof(std::uint64_t));
+  vmm_ipc::fetched_export got;
+  CHECK_THROWS_WITH(vmm_ipc::fetch_export(damaged, got), Catch::Contains("does not match the handle"));
+  // An export id this process never made was reported as an export that "has ended".
+  std::uint64_t const never = std::uint64_t{1} << 60;
+  std::memcpy(damaged.data() + 16, &never, sizeof never);
+  vmm_ipc::fetched_export none;
+  CHECK_THROWS_WITH(vmm_ipc::fetch_export(damaged, none), Catch::Contains("no export 1152921504606846976"));
+  // A block described past the end of its runs: open() would return a pointer outside
+  // the mapping it makes.
+  std::vector<virtual_range_resource::mapped_run> three{{0, 2 * MiB, 24}};
+  auto const outside = test_registry().add_export_with(three, 3 * MiB, MiB, 0, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+                                                       dup_of(pipe.write_end));
+  vmm_ipc::fetched_export got_outside;
+  CHECK_THROWS_WITH(vmm_ipc::fetch_export(outside, got_outside), Catch::Contains("outside the"));
+  vmm_ipc::fetched_export fine;
+  CHECK_NOTHROW(vmm_ipc::fetch_export(large, fine));
+  for (std::uint64_t run : {21, 22, 23, 24}) { test_registry().forget_run(run); }
 }

@@ -14,6 +14,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <thread>
 
@@ -29,6 +30,12 @@ namespace {
 
 constexpr unsigned char magic[8] = {'M', 'R', 'S', 'V', 'M', 'M', 1, 0};
 constexpr std::size_t batch_runs = 64;  // runs per message (SCM_RIGHTS carries at most 253 fds)
+// The server answers one connection at a time: a peer that connects and then stays silent
+// (hung, stopped in a debugger) would hold every later opener forever. It gets this long
+// to send its request and take the answer; an opener waits this long for the exporter
+// (which may first have to wait out a few such peers).
+constexpr int peer_timeout_s = 2;
+constexpr int answer_timeout_s = 30;
 
 // The handle's fields, in this layout (little-endian host order: both ends share a host).
 struct handle_fields {
@@ -99,6 +106,13 @@ handle_fields fields_of(handle const& h) {
                       "IPC handle opens with cudaIpcOpenMemHandle instead");
   }
   return f;
+}
+
+// Makes blocking sends and receives on `fd` (connect included) give up after `seconds`.
+void set_timeouts(int fd, int seconds) noexcept {
+  timeval const limit{seconds, 0};
+  (void)setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &limit, sizeof limit);
+  (void)setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &limit, sizeof limit);
 }
 
 bool send_all(int fd, void const* data, std::size_t bytes, int const* fds, std::size_t fd_count) {
@@ -265,6 +279,7 @@ void export_registry::ensure_server() {
         if (errno == EINTR || errno == ECONNABORTED) { continue; }
         return;
       }
+      set_timeouts(connection, peer_timeout_s);
       serve(connection);
       ::close(connection);
     }
@@ -291,6 +306,9 @@ void export_registry::serve(int connection) noexcept {
   for (int fd : unexpected) { ::close(fd); }
   std::lock_guard lock{mutex_};  // the descriptors stay open until sent
   auto const found = exports_.find(req.export_id);
+  if (req.export_id == 0 || req.export_id >= next_id_) {  // ids count up from 1 and are never reused
+    return refuse("there is no export " + std::to_string(req.export_id) + " in this process: the handle is damaged");
+  }
   if (found == exports_.end()) {
     return refuse("export " + std::to_string(req.export_id) + " has ended: the exporting process freed the block's "
                   "physical memory (or its stack slept) since the handle was made");
@@ -369,6 +387,44 @@ fetched_export::~fetched_export() {
   for (int fd : fds) { ::close(fd); }
 }
 
+namespace {
+
+// The answer comes from another process: the opener maps what it says and returns a
+// pointer into it, so it must be the block the handle describes. (A damaged export id
+// named another export, whose block was then mapped and handed out as this one.)
+void check_answer(handle_fields const& f, reply_header const& header) {
+  if (header.runs != f.runs || header.type != f.type || header.device != f.device ||
+      header.block_offset != f.block_offset || header.block_bytes != f.block_bytes) {
+    throw logic_error("vmm IPC: the answer of process " + std::to_string(f.pid) + " for export " +
+                      std::to_string(f.export_id) + " does not match the handle (it describes " +
+                      std::to_string(header.block_bytes) + " B at offset " + std::to_string(header.block_offset) +
+                      " in " + std::to_string(header.runs) + " allocations; the handle " +
+                      std::to_string(f.block_bytes) + " B at offset " + std::to_string(f.block_offset) + " in " +
+                      std::to_string(f.runs) + "): the handle is damaged or not from this export");
+  }
+}
+
+// The block must lie inside the runs received (open() returns the mapping's base plus its
+// offset), and every run must have a size.
+void check_runs(handle_fields const& f, fetched_export const& got) {
+  std::uint64_t total = 0;
+  for (std::uint64_t const n : got.bytes) {
+    if (n == 0 || n > std::numeric_limits<std::uint64_t>::max() - total) {
+      throw logic_error("vmm IPC: process " + std::to_string(f.pid) + " sent a physical allocation of " +
+                        std::to_string(n) + " B for export " + std::to_string(f.export_id));
+    }
+    total += n;
+  }
+  if (total != f.run_bytes || got.block_offset > total || got.block_bytes > total - got.block_offset) {
+    throw logic_error("vmm IPC: export " + std::to_string(f.export_id) + " of process " + std::to_string(f.pid) +
+                      " describes " + std::to_string(got.block_bytes) + " B at offset " +
+                      std::to_string(got.block_offset) + ", outside the " + std::to_string(total) +
+                      " B of its physical allocations (the handle says " + std::to_string(f.run_bytes) + " B)");
+  }
+}
+
+}  // namespace
+
 void fetch_export(std::array<unsigned char, 64> const& h, fetched_export& out) {
   handle_fields const f = fields_of(h);
   std::string const name = socket_name(f.pid, f.nonce);
@@ -378,6 +434,7 @@ void fetch_export(std::array<unsigned char, 64> const& h, fetched_export& out) {
     int fd;
     ~closer() { ::close(fd); }
   } const guard{s};
+  set_timeouts(s, answer_timeout_s);
   sockaddr_un addr{};
   socklen_t const len = socket_address(f.pid, f.nonce, addr);
   if (connect(s, reinterpret_cast<sockaddr*>(&addr), len) != 0) {
@@ -388,13 +445,15 @@ void fetch_export(std::array<unsigned char, 64> const& h, fetched_export& out) {
   request const req{f.export_id};
   reply_header header{};
   if (!send_all(s, &req, sizeof req, nullptr, 0) || !receive(s, &header, sizeof header, out.fds)) {
-    throw logic_error("vmm IPC: the exporting process " + std::to_string(f.pid) + " did not answer on " + name);
+    throw logic_error("vmm IPC: the exporting process " + std::to_string(f.pid) + " did not answer on " + name +
+                      " (within " + std::to_string(answer_timeout_s) + " s)");
   }
   if (header.status != 0) {
     header.message[sizeof header.message - 1] = '\0';
     throw logic_error("vmm IPC: process " + std::to_string(f.pid) + " refused export " + std::to_string(f.export_id) +
                       ": " + header.message);
   }
+  check_answer(f, header);
   out.type = static_cast<CUmemAllocationHandleType>(header.type);
   out.device = header.device;
   out.block_offset = header.block_offset;
@@ -417,6 +476,7 @@ void fetch_export(std::array<unsigned char, 64> const& h, fetched_export& out) {
       out.fabric.push_back(batch.fabric[k]);
     }
   }
+  check_runs(f, out);
 }
 
 void* open(handle const& h, int device) {
