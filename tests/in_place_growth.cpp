@@ -221,6 +221,28 @@ TEST_CASE("in_place_growth: holes at the frontier are extended rather than skipp
   pool.deallocate(c);
 }
 
+TEST_CASE("in_place_growth: holes at the frontier are committed only as far as the request reaches") {
+  grown_pool pool;
+  std::uintptr_t const a = pool.allocate(G);
+  std::uintptr_t const b = pool.allocate(4 * G);
+  std::uintptr_t const c = pool.allocate(6 * G);
+  pool.deallocate(c);
+  pool.growth.release(pool.core);  // [5G, 11G): holes ending at the frontier
+  pool.deallocate(b);              // [G, 5G): free and committed, right before them
+  CHECK(pool.vmm.committed_bytes() == 5 * G);
+  // 7 G fits in no hole alone; the free block at the end and 3 G of the holes hold it.
+  // All 6 G of holes were committed, 3 G of them for nothing.
+  std::uintptr_t const d = pool.allocate(7 * G);
+  CHECK(d == b);
+  CHECK(pool.vmm.committed_bytes() == 8 * G);
+  CHECK(pool.growth.hole_bytes() == 3 * G);
+  CHECK(pool.growth.frontier_bytes() == 11 * G);
+  pool.check_consistent();
+  pool.deallocate(d);
+  pool.deallocate(a);
+  pool.check_consistent();
+}
+
 TEST_CASE("in_place_growth: out of physical memory, the pool releases its free granules and retries") {
   grown_pool pool{1024 * G, 10 * G};
   std::vector<std::uintptr_t> blocks;

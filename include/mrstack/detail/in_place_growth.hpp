@@ -251,6 +251,13 @@ class in_place_growth {
     });
     std::uintptr_t const block_end = align_up(block_start, std::max(alignment, Core::granularity)) + bytes;
     std::size_t const target = align_up(block_end - base_, granularity_);
+    if (start < frontier_ && target < frontier_) {
+      // The request ends inside the holes at the frontier (the free block before them
+      // holds the rest): commit them only as far as it reaches, as any stretch of holes.
+      // All of them were committed, the rest for nothing (tests/in_place_growth.cpp).
+      reuse_holes(core, hole_run{start, frontier_ - start}, target > start ? target - start : 0, grow_owner);
+      return;
+    }
     std::size_t extension = target > frontier_ ? target - frontier_ : 0;
     if (extension > range_bytes_ - frontier_) {
       fail("the reserved range of " + std::to_string(range_bytes_) + " B is exhausted at " +
