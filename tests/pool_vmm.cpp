@@ -132,6 +132,24 @@ TEST_CASE("pool > simulated_vmm: the maximum size caps committed memory") {
   pool.deallocate(a, 4 * G);
 }
 
+TEST_CASE("pool > simulated_vmm: growth past what one chunk can hold is out_of_memory, with nothing committed") {
+  // The default 1 TiB reserve is one granule more than the pool's one chunk can hold
+  // (block_pool::max_chunk_size, 1 TiB - 256 B). Growth committed the granules first and
+  // then failed to append them: block_pool's invalid_argument escaped allocate, and the
+  // granules stayed committed, belonging to no block.
+  auto vmm = std::make_shared<simulated_vmm_memory_resource>();
+  pool_memory_resource pool{vmm};
+  REQUIRE(vmm->range_bytes() > detail::block_pool::max_chunk_size);
+  void* most = pool.allocate(vmm->range_bytes() - G);
+  CHECK_THROWS_WITH(pool.allocate(1), Catch::Contains("one chunk of the pool can hold"));
+  CHECK(vmm->committed_bytes() == vmm->range_bytes() - G);
+  CHECK(pool.pool_size() == vmm->committed_bytes());
+  pool.deallocate(most, vmm->range_bytes() - G);
+  pool.release();
+  CHECK(vmm->committed_bytes() == 0);
+  CHECK(pool.check_invariants().empty());
+}
+
 TEST_CASE("pool > simulated_vmm: a release threshold gives granules back as frees pass it") {
   auto vmm = make_vmm();
   pool_options options;

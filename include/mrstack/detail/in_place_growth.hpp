@@ -79,14 +79,15 @@ class in_place_growth {
       : range_{range},
         granularity_{range.granularity()},
         base_{reinterpret_cast<std::uintptr_t>(range.range_base())},
-        range_bytes_{range.range_bytes()},
+        range_bytes_{usable_bytes(range)},
         maximum_{align_down(std::min(options.maximum_bytes, range.range_bytes()), range.granularity())},
         step_{align_up(options.growth_step, range.granularity())},
         initial_{align_up(options.initial_bytes, range.granularity())},
         threshold_{options.release_threshold} {
-    if (initial_ > maximum_) {
+    if (initial_ > maximum_ || initial_ > range_bytes_) {
       throw std::invalid_argument("in_place_growth: initial size " + std::to_string(initial_) +
-                                  " B is above the maximum " + std::to_string(maximum_) + " B");
+                                  " B is above the maximum " + std::to_string(std::min(maximum_, range_bytes_)) +
+                                  " B");
     }
     range_.claim(claimant);
   }
@@ -110,8 +111,7 @@ class in_place_growth {
   void grow(Core& core, std::size_t bytes, std::size_t alignment, Owner owner) {
     std::size_t const slack = alignment > Core::granularity ? alignment : 0;
     if (bytes > range_bytes_ || slack > range_bytes_ - bytes) {
-      fail("a block of " + std::to_string(bytes) + " B is larger than the reserved range of " +
-           std::to_string(range_bytes_) + " B (raise reserve=)");
+      fail("a block of " + std::to_string(bytes) + " B is larger than " + limit_text());
     }
     ++grows_;
     // The pool ran short, so whatever the last release could not give back is in use by now.
@@ -189,6 +189,22 @@ class in_place_growth {
     std::size_t bytes;
   };
 
+  /// Where the frontier may go: the reserved range, but no further than the core's one
+  /// chunk can hold (block_pool: 1 TiB - 256 B, one granule less than simulated_vmm's
+  /// default reserve). Past it, growth committed granules and then failed to append them:
+  /// the core's invalid_argument escaped, and the granules stayed committed in no block.
+  static std::size_t usable_bytes(virtual_range const& range) noexcept {
+    std::size_t limit = range.range_bytes();
+    if constexpr (requires { Core::max_chunk_size; }) { limit = std::min<std::size_t>(limit, Core::max_chunk_size); }
+    return align_down(limit, range.granularity());
+  }
+  [[nodiscard]] std::string limit_text() const {
+    return range_bytes_ < range_.range_bytes()
+               ? "the " + std::to_string(range_bytes_) + " B one chunk of the pool can hold (of a reserved range of " +
+                     std::to_string(range_.range_bytes()) + " B)"
+               : "the reserved range of " + std::to_string(range_bytes_) + " B (raise reserve=)";
+  }
+
   [[noreturn]] void fail(std::string const& why) const {
     throw growth_failure(std::string{"in-place growth: "} + why, range_.committed_bytes());
   }
@@ -260,9 +276,8 @@ class in_place_growth {
     }
     std::size_t extension = target > frontier_ ? target - frontier_ : 0;
     if (extension > range_bytes_ - frontier_) {
-      fail("the reserved range of " + std::to_string(range_bytes_) + " B is exhausted at " +
-           std::to_string(frontier_) + " B (" + std::to_string(hole_bytes_) +
-           " B of it in released holes too small for " + std::to_string(bytes) + " B; raise reserve=)");
+      fail(limit_text() + " is exhausted at " + std::to_string(frontier_) + " B (" + std::to_string(hole_bytes_) +
+           " B of it in released holes too small for " + std::to_string(bytes) + " B)");
     }
     if (extension > 0) { extension = std::min(std::max(extension, step_), range_bytes_ - frontier_); }
     commit_checked(start, frontier_ + extension - start);
@@ -335,7 +350,7 @@ class in_place_growth {
   virtual_range& range_;
   std::size_t granularity_;
   std::uintptr_t base_;
-  std::size_t range_bytes_;
+  std::size_t range_bytes_;  // usable: see usable_bytes
   std::size_t maximum_;
   std::size_t step_;
   std::size_t initial_;

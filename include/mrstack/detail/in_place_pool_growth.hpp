@@ -35,6 +35,7 @@ namespace mrstack::detail {
 struct stream_ordered_growth_view {
   static constexpr std::size_t granularity = block_pool::granularity;
   static constexpr owner_id synchronized = block_pool::synchronized;
+  static constexpr std::size_t max_chunk_size = block_pool::max_chunk_size;  // the one chunk's limit
   using range = block_pool::range;
 
   stream_ordered_pool& pool;
