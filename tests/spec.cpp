@@ -23,21 +23,12 @@
 
 #include <cuda_runtime_api.h>
 
+#include <probe_resource.hpp>
+
 using namespace mrstack;
+using mrstack::test::probe_resource;
 
 namespace {
-
-// A pass-through layer that remembers the arguments it was built with, registered once
-// so the builder can be tested on every parameter type without other helpers' resources.
-struct probe_resource final : memory_resource {
-  probe_resource(resource_ptr up, spec_arguments a) : upstream_{std::move(up)}, args{std::move(a)} {}
-  resource_ptr upstream_;
-  spec_arguments args;
-  void* do_allocate(std::size_t b, std::size_t al, stream_view s) override { return upstream_->allocate(b, s, al); }
-  void do_deallocate(void* p, std::size_t b, std::size_t al, stream_view s) override { upstream_->deallocate(p, b, s, al); }
-  std::string do_name() const override { return "probe"; }
-  memory_resource* do_upstream() const noexcept override { return upstream_.get(); }
-};
 
 void register_probe() {
   static bool const once = [] {
@@ -46,12 +37,12 @@ void register_probe() {
                         number_param("ratio", optional_param, "a number"), flag_param("enabled", optional_param, "a flag"),
                         text_param("file", optional_param, "a text")},
                        [](spec_arguments const& a, resource_ptr up) -> resource_ptr {
-                         return std::make_shared<probe_resource>(std::move(up), a);
+                         return std::make_shared<probe_resource>("probe", std::move(up), a);
                        }});
     register_resource({"probe_needs", "test layer with a required parameter", needs_upstream,
                        {size_param("limit", required, "bytes it may hand out")},
                        [](spec_arguments const& a, resource_ptr up) -> resource_ptr {
-                         return std::make_shared<probe_resource>(std::move(up), a);
+                         return std::make_shared<probe_resource>("probe", std::move(up), a);
                        }});
     register_resource({"probe_refuses", "test layer whose constructor refuses", needs_upstream, {},
                        [](spec_arguments const&, resource_ptr) -> resource_ptr {

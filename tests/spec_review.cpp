@@ -8,26 +8,19 @@
 
 #include <cmath>
 
+#include <probe_resource.hpp>
+
 using namespace mrstack;
+using mrstack::test::probe_resource;
 
 namespace {
-
-struct pass_through final : memory_resource {
-  pass_through(resource_ptr up, spec_arguments a) : upstream_{std::move(up)}, args{std::move(a)} {}
-  resource_ptr upstream_;
-  spec_arguments args;
-  void* do_allocate(std::size_t b, std::size_t al, stream_view s) override { return upstream_->allocate(b, s, al); }
-  void do_deallocate(void* p, std::size_t b, std::size_t al, stream_view s) override { upstream_->deallocate(p, b, s, al); }
-  std::string do_name() const override { return "review_probe"; }
-  memory_resource* do_upstream() const noexcept override { return upstream_.get(); }
-};
 
 void register_review_probe() {
   static bool const once = [] {
     register_resource({"review_probe", "test layer", needs_upstream,
                        {size_param("size", optional_param, "a size"), number_param("ratio", optional_param, "a number")},
                        [](spec_arguments const& a, resource_ptr up) -> resource_ptr {
-                         return std::make_shared<pass_through>(std::move(up), a);
+                         return std::make_shared<probe_resource>("review_probe", std::move(up), a);
                        }});
     return true;
   }();
@@ -86,7 +79,7 @@ TEST_CASE("spec review: a number must be finite") {
   require_check_error("review_probe(ratio=infinity) > simulated", 20, "expected a finite number");
   register_review_probe();
   auto const top = build_stack(parse_stack_spec("review_probe(ratio=1e308) > simulated"));
-  auto const* probe = dynamic_cast<pass_through const*>(top.get());
+  auto const* probe = dynamic_cast<probe_resource const*>(top.get());
   REQUIRE(probe != nullptr);
   CHECK(probe->args.number("ratio") == 1e308);
 }

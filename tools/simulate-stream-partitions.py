@@ -91,15 +91,12 @@ class FreeRanges:
         return best
 
 
-def simulate(streams, keep_above, keep_down_to, extent_min):
-    steps = [make_steps(CAP // streams, 7000 + t) for t in range(streams)]
-    shared, frontier, peak = FreeRanges(), 0, 0
-    parts = [FreeRanges() for _ in range(streams)]
-    where = [dict() for _ in range(streams)]
-    takes = hand_backs = calls = 0
-    next_step = [0] * streams
+def interleaved(steps):
+    """The streams' steps, interleaved at random (seeded, so every design sees the same
+    order): (stream, allocate?, slot, bytes rounded up to ALIGN)."""
+    next_step = [0] * len(steps)
     rng = random.Random(1)
-    running = list(range(streams))
+    running = list(range(len(steps)))
     while running:
         t = rng.choice(running)
         if next_step[t] == len(steps[t]):
@@ -107,8 +104,17 @@ def simulate(streams, keep_above, keep_down_to, extent_min):
             continue
         allocate, slot, b = steps[t][next_step[t]]
         next_step[t] += 1
+        yield t, allocate, slot, (b + ALIGN - 1) // ALIGN * ALIGN
+
+
+def simulate(streams, keep_above, keep_down_to, extent_min):
+    steps = [make_steps(CAP // streams, 7000 + t) for t in range(streams)]
+    shared, frontier, peak = FreeRanges(), 0, 0
+    parts = [FreeRanges() for _ in range(streams)]
+    where = [dict() for _ in range(streams)]
+    takes = hand_backs = calls = 0
+    for t, allocate, slot, n in interleaved(steps):
         calls += 1
-        n = (b + ALIGN - 1) // ALIGN * ALIGN
         part = parts[t]
         if allocate:
             a = part.best_fit(n)
@@ -174,9 +180,6 @@ def simulate_borrowing(streams, exact_slabs, borrow):
     shards = [Shard() for _ in range(streams)]
     where = [dict() for _ in range(streams)]
     calls = borrowed = takes = 0
-    next_step = [0] * streams
-    rng = random.Random(1)
-    running = list(range(streams))
 
     def take_slab(shard, e):
         nonlocal frontier, peak
@@ -201,15 +204,8 @@ def simulate_borrowing(streams, exact_slabs, borrow):
         free.add(s, e)
         shard.slabs[s] = [e, free, 0]
 
-    while running:
-        t = rng.choice(running)
-        if next_step[t] == len(steps[t]):
-            running.remove(t)
-            continue
-        allocate, slot, b = steps[t][next_step[t]]
-        next_step[t] += 1
+    for t, allocate, slot, n in interleaved(steps):
         calls += 1
-        n = (b + ALIGN - 1) // ALIGN * ALIGN
         if not allocate:
             shard, base, a, n = where[t].pop(slot)
             shard.slabs[base][1].add(a, n)
