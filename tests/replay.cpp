@@ -657,3 +657,22 @@ TEST_CASE("mrstack-replay: the sample log over simulated memory") {
   CHECK(c.status == 0);
   CHECK_THAT(c.out, Catch::Contains("9,094 events (4,547 allocations, 4,547 frees)"));
 }
+
+TEST_CASE("mrstack-replay: an output that is the log or another output is refused before anything is written") {
+  register_test_layers();
+  auto const log_path = write_file("same.csv", small_log);
+  auto const json = (scratch_dir() / "same.json").string();
+  std::filesystem::remove(json);
+  // --json onto the log would replace the log with JSON; two outputs on one path would
+  // leave only the last written.
+  auto const onto_log = run_tool({log_path, "-r", "cuda", "--json", log_path});
+  INFO(onto_log.out << onto_log.err);
+  CHECK(onto_log.status == 2);
+  CHECK_THAT(onto_log.err, Catch::Contains("--json '" + log_path + "' is the log itself"));
+  CHECK(slurp(log_path) == small_log);
+  auto const two = run_tool({log_path, "-r", "cuda", "--json", json, "--timeline", json});
+  INFO(two.out << two.err);
+  CHECK(two.status == 2);
+  CHECK_THAT(two.err, Catch::Contains("--timeline '" + json + "' is also the --json file"));
+  CHECK_FALSE(std::filesystem::exists(json));
+}

@@ -4,6 +4,7 @@
 #include <mrstack/spec.hpp>
 
 #include <cstdlib>
+#include <filesystem>
 #include <limits>
 
 namespace mrstack::replay_cli {
@@ -79,6 +80,34 @@ std::string file_name(std::string const& option, std::string text) {
   return text;
 }
 
+/// Where a path leads, symbolic links and '..' resolved as far as the path exists, so that
+/// two spellings of one file compare equal.
+std::filesystem::path resolved(std::string const& path) {
+  std::error_code ec;
+  auto p = std::filesystem::weakly_canonical(path, ec);
+  return ec ? std::filesystem::path{path}.lexically_normal() : p;
+}
+
+/// Each output is written whole by a rename over its path: an output on the log's path
+/// would replace the log (--json onto the log destroys it), and two outputs on one path
+/// would leave only the last written. Refused before anything is read or written.
+void check_distinct_paths(arguments const& a) {
+  std::vector<std::pair<char const*, std::string>> seen;
+  if (!a.log_path.empty()) { seen.emplace_back("log", a.log_path); }
+  for (auto const& [option, path] : {std::pair{"--json", &a.json_path}, std::pair{"--timeline", &a.timeline_path},
+                                     std::pair{"--shrink", &a.shrink_path}, std::pair{"--write-csv", &a.csv_path}}) {
+    if (!*path) { continue; }
+    for (auto const& [earlier, earlier_path] : seen) {
+      if (resolved(**path) != resolved(earlier_path)) { continue; }
+      throw usage_error{std::string{option} + " '" + **path + "' is " +
+                        (std::string{earlier} == "log" ? std::string{"the log itself"}
+                                                       : "also the " + std::string{earlier} + " file") +
+                        ": give each output its own path"};
+    }
+    seen.emplace_back(option, **path);
+  }
+}
+
 /// Checks the options that only make sense together.
 void check_combinations(arguments const& a) {
   if (!a.help && !a.list_resources && a.log_path.empty()) { throw usage_error{"no log given"}; }
@@ -94,6 +123,7 @@ void check_combinations(arguments const& a) {
   if (a.shrink_path && a.resources.size() != 1) {
     throw usage_error{"--shrink needs exactly one --resource: the stack whose failure to keep"};
   }
+  check_distinct_paths(a);
 }
 
 }  // namespace
