@@ -676,3 +676,19 @@ TEST_CASE("mrstack-replay: an output that is the log or another output is refuse
   CHECK_THAT(two.err, Catch::Contains("--timeline '" + json + "' is also the --json file"));
   CHECK_FALSE(std::filesystem::exists(json));
 }
+
+TEST_CASE("mrstack-replay: output it cannot write (stdout on a full disk) is exit 2, not 0") {
+  register_test_layers();
+  auto const log_path = write_file("full.csv", small_log);
+  std::FILE* out = std::fopen("/dev/full", "w");
+  std::FILE* err = std::tmpfile();
+  REQUIRE(out != nullptr);
+  REQUIRE(err != nullptr);
+  int const status = run_replay_tool({log_path, "-r", "cuda"}, out, err);
+  std::string const message = read_all(err);
+  std::fclose(out);
+  std::fclose(err);
+  INFO(message);
+  CHECK(status == 2);
+  CHECK_THAT(message, Catch::Contains("mrstack-replay: cannot write the output: No space left on device"));
+}

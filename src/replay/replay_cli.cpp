@@ -7,7 +7,9 @@
 #include <mrstack/spec_registry.hpp>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
+#include <cstring>
 #include <memory>
 
 #include <unistd.h>
@@ -223,9 +225,7 @@ int write_csv(arguments const& a, std::FILE* out, std::FILE* err) {
   return 0;
 }
 
-}  // namespace
-
-int run_replay_tool(std::vector<std::string> const& args, std::FILE* out, std::FILE* err) {
+int run_tool(std::vector<std::string> const& args, std::FILE* out, std::FILE* err) {
   arguments a;
   try {
     a = parse_arguments(args);
@@ -247,6 +247,20 @@ int run_replay_tool(std::vector<std::string> const& args, std::FILE* out, std::F
     std::fprintf(err, "mrstack-replay: %s\n", e.what());
     return 2;
   }
+}
+
+}  // namespace
+
+int run_replay_tool(std::vector<std::string> const& args, std::FILE* out, std::FILE* err) {
+  int const status = run_tool(args, out, err);
+  // The table and the verdict are the tool's result: when they could not be written
+  // (stdout on a full disk, a closed pipe) the run did not do its work, whatever the
+  // replay said; exit 0 there would report success with nothing shown.
+  if (std::fflush(out) != 0 || std::ferror(out) != 0) {
+    std::fprintf(err, "mrstack-replay: cannot write the output: %s\n", std::strerror(errno));
+    return 2;
+  }
+  return status;
 }
 
 }  // namespace mrstack
