@@ -692,3 +692,20 @@ TEST_CASE("mrstack-replay: output it cannot write (stdout on a full disk) is exi
   CHECK(status == 2);
   CHECK_THAT(message, Catch::Contains("mrstack-replay: cannot write the output: No space left on device"));
 }
+
+TEST_CASE("mrstack-replay: an output that is a device is written to, not replaced by a file") {
+  register_test_layers();
+  auto const log_path = write_file("device.csv", small_log);
+  auto const is_device = [](char const* p) { return std::filesystem::is_character_file(std::filesystem::symlink_status(p)); };
+  REQUIRE(is_device("/dev/full"));
+  REQUIRE(is_device("/dev/null"));
+  auto const full = run_tool({log_path, "-r", "cuda", "--json", "/dev/full"});
+  INFO(full.out << full.err);
+  CHECK(full.status == 2);
+  CHECK_THAT(full.err, Catch::Contains("--json: cannot write /dev/full: No space left on device"));
+  CHECK(is_device("/dev/full"));
+  auto const null = run_tool({log_path, "-r", "cuda", "--timeline", "/dev/null"});
+  INFO(null.out << null.err);
+  CHECK(null.status == 0);
+  CHECK(is_device("/dev/null"));
+}

@@ -8,6 +8,7 @@
 #include <fstream>
 #include <stdexcept>
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 namespace mrstack::replay_cli {
@@ -117,7 +118,27 @@ std::string timeline_stack_json(timeline_stack const& s) {
 
 }  // namespace
 
+namespace {
+
+/// Writes `text` into what is already at `path` (a device, a FIFO): a rename would put a
+/// regular file in its place (as root, /dev/full or /dev/null replaced by a JSON file),
+/// and the data would never reach the reader. A write error (/dev/full's ENOSPC) is reported.
+void write_in_place(std::string const& path, std::string const& text) {
+  std::ofstream f{path, std::ios::binary};
+  if (!f) { throw std::runtime_error("cannot write " + path + ": " + std::strerror(errno)); }
+  f << text;
+  f.flush();
+  if (!f) { throw std::runtime_error("cannot write " + path + ": " + std::strerror(errno)); }
+}
+
+}  // namespace
+
 void write_atomically(std::string const& path, std::string const& text) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode) && !S_ISDIR(st.st_mode)) {
+    write_in_place(path, text);
+    return;
+  }
   std::string const tmp = path + ".tmp." + std::to_string(::getpid());
   {
     std::ofstream f{tmp, std::ios::binary | std::ios::trunc};
