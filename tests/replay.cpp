@@ -709,3 +709,20 @@ TEST_CASE("mrstack-replay: an output that is a device is written to, not replace
   CHECK(null.status == 0);
   CHECK(is_device("/dev/null"));
 }
+
+TEST_CASE("mrstack-replay: an option that takes a value, given twice, is refused, not silently the last") {
+  register_test_layers();
+  auto const log_path = write_file("twice.csv", small_log);
+  auto const json = (scratch_dir() / "twice.json").string();
+  std::filesystem::remove(json);
+  for (auto const& args : std::vector<std::vector<std::string>>{
+           {log_path, "-r", "cuda", "--json", json, "--json", json + "2"},
+           {log_path, "-r", "cuda", "--capacity", "1GiB", "--capacity=2GiB", "--json", json},
+           {log_path, "-r", "cuda", "--order", "strict", "--order", "per-thread", "--json", json}}) {
+    auto const c = run_tool(args);
+    INFO(c.out << c.err);
+    CHECK(c.status == 2);
+    CHECK_THAT(c.err, Catch::Contains(" given twice"));
+    CHECK_FALSE(std::filesystem::exists(json));
+  }
+}

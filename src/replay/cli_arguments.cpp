@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <limits>
+#include <set>
 
 namespace mrstack::replay_cli {
 
@@ -80,6 +81,17 @@ std::string file_name(std::string const& option, std::string text) {
   return text;
 }
 
+/// An option that takes one value, given twice, would silently keep the last (--json a
+/// --json b never writes a): refused, naming the option. -r is the one that repeats.
+void check_given_once(std::set<std::string>& given, std::string const& option) {
+  static std::set<std::string> const single = {"--capacity", "--repeat",          "--order",  "--workers",
+                                              "--json",     "--timeline",        "--shrink", "--write-csv",
+                                              "--timeline-points", "--max-log-bytes", "--max-line-bytes"};
+  if (single.count(option) != 0 && !given.insert(option).second) {
+    throw usage_error{option + " given twice: give it once"};
+  }
+}
+
 /// Where a path leads, symbolic links and '..' resolved as far as the path exists, so that
 /// two spellings of one file compare equal.
 std::filesystem::path resolved(std::string const& path) {
@@ -130,6 +142,7 @@ void check_combinations(arguments const& a) {
 
 arguments parse_arguments(std::vector<std::string> const& args) {
   arguments a;
+  std::set<std::string> given;
   for (std::size_t i = 0; i < args.size(); ++i) {
     std::string arg = args[i];
     std::optional<std::string> inline_value;
@@ -139,6 +152,7 @@ arguments parse_arguments(std::vector<std::string> const& args) {
         arg = arg.substr(0, eq);
       }
     }
+    check_given_once(given, arg);
     auto value = [&]() -> std::string {
       if (inline_value) { return *inline_value; }
       if (i + 1 >= args.size()) { throw usage_error{arg + " needs a value"}; }
