@@ -726,3 +726,19 @@ TEST_CASE("mrstack-replay: an option that takes a value, given twice, is refused
     CHECK_FALSE(std::filesystem::exists(json));
   }
 }
+
+TEST_CASE("mrstack-replay: --timeline-points without --timeline, or --list-resources with a log, is refused") {
+  register_test_layers();
+  auto const log_path = write_file("ignored.csv", small_log);
+  auto const json = (scratch_dir() / "ignored.json").string();
+  std::filesystem::remove(json);
+  auto const points = run_tool({log_path, "-r", "cuda", "--timeline-points", "5", "--json", json});
+  INFO(points.out << points.err);
+  CHECK(points.status == 2);
+  CHECK_THAT(points.err, Catch::Contains("--timeline-points needs --timeline"));
+  auto const list = run_tool({log_path, "--list-resources", "--json", json});
+  INFO(list.out << list.err);
+  CHECK(list.status == 2);
+  CHECK_THAT(list.err, Catch::Contains("--list-resources takes no log and no other option"));
+  CHECK_FALSE(std::filesystem::exists(json));
+}

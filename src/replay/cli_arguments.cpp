@@ -121,8 +121,17 @@ void check_distinct_paths(arguments const& a) {
 }
 
 /// Checks the options that only make sense together.
-void check_combinations(arguments const& a) {
+void check_combinations(arguments const& a, std::set<std::string> const& given) {
   if (!a.help && !a.list_resources && a.log_path.empty()) { throw usage_error{"no log given"}; }
+  // Options that would otherwise be silently ignored: the sample count of a timeline not
+  // written, or a log and options beside --list-resources, which replays nothing.
+  if (given.count("--timeline-points") != 0 && !a.timeline_path) {
+    throw usage_error{"--timeline-points needs --timeline: it is the timeline's number of samples"};
+  }
+  if (a.list_resources && !a.help && (!a.log_path.empty() || given.size() > 0 || !a.resources.empty() || a.simulate ||
+                                      a.warmup || a.expect_failures)) {
+    throw usage_error{"--list-resources takes no log and no other option: it only lists the resources"};
+  }
   if (a.expect_failures && a.order != replay_order::strict) {
     throw usage_error{"--expect-failures asks each recorded failure at its place in the log: it needs --order strict"};
   }
@@ -208,7 +217,7 @@ arguments parse_arguments(std::vector<std::string> const& args) {
       throw usage_error{"one log at a time: '" + a.log_path + "' and '" + arg + "' were both given"};
     }
   }
-  check_combinations(a);
+  check_combinations(a, given);
   return a;
 }
 
