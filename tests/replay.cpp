@@ -742,3 +742,19 @@ TEST_CASE("mrstack-replay: --timeline-points without --timeline, or --list-resou
   CHECK_THAT(list.err, Catch::Contains("--list-resources takes no log and no other option"));
   CHECK_FALSE(std::filesystem::exists(json));
 }
+
+TEST_CASE("mrstack-replay: an output it cannot write is refused before the replay, leaving no other output") {
+  register_test_layers();
+  auto const log_path = write_file("early.csv", small_log);
+  auto const json = (scratch_dir() / "early.json").string();
+  std::filesystem::remove(json);
+  auto const c = run_tool({log_path, "-r", "cuda", "--json", json, "--timeline", "/no/such/dir/t.json"});
+  INFO(c.out << c.err);
+  CHECK(c.status == 2);
+  CHECK_THAT(c.err, Catch::Contains("--timeline: cannot write /no/such/dir/t.json: No such file or directory"));
+  CHECK(c.out.empty());  // nothing replayed
+  CHECK_FALSE(std::filesystem::exists(json));
+  auto const folder = run_tool({log_path, "-r", "cuda", "--shrink", scratch_dir().string()});
+  CHECK(folder.status == 2);
+  CHECK_THAT(folder.err, Catch::Contains("--shrink: cannot write " + scratch_dir().string() + ": Is a directory"));
+}

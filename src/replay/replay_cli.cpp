@@ -10,6 +10,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <filesystem>
 #include <memory>
 
 #include <unistd.h>
@@ -166,9 +167,35 @@ int shrink(arguments const& a, allocation_log const& log, memory_setting const& 
   return 1;
 }
 
+/// Refuses an output that cannot be written (a folder, a missing or read-only folder)
+/// before the replay: found after it, the replay (minutes on a large log) was wasted and
+/// the outputs written before it (--json before --timeline) were left behind.
+bool outputs_writable(arguments const& a, std::FILE* err) {
+  for (auto const& [option, path] : {std::pair{"--json", &a.json_path}, std::pair{"--timeline", &a.timeline_path},
+                                     std::pair{"--shrink", &a.shrink_path}}) {
+    if (!*path) { continue; }
+    std::error_code ec;
+    std::filesystem::path const folder = std::filesystem::path{**path}.parent_path();
+    char const* why = nullptr;
+    auto const kind = std::filesystem::status(**path, ec).type();
+    if (kind == std::filesystem::file_type::directory) {
+      why = std::strerror(EISDIR);
+    } else if (kind != std::filesystem::file_type::regular && kind != std::filesystem::file_type::not_found) {
+      continue;  // a device or FIFO: written in place, its folder untouched
+    } else if (::access(folder.empty() ? "." : folder.c_str(), W_OK) != 0) {
+      why = std::strerror(errno);
+    }
+    if (why != nullptr) {
+      std::fprintf(err, "mrstack-replay: %s: cannot write %s: %s\n", option, (*path)->c_str(), why);
+      return false;
+    }
+  }
+  return true;
+}
+
 int run(arguments const& a, std::FILE* out, std::FILE* err) {
   std::vector<std::string> resources;
-  if (!stacks_to_replay(a, resources, err)) { return 2; }
+  if (!stacks_to_replay(a, resources, err) || !outputs_writable(a, err)) { return 2; }
   memory_setting memory;
   memory.device = probe_device();
   // --shrink replays its stack hundreds of times: simulated memory keeps that fast.
