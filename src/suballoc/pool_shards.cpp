@@ -257,7 +257,9 @@ void pool_memory_resource::return_slabs(std::vector<detail::slab_return> const& 
   if (growth_) { growth_->after_deallocate(core_, detail::stream_ref{}); }
 }
 
-void pool_memory_resource::with_shard_totals(std::function<void(shard_totals const&)> const& read) const {
+void pool_memory_resource::with_shard_totals(
+    std::function<void(shard_totals const&)> const& read,
+    std::function<void(detail::stream_ordered_pool const&)> const& each_shard) const {
   // Lock order as everywhere: shards, then the global lock. Every shard is only *tried*,
   // and on a busy one all are let go and taken again after a pause: a reader that waited
   // for a shard while holding the lower ones kept a shard's thread, whose last drain
@@ -299,6 +301,7 @@ void pool_memory_resource::with_shard_totals(std::function<void(shard_totals con
     t.stream_waits += shard->core.owners().waits();
     t.idle_parks += shard->core.owners().idle_parks();
     t.idle_queries += shard->core.owners().idle_queries();
+    if (each_shard) { each_shard(shard->core); }
   }
   std::lock_guard global{mutex_};
   read(t);
@@ -325,16 +328,6 @@ std::string pool_memory_resource::check_shards() const {
     if (!slab_error.empty()) { return slab_error; }
   }
   return {};
-}
-
-void pool_memory_resource::add_shard_fragmentation(fragmentation_info& info) const {
-  if (!sharded_.load(std::memory_order_acquire)) { return; }
-  for (std::size_t i = 0; i < shards_->count(); ++i) {
-    detail::pool_shard* shard = shards_->existing(i);
-    if (shard == nullptr) { continue; }
-    std::lock_guard lock{shard->mutex};
-    detail::add_stream_fragmentation(shard->core, info);
-  }
 }
 
 }  // namespace mrstack

@@ -255,11 +255,12 @@ class pool_memory_resource final : public memory_resource {
   /// Calls `read` with the shards' totals while every shard's lock and then the global
   /// lock are held: one snapshot, in which each slab is in its shard and a live global
   /// block (summed shard by shard, a slab going back in between was subtracted without
-  /// its global block: used bytes wrapped around, found by a hostile test).
-  void with_shard_totals(std::function<void(shard_totals const&)> const& read) const;
+  /// its global block: used bytes wrapped around, found by a hostile test). `each_shard`,
+  /// if given, sees every shard's pool in the same snapshot.
+  void with_shard_totals(std::function<void(shard_totals const&)> const& read,
+                         std::function<void(detail::stream_ordered_pool const&)> const& each_shard = {}) const;
   [[nodiscard]] std::string check_shards() const;
   void fill_stats(statistics& st, shard_totals const& shards) const;
-  void add_shard_fragmentation(fragmentation_info& info) const;
 
   resource_ptr upstream_;
   std::optional<std::size_t> maximum_size_;
