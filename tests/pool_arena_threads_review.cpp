@@ -2,10 +2,14 @@
 // failed before its fix; run them under the tsan preset too):
 // - the pool's fragmentation() while a slab goes back to the global blocks: its free
 //   bytes were summed shard by shard before the global blocks were read, so the slab was
-//   counted free twice (free + live exceeded what the pool held).
+//   counted free twice (free + live exceeded what the pool held);
+// - the arena's thread exit found the thread's own arena through its cache of 8 arenas:
+//   a thread that had used more streams than that left its arena unretired, holding its
+//   spare superblocks.
 #include <catch2/catch.hpp>
 
 #include <mrstack/error.hpp>
+#include <mrstack/suballoc/arena_memory_resource.hpp>
 #include <mrstack/suballoc/pool_memory_resource.hpp>
 #include <mrstack/upstream/simulated_memory_resource.hpp>
 
@@ -57,4 +61,27 @@ TEST_CASE("pool review: fragmentation() counts a slab going back to the global b
   reader.join();
   INFO(reads.load() << " reads");
   CHECK(wrong.load() == 0);
+}
+
+TEST_CASE("arena review: a thread that used more streams than its arena cache holds still retires its own arena") {
+  arena_options o;
+  o.superblock_size = 1 * MiB;
+  o.max_small_size = 64 * KiB;
+  arena_memory_resource mr{std::make_shared<simulated_memory_resource>(), 256 * MiB, o};
+  auto const created = [](int k) { return stream_view{reinterpret_cast<cudaStream_t>(std::uintptr_t{0x1000} * (k + 1))}; };
+  int const threads = 40;
+  for (int t = 0; t < threads; ++t) {
+    std::thread{[&] {
+      // Its own default stream's arena first, then more created streams than the thread
+      // remembers arenas (8): its own arena's entry is the one pushed out.
+      mr.deallocate(mr.allocate(4 * KiB, stream_view::per_thread()), 4 * KiB, stream_view::per_thread());
+      for (int k = 0; k < 9; ++k) { mr.deallocate(mr.allocate(4 * KiB, created(k)), 4 * KiB, created(k)); }
+    }}.join();
+  }
+  // The 9 created streams' arenas stay; every exited thread's own arena was retired, its
+  // superblocks back, rather than one arena and its spares left per thread (before the
+  // fix: 49 arenas, holding the whole 256 MiB maximum against 224 MiB once retired).
+  auto const st = mr.fragmentation();
+  INFO(st.streams.size() << " stream arenas, " << st.held_bytes << " B held");
+  CHECK(st.streams.size() <= 10);
 }

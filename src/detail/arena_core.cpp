@@ -58,22 +58,41 @@ std::unordered_map<std::uint64_t, arena_core*>& live_cores() {
   return *cores;
 }
 
+// Set once this thread's hook has run: a thread_local destroyed after it may still
+// allocate, and must not touch the destroyed hook (trivially destructible: always valid).
+thread_local bool exit_hook_done = false;
+
 struct thread_exit_hook {
   thread_exit_hook() = default;
   thread_exit_hook(thread_exit_hook const&) = delete;
   thread_exit_hook& operator=(thread_exit_hook const&) = delete;
   ~thread_exit_hook() {
     std::lock_guard lock{live_cores_mutex()};
-    for (auto const& e : arena_cache) {
-      if (e.core_id == 0) { continue; }
+    for (auto const& e : own) {
       auto const it = live_cores().find(e.core_id);
       if (it != live_cores().end()) { it->second->thread_exiting(e.arena); }
     }
     // A thread_local destroyed after this hook may still allocate: it must not find an
     // arena retired here (and soon another stream's) in the cache.
+    own.clear();
     arena_cache = {};
     arena_cache_last = {};
+    exit_hook_done = true;
   }
+  /// Remembers the thread's per-thread-stream arena of an arena_core. Not the cache: a
+  /// thread that used more streams than it holds had its own arena pushed out, and at
+  /// its exit that arena was neither retired nor emptied (an arena and its spare
+  /// superblocks left per such thread, tests/pool_arena_threads_review.cpp).
+  void remember(cache_entry const& e) {
+    auto const same = [&](cache_entry const& o) { return o.core_id == e.core_id && o.key == e.key; };
+    if (std::any_of(own.begin(), own.end(), same)) { return; }
+    std::lock_guard lock{live_cores_mutex()};
+    std::erase_if(own, [](cache_entry const& o) { return !live_cores().contains(o.core_id); });  // destroyed cores
+    own.push_back(e);
+  }
+  // A member, alive while the destructor's body runs (a thread_local of its own might be
+  // destroyed before the hook).
+  std::vector<cache_entry> own;
 };
 thread_local thread_exit_hook exit_hook;
 
@@ -182,8 +201,10 @@ arena_core::stream_arena* arena_core::arena_for(stream_ref const& s) {
     }
   }
   stream_arena* a = create_arena(s);
-  (void)&exit_hook;  // constructs this thread's hook (thread_local objects are built on first use)
-  arena_cache_last = arena_cache[arena_cache_next++ % arena_cache.size()] = cache_entry{id_, s.key, a};
+  cache_entry const entry{id_, s.key, a};
+  // Constructs this thread's hook (thread_local objects are built on first use).
+  if (s.thread_bound && !exit_hook_done) { exit_hook.remember(entry); }
+  arena_cache_last = arena_cache[arena_cache_next++ % arena_cache.size()] = entry;
   return a;
 }
 
