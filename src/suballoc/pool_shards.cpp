@@ -151,6 +151,14 @@ void* pool_memory_resource::allocate_globally(std::size_t bytes, std::size_t siz
     }
   }
   drain_shards(s, true, held);
+  // The caller's own shard may hold free memory of a stream no call names now (a created
+  // stream another thread freed blocks on) in slabs that still hold live blocks: the
+  // drain cannot return those, and the shard would not wait for that stream. Once the
+  // device is idle it is everyone's, as the global blocks' is in grow_and_allocate (a
+  // false out-of-memory with that memory free, tests/pool_arena_threads_review.cpp).
+  if (held != nullptr && held->core.synchronize_everything()) {
+    if (std::uintptr_t const a = held->core.allocate(size, alignment, s)) { return reinterpret_cast<void*>(a); }
+  }
   std::lock_guard lock{mutex_};
   if (std::uintptr_t const a = core_.allocate(size, alignment, s)) { return reinterpret_cast<void*>(a); }
   return grow_and_allocate(bytes, size, alignment, s);
