@@ -279,6 +279,13 @@ bool fixed_size_memory_resource::take_back_caches(detail::stream_ref const* name
 }
 
 std::size_t fixed_size_memory_resource::cached_blocks() const {
+  // The list of caches changes under mutex_ (a thread's first cached call adds its cache,
+  // its exit erases it): walking it without mutex_ read caches being freed.
+  std::lock_guard lock{mutex_};
+  return cached_blocks_locked();
+}
+
+std::size_t fixed_size_memory_resource::cached_blocks_locked() const {
   std::size_t n = 0;
   for (auto const& c : caches_) {
     std::lock_guard cache_lock{c->lock};
@@ -323,7 +330,7 @@ fragmentation_info fixed_size_memory_resource::do_fragmentation() const {
   fragmentation_info info;
   info.resource = "fixed_size";
   std::lock_guard lock{mutex_};
-  std::size_t const free = blocks_.free_blocks() + cached_blocks();
+  std::size_t const free = blocks_.free_blocks() + cached_blocks_locked();
   info.held_bytes = pool_size_;
   info.live_bytes = (blocks_.total_blocks() - free) * block_size_;
   info.free_bytes = free * block_size_;
@@ -418,7 +425,7 @@ std::size_t fixed_size_memory_resource::do_free_bytes_held() const noexcept {
   std::size_t held = 0;
   try {
     std::lock_guard lock{mutex_};
-    held = (blocks_.free_blocks() + cached_blocks()) * block_size_;
+    held = (blocks_.free_blocks() + cached_blocks_locked()) * block_size_;
   } catch (...) {
   }
   return held + upstream_->free_bytes_held();
@@ -431,7 +438,7 @@ std::size_t fixed_size_memory_resource::pool_size() const {
 std::size_t fixed_size_memory_resource::free_bytes() const { return free_blocks() * block_size_; }
 std::size_t fixed_size_memory_resource::free_blocks() const {
   std::lock_guard lock{mutex_};
-  return blocks_.free_blocks() + cached_blocks();
+  return blocks_.free_blocks() + cached_blocks_locked();
 }
 std::size_t fixed_size_memory_resource::total_blocks() const {
   std::lock_guard lock{mutex_};

@@ -69,7 +69,7 @@ class fixed_size_memory_resource final : public memory_resource, private detail:
   [[nodiscard]] std::size_t block_size() const noexcept { return block_size_; }
   [[nodiscard]] std::size_t block_alignment() const noexcept { return block_alignment_; }
   [[nodiscard]] std::size_t blocks_per_chunk() const noexcept { return blocks_per_chunk_; }
-  /// Free blocks held in threads' caches now (takes every cache's lock).
+  /// Free blocks held in threads' caches now (takes the lock, then every cache's lock).
   [[nodiscard]] std::size_t cached_blocks() const;
   /// Most free blocks one thread's cache holds (0: no caches).
   [[nodiscard]] std::size_t thread_cache_blocks() const noexcept { return cache_capacity_; }
@@ -104,6 +104,8 @@ class fixed_size_memory_resource final : public memory_resource, private detail:
   [[noreturn]] void reject(std::size_t bytes, std::size_t alignment) const;
   [[noreturn]] void reject_free(void const* ptr, std::size_t bytes, detail::fixed_size_blocks::free_result why) const;
   void return_all_chunks();
+  /// cached_blocks() with mutex_ held (it guards the list of caches).
+  [[nodiscard]] std::size_t cached_blocks_locked() const;
 
   // Thread caches (src/suballoc/fixed_size_memory_resource.cpp says how they stay safe).
   struct thread_cache;
