@@ -3,11 +3,14 @@
 // Run it under the tsan and asan presets too.
 #include <catch2/catch.hpp>
 
+#include <mrstack/adaptor/tracking_resource_adaptor.hpp>
 #include <mrstack/suballoc/binning_memory_resource.hpp>
 #include <mrstack/suballoc/fixed_size_memory_resource.hpp>
 #include <mrstack/upstream/simulated_memory_resource.hpp>
 
 #include <atomic>
+#include <cstdlib>
+#include <new>
 #include <thread>
 #include <vector>
 
@@ -15,7 +18,40 @@ using namespace mrstack;
 
 namespace {
 constexpr std::size_t KiB = 1024;
+
+// Host allocations of at least this many bytes fail on the thread that sets it (0: none
+// fail): how a test makes a table's growth run out of host memory.
+thread_local std::size_t fail_host_allocations_from = 0;
+
+void* host_allocate(std::size_t n) {
+  if (fail_host_allocations_from != 0 && n >= fail_host_allocations_from) { throw std::bad_alloc{}; }
+  if (void* p = std::malloc(n == 0 ? 1 : n)) { return p; }
+  throw std::bad_alloc{};
+}
+
+/// Hands out made-up, 256-aligned addresses (never touched) and takes them back: no host
+/// memory of its own, so the only host allocations in a call are the layers' above it.
+class made_up_addresses final : public memory_resource {
+  std::atomic<std::uintptr_t> next_{std::uintptr_t{1} << 40};
+  void* do_allocate(std::size_t bytes, std::size_t, stream_view) override {
+    return reinterpret_cast<void*>(next_.fetch_add((bytes + 255) / 256 * 256 + 256));
+  }
+  void do_deallocate(void*, std::size_t, std::size_t, stream_view) override {}
+  std::string do_name() const override { return "made_up"; }
+};
 }  // namespace
+
+// AddressSanitizer keeps operator new of its own (it reports memory from it freed here as
+// a mismatch): under it, host allocations cannot be made to fail and that case is skipped.
+#if !defined(__SANITIZE_ADDRESS__)
+#define REVIEW_HOST_ALLOCATIONS_CAN_FAIL 1
+void* operator new(std::size_t n) { return host_allocate(n); }
+void* operator new[](std::size_t n) { return host_allocate(n); }
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete[](void* p) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t) noexcept { std::free(p); }
+void operator delete[](void* p, std::size_t) noexcept { std::free(p); }
+#endif
 
 TEST_CASE("review: cached_blocks() while threads come and go reads no cache list being changed") {
   // cached_blocks() walked the list of caches with no lock while threads that started
@@ -45,4 +81,29 @@ TEST_CASE("review: cached_blocks() while threads come and go reads no cache list
   CHECK(sane.load());
   CHECK(mr.cached_blocks() == 0);  // every worker exited: every cache went back
   CHECK(mr.free_blocks() == mr.total_blocks());
+}
+
+TEST_CASE("review: a tracking table that cannot grow keeps every record it had") {
+  // pointer_map::grow moved its slots out before allocating the bigger array: when that
+  // allocation failed, the old slots were freed with the exception and the table was left
+  // null with its old capacity. The records of everything outstanding were gone (their
+  // frees refused as never handed out) and the next lookup dereferenced null.
+#if !defined(REVIEW_HOST_ALLOCATIONS_CAN_FAIL)
+  WARN("skipped: under AddressSanitizer host allocations cannot be made to fail here");
+  (void)&host_allocate;
+  return;
+#endif
+  tracking_resource_adaptor tr{std::make_shared<made_up_addresses>()};
+  std::vector<void*> live;
+  // One thread, one shard: its table starts at 64 slots and doubles at 33 records.
+  for (int i = 0; i < 32; ++i) { live.push_back(tr.allocate(256)); }
+  fail_host_allocations_from = 4096;  // the 128-slot array; nothing else on this path is that big
+  CHECK_THROWS_AS(tr.allocate(256), std::bad_alloc);
+  fail_host_allocations_from = 0;
+  CHECK(tr.outstanding_count() == 32);
+  CHECK(tr.outstanding().size() == 32);
+  for (void* p : live) { CHECK_NOTHROW(tr.deallocate(p, 256)); }
+  CHECK(tr.outstanding_count() == 0);
+  void* again = tr.allocate(256);  // and the table still grows when it can
+  tr.deallocate(again, 256);
 }

@@ -98,9 +98,11 @@ class pointer_map {
 
   void grow() {
     std::size_t const new_capacity = capacity_ == 0 ? 64 : capacity_ * 2;
-    auto old = std::move(slots_);
+    // The new array first: when it cannot be had, the exception leaves the table as it was
+    // (moving the slots out first lost every entry and left a null table behind).
+    auto bigger = std::make_unique<slot[]>(new_capacity);  // value-initialized: every key 0
+    auto old = std::exchange(slots_, std::move(bigger));
     std::size_t const old_capacity = capacity_;
-    slots_ = std::make_unique<slot[]>(new_capacity);  // value-initialized: every key 0
     capacity_ = new_capacity;
     size_ = 0;
     for (std::size_t i = 0; i < old_capacity; ++i) {
