@@ -6,6 +6,7 @@
 #include <mrstack/adaptor/tracking_resource_adaptor.hpp>
 #include <mrstack/suballoc/binning_memory_resource.hpp>
 #include <mrstack/suballoc/fixed_size_memory_resource.hpp>
+#include <mrstack/suballoc/pool_memory_resource.hpp>
 #include <mrstack/upstream/simulated_memory_resource.hpp>
 
 #include <atomic>
@@ -106,4 +107,25 @@ TEST_CASE("review: a tracking table that cannot grow keeps every record it had")
   CHECK(tr.outstanding_count() == 0);
   void* again = tr.allocate(256);  // and the table still grows when it can
   tr.deallocate(again, 256);
+}
+
+TEST_CASE("review: binning counts its upstream's free bytes once when a layer over it is the large resource") {
+  // A pool as the large resource (what the docs advise) reports its own free bytes plus
+  // its upstream's; binning added the upstream's free bytes again on top.
+  auto sim = std::make_shared<simulated_memory_resource>();
+  auto up = std::make_shared<pool_memory_resource>(sim, 8 * KiB * KiB);  // holds free bytes of its own
+  auto large = std::make_shared<pool_memory_resource>(up, 4 * KiB * KiB);
+  binning_memory_resource bin{up, 256, 4096, large};
+  void* small = bin.allocate(300);
+  void* big = bin.allocate(64 * KiB);
+  std::size_t bins = 0;
+  for (auto const& b : bin.bins()) { bins += dynamic_cast<fixed_size_memory_resource&>(*b.resource).free_bytes(); }
+  REQUIRE(up->free_bytes_held() > 0);
+  CHECK(bin.free_bytes_held() == bins + large->free_bytes_held());  // large's figure includes up's
+  // A custom bin over the upstream too: still counted once.
+  bin.add_bin(8192, std::make_shared<pool_memory_resource>(up, 2 * KiB * KiB));
+  auto const& custom = *bin.bins().back().resource;
+  CHECK(bin.free_bytes_held() == bins + large->free_bytes_held() + custom.free_bytes_held() - up->free_bytes_held());
+  bin.deallocate(big, 64 * KiB);
+  bin.deallocate(small, 300);
 }

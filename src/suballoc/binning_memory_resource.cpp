@@ -129,8 +129,23 @@ void binning_memory_resource::rebuild_index() {
   }
 }
 
+namespace {
+/// Whether `below` is `r` or a layer under it: then r's free_bytes_held() includes below's.
+bool stacks_on(memory_resource const* r, memory_resource const* below) noexcept {
+  for (; r != nullptr; r = r->upstream()) {
+    if (r == below) { return true; }
+  }
+  return false;
+}
+}  // namespace
+
 std::size_t binning_memory_resource::do_free_bytes_held() const noexcept {
   std::size_t held = 0;
+  std::size_t includes_upstream = 0;  // how many of the figures added include the upstream's
+  auto add_layer = [&](memory_resource const* r) {
+    held += r->free_bytes_held();
+    if (stacks_on(r, upstream_.get())) { ++includes_upstream; }
+  };
   for (auto const& b : bins_) {
     if (auto const* fixed = dynamic_cast<fixed_size_memory_resource const*>(b.resource.get())) {
       try {
@@ -138,11 +153,17 @@ std::size_t binning_memory_resource::do_free_bytes_held() const noexcept {
       } catch (...) {
       }
     } else if (b.resource.get() != upstream_.get()) {
-      held += b.resource->free_bytes_held();
+      add_layer(b.resource.get());
     }
   }
-  if (large_ != upstream_.get()) { held += large_->free_bytes_held(); }
-  return held + upstream_->free_bytes_held();
+  if (large_ != upstream_.get()) { add_layer(large_); }
+  // A layer over the upstream (a pool as the large resource, the usual setup) counts the
+  // upstream's free bytes in its own figure: the upstream is counted once, not once more
+  // for each such layer plus once here.
+  std::size_t const upstream_free = upstream_->free_bytes_held();
+  if (includes_upstream == 0) { return held + upstream_free; }
+  std::size_t const extra = (includes_upstream - 1) * upstream_free;
+  return held > extra ? held - extra : 0;  // figures read one after another may disagree
 }
 
 void binning_memory_resource::do_release() {
