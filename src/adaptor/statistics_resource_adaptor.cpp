@@ -37,34 +37,51 @@ void statistics_resource_adaptor::count_up(std::int64_t n, std::int64_t k, bool 
 }
 
 void statistics_resource_adaptor::count_up_slow(shard& s, std::int64_t n, std::int64_t k, bool with_total) {
-  std::lock_guard global{mutex_};
-  std::lock_guard lock{s.mutex};
-  ++refills_;
   std::int64_t const need[2] = {n, k};
+  std::lock_guard global{mutex_};
+  ++refills_;
+  {
+    std::lock_guard lock{s.mutex};
+    if (refill_locked(s, need, false)) {
+      charge_locked(s, need, with_total);
+      return;
+    }
+  }
+  // Still short after taking the shards one at a time. A shard taken early may have had
+  // credit back since (a free after the pass went by), and raising the peak past that
+  // credit would make a peak no order of the calls reaches. So the peak rises only on one
+  // state of every shard: all their locks at once.
+  all_shards_lock all{shards_.get()};
+  refill_locked(s, need, true);
+  charge_locked(s, need, with_total);
+}
+
+bool statistics_resource_adaptor::refill_locked(shard& s, std::int64_t const (&need)[2], bool every_shard_held) {
   counter* const top[2] = {&frames_.back().bytes, &frames_.back().allocations};
   for (int q = 0; q < 2; ++q) {
     if (s.credit[q] >= need[q]) { continue; }
     std::int64_t const want = need[q] - s.credit[q];
-    // Other shards' credit into the pool, shard by shard, until it is enough. Taking only
-    // what is needed matters: emptying every shard would send each of their threads here
-    // on its next allocation. Even so, a shard that gives its credit leaves its thread
-    // short at its next allocation, to take another's in turn: near a tight peak the
-    // shortage passes from thread to thread (`refills()` counts it), and exactness
-    // forbids raising the peak while credit is left anywhere. Taking other shards' spare
-    // credit first (beyond their thread's last allocation) did not help at 16 threads on
-    // an H200 host: every shard held just its own need. When every shard was taken and
-    // the pool is still short, pool + this credit is exactly peak - current.
-    for (std::size_t i = 0; i < detail::counter_shards && pool_[q] < want; ++i) {
-      shard& t = shards_[i];
-      if (&t == &s) { continue; }
-      std::lock_guard other{t.mutex};
-      for (int r = 0; r < 2; ++r) {
-        pool_[r] = saturating_add(pool_[r], t.credit[r]);
-        t.credit[r] = 0;
-      }
-    }
+    // Other shards' credit into the pool until it is enough. Taking only what is needed
+    // matters: emptying every shard would send each of their threads here on its next
+    // allocation. Even so, a shard that gives its credit leaves its thread short at its
+    // next allocation, to take another's in turn: near a tight peak the shortage passes
+    // from thread to thread (`refills()` counts it), and exactness forbids raising the
+    // peak while credit is left anywhere. Taking other shards' spare credit first (beyond
+    // their thread's last allocation) did not help at 16 threads on an H200 host: every
+    // shard held just its own need.
+    detail::take_other_shards(
+        shards_.get(), s, every_shard_held,
+        [&](shard& t) {
+          for (int r = 0; r < 2; ++r) {
+            pool_[r] = saturating_add(pool_[r], t.credit[r]);
+            t.credit[r] = 0;
+          }
+        },
+        [&] { return pool_[q] >= want; });
     if (pool_[q] < want) {
-      // No headroom left anywhere: this allocation makes a new peak, by exactly the excess.
+      if (!every_shard_held) { return false; }
+      // Every shard taken in one state: pool + this credit is exactly peak - current, and
+      // this allocation makes a new peak, by exactly the excess.
       top[q]->peak = saturating_add(top[q]->peak, want - pool_[q]);
       pool_[q] = want;
     }
@@ -74,6 +91,10 @@ void statistics_resource_adaptor::count_up_slow(shard& s, std::int64_t n, std::i
     pool_[q] -= move;
     s.credit[q] = saturating_add(s.credit[q], move);
   }
+  return true;
+}
+
+void statistics_resource_adaptor::charge_locked(shard& s, std::int64_t const (&need)[2], bool with_total) {
   for (int q = 0; q < 2; ++q) {
     s.credit[q] -= need[q];
     s.delta[q] = saturating_add(s.delta[q], need[q]);

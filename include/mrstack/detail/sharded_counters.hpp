@@ -100,6 +100,31 @@ inline std::int64_t to_count(std::size_t n) noexcept {
                                                                                  : static_cast<std::int64_t>(n);
 }
 
+/// For tests: when set, a pass that takes other shards' credit one shard at a time calls it
+/// with each index it has passed (that shard's lock let go), so a test can make calls land
+/// on a shard already passed. One relaxed load a shard, on the refill path only.
+inline std::atomic<void (*)(std::size_t)> shard_passed_hook{nullptr};
+
+/// Takes other shards' credit (`take(shard&)`), in index order, until `enough()`: each
+/// shard's lock held only while it is taken, or, with `every_shard_held`, no lock taken
+/// (the caller holds them all: what it takes is then one state of every shard).
+template <typename Shard, typename Take, typename Enough>
+void take_other_shards(Shard* shards, Shard const& own, bool every_shard_held, Take take, Enough enough) {
+  for (std::size_t i = 0; i < counter_shards && !enough(); ++i) {
+    Shard& t = shards[i];
+    if (&t == &own) { continue; }
+    if (every_shard_held) {
+      take(t);
+      continue;
+    }
+    {
+      std::lock_guard lock{t.mutex};
+      take(t);
+    }
+    if (auto* hook = shard_passed_hook.load(std::memory_order_relaxed)) { hook(i); }
+  }
+}
+
 /// Holds every shard's lock (`Shard` has a `mutex` member) for a scope, taken in index
 /// order. Callers hold their adaptor's global lock first, so two of these never interleave.
 template <typename Shard>
