@@ -239,13 +239,17 @@ void fixed_size_memory_resource::spill_and_free(void* ptr, std::size_t bytes, de
   }
   thread_cache& c = *cache;
   std::lock_guard cache_lock{c.lock};
+  bool const other_stream = c.count != 0 && c.stream.key != s.key;
+  bool const full = c.count >= cache_capacity_;
+  // Room for the spill first (a bad_alloc here changes nothing): once the block is
+  // checked and marked free, nothing may fail before it is stored.
+  if (other_stream || full) { blocks_.reserve_free(c.stream, c.count); }
   detail::block_state* state = nullptr;
   auto const result = blocks_.check_free(reinterpret_cast<std::uintptr_t>(ptr), state);
   if (result != detail::fixed_size_blocks::free_result::freed) { reject_free(ptr, bytes, result); }
-  // Checked and marked free: from here nothing may fail before the block is stored.
-  if (c.count != 0 && c.stream.key != s.key) {
+  if (other_stream) {
     spill(c, 0, &s);
-  } else if (c.count >= cache_capacity_) {
+  } else if (full) {
     spill(c, cache_capacity_ / 2, &s);
   }
   c.stream = s;
@@ -261,9 +265,23 @@ void fixed_size_memory_resource::spill(thread_cache& c, std::size_t keep, detail
   // synchronization (the eager rule's fallback).
   bool const is_named = named != nullptr && named->key == c.stream.key;
   std::size_t const move = c.count - std::min(keep, c.count);
-  for (std::size_t i = 0; i < move; ++i) { blocks_.push_free(c.blocks[i], c.stream, is_named); }
-  std::copy(c.blocks.get() + move, c.blocks.get() + c.count, c.blocks.get());
-  c.count -= move;
+  // A block must never be in both the cache and the shared stacks (it would be handed out
+  // twice): room first, so no push fails half way for want of host memory; a push that
+  // still throws (a failed record) has put its block in the stacks already.
+  blocks_.reserve_free(c.stream, move);
+  std::size_t moved = 0;
+  try {
+    for (; moved < move; ++moved) { blocks_.push_free(c.blocks[moved], c.stream, is_named); }
+  } catch (...) {
+    drop_oldest(c, moved + 1);
+    throw;
+  }
+  drop_oldest(c, move);
+}
+
+void fixed_size_memory_resource::drop_oldest(thread_cache& c, std::size_t n) noexcept {
+  std::copy(c.blocks.get() + n, c.blocks.get() + c.count, c.blocks.get());
+  c.count -= n;
 }
 
 bool fixed_size_memory_resource::take_back_caches(detail::stream_ref const* named) {

@@ -192,6 +192,12 @@ class fixed_size_blocks {
       owners_.mark_freed_unrecorded(o);
     }
   }
+  /// Room for `count` more blocks freed on `s` (and its owner slot), so that as many
+  /// `push_free` calls for `s` cannot fail for want of host memory.
+  void reserve_free(stream_ref const& s, std::size_t count) {
+    auto& stack = stacks_[owner_of(s)];
+    if (stack.capacity() - stack.size() < count) { stack.reserve(std::max(stack.size() + count, 2 * stack.capacity())); }
+  }
   /// Registers stream `s` (its owner slot), as any call with it would.
   void note_stream(stream_ref const& s) { (void)owner_of(s); }
   /// True once a second stream is in use: created streams record at every free.

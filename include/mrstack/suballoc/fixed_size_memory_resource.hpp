@@ -143,6 +143,8 @@ class fixed_size_memory_resource final : public memory_resource, private detail:
   /// Moves all but `keep` of `c`'s blocks to the shared stacks; `named`: the stream the
   /// current call names (null: none), the only created stream that may be recorded on.
   void spill(thread_cache& c, std::size_t keep, detail::stream_ref const* named);
+  /// Takes the `n` oldest blocks out of `c` (they went to the shared stacks).
+  static void drop_oldest(thread_cache& c, std::size_t n) noexcept;
   bool take_back_caches(detail::stream_ref const* named = nullptr);
   void thread_exiting(void* cache) noexcept override;
 
