@@ -6,11 +6,14 @@ function(mrstack_set_warnings target)
     $<$<BOOL:${MRSTACK_WARNINGS_AS_ERRORS}>:-Werror>)
 endfunction()
 
-# Sanitizers chosen by MRSTACK_SANITIZE (a list: address;undefined or thread).
+# Sanitizers chosen by MRSTACK_SANITIZE (a list: address;undefined or thread). The standard
+# library's own checks come with them (_GLIBCXX_ASSERTIONS: bounds of operator[], ordered
+# bounds of std::clamp, ...), which catch misuse that is undefined without a crash.
 function(mrstack_set_sanitizers target)
   if(MRSTACK_SANITIZE)
     list(JOIN MRSTACK_SANITIZE "," _san)
-    target_compile_options(${target} PRIVATE -fsanitize=${_san} -fno-omit-frame-pointer -fno-sanitize-recover=all)
+    target_compile_options(${target} PRIVATE -fsanitize=${_san} -fno-omit-frame-pointer -fno-sanitize-recover=all
+                                             -D_GLIBCXX_ASSERTIONS)
     target_link_options(${target} PUBLIC -fsanitize=${_san})
   endif()
 endfunction()

@@ -335,3 +335,21 @@ TEST_CASE("pool shards: a slab on its way back to the global blocks cannot be fr
   CHECK(mr.used_bytes() == 0);
   CHECK(mr.check_invariants() == "");
 }
+
+TEST_CASE("pool shards: a slab is at most 64 MiB even when minimum_growth asks for more") {
+  // The slab size is clamped between minimum_growth and the cap; a minimum above the cap
+  // gave std::clamp unordered bounds (undefined; the minimum came out, 128 MiB a slab).
+  auto sim = std::make_shared<simulated_memory_resource>();
+  pool_options options;
+  options.shard_after_contentions = 0;
+  options.minimum_growth = 128 * MiB;
+  pool_memory_resource mr{sim, 0, std::nullopt, options};
+  void* first = mr.allocate(4 * KiB);
+  void* p = nullptr;
+  on_another_thread([&] { p = mr.allocate(4 * KiB, stream_view::per_thread()); });
+  CHECK(mr.stats().thread_shards == 1);
+  CHECK(mr.stats().slab_bytes == 64 * MiB);
+  mr.deallocate(p, 4 * KiB);
+  mr.deallocate(first, 4 * KiB);
+  CHECK(mr.check_invariants() == "");
+}

@@ -78,9 +78,10 @@ void* pool_memory_resource::refill_and_allocate(detail::pool_shard& shard, std::
   // chunks that could not hold them.
   std::size_t const needed = detail::align_up(size + (alignment - granularity), slab_alignment);
   std::size_t const held = shard.core.blocks().total_bytes();
-  std::size_t const slab =
-      std::max(needed, std::clamp(detail::align_down(held / options_.growth_divisor, slab_alignment),
-                                  detail::align_up(options_.minimum_growth, slab_alignment), max_slab_growth));
+  // The cap wins over a minimum_growth above it (std::clamp's bounds must be ordered).
+  std::size_t const least = std::min(detail::align_up(options_.minimum_growth, slab_alignment), max_slab_growth);
+  std::size_t const slab = std::max(
+      needed, std::clamp(detail::align_down(held / options_.growth_divisor, slab_alignment), least, max_slab_growth));
   std::uintptr_t base = take_slab(slab, s, &shard, index);
   std::size_t taken = slab;
   if (base == 0 && slab > needed) {
@@ -232,6 +233,7 @@ std::vector<detail::slab_return> pool_memory_resource::collect_free_slabs(detail
     if (info.live_blocks == 0) { free_slabs.push_back(c); }
   });
   std::vector<detail::slab_return> slabs;
+  slabs.reserve(free_slabs.size());  // no allocation between a slab's removal and its return
   for (detail::chunk_id c : free_slabs) {
     detail::stream_ref stream{};
     if (may_synchronize) {
