@@ -39,35 +39,24 @@ void limiting_resource_adaptor::charge(std::size_t bytes, std::size_t amount) {
     }
   }
   std::lock_guard global{mutex_};
-  {
-    std::lock_guard lock{s.mutex};
-    if (refill_locked(s, amount, false)) { return; }
-  }
-  // Still short after taking the shards one at a time. A shard taken early may have had
-  // credit back since (a free after the pass went by), so refusing now could refuse with
-  // that much unused. Refuse only on one state of every shard: all their locks at once.
-  detail::all_shards_lock all{shards_.get()};
-  if (!refill_locked(s, amount, true)) { refuse(bytes, amount, limit_ - pool_ - s.credit); }
-}
-
-bool limiting_resource_adaptor::refill_locked(shard& s, std::size_t amount, bool every_shard_held) {
+  std::lock_guard lock{s.mutex};
   std::size_t const want = amount - std::min(amount, s.credit);
-  // Other shards' credit into the pool until it is enough (emptying all of them would send
-  // each of their threads here next). Still short with every shard held and taken: pool +
-  // this credit is then exactly limit - used.
-  detail::take_other_shards(
-      shards_.get(), s, every_shard_held,
+  // Other shards' credit into the pool, shard by shard, until it is enough (emptying all of
+  // them would send each of their threads here next).
+  detail::shard_pass pass{shards_.get(), s};
+  pass.take_until(
       [&](shard& t) {
         pool_ += t.credit;
         t.credit = 0;
       },
       [&] { return pool_ >= want; });
-  if (pool_ < want) { return false; }
+  // Still short, every other shard taken and still held: pool + this credit is exactly
+  // limit - used, and the request is refused.
+  if (pool_ < want) { refuse(bytes, amount, limit_ - pool_ - s.credit); }
   std::size_t const move = want + (pool_ - want) / 2;  // and half of what is left, for the next calls
   pool_ -= move;
   s.credit += move;
   s.credit -= amount;
-  return true;
 }
 
 void limiting_resource_adaptor::uncharge(std::size_t amount) noexcept {

@@ -37,40 +37,24 @@ void statistics_resource_adaptor::count_up(std::int64_t n, std::int64_t k, bool 
 }
 
 void statistics_resource_adaptor::count_up_slow(shard& s, std::int64_t n, std::int64_t k, bool with_total) {
-  std::int64_t const need[2] = {n, k};
   std::lock_guard global{mutex_};
+  std::lock_guard lock{s.mutex};
   ++refills_;
-  {
-    std::lock_guard lock{s.mutex};
-    if (refill_locked(s, need, false)) {
-      charge_locked(s, need, with_total);
-      return;
-    }
-  }
-  // Still short after taking the shards one at a time. A shard taken early may have had
-  // credit back since (a free after the pass went by), and raising the peak past that
-  // credit would make a peak no order of the calls reaches. So the peak rises only on one
-  // state of every shard: all their locks at once.
-  all_shards_lock all{shards_.get()};
-  refill_locked(s, need, true);
-  charge_locked(s, need, with_total);
-}
-
-bool statistics_resource_adaptor::refill_locked(shard& s, std::int64_t const (&need)[2], bool every_shard_held) {
+  std::int64_t const need[2] = {n, k};
   counter* const top[2] = {&frames_.back().bytes, &frames_.back().allocations};
+  // Other shards' credit into the pool, shard by shard, each kept locked until this refill
+  // is done (detail::shard_pass), until it is enough. Taking only what is needed matters:
+  // emptying every shard would send each of their threads here on its next allocation.
+  // Even so, a shard that gives its credit leaves its thread short at its next allocation,
+  // to take another's in turn: near a tight peak the shortage passes from thread to thread
+  // (`refills()` counts it), and exactness forbids raising the peak while credit is left
+  // anywhere. Taking other shards' spare credit first (beyond their thread's last
+  // allocation) did not help at 16 threads on an H200 host: every shard held just its own need.
+  detail::shard_pass pass{shards_.get(), s};
   for (int q = 0; q < 2; ++q) {
     if (s.credit[q] >= need[q]) { continue; }
     std::int64_t const want = need[q] - s.credit[q];
-    // Other shards' credit into the pool until it is enough. Taking only what is needed
-    // matters: emptying every shard would send each of their threads here on its next
-    // allocation. Even so, a shard that gives its credit leaves its thread short at its
-    // next allocation, to take another's in turn: near a tight peak the shortage passes
-    // from thread to thread (`refills()` counts it), and exactness forbids raising the
-    // peak while credit is left anywhere. Taking other shards' spare credit first (beyond
-    // their thread's last allocation) did not help at 16 threads on an H200 host: every
-    // shard held just its own need.
-    detail::take_other_shards(
-        shards_.get(), s, every_shard_held,
+    pass.take_until(
         [&](shard& t) {
           for (int r = 0; r < 2; ++r) {
             pool_[r] = saturating_add(pool_[r], t.credit[r]);
@@ -79,9 +63,8 @@ bool statistics_resource_adaptor::refill_locked(shard& s, std::int64_t const (&n
         },
         [&] { return pool_[q] >= want; });
     if (pool_[q] < want) {
-      if (!every_shard_held) { return false; }
-      // Every shard taken in one state: pool + this credit is exactly peak - current, and
-      // this allocation makes a new peak, by exactly the excess.
+      // Every other shard taken and still held: pool + this credit is exactly peak -
+      // current, and this allocation makes a new peak, by exactly the excess.
       top[q]->peak = saturating_add(top[q]->peak, want - pool_[q]);
       pool_[q] = want;
     }
@@ -91,10 +74,6 @@ bool statistics_resource_adaptor::refill_locked(shard& s, std::int64_t const (&n
     pool_[q] -= move;
     s.credit[q] = saturating_add(s.credit[q], move);
   }
-  return true;
-}
-
-void statistics_resource_adaptor::charge_locked(shard& s, std::int64_t const (&need)[2], bool with_total) {
   for (int q = 0; q < 2; ++q) {
     s.credit[q] -= need[q];
     s.delta[q] = saturating_add(s.delta[q], need[q]);

@@ -16,9 +16,9 @@
 /// credit when that covers it — no shared write; otherwise it takes the global lock and
 /// refills from the pool (taking what it needs and half of what is left), and when the
 /// pool is short first moves other shards' credit into it, shard by shard, until it is
-/// enough. Still short, it takes every shard's lock at once and tries again (a shard
-/// passed early may have had credit back since); only when every shard was taken in that
-/// one state, with pool + credit exactly limit − used, is a request refused. A free gives its charge back
+/// enough, keeping each shard it took locked until it is done (so none gets credit back
+/// behind it). Only when every shard was taken, with pool + credit exactly limit − used,
+/// is a request refused. A free gives its charge back
 /// to its shard's credit. So the charges outstanding never exceed the limit — not even
 /// for an instant, since a charge is taken before the upstream is called — and a
 /// request is refused only when the serial order of the calls (the order they took the
@@ -72,10 +72,6 @@ class limiting_resource_adaptor final : public memory_resource {
   };
 
   void charge(std::size_t bytes, std::size_t amount);
-  /// With `mutex_` and s's lock (or, with `every_shard_held`, every shard's) held: refills
-  /// s from the pool and other shards' credit and charges `amount`; false, with nothing
-  /// charged, when they do not cover it.
-  bool refill_locked(shard& s, std::size_t amount, bool every_shard_held);
   void uncharge(std::size_t amount) noexcept;
   void* do_allocate(std::size_t bytes, std::size_t alignment, stream_view stream) override;
   void do_deallocate(void* ptr, std::size_t bytes, std::size_t alignment, stream_view stream) override;

@@ -24,10 +24,9 @@
 /// credits. An allocation that fits in its shard's credit cannot make a new peak, so it
 /// touches only its shard. One that does not takes the global lock, refills its credit
 /// from the pool, and, if the pool is short, moves other shards' credit into it, shard by
-/// shard, until it is enough; still short, it takes every shard's lock at once and tries
-/// again (a shard passed early may have had credit back since). When every shard was taken
-/// in that one state, pool + credit is exactly peak − current, and when the allocation
-/// needs more, the peak
+/// shard, until it is enough, keeping each shard it took locked until it is done (so none
+/// gets credit back behind it); when every shard was taken, pool + credit is exactly
+/// peak − current, and when the allocation needs more, the peak
 /// rises by exactly the excess — the peak the calls would have reached taken one at a
 /// time in the order they took the locks. A free adds its bytes to its shard's credit.
 /// Reads, push and pop take the global lock and every shard's lock, so they see one
@@ -119,12 +118,6 @@ class statistics_resource_adaptor final : public memory_resource {
   /// Counts `n` bytes and `k` allocations as outstanding (and, with `with_total`, in the totals).
   void count_up(std::int64_t n, std::int64_t k, bool with_total);
   void count_up_slow(shard& s, std::int64_t n, std::int64_t k, bool with_total);
-  /// With `mutex_` and s's lock (or, with `every_shard_held`, every shard's) held: gives s
-  /// the credit `need` (bytes, allocations) lacks, from the pool and other shards' credit.
-  /// Short of it: with every shard held the peak rises by the excess; otherwise false.
-  bool refill_locked(shard& s, std::int64_t const (&need)[2], bool every_shard_held);
-  /// Spends s's credit on `need` and counts it as outstanding (and in the totals).
-  static void charge_locked(shard& s, std::int64_t const (&need)[2], bool with_total);
   void count_down(std::int64_t n, std::int64_t k) noexcept;
   /// With `mutex_` and every shard lock held: merges every shard into the innermost frame;
   /// `take_credits` also moves their credits into the pool.

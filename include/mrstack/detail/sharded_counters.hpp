@@ -100,30 +100,49 @@ inline std::int64_t to_count(std::size_t n) noexcept {
                                                                                  : static_cast<std::int64_t>(n);
 }
 
-/// For tests: when set, a pass that takes other shards' credit one shard at a time calls it
-/// with each index it has passed (that shard's lock let go), so a test can make calls land
-/// on a shard already passed. One relaxed load a shard, on the refill path only.
+/// For tests: when set, a refill's pass calls it with each shard index it has taken (that
+/// shard's lock still held), so a test can make other threads call while the pass runs.
+/// One relaxed load a shard, on the refill path only.
 inline std::atomic<void (*)(std::size_t)> shard_passed_hook{nullptr};
 
-/// Takes other shards' credit (`take(shard&)`), in index order, until `enough()`: each
-/// shard's lock held only while it is taken, or, with `every_shard_held`, no lock taken
-/// (the caller holds them all: what it takes is then one state of every shard).
-template <typename Shard, typename Take, typename Enough>
-void take_other_shards(Shard* shards, Shard const& own, bool every_shard_held, Take take, Enough enough) {
-  for (std::size_t i = 0; i < counter_shards && !enough(); ++i) {
-    Shard& t = shards[i];
-    if (&t == &own) { continue; }
-    if (every_shard_held) {
-      take(t);
-      continue;
+/// A refill's pass over the other shards, in index order: it takes each one's credit and
+/// keeps that shard's lock until the pass ends, so a shard already taken cannot get credit
+/// back (a free there waits). Once every shard was passed, what the caller sees is one
+/// state of all of them: it may then refuse a request or raise a peak exactly. (A pass
+/// that let each lock go after taking it missed frees behind it: `limiting` refused with
+/// that much of the limit unused, `statistics` raised its peak past any order of the
+/// calls; tests/adaptor_sharded_passes.cpp.) Callers hold their adaptor's global lock, so
+/// two passes, or a pass and a reader taking every lock, never interleave, and their own
+/// shard's lock, which the pass skips.
+template <typename Shard>
+class shard_pass {
+ public:
+  shard_pass(Shard* shards, Shard const& own) noexcept : shards_{shards}, own_{&own} {}
+  ~shard_pass() {
+    for (std::size_t i = next_; i-- > 0;) {
+      if (&shards_[i] != own_) { shards_[i].mutex.unlock(); }
     }
-    {
-      std::lock_guard lock{t.mutex};
-      take(t);
-    }
-    if (auto* hook = shard_passed_hook.load(std::memory_order_relaxed)) { hook(i); }
   }
-}
+  shard_pass(shard_pass const&) = delete;
+  shard_pass& operator=(shard_pass const&) = delete;
+
+  /// Takes the next shards' credit (`take(shard&)`) until `enough()` or none is left.
+  template <typename Take, typename Enough>
+  void take_until(Take take, Enough enough) {
+    for (; next_ < counter_shards && !enough(); ++next_) {
+      Shard& t = shards_[next_];
+      if (&t == own_) { continue; }
+      t.mutex.lock();
+      take(t);
+      if (auto* hook = shard_passed_hook.load(std::memory_order_relaxed)) { hook(next_); }
+    }
+  }
+
+ private:
+  Shard* shards_;
+  Shard const* own_;
+  std::size_t next_ = 0;  // shards below it are taken and locked (but the caller's own)
+};
 
 /// Holds every shard's lock (`Shard` has a `mutex` member) for a scope, taken in index
 /// order. Callers hold their adaptor's global lock first, so two of these never interleave.
