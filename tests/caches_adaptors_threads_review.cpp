@@ -9,9 +9,12 @@
 #include <mrstack/suballoc/pool_memory_resource.hpp>
 #include <mrstack/upstream/simulated_memory_resource.hpp>
 
+#include <fake_stream_sync.hpp>
+
 #include <atomic>
 #include <cstdlib>
 #include <new>
+#include <stdexcept>
 #include <set>
 #include <thread>
 #include <vector>
@@ -162,4 +165,64 @@ TEST_CASE("review: a cache's spill that runs out of host memory leaves no block 
   CHECK(handed_out.size() == capacity + 1);  // no block twice
   for (void* p : handed_out) { mr.deallocate(p, 256, stream_view::per_thread()); }
   CHECK(mr.free_blocks() == mr.total_blocks());  // cached ones included, each once
+}
+
+namespace {
+/// The fake events, but creating one fails while `fail_creates` is set (as a
+/// cudaEventCreate that runs out of resources throws).
+class failing_create_sync final : public detail::stream_sync {
+ public:
+  std::shared_ptr<test::fake_stream_sync> inner = std::make_shared<test::fake_stream_sync>();
+  std::atomic<bool> fail_creates{false};
+  handle create_event() override {
+    if (fail_creates.load()) { throw std::runtime_error("no events left"); }
+    return inner->create_event();
+  }
+  void destroy_event(handle e) noexcept override { inner->destroy_event(e); }
+  bool record(handle e, handle s) override { return inner->record(e, s); }
+  void wait(handle s, handle e) override { inner->wait(s, e); }
+  void synchronize(handle s) override { inner->synchronize(s); }
+  void synchronize_all() override { inner->synchronize_all(); }
+  bool idle(handle s) override { return inner->idle(s); }
+  bool capturing(handle s) override { return inner->capturing(s); }
+};
+}  // namespace
+
+TEST_CASE("review: a full cache's spill whose record fails leaves the freed block unchanged") {
+  // spill_and_free checked the block and marked it free before the spill, which can still
+  // throw (its stream's first record, asked for by another thread, creates an event): the
+  // block was then marked free but kept nowhere, lost for good, and freeing it again was
+  // refused as a double free.
+  auto sync = std::make_shared<failing_create_sync>();
+  fixed_size_memory_resource mr{std::make_shared<simulated_memory_resource>(), 256, 256, sync};
+  void* first = nullptr;  // kept: no other stream holds free blocks
+  std::thread{[&] { first = mr.allocate(256); }}.join();  // a second thread: caches on
+  std::size_t const capacity = mr.thread_cache_blocks();
+  REQUIRE(capacity == 64);
+  std::vector<void*> mine;
+  for (std::size_t i = 0; i < 3 * capacity; ++i) { mine.push_back(mr.allocate(256, stream_view::per_thread())); }
+  // A full cache and one more: the oldest half goes to this stream's shared stack.
+  for (std::size_t i = 0; i <= capacity; ++i) { mr.deallocate(mine[i], 256, stream_view::per_thread()); }
+  // Another thread takes this thread's stack over: it asks this thread to record from now on.
+  std::thread{[&] {
+    std::vector<void*> theirs;
+    for (int i = 0; i < 64; ++i) { theirs.push_back(mr.allocate(256, stream_view::per_thread())); }
+    for (void* p : theirs) { mr.deallocate(p, 256, stream_view::per_thread()); }
+  }}.join();
+  std::size_t next = capacity + 1;
+  while (next < mine.size() && mr.cached_blocks() < capacity) { mr.deallocate(mine[next++], 256, stream_view::per_thread()); }
+  REQUIRE(next < mine.size());
+  sync->fail_creates = true;
+  bool threw = false;
+  try {
+    mr.deallocate(mine[next], 256, stream_view::per_thread());  // the cache is full: it spills, and records
+  } catch (std::runtime_error const&) {
+    threw = true;
+  }
+  sync->fail_creates = false;
+  CHECK(threw);  // else this case no longer reaches the failing record
+  if (threw) { CHECK_NOTHROW(mr.deallocate(mine[next], 256, stream_view::per_thread())); }  // still out: again
+  for (std::size_t i = next + 1; i < mine.size(); ++i) { mr.deallocate(mine[i], 256, stream_view::per_thread()); }
+  mr.deallocate(first, 256);
+  CHECK(mr.free_blocks() == mr.total_blocks());
 }

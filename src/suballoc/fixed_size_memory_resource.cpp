@@ -239,19 +239,19 @@ void fixed_size_memory_resource::spill_and_free(void* ptr, std::size_t bytes, de
   }
   thread_cache& c = *cache;
   std::lock_guard cache_lock{c.lock};
-  bool const other_stream = c.count != 0 && c.stream.key != s.key;
-  bool const full = c.count >= cache_capacity_;
-  // Room for the spill first (a bad_alloc here changes nothing): once the block is
-  // checked and marked free, nothing may fail before it is stored.
-  if (other_stream || full) { blocks_.reserve_free(c.stream, c.count); }
+  // The spill first: it can still fail (no host memory for the stacks, or a record its
+  // stream's thread was asked for, which may create an event), and it leaves the cache
+  // and the stacks consistent when it does. Once the block is checked and marked free,
+  // nothing may fail before it is stored (a failure after it lost the block for good,
+  // and its second free was refused as a double free).
+  if (c.count != 0 && c.stream.key != s.key) {
+    spill(c, 0, &s);
+  } else if (c.count >= cache_capacity_) {
+    spill(c, cache_capacity_ / 2, &s);
+  }
   detail::block_state* state = nullptr;
   auto const result = blocks_.check_free(reinterpret_cast<std::uintptr_t>(ptr), state);
   if (result != detail::fixed_size_blocks::free_result::freed) { reject_free(ptr, bytes, result); }
-  if (other_stream) {
-    spill(c, 0, &s);
-  } else if (full) {
-    spill(c, cache_capacity_ / 2, &s);
-  }
   c.stream = s;
   c.blocks[c.count++] = detail::free_block{reinterpret_cast<std::uintptr_t>(ptr), state};
 }
