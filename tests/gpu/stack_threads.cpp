@@ -89,8 +89,17 @@ TEST_CASE("gpu stack threads: control - an arena without events sees foreign byt
   arena_memory_resource arena{std::make_shared<cuda_memory_resource>(), 4096 * MiB, options};
   stream_worker_options workers;
   workers.cross_stream_frees = true;
-  auto const r = run_poisoned_stream_workers(arena, workers);
-  std::printf("control: checked %zu blocks, %zu with foreign bytes\n", r.blocks_checked, r.bad_blocks);
-  CHECK(r.errors == 0);
-  CHECK(r.bad_blocks > 0);
+  // The arena moves fewer blocks between streams unordered than the pool (a small block
+  // freed on another stream synchronizes that stream): 1 to 5 of 3,602 blocks showed
+  // poison in one round, so the control runs three.
+  std::size_t checked = 0;
+  std::size_t bad = 0;
+  for (int round = 0; round < 3; ++round) {
+    auto const r = run_poisoned_stream_workers(arena, workers);
+    CHECK(r.errors == 0);
+    checked += r.blocks_checked;
+    bad += r.bad_blocks;
+  }
+  std::printf("control: checked %zu blocks, %zu with foreign bytes\n", checked, bad);
+  CHECK(bad > 0);
 }
