@@ -129,12 +129,17 @@ class shard_pass {
   /// Takes the next shards' credit (`take(shard&)`) until `enough()` or none is left.
   template <typename Take, typename Enough>
   void take_until(Take take, Enough enough) {
-    for (; next_ < counter_shards && !enough(); ++next_) {
-      Shard& t = shards_[next_];
-      if (&t == own_) { continue; }
+    while (next_ < counter_shards && !enough()) {
+      std::size_t const i = next_;
+      Shard& t = shards_[i];
+      if (&t == own_) {
+        ++next_;
+        continue;
+      }
       t.mutex.lock();
+      ++next_;  // from here the destructor lets it go, whatever `take` or the hook does
       take(t);
-      if (auto* hook = shard_passed_hook.load(std::memory_order_relaxed)) { hook(next_); }
+      if (auto* hook = shard_passed_hook.load(std::memory_order_relaxed)) { hook(i); }
     }
   }
 
