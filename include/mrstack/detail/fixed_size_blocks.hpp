@@ -175,8 +175,7 @@ class fixed_size_blocks {
   free_result deallocate(std::uintptr_t block, stream_ref const& s) {
     // Room first: once the check has marked the block free, a push that failed for want
     // of host memory would lose it (and its second free be refused as a double free).
-    owner_id const o = owner_of(s);
-    if (stacks_[o].size() == stacks_[o].capacity()) { reserve_free(s, 1); }
+    reserve_free(s, 1);
     block_state* state = nullptr;
     free_result const r = check_free(block, state);
     if (r == free_result::freed) { push_free(free_block{block, state}, s); }
