@@ -513,6 +513,40 @@ std::size_t block_pool::live_size(std::uintptr_t address) const {
   return size_of(at(b));
 }
 
+std::uintptr_t block_pool::allocate_across(std::size_t size, std::size_t alignment, owner_id owner,
+                                           owner_id partner) {
+  if (owner == partner || partner >= indexes_.size() || !indexes_[partner] || alignment < granularity) { return 0; }
+  auto joins = [&](std::uint32_t n) {
+    return n != npos && at(n).state == state_free && (at(n).owner == owner || at(n).owner == partner);
+  };
+  std::size_t const needed = size + (alignment - granularity);  // room to align wherever the run starts
+  std::uint32_t found = npos;
+  for (auto const& list : indexes_[partner]->lists) {
+    for (free_entry const& e : list) {
+      std::size_t run = size_of(at(e.node));
+      bool with_owner = false;  // a run of the partner's blocks alone would have merged
+      for (std::uint32_t p = at(e.node).prev; joins(p); p = at(p).prev) {
+        run += size_of(at(p));
+        with_owner = with_owner || at(p).owner == owner;
+      }
+      for (std::uint32_t n = at(e.node).next; joins(n); n = at(n).next) {
+        run += size_of(at(n));
+        with_owner = with_owner || at(n).owner == owner;
+      }
+      if (with_owner && run >= needed) {
+        found = e.node;
+        break;
+      }
+    }
+    if (found != npos) { break; }
+  }
+  if (found == npos) { return 0; }
+  remove_free(found);
+  std::uint32_t const merged = coalesce(found, owner, partner);
+  insert_free(merged, at(merged).owner);
+  return allocate(size, alignment, owner);
+}
+
 // ---- owners ---------------------------------------------------------------------------------------
 
 void block_pool::transfer(owner_id from, owner_id to) {
@@ -543,6 +577,34 @@ void block_pool::synchronize_all_owners() {
       insert_free(merged, synchronized);
     }
   }
+}
+
+std::uint32_t block_pool::free_block_ending_at(std::uintptr_t end) const noexcept {
+  for (chunk_record const& r : chunks_) {
+    if (!r.in_use || end <= r.base || end > r.base + r.size) { continue; }
+    for (std::uint32_t b = r.last; b != npos; b = at(b).prev) {
+      std::uintptr_t const start = addr_of(at(b));
+      if (start + size_of(at(b)) == end) { return at(b).state == state_free ? b : npos; }
+      if (start < end) { return npos; }  // `end` falls inside this block
+    }
+  }
+  return npos;
+}
+
+std::optional<owner_id> block_pool::owner_of_free_block_ending_at(std::uintptr_t end) const {
+  std::uint32_t const b = free_block_ending_at(end);
+  if (b == npos) { return std::nullopt; }
+  return owner_id{at(b).owner};
+}
+
+void block_pool::transfer_free_block_ending_at(std::uintptr_t end, owner_id to) {
+  std::uint32_t const b = free_block_ending_at(end);
+  if (b == npos || at(b).owner == to) { return; }
+  owner_id const from = at(b).owner;
+  index_of(to);
+  remove_free(b);
+  std::uint32_t const merged = coalesce(b, to, from);
+  insert_free(merged, at(merged).owner);
 }
 
 std::size_t block_pool::free_bytes(owner_id owner) const noexcept {

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <mutex>
+#include <optional>
 #include <unordered_set>
 #include <stdexcept>
 #include <string>
@@ -390,6 +391,14 @@ std::uintptr_t stream_ordered_pool::allocate_from_other_streams(std::size_t size
     }
   }
   return moved ? blocks_.allocate(size, alignment, o) : 0;
+}
+
+void stream_ordered_pool::claim_parked_block_ending_at(std::uintptr_t end, stream_ref const& s) {
+  std::optional<owner_id> const t = blocks_.owner_of_free_block_ending_at(end);
+  owner_id const o = owner_of(s);
+  if (t && *t != o && *t != block_pool::synchronized && owners_.stream_of(*t) == o) {
+    blocks_.transfer_free_block_ending_at(end, o);
+  }
 }
 
 bool stream_ordered_pool::synchronize_everything() {

@@ -59,6 +59,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -128,6 +129,12 @@ class block_pool {
   /// A block of `size` bytes aligned to `alignment` (a power of two >= granularity) from
   /// `owner`'s free blocks; 0 when none fits. `size` must be a multiple of granularity.
   std::uintptr_t allocate(std::size_t size, std::size_t alignment, owner_id owner);
+  /// As `allocate`, from a run of neighbouring free blocks of `owner` and `partner`
+  /// (which need not merge by the rule below: the caller may use both, e.g. a stream's
+  /// own blocks and those it parked). The run is merged into one block of `owner` (the
+  /// partner's other blocks stay its own) and the block taken from `owner`. 0 when no
+  /// run holds the request. O(partner's free blocks × run length).
+  std::uintptr_t allocate_across(std::size_t size, std::size_t alignment, owner_id owner, owner_id partner);
   /// True when `allocate(size, alignment, owner)` would succeed. O(1) (may be
   /// conservative for alignments above `granularity`: then it asks for room to align).
   [[nodiscard]] bool can_allocate(std::size_t size, std::size_t alignment, owner_id owner) const;
@@ -150,6 +157,11 @@ class block_pool {
   /// After the whole device was synchronized: every free block becomes `synchronized`,
   /// merged with every free neighbour.
   void synchronize_all_owners();
+  /// The owner of the free block that ends at `end`; none when no free block ends there.
+  [[nodiscard]] std::optional<owner_id> owner_of_free_block_ending_at(std::uintptr_t end) const;
+  /// Gives the free block that ends at `end` to `to`, merging it with `to`'s (and
+  /// synchronized) neighbours; nothing when no free block ends there.
+  void transfer_free_block_ending_at(std::uintptr_t end, owner_id to);
   [[nodiscard]] std::size_t free_bytes(owner_id owner) const noexcept;
   [[nodiscard]] std::size_t free_blocks(owner_id owner) const noexcept;
   /// Owners that currently hold free blocks are < owner_limit().
@@ -298,6 +310,8 @@ class block_pool {
   [[nodiscard]] block const& at(std::uint32_t i) const noexcept {
     return static_cast<block const*>(node_space_.data())[i];
   }
+  /// The free block ending at `end`, or npos. O(blocks after it in its chunk).
+  [[nodiscard]] std::uint32_t free_block_ending_at(std::uintptr_t end) const noexcept;
   std::uint32_t new_node();
   /// Commits more node space (new_node's rare path). Throws when the reservation is full.
   [[gnu::cold, gnu::noinline]] void grow_node_space();

@@ -176,6 +176,9 @@ class in_place_growth {
   [[nodiscard]] std::size_t committed_bytes() const noexcept { return range_.committed_bytes(); }
   /// Bytes from the range's base to the end of the pool's chunk (committed or in holes).
   [[nodiscard]] std::size_t frontier_bytes() const noexcept { return frontier_; }
+  /// Where growth past the frontier starts: the frontier, or the first of the released
+  /// holes just before it. A free block ending there is the one growth extends.
+  [[nodiscard]] std::uintptr_t growth_start_address() const noexcept { return base_ + growth_start(); }
   [[nodiscard]] std::size_t hole_bytes() const noexcept { return hole_bytes_; }
   [[nodiscard]] std::size_t hole_count() const noexcept { return holes_.size(); }
   [[nodiscard]] std::size_t maximum_bytes() const noexcept { return maximum_; }
@@ -207,6 +210,12 @@ class in_place_growth {
 
   [[noreturn]] void fail(std::string const& why) const {
     throw growth_failure(std::string{"in-place growth: "} + why, range_.committed_bytes());
+  }
+
+  [[nodiscard]] std::size_t growth_start() const noexcept {
+    if (holes_.empty()) { return frontier_; }
+    auto const last = std::prev(holes_.end());
+    return last->first + last->second == frontier_ ? hole_run_start(last) : frontier_;
   }
 
   std::size_t hole_run_start(std::map<std::size_t, std::size_t>::const_iterator last) const {
@@ -243,11 +252,7 @@ class in_place_growth {
       reuse_holes(core, *run, need, owner);
       return;
     }
-    std::size_t start = frontier_;
-    if (!holes_.empty()) {
-      auto const last = std::prev(holes_.end());
-      if (last->first + last->second == frontier_) { start = hole_run_start(last); }
-    }
+    std::size_t const start = growth_start();
     std::uintptr_t block_start = base_ + start;
     Owner grow_owner = owner;
     core.for_each_free_block([&](std::uintptr_t address, std::size_t size, auto block_owner) {

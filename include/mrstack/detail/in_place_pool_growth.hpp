@@ -84,6 +84,7 @@ class in_place_pool_growth {
   /// where the pool's search finds it; throws growth_failure.
   void grow(stream_ordered_pool& pool, std::size_t bytes, std::size_t alignment, stream_ref const& stream) {
     stream_ordered_growth_view view{pool, stream};
+    pool.claim_parked_block_ending_at(policy_.growth_start_address(), stream);
     owner_id const owner = pool.owner_of(stream);
     policy_.grow(view, bytes, alignment, owner);
     if (alignment > block_pool::granularity && !pool.blocks().can_allocate(bytes, alignment, owner)) {
