@@ -10,6 +10,7 @@
 #include <mrstack/upstream/simulated_memory_resource.hpp>
 
 #include <fake_stream_sync.hpp>
+#include <host_allocation_failure.hpp>
 
 #include <atomic>
 #include <cstdlib>
@@ -20,19 +21,10 @@
 #include <vector>
 
 using namespace mrstack;
+using mrstack::test::fail_host_allocations_from;
 
 namespace {
 constexpr std::size_t KiB = 1024;
-
-// Host allocations of at least this many bytes fail on the thread that sets it (0: none
-// fail): how a test makes a table's growth run out of host memory.
-thread_local std::size_t fail_host_allocations_from = 0;
-
-void* host_allocate(std::size_t n) {
-  if (fail_host_allocations_from != 0 && n >= fail_host_allocations_from) { throw std::bad_alloc{}; }
-  if (void* p = std::malloc(n == 0 ? 1 : n)) { return p; }
-  throw std::bad_alloc{};
-}
 
 /// Hands out made-up, 256-aligned addresses (never touched) and takes them back: no host
 /// memory of its own, so the only host allocations in a call are the layers' above it.
@@ -45,18 +37,6 @@ class made_up_addresses final : public memory_resource {
   std::string do_name() const override { return "made_up"; }
 };
 }  // namespace
-
-// AddressSanitizer keeps operator new of its own (it reports memory from it freed here as
-// a mismatch): under it, host allocations cannot be made to fail and that case is skipped.
-#if !defined(__SANITIZE_ADDRESS__)
-#define REVIEW_HOST_ALLOCATIONS_CAN_FAIL 1
-void* operator new(std::size_t n) { return host_allocate(n); }
-void* operator new[](std::size_t n) { return host_allocate(n); }
-void operator delete(void* p) noexcept { std::free(p); }
-void operator delete[](void* p) noexcept { std::free(p); }
-void operator delete(void* p, std::size_t) noexcept { std::free(p); }
-void operator delete[](void* p, std::size_t) noexcept { std::free(p); }
-#endif
 
 TEST_CASE("review: cached_blocks() while threads come and go reads no cache list being changed") {
   // cached_blocks() walked the list of caches with no lock while threads that started
@@ -93,11 +73,7 @@ TEST_CASE("review: a tracking table that cannot grow keeps every record it had")
   // allocation failed, the old slots were freed with the exception and the table was left
   // null with its old capacity. The records of everything outstanding were gone (their
   // frees refused as never handed out) and the next lookup dereferenced null.
-#if !defined(REVIEW_HOST_ALLOCATIONS_CAN_FAIL)
-  WARN("skipped: under AddressSanitizer host allocations cannot be made to fail here");
-  (void)&host_allocate;
-  return;
-#endif
+  MRSTACK_TEST_NEEDS_HOST_ALLOCATION_FAILURES();
   tracking_resource_adaptor tr{std::make_shared<made_up_addresses>()};
   std::vector<void*> live;
   // One thread, one shard: its table starts at 64 slots and doubles at 33 records.
@@ -139,10 +115,7 @@ TEST_CASE("review: a cache's spill that runs out of host memory leaves no block 
   // whose stack could not grow threw half way, leaving the blocks pushed before it in the
   // cache too (handed out twice later), and the block being freed marked free but kept
   // nowhere.
-#if !defined(REVIEW_HOST_ALLOCATIONS_CAN_FAIL)
-  WARN("skipped: under AddressSanitizer host allocations cannot be made to fail here");
-  return;
-#endif
+  MRSTACK_TEST_NEEDS_HOST_ALLOCATION_FAILURES();
   fixed_size_memory_resource mr{std::make_shared<simulated_memory_resource>(), 256, 256};
   std::thread{[&] { mr.deallocate(mr.allocate(256), 256); }}.join();  // a second thread: caches on
   std::size_t const capacity = mr.thread_cache_blocks();
@@ -231,10 +204,7 @@ TEST_CASE("review: a free whose stack cannot grow changes nothing, and the block
   // fixed_size_blocks::deallocate marked the block free, then pushed it: a push whose
   // stack could not grow threw with the block marked free and stored nowhere (lost; its
   // second free refused as a double free).
-#if !defined(REVIEW_HOST_ALLOCATIONS_CAN_FAIL)
-  WARN("skipped: under AddressSanitizer host allocations cannot be made to fail here");
-  return;
-#endif
+  MRSTACK_TEST_NEEDS_HOST_ALLOCATION_FAILURES();
   fixed_size_memory_resource mr{std::make_shared<simulated_memory_resource>(), 256, 256};
   std::vector<void*> blocks;
   for (int i = 0; i < 64; ++i) { blocks.push_back(mr.allocate(256)); }  // one thread: no caches

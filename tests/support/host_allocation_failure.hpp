@@ -1,0 +1,57 @@
+#pragma once
+// Makes host allocations fail on purpose, so a test can run a resource's books (tables,
+// stacks, caches) out of host memory at a chosen point. It replaces the global operator
+// new and delete: include it in exactly ONE source file of a test program.
+//
+// `test::fail_host_allocations_from = n` makes every host allocation of n bytes or more
+// on the thread that set it throw std::bad_alloc (0: none fail). Set it back to 0 before
+// any check that allocates (Catch2's own messages do).
+//
+// AddressSanitizer keeps an operator new of its own (it reports memory from it freed here
+// as a mismatch): under it nothing is replaced, MRSTACK_TEST_HOST_ALLOCATIONS_CAN_FAIL
+// stays undefined, and the cases that need failures skip themselves.
+#include <cstddef>
+#include <cstdlib>
+#include <new>
+
+namespace mrstack::test {
+
+inline thread_local std::size_t fail_host_allocations_from = 0;
+
+inline void* host_allocate(std::size_t n) {
+  if (fail_host_allocations_from != 0 && n >= fail_host_allocations_from) { throw std::bad_alloc{}; }
+  if (void* p = std::malloc(n == 0 ? 1 : n)) { return p; }
+  throw std::bad_alloc{};
+}
+
+}  // namespace mrstack::test
+
+#if defined(__SANITIZE_ADDRESS__)
+#define MRSTACK_TEST_UNDER_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define MRSTACK_TEST_UNDER_ASAN 1
+#endif
+#endif
+
+#if !defined(MRSTACK_TEST_UNDER_ASAN)
+#define MRSTACK_TEST_HOST_ALLOCATIONS_CAN_FAIL 1
+void* operator new(std::size_t n) { return mrstack::test::host_allocate(n); }
+void* operator new[](std::size_t n) { return mrstack::test::host_allocate(n); }
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete[](void* p) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t) noexcept { std::free(p); }
+void operator delete[](void* p, std::size_t) noexcept { std::free(p); }
+#endif
+
+// Opens a test case that needs host allocations to fail: skips it (with a warning) where
+// they cannot be made to.
+#if defined(MRSTACK_TEST_HOST_ALLOCATIONS_CAN_FAIL)
+#define MRSTACK_TEST_NEEDS_HOST_ALLOCATION_FAILURES() (void)0
+#else
+#define MRSTACK_TEST_NEEDS_HOST_ALLOCATION_FAILURES()                                       \
+  do {                                                                                      \
+    WARN("skipped: under AddressSanitizer host allocations cannot be made to fail here"); \
+    return;                                                                                 \
+  } while (false)
+#endif
