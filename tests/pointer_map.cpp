@@ -65,3 +65,27 @@ TEST_CASE("pointer_map: an empty map answers without allocating; values update i
   *map.find(0x1000) = 9;
   CHECK(*map.find(0x1000) == 9);
 }
+
+TEST_CASE("pointer_map: a room kept by erase_keeping_room is not used up by other inserts") {
+  pointer_map<int> map;
+  for (int i = 1; i <= 32; ++i) { REQUIRE(map.insert(std::uintptr_t(i) * 256, i)); }
+  REQUIRE(map.capacity() == 64);  // 32 entries: as many as 64 slots hold at load 1/2
+  REQUIRE(map.erase_keeping_room(256));
+  CHECK(map.find(256) == nullptr);
+  CHECK(map.size() == 31);
+  CHECK(map.insert(100 * 256, 100));  // the kept room counts: this insert grows the table
+  CHECK(map.capacity() == 128);
+  CHECK(map.put_back(256, 1));  // into the kept room
+  CHECK(map.capacity() == 128);
+  CHECK(*map.find(256) == 1);
+  CHECK(map.size() == 33);
+  REQUIRE(map.erase_keeping_room(512));
+  map.give_up_room();  // gone for good
+  CHECK(map.find(512) == nullptr);
+  CHECK(map.size() == 32);
+  // Once given up, the room is free again: 64 entries fit 128 slots.
+  for (int i = 200; i < 232; ++i) { REQUIRE(map.insert(std::uintptr_t(i) * 256, i)); }
+  CHECK(map.size() == 64);
+  CHECK(map.capacity() == 128);
+  CHECK_FALSE(map.erase_keeping_room(512));  // not there: nothing kept
+}

@@ -114,7 +114,7 @@ tracking_resource_adaptor::shard* tracking_resource_adaptor::take_record(std::ui
                         std::to_string(r->bytes) + " B and alignment " + std::to_string(r->alignment));
     }
     out = *r;
-    s.records.erase(address);
+    s.records.erase_keeping_room(address);  // do_deallocate puts it back or gives the room up
     --s.count;
     s.bytes -= bytes;
     return &s;
@@ -134,14 +134,20 @@ void tracking_resource_adaptor::do_deallocate(void* ptr, std::size_t bytes, std:
   try {
     upstream_->deallocate(ptr, bytes, stream, alignment);
   } catch (...) {
-    // Refused below: the allocation is still out, so keep tracking it.
+    // Refused below: the allocation is still out, so keep tracking it. The record goes
+    // into the room take_record kept: other threads may have filled the shard meanwhile,
+    // and an insert that had to grow the table could fail for want of host memory,
+    // losing the record of a live block (its later free refused as foreign) and
+    // replacing the upstream's error with bad_alloc.
     std::lock_guard lock{s->mutex};
-    if (s->records.insert(address, taken)) {
+    if (s->records.put_back(address, taken)) {
       ++s->count;
       s->bytes += bytes;
     }
     throw;
   }
+  std::lock_guard lock{s->mutex};
+  s->records.give_up_room();
 }
 
 std::size_t tracking_resource_adaptor::outstanding_count() const noexcept {

@@ -108,7 +108,8 @@ class tracking_resource_adaptor final : public memory_resource {
     std::uint64_t last_stamp = 0;  // nanoseconds of this shard's last sequence number
   };
   static constexpr std::size_t shard_count = detail::counter_shards;
-  /// Takes `address`'s record out of whichever shard holds it; the shard, or null.
+  /// Takes `address`'s record out of whichever shard holds it, keeping its room there (so
+  /// it can go back without the table growing); the shard, or null.
   shard* take_record(std::uintptr_t address, std::size_t bytes, std::size_t alignment, record& out);
 
   void* do_allocate(std::size_t bytes, std::size_t alignment, stream_view stream) override;

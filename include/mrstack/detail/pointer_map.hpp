@@ -26,18 +26,32 @@ class pointer_map {
   [[nodiscard]] std::size_t size() const noexcept { return size_; }
   [[nodiscard]] bool empty() const noexcept { return size_ == 0; }
 
+  [[nodiscard]] std::size_t capacity() const noexcept { return capacity_; }
+
   /// Inserts `key -> value`. Returns false (and changes nothing) when `key` is already there.
   bool insert(std::uintptr_t key, V const& value) {
-    if ((size_ + 1) * 2 > capacity_) { grow(); }  // load factor <= 1/2 keeps probes short
-    std::size_t i = slot_of(key);
-    while (slots_[i].key != 0) {
-      if (slots_[i].key == key) { return false; }
-      i = (i + 1) & mask();
-    }
-    slots_[i] = slot{key, value};
-    ++size_;
+    // Load factor <= 1/2 keeps probes short; rooms kept for put_back count as taken.
+    if ((size_ + kept_ + 1) * 2 > capacity_) { grow(); }
+    return place(key, value);
+  }
+
+  /// Removes `key` but keeps its room until `put_back` or `give_up_room`: meanwhile the
+  /// table grows for other inserts as if the entry were still there, so putting it back
+  /// never needs host memory. For a caller that must be able to undo the removal (a free
+  /// the layer below refuses). Returns false (nothing kept) when `key` was not there.
+  bool erase_keeping_room(std::uintptr_t key) noexcept {
+    if (!erase(key)) { return false; }
+    ++kept_;
     return true;
   }
+  /// Inserts into a room kept by `erase_keeping_room`, which it uses up; never allocates.
+  /// Returns false (the room given up all the same) when `key` is already there.
+  bool put_back(std::uintptr_t key, V const& value) noexcept {
+    --kept_;
+    return place(key, value);  // size_ + kept_ <= capacity_ / 2 before: a slot is free
+  }
+  /// Gives up a room kept by `erase_keeping_room`: the entry is gone for good.
+  void give_up_room() noexcept { --kept_; }
 
   /// The value for `key`, or nullptr.
   [[nodiscard]] V* find(std::uintptr_t key) noexcept {
@@ -88,6 +102,19 @@ class pointer_map {
     V value;
   };
 
+  /// Stores `key -> value` in the slots there are (one is free: the callers keep the load
+  /// factor); false when `key` is already there.
+  bool place(std::uintptr_t key, V const& value) noexcept {
+    std::size_t i = slot_of(key);
+    while (slots_[i].key != 0) {
+      if (slots_[i].key == key) { return false; }
+      i = (i + 1) & mask();
+    }
+    slots_[i] = slot{key, value};
+    ++size_;
+    return true;
+  }
+
   [[nodiscard]] std::size_t mask() const noexcept { return capacity_ - 1; }
   [[nodiscard]] std::size_t slot_of(std::uintptr_t key) const noexcept {
     // Resource addresses are multiples of 256, so the low bits carry nothing: mix them
@@ -106,13 +133,14 @@ class pointer_map {
     capacity_ = new_capacity;
     size_ = 0;
     for (std::size_t i = 0; i < old_capacity; ++i) {
-      if (old[i].key != 0) { insert(old[i].key, old[i].value); }
+      if (old[i].key != 0) { place(old[i].key, old[i].value); }
     }
   }
 
   std::unique_ptr<slot[]> slots_;
   std::size_t capacity_{0};  // a power of two, or 0 before the first insert
   std::size_t size_{0};
+  std::size_t kept_{0};  // rooms kept by erase_keeping_room; size_ + kept_ <= capacity_ / 2
 };
 
 }  // namespace mrstack::detail
