@@ -1,5 +1,6 @@
 // binning_memory_resource: routing by size and alignment, power-of-two and custom bins,
-// the large fallback, and random sequences over real memory (contents checked).
+// the large fallback, random sequences over real memory (contents checked), and
+// free_bytes_held()/fragmentation() over stacks that share layers.
 #include <catch2/catch.hpp>
 
 #include <mrstack/suballoc/binning_memory_resource.hpp>
@@ -95,4 +96,90 @@ TEST_CASE("binning: custom bins, custom bin resources and a large resource of ch
   mr.release();
   CHECK(pool->pool_size() == 0);
   CHECK(fixed->chunk_count() == 0);
+}
+
+// free_bytes_held() against the ground truth: each layer's own free bytes, once per layer,
+// however many bins (or the large resource) stand on it. simulated holds nothing free.
+TEST_CASE("binning: a pool under two bins counts its free bytes once") {
+  auto sim = std::make_shared<simulated_memory_resource>();
+  auto shared = std::make_shared<pool_memory_resource>(sim, 4 * MiB);
+  auto small = std::make_shared<pool_memory_resource>(shared, 1 * MiB);
+  auto medium = std::make_shared<pool_memory_resource>(shared, 1 * MiB);
+  binning_memory_resource mr{sim};
+  mr.add_bin(512, small);
+  mr.add_bin(1 * KiB, medium);
+  void* a = mr.allocate(300);
+  void* b = mr.allocate(1000);
+  REQUIRE(shared->free_bytes() > 0);
+  std::size_t const truth = small->free_bytes() + medium->free_bytes() + shared->free_bytes();
+  CHECK(mr.free_bytes_held() == truth);
+  mr.deallocate(a, 300);
+  mr.deallocate(b, 1000);
+}
+
+TEST_CASE("binning: fixed_size bins over a shared pool count the pool's free bytes once") {
+  auto sim = std::make_shared<simulated_memory_resource>();
+  auto shared = std::make_shared<pool_memory_resource>(sim, 4 * MiB);
+  auto f512 = std::make_shared<fixed_size_memory_resource>(shared, 512, 128);
+  auto f1k = std::make_shared<fixed_size_memory_resource>(shared, 1 * KiB, 128);
+  binning_memory_resource mr{sim};
+  mr.add_bin(512, f512, f512->block_alignment());
+  mr.add_bin(1 * KiB, f1k, f1k->block_alignment());
+  void* a = mr.allocate(300);
+  void* b = mr.allocate(1000);
+  REQUIRE(shared->free_bytes() > 0);
+  CHECK(mr.free_bytes_held() == f512->free_bytes() + f1k->free_bytes() + shared->free_bytes());
+  // The same bins with the pool as binning's own upstream: the same figure.
+  binning_memory_resource over_pool{shared};
+  over_pool.add_bin(512, f512, f512->block_alignment());
+  over_pool.add_bin(1 * KiB, f1k, f1k->block_alignment());
+  CHECK(over_pool.free_bytes_held() == mr.free_bytes_held());
+  mr.deallocate(a, 300);
+  mr.deallocate(b, 1000);
+}
+
+TEST_CASE("binning: a pool under a bin and the large resource counts its free bytes once") {
+  auto sim = std::make_shared<simulated_memory_resource>();
+  auto up = std::make_shared<pool_memory_resource>(sim, 16 * MiB);
+  auto large = std::make_shared<pool_memory_resource>(up, 4 * MiB);
+  auto custom = std::make_shared<pool_memory_resource>(large, 1 * MiB);
+  binning_memory_resource mr{up, 256, 4 * KiB, large};  // default bins: fixed_size over up
+  mr.add_bin(8 * KiB, custom);
+  void* a = mr.allocate(300);
+  void* b = mr.allocate(6 * KiB);
+  void* c = mr.allocate(64 * KiB);
+  std::size_t bins = 0;
+  for (auto const& bin : mr.bins()) {
+    if (auto const* fixed = dynamic_cast<fixed_size_memory_resource const*>(bin.resource.get())) {
+      bins += fixed->free_bytes();
+    }
+  }
+  REQUIRE(large->free_bytes() > 0);
+  REQUIRE(up->free_bytes() > 0);
+  CHECK(mr.free_bytes_held() == bins + custom->free_bytes() + large->free_bytes() + up->free_bytes());
+  mr.deallocate(a, 300);
+  mr.deallocate(b, 6 * KiB);
+  mr.deallocate(c, 64 * KiB);
+}
+
+TEST_CASE("binning: one pool serving two bins and the large requests is counted once") {
+  auto sim = std::make_shared<simulated_memory_resource>();
+  auto pool = std::make_shared<pool_memory_resource>(sim, 4 * MiB);
+  binning_memory_resource mr{sim, pool};
+  mr.add_bin(512, pool);
+  mr.add_bin(1 * KiB, pool);
+  void* a = mr.allocate(300);
+  void* b = mr.allocate(1000);
+  void* c = mr.allocate(64 * KiB);
+  REQUIRE(pool->free_bytes() > 0);
+  CHECK(mr.free_bytes_held() == pool->free_bytes());
+  auto const whole = mr.fragmentation();
+  auto const own = pool->fragmentation();
+  CHECK(whole.held_bytes == own.held_bytes);
+  CHECK(whole.live_bytes == own.live_bytes);
+  CHECK(whole.free_bytes == own.free_bytes);
+  CHECK(whole.free_blocks == own.free_blocks);
+  mr.deallocate(a, 300);
+  mr.deallocate(b, 1000);
+  mr.deallocate(c, 64 * KiB);
 }

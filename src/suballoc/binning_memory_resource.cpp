@@ -109,12 +109,18 @@ fragmentation_info binning_memory_resource::do_fragmentation() const {
       it->largest_free_block = std::max(it->largest_free_block, share.largest_free_block);
     }
   };
-  for (auto const& b : bins_) {
-    if (b.resource.get() != upstream_.get()) { add(b.resource->fragmentation()); }
+  // A resource that serves several bins, or bins and the large requests, is added once.
+  auto added_before = [this](memory_resource const* r, std::size_t bins_before) {
+    return std::any_of(bins_.begin(), bins_.begin() + static_cast<std::ptrdiff_t>(bins_before),
+                       [r](bin const& b) { return b.resource.get() == r; });
+  };
+  for (std::size_t i = 0; i < bins_.size(); ++i) {
+    memory_resource const* const r = bins_[i].resource.get();
+    if (r != upstream_.get() && !added_before(r, i)) { add(r->fragmentation()); }
   }
   // The large resource counts when it is a suballocator of its own (not the upstream,
   // whose fragmentation is not this layer's).
-  if (large_ != upstream_.get()) { add(large_->fragmentation()); }
+  if (large_ != upstream_.get() && !added_before(large_, bins_.size())) { add(large_->fragmentation()); }
   return info;
 }
 
@@ -137,33 +143,46 @@ bool stacks_on(memory_resource const* r, memory_resource const* below) noexcept 
   }
   return false;
 }
+
+/// Free bytes `r` holds itself, not those of the layers under it.
+std::size_t own_free_bytes(memory_resource const& r) noexcept {
+  if (auto const* fixed = dynamic_cast<fixed_size_memory_resource const*>(&r)) {
+    try {
+      return fixed->free_bytes();  // exact, and no second read of the layers under it
+    } catch (...) {
+      return 0;  // a statistic: no lock could be had (out of memory)
+    }
+  }
+  std::size_t const all = r.free_bytes_held();
+  std::size_t const below = r.upstream() != nullptr ? r.upstream()->free_bytes_held() : 0;
+  return all > below ? all - below : 0;  // figures read one after another may disagree
+}
 }  // namespace
 
 std::size_t binning_memory_resource::do_free_bytes_held() const noexcept {
-  std::size_t held = 0;
-  std::size_t includes_upstream = 0;  // how many of the figures added include the upstream's
-  auto add_layer = [&](memory_resource const* r) {
-    held += r->free_bytes_held();
-    if (stacks_on(r, upstream_.get())) { ++includes_upstream; }
+  // The stacks this layer draws on (the upstream, the large resource, every bin) may
+  // share layers: the upstream, or a pool under several bins or under a bin and the large
+  // resource (or the same resource in several places). Adding up each stack's
+  // free_bytes_held() counted such a layer once per stack on it, and a fixed_size bin
+  // over a layer other than the upstream not at all. So every layer is counted once,
+  // with its own free bytes: each stack is walked down to the first layer that an
+  // earlier stack reached (that one and everything under it are counted already).
+  auto stack = [this](std::size_t i) -> memory_resource const* {
+    return i == 0 ? upstream_.get() : i == 1 ? large_ : bins_[i - 2].resource.get();
   };
-  for (auto const& b : bins_) {
-    if (auto const* fixed = dynamic_cast<fixed_size_memory_resource const*>(b.resource.get())) {
-      try {
-        held += fixed->free_bytes();
-      } catch (...) {
-      }
-    } else if (b.resource.get() != upstream_.get()) {
-      add_layer(b.resource.get());
+  auto reached_before = [&](memory_resource const* r, std::size_t i) {
+    for (std::size_t j = 0; j < i; ++j) {
+      if (stacks_on(stack(j), r)) { return true; }
+    }
+    return false;
+  };
+  std::size_t held = 0;
+  for (std::size_t i = 0; i < bins_.size() + 2; ++i) {
+    for (memory_resource const* r = stack(i); r != nullptr && !reached_before(r, i); r = r->upstream()) {
+      held += own_free_bytes(*r);
     }
   }
-  if (large_ != upstream_.get()) { add_layer(large_); }
-  // A layer over the upstream (a pool as the large resource, the usual setup) counts the
-  // upstream's free bytes in its own figure: the upstream is counted once, not once more
-  // for each such layer plus once here.
-  std::size_t const upstream_free = upstream_->free_bytes_held();
-  if (includes_upstream == 0) { return held + upstream_free; }
-  std::size_t const extra = (includes_upstream - 1) * upstream_free;
-  return held > extra ? held - extra : 0;  // figures read one after another may disagree
+  return held;
 }
 
 void binning_memory_resource::do_release() {

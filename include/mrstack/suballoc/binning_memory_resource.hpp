@@ -20,9 +20,10 @@
 /// - Streams, errors and thread safety are those of the bin and large resources (each
 ///   is thread-safe on its own; the bin table is fixed once allocation starts — add bins
 ///   before sharing the resource between threads).
-/// - `free_bytes_held()` counts the bins' free blocks, the large resource's and the
-///   upstream's free bytes once; `release()` releases every bin, then the large resource
-///   and the upstream.
+/// - `free_bytes_held()` counts the free bytes of every layer of the bins', the large
+///   resource's and the upstream's stacks once, however many of them stand on it (a pool
+///   under several bins); `fragmentation()` adds up each bin resource and the large one
+///   once. `release()` releases every bin, then the large resource and the upstream.
 #include <array>
 #include <bit>
 #include <cstddef>
