@@ -447,6 +447,15 @@ bool stream_ordered_pool::hand_back_stream(chunk_id c, stream_ref& out, stream_r
   return true;
 }
 
+bool stream_ordered_pool::capture_may_hold(chunk_id c, stream_ref const& caller) const {
+  std::vector<owner_id> const owners = streams_holding(c);
+  return std::any_of(owners.begin(), owners.end(), [&](owner_id o) {
+    // The mark alone for a stream this call may not name (another thread's default stream,
+    // or a created stream that may be gone): asking CUDA about it would ask about another.
+    return owners_.may_name(owners_.ref(o), caller) ? owners_.held_by_capture(o) : owners_.freed_in_capture(o);
+  });
+}
+
 stream_ref stream_ordered_pool::return_stream(chunk_id c) {
   std::vector<owner_id> const owners = streams_holding(c);
   if (owners.empty()) { return stream_ref{}; }

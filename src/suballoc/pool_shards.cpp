@@ -236,15 +236,22 @@ std::vector<detail::slab_return> pool_memory_resource::collect_free_slabs(detail
   slabs.reserve(free_slabs.size());  // no allocation between a slab's removal and its return
   for (detail::chunk_id c : free_slabs) {
     detail::stream_ref stream{};
+    bool held = false;
     if (may_synchronize) {
-      stream = shard.core.return_stream(c);
+      stream = shard.core.return_stream(c);  // synchronized if need be: no capture holds it then
     } else if (!shard.core.hand_back_stream(c, stream, caller)) {
       shard.asked_to_give_back.store(true, std::memory_order_relaxed);  // its stream's next call can
       continue;
+    } else {
+      // A default stream's slab goes back even while a capture may hold its memory (freed
+      // in the capture, not recorded since). The mark goes with it: booked in the global
+      // blocks without it, the chunk went back to the upstream at the next growth with the
+      // graph still to use it (tests/pool_capture_shards.cpp).
+      held = shard.core.capture_may_hold(c, caller);
     }
     auto const info = shard.core.blocks().chunk(c);
     shard.core.blocks().remove_chunk(c);
-    slabs.push_back({info.base, info.size, stream});  // still mapped to the shard: see return_slabs
+    slabs.push_back({info.base, info.size, stream, held});  // still mapped to the shard: see return_slabs
   }
   return slabs;
 }
@@ -261,6 +268,7 @@ void pool_memory_resource::return_slabs(std::vector<detail::slab_return> const& 
       throw logic_error("pool: a slab at " + format_hex(reinterpret_cast<void*>(slab.base)) +
                         " is not a live global block (internal error)");
     }
+    if (slab.freed_in_capture) { core_.owners().mark_freed_in_capture(core_.owner_of(slab.stream)); }
   }
   // No stream is named for all the slabs: the legacy one stands in (asking about it while
   // a blocking stream is being captured answers "capturing", and nothing is released).

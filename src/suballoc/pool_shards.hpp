@@ -37,6 +37,7 @@ struct slab_return {
   std::uintptr_t base;
   std::size_t size;
   stream_ref stream;
+  bool freed_in_capture = false;  // a capture may hold its free memory: the global blocks keep the mark
 };
 
 /// Adds the free memory of `core`, stream by stream, to `info` (the pool's global

@@ -201,6 +201,13 @@ class stream_owners {
   [[nodiscard]] bool any_freed_in_capture() const noexcept {
     return std::any_of(slots_.begin(), slots_.end(), [](slot const& sl) { return sl.freed_in_capture; });
   }
+  /// Memory freed during a capture entered `o` from elsewhere (a thread shard's slab given
+  /// back to the pool's global blocks): `o` keeps it from the upstream as if freed into
+  /// it, until its stream next records (see held_by_capture).
+  void mark_freed_in_capture(owner_id o) noexcept {
+    slots_[o].dirty = true;
+    slots_[o].freed_in_capture = true;
+  }
   /// Memory entered `o` (the stream `s` the caller names) some other way than a free on
   /// it (taken over from another stream after a wait, or a new chunk allocated on it): a
   /// later handover must be ordered after that wait or allocation too.
@@ -317,6 +324,8 @@ class stream_owners {
   /// when launched); only `release()`, which synchronizes the device, returns it. Asks
   /// CUDA about `o`'s stream: call it only for a stream the calling thread may name.
   [[nodiscard]] bool held_by_capture(owner_id o) const;
+  /// `o` freed during a capture and has not recorded since (asks CUDA nothing).
+  [[nodiscard]] bool freed_in_capture(owner_id o) const noexcept { return slots_[o].freed_in_capture; }
 
   /// The eager rule is in force (a second stream was seen): created streams record at every free.
   [[nodiscard]] bool records_eagerly() const noexcept { return eager_; }
@@ -590,6 +599,11 @@ class stream_ordered_pool {
   /// CUDA: another thread's default stream is fine then (the parent only books the memory
   /// as that stream's; nothing names the stream until the parent hands it over).
   bool hand_back_stream(chunk_id c, stream_ref& out, stream_ref const& caller) const;
+  /// True when a capture may hold free memory of chunk `c`: a stream holding it freed
+  /// during a capture and has not recorded since, or — asked only of a stream `caller`'s
+  /// call may name — is being captured now. For a chunk `hand_back_stream` gives back:
+  /// the parent marks the memory so (`stream_owners::mark_freed_in_capture`).
+  [[nodiscard]] bool capture_may_hold(chunk_id c, stream_ref const& caller) const;
 
   [[nodiscard]] block_pool& blocks() noexcept { return blocks_; }
   [[nodiscard]] block_pool const& blocks() const noexcept { return blocks_; }
