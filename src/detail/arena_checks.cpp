@@ -125,8 +125,12 @@ std::string arena_core::check_invariants() const {
   }
   if (carved + idle_descriptors_.size() != descriptors_.size()) { return "descriptors lost"; }
   if (std::string const e = check_held_back(); !e.empty()) { return e; }
+  for (std::uint32_t const index : orphaned_arenas_) {
+    if (index < arenas_.size() && arenas_[index]->retired) { return "an exited thread's arena is listed, but retired"; }
+  }
   std::size_t owned = 0;
   for (auto const& a : arenas_) {
+    if (a->retired && (a->superblocks != 0 || a->late_calls != 0)) { return "a retired arena holds superblocks or is in use"; }
     std::size_t free_bytes = 0;
     std::size_t free_blocks = 0;
     std::size_t listed = 0;

@@ -61,6 +61,8 @@ std::unordered_map<std::uint64_t, arena_core*>& live_cores() {
 // Set once this thread's hook has run: a thread_local destroyed after it may still
 // allocate, and must not touch the destroyed hook (trivially destructible: always valid).
 thread_local bool exit_hook_done = false;
+// The arena a call made after the hook uses (arena_core::late_call), instead of the cache.
+thread_local cache_entry late_arena{};
 
 struct thread_exit_hook {
   thread_exit_hook() = default;
@@ -183,6 +185,7 @@ void arena_core::retire_emptied_orphans() {
   std::erase_if(orphaned_arenas_, [&](std::uint32_t index) {
     if (index >= arenas_.size()) { return true; }
     stream_arena& o = *arenas_[index];
+    if (o.late_calls != 0) { return false; }  // its thread's late destructor uses it now
     std::lock_guard lock{o.mutex};
     return retire_if_empty(o, stream_ref{});  // its thread is gone: its stream is named by nobody
   });
@@ -193,6 +196,11 @@ void arena_core::retire_emptied_orphans() {
 arena_core::stream_arena* arena_core::arena_for(stream_ref const& s) {
   if (arena_cache_last.core_id == id_ && arena_cache_last.key == s.key) {
     return static_cast<stream_arena*>(arena_cache_last.arena);
+  }
+  if (s.thread_bound && exit_hook_done) [[unlikely]] {
+    // After the hook: the arena the late_call of allocate or deallocate pinned, never cached.
+    if (late_arena.core_id == id_ && late_arena.key == s.key) { return static_cast<stream_arena*>(late_arena.arena); }
+    return create_arena(s);
   }
   for (auto const& e : arena_cache) {
     if (e.core_id == id_ && e.key == s.key) {
@@ -210,6 +218,10 @@ arena_core::stream_arena* arena_core::arena_for(stream_ref const& s) {
 
 arena_core::stream_arena* arena_core::create_arena(stream_ref const& s) {
   std::lock_guard lock{registry_mutex_};
+  return find_or_create_arena_locked(s);
+}
+
+arena_core::stream_arena* arena_core::find_or_create_arena_locked(stream_ref const& s) {
   std::uint32_t const found = arena_by_key_.find(s.key);
   if (found != address_map::npos) { return arenas_[found].get(); }
   if (!retired_arenas_.empty()) {
@@ -478,9 +490,57 @@ bool arena_core::synchronize_everything() {
   return global_.synchronize_everything();
 }
 
+// ---- calls after the thread's exit hook ------------------------------------------------------------
+
+// A thread_local destroyed after this thread's exit hook may still call on the thread's
+// default stream. Through the cache such calls had used an arena retired meanwhile and
+// taken by a new thread (whose just-freed block they got), or made one nobody retired (an
+// arena and a superblock left per thread): tests/arena_thread_exit.cpp. So such a call
+// finds its arena by key and pins it (retire_emptied_orphans passes it by); at its end the
+// arena is retired as at the thread's exit, or left to the frees still due.
+class arena_core::late_call {
+ public:
+  late_call(arena_core& core, stream_ref const& s) : core_{core} {
+    std::lock_guard registry{core.registry_mutex_};
+    arena_ = core.find_or_create_arena_locked(s);
+    ++arena_->late_calls;
+    late_arena = {core.id_, s.key, arena_};
+  }
+  ~late_call() {
+    late_arena = outer_;
+    core_.end_late_call(*arena_);
+  }
+ private:
+  arena_core& core_;
+  stream_arena* arena_ = nullptr;
+  cache_entry const outer_ = late_arena;  // a late call into another arena (an upstream) puts it back
+};
+
+void arena_core::end_late_call(stream_arena& a) noexcept {
+  try {
+    std::lock_guard registry{registry_mutex_};  // registry, arena, global: as check_invariants
+    if (--a.late_calls != 0) { return; }
+    std::uint32_t const index = arena_by_key_.find(a.stream.key);
+    std::lock_guard lock{a.mutex};
+    if (retire_if_empty(a, a.stream)) {
+      std::erase(orphaned_arenas_, index);  // the entry would name the arena once another stream has it
+    } else if (std::find(orphaned_arenas_.begin(), orphaned_arenas_.end(), index) == orphaned_arenas_.end()) {
+      orphaned_arenas_.push_back(index);  // blocks still out: retired once they are all back
+    }
+  } catch (...) {
+    // Best effort, as at the thread's exit: exhaustion reclaims its superblocks anyway.
+  }
+}
+
 // ---- allocation -------------------------------------------------------------------------------------
 
 std::uintptr_t arena_core::allocate(std::size_t size, std::size_t alignment, stream_ref const& s) {
+  if (!s.thread_bound || !exit_hook_done) [[likely]] { return allocate_now(size, alignment, s); }
+  late_call const late{*this, s};  // a thread_local's destructor, after this thread's exit hook
+  return allocate_now(size, alignment, s);
+}
+
+std::uintptr_t arena_core::allocate_now(std::size_t size, std::size_t alignment, stream_ref const& s) {
   settle_held_back(s);
   return is_small(size, alignment) ? allocate_small(size, s) : allocate_large(size, alignment, s);
 }
@@ -520,6 +580,12 @@ std::uintptr_t arena_core::allocate_large(std::size_t size, std::size_t alignmen
 }
 
 bool arena_core::deallocate(std::uintptr_t p, std::size_t size, std::size_t alignment, stream_ref const& s) {
+  if (!s.thread_bound || !exit_hook_done) [[likely]] { return deallocate_now(p, size, alignment, s); }
+  late_call const late{*this, s};  // a thread_local's destructor, after this thread's exit hook
+  return deallocate_now(p, size, alignment, s);
+}
+
+bool arena_core::deallocate_now(std::uintptr_t p, std::size_t size, std::size_t alignment, stream_ref const& s) {
   settle_held_back(s);
   if (!is_small(size, alignment)) {
     std::lock_guard lock{global_mutex_};

@@ -247,6 +247,9 @@ class arena_core {
     // stream (create_arena), so a program that runs a thread per task does not pile up
     // arenas that every statistics call and every exhaustion walks.
     bool retired = false;
+    // Calls from its thread after that thread's exit hook that use it now (late_call;
+    // under the registry lock): it is not retired meanwhile.
+    std::uint32_t late_calls = 0;
   };
   struct chunk_record {
     chunk_id id = 0;
@@ -254,8 +257,19 @@ class arena_core {
     bool candidate = false;  // in `empty_candidates_`: was wholly free when last looked at
   };
 
+  /// allocate and deallocate, for a call that needs no late_call or has made one.
+  std::uintptr_t allocate_now(std::size_t size, std::size_t alignment, stream_ref const& s);
+  bool deallocate_now(std::uintptr_t p, std::size_t size, std::size_t alignment, stream_ref const& s);
   stream_arena* arena_for(stream_ref const& s);
   stream_arena* create_arena(stream_ref const& s);
+  /// `s`'s arena by key, else a retired one or a new one for it (registry locked).
+  stream_arena* find_or_create_arena_locked(stream_ref const& s);
+  /// A call on the calling thread's default stream after its exit hook ran (from a
+  /// thread_local destroyed later): pins that stream's arena for the call (arena_core.cpp).
+  class late_call;
+  /// The end of the last late call using `a`: retires it, as at its thread's exit, or
+  /// leaves it to the frees still due.
+  void end_late_call(stream_arena& a) noexcept;
   std::uintptr_t allocate_small(std::size_t size, stream_ref const& s);
   std::uintptr_t allocate_large(std::size_t size, std::size_t alignment, stream_ref const& s);
   /// Takes a superblock from the global arena for `a` (locked by the caller); null when none.
