@@ -64,10 +64,8 @@ void aligned_resource_adaptor::remember(std::uintptr_t aligned, std::uintptr_t o
   if (!any_over_aligned_.load(std::memory_order_relaxed)) { any_over_aligned_.store(true, std::memory_order_relaxed); }
   shard& front = shard_for(aligned);
   shard& behind = shard_behind(original);  // the same shard at the configured alignment: one lock
-  // Both locks at once (in address order) so neither table ever holds half an allocation.
-  std::unique_lock first{&front < &behind ? front.mutex : behind.mutex};
-  std::unique_lock second{&front < &behind ? behind.mutex : front.mutex, std::defer_lock};
-  if (&front != &behind) { second.lock(); }
+  // Both locks at once so neither table ever holds half an allocation.
+  auto const locks = lock_both(front, behind);
   // Only a broken upstream hands out overlapping memory; say so rather than corrupt the tables.
   auto const overlapping = [&] {
     return logic_error("aligned: the upstream handed out " + format_hex(original) + ", whose aligned address " +
@@ -98,8 +96,40 @@ void aligned_resource_adaptor::do_deallocate(void* ptr, std::size_t bytes, std::
   }
   // The upstream gets back exactly what it handed out, whatever rounding the size given had.
   record const r = forget(address, bytes, align);
-  upstream_->deallocate(reinterpret_cast<void*>(r.other), r.bytes + (align - default_alignment), stream,
-                        default_alignment);
+  try {
+    upstream_->deallocate(reinterpret_cast<void*>(r.other), r.bytes + (align - default_alignment), stream,
+                          default_alignment);
+  } catch (...) {
+    // Refused below (a checking layer, a stream error): the block is still live upstream,
+    // so it must stay known here, or a retried free would be refused as foreign and a
+    // pass-through free of the upstream's pointer behind it let through. forget() kept
+    // the tables' room, so this needs no host memory and the upstream's error is the one
+    // that propagates.
+    put_back(address, r);
+    throw;
+  }
+  give_up_rooms(address, r.other);
+}
+
+std::pair<std::unique_lock<std::mutex>, std::unique_lock<std::mutex>> aligned_resource_adaptor::lock_both(
+    shard& a, shard& b) {
+  // In address order, so two threads taking the same two never deadlock.
+  std::unique_lock first{&a < &b ? a.mutex : b.mutex};
+  std::unique_lock second{&a < &b ? b.mutex : a.mutex, std::defer_lock};
+  if (&a != &b) { second.lock(); }
+  return {std::move(first), std::move(second)};
+}
+
+void aligned_resource_adaptor::put_back(std::uintptr_t aligned, record const& r) {
+  auto const locks = lock_both(shard_for(aligned), shard_behind(r.other));
+  shard_for(aligned).by_aligned.put_back(aligned, r);
+  shard_behind(r.other).by_original.put_back(r.other, record{aligned, r.bytes, r.alignment});
+}
+
+void aligned_resource_adaptor::give_up_rooms(std::uintptr_t aligned, std::uintptr_t original) {
+  auto const locks = lock_both(shard_for(aligned), shard_behind(original));
+  shard_for(aligned).by_aligned.give_up_room();
+  shard_behind(original).by_original.give_up_room();
 }
 
 aligned_resource_adaptor::record aligned_resource_adaptor::forget(std::uintptr_t aligned, std::size_t bytes,
@@ -120,13 +150,15 @@ aligned_resource_adaptor::record aligned_resource_adaptor::forget(std::uintptr_t
     }
     found = *r;
   }
-  front.by_aligned.erase(aligned);
+  // Rooms kept (no allocation to put it back if the upstream refuses the free), until
+  // do_deallocate puts the block back or releases them.
+  front.by_aligned.erase_keeping_room(aligned);
   shard& behind = shard_behind(found.other);
   if (&behind != &front) {
     lock.unlock();  // one lock at a time: remember() takes two only in address order
     lock = std::unique_lock{behind.mutex};
   }
-  behind.by_original.erase(found.other);
+  behind.by_original.erase_keeping_room(found.other);
   return found;
 }
 

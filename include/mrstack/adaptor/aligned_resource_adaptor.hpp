@@ -26,6 +26,10 @@
 ///   see it. This costs every pass-through deallocate one table lookup under a shard's
 ///   mutex, once any over-aligned allocation was made (until then, one relaxed load).
 ///
+/// A free the upstream refuses (throws) leaves the block remembered, so it can be retried:
+/// the tables keep its room while the upstream frees it, so putting it back allocates
+/// nothing and the upstream's error is the one that propagates.
+///
 /// Thread-safe. `name()` is "aligned". `free_bytes_held`/`release` go to the upstream.
 #include <array>
 #include <atomic>
@@ -84,8 +88,16 @@ class aligned_resource_adaptor final : public memory_resource {
   void remember(std::uintptr_t aligned, std::uintptr_t original, std::size_t bytes, std::size_t align);
   /// Forgets the over-aligned block at `aligned` and returns its record (`other`: the
   /// upstream's pointer), or throws (changing nothing) when it is not live or was
-  /// allocated with another size or alignment.
+  /// allocated with another size or alignment. Both tables keep the block's room until
+  /// `put_back` or `give_up_rooms`.
   record forget(std::uintptr_t aligned, std::size_t bytes, std::size_t align);
+  /// Remembers again a block `forget` took out (its free was refused), in the rooms it
+  /// kept: no allocation.
+  void put_back(std::uintptr_t aligned, record const& r);
+  /// Gives up the rooms `forget` kept, once the upstream has taken the block back.
+  void give_up_rooms(std::uintptr_t aligned, std::uintptr_t original);
+  /// The locks of two shards (one when they are the same), taken in address order.
+  static std::pair<std::unique_lock<std::mutex>, std::unique_lock<std::mutex>> lock_both(shard& a, shard& b);
   /// Throws when `ptr` is the upstream's pointer behind a live over-aligned block (a
   /// pass-through free of it would free that block under its owner).
   void refuse_if_behind_live(std::uintptr_t ptr, std::size_t bytes, std::size_t alignment) const;
