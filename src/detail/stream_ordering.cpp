@@ -28,32 +28,39 @@ thread_registry& threads() {
   return *r;
 }
 
-struct thread_identity {
-  std::uintptr_t key;
-  thread_identity() {
+// The calling thread's key: trivially destructible, so a call from a thread_local destroyed
+// after the thread's registration below (one built before this thread's first key) still
+// reads it legally. Such a late call's thread already counts as exited.
+thread_local std::uintptr_t this_key = 0;
+
+/// Notes the thread's key as live from its first call until the thread exits.
+struct thread_registration {
+  thread_registration() {
     thread_registry& r = threads();
     std::lock_guard lock{r.mutex};
-    key = (r.next++ << 1) | 1U;
+    this_key = (r.next++ << 1) | 1U;
     try {
-      r.live.insert(key);
+      r.live.insert(this_key);
     } catch (...) {
       r.complete = false;  // the safe answer from now on: no thread has exited
     }
   }
-  thread_identity(thread_identity const&) = delete;
-  thread_identity& operator=(thread_identity const&) = delete;
-  ~thread_identity() {
+  thread_registration(thread_registration const&) = delete;
+  thread_registration& operator=(thread_registration const&) = delete;
+  ~thread_registration() {
     thread_registry& r = threads();
     std::lock_guard lock{r.mutex};
-    r.live.erase(key);
+    r.live.erase(this_key);
   }
 };
 
 }  // namespace
 
 std::uintptr_t this_thread_key() noexcept {
-  thread_local thread_identity const identity;
-  return identity.key;
+  if (this_key != 0) [[likely]] { return this_key; }
+  thread_local thread_registration const registration;  // sets this_key
+  (void)registration;
+  return this_key;
 }
 
 bool thread_has_exited(std::uintptr_t key) {
