@@ -31,6 +31,7 @@ namespace {
 
 constexpr std::size_t KiB = 1024;
 constexpr std::size_t MiB = 1024 * KiB;
+constexpr std::size_t block = 64 * KiB;  // every block the scenario allocates
 
 // The fake seam, serialized, whose synchronizations first run `slow_sync` (outside the
 // seam's lock): the time the device takes to finish its work.
@@ -94,7 +95,6 @@ TEST_CASE("pool sync under lock: calls that need the synchronizing thread's lock
     o.growth_divisor = 1000;  // slabs of 4 MiB
     pool_memory_resource mr{std::make_shared<simulated_memory_resource>(), 0, 12 * MiB, o};
     stream_view const created{reinterpret_cast<cudaStream_t>(std::uintptr_t{0x7000})};
-    std::size_t const n = 64 * KiB;
     std::atomic<void*> kept{nullptr};
     std::atomic<int> slow{0};
     std::mutex callers_mutex;
@@ -103,7 +103,7 @@ TEST_CASE("pool sync under lock: calls that need the synchronizing thread's lock
       if (slow.fetch_add(1) >= 3) { return; }
       std::lock_guard lock{callers_mutex};
       if (void* const p = kept.exchange(nullptr)) {
-        callers.emplace_back([&mr, p, n] { mr.deallocate(p, n, stream_view::per_thread()); });
+        callers.emplace_back([&mr, p] { mr.deallocate(p, block, stream_view::per_thread()); });
       }
       callers.emplace_back([&mr] { (void)mr.fragmentation(); });
       callers.emplace_back([&mr] { (void)mr.free_bytes(); });
@@ -116,21 +116,21 @@ TEST_CASE("pool sync under lock: calls that need the synchronizing thread's lock
     within_deadline(shards != 0 ? "sharded" : "unsharded", [&] {
       std::thread{[&] {
         std::vector<void*> first;
-        for (int i = 0; i < 60; ++i) { first.push_back(mr.allocate(n, stream_view::per_thread())); }
+        for (int i = 0; i < 60; ++i) { first.push_back(mr.allocate(block, stream_view::per_thread())); }
         kept = first.back();
         first.pop_back();
         std::thread{[&] {
-          for (void* p : first) { mr.deallocate(p, n, created); }
+          for (void* p : first) { mr.deallocate(p, block, created); }
         }}.join();
         std::vector<void*> more;
         for (int i = 0; i < 160; ++i) {  // 10 MiB live in all: within the 12 MiB
           try {
-            more.push_back(mr.allocate(n, stream_view::per_thread()));
+            more.push_back(mr.allocate(block, stream_view::per_thread()));
           } catch (out_of_memory const&) {
             ++refusals;
           }
         }
-        for (void* p : more) { mr.deallocate(p, n, stream_view::per_thread()); }
+        for (void* p : more) { mr.deallocate(p, block, stream_view::per_thread()); }
       }}.join();
       for (;;) {  // a caller may start more (release() synchronizes): joined without the lock
         std::vector<std::thread> started;
@@ -147,5 +147,8 @@ TEST_CASE("pool sync under lock: calls that need the synchronizing thread's lock
     CHECK(kept.load() == nullptr);
     CHECK(mr.check_invariants() == "");
     CHECK(mr.stats().used_bytes == 0);
+    // The pool's destructor synchronizes too, after this scope's locals are gone; the
+    // seam outlives them (the pool shares it), so it must stop referring to them.
+    seam->slow_sync = nullptr;
   }
 }
