@@ -3,11 +3,30 @@
 #include <algorithm>
 #include <bit>
 
+#include <mrstack/suballoc/arena_memory_resource.hpp>
 #include <mrstack/suballoc/fixed_size_memory_resource.hpp>
+#include <mrstack/suballoc/pool_memory_resource.hpp>
 
 namespace mrstack {
 
 namespace {
+
+/// Whether `r` answers fragmentation() with figures of its own. The library's other layers
+/// (the adaptors) answer with their upstream's (memory_resource::do_fragmentation), so a
+/// pool behind an adaptor bin and as the large resource is one set of figures, not two.
+bool answers_fragmentation(memory_resource const& r) noexcept {
+  return dynamic_cast<pool_memory_resource const*>(&r) != nullptr ||
+         dynamic_cast<arena_memory_resource const*>(&r) != nullptr ||
+         dynamic_cast<fixed_size_memory_resource const*>(&r) != nullptr ||
+         dynamic_cast<binning_memory_resource const*>(&r) != nullptr;
+}
+
+/// The layer whose figures `r->fragmentation()` gives: `r`, or the first layer under it
+/// that answers for itself (the bottom of the stack when none does).
+memory_resource const* fragmentation_layer(memory_resource const* r) noexcept {
+  while (!answers_fragmentation(*r) && r->upstream() != nullptr) { r = r->upstream(); }
+  return r;
+}
 
 /// Blocks per chunk for a default bin: at least 128, and chunks of at least 2 MiB, so
 /// small bins do not call the upstream for every few kilobytes.
@@ -109,18 +128,18 @@ fragmentation_info binning_memory_resource::do_fragmentation() const {
       it->largest_free_block = std::max(it->largest_free_block, share.largest_free_block);
     }
   };
-  // A resource that serves several bins, or bins and the large requests, is added once.
-  auto added_before = [this](memory_resource const* r, std::size_t bins_before) {
-    return std::any_of(bins_.begin(), bins_.begin() + static_cast<std::ptrdiff_t>(bins_before),
-                       [r](bin const& b) { return b.resource.get() == r; });
+  // Each suballocator is added once, whichever of its stacks reach it (several bins, bins
+  // and the large requests, an adaptor in front of it); the upstream's figures are not
+  // this layer's, nor are those of an adaptor in front of it.
+  std::vector<memory_resource const*> seen{fragmentation_layer(upstream_.get())};
+  auto add_once = [&](memory_resource const* r) {
+    memory_resource const* const layer = fragmentation_layer(r);
+    if (std::find(seen.begin(), seen.end(), layer) != seen.end()) { return; }
+    seen.push_back(layer);
+    add(layer->fragmentation());
   };
-  for (std::size_t i = 0; i < bins_.size(); ++i) {
-    memory_resource const* const r = bins_[i].resource.get();
-    if (r != upstream_.get() && !added_before(r, i)) { add(r->fragmentation()); }
-  }
-  // The large resource counts when it is a suballocator of its own (not the upstream,
-  // whose fragmentation is not this layer's).
-  if (large_ != upstream_.get() && !added_before(large_, bins_.size())) { add(large_->fragmentation()); }
+  for (auto const& b : bins_) { add_once(b.resource.get()); }
+  add_once(large_);
   return info;
 }
 

@@ -22,8 +22,9 @@
 ///   before sharing the resource between threads).
 /// - `free_bytes_held()` counts the free bytes of every layer of the bins', the large
 ///   resource's and the upstream's stacks once, however many of them stand on it (a pool
-///   under several bins); `fragmentation()` adds up each bin resource and the large one
-///   once. `release()` releases every bin, then the large resource and the upstream.
+///   under several bins); `fragmentation()` adds up each suballocator behind the bins and
+///   the large resource once (an adaptor answers with its upstream's figures).
+///   `release()` releases every bin, then the large resource and the upstream.
 #include <array>
 #include <bit>
 #include <cstddef>
