@@ -23,7 +23,9 @@
 /// - `free_bytes_held()` counts the free bytes of every layer of the bins', the large
 ///   resource's and the upstream's stacks once, however many of them stand on it (a pool
 ///   under several bins); `fragmentation()` adds up each suballocator behind the bins and
-///   the large resource once (an adaptor answers with its upstream's figures).
+///   the large resource once (an adaptor answers with its upstream's figures; the
+///   suballocators are told apart by type — pool, arena, fixed_size, binning — so a
+///   resource of one's own with an upstream counts as an adaptor here).
 ///   `release()` releases every bin, then the large resource and the upstream.
 #include <array>
 #include <bit>
