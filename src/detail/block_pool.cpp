@@ -513,32 +513,44 @@ std::size_t block_pool::live_size(std::uintptr_t address) const {
   return size_of(at(b));
 }
 
-std::uintptr_t block_pool::allocate_across(std::size_t size, std::size_t alignment, owner_id owner,
-                                           owner_id partner) {
-  if (owner == partner || partner >= indexes_.size() || !indexes_[partner] || alignment < granularity) { return 0; }
+std::size_t block_pool::run_with(std::uint32_t node, owner_id owner, owner_id partner) const noexcept {
   auto joins = [&](std::uint32_t n) {
     return n != npos && at(n).state == state_free && (at(n).owner == owner || at(n).owner == partner);
   };
+  std::size_t run = size_of(at(node));
+  bool with_owner = false;  // a run of the partner's blocks alone would have merged
+  for (std::uint32_t p = at(node).prev; joins(p); p = at(p).prev) {
+    run += size_of(at(p));
+    with_owner = with_owner || at(p).owner == owner;
+  }
+  for (std::uint32_t n = at(node).next; joins(n); n = at(n).next) {
+    run += size_of(at(n));
+    with_owner = with_owner || at(n).owner == owner;
+  }
+  return with_owner ? run : 0;
+}
+
+std::uintptr_t block_pool::allocate_across(std::size_t size, std::size_t alignment, owner_id owner,
+                                           owner_id partner) {
+  if (owner == partner || partner >= indexes_.size() || !indexes_[partner] || alignment < granularity) { return 0; }
   std::size_t const needed = size + (alignment - granularity);  // room to align wherever the run starts
+  class_index const& parked = *indexes_[partner];
+  // Under the pool's lock on every request the owner's blocks missed: the two owners'
+  // bytes together bound any run, and only the partner's non-empty classes are visited
+  // (a walk of all 896 lists took about as long as a whole call).
+  if (parked.bytes + free_bytes(owner) < needed) { return 0; }  // free bytes of one address space: no wrap
   std::uint32_t found = npos;
-  for (auto const& list : indexes_[partner]->lists) {
-    for (free_entry const& e : list) {
-      std::size_t run = size_of(at(e.node));
-      bool with_owner = false;  // a run of the partner's blocks alone would have merged
-      for (std::uint32_t p = at(e.node).prev; joins(p); p = at(p).prev) {
-        run += size_of(at(p));
-        with_owner = with_owner || at(p).owner == owner;
-      }
-      for (std::uint32_t n = at(e.node).next; joins(n); n = at(n).next) {
-        run += size_of(at(n));
-        with_owner = with_owner || at(n).owner == owner;
-      }
-      if (with_owner && run >= needed) {
-        found = e.node;
-        break;
+  for (std::uint32_t fls = parked.fl_bitmap; fls != 0 && found == npos; fls &= fls - 1) {
+    auto const fl = static_cast<unsigned>(std::countr_zero(fls));
+    for (std::uint32_t sls = parked.sl_bitmap[fl]; sls != 0 && found == npos; sls &= sls - 1) {
+      auto const sl = static_cast<unsigned>(std::countr_zero(sls));
+      for (free_entry const& e : parked.lists[fl * sl_count + sl]) {
+        if (run_with(e.node, owner, partner) >= needed) {
+          found = e.node;
+          break;
+        }
       }
     }
-    if (found != npos) { break; }
   }
   if (found == npos) { return 0; }
   remove_free(found);
