@@ -7,6 +7,7 @@
 #include <catch2/catch.hpp>
 
 #include <fake_stream_sync.hpp>
+#include <stream_model.hpp>
 #include <freed_ranges.hpp>
 #include <simulated_threads.hpp>
 #include <faked_pool.hpp>
@@ -24,6 +25,8 @@
 
 using namespace mrstack;
 using detail::stream_ref;
+using test::created;
+using test::pending_free;
 using test::fake_stream_sync;
 using test::freed_ranges;
 using test::current_thread;
@@ -34,20 +37,11 @@ namespace {
 constexpr std::size_t KiB = 1024;
 constexpr std::size_t MiB = 1024 * KiB;
 
-stream_ref created(std::uintptr_t handle) { return stream_ref{handle, handle, false}; }
-
 struct live_block {
   std::size_t size;
   std::uintptr_t stream;
 };
 
-/// A thread between its prerecord and its free: the block, the last use's clock, what it
-/// did before the lock (found the stream idle, or recorded an event).
-struct pending_free {
-  std::uintptr_t address;
-  std::uint64_t clock;
-  detail::prepark before;
-};
 
 /// What one model run saw: prerecorded events adopted, and parks that found their stream
 /// idle (its memory made synchronized instead).

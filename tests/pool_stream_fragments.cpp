@@ -7,6 +7,7 @@
 #include <catch2/catch.hpp>
 
 #include <fake_stream_sync.hpp>
+#include <stream_model.hpp>
 #include <small_vmm.hpp>
 
 #include <mrstack/detail/block_pool.hpp>
@@ -18,6 +19,7 @@
 using namespace mrstack;
 using detail::block_pool;
 using detail::stream_ref;
+using test::created;
 
 namespace {
 
@@ -25,8 +27,6 @@ constexpr std::size_t KiB = 1024;
 constexpr std::size_t MiB = 1024 * KiB;
 constexpr std::size_t G = test::vmm_granule;
 constexpr std::uintptr_t base = 0x700000000000;
-
-stream_ref created(std::uintptr_t handle) { return stream_ref{handle, handle, false}; }
 
 /// Every free of at least `park_at` bytes parks its stream (no contention window).
 detail::park_policy parks_from(std::size_t park_at) {

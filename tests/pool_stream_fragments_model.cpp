@@ -9,6 +9,7 @@
 #include <catch2/catch.hpp>
 
 #include <fake_stream_sync.hpp>
+#include <stream_model.hpp>
 #include <freed_ranges.hpp>
 #include <simulated_threads.hpp>
 
@@ -25,6 +26,8 @@
 
 using namespace mrstack;
 using detail::stream_ref;
+using test::created;
+using test::pending_free;
 using test::current_thread;
 using test::fake_stream_sync;
 using test::freed_ranges;
@@ -35,18 +38,11 @@ namespace {
 constexpr std::size_t KiB = 1024;
 constexpr std::size_t granule = 64 * KiB;
 
-stream_ref created(std::uintptr_t handle) { return stream_ref{handle, handle, false}; }
-
 struct live_block {
   std::size_t size;
   std::uintptr_t stream;
 };
 
-struct pending_free {
-  std::uintptr_t address;
-  std::uint64_t clock;
-  detail::prepark before;
-};
 
 void run_model(std::uint64_t seed, int steps) {
   CAPTURE(seed);
