@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include <mrstack/detail/in_place_pool_growth.hpp>
@@ -39,12 +40,14 @@ arena_core::statistics arena_core::stats() const {
     std::lock_guard lock{registry_mutex_};
     for (auto const& a : arenas_) { all.push_back(a.get()); }
   }
+  // A stream's thread shards add to its own arena's share: one share per stream.
+  std::unordered_map<stream_arena const*, std::size_t> share_of_family;
   for (stream_arena* a : all) {
     statistics::stream_share share;
     {
       std::lock_guard arena_lock{a->mutex};
       if (a->retired) { continue; }
-      ++st.stream_arenas;
+      ++(a->family == a ? st.stream_arenas : st.thread_shard_arenas);
       share.stream = a->stream;
       share.free_bytes = a->free_bytes;
       share.free_blocks = a->free_blocks;
@@ -58,7 +61,15 @@ arena_core::statistics arena_core::stats() const {
     st.free_bytes_in_arenas += share.free_bytes;
     st.free_blocks_in_arenas += share.free_blocks;
     st.largest_free_in_arenas = std::max(st.largest_free_in_arenas, share.largest_free_block);
-    st.streams.push_back(share);
+    auto const [it, first] = share_of_family.try_emplace(a->family, st.streams.size());
+    if (first) {
+      st.streams.push_back(share);
+      continue;
+    }
+    statistics::stream_share& family = st.streams[it->second];
+    family.free_bytes += share.free_bytes;
+    family.free_blocks += share.free_blocks;
+    family.largest_free_block = std::max(family.largest_free_block, share.largest_free_block);
   }
   // The locks were not held together: an arena may have taken superblocks in between.
   std::size_t const in_arenas = st.superblocks_in_arenas * opts_.superblock_size;

@@ -193,7 +193,7 @@ void arena_core::retire_emptied_orphans() {
 
 // ---- stream arenas ---------------------------------------------------------------------------------
 
-arena_core::stream_arena* arena_core::arena_for(stream_ref const& s) {
+arena_core::stream_arena* arena_core::keyed_arena_for(stream_ref const& s) {
   if (arena_cache_last.core_id == id_ && arena_cache_last.key == s.key) {
     return static_cast<stream_arena*>(arena_cache_last.arena);
   }
@@ -230,13 +230,15 @@ arena_core::stream_arena* arena_core::find_or_create_arena_locked(stream_ref con
     arena_by_key_.insert(s.key, index);
     retired_arenas_.pop_back();
     std::lock_guard lock{a.mutex};  // statistics may be reading it
-    a.stream = s;  // nothing else to reset: it was retired holding nothing
+    a.stream = s;  // nothing else to reset: it was retired holding nothing (and never sharded)
     a.retired = false;
+    a.creator_shard = this_thread_shard();
     streams_in_use_.fetch_add(1, std::memory_order_relaxed);
     return &a;
   }
   auto a = std::make_unique<stream_arena>();
   a->stream = s;
+  a->creator_shard = this_thread_shard();
   // push_block and acquire_superblock add spares while holding superblocks off every
   // list: with this room (grown as the arena grows, in acquire_superblock) they never
   // allocate there.
@@ -551,7 +553,11 @@ std::uintptr_t arena_core::allocate_small(std::size_t size, stream_ref const& s)
   for (int attempt = 0; attempt < 3; ++attempt) {
     if (attempt == 1) { reclaim(s); }  // never while holding an arena lock: reclaim takes them all
     if (attempt == 2) { synchronize_everything(); }
-    std::lock_guard lock{a->mutex};
+    std::unique_lock lock{a->mutex, std::try_to_lock};
+    if (!lock.owns_lock()) {
+      lock.lock();
+      note_contention(*a);
+    }
     superblock* sb = a->lists[cls];
     if (sb == nullptr) { sb = acquire_superblock(*a, cls); }
     if (sb != nullptr) { return pop_block(*a, *sb, size); }
@@ -597,7 +603,7 @@ bool arena_core::deallocate_now(std::uintptr_t p, std::size_t size, std::size_t 
   // Read without the lock: a superblock holding a live block stays with its arena.
   stream_arena* const owner = sb->arena.load(std::memory_order_acquire);
   if (owner == nullptr) { return false; }
-  if (owner != arena_for(s)) {
+  if (owner->family != keyed_arena_for(s)) {
     // Another stream's arena: its stream may reuse the block at once, so this stream's
     // work on it must be finished first. A stream being captured into a graph cannot be
     // synchronized (CUDA refuses and ends the capture): the block waits for its first
@@ -628,42 +634,6 @@ bool arena_core::hold_back(superblock& sb, stream_arena* owner, std::uintptr_t p
   if (freeing->freed_in_capture.empty()) { held_back_streams_.fetch_add(1, std::memory_order_relaxed); }
   freeing->freed_in_capture.push_back({&sb, index, freeing->held_back_total++});
   return true;
-}
-
-void arena_core::settle_held_back_slow(stream_ref const& s) {
-  stream_arena* const a = arena_for(s);
-  std::uint64_t ready = 0;  // blocks numbered below this were held before the synchronization
-  {
-    std::lock_guard lock{a->mutex};
-    if (a->freed_in_capture.empty() || sync_->capturing(s.handle)) { return; }
-    ready = a->held_back_total;
-  }
-  // Before the blocks leave the list. What this orders is the work s itself enqueued;
-  // the graph's own work runs at its launches, which ordering with the memory freed in
-  // its capture is the caller's (as with the pool). A failure leaves the blocks held back
-  // for a later call, and does not fail this one.
-  try {
-    sync_->synchronize(s.handle);
-  } catch (std::exception const&) {
-    return;
-  }
-  std::vector<stream_arena::held_block> blocks;
-  {
-    std::lock_guard lock{a->mutex};
-    auto& held = a->freed_in_capture;
-    // Another thread on s may have settled some meanwhile, or held back more in a new
-    // capture (those wait for its end): only blocks held before the synchronization go.
-    auto const last = std::find_if(held.begin(), held.end(), [&](auto const& h) { return h.number >= ready; });
-    blocks.assign(held.begin(), last);
-    held.erase(held.begin(), last);
-    if (!blocks.empty() && held.empty()) { held_back_streams_.fetch_sub(1, std::memory_order_relaxed); }
-  }
-  for (auto const& h : blocks) {
-    stream_arena* const owner = h.sb->arena.load(std::memory_order_acquire);
-    std::lock_guard lock{owner->mutex};
-    --h.sb->held_back;
-    push_block(*owner, *h.sb, h.index, s);
-  }
 }
 
 bool arena_core::live_block(superblock const& sb, stream_arena const* owner, std::uintptr_t p,

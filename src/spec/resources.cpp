@@ -310,7 +310,14 @@ std::vector<spec_resource> builtin_resources() {
                     .within(0, 512 * GiB),
                 flag_param("grow_in_place", optional_param,
                            "over vmm/simulated_vmm: one chunk grown in place, free granules given back past max_free",
-                           "true")},
+                           "true"),
+                flag_param("thread_shards", optional_param,
+                           "threads contending for one stream's arena get an arena each on that stream", "true"),
+                count_param("shard_after_contentions", optional_param,
+                            "give a stream thread shards once its arena's lock was found taken this many times "
+                            "(0: once a second thread calls on it)",
+                            "256")
+                    .within(0, 1U << 30)},
                [](spec_arguments const& a, resource_ptr up) -> resource_ptr {
                  arena_options o;
                  o.superblock_size = a.size("superblock_size").value_or(o.superblock_size);
@@ -321,6 +328,8 @@ std::vector<spec_resource> builtin_resources() {
                  o.growth_divisor = a.count("growth_divisor").value_or(o.growth_divisor);
                  o.minimum_growth = a.size("minimum_growth").value_or(o.minimum_growth);
                  o.grow_in_place = a.flag("grow_in_place").value_or(o.grow_in_place);
+                 o.thread_shards = a.flag("thread_shards").value_or(o.thread_shards);
+                 o.shard_after_contentions = a.count("shard_after_contentions").value_or(o.shard_after_contentions);
                  return std::make_shared<arena_memory_resource>(std::move(up), *a.size("size"), o);
                }});
   r.back().validate = validate_arena;

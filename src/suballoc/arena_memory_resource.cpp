@@ -23,6 +23,8 @@ detail::arena_core::options core_options(arena_options const& o, std::size_t max
   opts.max_free_bytes = o.max_free_bytes == arena_options::a_quarter_of_the_size ? max_size / 4 : o.max_free_bytes;
   opts.growth_divisor = o.growth_divisor;
   opts.minimum_growth = o.minimum_growth;
+  opts.thread_shards = o.thread_shards;
+  opts.shard_after_contentions = o.shard_after_contentions;
   opts.grow_in_place_over = o.grow_in_place && !o.eager ? dynamic_cast<virtual_range*>(&upstream) : nullptr;
   return opts;
 }

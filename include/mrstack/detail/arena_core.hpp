@@ -30,6 +30,16 @@
 /// its own arena (uncontended when streams are per thread), takes a superblock with free
 /// blocks of its class and pops a block index: O(1).
 ///
+/// Threads sharing one stream (a created stream or the legacy one) would all take that
+/// stream's arena lock. Once they contend for it (`shard_after_contentions` times found
+/// it taken), the stream gets *thread shards*: one arena per thread shard index
+/// (detail/sharded_counters.hpp: distinct among up to 64 live threads, handed on when a
+/// thread exits), all on the same stream, the first being the stream's own arena, kept by
+/// the thread that created it. A block freed on that stream by any thread goes straight
+/// back to the shard it came from (same stream: no synchronization), a batch one shard
+/// handed to the depot is another's with no wait, and a block held back during a capture
+/// is settled at any thread's next call on the stream (arena_thread_shards.cpp).
+///
 /// Size classes: 256-byte units, exact up to 1 KiB, then four classes per power of two
 /// (at most 25% rounding waste, 44 classes up to 1 MiB).
 ///
@@ -83,6 +93,7 @@
 #include <mrstack/detail/address_map.hpp>
 #include <mrstack/detail/lean_mutex.hpp>
 #include <mrstack/detail/page_map.hpp>
+#include <mrstack/detail/sharded_counters.hpp>
 #include <mrstack/detail/stream_ordering.hpp>
 
 namespace mrstack {
@@ -126,6 +137,11 @@ class arena_core {
     /// Not null (and not `eager`): grow one chunk in place over this range instead of
     /// taking chunks from the upstream; the range must outlive the core.
     virtual_range* grow_in_place_over = nullptr;
+    /// Threads contending for one stream's arena get an arena each on that stream
+    /// (thread shards), once they found its lock taken `shard_after_contentions` times
+    /// (0: once a second thread calls on the stream).
+    bool thread_shards = true;
+    std::size_t shard_after_contentions = 256;
   };
 
   /// Takes its chunks from `upstream` (which must outlive the core); with `opts.eager`,
@@ -180,7 +196,8 @@ class arena_core {
     std::size_t largest_free_block = 0;       ///< in the global arena
     std::size_t superblocks_in_arenas = 0;
     std::size_t free_bytes_in_arenas = 0;     ///< free small blocks inside arenas' superblocks
-    std::size_t stream_arenas = 0;
+    std::size_t stream_arenas = 0;            ///< one per stream, its thread shards not counted
+    std::size_t thread_shard_arenas = 0;      ///< arenas of streams' thread shards besides the streams' own
     std::size_t large_live_bytes = 0;
     std::size_t free_blocks_in_arenas = 0;
     std::size_t global_free_blocks = 0;
@@ -191,7 +208,7 @@ class arena_core {
       std::size_t largest_free_block = 0;
       std::size_t free_blocks = 0;
     };
-    std::vector<stream_share> streams;        ///< one per stream arena
+    std::vector<stream_share> streams;        ///< one per stream (its thread shards summed)
   };
   /// No walk over blocks: O(stream arenas x size classes); each lock held briefly, one at a time.
   [[nodiscard]] statistics stats() const;
@@ -201,6 +218,10 @@ class arena_core {
 
  private:
   struct stream_arena;
+  /// A stream's thread shards: its arenas by thread shard index (null: not made yet).
+  struct shard_table {
+    std::array<std::atomic<stream_arena*>, counter_shards> arenas{};
+  };
   struct superblock {
     std::uintptr_t base = 0;
     // Owner while carved out of the global arena. Atomic: a free reads it before it takes
@@ -250,6 +271,17 @@ class arena_core {
     // Calls from its thread after that thread's exit hook that use it now (late_call;
     // under the registry lock): it is not retired meanwhile.
     std::uint32_t late_calls = 0;
+    // Thread shards (arena_thread_shards.cpp), on a line of their own: every thread on a
+    // sharded stream reads them at each call, while the creator's calls write the fields
+    // above. `family`: the arena the stream's key maps to (this one, or the one whose
+    // shard this is); set before the arena is published and never changed, so a free
+    // compares families without a lock. `shards`: set once threads contend for this
+    // arena (published under its lock, read without).
+    alignas(64) stream_arena* family = this;
+    std::atomic<shard_table*> shards{nullptr};
+    std::unique_ptr<shard_table> shard_storage;  // what `shards` points to
+    std::size_t contentions = 0;                 // locks found taken (under the lock)
+    std::size_t creator_shard = 0;               // the shard index this arena serves once sharded
   };
   struct chunk_record {
     chunk_id id = 0;
@@ -260,7 +292,23 @@ class arena_core {
   /// allocate and deallocate, for a call that needs no late_call or has made one.
   std::uintptr_t allocate_now(std::size_t size, std::size_t alignment, stream_ref const& s);
   bool deallocate_now(std::uintptr_t p, std::size_t size, std::size_t alignment, stream_ref const& s);
+  /// The calling thread's arena on `s`: the stream's own, or its thread shard once it has them.
   stream_arena* arena_for(stream_ref const& s);
+  /// The arena `s`'s key maps to (through the thread's cache), not a thread shard.
+  stream_arena* keyed_arena_for(stream_ref const& s);
+  // ---- thread shards (arena_thread_shards.cpp) ----
+  /// `a`'s lock was found taken (held now): shards its stream past the threshold.
+  void note_contention(stream_arena& a);
+  /// Gives `a` (locked by the caller; a created or legacy stream's own arena) its shard table.
+  void start_thread_shards_locked(stream_arena& a);
+  /// The calling thread's shard of `family`'s stream, made when first needed.
+  stream_arena* thread_shard(stream_arena& family, shard_table& table, stream_ref const& s);
+  /// True when threads may shard `a`'s stream (not a per-thread default stream's, not a shard).
+  [[nodiscard]] bool may_shard(stream_arena const& a) const noexcept {
+    return opts_.thread_shards && !a.stream.thread_bound && a.family == &a;
+  }
+  /// Settles what `a` holds back for `s` (see settle_held_back).
+  void settle_arena(stream_arena& a, stream_ref const& s);
   stream_arena* create_arena(stream_ref const& s);
   /// `s`'s arena by key, else a retired one or a new one for it (registry locked).
   stream_arena* find_or_create_arena_locked(stream_ref const& s);
