@@ -5,8 +5,9 @@
 // stack is set to move memory as much as it can while the threads run: the arena gives
 // chunks back past a small free bound (over cuda) or decommits granules (over vmm), the
 // pool over vmm gives free granules back past a small threshold, binning's caches go
-// between threads. Every read-back must see its own tag. A control ([.control]) runs
-// the arena with an event seam that does nothing, and must see poison.
+// between threads. Every read-back must see its own tag. The same with 16 threads sharing
+// 4 streams, where the arenas give each thread its own arena on each stream. A control
+// ([.control]) runs the arena with an event seam that does nothing, and must see poison.
 #include <catch2/catch.hpp>
 
 #include <poisoned_stream_workers.hpp>
@@ -77,6 +78,38 @@ TEST_CASE("gpu stack threads: 16 threads x 4 streams keep their data while memor
     CHECK(r.bad_blocks == 0);
     CHECK(invariants_of(*mr) == "");
     if (c.gives_back) { CHECK(gave_back > 0); }
+    mr->release();
+  }
+}
+
+TEST_CASE("gpu stack threads: 16 threads sharing 4 streams keep their data; the arenas shard each stream") {
+  // Threads meeting on one created stream: the arena gives each its own arena on the
+  // stream (thread shards, here from the second thread on), the pool its thread shards.
+  // A block freed on a stream goes back to the shard it came from, whichever thread frees
+  // it, and is reused there only in the stream's order.
+  stack_case const cases[] = {
+      {"arena(size=4GiB, max_free=32MiB, minimum_growth=8MiB, shard_after_contentions=0) > cuda", true},
+      {"arena(size=4GiB, max_free=32MiB, shard_after_contentions=0) > vmm", true},
+      {"pool(shard_after_contentions=0) > cuda", false},
+  };
+  stream_worker_options options;
+  options.shared_streams = 4;
+  options.cross_stream_frees = true;
+  for (auto const& c : cases) {
+    resource_ptr const mr = make_stack(c.spec);
+    auto const r = run_poisoned_stream_workers(*mr, options);
+    std::size_t shards = 0;
+    if (auto* arena = dynamic_cast<arena_memory_resource*>(mr.get())) { shards = arena->stats().thread_shard_arenas; }
+    std::printf("%s: checked %zu blocks, %zu with foreign bytes, %zu freed on another stream, %zu thread shard arenas\n",
+                c.spec, r.blocks_checked, r.bad_blocks, r.cross_stream_frees, shards);
+    INFO(c.spec);
+    CHECK(r.errors == 0);
+    CHECK(r.blocks_checked > 16 * 100);
+    CHECK(r.cross_stream_frees > 16 * 10);
+    CHECK(r.bad_blocks == 0);
+    CHECK(invariants_of(*mr) == "");
+    if (dynamic_cast<arena_memory_resource*>(mr.get()) != nullptr) { CHECK(shards >= 4 * 8); }
+    if (c.gives_back) { CHECK(give_backs(*mr) > 0); }
     mr->release();
   }
 }

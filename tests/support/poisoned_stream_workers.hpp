@@ -7,7 +7,8 @@
 // overwritten by it after the new owner wrote its tag, and the new owner's read-back
 // sees the poison. With `cross_stream_frees`, some blocks are freed on another of the
 // thread's streams, ordered after the poison by an event wait (as a correct program
-// must): the resource must then treat the block as that stream's.
+// must): the resource must then treat the block as that stream's. With `shared_streams`,
+// every thread uses the same created streams instead (threads meeting on one stream).
 #include <mrstack/error.hpp>
 #include <mrstack/resource.hpp>
 
@@ -28,6 +29,8 @@ struct stream_worker_options {
   std::size_t streams_per_thread = 4;
   int steps = 400;
   bool cross_stream_frees = false;
+  /// > 0: this many created streams that every thread uses (not `streams_per_thread` of its own).
+  std::size_t shared_streams = 0;
 };
 
 struct stream_worker_outcome {
@@ -84,10 +87,24 @@ struct counters {
   std::atomic<std::size_t> errors{0};
 };
 
-inline void work(memory_resource& mr, stream_worker_options const& o, std::size_t t, counters& c) {
-  std::mt19937_64 rng{1234 + t};
-  std::vector<cudaStream_t> streams(o.streams_per_thread);
+inline std::vector<cudaStream_t> create_streams(std::size_t n) {
+  std::vector<cudaStream_t> streams(n);
   for (auto& s : streams) { MRSTACK_CUDA_TRY(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking)); }
+  return streams;
+}
+
+inline void destroy_streams(std::vector<cudaStream_t> const& streams) {
+  for (auto s : streams) {
+    MRSTACK_CUDA_TRY(cudaStreamSynchronize(s));
+    MRSTACK_CUDA_TRY(cudaStreamDestroy(s));
+  }
+}
+
+/// One thread's steps, on `shared` streams or (empty) on streams of its own.
+inline void work(memory_resource& mr, stream_worker_options const& o, std::size_t t, counters& c,
+                 std::vector<cudaStream_t> const& shared) {
+  std::mt19937_64 rng{1234 + t};
+  std::vector<cudaStream_t> const streams = shared.empty() ? create_streams(o.streams_per_thread) : shared;
   std::vector<live_block> live;
   std::vector<unsigned char> host;
   auto check_and_free = [&](std::size_t k) {
@@ -121,10 +138,7 @@ inline void work(memory_resource& mr, stream_worker_options const& o, std::size_
     }
   }
   while (!live.empty()) { check_and_free(live.size() - 1); }
-  for (auto s : streams) {
-    MRSTACK_CUDA_TRY(cudaStreamSynchronize(s));
-    MRSTACK_CUDA_TRY(cudaStreamDestroy(s));
-  }
+  if (shared.empty()) { destroy_streams(streams); }
 }
 
 }  // namespace poisoned_detail
@@ -132,11 +146,12 @@ inline void work(memory_resource& mr, stream_worker_options const& o, std::size_
 /// Runs the workers on `mr` and counts what their read-backs saw.
 inline stream_worker_outcome run_poisoned_stream_workers(memory_resource& mr, stream_worker_options const& o = {}) {
   poisoned_detail::counters c;
+  std::vector<cudaStream_t> const shared = poisoned_detail::create_streams(o.shared_streams);
   std::vector<std::thread> workers;
   for (std::size_t t = 0; t < o.threads; ++t) {
     workers.emplace_back([&, t] {
       try {
-        poisoned_detail::work(mr, o, t, c);
+        poisoned_detail::work(mr, o, t, c, shared);
       } catch (std::exception const& e) {
         std::printf("thread %zu: %s\n", t, e.what());
         c.errors.fetch_add(1);
@@ -144,6 +159,7 @@ inline stream_worker_outcome run_poisoned_stream_workers(memory_resource& mr, st
     });
   }
   for (auto& w : workers) { w.join(); }
+  poisoned_detail::destroy_streams(shared);
   return {c.checked.load(), c.bad.load(), c.cross.load(), c.errors.load()};
 }
 
