@@ -2,12 +2,12 @@
 /// The registry of resources a stack spec can name: for each, its parameters (name, type,
 /// default, one line of documentation) and a function that builds it over its upstream.
 ///
-/// Adding a resource is one entry (see src/spec_resources.cpp for the built-in ones):
+/// Adding a resource is one entry (see src/spec/resources.cpp for the built-in ones):
 ///
 ///   {"limiting", "refuses allocations past a byte limit", needs_upstream,
 ///    {size_param("limit", required, "bytes it may hand out at once")},
 ///    [](spec_arguments const& a, resource_ptr up) -> resource_ptr {
-///      return std::make_shared<limiting_memory_resource>(std::move(up), *a.size("limit"));
+///      return std::make_shared<limiting_resource_adaptor>(std::move(up), *a.size("limit"));
 ///    }}
 ///
 /// The builder checks every argument against the entry before `make` is called — unknown,

@@ -80,7 +80,7 @@ class vmm_memory_resource final : public virtual_range_resource, private detail:
   /// The driver's minimum granularity for device memory on `device` (-1: current).
   static std::size_t device_granularity(int device = -1);
 
-  struct driver;  // the driver entry points and this device's handles (src/vmm_memory_resource.cpp)
+  struct driver;  // the driver entry points and this device's handles (src/upstream/vmm_memory_resource.cpp)
 
  private:
   vmm_memory_resource(std::unique_ptr<driver> drv, std::size_t map_granules);
