@@ -2,8 +2,8 @@
 # Builds the CPU model tests of the allocation algorithms in the sanitized tree (build/fuzz,
 # tools/sanitized-build.sh: clang, ASan, UBSan) and runs each: every randomized model test,
 # misuse test and threaded test of the suballocators, with every out-of-bounds access, use
-# after free, leak and undefined operation a failure. About a minute and a half of tests on
-# a 2-core machine, after the build (the library is shared with the fuzzers).
+# after free, leak and undefined operation a failure. About three minutes of tests on a
+# 2-core machine (docs/reliability.md), after the build (the library is shared with the fuzzers).
 #   tools/run-sanitized-tests.sh            # all of them
 #   tools/run-sanitized-tests.sh pool_streams misuse
 set -euo pipefail
