@@ -6,6 +6,8 @@
 // calls cost per call (support/stream_sync_counters.hpp).
 //
 // multithreaded_one_stream/<name>: 16 threads, all naming one shared non-blocking stream.
+// multithreaded_four_streams/<name>: 16 threads on 4 shared non-blocking streams (thread t
+// on stream t mod 4), so that four threads meet on each and several streams are in use.
 //
 // Resources: <name>/cuda over the device (arena, pool, binning, fixed_size over cudaMalloc;
 // cuda_async; cuda), skipped without a GPU; <name>/simulated, the suballocators over fake
@@ -30,6 +32,8 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <utility>
+#include <vector>
 
 using namespace mrstack;
 
@@ -59,7 +63,9 @@ resource_ptr make_resource(std::string const& name, bool device, std::size_t bud
   return nullptr;
 }
 
-void run(benchmark::State& state, std::string const& name, bool device, bool shared_stream) {
+/// `shared_streams`: 0, each thread on its per-thread default stream; else thread t names
+/// created stream t mod shared_streams.
+void run(benchmark::State& state, std::string const& name, bool device, std::size_t shared_streams) {
   if (device && !bench::have_device()) {
     state.SkipWithError("no CUDA device");
     return;
@@ -84,16 +90,19 @@ void run(benchmark::State& state, std::string const& name, bool device, bool sha
   }
   std::size_t calls = 0;
   for (auto const& s : seqs) { calls += s.ops.size(); }
-  // The shared stream: one non-blocking stream every thread names (a fake handle without a GPU).
-  cudaStream_t shared = reinterpret_cast<cudaStream_t>(std::uintptr_t{0x10000});
-  if (shared_stream && device) { MRSTACK_CUDA_TRY(cudaStreamCreateWithFlags(&shared, cudaStreamNonBlocking)); }
-  stream_view const stream{shared};
+  // The shared streams: non-blocking streams the threads name (fake handles without a GPU).
+  std::vector<cudaStream_t> shared(shared_streams);
+  for (std::size_t i = 0; i < shared_streams; ++i) {
+    shared[i] = reinterpret_cast<cudaStream_t>(std::uintptr_t{0x10000} * (i + 1));
+    if (device) { MRSTACK_CUDA_TRY(cudaStreamCreateWithFlags(&shared[i], cudaStreamNonBlocking)); }
+  }
   std::string error;
   auto run_once = [&]() -> double {
     return bench::run_threads_together(
         threads, [&](std::size_t t) { return std::vector<void*>(seqs[t].slots); },
         [&](std::size_t t, std::vector<void*>& ptrs) {
-          bench::replay(*mr, seqs[t], ptrs, shared_stream ? stream : stream_view::per_thread());
+          bench::replay(*mr, seqs[t], ptrs,
+                        shared.empty() ? stream_view::per_thread() : stream_view{shared[t % shared.size()]});
         },
         error);
   };
@@ -116,7 +125,9 @@ void run(benchmark::State& state, std::string const& name, bool device, bool sha
   bench::report_stream_sync(state, before, static_cast<double>(calls) * static_cast<double>(state.iterations()),
                             static_cast<double>(threads), timed_seconds);
   mr.reset();
-  if (shared_stream && device) { (void)cudaStreamDestroy(shared); }
+  for (cudaStream_t s : shared) {
+    if (device) { (void)cudaStreamDestroy(s); }
+  }
 }
 
 }  // namespace
@@ -126,18 +137,21 @@ int main(int argc, char** argv) {
     for (bool device : {true, false}) {
       if (!device && (name == "cuda" || name == "cuda_async")) { continue; }
       std::string const label = "multithreaded/" + name + (device ? "/cuda" : "/simulated");
-      auto* b = benchmark::RegisterBenchmark(label.c_str(), [name, device](benchmark::State& s) { run(s, name, device, false); });
+      auto* b = benchmark::RegisterBenchmark(label.c_str(), [name, device](benchmark::State& s) { run(s, name, device, 0); });
       b->ArgName("threads")->UseManualTime()->Unit(benchmark::kMillisecond);
       for (std::int64_t t : {1, 2, 4, 8, 16}) { b->Arg(t); }
       if (name == "cuda" || name == "cuda_async") { b->Iterations(1); }
     }
   }
-  // 16 threads naming one shared stream (instead of each its per-thread default stream).
-  for (std::string const name : {"pool", "binning", "arena"}) {
-    for (bool device : {true, false}) {
-      std::string const label = "multithreaded_one_stream/" + name + (device ? "/cuda" : "/simulated");
-      auto* b = benchmark::RegisterBenchmark(label.c_str(), [name, device](benchmark::State& s) { run(s, name, device, true); });
-      b->ArgName("threads")->UseManualTime()->Unit(benchmark::kMillisecond)->Arg(16);
+  // 16 threads naming one or four shared streams (instead of each its per-thread default stream).
+  for (auto const& [group, streams] : {std::pair{"multithreaded_one_stream/", 1}, std::pair{"multithreaded_four_streams/", 4}}) {
+    for (std::string const name : {"pool", "binning", "arena"}) {
+      for (bool device : {true, false}) {
+        std::string const label = group + name + (device ? "/cuda" : "/simulated");
+        std::size_t const n = static_cast<std::size_t>(streams);
+        auto* b = benchmark::RegisterBenchmark(label.c_str(), [name, device, n](benchmark::State& s) { run(s, name, device, n); });
+        b->ArgName("threads")->UseManualTime()->Unit(benchmark::kMillisecond)->Arg(16);
+      }
     }
   }
   benchmark::Initialize(&argc, argv);

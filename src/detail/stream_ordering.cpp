@@ -454,6 +454,13 @@ bool stream_ordered_pool::hand_back_stream(chunk_id c, stream_ref& out, stream_r
   return true;
 }
 
+bool stream_ordered_pool::sole_holder(chunk_id c, stream_ref& out) const {
+  std::vector<owner_id> const owners = streams_holding(c);
+  if (owners.size() != 1) { return false; }
+  out = owners_.ref(owners.front());
+  return true;
+}
+
 bool stream_ordered_pool::capture_may_hold(chunk_id c, stream_ref const& caller) const {
   std::vector<owner_id> const owners = streams_holding(c);
   return std::any_of(owners.begin(), owners.end(), [&](owner_id o) {

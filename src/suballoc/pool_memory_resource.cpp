@@ -379,6 +379,7 @@ void pool_memory_resource::fill_stats(statistics& st, shard_totals const& shards
   st.idle_queries = core_.owners().idle_queries() + spare_events_.queries() + shards.idle_queries;
   st.thread_shards = shards.shards;
   st.slab_bytes = shards.slab_bytes;
+  st.slab_walks = slab_walks_.load(std::memory_order_relaxed);
 }
 
 std::string pool_memory_resource::check_invariants() const {

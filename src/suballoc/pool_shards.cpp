@@ -63,10 +63,7 @@ void* pool_memory_resource::allocate_in_shard(std::size_t bytes, std::size_t siz
   std::uint16_t const index = shards_->index_of_this_thread();
   detail::pool_shard& shard = shards_->get(index);
   std::lock_guard lock{shard.mutex};
-  if (shard.asked_to_give_back.load(std::memory_order_relaxed)) {
-    shard.asked_to_give_back.store(false, std::memory_order_relaxed);
-    return_slabs(collect_free_slabs(shard, s, false));
-  }
+  if (shard.should_give_back(s)) { return_slabs(collect_free_slabs(shard, s, false)); }
   if (std::uintptr_t const a = shard.core.allocate(size, alignment, s)) { return reinterpret_cast<void*>(a); }
   return refill_and_allocate(shard, index, bytes, size, alignment, s);
 }
@@ -172,10 +169,7 @@ void pool_memory_resource::deallocate_in_shard(detail::pool_shard& shard, void* 
   {
     std::lock_guard lock{shard.mutex};
     if (shard.core.deallocate(address, s, expected) != 0) {
-      if (shard.asked_to_give_back.load(std::memory_order_relaxed)) {
-        shard.asked_to_give_back.store(false, std::memory_order_relaxed);
-        return_slabs(collect_free_slabs(shard, s, false));
-      }
+      if (shard.should_give_back(s)) { return_slabs(collect_free_slabs(shard, s, false)); }
       return;
     }
     actual = shard.core.blocks().live_size(address);
@@ -228,6 +222,10 @@ bool pool_memory_resource::lock_for_drain(detail::pool_shard& shard, std::unique
 std::vector<detail::slab_return> pool_memory_resource::collect_free_slabs(detail::pool_shard& shard,
                                                                           detail::stream_ref const& caller,
                                                                           bool may_synchronize) {
+  slab_walks_.fetch_add(1, std::memory_order_relaxed);
+  // Looked for now: asked again only by what this walk cannot return.
+  shard.asked_to_give_back.store(false, std::memory_order_relaxed);
+  shard.awaited_streams.clear();
   std::vector<detail::chunk_id> free_slabs;
   shard.core.blocks().for_each_chunk([&](detail::chunk_id c, detail::block_pool::chunk_info const& info) {
     if (info.live_blocks == 0) { free_slabs.push_back(c); }
@@ -240,7 +238,14 @@ std::vector<detail::slab_return> pool_memory_resource::collect_free_slabs(detail
     if (may_synchronize) {
       stream = shard.core.return_stream(c);  // synchronized if need be: no capture holds it then
     } else if (!shard.core.hand_back_stream(c, stream, caller)) {
-      shard.asked_to_give_back.store(true, std::memory_order_relaxed);  // its stream's next call can
+      // Its stream's own call can (none when several streams hold it: a synchronizing
+      // drain, before out-of-memory or on release(), returns it then).
+      detail::stream_ref holder;
+      if (shard.core.sole_holder(c, holder) &&
+          std::find(shard.awaited_streams.begin(), shard.awaited_streams.end(), holder.key) ==
+              shard.awaited_streams.end()) {
+        shard.awaited_streams.push_back(holder.key);
+      }
       continue;
     } else {
       // A default stream's slab goes back even while a capture may hold its memory (freed

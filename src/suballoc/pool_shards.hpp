@@ -8,10 +8,12 @@
 // work apart touch neither a common lock nor common cache lines, which is what a single
 // lock cannot give however short its critical section: the block metadata itself would
 // move between cores on every call.
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <memory>
 #include <mutex>
+#include <vector>
 
 #include <mrstack/detail/lean_mutex.hpp>
 #include <mrstack/detail/page_owner_map.hpp>
@@ -25,10 +27,22 @@ struct alignas(64) pool_shard {
   pool_shard(std::shared_ptr<stream_sync> sync, bool record_on_demand, park_policy parks)
       : core{std::move(sync), &this_thread_key, record_on_demand, parks} {}
   lean_mutex mutex;
-  // Set by a thread that wanted this shard's wholly free slabs back but could not take
-  // them (the shard was busy, or their stream is one only a call naming it may name);
-  // the shard's next call gives back what it can.
+  // Set by a thread that wanted this shard's wholly free slabs back but found the shard
+  // busy: the shard's next call gives back what it can.
   std::atomic<bool> asked_to_give_back{false};
+  // Streams whose call may hand back a wholly free slab no other call could (its free
+  // memory is a created stream's, which only a call naming it may name, or a stream's
+  // being captured); under `mutex`. Only such a call looks again: one that names another
+  // stream would find the same slab and fail again, and a shard whose thread had moved
+  // on to another stream walked its slabs at every call (16 threads on 4 created streams
+  // over `simulated`: 2.0 M calls/s on the 2-core CPU VM).
+  std::vector<std::uintptr_t> awaited_streams;
+  /// True when this call, on `s`, should give back the shard's free slabs (shard locked).
+  [[nodiscard]] bool should_give_back(stream_ref const& s) const noexcept {
+    return asked_to_give_back.load(std::memory_order_relaxed) ||
+           (!awaited_streams.empty() &&
+            std::find(awaited_streams.begin(), awaited_streams.end(), s.key) != awaited_streams.end());
+  }
   stream_ordered_pool core;
 };
 

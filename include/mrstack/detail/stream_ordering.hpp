@@ -599,6 +599,10 @@ class stream_ordered_pool {
   /// CUDA: another thread's default stream is fine then (the parent only books the memory
   /// as that stream's; nothing names the stream until the parent hands it over).
   bool hand_back_stream(chunk_id c, stream_ref& out, stream_ref const& caller) const;
+  /// When `hand_back_stream` refused `c`: the one stream whose own call could hand it
+  /// back (it alone holds the chunk's free memory); false when several streams do, and
+  /// only a synchronization returns it.
+  bool sole_holder(chunk_id c, stream_ref& out) const;
   /// True when a capture may hold free memory of chunk `c`: a stream holding it freed
   /// during a capture and has not recorded since, or — asked only of a stream `caller`'s
   /// call may name — is being captured now. For a chunk `hand_back_stream` gives back:

@@ -170,6 +170,7 @@ class pool_memory_resource final : public memory_resource {
                                            ///< or captured stream is answered "busy" with no cudaStreamQuery)
     std::size_t thread_shards = 0;         ///< shards made (0: one thread so far, or sharding off)
     std::size_t slab_bytes = 0;            ///< bytes the shards hold as slabs (part of pool_size)
+    std::size_t slab_walks = 0;            ///< times a shard looked through its slabs for free ones to give back
   };
   [[nodiscard]] statistics stats() const;
 
@@ -277,6 +278,7 @@ class pool_memory_resource final : public memory_resource {
   std::atomic<std::uintptr_t> first_thread_{0};  // the thread key of the first caller
   std::atomic<std::size_t> contentions_{0};      // times a caller found the lock taken
   std::atomic<bool> sharded_{false};             // set (once) after shards_ is made
+  std::atomic<std::size_t> slab_walks_{0};       // collect_free_slabs calls (stats().slab_walks)
   // Threads in a last drain before out-of-memory, waiting for other shards: statistics
   // readers stay off the shards' locks meanwhile (with_shard_totals).
   mutable std::atomic<int> drains_waiting_{0};
