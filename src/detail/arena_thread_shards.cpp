@@ -4,7 +4,9 @@
 #include <mrstack/detail/arena_core.hpp>
 
 #include <algorithm>
+#include <memory>
 #include <mutex>
+#include <new>
 
 namespace mrstack::detail {
 
@@ -15,7 +17,7 @@ arena_core::stream_arena* arena_core::arena_for(stream_ref const& s) {
     // With no threshold, a second thread on the stream shards it at once.
     if (opts_.shard_after_contentions != 0 || !may_shard(*a) || this_thread_shard() == a->creator_shard) { return a; }
     std::lock_guard lock{a->mutex};
-    start_thread_shards_locked(*a);
+    if (!start_thread_shards_locked(*a)) { return a; }
     table = a->shard_storage.get();
   }
   return thread_shard(*a, *table, s);
@@ -23,16 +25,24 @@ arena_core::stream_arena* arena_core::arena_for(stream_ref const& s) {
 
 void arena_core::note_contention(stream_arena& a) {
   if (!may_shard(a) || a.shard_storage) { return; }
-  if (++a.contentions >= opts_.shard_after_contentions) { start_thread_shards_locked(a); }
+  if (++a.contentions >= opts_.shard_after_contentions) { (void)start_thread_shards_locked(a); }
 }
 
-void arena_core::start_thread_shards_locked(stream_arena& a) {
-  if (a.shard_storage) { return; }
-  auto table = std::make_unique<shard_table>();
+bool arena_core::start_thread_shards_locked(stream_arena& a) {
+  if (a.shard_storage) { return true; }
+  // Shards are an optimization: without host memory for the table the stream keeps its
+  // one arena (which serves this call with no host allocation), and a later call tries again.
+  std::unique_ptr<shard_table> table;
+  try {
+    table = std::make_unique<shard_table>();
+  } catch (std::bad_alloc const&) {
+    return false;
+  }
   // The thread that made the arena keeps it: its superblocks and cached blocks stay in use.
   table->arenas[a.creator_shard].store(&a, std::memory_order_relaxed);
   a.shard_storage = std::move(table);
   a.shards.store(a.shard_storage.get(), std::memory_order_release);
+  return true;
 }
 
 arena_core::stream_arena* arena_core::thread_shard(stream_arena& family, shard_table& table, stream_ref const& s) {
@@ -42,12 +52,18 @@ arena_core::stream_arena* arena_core::thread_shard(stream_arena& family, shard_t
   if (stream_arena* const made = table.arenas[index].load(std::memory_order_acquire)) { return made; }
   // Never keyed, never retired, not counted in streams_in_use_ (the stream is counted once):
   // a new thread given this index (an exited thread's) takes it over, on the same stream.
-  auto a = std::make_unique<stream_arena>();
-  a->stream = s;
-  a->family = &family;
-  a->creator_shard = index;
-  a->spares.reserve(spare_limit(*a) + 1);  // as find_or_create_arena_locked: spares never allocate
-  arenas_.push_back(std::move(a));
+  // Without host memory for it the thread uses the stream's own arena (the family: its
+  // frees are the stream's as any shard's), and a later call tries again.
+  try {
+    auto a = std::make_unique<stream_arena>();
+    a->stream = s;
+    a->family = &family;
+    a->creator_shard = index;
+    a->spares.reserve(spare_limit(*a) + 1);  // as find_or_create_arena_locked: spares never allocate
+    arenas_.push_back(std::move(a));
+  } catch (std::bad_alloc const&) {
+    return &family;
+  }
   table.arenas[index].store(arenas_.back().get(), std::memory_order_release);
   return arenas_.back().get();
 }

@@ -299,9 +299,11 @@ class arena_core {
   // ---- thread shards (arena_thread_shards.cpp) ----
   /// `a`'s lock was found taken (held now): shards its stream past the threshold.
   void note_contention(stream_arena& a);
-  /// Gives `a` (locked by the caller; a created or legacy stream's own arena) its shard table.
-  void start_thread_shards_locked(stream_arena& a);
-  /// The calling thread's shard of `family`'s stream, made when first needed.
+  /// Gives `a` (locked by the caller; a created or legacy stream's own arena) its shard
+  /// table; false (nothing changed) when there is no host memory for it.
+  bool start_thread_shards_locked(stream_arena& a);
+  /// The calling thread's shard of `family`'s stream, made when first needed (`family`
+  /// itself when there is no host memory to make it).
   stream_arena* thread_shard(stream_arena& family, shard_table& table, stream_ref const& s);
   /// True when threads may shard `a`'s stream (not a per-thread default stream's, not a shard).
   [[nodiscard]] bool may_shard(stream_arena const& a) const noexcept {
