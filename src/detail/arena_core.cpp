@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <bit>
 #include <limits>
+#include <new>
 #include <unordered_map>
 #include <stdexcept>
 
@@ -629,11 +630,23 @@ bool arena_core::hold_back(superblock& sb, stream_arena* owner, std::uintptr_t p
     sb.live_bits[index / 64] &= ~(std::uint64_t{1} << (index % 64));  // a second free is refused
     ++sb.held_back;  // not free either: the superblock stays with its arena
   }
-  stream_arena* const freeing = arena_for(s);
-  std::lock_guard lock{freeing->mutex};
-  if (freeing->freed_in_capture.empty()) { held_back_streams_.fetch_add(1, std::memory_order_relaxed); }
-  freeing->freed_in_capture.push_back({&sb, index, freeing->held_back_total++});
-  return true;
+  try {
+    // The freeing thread's arena on `s` (perhaps its thread shard, made now) keeps it.
+    stream_arena* const freeing = arena_for(s);
+    std::lock_guard lock{freeing->mutex};
+    freeing->freed_in_capture.push_back({&sb, index, freeing->held_back_total});
+    ++freeing->held_back_total;
+    if (freeing->freed_in_capture.size() == 1) { held_back_streams_.fetch_add(1, std::memory_order_relaxed); }
+    return true;
+  } catch (std::bad_alloc const&) {
+    // Undone (one arena lock at a time, the freeing one let go): a failed free changes
+    // nothing. Meanwhile the block was neither live nor free, so nothing else touched it,
+    // and its superblock (not wholly free) stayed with `owner`.
+    std::lock_guard lock{owner->mutex};
+    --sb.held_back;
+    sb.live_bits[index / 64] |= std::uint64_t{1} << (index % 64);
+    throw;
+  }
 }
 
 bool arena_core::live_block(superblock const& sb, stream_arena const* owner, std::uintptr_t p,
