@@ -196,7 +196,8 @@ void arena_core::return_all_chunks() noexcept {
     // on it. Otherwise the device is synchronized once and all goes back on the legacy
     // default stream.
     stream_ref s{};
-    bool single = arenas_.size() <= 1;
+    // A stream's thread shards are on its stream: one stream in use is one family.
+    bool single = std::count_if(arenas_.begin(), arenas_.end(), [](auto const& a) { return a->family == a.get(); }) <= 1;
     std::vector<owner_id> owners;
     for (auto const& [base, rec] : chunks_) {
       for (owner_id const x : global_.blocks().chunk_owners(rec.id)) {
