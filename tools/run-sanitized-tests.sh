@@ -13,7 +13,7 @@ tests=("$@")
                            fixed_size_memory_resource fixed_size_threads binning_memory_resource misuse
                            suballocators_threads metadata_memory pool_idle_streams pool_capture capture_fixed_size_arena arena_vmm pool_vmm suballocators_threads_misuse suballocators_review_cases arena_depot arena_depot_review
                            pool_stream_fragments stream_ordering_review pool_capture_shards arena_thread_exit pool_sync_under_lock
-                           pool_stream_fragments_model binning_adaptor_bins arena_thread_shards pool_shard_give_back)
+                           pool_stream_fragments_model binning_adaptor_bins arena_thread_shards arena_thread_shards_review pool_shard_give_back)
 tools/sanitized-build.sh
 cmake --build build/fuzz --target "${tests[@]/#/test_}"
 # allocator_may_return_null: tests ask the host heap for impossible sizes on purpose, an
