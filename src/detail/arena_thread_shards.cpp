@@ -119,5 +119,4 @@ void arena_core::settle_arena(stream_arena& arena, stream_ref const& s) {
   }
 }
 
-
 }  // namespace mrstack::detail
