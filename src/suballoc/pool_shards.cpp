@@ -230,8 +230,17 @@ std::vector<detail::slab_return> pool_memory_resource::collect_free_slabs(detail
   shard.core.blocks().for_each_chunk([&](detail::chunk_id c, detail::block_pool::chunk_info const& info) {
     if (info.live_blocks == 0) { free_slabs.push_back(c); }
   });
-  std::vector<detail::slab_return> slabs;
-  slabs.reserve(free_slabs.size());  // no allocation between a slab's removal and its return
+  // Every slab is decided before any leaves the shard: deciding allocates (the streams
+  // holding a slab, the streams awaited), and a slab removed before a later decision
+  // threw would be lost, neither the shard's nor the global blocks'.
+  struct going_back {
+    detail::chunk_id chunk;
+    detail::stream_ref stream;
+    bool freed_in_capture;
+  };
+  std::vector<going_back> going;
+  going.reserve(free_slabs.size());
+  shard.awaited_streams.reserve(free_slabs.size());
   for (detail::chunk_id c : free_slabs) {
     detail::stream_ref stream{};
     bool held = false;
@@ -254,9 +263,14 @@ std::vector<detail::slab_return> pool_memory_resource::collect_free_slabs(detail
       // graph still to use it (tests/pool_capture_shards.cpp).
       held = shard.core.capture_may_hold(c, caller);
     }
-    auto const info = shard.core.blocks().chunk(c);
-    shard.core.blocks().remove_chunk(c);
-    slabs.push_back({info.base, info.size, stream, held});  // still mapped to the shard: see return_slabs
+    going.push_back({c, stream, held});
+  }
+  std::vector<detail::slab_return> slabs;
+  slabs.reserve(going.size());  // no allocation between a slab's removal and its return
+  for (auto const& g : going) {
+    auto const info = shard.core.blocks().chunk(g.chunk);
+    shard.core.blocks().remove_chunk(g.chunk);
+    slabs.push_back({info.base, info.size, g.stream, g.freed_in_capture});  // still mapped to the shard: see return_slabs
   }
   return slabs;
 }
