@@ -6,6 +6,7 @@
 #include <catch2/catch.hpp>
 
 #include <phase_gate.hpp>
+#include <sharded_arena_options.hpp>
 #include <thread_stream_seam.hpp>
 
 #include <mrstack/detail/sharded_counters.hpp>
@@ -32,24 +33,13 @@ stream_view const shared{reinterpret_cast<cudaStream_t>(0x100)};
 stream_view const other{reinterpret_cast<cudaStream_t>(0x200)};
 using block = std::pair<void*, std::size_t>;
 
-/// Small superblocks, so that threads churn through the depot; the fake seam counts CUDA calls.
+/// An arena sharded from a second thread on (support/sharded_arena_options.hpp); the fake seam counts CUDA calls.
 struct sharded_arena {
   std::shared_ptr<test::thread_stream_seam> seam = std::make_shared<test::thread_stream_seam>();
   arena_memory_resource mr;
 
   explicit sharded_arena(bool thread_shards = true)
-      : mr{std::make_shared<simulated_memory_resource>(), 256 * MiB, options(thread_shards)} {}
-  arena_options options(bool thread_shards) const {
-    arena_options o;
-    o.superblock_size = 64 * KiB;
-    o.max_small_size = 32 * KiB;
-    o.empty_superblocks_kept = 1;
-    o.minimum_growth = 4 * MiB;
-    o.thread_shards = thread_shards;
-    o.shard_after_contentions = 0;
-    o.stream_sync = seam;
-    return o;
-  }
+      : mr{std::make_shared<simulated_memory_resource>(), 256 * MiB, test::sharded_arena_options(seam, thread_shards)} {}
   std::size_t cuda_calls() {
     return seam->ask([](test::fake_stream_sync& f) { return f.records + f.waits + f.syncs + f.sync_alls; });
   }

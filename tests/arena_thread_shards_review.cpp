@@ -4,6 +4,7 @@
 #include <catch2/catch.hpp>
 
 #include <host_allocation_failure.hpp>
+#include <sharded_arena_options.hpp>
 #include <thread_stream_seam.hpp>
 
 #include <mrstack/detail/sharded_counters.hpp>
@@ -25,18 +26,6 @@ constexpr std::size_t MiB = 1024 * KiB;
 stream_view const shared{reinterpret_cast<cudaStream_t>(0x100)};
 stream_view const other{reinterpret_cast<cudaStream_t>(0x200)};
 
-arena_options sharded_options(std::shared_ptr<test::thread_stream_seam> const& seam, bool thread_shards = true) {
-  arena_options o;
-  o.superblock_size = 64 * KiB;
-  o.max_small_size = 32 * KiB;
-  o.empty_superblocks_kept = 1;
-  o.minimum_growth = 4 * MiB;
-  o.thread_shards = thread_shards;
-  o.shard_after_contentions = 0;  // a second thread on a stream shards it
-  o.stream_sync = seam;
-  return o;
-}
-
 /// Runs f on a new thread (whose thread shard index differs from the calling thread's,
 /// which stays alive meanwhile) and joins it.
 template <typename F>
@@ -54,7 +43,7 @@ void on_second_thread(F const& f) {
 TEST_CASE("arena thread shards review: a thread that cannot get a shard for lack of host memory still allocates from the stream's arena") {
   MRSTACK_TEST_NEEDS_HOST_ALLOCATION_FAILURES();
   auto const seam = std::make_shared<test::thread_stream_seam>();
-  arena_memory_resource mr{std::make_shared<simulated_memory_resource>(), 256 * MiB, sharded_options(seam)};
+  arena_memory_resource mr{std::make_shared<simulated_memory_resource>(), 256 * MiB, test::sharded_arena_options(seam)};
   // The stream's arena, made by this thread, with free 1 KiB blocks: serving another one
   // needs no host memory. Sharding (a table, an arena) does; it is an optimization, and
   // must not turn a call the stream's own arena serves into a std::bad_alloc.
@@ -79,7 +68,7 @@ TEST_CASE("arena thread shards review: a thread that cannot get a shard for lack
 TEST_CASE("arena thread shards review: a free held back in a capture that fails for lack of host memory changes nothing") {
   MRSTACK_TEST_NEEDS_HOST_ALLOCATION_FAILURES();
   auto const seam = std::make_shared<test::thread_stream_seam>();
-  arena_memory_resource mr{std::make_shared<simulated_memory_resource>(), 256 * MiB, sharded_options(seam)};
+  arena_memory_resource mr{std::make_shared<simulated_memory_resource>(), 256 * MiB, test::sharded_arena_options(seam)};
   void* const x = mr.allocate(4096, other);       // `other`'s arena's block
   void* const mine = mr.allocate(1024, shared);   // `shared`'s arena, made by this thread
   auto const capture = [&](bool begin) {
@@ -126,7 +115,7 @@ TEST_CASE("arena thread shards review: threads sharing the legacy stream add no 
     auto const seam = std::make_shared<test::thread_stream_seam>();
     {
       arena_memory_resource mr{std::make_shared<simulated_memory_resource>(), 256 * MiB,
-                               sharded_options(seam, thread_shards)};
+                               test::sharded_arena_options(seam, thread_shards)};
       void* const mine = mr.allocate(1024, stream_view{});
       on_second_thread([&] {
         void* const p = mr.allocate(1024, stream_view{});
