@@ -70,3 +70,40 @@ TEST_CASE("pool shards: a free slab only its stream may give back is looked for 
   mr.deallocate(big, 512 * MiB, c);
   CHECK(mr.check_invariants() == "");
 }
+
+TEST_CASE("pool shards: a free slab whose stream changed since the failed look is given back at its new stream's call") {
+  // A drain on c cannot hand back the mover's free slab (stream a's memory) and awaits a.
+  // The mover's next call, on b, takes a's memory over by a device synchronization (a's
+  // frees are not covered by an event: record_on_demand off), allocates from the slab and
+  // frees on b: the slab is wholly free again and now b's alone, which b's call may hand
+  // back. Only a is awaited, so no call looks, and the pool grows past it for c's request.
+  pool_options options;
+  options.shard_after_contentions = 0;
+  options.record_on_demand = false;
+  options.stream_sync = std::make_shared<test::thread_stream_seam>();
+  pool_memory_resource mr{std::make_shared<simulated_memory_resource>(), 0, std::nullopt, options};
+  mr.deallocate(mr.allocate(256, a), 256, a);  // the first thread
+  test::phase_gate gate;
+  std::size_t slab_bytes_with_a = 0;
+  std::size_t slab_bytes_after_b = 0;
+  std::thread mover{[&] {
+    std::vector<void*> blocks;
+    for (int i = 0; i < 100; ++i) { blocks.push_back(mr.allocate(64 * KiB, a)); }
+    for (void* p : blocks) { mr.deallocate(p, 64 * KiB, a); }
+    slab_bytes_with_a = mr.stats().slab_bytes;
+    gate.advance(1);
+    gate.wait_for(2);
+    void* p = mr.allocate(4 * KiB, b);
+    mr.deallocate(p, 4 * KiB, b);
+    slab_bytes_after_b = mr.stats().slab_bytes;
+  }};
+  gate.wait_for(1);
+  void* big = mr.allocate(512 * MiB, c);  // its growth's drain may not name a
+  gate.advance(2);
+  mover.join();
+  INFO("slab bytes: " << slab_bytes_with_a << " with a's memory, " << slab_bytes_after_b << " after b's calls");
+  CHECK(slab_bytes_with_a > 0);
+  CHECK(slab_bytes_after_b == 0);
+  mr.deallocate(big, 512 * MiB, c);
+  CHECK(mr.check_invariants() == "");
+}
