@@ -355,6 +355,7 @@ std::uintptr_t stream_ordered_pool::allocate_from_other_streams(std::size_t size
   std::size_t const limit = owners_.limit();
   auto after_full_sync = [&]() -> std::uintptr_t {
     blocks_.synchronize_all_owners();
+    ++holder_changes_;
     return blocks_.allocate(size, alignment, block_pool::synchronized);
   };
   // 1. A stream whose free blocks alone can serve the request: take over all it holds.
@@ -371,6 +372,7 @@ std::uintptr_t stream_ordered_pool::allocate_from_other_streams(std::size_t size
           break;
         }
         blocks_.transfer(t, o);
+        ++holder_changes_;
         owners_.note_acquired(o, s);
         if (std::uintptr_t const a = blocks_.allocate(size, alignment, o)) { return a; }
         break;
@@ -388,6 +390,7 @@ std::uintptr_t stream_ordered_pool::allocate_from_other_streams(std::size_t size
     switch (owners_.hand_over(t, s)) {
       case stream_owners::handover::ready:
         blocks_.transfer(t, o);
+        ++holder_changes_;
         owners_.note_acquired(o, s);
         moved = true;
         break;
@@ -416,6 +419,7 @@ bool stream_ordered_pool::synchronize_everything() {
   if (!pending) { return false; }
   owners_.synchronize_all();
   blocks_.synchronize_all_owners();
+  ++holder_changes_;
   return true;
 }
 

@@ -265,6 +265,7 @@ std::vector<detail::slab_return> pool_memory_resource::collect_free_slabs(detail
     }
     going.push_back({c, stream, held});
   }
+  shard.holder_changes_at_walk = shard.core.holder_changes();  // after return_stream's synchronizations
   std::vector<detail::slab_return> slabs;
   slabs.reserve(going.size());  // no allocation between a slab's removal and its return
   for (auto const& g : going) {

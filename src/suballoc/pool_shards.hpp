@@ -37,11 +37,17 @@ struct alignas(64) pool_shard {
   // on to another stream walked its slabs at every call (16 threads on 4 created streams
   // over `simulated`: 2.0 M calls/s on the 2-core CPU VM).
   std::vector<std::uintptr_t> awaited_streams;
+  // core.holder_changes() when the shard last looked (under `mutex`). An awaited slab's
+  // free memory may since have moved to another stream (the shard's call on it took the
+  // awaited stream's memory over, or synchronized everything): that stream's call could
+  // hand it back, and it is not awaited, so the first call after such a move looks again.
+  std::size_t holder_changes_at_walk = 0;
   /// True when this call, on `s`, should give back the shard's free slabs (shard locked).
   [[nodiscard]] bool should_give_back(stream_ref const& s) const noexcept {
     return asked_to_give_back.load(std::memory_order_relaxed) ||
            (!awaited_streams.empty() &&
-            std::find(awaited_streams.begin(), awaited_streams.end(), s.key) != awaited_streams.end());
+            (core.holder_changes() != holder_changes_at_walk ||
+             std::find(awaited_streams.begin(), awaited_streams.end(), s.key) != awaited_streams.end()));
   }
   stream_ordered_pool core;
 };

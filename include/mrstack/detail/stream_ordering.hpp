@@ -609,6 +609,11 @@ class stream_ordered_pool {
   /// the parent marks the memory so (`stream_owners::mark_freed_in_capture`).
   [[nodiscard]] bool capture_may_hold(chunk_id c, stream_ref const& caller) const;
 
+  /// How many times free memory has moved from one stream to another (a takeover, or
+  /// every stream's memory synchronized): a chunk whose stream's call alone could hand it
+  /// back may be another call's to hand back since.
+  [[nodiscard]] std::size_t holder_changes() const noexcept { return holder_changes_; }
+
   [[nodiscard]] block_pool& blocks() noexcept { return blocks_; }
   [[nodiscard]] block_pool const& blocks() const noexcept { return blocks_; }
   [[nodiscard]] stream_owners& owners() noexcept { return owners_; }
@@ -642,6 +647,7 @@ class stream_ordered_pool {
   }
   block_pool blocks_;
   stream_owners owners_;
+  std::size_t holder_changes_ = 0;  // see holder_changes()
   park_policy parks_;
 };
 
