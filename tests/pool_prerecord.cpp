@@ -26,6 +26,7 @@
 using namespace mrstack;
 using detail::stream_ref;
 using test::created;
+using test::live_block;
 using test::pending_free;
 using test::fake_stream_sync;
 using test::freed_ranges;
@@ -36,11 +37,6 @@ namespace {
 
 constexpr std::size_t KiB = 1024;
 constexpr std::size_t MiB = 1024 * KiB;
-
-struct live_block {
-  std::size_t size;
-  std::uintptr_t stream;
-};
 
 
 /// What one model run saw: prerecorded events adopted, and parks that found their stream

@@ -27,13 +27,19 @@ stream_view const a{reinterpret_cast<cudaStream_t>(0x100)};
 stream_view const b{reinterpret_cast<cudaStream_t>(0x200)};
 stream_view const c{reinterpret_cast<cudaStream_t>(0x300)};
 
+/// Sharded from the second thread on, over the thread-safe fake seam.
+pool_options sharded_options(bool record_on_demand) {
+  pool_options options;
+  options.shard_after_contentions = 0;
+  options.record_on_demand = record_on_demand;
+  options.stream_sync = std::make_shared<test::thread_stream_seam>();
+  return options;
+}
+
 }  // namespace
 
 TEST_CASE("pool shards: a free slab only its stream may give back is looked for at that stream's calls only") {
-  pool_options options;
-  options.shard_after_contentions = 0;  // shard from the second thread on
-  options.stream_sync = std::make_shared<test::thread_stream_seam>();
-  pool_memory_resource mr{std::make_shared<simulated_memory_resource>(), 0, std::nullopt, options};
+  pool_memory_resource mr{std::make_shared<simulated_memory_resource>(), 0, std::nullopt, sharded_options(true)};
   mr.deallocate(mr.allocate(256, a), 256, a);  // the first thread
   test::phase_gate gate;
   std::size_t walks_on_b = 0;
@@ -77,11 +83,7 @@ TEST_CASE("pool shards: a free slab whose stream changed since the failed look i
   // frees are not covered by an event: record_on_demand off), allocates from the slab and
   // frees on b: the slab is wholly free again and now b's alone, which b's call may hand
   // back. Only a is awaited, so no call looks, and the pool grows past it for c's request.
-  pool_options options;
-  options.shard_after_contentions = 0;
-  options.record_on_demand = false;
-  options.stream_sync = std::make_shared<test::thread_stream_seam>();
-  pool_memory_resource mr{std::make_shared<simulated_memory_resource>(), 0, std::nullopt, options};
+  pool_memory_resource mr{std::make_shared<simulated_memory_resource>(), 0, std::nullopt, sharded_options(false)};
   mr.deallocate(mr.allocate(256, a), 256, a);  // the first thread
   test::phase_gate gate;
   std::size_t slab_bytes_with_a = 0;

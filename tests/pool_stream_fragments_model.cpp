@@ -27,6 +27,7 @@
 using namespace mrstack;
 using detail::stream_ref;
 using test::created;
+using test::live_block;
 using test::pending_free;
 using test::current_thread;
 using test::fake_stream_sync;
@@ -37,11 +38,6 @@ namespace {
 
 constexpr std::size_t KiB = 1024;
 constexpr std::size_t granule = 64 * KiB;
-
-struct live_block {
-  std::size_t size;
-  std::uintptr_t stream;
-};
 
 
 void run_model(std::uint64_t seed, int steps) {

@@ -1,5 +1,6 @@
 #pragma once
 // Pieces the stream-ordering model tests share (over the fake seam, fake_stream_sync.hpp).
+#include <cstddef>
 #include <cstdint>
 
 #include <mrstack/detail/stream_ordering.hpp>
@@ -15,6 +16,12 @@ struct pending_free {
   std::uintptr_t address;
   std::uint64_t clock;
   detail::prepark before;
+};
+
+/// A block the model holds live: its size and the handle of the stream it was taken on.
+struct live_block {
+  std::size_t size;
+  std::uintptr_t stream;
 };
 
 }  // namespace mrstack::test
