@@ -2,6 +2,8 @@
 #include <mrstack/adaptor/tracking_resource_adaptor.hpp>
 
 #include <algorithm>
+#include <chrono>
+#include <ctime>
 #include <cstdio>
 #include <map>
 #include <ostream>
@@ -51,6 +53,18 @@ tracking_resource_adaptor::~tracking_resource_adaptor() {
   }
 }
 
+std::uint64_t tracking_resource_adaptor::coarse_now_ns() noexcept {
+#ifdef CLOCK_MONOTONIC_COARSE
+  timespec t{};
+  clock_gettime(CLOCK_MONOTONIC_COARSE, &t);
+  return static_cast<std::uint64_t>(t.tv_sec) * 1'000'000'000ULL + static_cast<std::uint64_t>(t.tv_nsec);
+#else
+  return static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                        std::chrono::steady_clock::now().time_since_epoch())
+                                        .count());
+#endif
+}
+
 std::uint32_t tracking_resource_adaptor::intern_current_stack() {
   void* frames[max_stack_frames];
   // Skip this function and do_allocate: the stack starts at whoever called allocate().
@@ -73,8 +87,7 @@ void* tracking_resource_adaptor::do_allocate(std::size_t bytes, std::size_t alig
   void* const ptr = upstream_->allocate(bytes, stream, alignment);
   auto const address = reinterpret_cast<std::uintptr_t>(ptr);
   std::size_t const index = detail::this_thread_shard();
-  auto const now = static_cast<std::uint64_t>(
-      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start_).count());
+  std::uint64_t const now = coarse_now_ns() - start_ns_;
   bool inserted = false;
   try {
     shard& s = shards_[index];

@@ -40,7 +40,7 @@
 #include <string>
 #include <utility>
 
-#include <mrstack/detail/lean_mutex.hpp>
+#include <mrstack/detail/shard_spin_lock.hpp>
 #include <mrstack/detail/sharded_counters.hpp>
 #include <mrstack/resource.hpp>
 
@@ -67,7 +67,7 @@ class limiting_resource_adaptor final : public memory_resource {
 
  private:
   struct alignas(64) shard {
-    detail::lean_mutex mutex;
+    detail::shard_spin_lock mutex;
     std::size_t credit = 0;  // bytes this shard may charge without the global lock
   };
 

@@ -51,7 +51,7 @@
 #include <utility>
 #include <vector>
 
-#include <mrstack/detail/lean_mutex.hpp>
+#include <mrstack/detail/shard_spin_lock.hpp>
 #include <mrstack/detail/sharded_counters.hpp>
 #include <mrstack/resource.hpp>
 
@@ -109,7 +109,7 @@ class statistics_resource_adaptor final : public memory_resource {
   static constexpr int bytes_q = 0;   // quantity indices in the shards
   static constexpr int allocs_q = 1;
   struct alignas(64) shard {
-    detail::lean_mutex mutex;
+    detail::shard_spin_lock mutex;
     std::int64_t credit[2] = {0, 0};  // headroom this shard may use without the global lock
     std::int64_t delta[2] = {0, 0};   // change of the innermost region's current since the last merge
     std::int64_t total[2] = {0, 0};   // its total's growth since the last merge
