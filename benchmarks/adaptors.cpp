@@ -30,6 +30,8 @@
 #define MRSTACK_BENCH_HAVE_POOL 0
 #endif
 
+#include <spdlog/sinks/null_sink.h>
+
 #include <chrono>
 #include <cstdlib>
 #include <memory>
@@ -148,6 +150,23 @@ void BM_logging_binary(benchmark::State& s) {
                                                                mrstack::log_format::binary);
   });
 }
+// The same two with a sink that drops what it is given: what writing the buffers out
+// through spdlog's file sink (its lock, its copy, the system call) adds to the above.
+void BM_logging_per_thread_null_sink(benchmark::State& s) {
+  allocate_free_pair(s, [](resource_ptr base) {
+    return std::make_shared<mrstack::logging_resource_adaptor>(
+        std::move(base), std::vector<spdlog::sink_ptr>{std::make_shared<spdlog::sinks::null_sink_mt>()}, false, true,
+        mrstack::logging_resource_adaptor::default_queue_capacity, mrstack::log_order::per_thread);
+  });
+}
+void BM_logging_binary_null_sink(benchmark::State& s) {
+  allocate_free_pair(s, [](resource_ptr base) {
+    return std::make_shared<mrstack::logging_resource_adaptor>(
+        std::move(base), std::vector<spdlog::sink_ptr>{std::make_shared<spdlog::sinks::null_sink_mt>()}, false, true,
+        mrstack::logging_resource_adaptor::default_queue_capacity, mrstack::log_order::per_thread,
+        mrstack::log_format::binary);
+  });
+}
 void BM_limiting(benchmark::State& s) {
   allocate_free_pair(s, [](resource_ptr base) {
     return std::make_shared<mrstack::limiting_resource_adaptor>(std::move(base), std::size_t{1} << 40);
@@ -247,5 +266,8 @@ MRSTACK_ADAPTOR_SCALING(BM_limiting);
 MRSTACK_ADAPTOR_SCALING(BM_logging_async);
 MRSTACK_ADAPTOR_SCALING(BM_logging_per_thread);
 MRSTACK_ADAPTOR_SCALING(BM_logging_binary);
+// What the file sink adds to the per-thread logs: one thread and 16 only.
+BENCHMARK(BM_logging_per_thread_null_sink)->Args({1 << 10, 1})->Threads(1)->Threads(16)->UseRealTime();
+BENCHMARK(BM_logging_binary_null_sink)->Args({1 << 10, 1})->Threads(1)->Threads(16)->UseRealTime();
 MRSTACK_ADAPTOR_SCALING(BM_tracking);
 BENCHMARK_MAIN();
