@@ -9,19 +9,13 @@
 #include <system_error>
 #include <thread>
 
+#include <mrstack/detail/cpu_pause.hpp>
+
 namespace mrstack::replay_detail {
 
 namespace {
 
 using clock_type = std::chrono::steady_clock;
-
-inline void cpu_relax() noexcept {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  asm volatile("yield" ::: "memory");
-#endif
-}
 
 /// A worker that cannot run anything: spins a little (the event it waits for is usually
 /// quick), then sleeps on `word` (a futex) until it differs from `seen`. Bounded: at most
@@ -32,7 +26,7 @@ class idle_waiter {
  public:
   void wait(std::atomic<T> const& word, T seen) {
     if (rounds_ < 128) {
-      cpu_relax();
+      detail::cpu_pause();
       ++rounds_;
     } else {
       word.wait(seen, std::memory_order_acquire);

@@ -18,6 +18,8 @@
 #include <atomic>
 #include <cstdint>
 
+#include <mrstack/detail/cpu_pause.hpp>
+
 namespace mrstack::detail {
 
 class lean_mutex {
@@ -56,7 +58,7 @@ class lean_mutex {
 
   void lock_contended() noexcept {
     for (int i = 0; i < spins_before_sleeping; ++i) {
-      pause();
+      cpu_pause();
       if (state_.load(std::memory_order_relaxed) == free && try_lock()) { return; }
     }
     // Counted before marking: an unlock that sees the mark sees the count. Taking the lock
@@ -69,13 +71,6 @@ class lean_mutex {
     sleepers_.fetch_sub(1, std::memory_order_relaxed);
   }
 
-  static void pause() noexcept {
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_ia32_pause();
-#elif defined(__aarch64__)
-    asm volatile("yield");
-#endif
-  }
 
   std::atomic<std::uint32_t> state_{free};
   std::atomic<std::uint32_t> sleepers_{0};  // lockers past spinning, asleep or about to be

@@ -16,6 +16,8 @@
 #include <atomic>
 #include <thread>
 
+#include <mrstack/detail/cpu_pause.hpp>
+
 namespace mrstack::detail {
 
 class shard_spin_lock {
@@ -42,20 +44,13 @@ class shard_spin_lock {
       // for writing, which would slow the holder down.
       if (!held_.load(std::memory_order_relaxed) && !held_.exchange(true, std::memory_order_acquire)) { return; }
       if (spins < spins_before_yielding) {
-        pause();
+        cpu_pause();
       } else {
         std::this_thread::yield();
       }
     }
   }
 
-  static void pause() noexcept {
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_ia32_pause();
-#elif defined(__aarch64__)
-    asm volatile("yield");
-#endif
-  }
 
   std::atomic<bool> held_{false};
 };
