@@ -53,15 +53,35 @@ tracking_resource_adaptor::~tracking_resource_adaptor() {
   }
 }
 
-std::uint64_t tracking_resource_adaptor::coarse_now_ns() noexcept {
+namespace {
 #ifdef CLOCK_MONOTONIC_COARSE
+std::uint64_t monotonic_now_ns(clockid_t clock) noexcept {
   timespec t{};
-  clock_gettime(CLOCK_MONOTONIC_COARSE, &t);
+  clock_gettime(clock, &t);
   return static_cast<std::uint64_t>(t.tv_sec) * 1'000'000'000ULL + static_cast<std::uint64_t>(t.tv_nsec);
+}
 #else
+std::uint64_t steady_now_ns() noexcept {
   return static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
                                         std::chrono::steady_clock::now().time_since_epoch())
                                         .count());
+}
+#endif
+}  // namespace
+
+std::uint64_t tracking_resource_adaptor::coarse_now_ns() noexcept {
+#ifdef CLOCK_MONOTONIC_COARSE
+  return monotonic_now_ns(CLOCK_MONOTONIC_COARSE);
+#else
+  return steady_now_ns();
+#endif
+}
+
+std::uint64_t tracking_resource_adaptor::precise_now_ns() noexcept {
+#ifdef CLOCK_MONOTONIC_COARSE
+  return monotonic_now_ns(CLOCK_MONOTONIC);  // the coarse clock's base: never behind it
+#else
+  return steady_now_ns();
 #endif
 }
 
@@ -86,8 +106,12 @@ void* tracking_resource_adaptor::do_allocate(std::size_t bytes, std::size_t alig
   std::uint32_t const stack_id = capture_stacks_ ? intern_current_stack() : no_stack;
   void* const ptr = upstream_->allocate(bytes, stream, alignment);
   auto const address = reinterpret_cast<std::uintptr_t>(ptr);
-  std::size_t const index = detail::this_thread_shard();
-  std::uint64_t const now = coarse_now_ns() - start_ns_;
+  auto const [index, own] = detail::this_thread_shard_held();
+  // A call from a thread_local destructor after this thread's index went back stamps in a
+  // borrowed shard, whose last stamp may lag the thread's own shard's (raised past the
+  // coarse clock within a tick): the precise clock is past them all, so it still comes
+  // after the thread's earlier allocations.
+  std::uint64_t const now = (own ? coarse_now_ns() : precise_now_ns()) - start_ns_;
   bool inserted = false;
   try {
     shard& s = shards_[index];

@@ -25,8 +25,12 @@
 /// one lock at a time (a free from another thread costs up to 64 lookups). Sequence
 /// numbers are timestamps (coarse-clock nanoseconds since the adaptor was made, raised
 /// past the shard's last, times 64, plus the shard), so no counter is shared either:
-/// unique, in each thread's order, and across threads in time order to within the
-/// coarse clock's tick (1-4 ms). `outstanding_count()`/`outstanding_bytes()` add the shards up under their
+/// unique, in each thread's order (also for an allocation from a thread_local destructor
+/// after the thread's shard index went back at its exit: it stamps in a borrowed shard,
+/// so it reads the precise clock), and across threads in time order to within the coarse
+/// clock's tick (the kernel's: 1-4 ms at HZ 1000-250, 10 ms at HZ 100) — two threads'
+/// allocations closer than that may be listed in either order, even when one came after
+/// the other. `outstanding_count()`/`outstanding_bytes()` add the shards up under their
 /// locks. Plus the capture when stacks are on (interned: each distinct stack is stored once).
 ///
 /// Thread-safe. `name()` is "tracking". `free_bytes_held`/`release` go to the upstream.
@@ -56,7 +60,9 @@ class tracking_resource_adaptor final : public memory_resource {
     std::size_t bytes = 0;
     std::size_t alignment = 0;
     std::uintptr_t stream = 0;           ///< the cudaStream_t handle it was allocated on
-    std::uint64_t sequence = 0;          ///< unique, increasing with the time of the allocation
+    /// Unique; increasing with time within a thread, and across threads for allocations
+    /// more than a tick of the coarse clock apart (above).
+    std::uint64_t sequence = 0;
     std::size_t thread = 0;              ///< OS thread id (as the logging adaptor writes it)
     std::vector<std::string> stack;      ///< innermost first; empty without capture_stacks
   };
@@ -80,7 +86,8 @@ class tracking_resource_adaptor final : public memory_resource {
   [[nodiscard]] bool captures_stacks() const noexcept { return capture_stacks_; }
   [[nodiscard]] std::size_t outstanding_count() const noexcept;
   [[nodiscard]] std::size_t outstanding_bytes() const noexcept;
-  /// Every outstanding allocation, oldest first (stacks symbolized).
+  /// Every outstanding allocation, oldest first by sequence (across threads, to within a
+  /// tick of the coarse clock: above), stacks symbolized.
   [[nodiscard]] std::vector<allocation_info> outstanding() const;
   /// Outstanding allocations grouped by call stack, most bytes first (one group in all
   /// without capture_stacks).
@@ -118,9 +125,12 @@ class tracking_resource_adaptor final : public memory_resource {
   std::string do_name() const override { return "tracking"; }
   memory_resource* do_upstream() const noexcept override { return upstream_.get(); }
 
-  /// The coarse monotonic clock (a tick of 1-4 ms, read in ~5 ns; the precise clock costs
-  /// ~30 ns, a fifth of a tracked allocate+free pair), in nanoseconds.
+  /// The coarse monotonic clock (a tick of 1-4 ms, 10 ms at HZ 100, read in ~5 ns; the
+  /// precise clock costs ~30 ns, a fifth of a tracked allocate+free pair), in nanoseconds.
   static std::uint64_t coarse_now_ns() noexcept;
+  /// The precise monotonic clock, the coarse one's base (never behind it), in nanoseconds:
+  /// for a call that stamps in a shard not its thread's (see do_allocate).
+  static std::uint64_t precise_now_ns() noexcept;
   std::uint32_t intern_current_stack();
   [[nodiscard]] std::vector<std::pair<void*, record>> snapshot() const;
   [[nodiscard]] std::vector<std::string> symbolized(std::uint32_t stack_id) const;

@@ -64,16 +64,22 @@ class shard_indices {
   std::array<std::uint32_t, counter_shards> holders_{};  // live threads holding each index
 };
 
-/// The calling thread's shard index, in [0, counter_shards): distinct among live threads
-/// (up to `counter_shards` of them), given back when the thread exits.
-inline std::size_t this_thread_shard() noexcept {
+/// The calling thread's shard index (as `this_thread_shard`) and whether the thread holds
+/// it: `own` is false only for a call made after the thread's index went back at its exit
+/// (from a later thread_local destructor), which borrows the least-held index.
+struct thread_shard {
+  std::size_t index;
+  bool own;
+};
+
+inline thread_shard this_thread_shard_held() noexcept {
   // Trivially destructible, so a thread_local destructor that runs after the index went
   // back (one built before this thread's first call) still reads them legally; such a
   // late call shares the least-held index rather than one a new thread may hold alone.
   thread_local std::size_t index = counter_shards;  // counter_shards: none held
   thread_local bool given_back = false;
-  if (index < counter_shards) [[likely]] { return index; }
-  if (given_back) { return shard_indices::instance().least_shared(); }
+  if (index < counter_shards) [[likely]] { return {index, true}; }
+  if (given_back) { return {shard_indices::instance().least_shared(), false}; }
   struct give_back_at_exit {
     ~give_back_at_exit() {
       shard_indices::instance().release(index);
@@ -84,8 +90,12 @@ inline std::size_t this_thread_shard() noexcept {
   index = shard_indices::instance().acquire();
   thread_local give_back_at_exit const at_exit;
   (void)at_exit;
-  return index;
+  return {index, true};
 }
+
+/// The calling thread's shard index, in [0, counter_shards): distinct among live threads
+/// (up to `counter_shards` of them), given back when the thread exits.
+inline std::size_t this_thread_shard() noexcept { return this_thread_shard_held().index; }
 
 /// a + b, clamped to the int64 range instead of wrapping.
 inline std::int64_t saturating_add(std::int64_t a, std::int64_t b) noexcept {
