@@ -1,8 +1,14 @@
 // The hot paths' own locks: lean_mutex (spins, then sleeps) and shard_spin_lock (spins,
-// then yields): mutual exclusion under contention, try_lock, and lean_mutex's sleeping path.
+// yields, then naps): mutual exclusion under contention, try_lock, lean_mutex's sleeping
+// path, and a real-time waiter that must not starve the holder it preempted.
 #include <catch2/catch.hpp>
 
+#include <pthread.h>
+#include <sched.h>
+
+#include <atomic>
 #include <chrono>
+#include <cstdint>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -79,4 +85,89 @@ TEST_CASE("shard_spin_lock: a waiter gets the lock of a holder that keeps it pas
   mutex.unlock();
   waiter.join();
   CHECK(entered);
+}
+
+namespace {
+
+/// The first CPU this process may run on, when it may run on at least two (the test's own
+/// thread must be free to watch the other), else -1.
+int first_of_two_cpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof set, &set) != 0 || CPU_COUNT(&set) < 2) { return -1; }
+  for (int c = 0; c < CPU_SETSIZE; ++c) {
+    if (CPU_ISSET(c, &set)) { return c; }
+  }
+  return -1;
+}
+
+void pin_to(int cpu) {
+  cpu_set_t one;
+  CPU_ZERO(&one);
+  CPU_SET(cpu, &one);
+  pthread_setaffinity_np(pthread_self(), sizeof one, &one);
+}
+
+}  // namespace
+
+TEMPLATE_TEST_CASE("a real-time waiter on the holder's core lets the preempted holder finish", "", lean_mutex,
+                   shard_spin_lock) {
+  // The holder (an ordinary thread) keeps the lock for 30 ms, busy; a SCHED_FIFO waiter
+  // pinned to the same core preempts it and waits. A waiter that only spins and yields
+  // yields to its own priority alone: the holder ran again only when the kernel's
+  // real-time throttling (95% of each second, where it is on) gave it the core, ~1 s,
+  // and never where it is off. A waiter that sleeps lets it finish.
+  int const cpu = first_of_two_cpus();
+  if (cpu < 0) {
+    WARN("needs two CPUs");
+    return;
+  }
+  TestType mutex;
+  std::atomic<bool> holding{false};
+  std::atomic<int> waiter_state{0};  // 0 starting, 1 real-time and waiting, 2 got the lock, -1 no SCHED_FIFO
+  std::atomic<std::int64_t> waited_ms{-1};
+  std::thread holder{[&] {
+    pin_to(cpu);
+    std::lock_guard lock{mutex};
+    holding = true;
+    while (waiter_state.load() == 0) {}  // held until the waiter is about to wait
+    auto const t0 = std::chrono::steady_clock::now();
+    while (std::chrono::steady_clock::now() - t0 < std::chrono::milliseconds{30}) {}  // busy under the lock
+  }};
+  while (!holding.load()) { std::this_thread::yield(); }
+  std::thread waiter{[&] {
+    pin_to(cpu);
+    sched_param p{};
+    p.sched_priority = 1;
+    if (pthread_setschedparam(pthread_self(), SCHED_FIFO, &p) != 0) {
+      waiter_state = -1;
+      return;
+    }
+    auto const t0 = std::chrono::steady_clock::now();
+    waiter_state = 1;
+    mutex.lock();
+    waited_ms = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0).count();
+    mutex.unlock();
+    waiter_state = 2;
+  }};
+  // A watchdog on another core: past 3 s the waiter goes back to ordinary scheduling, so
+  // that a lock that cannot let the holder run fails the test instead of hanging the core.
+  auto const start = std::chrono::steady_clock::now();
+  while (waiter_state.load() == 0 || waiter_state.load() == 1) {
+    if (std::chrono::steady_clock::now() - start > std::chrono::seconds{3}) {
+      sched_param p{};
+      pthread_setschedparam(waiter.native_handle(), SCHED_OTHER, &p);
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds{1});
+  }
+  waiter.join();
+  holder.join();
+  if (waiter_state.load() == -1) {
+    WARN("SCHED_FIFO not permitted here: nothing to check");
+    return;
+  }
+  INFO("the real-time waiter waited " << waited_ms.load() << " ms for a holder that keeps the lock 30 ms");
+  CHECK(waited_ms.load() >= 0);
+  CHECK(waited_ms.load() < 500);
 }

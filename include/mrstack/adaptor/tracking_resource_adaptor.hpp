@@ -109,7 +109,7 @@ class tracking_resource_adaptor final : public memory_resource {
   static constexpr std::uint32_t no_stack = 0xffffffffU;
 
   struct alignas(64) shard {
-    detail::shard_spin_lock mutex;  // held for a few table operations, never across a call
+    detail::shard_spin_lock mutex;  // held for table operations (an insert may grow it), never across a call
     detail::pointer_map<record> records;
     std::size_t count = 0;
     std::size_t bytes = 0;

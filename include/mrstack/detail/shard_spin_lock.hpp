@@ -1,19 +1,28 @@
 #pragma once
-/// `shard_spin_lock`: the lock of a per-thread shard whose critical sections are a few
-/// table or counter operations and never block. CUDA-free.
+/// `shard_spin_lock`: the lock of a per-thread shard whose critical sections are mostly a
+/// few table or counter operations and never wait for another thread. CUDA-free.
 ///
 /// Why not `lean_mutex`: a lock that lets waiters sleep must learn at unlock whether
 /// anyone sleeps, which on x86 takes a locked exchange (a plain store followed by a load
 /// of a sleeper count can be reordered and lose a wake-up). So every lean_mutex lock and
 /// unlock pair is two locked instructions. A shard's lock is taken almost only by its own
 /// thread, and its holder never waits for anything, so waiters can afford to spin (and
-/// yield the core after a while, in case the holder was preempted): the unlock is then a
-/// plain release store, and a lock and unlock pair costs one locked instruction.
+/// yield the core after a while, then nap, in case the holder was preempted): the unlock
+/// is then a plain release store, and a lock and unlock pair costs one locked instruction.
 ///
-/// Use it only where the holder does bounded work: no call to another resource, no
-/// allocation that could wait, no other lock taken. Meets the Lockable requirements;
-/// visible to ThreadSanitizer through its atomic.
+/// Use it only where the holder never waits for a thread that may be waiting on the lock:
+/// no call to another resource, no lock that such a thread could hold. A holder's work is
+/// bounded but not always a few operations, and waiters wait out all of it: a
+/// refill's pass and a read take many shard locks in index order under their adaptor's
+/// global lock (`shard_pass`, `all_shards_lock`); tracking's insert may grow its table
+/// (host memory, a rehash) and `outstanding()` copies a whole shard; a refusal or misuse
+/// error builds its message with the locks held. A waiter spins, then yields the core,
+/// then naps (50 us at a time, no wake-up needed): yielding alone would never let a
+/// preempted holder run under a real-time (SCHED_FIFO/RR) waiter of higher priority on
+/// its core. Meets the Lockable requirements; visible to ThreadSanitizer through its
+/// atomic.
 #include <atomic>
+#include <chrono>
 #include <thread>
 
 #include <mrstack/detail/cpu_pause.hpp>
@@ -37,20 +46,29 @@ class shard_spin_lock {
 
  private:
   static constexpr int spins_before_yielding = 64;
+  static constexpr int tries_before_napping = spins_before_yielding + 64;
+  /// A nap needs no wake-up (so the unlock stays a plain store): the waiter looks again
+  /// when it is over. Only a wait this long (a preempted holder, a refill's pass) pays it.
+  static constexpr std::chrono::microseconds nap{50};
 
   void lock_contended() noexcept {
-    for (int spins = 0;; ++spins) {
+    for (int tries = 0;; tries += tries < tries_before_napping ? 1 : 0) {  // saturates
       // Read until it looks free before trying again: the exchange takes the cache line
       // for writing, which would slow the holder down.
       if (!held_.load(std::memory_order_relaxed) && !held_.exchange(true, std::memory_order_acquire)) { return; }
-      if (spins < spins_before_yielding) {
+      if (tries < spins_before_yielding) {
         cpu_pause();
-      } else {
+      } else if (tries < tries_before_napping) {
         std::this_thread::yield();
+      } else {
+        // Yielding gives the core only to threads of the waiter's priority: a real-time
+        // waiter that preempted the holder on its core would never let it run (the lock
+        // tests' case waited ~1 s, until the kernel throttled real-time threads). Sleeping
+        // lets any thread run.
+        std::this_thread::sleep_for(nap);
       }
     }
   }
-
 
   std::atomic<bool> held_{false};
 };
