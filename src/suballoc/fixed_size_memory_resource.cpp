@@ -6,6 +6,7 @@
 #include <thread>
 #include <limits>
 
+#include <mrstack/detail/shard_spin_lock.hpp>
 #include <mrstack/suballoc/stream_sync.hpp>
 
 namespace mrstack {
@@ -94,38 +95,12 @@ void fixed_size_memory_resource::reject(std::size_t bytes, std::size_t alignment
 // cache's lock. A cache's lock also marks its owner as a reader of the chunk snapshot
 // (the free check); `take_back_caches` takes every cache's lock, which is what lets
 // replaced snapshots be freed afterwards.
-namespace {
-/// A cache's lock: taken by its own thread on every cached call, by others only to take
-/// the cache back (rare). So the uncontended path is all that matters: a CAS to lock and
-/// a plain release store to unlock (lean_mutex's unlock is an exchange, to wake
-/// sleepers; nobody sleeps here: a waiter spins, then yields).
-class cache_lock {
- public:
-  void lock() noexcept {
-    std::uint32_t expected = 0;
-    if (state_.compare_exchange_strong(expected, 1, std::memory_order_acquire, std::memory_order_relaxed)) { return; }
-    lock_contended();
-  }
-  void unlock() noexcept { state_.store(0, std::memory_order_release); }
-
- private:
-  void lock_contended() noexcept {
-    for (unsigned spins = 0;; ++spins) {
-      std::uint32_t expected = 0;
-      if (state_.load(std::memory_order_relaxed) == 0 &&
-          state_.compare_exchange_weak(expected, 1, std::memory_order_acquire, std::memory_order_relaxed)) {
-        return;
-      }
-      if (spins >= 64) { std::this_thread::yield(); }
-    }
-  }
-  std::atomic<std::uint32_t> state_{0};
-};
-}  // namespace
 
 struct fixed_size_memory_resource::thread_cache {
   explicit thread_cache(std::size_t capacity) : blocks{std::make_unique<detail::free_block[]>(capacity)} {}
-  alignas(64) cache_lock lock;
+  // Taken by its own thread on every cached call, by others only to take the cache back
+  // (rare): a CAS to lock, a plain store to unlock.
+  alignas(64) detail::shard_spin_lock lock;
   detail::stream_ref stream{};  // the stream every cached block was freed on (or taken for)
   std::size_t count = 0;
   std::unique_ptr<detail::free_block[]> blocks;  // a LIFO stack of `count` free blocks

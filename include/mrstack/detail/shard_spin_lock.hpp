@@ -1,6 +1,7 @@
 #pragma once
-/// `shard_spin_lock`: the lock of a per-thread shard whose critical sections are mostly a
-/// few table or counter operations and never wait for another thread. CUDA-free.
+/// `shard_spin_lock`: the lock of a per-thread shard (the sharded adaptors' shards,
+/// fixed_size's thread caches) whose critical sections are mostly a few table or counter
+/// operations and never wait for another thread. CUDA-free.
 ///
 /// Why not `lean_mutex`: a lock that lets waiters sleep must learn at unlock whether
 /// anyone sleeps, which on x86 takes a locked exchange (a plain store followed by a load
@@ -16,7 +17,8 @@
 /// refill's pass and a read take many shard locks in index order under their adaptor's
 /// global lock (`shard_pass`, `all_shards_lock`); tracking's insert may grow its table
 /// (host memory, a rehash) and `outstanding()` copies a whole shard; a refusal or misuse
-/// error builds its message with the locks held. A waiter spins, then yields the core,
+/// error builds its message with the locks held; a fixed_size thread cache's spill may
+/// record a CUDA event with its cache's lock held. A waiter spins, then yields the core,
 /// then naps (50 us at a time, no wake-up needed): yielding alone would never let a
 /// preempted holder run under a real-time (SCHED_FIFO/RR) waiter of higher priority on
 /// its core. Meets the Lockable requirements; visible to ThreadSanitizer through its
