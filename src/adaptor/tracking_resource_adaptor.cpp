@@ -2,7 +2,6 @@
 #include <mrstack/adaptor/tracking_resource_adaptor.hpp>
 
 #include <algorithm>
-#include <chrono>
 #include <ctime>
 #include <cstdio>
 #include <map>
@@ -55,35 +54,22 @@ tracking_resource_adaptor::~tracking_resource_adaptor() {
 
 namespace {
 #ifdef CLOCK_MONOTONIC_COARSE
+constexpr clockid_t coarse_clock = CLOCK_MONOTONIC_COARSE;
+#else
+constexpr clockid_t coarse_clock = CLOCK_MONOTONIC;  // no coarse clock here: the precise one
+#endif
+
 std::uint64_t monotonic_now_ns(clockid_t clock) noexcept {
   timespec t{};
   clock_gettime(clock, &t);
   return static_cast<std::uint64_t>(t.tv_sec) * 1'000'000'000ULL + static_cast<std::uint64_t>(t.tv_nsec);
 }
-#else
-std::uint64_t steady_now_ns() noexcept {
-  return static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
-                                        std::chrono::steady_clock::now().time_since_epoch())
-                                        .count());
-}
-#endif
 }  // namespace
 
-std::uint64_t tracking_resource_adaptor::coarse_now_ns() noexcept {
-#ifdef CLOCK_MONOTONIC_COARSE
-  return monotonic_now_ns(CLOCK_MONOTONIC_COARSE);
-#else
-  return steady_now_ns();
-#endif
-}
+std::uint64_t tracking_resource_adaptor::coarse_now_ns() noexcept { return monotonic_now_ns(coarse_clock); }
 
-std::uint64_t tracking_resource_adaptor::precise_now_ns() noexcept {
-#ifdef CLOCK_MONOTONIC_COARSE
-  return monotonic_now_ns(CLOCK_MONOTONIC);  // the coarse clock's base: never behind it
-#else
-  return steady_now_ns();
-#endif
-}
+// The coarse clock's base: never behind it.
+std::uint64_t tracking_resource_adaptor::precise_now_ns() noexcept { return monotonic_now_ns(CLOCK_MONOTONIC); }
 
 std::uint32_t tracking_resource_adaptor::intern_current_stack() {
   void* frames[max_stack_frames];
