@@ -182,31 +182,47 @@ TEST_CASE("fixed_size: one thread keeps no cache; a second thread turns the cach
   CHECK(mr.free_blocks() == 16);
 }
 
-TEST_CASE("fixed_size: a created stream is cached while it is the only stream, not after") {
+TEST_CASE("fixed_size: created streams are cached with several streams, one record per spilled batch") {
   auto fake = std::make_shared<test::fake_stream_sync>();
   auto sim = std::make_shared<simulated_memory_resource>();
   auto const a = stream_view{reinterpret_cast<cudaStream_t>(0x100)};
   auto const b = stream_view{reinterpret_cast<cudaStream_t>(0x200)};
-  fixed_size_memory_resource mr{sim, 64 * KiB, 16, fake};
-  std::thread{[&] { mr.deallocate(mr.allocate(1000, a), 1000, a); }}.join();  // a second thread: caches on
+  fixed_size_memory_resource mr{sim, 64 * KiB, 256, fake};
+  REQUIRE(mr.thread_cache_blocks() == 64);
+  std::thread{[&] { mr.deallocate(mr.allocate(1000, a), 1000, a); }}.join();
+  // This thread is the second (caches on) and b the second stream (the eager rule: created
+  // streams record their frees). 99 more allocations come from refills of 32 blocks: 29
+  // are left in the cache.
   std::vector<void*> blocks;
-  for (int i = 0; i < 8; ++i) { blocks.push_back(mr.allocate(1000, a)); }
-  for (void* p : blocks) { mr.deallocate(p, 1000, a); }
-  CHECK(mr.cached_blocks() > 0);  // one stream, a created one: through the thread's cache
-  CHECK(fake->records == 0);
-  // a is destroyed; then a second stream: a's cache goes back unrecorded (b's call does
-  // not name a, and must not), so b takes a's blocks after one device synchronization.
-  fake->kill(0x100);
-  void* on_b = mr.allocate(1000, b);
+  for (int i = 0; i < 100; ++i) { blocks.push_back(mr.allocate(1000, b)); }
+  REQUIRE(mr.cached_blocks() == 29);
+  std::size_t const before = fake->records;
+  for (void* p : blocks) { mr.deallocate(p, 1000, b); }
+  // Frees 36, 68 and 100 each find the cache full and spill 32 blocks with one record
+  // (uncached, each of the 100 frees recorded).
+  CHECK(fake->records - before == 3);
+  CHECK(mr.cached_blocks() == 33);
+  CHECK(mr.chunk_count() == 1);
+
+  // Calls on a skip the cache, which keeps b's blocks for b (spilled now, they could not
+  // be recorded on b: the call names a). A hit on b starts the count again.
+  for (int i = 0; i < 31; ++i) { mr.deallocate(mr.allocate(1000, a), 1000, a); }  // 62 calls on a
+  CHECK(mr.cached_blocks() == 33);
+  mr.deallocate(mr.allocate(1000, b), 1000, b);  // hits the cache
+  for (int i = 0; i < 32; ++i) { mr.deallocate(mr.allocate(1000, a), 1000, a); }  // 64 calls
+  CHECK(mr.cached_blocks() == 33);
+  CHECK(fake->sync_alls == 0);
+  // The 65th call on a in a row: the thread has moved on, b's blocks go back unrecorded
+  // and the cache holds a's.
+  void* on_a = mr.allocate(1000, a);
+  mr.deallocate(on_a, 1000, a);
+  CHECK(mr.cached_blocks() < 33);
+  // Another stream takes b's unrecorded blocks only after a device synchronization.
+  auto const c = stream_view{reinterpret_cast<cudaStream_t>(0x300)};
+  std::vector<void*> on_c;
+  for (int i = 0; i < 250; ++i) { on_c.push_back(mr.allocate(1000, c)); }
   CHECK(fake->sync_alls == 1);
   CHECK(mr.chunk_count() == 1);
-  // From now on created streams record at every free and are not cached.
-  mr.deallocate(on_b, 1000, b);
-  CHECK(fake->records == 1);
-  CHECK(mr.cached_blocks() == 0);
-  void* again = mr.allocate(1000, b);
-  mr.deallocate(again, 1000, b);
-  CHECK(mr.cached_blocks() == 0);
-  CHECK(fake->dead_named == 0);  // a was never named after it was destroyed
-  (void)a;
+  for (void* p : on_c) { mr.deallocate(p, 1000, c); }
+  CHECK(fake->dead_named == 0);
 }

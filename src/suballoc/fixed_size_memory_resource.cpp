@@ -103,16 +103,18 @@ struct fixed_size_memory_resource::thread_cache {
   alignas(64) detail::shard_spin_lock lock;
   detail::stream_ref stream{};  // the stream every cached block was freed on (or taken for)
   std::size_t count = 0;
+  std::uint32_t bypasses = 0;  // calls on other streams in a row while it kept a created stream's blocks
   std::unique_ptr<detail::free_block[]> blocks;  // a LIFO stack of `count` free blocks
 };
 
 void* fixed_size_memory_resource::do_allocate(std::size_t bytes, std::size_t alignment, stream_view stream) {
   if (bytes > block_size_ || alignment > block_alignment_) { reject(bytes, alignment); }
   detail::stream_ref const s = to_stream_ref(stream);
-  if (cacheable(s)) {
+  if (caching_.load(std::memory_order_relaxed)) {
     if (thread_cache* c = my_cache()) {
       std::lock_guard lock{c->lock};
       if (c->count != 0 && c->stream.key == s.key) {
+        c->bypasses = 0;
         detail::free_block const b = c->blocks[--c->count];
         b.state->store(detail::used_state, std::memory_order_relaxed);
         return reinterpret_cast<void*>(b.address);
@@ -130,7 +132,7 @@ void fixed_size_memory_resource::do_deallocate(void* ptr, std::size_t bytes, std
   if (bytes > block_size_ || alignment > block_alignment_) { reject(bytes, alignment); }
   detail::stream_ref const s = to_stream_ref(stream);
   auto const a = reinterpret_cast<std::uintptr_t>(ptr);
-  if (cacheable(s)) {
+  if (caching_.load(std::memory_order_relaxed)) {
     if (thread_cache* c = my_cache()) {
       std::unique_lock lock{c->lock};
       if (c->count < cache_capacity_ && (c->count == 0 || c->stream.key == s.key)) {
@@ -141,6 +143,7 @@ void fixed_size_memory_resource::do_deallocate(void* ptr, std::size_t bytes, std
           reject_free(ptr, bytes, result);
         }
         c->stream = s;
+        c->bypasses = 0;
         c->blocks[c->count++] = detail::free_block{a, state};
         return;
       }
@@ -164,22 +167,22 @@ fixed_size_memory_resource::thread_cache* fixed_size_memory_resource::cache_for_
   return caches_.back().get();
 }
 
-void fixed_size_memory_resource::note_stream(detail::stream_ref const& s) {
-  blocks_.note_stream(s);
-  // Once a second stream is in use, created streams record at every free (the eager
-  // rule), which a cache would defer: from then on they bypass the caches.
-  if (blocks_.records_eagerly()) { cache_created_streams_.store(false, std::memory_order_relaxed); }
+bool fixed_size_memory_resource::keeps_other_stream(thread_cache& c, detail::stream_ref const& s) const {
+  std::lock_guard cache_lock{c.lock};
+  if (c.count == 0 || c.stream.key == s.key || !detail::stream_owners::is_created(c.stream)) { return false; }
+  if (!blocks_.records_eagerly()) { return false; }  // one stream so far: nothing is recorded anyway
+  // Spilled now, the blocks could not be recorded on their stream (this call does not
+  // name it), and another stream would take them only after a device synchronization.
+  // A thread that alternates between streams keeps them for the stream it comes back to;
+  // one that has moved on for good gives them back after `max_cache_bypasses` calls.
+  return ++c.bypasses <= max_cache_bypasses;
 }
 
 void* fixed_size_memory_resource::refill_and_allocate(std::size_t bytes, detail::stream_ref const& s) {
   std::lock_guard lock{mutex_};
-  note_stream(s);
+  blocks_.note_stream(s);
   thread_cache* const cache = cache_for_this_thread();
-  if (cache == nullptr || !cacheable(s)) {
-    if (cache != nullptr) {  // its blocks of another stream may be what `s` takes over
-      std::lock_guard cache_lock{cache->lock};
-      if (cache->count != 0 && cache->stream.key != s.key) { spill(*cache, 0, &s); }
-    }
+  if (cache == nullptr || keeps_other_stream(*cache, s)) {
     if (std::uintptr_t const a = blocks_.allocate(s)) { return reinterpret_cast<void*>(a); }
     return grow_and_allocate(bytes, s);
   }
@@ -205,9 +208,9 @@ void* fixed_size_memory_resource::refill_and_allocate(std::size_t bytes, detail:
 
 void fixed_size_memory_resource::spill_and_free(void* ptr, std::size_t bytes, detail::stream_ref const& s) {
   std::lock_guard lock{mutex_};
-  note_stream(s);
+  blocks_.note_stream(s);
   thread_cache* const cache = cache_for_this_thread();
-  if (cache == nullptr || !cacheable(s)) {
+  if (cache == nullptr || keeps_other_stream(*cache, s)) {
     auto const result = blocks_.deallocate(reinterpret_cast<std::uintptr_t>(ptr), s);
     if (result != detail::fixed_size_blocks::free_result::freed) { reject_free(ptr, bytes, result); }
     return;
@@ -235,23 +238,24 @@ void fixed_size_memory_resource::spill(thread_cache& c, std::size_t keep, detail
   // The oldest blocks go to the shared stacks as freed on the cache's stream (the most
   // recent stay: they are the likeliest to be warm). Draining another thread's cache
   // records nothing on its stream: see note_free in detail/stream_ordering.hpp. A stream
-  // the user created may record only while the current call names it; otherwise its
-  // blocks go back unrecorded, and another stream takes them only after a device
-  // synchronization (the eager rule's fallback).
+  // the user created records once for the whole batch (the eager rule: from the second
+  // stream on), and only while the current call names it; otherwise its blocks go back
+  // unrecorded, and another stream takes them only after a device synchronization (the
+  // eager rule's fallback; `keeps_other_stream` makes that rare).
   bool const is_named = named != nullptr && named->key == c.stream.key;
   std::size_t const move = c.count - std::min(keep, c.count);
   // A block must never be in both the cache and the shared stacks (it would be handed out
   // twice): room first, so no push fails half way for want of host memory; a push that
   // still throws (a failed record) has put its block in the stacks already.
   blocks_.reserve_free(c.stream, move);
-  std::size_t moved = 0;
   try {
-    for (; moved < move; ++moved) { blocks_.push_free(c.blocks[moved], c.stream, is_named); }
+    blocks_.push_free_batch(c.blocks.get(), move, c.stream, is_named);
   } catch (...) {
-    drop_oldest(c, moved + 1);
+    drop_oldest(c, move);
     throw;
   }
   drop_oldest(c, move);
+  c.bypasses = 0;
 }
 
 void fixed_size_memory_resource::drop_oldest(thread_cache& c, std::size_t n) noexcept {

@@ -185,10 +185,16 @@ class fixed_size_blocks {
   /// `named`: the current call names `s`. A created stream it does not name may be gone:
   /// nothing is recorded on it, its memory only counts as freed since its last record
   /// (another stream takes it after a device synchronization).
-  void push_free(free_block b, stream_ref const& s, bool named = true) {
+  void push_free(free_block b, stream_ref const& s, bool named = true) { push_free_batch(&b, 1, s, named); }
+  /// Puts back `count` blocks already marked free (a thread cache's spill) as freed on
+  /// `s`, noted once for all: under the eager rule one record on a created stream covers
+  /// the whole batch. Room must have been reserved (`reserve_free`), so only the record
+  /// can fail, with every block in the stacks already.
+  void push_free_batch(free_block const* b, std::size_t count, stream_ref const& s, bool named = true) {
+    if (count == 0) { return; }
     owner_id const o = owner_of(s);
-    stacks_[o].push_back(b);
-    ++free_;
+    stacks_[o].insert(stacks_[o].end(), b, b + count);
+    free_ += count;
     if (named || !stream_owners::is_created(s)) {
       (void)owners_.note_free(o, s);  // eager rule: never asks to park
     } else {
@@ -203,7 +209,8 @@ class fixed_size_blocks {
   }
   /// Registers stream `s` (its owner slot), as any call with it would.
   void note_stream(stream_ref const& s) { (void)owner_of(s); }
-  /// True once a second stream is in use: created streams record at every free.
+  /// True once a second stream is in use: created streams record their frees (a cache's
+  /// spilled batch at once).
   [[nodiscard]] bool records_eagerly() const noexcept { return owners_.records_eagerly(); }
   /// A free block for `s` that stays marked free (for a thread cache); `address` 0: none.
   /// `batch`: how many blocks the caller is about to take (a cache refilling): from a

@@ -41,9 +41,11 @@
 ///   that never calls again (destroyed) keeps its unparked memory until the device is
 ///   synchronized (when growth is refused, or on release).
 /// - *Eager* (fixed_size): once a second stream appears, frees and acquisitions on a
-///   created stream record at once (what RMM does on every free), and a handover waits on
-///   that event alone; memory such a stream freed before the second stream appeared has
-///   no event: taking it over synchronizes the device once.
+///   created stream record at once (what RMM does on every free; a thread cache's spill
+///   records once for its batch), and a handover waits on that event alone; memory such
+///   a stream freed before the second stream appeared, or that went back from a cache
+///   while no call named its stream, has no event: taking it over synchronizes the device
+///   once.
 /// Chunks go back to the upstream on a created stream only when the caller names it;
 /// otherwise after a device synchronization, on the legacy default stream (always valid).
 ///
@@ -327,7 +329,7 @@ class stream_owners {
   /// `o` freed during a capture and has not recorded since (asks CUDA nothing).
   [[nodiscard]] bool freed_in_capture(owner_id o) const noexcept { return slots_[o].freed_in_capture; }
 
-  /// The eager rule is in force (a second stream was seen): created streams record at every free.
+  /// The eager rule is in force (a second stream was seen): created streams record their frees.
   [[nodiscard]] bool records_eagerly() const noexcept { return eager_; }
   /// True when the calling thread may name `o`'s stream (record on it, free on it) with
   /// no call naming it: the legacy default stream, or the caller's own default stream.

@@ -31,12 +31,14 @@
 ///   `thread_cache_blocks()`: 64 blocks or 64 MiB, at least 4) for one stream at a time,
 ///   so allocations and frees there touch only the thread's own lock; it refills from and
 ///   spills to the shared free stacks in batches of half its size. A cached block is
-///   reused only on the stream it was freed on. Streams the user created are cached
-///   only while they are the one stream in use (no events are recorded then; from the
-///   second stream on they record at every free, so they go to the shared stacks); a
-///   cache of one that goes back while no call names it (the stream may be gone) records
-///   nothing, and another stream takes those blocks after a device synchronization, as
-///   it takes any memory freed before the second stream appeared.
+///   reused only on the stream it was freed on. Streams the user created are cached too:
+///   from the second stream on, a spill during a call that names the stream records one
+///   event for its whole batch (uncached, every free recorded one under the shared
+///   lock). A cache of a created stream goes back unrecorded only when no call names
+///   that stream (the stream may be gone): its thread has made 64 calls in a row on other
+///   streams (until then those calls skip the cache), or the caches are taken back; then
+///   another stream takes those blocks after a device synchronization, as it takes any
+///   memory freed before the second stream appeared.
 ///   Before the resource grows, reports out-of-memory or
 ///   releases, it takes every thread's cache back; a thread that exits hands its caches
 ///   back. Frees into a cache are checked like any other.
@@ -109,12 +111,6 @@ class fixed_size_memory_resource final : public memory_resource, private detail:
 
   // Thread caches (src/suballoc/fixed_size_memory_resource.cpp says how they stay safe).
   struct thread_cache;
-  /// Per-thread and legacy default streams always; streams the user created while only
-  /// one stream is in use (no events are recorded then).
-  [[nodiscard]] bool cacheable(detail::stream_ref const& s) const noexcept {
-    return caching_.load(std::memory_order_relaxed) &&
-           (!detail::stream_owners::is_created(s) || cache_created_streams_.load(std::memory_order_relaxed));
-  }
   /// Under the mutex, on the uncached path: turns the caches on once a second thread calls.
   void note_thread() noexcept {
     // The address of a trivial thread_local: one instruction, no guard (this_thread_key
@@ -125,17 +121,19 @@ class fixed_size_memory_resource final : public memory_resource, private detail:
     if (first_thread_ == 0) {
       first_thread_ = me;
     } else if (first_thread_ != me && !caching_.load(std::memory_order_relaxed)) {
-      // Several streams already: created streams record at every free, uncached.
-      if (blocks_.records_eagerly()) { cache_created_streams_.store(false, std::memory_order_relaxed); }
       caching_.store(true, std::memory_order_relaxed);
     }
   }
-  /// Registers `s` with the shared stacks (under the mutex) and stops caching created
-  /// streams once a second stream is in use.
-  void note_stream(detail::stream_ref const& s);
   [[nodiscard]] thread_cache* my_cache() const noexcept {
     return static_cast<thread_cache*>(detail::this_thread_cache(ticket_));
   }
+  /// Under the mutex, for a call on `s` that missed its thread's cache `c`: true when `c`
+  /// holds another created stream's blocks and keeps them (the call then goes to the
+  /// shared stacks; see the .cpp).
+  bool keeps_other_stream(thread_cache& c, detail::stream_ref const& s) const;
+  /// Calls in a row a cache keeps a created stream's blocks for while its thread names
+  /// other streams, before it gives them back unrecorded.
+  static constexpr std::uint32_t max_cache_bypasses = 64;
   void* refill_and_allocate(std::size_t bytes, detail::stream_ref const& s);
   void spill_and_free(void* ptr, std::size_t bytes, detail::stream_ref const& s);
   /// The calling thread's cache, created when missing; null when it can keep none (exiting).
@@ -164,7 +162,6 @@ class fixed_size_memory_resource final : public memory_resource, private detail:
   std::vector<chunk> chunks_;
   std::size_t pool_size_ = 0;
   std::size_t cache_capacity_;
-  std::atomic<bool> cache_created_streams_{true};
   std::atomic<bool> caching_{false};  // a second thread has called: threads use their caches
   std::uintptr_t first_thread_ = 0;   // the first caller's thread key (under mutex_)
   detail::cache_ticket ticket_;
