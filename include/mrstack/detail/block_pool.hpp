@@ -133,8 +133,8 @@ class block_pool {
   /// (which need not merge by the rule below: the caller may use both, e.g. a stream's
   /// own blocks and those it parked). The run is merged into one block of `owner` (the
   /// partner's other blocks stay its own) and the block taken from `owner`. 0 when no
-  /// run holds the request. O(partner's free blocks × run length), none visited when the
-  /// two owners' free bytes together fall short.
+  /// run holds the request. O(the fewer free blocks of the two × run length), none
+  /// visited when the two owners' free bytes together fall short.
   std::uintptr_t allocate_across(std::size_t size, std::size_t alignment, owner_id owner, owner_id partner);
   /// True when `allocate(size, alignment, owner)` would succeed. O(1) (may be
   /// conservative for alignments above `granularity`: then it asks for room to align).
@@ -308,7 +308,7 @@ class block_pool {
   }
   [[nodiscard]] static std::size_t size_of(block const& n) noexcept { return std::size_t{n.units} * granularity; }
   /// The bytes of the run of free blocks of `owner` and `partner` around `node` (a free
-  /// block of one of them), or 0 when the run holds none of `owner`'s.
+  /// block of one of them), or 0 unless the run holds blocks of both.
   [[nodiscard]] std::size_t run_with(std::uint32_t node, owner_id owner, owner_id partner) const noexcept;
   [[nodiscard]] block& at(std::uint32_t i) noexcept { return static_cast<block*>(node_space_.data())[i]; }
   [[nodiscard]] block const& at(std::uint32_t i) const noexcept {
