@@ -7,6 +7,8 @@
 
 #include <cuda_runtime_api.h>
 
+#include <hang_dump.hpp>
+
 int main(int argc, char* argv[]) {
   int count = 0;
   cudaError_t const status = cudaGetDeviceCount(&count);
@@ -19,5 +21,6 @@ int main(int argc, char* argv[]) {
   if (cudaGetDeviceProperties(&prop, 0) == cudaSuccess) {
     std::printf("device 0: %s, %.1f GiB\n", prop.name, static_cast<double>(prop.totalGlobalMem) / (1 << 30));
   }
+  mrstack::test::arm_hang_dump();  // MRSTACK_TEST_HANG_SECONDS: stacks of a hung test
   return Catch::Session().run(argc, argv);
 }

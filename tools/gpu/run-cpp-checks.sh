@@ -18,6 +18,9 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | 
 { grep -m1 'model name' /proc/cpuinfo; grep -m1 'cpu MHz' /proc/cpuinfo; nproc;
   echo "THP: $(cat /sys/kernel/mm/transparent_hugepage/enabled 2>/dev/null)"; uptime; } | tee -a "$out/device.txt"
 status=0
+# A test still running after this long writes every thread's stack to its log
+# (tests/support/hang_dump.hpp), before the 300 s timeout below ends it.
+export MRSTACK_TEST_HANG_SECONDS="${MRSTACK_TEST_HANG_SECONDS:-240}"
 log="$bundle/../../data/torch_resnet50_train.csv.gz"
 [ -f "$log" ] || log="data/torch_resnet50_train.csv.gz"
 export MRSTACK_SAMPLE_LOG="$(cd "$(dirname "$log")" && pwd)/$(basename "$log")"  # for gpu_test_replay
