@@ -1,8 +1,11 @@
 // The replay's schedulers and timing: per-thread order keeps each thread's order and makes
 // every free after its allocation; thousands of log threads replay on a few workers in
 // bounded time; a refused thread means fewer workers, not an abort; ns_per_call is the
-// time inside the stack; the verdict's fastest goes by it.
+// time inside the stack; the verdict's fastest goes by it; a worker asleep on the run's
+// gate wakes when its word changes.
 #include <catch2/catch.hpp>
+
+#include "../src/replay/replay_run.hpp"
 
 #include <mrstack/log/allocation_log.hpp>
 #include <mrstack/replay/replay.hpp>
@@ -281,4 +284,28 @@ TEST_CASE("replay threads: ns_per_call is the time inside the stack, and the ver
   CHECK(status == 0);
   CHECK_THAT(text_out, Catch::Contains("per-thread order on"));
   CHECK_THAT(text_out, Catch::Contains("verdict: fastest pool > cuda ("));
+}
+
+TEST_CASE("replay: workers asleep on the gate are woken by the change, not by the time bound") {
+  // Two threads hand a counter back and forth a thousand times, each sleeping until it is
+  // its turn, as the strict order's workers do. Woken by wake_all, a hand-over takes
+  // microseconds; a missed wake-up costs the sleep's bound (2 ms) each time: 2 s in all.
+  replay_detail::sleep_gate gate;
+  std::atomic<std::uint32_t> word{0};
+  constexpr std::uint32_t turns = 1000;
+  auto player = [&](std::uint32_t parity) {
+    for (std::uint32_t t = parity; t < turns; t += 2) {
+      for (std::uint32_t seen = word.load(); seen != t; seen = word.load()) { gate.sleep_while(word, seen); }
+      word.store(t + 1, std::memory_order_seq_cst);
+      gate.wake_all();
+    }
+  };
+  auto const t0 = std::chrono::steady_clock::now();
+  std::thread other{player, 1U};
+  player(0);
+  other.join();
+  auto const ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  INFO(turns << " hand-overs took " << ms << " ms");
+  CHECK(word.load() == turns);
+  CHECK(ms < 500);
 }

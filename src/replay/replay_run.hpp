@@ -5,6 +5,8 @@
 #include <mrstack/stream.hpp>
 
 #include <atomic>
+#include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -28,6 +30,28 @@ class replay_streams {
 /// What became of one allocation during a run (written by the thread that made it, read
 /// by the one that frees it: release/acquire).
 enum class allocation_state : std::uint8_t { pending, made, refused };
+
+/// Where the workers of a run sleep when they can run nothing, until the word they wait
+/// on (`next` or `made`) changes; whoever changes one calls `wake_all`. A mutex and a
+/// condition variable with a count of sleepers, not std::atomic::wait: with that, the
+/// strict order's two workers of gpu_test_replay were found asleep together, each waiting
+/// for the other, in about one run in five on an H100 host (never in isolation, nor on
+/// the H200 hosts). Here a sleeper reads the word under the mutex after counting itself,
+/// a waker that sees it counted takes the mutex before notifying, and no sleep lasts
+/// longer than `max_sleep`: a missed wake-up would cost time, never the run.
+class sleep_gate {
+ public:
+  /// Sleeps while `word` == `seen`, at most `max_sleep`.
+  void sleep_while(std::atomic<std::uint32_t> const& word, std::uint32_t seen);
+  /// After a sequentially consistent change of a word: wakes every sleeper.
+  void wake_all();
+  static constexpr std::chrono::milliseconds max_sleep{2};
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  std::atomic<std::uint32_t> sleepers_{0};
+};
 
 /// State shared by the workers of one run.
 struct run_state {
@@ -54,9 +78,8 @@ struct run_state {
 
   std::atomic<bool> stop{false};
   std::atomic<std::uint32_t> next{0};     ///< strict order: the next event to run
-  // 32 bits, as `next`: std::atomic::wait sleeps on such a word with the futex itself;
-  // a 64-bit one goes through the library's shared waiter table instead.
   std::atomic<std::uint32_t> made{0};     ///< per-thread order: allocations settled (wakes waiters; wraps)
+  sleep_gate gate;                        ///< where workers wait for `next` or `made` to change
   std::atomic<std::size_t> done{0};       ///< events done (progress; approximate in per-thread order)
   /// Per-thread order: the live bytes the replay reaches (its interleaving is not the
   /// log's, so neither is its peak). Counted outside the timed calls.

@@ -18,18 +18,22 @@ namespace {
 using clock_type = std::chrono::steady_clock;
 
 /// A worker that cannot run anything: spins a little (the event it waits for is usually
-/// quick), then sleeps on `word` (a futex) until it differs from `seen`. Bounded: at most
-/// 128 spins between sleeps. No sched_yield: on a loaded machine a yield hands the core
-/// to another process for a whole time slice, while a futex wake-up is scheduled at once.
-template <class T>
+/// quick), yields four times (what std::atomic::wait did before it slept, and on a
+/// machine with fewer cores than workers what lets the other worker run the event), then
+/// sleeps on the run's gate until `word` differs from `seen`. No longer yielding: on a
+/// loaded machine a yield can hand the core to another process for a whole time slice,
+/// while a wake-up is scheduled at once.
 class idle_waiter {
  public:
-  void wait(std::atomic<T> const& word, T seen) {
+  void wait(sleep_gate& gate, std::atomic<std::uint32_t> const& word, std::uint32_t seen) {
     if (rounds_ < 128) {
       detail::cpu_pause();
       ++rounds_;
+    } else if (rounds_ < 128 + 4) {
+      std::this_thread::yield();
+      ++rounds_;
     } else {
-      word.wait(seen, std::memory_order_acquire);
+      gate.sleep_while(word, seen);
     }
   }
   void reset() noexcept { rounds_ = 0; }
@@ -89,21 +93,21 @@ schedule_outcome run_on_workers(unsigned count, unsigned thread_start_limit,
 void strict_worker(run_state& s, unsigned w, unsigned of, double& inside_ns) {
   auto const& threads = s.log->event_threads;
   auto const n = static_cast<std::uint32_t>(s.log->events.size());
-  idle_waiter<std::uint32_t> idle;
+  idle_waiter idle;
   for (std::uint32_t i = 0; i < n; ++i) {
     if (threads[i] % of != w) { continue; }
     for (std::uint32_t seen = s.next.load(std::memory_order_acquire); seen != i;
          seen = s.next.load(std::memory_order_acquire)) {
       if (s.stop.load(std::memory_order_relaxed)) { return; }
-      idle.wait(s.next, seen);
+      idle.wait(s.gate, s.next, seen);
     }
     idle.reset();
     if (s.expect_failures) { s.ask_expected_failures(i); }
     if (s.stop.load(std::memory_order_relaxed) || !s.run_event(i, inside_ns)) {
       s.stop.store(true, std::memory_order_relaxed);
     }
-    s.next.store(i + 1, std::memory_order_release);
-    s.next.notify_all();
+    s.next.store(i + 1, std::memory_order_seq_cst);  // before the gate reads its sleepers
+    s.gate.wake_all();
     if (s.stop.load(std::memory_order_relaxed)) { return; }
   }
 }
@@ -121,7 +125,7 @@ void per_thread_worker(run_state& s, unsigned w, unsigned of, double& inside_ns)
     if (!by_thread[t].empty()) { mine.push_back({&by_thread[t], 0}); }
   }
   constexpr std::size_t batch = 64;  // events of one log thread before the next gets its turn
-  idle_waiter<std::uint32_t> idle;
+  idle_waiter idle;
   while (!mine.empty()) {
     std::uint32_t const seen = s.made.load(std::memory_order_acquire);  // before the scan: no lost wake-up
     bool progressed = false;
@@ -136,15 +140,15 @@ void per_thread_worker(run_state& s, unsigned w, unsigned of, double& inside_ns)
         }
         if (!s.run_event(i, inside_ns)) {
           s.stop.store(true, std::memory_order_relaxed);
-          s.made.fetch_add(1, std::memory_order_release);
-          s.made.notify_all();
+          s.made.fetch_add(1, std::memory_order_seq_cst);
+          s.gate.wake_all();
           return;
         }
         ++k.at;
         progressed = true;
         if (e.action == log_action::allocate) {
-          s.made.fetch_add(1, std::memory_order_release);
-          s.made.notify_all();
+          s.made.fetch_add(1, std::memory_order_seq_cst);
+          s.gate.wake_all();
         }
       }
       if (k.at == k.events->size()) {
@@ -158,12 +162,29 @@ void per_thread_worker(run_state& s, unsigned w, unsigned of, double& inside_ns)
     if (progressed) {
       idle.reset();
     } else {
-      idle.wait(s.made, seen);
+      idle.wait(s.gate, s.made, seen);
     }
   }
 }
 
 }  // namespace
+
+void sleep_gate::sleep_while(std::atomic<std::uint32_t> const& word, std::uint32_t seen) {
+  sleepers_.fetch_add(1, std::memory_order_seq_cst);  // before the word is read: see wake_all
+  {
+    std::unique_lock lock{mutex_};
+    if (word.load(std::memory_order_seq_cst) == seen) { changed_.wait_for(lock, max_sleep); }
+  }
+  sleepers_.fetch_sub(1, std::memory_order_relaxed);
+}
+
+void sleep_gate::wake_all() {
+  // The caller changed its word with a sequentially consistent operation: either this
+  // load sees a sleeper counted, or that sleeper's read of the word sees the change.
+  if (sleepers_.load(std::memory_order_seq_cst) == 0) { return; }
+  { std::lock_guard lock{mutex_}; }  // a sleeper between its check and its wait is waiting now
+  changed_.notify_all();
+}
 
 replay_streams::replay_streams(allocation_log const& log, bool real) {
   views_.resize(log.streams.size());
