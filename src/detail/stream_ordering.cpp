@@ -114,6 +114,7 @@ owner_id stream_owners::install(stream_ref const& s, owner_id reuse) {
   sl.parked_complete = false;
   sl.idle_asks = {};
   sl.freed_in_capture = false;
+  sl.spilled_unnamed = false;
   sl.barrier_waited = 0;
   by_key_.insert(s.key, o);
   return o;
@@ -138,6 +139,7 @@ void stream_owners::record_now(slot& sl, stream_ref const& s) {
     ++records_;
     sl.dirty = false;
     sl.freed_in_capture = false;
+    sl.spilled_unnamed = false;
     sl.cover = sl.event;
     // Asked once, answered once: a thread whose memory another wanted recorded at every
     // later free or refill (binning at 16 threads: 0.038 records a call, each under a
@@ -237,10 +239,12 @@ stream_owners::handover stream_owners::hand_over(owner_id from, stream_ref const
     return hand_over_through_legacy_stream(to);
   }
   if (is_created(f.ref) && f.ref.key != to.key) {
-    if (f.freed_in_capture) {
-      // Its stream was captured when it freed: no event orders after that work and a
-      // device synchronization does not either (it runs when the graph is launched). It
-      // parks at its first call after the capture.
+    if (f.freed_in_capture || f.spilled_unnamed) {
+      // Its stream was captured when it freed, or (spilled_unnamed) may have been: a
+      // thread cache's frees ask CUDA nothing. No event orders after that work and a
+      // device synchronization does not either (it runs when the graph is launched), and
+      // CUDA refuses one while any capture lasts. It records (or parks) at its next call;
+      // a stream that never calls again keeps it until growth is refused.
       f.wanted = true;
       return handover::not_now;
     }
@@ -334,6 +338,7 @@ void stream_owners::synchronize_all() {
     sl.dirty_bytes = 0;
     sl.wanted = false;
     sl.freed_in_capture = false;  // its free blocks become the synchronized ones (a last resort)
+    sl.spilled_unnamed = false;
   }
 }
 

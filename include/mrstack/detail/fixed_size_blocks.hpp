@@ -198,7 +198,7 @@ class fixed_size_blocks {
     if (named || !stream_owners::is_created(s)) {
       (void)owners_.note_free(o, s);  // eager rule: never asks to park
     } else {
-      owners_.mark_freed_unrecorded(o);
+      owners_.mark_spilled_unnamed(o);
     }
   }
   /// Room for `count` more blocks freed on `s` (and its owner slot), so that as many

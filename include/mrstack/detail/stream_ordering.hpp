@@ -198,6 +198,16 @@ class stream_owners {
   /// Memory was freed into `o` by a call that does not name its stream (a thread cache
   /// given back): it counts as freed since the last record, and nothing is recorded.
   void mark_freed_unrecorded(owner_id o) noexcept { slots_[o].dirty = true; }
+  /// Eager rule: a thread cache of `o`'s created stream went back while no call named it.
+  /// Its frees made no CUDA call, so some may have been made during a graph capture of
+  /// the stream, which no event and no device synchronization orders after: no other
+  /// stream takes `o`'s memory until its stream records again (its next named call) or
+  /// the device is synchronized as a last resort (growth refused, release). A device
+  /// synchronization is also refused by CUDA while any capture lasts.
+  void mark_spilled_unnamed(owner_id o) noexcept {
+    slots_[o].dirty = true;
+    slots_[o].spilled_unnamed = true;
+  }
   /// True when some stream holds memory it freed during a graph capture and has not
   /// recorded since (asks CUDA nothing). O(streams).
   [[nodiscard]] bool any_freed_in_capture() const noexcept {
@@ -377,6 +387,7 @@ class stream_owners {
     bool parked_complete = false;    // its stream was idle at its last park: its parked memory needs no wait
     idle_back_off idle_asks{};       // park_if_idle's asks under the lock
     bool freed_in_capture = false;   // freed into while captured, not recorded since: no other stream takes it
+    bool spilled_unnamed = false;    // a cache of it went back unnamed, not recorded since: no other stream takes it
     std::uint64_t barrier_waited = 0;  // as a taker: the barrier record its stream last waited on (0: none)
   };
   static constexpr std::uintptr_t several_threads = 2;  // thread keys are odd
