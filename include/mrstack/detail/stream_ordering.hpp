@@ -43,9 +43,9 @@
 /// - *Eager* (fixed_size): once a second stream appears, frees and acquisitions on a
 ///   created stream record at once (what RMM does on every free; a thread cache's spill
 ///   records once for its batch), and a handover waits on that event alone; memory such
-///   a stream freed before the second stream appeared, or that went back from a cache
-///   while no call named its stream, has no event: taking it over synchronizes the device
-///   once.
+///   a stream freed before the second stream appeared has no event: taking it over
+///   synchronizes the device once. Memory that went back from a thread cache while no call
+///   named its stream (`mark_spilled_unnamed`) waits for the stream's next record.
 /// Chunks go back to the upstream on a created stream only when the caller names it;
 /// otherwise after a device synchronization, on the legacy default stream (always valid).
 ///

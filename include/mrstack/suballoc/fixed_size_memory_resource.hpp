@@ -36,9 +36,10 @@
 ///   event for its whole batch (uncached, every free recorded one under the shared
 ///   lock). A cache of a created stream goes back unrecorded only when no call names
 ///   that stream (the stream may be gone): its thread has made 64 calls in a row on other
-///   streams (until then those calls skip the cache), or the caches are taken back; then
-///   another stream takes those blocks after a device synchronization, as it takes any
-///   memory freed before the second stream appeared.
+///   streams (until then those calls skip the cache), the caches are taken back, or the
+///   thread exits; then no other stream takes those blocks until that stream records
+///   again (some may have been freed during a graph capture, which a device
+///   synchronization does not order after), or growth is refused.
 ///   Before the resource grows, reports out-of-memory or
 ///   releases, it takes every thread's cache back; a thread that exits hands its caches
 ///   back. Frees into a cache are checked like any other.
