@@ -28,6 +28,18 @@ stream_view const b{reinterpret_cast<cudaStream_t>(0x200)};
 stream_view const c{reinterpret_cast<cudaStream_t>(0x300)};
 stream_view const d{reinterpret_cast<cudaStream_t>(0x400)};
 auto const handle_of = [](stream_view s) { return reinterpret_cast<test::fake_stream_sync::handle>(s.value()); };
+
+/// Stream c allocates 300 blocks while a is captured: none may be one of `on_a` (freed
+/// on a during the capture), and no device synchronization may happen; then the capture
+/// ends and c frees them.
+void c_takes_none_of(fixed_size_memory_resource& mr, test::fake_stream_sync& fake, std::vector<void*> const& on_a) {
+  std::vector<void*> on_c;
+  for (int i = 0; i < 300; ++i) { on_c.push_back(mr.allocate(1000, c)); }
+  CHECK(fake.syncs_in_capture == 0);
+  for (void* p : on_a) { CHECK(std::find(on_c.begin(), on_c.end(), p) == on_c.end()); }
+  fake.end_capture(handle_of(a));
+  for (void* p : on_c) { mr.deallocate(p, 1000, c); }
+}
 }  // namespace
 
 TEST_CASE("fixed_size cached streams: blocks freed into a cache during a capture are not handed over by a device sync") {
@@ -49,12 +61,7 @@ TEST_CASE("fixed_size cached streams: blocks freed into a cache during a capture
   for (int i = 0; i < 40; ++i) { mr.deallocate(mr.allocate(1000, b), 1000, b); }
   // Stream c wants memory while a is still being captured: a's blocks were freed in the
   // capture, so no event and no device synchronization orders c after their use.
-  std::vector<void*> on_c;
-  for (int i = 0; i < 300; ++i) { on_c.push_back(mr.allocate(1000, c)); }
-  CHECK(fake->syncs_in_capture == 0);
-  for (void* p : on_a) { CHECK(std::find(on_c.begin(), on_c.end(), p) == on_c.end()); }
-  fake->end_capture(handle_of(a));
-  for (void* p : on_c) { mr.deallocate(p, 1000, c); }
+  c_takes_none_of(mr, *fake, on_a);
   CHECK(fake->dead_named == 0);
 }
 
@@ -69,12 +76,7 @@ TEST_CASE("fixed_size cached streams: an exiting thread's cache of a captured st
     fake->enqueue(handle_of(a));
     for (void* p : on_a) { mr.deallocate(p, 1000, a); }  // into its cache
   }}.join();  // its cache goes back unrecorded, a still captured
-  std::vector<void*> on_c;
-  for (int i = 0; i < 300; ++i) { on_c.push_back(mr.allocate(1000, c)); }
-  CHECK(fake->syncs_in_capture == 0);
-  for (void* p : on_a) { CHECK(std::find(on_c.begin(), on_c.end(), p) == on_c.end()); }
-  fake->end_capture(handle_of(a));
-  for (void* p : on_c) { mr.deallocate(p, 1000, c); }
+  c_takes_none_of(mr, *fake, on_a);
 }
 
 TEST_CASE("fixed_size cached streams: growth taking back a live thread's cache of a created stream does not synchronize the device") {
