@@ -35,8 +35,8 @@ enum class allocation_state : std::uint8_t { pending, made, refused };
 /// on (`next` or `made`) changes; whoever changes one calls `wake_all`. A mutex and a
 /// condition variable with a count of sleepers, not std::atomic::wait: with that, the
 /// strict order's two workers of gpu_test_replay were found asleep together, each waiting
-/// for the other, in about one run in five on an H100 host (never in isolation, nor on
-/// the H200 hosts). Here a sleeper reads the word under the mutex after counting itself,
+/// for the other, in 9 of 98 whole runs on H100 hosts (never in that case alone, nor on
+/// an H200 host). Here a sleeper reads the word under the mutex after counting itself,
 /// a waker that sees it counted takes the mutex before notifying, and no sleep lasts
 /// longer than `max_sleep`: a missed wake-up would cost time, never the run.
 class sleep_gate {

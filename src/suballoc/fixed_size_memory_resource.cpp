@@ -170,9 +170,8 @@ fixed_size_memory_resource::thread_cache* fixed_size_memory_resource::cache_for_
 bool fixed_size_memory_resource::keeps_other_stream(thread_cache& c, detail::stream_ref const& s) const {
   std::lock_guard cache_lock{c.lock};
   if (c.count == 0 || c.stream.key == s.key || !detail::stream_owners::is_created(c.stream)) { return false; }
-  if (!blocks_.records_eagerly()) { return false; }  // one stream so far: nothing is recorded anyway
   // Spilled now, the blocks could not be recorded on their stream (this call does not
-  // name it), and another stream would take them only after a device synchronization.
+  // name it), and another stream could take them only once that stream records again.
   // A thread that alternates between streams keeps them for the stream it comes back to;
   // one that has moved on for good gives them back after `max_cache_bypasses` calls.
   return ++c.bypasses <= max_cache_bypasses;
@@ -240,8 +239,8 @@ void fixed_size_memory_resource::spill(thread_cache& c, std::size_t keep, detail
   // records nothing on its stream: see note_free in detail/stream_ordering.hpp. A stream
   // the user created records once for the whole batch (the eager rule: from the second
   // stream on), and only while the current call names it; otherwise its blocks go back
-  // unrecorded, and another stream takes them only after a device synchronization (the
-  // eager rule's fallback; `keeps_other_stream` makes that rare).
+  // unrecorded, and another stream takes them only once that stream records again
+  // (stream_owners::mark_spilled_unnamed; `keeps_other_stream` makes that rare).
   bool const is_named = named != nullptr && named->key == c.stream.key;
   std::size_t const move = c.count - std::min(keep, c.count);
   // A block must never be in both the cache and the shared stacks (it would be handed out

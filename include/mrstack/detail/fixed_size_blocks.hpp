@@ -183,8 +183,8 @@ class fixed_size_blocks {
   }
   /// Puts back a block already marked free (from a thread cache) as freed on `s`.
   /// `named`: the current call names `s`. A created stream it does not name may be gone:
-  /// nothing is recorded on it, its memory only counts as freed since its last record
-  /// (another stream takes it after a device synchronization).
+  /// nothing is recorded on it, and no other stream takes its memory until it records
+  /// again (stream_owners::mark_spilled_unnamed).
   void push_free(free_block b, stream_ref const& s, bool named = true) { push_free_batch(&b, 1, s, named); }
   /// Puts back `count` blocks already marked free (a thread cache's spill) as freed on
   /// `s`, noted once for all: under the eager rule one record on a created stream covers

@@ -195,8 +195,9 @@ class stream_owners {
     }
     return false;
   }
-  /// Memory was freed into `o` by a call that does not name its stream (a thread cache
-  /// given back): it counts as freed since the last record, and nothing is recorded.
+  /// Memory was freed into `o` by a call that does not name its stream (an arena handing
+  /// back another stream's superblocks): it counts as freed since the last record, and
+  /// nothing is recorded.
   void mark_freed_unrecorded(owner_id o) noexcept { slots_[o].dirty = true; }
   /// Eager rule: a thread cache of `o`'s created stream went back while no call named it.
   /// Its frees made no CUDA call, so some may have been made during a graph capture of
