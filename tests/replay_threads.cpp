@@ -15,7 +15,9 @@
 #include <cstdio>
 #include <map>
 #include <mutex>
+#include <new>
 #include <random>
+#include <system_error>
 #include <thread>
 
 using namespace mrstack;
@@ -229,13 +231,31 @@ TEST_CASE("replay threads: a refused thread means fewer workers, never an abort"
     replay_options o = simulated();
     o.order = order;
     o.workers = 8;
-    o.thread_start_limit = 2;  // the third extra thread is refused
+    o.before_worker_start = [](unsigned w) {  // the third extra thread is refused
+      if (w > 2) { throw std::system_error(std::make_error_code(std::errc::resource_unavailable_try_again)); }
+    };
     auto const r = replay_stack(log, "pool > cuda", o);
     CHECK(r.complete());
     CHECK(r.workers == 3);
     CHECK_THAT(r.workers_note, Catch::Contains("the system refused worker thread 4 of 8"));
     CHECK_THAT(r.workers_note, Catch::Contains("replayed on 3"));
-    o.thread_start_limit = 0;  // no thread at all: the calling thread alone
+    // Not only std::system_error: a start that runs out of memory for the thread's state
+    // (std::bad_alloc) had ended the program, the started workers still waiting.
+    o.before_worker_start = [](unsigned w) {
+      if (w > 1) { throw std::bad_alloc(); }
+    };
+    auto const no_memory = replay_stack(log, "pool > cuda", o);
+    CHECK(no_memory.complete());
+    CHECK(no_memory.workers == 2);
+    CHECK_THAT(no_memory.workers_note, Catch::Contains("worker thread 3 of 8 (std::bad_alloc)"));
+    o.before_worker_start = [](unsigned) { throw 42; };  // not even a std::exception
+    auto const odd = replay_stack(log, "pool > cuda", o);
+    CHECK(odd.complete());
+    CHECK(odd.workers == 1);
+    CHECK_THAT(odd.workers_note, Catch::Contains("not a std::exception"));
+    o.before_worker_start = [](unsigned) {  // no thread at all: the calling thread alone
+      throw std::system_error(std::make_error_code(std::errc::resource_unavailable_try_again));
+    };
     auto const alone = replay_stack(log, "pool > cuda", o);
     CHECK(alone.complete());
     CHECK(alone.workers == 1);

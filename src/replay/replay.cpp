@@ -184,7 +184,7 @@ one_run run_once(allocation_log const& log, stack_spec const& spec, replay_optio
   if (options.warmup) {
     run_state warm;
     warm.prepare(log, stack.top.get(), streams.data());
-    (void)run_events(warm, options.order, workers, options.thread_start_limit);
+    (void)run_events(warm, options.order, workers, options.before_worker_start);
     free_leftovers(warm, streams, real_streams, nullptr);
     if (!warm.error.empty()) {
       out.error = "in the warm-up run: " + warm.error;
@@ -208,7 +208,7 @@ one_run run_once(allocation_log const& log, stack_spec const& spec, replay_optio
   {
     progress_monitor const monitor{options, s, options.order == replay_order::strict};
     auto const t0 = std::chrono::steady_clock::now();
-    schedule_outcome const outcome = run_events(s, options.order, workers, options.thread_start_limit);
+    schedule_outcome const outcome = run_events(s, options.order, workers, options.before_worker_start);
     auto const t1 = std::chrono::steady_clock::now();
     out.seconds = std::chrono::duration<double>(t1 - t0).count();
     if (!log.events.empty()) { out.ns_per_call = outcome.inside_ns / static_cast<double>(log.events.size()); }

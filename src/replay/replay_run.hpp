@@ -112,7 +112,8 @@ unsigned wanted_workers(allocation_log const& log, replay_options const& options
 
 /// Runs every event of `s.log` in `order` on up to `workers` threads (the calling thread
 /// is one of them).
-schedule_outcome run_events(run_state& s, replay_order order, unsigned workers, unsigned thread_start_limit);
+schedule_outcome run_events(run_state& s, replay_order order, unsigned workers,
+                            std::function<void(unsigned)> const& before_worker_start);
 
 }  // namespace mrstack::replay_detail
 

@@ -48,8 +48,11 @@ double ns_between(clock_type::time_point a, clock_type::time_point b) {
 
 /// Starts `count - 1` threads running `body(w)` for w = 1..count-1, then runs `body(0)` on
 /// the calling thread, and joins. The workers are told how many of them there are only
-/// once all are started, so a refused thread (std::system_error) just means fewer workers.
-schedule_outcome run_on_workers(unsigned count, unsigned thread_start_limit,
+/// once all are started, so a thread that cannot start just means fewer workers: the
+/// system refusing it (std::system_error), or anything else its start throws (no memory
+/// for its state), which must not leave the started ones waiting while the exception
+/// unwinds past their joinable std::thread objects (that ends the program).
+schedule_outcome run_on_workers(unsigned count, std::function<void(unsigned)> const& before_worker_start,
                                 std::function<void(unsigned w, unsigned of, double& inside_ns)> const& body) {
   schedule_outcome outcome;
   std::mutex gate_mutex;
@@ -57,6 +60,7 @@ schedule_outcome run_on_workers(unsigned count, unsigned thread_start_limit,
   unsigned started_count = 0;  // 0 until every thread that could start has started
   std::vector<double> inside(count, 0.0);
   std::vector<std::thread> threads;
+  threads.reserve(count);  // before any thread starts: a failure here leaves none waiting
   auto worker = [&](unsigned w) {
     unsigned of = 0;
     {
@@ -67,14 +71,19 @@ schedule_outcome run_on_workers(unsigned count, unsigned thread_start_limit,
     if (w < of) { body(w, of, inside[w]); }
   };
   for (unsigned w = 1; w < count; ++w) {
+    std::string why;
     try {
-      if (w > thread_start_limit) { throw std::system_error(std::make_error_code(std::errc::resource_unavailable_try_again)); }
+      if (before_worker_start) { before_worker_start(w); }
       threads.emplace_back(worker, w);
-    } catch (std::system_error const& refused) {
-      outcome.workers_note = "the system refused worker thread " + std::to_string(w + 1) + " of " +
-                             std::to_string(count) + " (" + refused.what() + "): replayed on " + std::to_string(w);
-      break;
+      continue;
+    } catch (std::exception const& e) {
+      why = e.what();
+    } catch (...) {
+      why = "an exception that is not a std::exception";
     }
+    outcome.workers_note = "the system refused worker thread " + std::to_string(w + 1) + " of " + std::to_string(count) +
+                           " (" + why + "): replayed on " + std::to_string(w);
+    break;
   }
   outcome.workers = static_cast<unsigned>(threads.size()) + 1;
   {
@@ -307,7 +316,8 @@ unsigned wanted_workers(allocation_log const& log, replay_options const& options
   return static_cast<unsigned>(std::min<std::size_t>(cap, threads));
 }
 
-schedule_outcome run_events(run_state& s, replay_order order, unsigned workers, unsigned thread_start_limit) {
+schedule_outcome run_events(run_state& s, replay_order order, unsigned workers,
+                            std::function<void(unsigned)> const& before_worker_start) {
   if (order == replay_order::strict && workers <= 1) {
     // One thread, or everything on one worker: no hand-over at all.
     schedule_outcome outcome;
@@ -327,7 +337,7 @@ schedule_outcome run_events(run_state& s, replay_order order, unsigned workers, 
       per_thread_worker(s, w, of, inside_ns);
     }
   };
-  schedule_outcome outcome = run_on_workers(workers, thread_start_limit, body);
+  schedule_outcome outcome = run_on_workers(workers, before_worker_start, body);
   if (order == replay_order::strict && s.expect_failures && s.error.empty()) {
     s.ask_expected_failures(static_cast<std::uint32_t>(s.log->events.size()));
   }

@@ -65,8 +65,9 @@ struct replay_options {
   /// Most OS threads a run uses (the calling thread included); 0: the machine's hardware
   /// threads (at least 1).
   unsigned workers = 0;
-  /// For tests: the system refuses to start more than this many extra threads.
-  unsigned thread_start_limit = ~0U;
+  /// For tests: called before extra worker thread w (1, 2, ...) starts; whatever it throws
+  /// counts as the system refusing that thread (the run goes on with fewer workers).
+  std::function<void(unsigned w)> before_worker_start;
   bool expect_failures = false;
   bool simulate = false;
   std::size_t simulated_capacity = std::size_t{80} << 30;
