@@ -21,6 +21,10 @@ from the other shards' free blocks (best fit among them) and only then takes a s
 max(request, shard / 12 within 4-64 MiB) (or exactly the request with --exact-slabs);
 wholly free slabs go back to the shared pool before it grows. It prints the peak / cap,
 the borrowings and slab takes per allocator call, and the same without borrowing.
+
+With --keep it simulates exact slabs without borrowing, where a shard gives its wholly free
+slabs back once it holds more than a bound of free bytes (swept), with and without an ideal
+drain of every shard before the shared pool grows.
 """
 import bisect
 import random
@@ -237,6 +241,79 @@ def simulate_borrowing(streams, exact_slabs, borrow):
     return peak / CAP, borrowed / calls, takes / calls
 
 
+def simulate_keep(streams, keep, drain_before_growth):
+    """Thread shards of exact slabs (each slab the size of the request that took it), no
+    borrowing: after a free, a shard holding more than `keep` free bytes gives all its
+    wholly free slabs back to the shared pool; with `drain_before_growth`, every shard's
+    wholly free slabs go back before the shared pool grows (an ideal drain, which no
+    stream ordering delays). Returns peak / cap, slab takes and give-backs per call."""
+    steps = [make_steps(CAP // streams, 7000 + t) for t in range(streams)]
+    shared, frontier, peak = FreeRanges(), 0, 0
+    shards = [Shard() for _ in range(streams)]
+    where = [dict() for _ in range(streams)]
+    calls = takes = backs = 0
+
+    def give_back(shard):
+        for base in [b for b, v in shard.slabs.items() if v[2] == 0]:
+            shared.add(base, shard.slabs.pop(base)[0])
+
+    for t, allocate, slot, n in interleaved(steps):
+        calls += 1
+        if not allocate:
+            shard, base, a, n = where[t].pop(slot)
+            shard.slabs[base][1].add(a, n)
+            shard.slabs[base][2] -= 1
+            if sum(v[1].total for v in shard.slabs.values()) > keep:
+                backs += 1
+                give_back(shard)
+            continue
+        shard = shards[t]
+        fit = shard.best_fit(n)
+        if fit is None:
+            takes += 1
+            e = -(-n // GRANULE) * GRANULE
+            s = shared.best_fit(e)
+            if s is None and drain_before_growth:
+                for other in shards:
+                    give_back(other)
+                s = shared.best_fit(e)
+            if s is None:
+                tail = shared.starts[-1] if shared.starts else None
+                have = shared.size[tail] if tail is not None and tail + shared.size[tail] == frontier else 0
+                grow = -(-(e - have) // GRANULE) * GRANULE
+                shared.add(frontier, grow)
+                frontier += grow
+                peak = max(peak, frontier)
+                s = shared.best_fit(e)
+            got = shared.remove(s)
+            if got > e:
+                shared.add(s + e, got - e)
+            free = FreeRanges()
+            free.add(s, e)
+            shard.slabs[s] = [e, free, 0]
+            fit = shard.best_fit(n)
+        _, base, a = fit
+        slab = shard.slabs[base]
+        got = slab[1].remove(a)
+        if got > n:
+            slab[1].add(a + n, got - n)
+        slab[2] += 1
+        where[t][slot] = (shard, base, a, n)
+    return peak / CAP, takes / calls, backs / calls
+
+
+def main_keep(counts):
+    mib = 1 << 20
+    print("S  keep (MiB)  drain before growth  peak / cap  slab takes a call  give-backs a call")
+    for s in counts:
+        for keep in (64 * mib, 128 * mib, 256 * mib, 512 * mib, 1 << 50):
+            for drain in (False, True):
+                peak, takes, backs = simulate_keep(s, keep, drain)
+                label = "none" if keep == 1 << 50 else str(keep // mib)
+                print(f"{s:<2} {label:>10}  {'yes' if drain else 'no':19s} {peak:10.3f}  {takes:17.3f}  {backs:17.3f}",
+                      flush=True)
+
+
 def main_borrowing(counts, exact_slabs):
     print("S  borrowing  peak / cap  borrowings a call  slab takes a call")
     for s in counts:
@@ -248,6 +325,9 @@ def main_borrowing(counts, exact_slabs):
 def main():
     args = [a for a in sys.argv[1:] if not a.startswith("--")]
     counts = [int(a) for a in args] or [2, 8]
+    if "--keep" in sys.argv:
+        main_keep(counts)
+        return
     if "--borrowing" in sys.argv:
         main_borrowing(counts, "--exact-slabs" in sys.argv)
         return
