@@ -83,7 +83,9 @@ class limiting_resource_adaptor final : public memory_resource {
   std::size_t limit_;
   std::size_t granularity_;
   std::unique_ptr<shard[]> shards_;
-  mutable std::mutex mutex_;  // pool_; taken before any shard lock
+  // A cache line of its own (with pool_): the fields above are read by every call of
+  // every thread, and a refill's lock and unlock there made each of them fetch it again.
+  alignas(64) mutable std::mutex mutex_;  // pool_; taken before any shard lock
   std::size_t pool_;          // limit - used - every shard's credit
 };
 

@@ -132,7 +132,10 @@ class statistics_resource_adaptor final : public memory_resource {
 
   resource_ptr upstream_;
   std::unique_ptr<shard[]> shards_;
-  mutable std::mutex mutex_;        // frames_, pool_, overfreed_; taken before any shard lock
+  // A cache line of its own, with what refills write after it: the line above (the
+  // vtable pointer, upstream_, shards_) is read by every call of every thread, and a
+  // refill's lock and unlock there made each of them fetch it again.
+  alignas(64) mutable std::mutex mutex_;  // frames_, pool_, overfreed_; taken before any shard lock
   mutable std::vector<counters> frames_;  // back(): the innermost region, less what the shards hold
   mutable std::int64_t pool_[2] = {0, 0};  // innermost peak - current - every shard's credit
   mutable std::int64_t overfreed_[2] = {0, 0};
