@@ -177,43 +177,69 @@ class Shard:
                 best = (free.size[a], base, a)
         return best
 
+    def place(self, fit, n):
+        """Allocates n bytes where `fit` (from best_fit) says; returns (base, address)."""
+        _, base, a = fit
+        slab = self.slabs[base]
+        got = slab[1].remove(a)
+        if got > n:
+            slab[1].add(a + n, got - n)
+        slab[2] += 1
+        return base, a
 
-def simulate_borrowing(streams, exact_slabs, borrow):
-    steps = [make_steps(CAP // streams, 7000 + t) for t in range(streams)]
-    shared, frontier, peak = FreeRanges(), 0, 0
-    shards = [Shard() for _ in range(streams)]
-    where = [dict() for _ in range(streams)]
-    calls = borrowed = takes = 0
+    def free(self, base, a, n):
+        self.slabs[base][1].add(a, n)
+        self.slabs[base][2] -= 1
 
-    def take_slab(shard, e):
-        nonlocal frontier, peak
-        s = shared.best_fit(e)
-        if s is None:  # wholly free slabs go back first, then the pool grows in place
-            for other in shards:
-                for base in [b for b, v in other.slabs.items() if v[2] == 0]:
-                    shared.add(base, other.slabs.pop(base)[0])
-            s = shared.best_fit(e)
+    def free_bytes(self):
+        return sum(v[1].total for v in self.slabs.values())
+
+
+class SlabSource:
+    """The shared pool shards take slabs from, grown in place at its frontier."""
+    def __init__(self):
+        self.free, self.frontier, self.peak = FreeRanges(), 0, 0
+
+    def give_back(self, shard):
+        """Takes `shard`'s wholly free slabs back."""
+        for base in [b for b, v in shard.slabs.items() if v[2] == 0]:
+            self.free.add(base, shard.slabs.pop(base)[0])
+
+    def take_slab(self, shard, e, drain=()):
+        """A slab of e bytes for `shard`: from free memory, else after the shards in `drain`
+        gave their wholly free slabs back, else grown."""
+        s = self.free.best_fit(e)
+        if s is None and drain:
+            for other in drain:
+                self.give_back(other)
+            s = self.free.best_fit(e)
         if s is None:
-            tail = shared.starts[-1] if shared.starts else None
-            have = shared.size[tail] if tail is not None and tail + shared.size[tail] == frontier else 0
+            tail = self.free.starts[-1] if self.free.starts else None
+            have = self.free.size[tail] if tail is not None and tail + self.free.size[tail] == self.frontier else 0
             grow = -(-(e - have) // GRANULE) * GRANULE
-            shared.add(frontier, grow)
-            frontier += grow
-            peak = max(peak, frontier)
-            s = shared.best_fit(e)
-        got = shared.remove(s)
+            self.free.add(self.frontier, grow)
+            self.frontier += grow
+            self.peak = max(self.peak, self.frontier)
+            s = self.free.best_fit(e)
+        got = self.free.remove(s)
         if got > e:
-            shared.add(s + e, got - e)
+            self.free.add(s + e, got - e)
         free = FreeRanges()
         free.add(s, e)
         shard.slabs[s] = [e, free, 0]
 
+
+def simulate_borrowing(streams, exact_slabs, borrow):
+    steps = [make_steps(CAP // streams, 7000 + t) for t in range(streams)]
+    source = SlabSource()
+    shards = [Shard() for _ in range(streams)]
+    where = [dict() for _ in range(streams)]
+    calls = borrowed = takes = 0
     for t, allocate, slot, n in interleaved(steps):
         calls += 1
         if not allocate:
             shard, base, a, n = where[t].pop(slot)
-            shard.slabs[base][1].add(a, n)
-            shard.slabs[base][2] -= 1
+            shard.free(base, a, n)
             continue
         shard, fit = shards[t], shards[t].best_fit(n)
         if fit is None and borrow:
@@ -229,16 +255,11 @@ def simulate_borrowing(streams, exact_slabs, borrow):
             if not exact_slabs:
                 e = max(e, min(64 << 20, max(4 << 20, held // 12 // GRANULE * GRANULE)))
             takes += 1
-            take_slab(shard, e)
+            source.take_slab(shard, e, drain=shards)  # wholly free slabs go back first
             fit = shard.best_fit(n)
-        _, base, a = fit
-        slab = shard.slabs[base]
-        got = slab[1].remove(a)
-        if got > n:
-            slab[1].add(a + n, got - n)
-        slab[2] += 1
+        base, a = shard.place(fit, n)
         where[t][slot] = (shard, base, a, n)
-    return peak / CAP, borrowed / calls, takes / calls
+    return source.peak / CAP, borrowed / calls, takes / calls
 
 
 def simulate_keep(streams, keep, drain_before_growth):
@@ -248,58 +269,28 @@ def simulate_keep(streams, keep, drain_before_growth):
     wholly free slabs go back before the shared pool grows (an ideal drain, which no
     stream ordering delays). Returns peak / cap, slab takes and give-backs per call."""
     steps = [make_steps(CAP // streams, 7000 + t) for t in range(streams)]
-    shared, frontier, peak = FreeRanges(), 0, 0
+    source = SlabSource()
     shards = [Shard() for _ in range(streams)]
     where = [dict() for _ in range(streams)]
     calls = takes = backs = 0
-
-    def give_back(shard):
-        for base in [b for b, v in shard.slabs.items() if v[2] == 0]:
-            shared.add(base, shard.slabs.pop(base)[0])
-
     for t, allocate, slot, n in interleaved(steps):
         calls += 1
         if not allocate:
             shard, base, a, n = where[t].pop(slot)
-            shard.slabs[base][1].add(a, n)
-            shard.slabs[base][2] -= 1
-            if sum(v[1].total for v in shard.slabs.values()) > keep:
+            shard.free(base, a, n)
+            if shard.free_bytes() > keep:
                 backs += 1
-                give_back(shard)
+                source.give_back(shard)
             continue
         shard = shards[t]
         fit = shard.best_fit(n)
         if fit is None:
             takes += 1
-            e = -(-n // GRANULE) * GRANULE
-            s = shared.best_fit(e)
-            if s is None and drain_before_growth:
-                for other in shards:
-                    give_back(other)
-                s = shared.best_fit(e)
-            if s is None:
-                tail = shared.starts[-1] if shared.starts else None
-                have = shared.size[tail] if tail is not None and tail + shared.size[tail] == frontier else 0
-                grow = -(-(e - have) // GRANULE) * GRANULE
-                shared.add(frontier, grow)
-                frontier += grow
-                peak = max(peak, frontier)
-                s = shared.best_fit(e)
-            got = shared.remove(s)
-            if got > e:
-                shared.add(s + e, got - e)
-            free = FreeRanges()
-            free.add(s, e)
-            shard.slabs[s] = [e, free, 0]
+            source.take_slab(shard, -(-n // GRANULE) * GRANULE, drain=shards if drain_before_growth else ())
             fit = shard.best_fit(n)
-        _, base, a = fit
-        slab = shard.slabs[base]
-        got = slab[1].remove(a)
-        if got > n:
-            slab[1].add(a + n, got - n)
-        slab[2] += 1
+        base, a = shard.place(fit, n)
         where[t][slot] = (shard, base, a, n)
-    return peak / CAP, takes / calls, backs / calls
+    return source.peak / CAP, takes / calls, backs / calls
 
 
 def main_keep(counts):
