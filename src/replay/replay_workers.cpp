@@ -5,8 +5,9 @@
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>
+#include <exception>
 #include <new>
-#include <system_error>
+#include <string>
 #include <thread>
 
 #include <mrstack/detail/cpu_pause.hpp>
