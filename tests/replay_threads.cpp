@@ -11,16 +11,39 @@
 #include <mrstack/replay/replay.hpp>
 #include <mrstack/spec_registry.hpp>
 
+#include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <new>
 #include <random>
+#include <stdexcept>
 #include <system_error>
 #include <thread>
 
 using namespace mrstack;
+
+// Memory that runs out on cue: the next `fail_allocations` allocations of this thread throw.
+namespace {
+thread_local int fail_allocations = 0;
+}  // namespace
+// Memory from malloc goes back to free: GCC cannot see that the replacements pair up.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
+#endif
+void* operator new(std::size_t n) {
+  if (fail_allocations > 0) {
+    --fail_allocations;
+    throw std::bad_alloc();
+  }
+  if (void* p = std::malloc(n == 0 ? 1 : n)) { return p; }
+  throw std::bad_alloc();
+}
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t) noexcept { operator delete(p); }
 
 namespace {
 
@@ -87,8 +110,36 @@ struct slow_layer final : memory_resource {
   memory_resource* do_upstream() const noexcept override { return up_.get(); }
 };
 
+/// Throws from its `after`-th allocate on (an `int` with `not_std`, else a runtime_error):
+/// a stack broken in a way the replay must report, on any number of workers.
+struct throwing_layer final : memory_resource {
+  throwing_layer(resource_ptr up, std::size_t after, bool not_std) : up_{std::move(up)}, left_{after}, not_std_{not_std} {}
+  resource_ptr up_;
+  std::atomic<std::size_t> left_;
+  bool not_std_;
+  void* do_allocate(std::size_t b, std::size_t al, stream_view s) override {
+    std::size_t n = left_.load();
+    while (n != 0 && !left_.compare_exchange_weak(n, n - 1)) {}
+    if (n == 0) {
+      if (not_std_) { throw 42; }
+      throw std::runtime_error("test_throwing: broken");
+    }
+    return up_->allocate(b, s, al);
+  }
+  void do_deallocate(void* p, std::size_t b, std::size_t al, stream_view s) override { up_->deallocate(p, b, s, al); }
+  std::string do_name() const override { return "test_throwing"; }
+  memory_resource* do_upstream() const noexcept override { return up_.get(); }
+};
+
 void register_test_layers() {
   static bool const once = [] {
+    register_resource({"test_throwing", "throws from the Nth allocate on", needs_upstream,
+                       {size_param("after", required, "allocations that succeed first"),
+                        flag_param("not_std", optional_param, "throw an int, not a std::exception", "false")},
+                       [](spec_arguments const& a, resource_ptr up) -> resource_ptr {
+                         return std::make_shared<throwing_layer>(std::move(up), *a.size("after"),
+                                                                 a.flag("not_std").value_or(false));
+                       }});
     register_resource({"test_order_checker", "checks frees", needs_upstream, {},
                        [](spec_arguments const&, resource_ptr up) -> resource_ptr {
                          return std::make_shared<order_checker>(std::move(up));
@@ -260,6 +311,85 @@ TEST_CASE("replay threads: a refused thread means fewer workers, never an abort"
     CHECK(alone.complete());
     CHECK(alone.workers == 1);
   }
+}
+
+TEST_CASE("replay threads: a refusal when no memory is left for its note still means fewer workers") {
+  // The note's text needs memory; built before the started workers were joined, its
+  // std::bad_alloc unwound past them and ended the program (a hostile review's case).
+  auto const log = parse_allocation_log(many_thread_log(40, 2000, 11));
+  replay_options o = simulated();
+  o.workers = 8;
+  o.before_worker_start = [](unsigned w) {
+    if (w > 2) {
+      fail_allocations = 1;  // the next allocation of this thread fails too
+      throw std::bad_alloc();
+    }
+  };
+  auto const r = replay_stack(log, "pool > cuda", o);
+  fail_allocations = 0;
+  // The failing allocation lands in the run instead (the pool's own metadata, a refused
+  // event), or nowhere: at most one refusal, no error.
+  CHECK(r.error.empty());
+  CHECK(r.failures <= 1);
+  CHECK(r.workers == 3);
+  CHECK_THAT(r.workers_note, Catch::Contains("worker thread 4 of 8 (std::bad_alloc): replayed on 3"));
+}
+
+TEST_CASE("replay threads: a stack that throws anything is an error naming its line, on any number of workers") {
+  // An exception that is not a std::exception escaped a worker thread and ended the
+  // program with several workers, and left replay_stack with one.
+  register_test_layers();
+  auto const log = parse_allocation_log(many_thread_log(40, 2000, 12));
+  for (bool const not_std : {true, false}) {
+    for (auto const order : {replay_order::strict, replay_order::per_thread}) {
+      for (unsigned const workers : {1U, 4U}) {
+        CAPTURE(not_std, static_cast<int>(order), workers);
+        replay_options o = simulated();
+        o.order = order;
+        o.workers = workers;
+        std::string const spec = std::string{"test_throwing(after=3"} + (not_std ? ", not_std" : "") + ") > pool > cuda";
+        auto const r = replay_stack(log, spec, o);
+        CHECK_FALSE(r.complete());
+        CHECK_THAT(r.error, Catch::StartsWith("line "));
+        CHECK_THAT(r.error, Catch::Contains(not_std ? "not a std::exception" : "test_throwing: broken"));
+      }
+    }
+  }
+}
+
+TEST_CASE("replay threads: repeated runs report the fewest workers with that run's note") {
+  auto const log = parse_allocation_log(many_thread_log(40, 2000, 9));
+  replay_options o = simulated();
+  o.workers = 8;
+  o.repeat = 2;
+  auto runs = std::make_shared<int>(0);
+  o.before_worker_start = [runs](unsigned w) {  // threads are short in the first run only
+    if (w == 1) { ++*runs; }
+    if (*runs == 1 && w > 2) { throw std::system_error(std::make_error_code(std::errc::resource_unavailable_try_again)); }
+  };
+  auto const r = replay_stack(log, "pool > cuda", o);
+  CHECK(r.complete());
+  CHECK(r.workers == 3);  // was 8, the last run's, beside the first run's "replayed on 3"
+  CHECK_THAT(r.workers_note, Catch::Contains("replayed on 3"));
+}
+
+TEST_CASE("replay threads: a progress report that throws ends the reports, not the program") {
+  register_test_layers();
+  std::string text = header;  // 400 allocations of 1 ms: the reports (every 200 ms) come
+  for (int i = 0; i < 400; ++i) {
+    text += "1,0,allocate,0x" + std::to_string(1000 + i) + ",4096,0\n";
+    text += "1,0,free,0x" + std::to_string(1000 + i) + ",4096,0\n";
+  }
+  auto const log = parse_allocation_log(text);
+  replay_options o = simulated();
+  int reports = 0;
+  o.progress = [&reports](std::size_t, std::size_t) {
+    ++reports;
+    throw std::runtime_error("the progress bar broke");
+  };
+  auto const r = replay_stack(log, "test_slow(ns=1000000) > pool > cuda", o);
+  CHECK(r.complete());
+  CHECK(reports == 1);
 }
 
 TEST_CASE("replay threads: ns_per_call is the time inside the stack, and the verdict goes by it") {

@@ -97,11 +97,16 @@ class progress_monitor {
         std::unique_lock lock{mutex_};
         while (!wake_.wait_for(lock, std::chrono::milliseconds{200}, [this] { return finished_; })) {
           std::size_t const done = strict ? s.next.load(std::memory_order_relaxed) : s.done.load(std::memory_order_relaxed);
-          options.progress(std::max(done, s.done.load(std::memory_order_relaxed)), total);
+          try {
+            options.progress(std::max(done, s.done.load(std::memory_order_relaxed)), total);
+          } catch (...) {
+            return;  // a report that throws ends the reports, not the program (this is its own thread)
+          }
         }
       }};
-    } catch (std::system_error const&) {
-      // No thread for the monitor: the replay runs without progress reports.
+    } catch (...) {
+      // No thread for the monitor (refused, or no memory for it): the replay runs without
+      // progress reports.
     }
   }
   ~progress_monitor() {
@@ -306,8 +311,10 @@ replay_result replay_stack(allocation_log const& log, std::string const& spec_te
     }
     result.seconds.push_back(run.seconds);
     result.ns_per_call_per_run.push_back(run.ns_per_call);
-    result.workers = run.workers;
-    if (!run.workers_note.empty()) { result.workers_note = run.workers_note; }
+    if (r == 0 || run.workers < result.workers) {  // the fewest workers a run got, with that run's note
+      result.workers = run.workers;
+      result.workers_note = run.workers_note;
+    }
     result.expected_failures = run.expectations;
     if (run.expectations_served > result.expected_failures_served) {
       result.expected_failures_served = run.expectations_served;

@@ -95,6 +95,14 @@ struct run_state {
   /// events.size(): those at the end). Called by whichever worker runs event `i`.
   void ask_expected_failures(std::uint32_t i);
   [[nodiscard]] std::vector<bool> refused() const;
+  /// Records what broke the run at log line `line` (0: no line), keeping the lowest
+  /// `event`, and stops it. Allocates nothing (the texts were reserved in `prepare`, and
+  /// a long one is cut), so it works when memory has run out; the caller holds
+  /// `failure_mutex`.
+  void note_error_locked(std::uint32_t event, std::size_t line, char const* context, char const* what) noexcept;
+  /// A worker's whole schedule ended by an exception (nothing in it should throw; this
+  /// keeps a thread from ending the program): the run stops, and waiting workers wake.
+  void worker_failed(char const* what) noexcept;
 };
 
 /// What the schedulers report about one run.

@@ -3,11 +3,13 @@
 #include "replay_run.hpp"
 
 #include <algorithm>
+#include <charconv>
 #include <chrono>
 #include <condition_variable>
 #include <exception>
 #include <new>
 #include <string>
+#include <string_view>
 #include <thread>
 
 #include <mrstack/detail/cpu_pause.hpp>
@@ -47,6 +49,19 @@ double ns_between(clock_type::time_point a, clock_type::time_point b) {
   return std::chrono::duration<double, std::nano>(b - a).count();
 }
 
+/// The note for a worker thread `w` (0-based) of `count` whose start threw `refusal`.
+std::string refusal_note(std::exception_ptr const& refusal, unsigned w, unsigned count) {
+  std::string why = "an exception that is not a std::exception";
+  try {
+    std::rethrow_exception(refusal);
+  } catch (std::exception const& e) {
+    why = e.what();
+  } catch (...) {
+  }
+  return "the system refused worker thread " + std::to_string(w + 1) + " of " + std::to_string(count) + " (" + why +
+         "): replayed on " + std::to_string(w);
+}
+
 /// Starts `count - 1` threads running `body(w)` for w = 1..count-1, then runs `body(0)` on
 /// the calling thread, and joins. The workers are told how many of them there are only
 /// once all are started, so a thread that cannot start just means fewer workers: the
@@ -60,8 +75,16 @@ schedule_outcome run_on_workers(unsigned count, std::function<void(unsigned)> co
   std::condition_variable gate;
   unsigned started_count = 0;  // 0 until every thread that could start has started
   std::vector<double> inside(count, 0.0);
+  std::vector<std::exception_ptr> escaped(count);  // what a body threw (it should not)
   std::vector<std::thread> threads;
   threads.reserve(count);  // before any thread starts: a failure here leaves none waiting
+  auto run_body = [&](unsigned w, unsigned of) noexcept {
+    try {
+      body(w, of, inside[w]);
+    } catch (...) {
+      escaped[w] = std::current_exception();  // rethrown after every thread is joined
+    }
+  };
   auto worker = [&](unsigned w) {
     unsigned of = 0;
     {
@@ -69,22 +92,22 @@ schedule_outcome run_on_workers(unsigned count, std::function<void(unsigned)> co
       gate.wait(lock, [&] { return started_count != 0; });
       of = started_count;
     }
-    if (w < of) { body(w, of, inside[w]); }
+    if (w < of) { run_body(w, of); }
   };
+  // Until every started thread is joined nothing may throw past them (a joinable
+  // std::thread destroyed ends the program), so a refusal is only noted here — the
+  // note's text needs memory, which may be what ran out — and written after the joins.
+  unsigned refused_at = 0;
+  std::exception_ptr refusal;
   for (unsigned w = 1; w < count; ++w) {
-    std::string why;
     try {
       if (before_worker_start) { before_worker_start(w); }
       threads.emplace_back(worker, w);
-      continue;
-    } catch (std::exception const& e) {
-      why = e.what();
     } catch (...) {
-      why = "an exception that is not a std::exception";
+      refused_at = w;
+      refusal = std::current_exception();
+      break;
     }
-    outcome.workers_note = "the system refused worker thread " + std::to_string(w + 1) + " of " + std::to_string(count) +
-                           " (" + why + "): replayed on " + std::to_string(w);
-    break;
   }
   outcome.workers = static_cast<unsigned>(threads.size()) + 1;
   {
@@ -92,9 +115,13 @@ schedule_outcome run_on_workers(unsigned count, std::function<void(unsigned)> co
     started_count = outcome.workers;
   }
   gate.notify_all();
-  body(0, outcome.workers, inside[0]);
+  run_body(0, outcome.workers);
   for (auto& t : threads) { t.join(); }
   for (double const ns : inside) { outcome.inside_ns += ns; }
+  if (refusal) { outcome.workers_note = refusal_note(refusal, refused_at, count); }
+  for (auto const& e : escaped) {
+    if (e) { std::rethrow_exception(e); }
+  }
   return outcome;
 }
 
@@ -217,13 +244,58 @@ void replay_streams::synchronize() const {
   for (auto const& s : owned_) { s.synchronize(); }
 }
 
+namespace {
+
+constexpr std::size_t error_text_room = 512;
+
+/// Appends `text` to `out` as far as its capacity allows (never allocates).
+void append_within(std::string& out, std::string_view text) noexcept {
+  out.append(text.substr(0, std::min(text.size(), out.capacity() - out.size())));
+}
+
+}  // namespace
+
 void run_state::prepare(allocation_log const& l, memory_resource* t, stream_view const* s) {
+  // Room for the texts a failure writes, so that writing them needs no memory then.
+  error.reserve(error_text_room);
+  first_failure_message.reserve(error_text_room);
   log = &l;
   top = t;
   streams = s;
   pointers.assign(l.allocation_count, nullptr);
   states = std::make_unique<std::atomic<allocation_state>[]>(l.allocation_count);
   for (std::size_t a = 0; a < l.allocation_count; ++a) { states[a].store(allocation_state::pending, std::memory_order_relaxed); }
+}
+
+void run_state::note_error_locked(std::uint32_t event, std::size_t line, char const* context,
+                                  char const* what) noexcept {
+  stop.store(true, std::memory_order_relaxed);
+  if (event >= error_event && !error.empty()) { return; }
+  error_event = event;
+  error.clear();
+  if (line != 0) {
+    char digits[24];
+    auto const end = std::to_chars(digits, digits + sizeof digits, line).ptr;
+    append_within(error, "line ");
+    append_within(error, std::string_view(digits, static_cast<std::size_t>(end - digits)));
+    append_within(error, context);
+    append_within(error, ": ");
+  } else {
+    append_within(error, context);
+    append_within(error, ": ");
+  }
+  append_within(error, what);
+}
+
+void run_state::worker_failed(char const* what) noexcept {
+  try {
+    std::lock_guard lock{failure_mutex};
+    note_error_locked(~0U - 1, 0, "a replay worker stopped", what);
+  } catch (...) {
+    stop.store(true, std::memory_order_relaxed);  // the lock failed: the run stops without a text
+  }
+  made.fetch_add(1, std::memory_order_seq_cst);  // per-thread waiters look again
+  gate.wake_all();
 }
 
 bool run_state::run_event(std::uint32_t i, double& inside_ns) {
@@ -253,7 +325,8 @@ bool run_state::run_event(std::uint32_t i, double& inside_ns) {
     ++failures;
     if (i < first_failure_event) {
       first_failure_event = i;
-      first_failure_message = refusal.what();
+      first_failure_message.clear();
+      append_within(first_failure_message, refusal.what());
       try {
         first_failure_fragmentation = top->fragmentation();
       } catch (std::exception const&) {
@@ -262,10 +335,11 @@ bool run_state::run_event(std::uint32_t i, double& inside_ns) {
     }
   } catch (std::exception const& broken) {
     std::lock_guard lock{failure_mutex};
-    if (i < error_event) {
-      error_event = i;
-      error = "line " + std::to_string(log->event_lines[i]) + ": " + broken.what();
-    }
+    note_error_locked(i, log->event_lines[i], "", broken.what());
+    return false;
+  } catch (...) {
+    std::lock_guard lock{failure_mutex};
+    note_error_locked(i, log->event_lines[i], "", "the stack threw an exception that is not a std::exception");
     return false;
   }
   if ((i & 1023U) == 0) { done.store(i, std::memory_order_relaxed); }
@@ -286,8 +360,11 @@ void run_state::ask_expected_failures(std::uint32_t i) {
       // refused, as the log says the program was
     } catch (std::exception const& broken) {
       std::lock_guard lock{failure_mutex};
-      if (error.empty()) { error = "line " + std::to_string(f.line) + " (a recorded failure): " + broken.what(); }
-      stop.store(true, std::memory_order_relaxed);
+      note_error_locked(i, f.line, " (a recorded failure)", broken.what());
+      return;
+    } catch (...) {
+      std::lock_guard lock{failure_mutex};
+      note_error_locked(i, f.line, " (a recorded failure)", "the stack threw an exception that is not a std::exception");
       return;
     }
   }
@@ -332,10 +409,16 @@ schedule_outcome run_events(run_state& s, replay_order order, unsigned workers,
     return outcome;
   }
   auto body = [&s, order](unsigned w, unsigned of, double& inside_ns) {
-    if (order == replay_order::strict) {
-      strict_worker(s, w, of, inside_ns);
-    } else {
-      per_thread_worker(s, w, of, inside_ns);
+    try {
+      if (order == replay_order::strict) {
+        strict_worker(s, w, of, inside_ns);
+      } else {
+        per_thread_worker(s, w, of, inside_ns);
+      }
+    } catch (std::exception const& e) {  // e.g. no memory for a worker's own list
+      s.worker_failed(e.what());
+    } catch (...) {
+      s.worker_failed("an exception that is not a std::exception");
     }
   };
   schedule_outcome outcome = run_on_workers(workers, before_worker_start, body);
