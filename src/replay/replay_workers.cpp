@@ -20,6 +20,9 @@ namespace {
 
 using clock_type = std::chrono::steady_clock;
 
+constexpr char const* not_std_exception = "an exception that is not a std::exception";
+constexpr char const* stack_threw_not_std = "the stack threw an exception that is not a std::exception";
+
 /// A worker that cannot run anything: spins a little (the event it waits for is usually
 /// quick), yields four times (what std::atomic::wait did before it slept, and on a
 /// machine with fewer cores than workers what lets the other worker run the event), then
@@ -51,7 +54,7 @@ double ns_between(clock_type::time_point a, clock_type::time_point b) {
 
 /// The note for a worker thread `w` (0-based) of `count` whose start threw `refusal`.
 std::string refusal_note(std::exception_ptr const& refusal, unsigned w, unsigned count) {
-  std::string why = "an exception that is not a std::exception";
+  std::string why = not_std_exception;
   try {
     std::rethrow_exception(refusal);
   } catch (std::exception const& e) {
@@ -67,7 +70,8 @@ std::string refusal_note(std::exception_ptr const& refusal, unsigned w, unsigned
 /// once all are started, so a thread that cannot start just means fewer workers: the
 /// system refusing it (std::system_error), or anything else its start throws (no memory
 /// for its state), which must not leave the started ones waiting while the exception
-/// unwinds past their joinable std::thread objects (that ends the program).
+/// unwinds past their joinable std::thread objects (that ends the program). `body` must
+/// not throw, for the same reason (run_events' body catches everything).
 schedule_outcome run_on_workers(unsigned count, std::function<void(unsigned)> const& before_worker_start,
                                 std::function<void(unsigned w, unsigned of, double& inside_ns)> const& body) {
   schedule_outcome outcome;
@@ -75,16 +79,8 @@ schedule_outcome run_on_workers(unsigned count, std::function<void(unsigned)> co
   std::condition_variable gate;
   unsigned started_count = 0;  // 0 until every thread that could start has started
   std::vector<double> inside(count, 0.0);
-  std::vector<std::exception_ptr> escaped(count);  // what a body threw (it should not)
   std::vector<std::thread> threads;
   threads.reserve(count);  // before any thread starts: a failure here leaves none waiting
-  auto run_body = [&](unsigned w, unsigned of) noexcept {
-    try {
-      body(w, of, inside[w]);
-    } catch (...) {
-      escaped[w] = std::current_exception();  // rethrown after every thread is joined
-    }
-  };
   auto worker = [&](unsigned w) {
     unsigned of = 0;
     {
@@ -92,7 +88,7 @@ schedule_outcome run_on_workers(unsigned count, std::function<void(unsigned)> co
       gate.wait(lock, [&] { return started_count != 0; });
       of = started_count;
     }
-    if (w < of) { run_body(w, of); }
+    if (w < of) { body(w, of, inside[w]); }
   };
   // Until every started thread is joined nothing may throw past them (a joinable
   // std::thread destroyed ends the program), so a refusal is only noted here — the
@@ -115,13 +111,10 @@ schedule_outcome run_on_workers(unsigned count, std::function<void(unsigned)> co
     started_count = outcome.workers;
   }
   gate.notify_all();
-  run_body(0, outcome.workers);
+  body(0, outcome.workers, inside[0]);
   for (auto& t : threads) { t.join(); }
   for (double const ns : inside) { outcome.inside_ns += ns; }
   if (refusal) { outcome.workers_note = refusal_note(refusal, refused_at, count); }
-  for (auto const& e : escaped) {
-    if (e) { std::rethrow_exception(e); }
-  }
   return outcome;
 }
 
@@ -278,12 +271,9 @@ void run_state::note_error_locked(std::uint32_t event, std::size_t line, char co
     auto const end = std::to_chars(digits, digits + sizeof digits, line).ptr;
     append_within(error, "line ");
     append_within(error, std::string_view(digits, static_cast<std::size_t>(end - digits)));
-    append_within(error, context);
-    append_within(error, ": ");
-  } else {
-    append_within(error, context);
-    append_within(error, ": ");
   }
+  append_within(error, context);
+  append_within(error, ": ");
   append_within(error, what);
 }
 
@@ -339,7 +329,7 @@ bool run_state::run_event(std::uint32_t i, double& inside_ns) {
     return false;
   } catch (...) {
     std::lock_guard lock{failure_mutex};
-    note_error_locked(i, log->event_lines[i], "", "the stack threw an exception that is not a std::exception");
+    note_error_locked(i, log->event_lines[i], "", stack_threw_not_std);
     return false;
   }
   if ((i & 1023U) == 0) { done.store(i, std::memory_order_relaxed); }
@@ -364,7 +354,7 @@ void run_state::ask_expected_failures(std::uint32_t i) {
       return;
     } catch (...) {
       std::lock_guard lock{failure_mutex};
-      note_error_locked(i, f.line, " (a recorded failure)", "the stack threw an exception that is not a std::exception");
+      note_error_locked(i, f.line, " (a recorded failure)", stack_threw_not_std);
       return;
     }
   }
@@ -418,7 +408,7 @@ schedule_outcome run_events(run_state& s, replay_order order, unsigned workers,
     } catch (std::exception const& e) {  // e.g. no memory for a worker's own list
       s.worker_failed(e.what());
     } catch (...) {
-      s.worker_failed("an exception that is not a std::exception");
+      s.worker_failed(not_std_exception);
     }
   };
   schedule_outcome outcome = run_on_workers(workers, before_worker_start, body);
