@@ -7,6 +7,7 @@
 #include <mrstack/c_api.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <string>
@@ -553,4 +554,60 @@ TEST_CASE("c api: an EMM token of another stack, or one never issued, frees noth
   CHECK(mrstack_emm_free(a, ma.token) == 0);  // made stale by the reset: a no-op, not an error
   CHECK(mrstack_stack_destroy(a) == MRSTACK_SUCCESS);
   CHECK(mrstack_stack_destroy(b) == MRSTACK_SUCCESS);
+}
+
+TEST_CASE("c api: an EMM reset racing EMM allocations never takes the books below what they hold") {
+  // One thread allocates and frees through the EMM side, one resets it over and over, one
+  // allocates and frees 64 B of the same client with mrstack_allocate. A reset that freed an
+  // EMM allocation before its count was added (it was counted after memalloc returned)
+  // took the client's books below zero for a moment: they read as ~2^64 bytes, and the
+  // third thread's correct free was refused (and its block leaked).
+  mrstack_stack* s = make("pool > simulated");
+  std::atomic<bool> stop{false};
+  std::thread emm([&] {
+    while (!stop.load()) {
+      std::uint64_t p = 0;
+      std::uint64_t const t = mrstack_emm_memalloc_token(s, 4096, MRSTACK_CLIENT_NUMBA, &p);
+      if (t != 0) { (void)mrstack_emm_free(s, t); }
+    }
+  });
+  std::thread resetter([&] {
+    while (!stop.load()) {
+      std::size_t n = 0;
+      (void)mrstack_emm_reset(s, &n);
+    }
+  });
+  int refused = 0;
+  int wrapped = 0;
+  int failed = 0;
+  std::string first_refusal;
+  // Half a second of it: on this 2-core VM the old counting wrapped thousands of reads.
+  auto const until = std::chrono::steady_clock::now() + std::chrono::milliseconds{500};
+  while (std::chrono::steady_clock::now() < until) {
+    void* p = nullptr;
+    if (mrstack_allocate(s, 64, nullptr, MRSTACK_CLIENT_NUMBA, &p) != MRSTACK_SUCCESS) {
+      ++failed;
+      continue;
+    }
+    mrstack_statistics st{};
+    if (mrstack_get_statistics(s, &st) == MRSTACK_SUCCESS && st.clients[MRSTACK_CLIENT_NUMBA].live_bytes > (1ULL << 62)) {
+      ++wrapped;
+    }
+    if (mrstack_deallocate(s, p, 64, nullptr, MRSTACK_CLIENT_NUMBA) != MRSTACK_SUCCESS && refused++ == 0) {
+      first_refusal = last_error();
+    }
+  }
+  stop.store(true);
+  emm.join();
+  resetter.join();
+  CHECK(failed == 0);
+  CHECK(first_refusal.empty());
+  CHECK(refused == 0);
+  CHECK(wrapped == 0);
+  std::size_t n = 0;
+  CHECK(mrstack_emm_reset(s, &n) == MRSTACK_SUCCESS);
+  auto const st = stats(s);
+  CHECK(st.clients[MRSTACK_CLIENT_NUMBA].live_bytes == 0);
+  CHECK(st.clients[MRSTACK_CLIENT_NUMBA].live_count == 0);
+  CHECK(mrstack_stack_destroy(s) == MRSTACK_SUCCESS);
 }

@@ -42,8 +42,7 @@ mrstack_status mrstack_emm_memalloc(mrstack_stack* handle, size_t bytes, int cli
     return MRSTACK_ERROR_INVALID_ARGUMENT;
   }
   return guarded([&] {
-    auto const m = stack->emm.memalloc(bytes, static_cast<std::uint32_t>(client));
-    stack->count_allocation(client, bytes);
+    auto const m = stack->emm.memalloc(bytes, static_cast<std::uint32_t>(client));  // counts it (emm_options)
     *out = mrstack_memory_pointer{as_u64(m.ptr), m.size, m.token, m.device, client};
   });
 }
@@ -57,8 +56,7 @@ uint64_t mrstack_emm_memalloc_token(mrstack_stack* handle, size_t bytes, int cli
   auto const stack = resolve_stack(handle, "mrstack_emm_memalloc_token");
   if (!stack) { return 0; }
   try {
-    auto const m = stack->emm.memalloc(bytes, static_cast<std::uint32_t>(client));
-    stack->count_allocation(client, bytes);
+    auto const m = stack->emm.memalloc(bytes, static_cast<std::uint32_t>(client));  // counts it (emm_options)
     *ptr = as_u64(m.ptr);
     return m.token;
   } catch (...) {

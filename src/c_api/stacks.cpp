@@ -25,9 +25,15 @@ using mrstack::c_api::valid_client;
 
 namespace {
 
-mrstack::emm::adapter::options emm_options(int device) {
+mrstack::emm::adapter::options emm_options(int device, mrstack_stack* books) {
   mrstack::emm::adapter::options opts;
   opts.device = device;
+  // EMM allocations are counted as the adapter enters them in its table (see
+  // adapter::options::on_issued), so a reset on another thread never frees one uncounted.
+  opts.on_issued = [](void* stack, std::uint32_t client, std::size_t bytes) noexcept {
+    static_cast<mrstack_stack*>(stack)->count_allocation(static_cast<int>(client), bytes);
+  };
+  opts.on_issued_context = books;
   return opts;
 }
 
@@ -39,7 +45,7 @@ void raise_peak(std::atomic<std::uint64_t>& peak, std::uint64_t now) noexcept {
 }  // namespace
 
 mrstack_stack::mrstack_stack(mrstack::resource_ptr stack, int device_ordinal, bool is_process_wide)
-    : top{stack}, emm{std::move(stack), emm_options(device_ordinal)}, device{device_ordinal},
+    : top{stack}, emm{std::move(stack), emm_options(device_ordinal, this)}, device{device_ordinal},
       process_wide{is_process_wide} {}
 
 void mrstack_stack::count_allocation(int client, std::uint64_t bytes) noexcept {

@@ -153,6 +153,7 @@ memory_pointer adapter::memalloc(std::size_t size, std::uint32_t tag) {
     s.live = true;
     ++outstanding_count_;
     outstanding_bytes_ += size;
+    if (options_.on_issued != nullptr) { options_.on_issued(options_.on_issued_context, tag, size); }
   } catch (...) {
     stack_->deallocate(ptr, size, options_.stream);
     throw;

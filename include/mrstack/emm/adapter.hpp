@@ -117,6 +117,13 @@ class adapter {
     /// Where (free, total) come from before the stack's held-free bytes are added. Null:
     /// cudaMemGetInfo for device and managed stacks, the host's physical memory otherwise.
     memory_info (*query_memory)(int device, memory_kind kind) = nullptr;
+    /// Called with `on_issued_context`, under the adapter's lock, as each allocation enters
+    /// the token table: books kept beside the adapter (the C ABI's per-client counts) add it
+    /// there, before any `reset()` can take it out and have them subtract it. Counted after
+    /// `memalloc` returned, a reset on another thread in between subtracted bytes not yet
+    /// added, and the counts wrapped past zero. Must not throw or call into the adapter.
+    void (*on_issued)(void* context, std::uint32_t tag, std::size_t size) noexcept = nullptr;
+    void* on_issued_context = nullptr;
   };
 
   explicit adapter(resource_ptr stack);
