@@ -17,7 +17,8 @@
  *   MRSTACK_RESOURCE environment variable, else MRSTACK_DEFAULT_SPEC) and kept until the
  *   process exits; Numba, CuPy and PyTorch all allocate from it, so one pool serves all
  *   three. `mrstack_stack_create(spec)` makes a private stack the caller destroys.
- * - In a spec given here, `{pid}` becomes the process id when the stack is built, so each
+ * - In a spec given here, `{pid}` in a parameter's value becomes the process id when the
+ *   stack is built (error columns still count in the spec as given), so each
  *   process of a multi-process program can log to a file of its own:
  *   `logging(file="alloc-{pid}.csv") > pool > cuda`.
  * - Every allocation is tagged with a client (numba, cupy, torch, other); per-client live

@@ -138,13 +138,21 @@ mrstack_status copy_out(std::string const& text, char* buffer, std::size_t capac
   return MRSTACK_SUCCESS;
 }
 
-// "{pid}" in a spec becomes this process's id, so that every process of a multi-process
-// program (pytest-xdist workers, DataLoader workers) can log to a file of its own.
-std::string expand_spec(std::string spec) {
+// "{pid}" in a spec's values becomes this process's id, so that every process of a
+// multi-process program (pytest-xdist workers, DataLoader workers) can log to a file of its
+// own. Parsed first and expanded in the values after: expanded first, a spec error's
+// column counted in the longer text, off by the pid's length less 5 for every {pid} before it.
+stack_spec parse_expanded(std::string_view text) {
   static constexpr std::string_view pid_field = "{pid}";
   std::string const pid = std::to_string(static_cast<long>(getpid()));
-  for (auto at = spec.find(pid_field); at != std::string::npos; at = spec.find(pid_field, at + pid.size())) {
-    spec.replace(at, pid_field.size(), pid);
+  stack_spec spec = parse_stack_spec(text);
+  for (auto& layer : spec.layers) {
+    for (auto& argument : layer.arguments) {
+      std::string& value = argument.value;
+      for (auto at = value.find(pid_field); at != std::string::npos; at = value.find(pid_field, at + pid.size())) {
+        value.replace(at, pid_field.size(), pid);
+      }
+    }
   }
   return spec;
 }
@@ -203,7 +211,7 @@ mrstack_stack& device_stack(int device) {
     // the caller's context is put back as it was.
     build_options options;
     options.device = device;
-    top = build_stack(parse_stack_spec(expand_spec(spec)), options);
+    top = build_stack(parse_expanded(spec), options);
   } catch (spec_error const& e) {
     // Say where a spec nobody passed in a call came from.
     if (!config.configured && std::getenv("MRSTACK_RESOURCE") != nullptr) {
@@ -247,7 +255,7 @@ mrstack_status mrstack_configure(const char* spec) {
     }
     // Check the spec now (names, parameters, values: no CUDA, nothing built), so a bad one
     // fails here, where the caller can still fix it, rather than at the first allocation.
-    if (wanted) { check_stack_spec(parse_stack_spec(mrstack::c_api::expand_spec(*wanted))); }
+    if (wanted) { check_stack_spec(mrstack::c_api::parse_expanded(*wanted)); }
     config.configured = std::move(wanted);
   });
   if (status != MRSTACK_SUCCESS) { return status; }
@@ -290,7 +298,7 @@ mrstack_status mrstack_stack_create(const char* spec, int device, mrstack_stack*
     mrstack::build_options options;
     options.device = device;
     auto stack = std::make_unique<mrstack_stack>(
-        mrstack::build_stack(mrstack::parse_stack_spec(mrstack::c_api::expand_spec(spec)), options), device,
+        mrstack::build_stack(mrstack::c_api::parse_expanded(spec), options), device,
         /*process_wide=*/false);
     *out = mrstack::c_api::register_stack(stack.get());
     (void)stack.release();  // the handle table owns it until mrstack_stack_destroy
