@@ -185,11 +185,21 @@ class Library:
             self.dll = ctypes.CDLL(path)
         except OSError as e:
             raise LibraryNotFoundError(f"cannot load {path}: {e}") from e
-        self._declare()
-        version = self.dll.mrstack_c_api_version()
+        # The version first: a library of another version may lack a function declared below.
+        try:
+            version_fn = self.dll.mrstack_c_api_version
+        except AttributeError:
+            raise LibraryNotFoundError(
+                f"{path} is not mrstack's C library (it has no mrstack_c_api_version)") from None
+        version_fn.restype, version_fn.argtypes = ctypes.c_int, []
+        version = version_fn()
         if version != C_API_VERSION:
             raise LibraryNotFoundError(
                 f"{path} implements C ABI version {version}; this package needs {C_API_VERSION}")
+        try:
+            self._declare()
+        except AttributeError as e:
+            raise LibraryNotFoundError(f"{path} says C ABI version {version} but lacks a function of it: {e}") from None
 
     def _declare(self):
         d = self.dll

@@ -209,6 +209,20 @@ def test_missing_library_is_a_clear_error(run_python, tmp_path):
     assert "ERROR" in done.stdout and "nowhere.so" in done.stdout
 
 
+def test_a_library_that_is_not_mrstacks_is_a_clear_error(run_python):
+    # Another shared library (here Python's own _ctypes module) at MRSTACK_LIBRARY: it loads,
+    # but has none of the C ABI. A bare AttributeError had come out of the declarations.
+    import _ctypes
+    done = run_python("""
+        import mrstack
+        try:
+            mrstack.statistics()
+        except mrstack.LibraryNotFoundError as e:
+            print("ERROR", e)
+    """, env={"MRSTACK_LIBRARY": _ctypes.__file__})
+    assert "ERROR" in done.stdout and "is not mrstack's C library" in done.stdout, done.stdout + done.stderr
+
+
 def test_library_search_order(tmp_path, monkeypatch, library_path):
     monkeypatch.setenv("MRSTACK_LIBRARY", str(tmp_path))
     paths = _lib.candidate_paths()
