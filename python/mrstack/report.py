@@ -56,7 +56,39 @@ def load_timeline(path):
     return timeline
 
 
+def _is_number(v):
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _check_numbers(values, what, where, samples=None, none_allowed=False):
+    if not isinstance(values, list) or (samples is not None and len(values) != samples):
+        size = f" of {samples} entries" if samples is not None else ""
+        raise ReportError(f"{where}: {what} must be a list{size}")
+    for k, v in enumerate(values):
+        if not (_is_number(v) or (none_allowed and v is None)):
+            raise ReportError(f"{where}: {what}[{k}] is {v!r}, not a number")
+
+
+def _check_records(records, what, where, fields, text_fields=()):
+    """`records`: absent, or a list of objects whose `fields` are numbers (or null) and
+    whose `text_fields` are present (the names the plots print)."""
+    if records is None:
+        return
+    if not isinstance(records, list):
+        raise ReportError(f"{where}: \"{what}\" must be a list")
+    for k, r in enumerate(records):
+        if not isinstance(r, dict):
+            raise ReportError(f"{where}: {what}[{k}] is {r!r}, not an object")
+        for field in fields:
+            if field in r and not (_is_number(r[field]) or r[field] is None):
+                raise ReportError(f"{where}: {what}[{k}].{field} is {r[field]!r}, not a number")
+        for field in text_fields:
+            if field not in r:
+                raise ReportError(f"{where}: {what}[{k}] has no \"{field}\"")
+
+
 def check_timeline(timeline, where="timeline"):
+    """Raises ReportError naming the first thing in `timeline` the report could not draw."""
     if not isinstance(timeline, dict) or timeline.get("format") != TIMELINE_FORMAT:
         found = timeline.get("format") if isinstance(timeline, dict) else type(timeline).__name__
         raise ReportError(f"{where}: format {found!r}, expected {TIMELINE_FORMAT!r} "
@@ -65,15 +97,35 @@ def check_timeline(timeline, where="timeline"):
         if not isinstance(timeline.get(key), list):
             raise ReportError(f"{where}: \"{key}\" is missing or not a list")
     samples = len(timeline["sample_event"])
+    _check_numbers(timeline["sample_event"], '"sample_event"', where)
     if len(timeline["live_bytes"]) != samples:
         raise ReportError(f"{where}: \"live_bytes\" has {len(timeline['live_bytes'])} entries, "
                           f"\"sample_event\" {samples}")
+    _check_numbers(timeline["live_bytes"], '"live_bytes"', where, samples, none_allowed=True)
+    if not timeline["stacks"]:
+        raise ReportError(f"{where}: \"stacks\" is empty (no stack was replayed)")
     for i, stack in enumerate(timeline["stacks"]):
-        name = stack.get("resource", f"stacks[{i}]")
+        if not isinstance(stack, dict) or not isinstance(stack.get("resource"), str):
+            raise ReportError(f"{where}: stacks[{i}] must be an object with a \"resource\" string")
+        name = stack["resource"]
         for key in _SERIES:
-            series = stack.get(key)
-            if not isinstance(series, list) or len(series) != samples:
-                raise ReportError(f"{where}: stack {name!r}: \"{key}\" must be a list of {samples} entries")
+            _check_numbers(stack.get(key), f"stack {name!r}: \"{key}\"", where, samples, none_allowed=True)
+        failure = stack.get("failure")
+        if failure is not None and not isinstance(failure, dict):
+            raise ReportError(f"{where}: stack {name!r}: \"failure\" must be an object or null")
+        if failure is not None:
+            _check_records([failure], f"stack {name!r} failure", where, ("line", "event", "bytes"))
+            _check_records([failure.get("fragmentation") or {}], f"stack {name!r} failure fragmentation", where,
+                           ("held_bytes", "live_bytes", "free_bytes", "largest_free_block"))
+    if timeline.get("capacity_bytes") is not None and not _is_number(timeline["capacity_bytes"]):
+        raise ReportError(f"{where}: \"capacity_bytes\" is {timeline['capacity_bytes']!r}, not a number")
+    _check_records(timeline.get("size_histogram"), "size_histogram", where, ("min_bytes", "allocations"),
+                   ("min_bytes", "allocations"))
+    _check_records(timeline.get("threads"), "threads", where, ("allocations", "frees"), ("thread", "allocations", "frees"))
+    _check_records(timeline.get("streams"), "streams", where, ("allocations", "frees"), ("stream", "allocations", "frees"))
+    _check_records(timeline.get("results"), "results", where,
+                   ("events", "failures", "ns_per_event", "peak_live_bytes", "peak_footprint_bytes",
+                    "footprint_ratio", "upstream_allocations", "leaks"))
 
 
 # ---- mrstack-replay ---------------------------------------------------------------------
@@ -331,11 +383,20 @@ def render_html(timeline, title=None):
 
 
 def write_report(timeline, output, title=None):
+    """Writes the page to `output` whole or not at all (a temporary file beside it, renamed);
+    ReportError when it cannot be written."""
     text = render_html(timeline, title)
     folder = os.path.dirname(os.path.abspath(output))
-    with tempfile.NamedTemporaryFile("w", encoding="utf-8", dir=folder, delete=False, suffix=".tmp") as f:
-        f.write(text)
-    os.replace(f.name, output)
+    temporary = None
+    try:
+        with tempfile.NamedTemporaryFile("w", encoding="utf-8", dir=folder, delete=False, suffix=".tmp") as f:
+            temporary = f.name
+            f.write(text)
+        os.replace(temporary, output)
+    except OSError as e:
+        if temporary is not None and os.path.exists(temporary):
+            os.unlink(temporary)
+        raise ReportError(f"cannot write {output}: {e.strerror or e}") from None
     return len(text.encode("utf-8"))
 
 
@@ -357,7 +418,7 @@ def main(argv=None):
     started = time.perf_counter()
     try:
         if args.input.endswith(".json"):
-            if args.resource or args.capacity or args.simulate or args.timeline_points:
+            if args.resource or args.capacity or args.simulate or args.timeline_points is not None:
                 raise ReportError("-r/--capacity/--simulate/--timeline-points apply to a log, not to a timeline")
             timeline = load_timeline(args.input)
         else:
@@ -366,7 +427,7 @@ def main(argv=None):
                 extra += ["--capacity", args.capacity]
             if args.simulate:
                 extra.append("--simulate")
-            if args.timeline_points:
+            if args.timeline_points is not None:
                 extra += ["--timeline-points", str(args.timeline_points)]
             timeline = run_replay(args.input, args.resource, args.replay, extra)
         size = write_report(timeline, args.output, args.title)

@@ -73,6 +73,43 @@ def test_malformed_timelines_are_refused_naming_what(tmp_path):
     assert not (tmp_path / "r.html").exists()
 
 
+@pytest.mark.parametrize("spoil, named", [
+    (lambda t: t.update(stacks=[5]), "stacks[0] must be an object"),
+    (lambda t: t["stacks"][0].pop("resource"), "stacks[0] must be an object with a \"resource\""),
+    (lambda t: t.update(stacks=[]), "\"stacks\" is empty"),
+    (lambda t: t["live_bytes"].__setitem__(3, "x"), "\"live_bytes\"[3] is 'x'"),
+    (lambda t: t["stacks"][1]["footprint_bytes"].__setitem__(0, True), "\"footprint_bytes\"[0] is True"),
+    (lambda t: t["stacks"][0].update(failure="boom"), "\"failure\" must be an object or null"),
+    (lambda t: t.update(size_histogram=[{"min_bytes": "x", "allocations": 1}]), "size_histogram[0].min_bytes"),
+    (lambda t: t.update(threads=[{"thread": 1}]), "threads[0] has no \"allocations\""),
+    (lambda t: t.update(results=[7]), "results[0] is 7, not an object"),
+])
+def test_timelines_the_plots_cannot_draw_are_refused_naming_the_entry(tmp_path, spoil, named):
+    # Each of these passed the old check and crashed while drawing, with a traceback.
+    bad = make_timeline()
+    spoil(bad)
+    done = run_report(write_json(tmp_path, bad), "-o", str(tmp_path / "r.html"))
+    assert done.returncode == 2 and named in done.stderr and "Traceback" not in done.stderr, done.stderr
+    assert not (tmp_path / "r.html").exists()
+
+
+def test_an_output_that_cannot_be_written_is_an_error_and_leaves_nothing_behind(tmp_path):
+    timeline = write_json(tmp_path, make_timeline())
+    folder = tmp_path / "a_folder"
+    folder.mkdir()
+    for output in (str(folder), str(tmp_path / "missing" / "r.html")):
+        done = run_report(timeline, "-o", output)
+        assert done.returncode == 2 and f"cannot write {output}" in done.stderr, done.stderr
+        assert "Traceback" not in done.stderr
+    assert os.listdir(folder) == [] and not [p for p in os.listdir(tmp_path) if p.endswith(".tmp")]
+
+
+def test_timeline_points_zero_is_not_dropped(tmp_path):
+    # 0 is an argument like any other: with a timeline it is refused, as the others are.
+    done = run_report(write_json(tmp_path, make_timeline()), "-o", str(tmp_path / "r.html"), "--timeline-points", "0")
+    assert done.returncode == 2 and "apply to a log, not to a timeline" in done.stderr
+
+
 def test_big_timeline_is_small_and_fast(tmp_path):
     timeline = make_timeline(events=40000, points=2000, stacks=("pool > cuda", "pool > vmm", "binning > pool > cuda",
                                                                  "arena > cuda", "cuda_async", "cuda"))
