@@ -242,23 +242,37 @@ def read_log_events(path):
             stamped.append((row[0], stamp))
     if has_stamp:
         events = _in_stamp_order(stamped, events)
-    _check_no_live_reallocation(path, events)
+    _check_pairs(path, events)
     return events
 
 
-def _check_no_live_reallocation(path, events):
-    """A second allocation of a pointer still live is an error, as in mrstack's reader: the
-    log lost a free, and a snapshot of it would hold two blocks at one address (frees of
-    pointers not live are left out, counted, by log_to_memory_viz)."""
-    live = {}  # address -> line that allocated it
-    for line, kind, address, *_ in events:
+def _check_pairs(path, events):
+    """mrstack's reader's rules for each pointer, in event order: no second allocation while
+    it is live (the log lost a free: a snapshot would hold two blocks at one address), no
+    second free, and a free's size is its allocation's. One difference, kept on purpose: a
+    free of a pointer no earlier line allocated (a block allocated before recording began)
+    is left out and counted by log_to_memory_viz, where mrstack-replay, which must replay
+    every free, refuses the log."""
+    live = {}   # address -> (line that allocated it, its size)
+    freed = {}  # address -> (line that allocated it, line that freed it), until allocated again
+    for line, kind, address, size, *_ in events:
         if kind == "allocate":
             if address in live:
                 raise ConversionError(f"{path}:{line}: allocate of {hex_text(address)}, which is still live: line "
-                                      f"{live[address]} allocated it and no line freed it since")
-            live[address] = line
+                                      f"{live[address][0]} allocated it and no line freed it since")
+            live[address] = (line, size)
+            freed.pop(address, None)
         elif kind == "free":
-            live.pop(address, None)
+            if address in live:
+                allocated_line, allocated_size = live.pop(address)
+                if size != allocated_size:
+                    raise ConversionError(f"{path}:{line}: free of {hex_text(address)} with Size {size}, but line "
+                                          f"{allocated_line} allocated it with {allocated_size} bytes")
+                freed[address] = (allocated_line, line)
+            elif address in freed:
+                allocated_line, freed_line = freed[address]
+                raise ConversionError(f"{path}:{line}: free of {hex_text(address)}, which is not live: line "
+                                      f"{allocated_line} allocated it and line {freed_line} already freed it")
 
 
 def _in_stamp_order(stamped, events):

@@ -4,6 +4,7 @@ torch.cuda._memory_viz read (and, where torch is installed, with those functions
 import gzip
 import os
 import pickle
+import re
 import random
 import subprocess
 import struct
@@ -57,7 +58,7 @@ def test_actions_segments_and_end_state(tmp_path):
     path = write_log(tmp_path / "log.csv", [
         ("allocate", 0x10000, 500, 0), ("allocate", 0x10200, 1024, 0),   # one segment (512-byte rounding)
         ("allocate", 0x90000, 4096, 7),                                  # another
-        ("free", 0x10000, 512, 0), ("allocate failure", 0, 1 << 30, 0), ("free", 0x55, 8, 0)])
+        ("free", 0x10000, 500, 0), ("allocate failure", 0, 1 << 30, 0), ("free", 0x55, 8, 0)])
     conversion = log_to_memory_viz(read_log_events(path), device=1)
     snap = conversion.snapshot
     check_layout(snap, device=1)
@@ -346,6 +347,28 @@ def test_a_second_allocation_of_a_live_pointer_is_an_error(tmp_path):
     merged.write_text("Thread,Time,Action,Pointer,Size,Stream,Stamp\n1,0,allocate,0x1000,16,0,10\n"
                       "2,0,allocate,0x1000,16,0,30\n1,0,free,0x1000,16,0,20\n")
     assert [line for line, *_ in read_log_events(str(merged))] == [2, 4, 3]
+
+
+def test_a_free_of_the_wrong_size_or_a_second_free_is_refused_as_the_cpp_reader_does(tmp_path):
+    """Both were taken silently (the size of the allocation used, the second free counted
+    as one without an allocation); mrstack-replay refuses either log naming the lines."""
+    head = "Thread,Time,Action,Pointer,Size,Stream\n1,0,allocate,0x1000,256,0\n"
+    for name, rest, message in (
+            ("size", "1,0,free,0x1000,512,0\n", "size.csv:3: free of 0x1000 with Size 512, but line 2 allocated it "
+                                                "with 256 bytes"),
+            ("twice", "1,0,free,0x1000,256,0\n1,0,free,0x1000,256,0\n",
+             "twice.csv:4: free of 0x1000, which is not live: line 2 allocated it and line 3 already freed it")):
+        log = tmp_path / f"{name}.csv"
+        log.write_text(head + rest)
+        with pytest.raises(ConversionError, match=re.escape(message)):
+            read_log_events(str(log))
+    # Allocated again after its free, the pointer may be freed again; a free of a pointer the
+    # log never allocated (allocated before recording began) is left out, counted.
+    fine = tmp_path / "fine.csv"
+    fine.write_text(head + "1,0,free,0x1000,256,0\n1,0,allocate,0x1000,64,0\n1,0,free,0x1000,64,0\n"
+                    "1,0,free,0x9000,8,0\n")
+    assert len(read_log_events(str(fine))) == 5
+    assert "1 frees without an allocation in the log left out" in log_to_memory_viz(read_log_events(str(fine))).summary()
 
 
 def test_a_thread_id_must_be_printable_utf8_as_the_cpp_reader_wants(tmp_path):
