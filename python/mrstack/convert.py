@@ -112,7 +112,10 @@ def _time_text(microseconds):
     return f"{hours}:{minute:02d}:{sec:02d}.{micro:06d}"
 
 
-def _int_field(entry, key, where, action, required=True, default=0):
+def _int_field(entry, key, where, action, required=True, default=0, unsigned64=False):
+    """The entry's integer `key`; `unsigned64`: it must be a 64-bit unsigned value (an
+    address, a size, a stream handle), as the log's columns are — a wider one had been
+    written masked or as a Size the log reader then refused."""
     if key not in entry:
         if required:
             raise ConversionError(f"{where}: the {action!r} entry has no {key!r}")
@@ -120,6 +123,8 @@ def _int_field(entry, key, where, action, required=True, default=0):
     value = entry[key]
     if isinstance(value, bool) or not isinstance(value, int):
         raise ConversionError(f"{where}: {key!r} of the {action!r} entry is {value!r}, expected an integer")
+    if unsigned64 and not 0 <= value < 1 << 64:
+        raise ConversionError(f"{where}: {key!r} of the {action!r} entry is {value}, outside 0 to 2^64 - 1")
     return value
 
 
@@ -176,15 +181,13 @@ def convert_torch_snapshot(snapshot, device=None):
             continue
         time_us = None if entry.get("time_us") is None else _int_field(entry, "time_us", where, action)
         time = _time_text(time_us - start_us if time_us is not None else 0)
-        size = _int_field(entry, "size", where, action)
-        if size < 0:
-            raise ConversionError(f"{where}: 'size' of the {action!r} entry is negative ({size})")
-        stream = _int_field(entry, "stream", where, action, required=False, default=0)
+        size = _int_field(entry, "size", where, action, unsigned64=True)
+        stream = _int_field(entry, "stream", where, action, required=False, default=0, unsigned64=True)
         if action == "oom":
             out.lines.append(f"1,{time},allocate failure,0,{size},{_hex(stream)}")
             out.failures += 1
             continue
-        addr = _int_field(entry, "addr", where, action)
+        addr = _int_field(entry, "addr", where, action, unsigned64=True)
         if addr == 0:
             raise ConversionError(f"{where}: the {action!r} entry has a null 'addr'")
         if action == "alloc":

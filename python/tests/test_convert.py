@@ -101,7 +101,13 @@ def test_device_choice():
     (snapshot([{"action": "alloc", "size": 512}]), r"device_traces\[0\]\[0\]: the 'alloc' entry has no 'addr'"),
     (snapshot([{"action": "alloc", "addr": 256}]), r"the 'alloc' entry has no 'size'"),
     (snapshot([entry("alloc", addr=0x100, size="512")]), r"'size' of the 'alloc' entry is '512', expected an integer"),
-    (snapshot([entry("alloc", addr=0x100, size=-1)]), r"'size' of the 'alloc' entry is negative"),
+    (snapshot([entry("alloc", addr=0x100, size=-1)]), r"'size' of the 'alloc' entry is -1, outside 0 to 2\^64 - 1"),
+    # Wider than the log's 64-bit columns: the address had been written masked (two live
+    # blocks at 0x1000), the size as one the log reader then refused.
+    (snapshot([entry("alloc", addr=0x1000 + 2**64, size=512)]), r"'addr' of the 'alloc' entry is 18446744073709555712"),
+    (snapshot([entry("alloc", addr=-4096, size=512)]), r"'addr' of the 'alloc' entry is -4096, outside"),
+    (snapshot([entry("alloc", addr=0x100, size=2**70)]), r"'size' of the 'alloc' entry is 1180591620717411303424"),
+    (snapshot([entry("alloc", addr=0x100, size=512, stream=-1)]), r"'stream' of the 'alloc' entry is -1, outside"),
     (snapshot([entry("alloc", addr=0, size=512)]), r"the 'alloc' entry has a null 'addr'"),
     (snapshot([entry("alloc", addr=0x100, size=512, time_us=1.5)]), r"'time_us' of the 'alloc' entry is 1.5"),
     (snapshot([entry("alloc", addr=0x100, size=512), entry("alloc", addr=0x100, size=512)]),
