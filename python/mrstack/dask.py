@@ -93,7 +93,7 @@ class MrstackPlugin(WorkerPlugin):
             spec = expand_placeholders(spec, worker_name, self.device)
         if self.log_file is not None:
             self.worker_log_file = os.path.abspath(expand_placeholders(self.log_file, worker_name, self.device))
-            quoted = self.worker_log_file.replace('"', '\\"')
+            quoted = self.worker_log_file.replace("\\", "\\\\").replace('"', '\\"')  # the spec's escapes
             spec = f'logging(file="{quoted}", auto_flush=true) > {spec}'
         return spec
 

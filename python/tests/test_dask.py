@@ -44,6 +44,17 @@ def test_unknown_hooks_are_refused_on_the_client():
         MrstackPlugin(SPEC, hooks=("cupy", "jax"))
 
 
+def test_a_log_file_name_with_a_backslash_or_quote_reaches_the_spec_as_it_is(tmp_path):
+    # Only '"' was escaped: a backslash in the name started an escape in the spec's quotes.
+    import mrstack
+    path = tmp_path / 'a\\b"c.csv'
+    plugin = MrstackPlugin(SPEC, log_file=str(path))
+    stack = mrstack.Stack(plugin._spec_for("w"))
+    stack.deallocate(stack.allocate(MIB), MIB)
+    stack.close()
+    assert path.exists() and path.read_text().startswith("Thread,Time,Action")
+
+
 # Runs on a worker: allocates `count` blocks of `mib` MiB from the worker's device stack,
 # frees all but one, and keeps that one (the statistics must show it live).
 _kept = []
