@@ -571,6 +571,9 @@ TEST_CASE("mrstack-replay: exit 2 for unusable input, with a clear message and n
   CHECK(list.status == 0);
   CHECK_THAT(list.out, Catch::Contains("cuda_async  (bottom: takes no upstream)"));
   CHECK_THAT(list.out, Catch::Contains("release_threshold"));
+  // Each bounded parameter with its range, as docs/spec.md says.
+  CHECK_THAT(list.out, Catch::Contains("(default 2MiB; 256B to 1GiB, a power of two)"));
+  CHECK_THAT(list.out, Catch::Contains("(default 12; 1 to 1024)"));
 }
 
 TEST_CASE("mrstack-replay --write-csv: a checked log written as CSV, binary logs decoded; nothing replayed") {

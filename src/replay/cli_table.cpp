@@ -88,7 +88,8 @@ void list_resources(std::FILE* out) {
     std::fprintf(out, "\n  %s%s\n    %s\n", r->name.c_str(),
                  r->upstream == upstream_rule::none ? "  (bottom: takes no upstream)" : "", r->summary.c_str());
     for (auto const& p : r->parameters) {
-      std::string const def = p.is_required ? "required" : (p.default_text.empty() ? "optional" : "default " + p.default_text);
+      std::string def = p.is_required ? "required" : (p.default_text.empty() ? "optional" : "default " + p.default_text);
+      if (std::string const range = describe_range(p); !range.empty()) { def += "; " + range; }
       std::fprintf(out, "    %-18s %-6s %s (%s)\n", p.name.c_str(), to_string(p.type), p.doc.c_str(), def.c_str());
     }
   }

@@ -1,4 +1,4 @@
-// The registry: the built-in entries (src/spec_resources.cpp) plus any registered at run
+// The registry: the built-in entries (src/spec/resources.cpp) plus any registered at run
 // time. Entries live in a deque so the pointers handed out stay valid as it grows.
 #include <mrstack/spec_registry.hpp>
 
