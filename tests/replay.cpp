@@ -270,6 +270,18 @@ TEST_CASE("replay: leaks are allocations the log never frees, freed after the cl
   CHECK(r.leaks == 2);
   CHECK(r.leaked_bytes == 8000);
   CHECK(r.peak_live_bytes == 8000);
+  // A 0-byte allocation the stack answers with nullptr is still one the log never frees
+  // (counted by the pointer it was missing, while the log's note counted it); one the log
+  // frees is no leak.
+  auto const zeros = parse_allocation_log(header +
+                                          "1,0,allocate,0x1000,0,0\n"
+                                          "1,0,allocate,0x2000,10,0\n"
+                                          "1,0,allocate,0x3000,0,0\n"
+                                          "1,0,free,0x3000,0,0\n");
+  auto const z = replay_stack(zeros, "pool > cuda", simulated());
+  CHECK(z.complete());
+  CHECK(z.leaks == 2);
+  CHECK(z.leaked_bytes == 10);
 }
 
 TEST_CASE("replay: a layer that breaks its contract stops the run, naming the line") {

@@ -155,9 +155,12 @@ void free_leftovers(run_state& s, replay_streams const& streams, bool real_strea
   try {
     if (real_streams) { streams.synchronize(); }
     for (std::uint32_t a = 0; a < s.log->allocation_count; ++a) {
-      if (s.pointers[a] == nullptr) { continue; }
+      // Made and never freed: a leak even when the stack answered 0 bytes with nullptr
+      // (counted by the pointer, such allocations were missing from the leaks).
+      if (s.states[a].load(std::memory_order_relaxed) != allocation_state::made) { continue; }
+      s.states[a].store(allocation_state::freed, std::memory_order_relaxed);
       log_event const& e = s.log->events[s.log->allocation_events[a]];
-      s.top->deallocate(s.pointers[a], e.bytes, streams.data()[e.stream]);
+      if (s.pointers[a] != nullptr) { s.top->deallocate(s.pointers[a], e.bytes, streams.data()[e.stream]); }
       s.pointers[a] = nullptr;
       if (count_leaks != nullptr && s.error.empty()) {
         ++count_leaks->leaks;

@@ -29,7 +29,7 @@ class replay_streams {
 
 /// What became of one allocation during a run (written by the thread that made it, read
 /// by the one that frees it: release/acquire).
-enum class allocation_state : std::uint8_t { pending, made, refused };
+enum class allocation_state : std::uint8_t { pending, made, freed, refused };
 
 /// Where the workers of a run sleep when they can run nothing, until the word they wait
 /// on (`next` or `made`) changes; whoever changes one calls `wake_all`. A mutex and a

@@ -307,6 +307,7 @@ bool run_state::run_event(std::uint32_t i, double& inside_ns) {
       top->deallocate(pointers[e.allocation], e.bytes, streams[e.stream]);
       inside_ns += std::max(0.0, ns_between(t0, clock_type::now()) - clock_cost_ns);
       pointers[e.allocation] = nullptr;
+      states[e.allocation].store(allocation_state::freed, std::memory_order_relaxed);
       if (count_live) { live_now.fetch_sub(e.bytes, std::memory_order_relaxed); }
     }  // else refused: its free is skipped
   } catch (std::bad_alloc const& refusal) {
