@@ -773,3 +773,18 @@ TEST_CASE("mrstack-replay: an output it cannot write is refused before the repla
   CHECK(folder.status == 2);
   CHECK_THAT(folder.err, Catch::Contains("--shrink: cannot write " + scratch_dir().string() + ": Is a directory"));
 }
+
+TEST_CASE("mrstack-replay --shrink: a stack that broke is a failure, exit 1, even with nothing to shrink") {
+  // The replay's exit status held 1 for the broken stack; with --shrink the shrink's own
+  // probe decided, and it said "refused nothing" and exit 0.
+  register_test_layers();
+  auto const log_path = write_file("shrink_broken.csv", small_log);
+  auto const out = (scratch_dir() / "shrink_broken_out.csv").string();
+  auto const plain = run_tool({log_path, "--simulate", "-r", "test_breaks(at=3) > cuda"});
+  CHECK(plain.status == 1);
+  auto const c = run_tool({log_path, "--simulate", "-r", "test_breaks(at=3) > cuda", "--shrink", out});
+  INFO(c.out << c.err);
+  CHECK(c.status == 1);
+  CHECK_THAT(c.out, !Catch::Contains("refused nothing on this log"));
+  CHECK_FALSE(std::filesystem::exists(out));
+}

@@ -143,14 +143,32 @@ bool write_timeline(arguments const& a, allocation_log const& log, memory_settin
 }
 
 /// --shrink: a smaller log on which the one stack fails the same way. Returns the exit status.
-int shrink(arguments const& a, allocation_log const& log, memory_setting const& memory, std::FILE* out,
-           std::FILE* err) {
+/// `replayed`: whether the replay above ran the whole log on the stack; when the shrink's own
+/// probe (one cold replay in strict order) finds no refusal, that is the exit status.
+int shrink(arguments const& a, allocation_log const& log, memory_setting const& memory, bool replayed,
+           std::FILE* out, std::FILE* err) {
   replay_options options = options_for(a, memory);
-  shrink_result const s = shrink_failing_log(log, a.resources.front(), options);
+  shrink_result s;
+  try {
+    s = shrink_failing_log(log, a.resources.front(), options);
+  } catch (std::exception const& e) {
+    // The stack cannot be built or broke (the replay above said so too): a failure of the
+    // stack, exit 1, not unusable input.
+    std::fprintf(out, "\nshrink: %s cannot be replayed to shrink the log: %s\n", a.resources.front().c_str(), e.what());
+    return 1;
+  }
   if (!s.failed) {
-    std::fprintf(out, "\nshrink: %s refused nothing on this log: nothing to shrink (try a smaller --capacity)\n",
+    if (replayed) {
+      std::fprintf(out, "\nshrink: %s refused nothing on this log: nothing to shrink (try a smaller --capacity)\n",
+                   a.resources.front().c_str());
+      return 0;
+    }
+    // The replay above failed (a broken stack, or refusals in per-thread order or warm) where
+    // a cold strict replay refuses nothing: nothing to shrink, but not a success.
+    std::fprintf(out, "\nshrink: a cold replay of %s in strict order refused nothing, so there is nothing to "
+                      "shrink; the failure above is not a refusal of that replay\n",
                  a.resources.front().c_str());
-    return 0;
+    return 1;
   }
   try {
     write_atomically(*a.shrink_path, failing_log_csv(log, s.kept_events));
@@ -222,8 +240,8 @@ int run(arguments const& a, std::FILE* out, std::FILE* err) {
     }
   }
   if (a.timeline_path && !write_timeline(a, log, memory, resources, results, err)) { return 2; }
-  if (a.shrink_path) { return shrink(a, log, memory, out, err); }
   bool const all_complete = std::all_of(results.begin(), results.end(), [](replay_result const& r) { return r.complete(); });
+  if (a.shrink_path) { return shrink(a, log, memory, all_complete, out, err); }
   return all_complete ? 0 : 1;
 }
 
