@@ -788,3 +788,23 @@ TEST_CASE("mrstack-replay --shrink: a stack that broke is a failure, exit 1, eve
   CHECK_THAT(c.out, !Catch::Contains("refused nothing on this log"));
   CHECK_FALSE(std::filesystem::exists(out));
 }
+
+TEST_CASE("mrstack-replay --json: a log path or spec that is not UTF-8 is written as U+FFFD, so the file stays JSON") {
+  // Copied through, the byte made the file unreadable (json.load: UnicodeDecodeError).
+  auto const log_path = write_file("not_utf8_\xff.csv", small_log);
+  auto const json = (scratch_dir() / "not_utf8.json").string();
+  auto const c = run_tool({log_path, "--simulate", "-r", "cuda", "--json", json});
+  INFO(c.out << c.err);
+  REQUIRE(c.status == 0);
+  std::ifstream in{json, std::ios::binary};
+  std::string const text{std::istreambuf_iterator<char>{in}, std::istreambuf_iterator<char>{}};
+  CHECK(text.find('\xff') == std::string::npos);
+  CHECK(text.find("not_utf8_\xEF\xBF\xBD.csv") != std::string::npos);
+  // Well-formed UTF-8 goes through as it is.
+  auto const accented = write_file("caf\xC3\xA9.csv", small_log);
+  auto const d = run_tool({accented, "--simulate", "-r", "cuda", "--json", json});
+  REQUIRE(d.status == 0);
+  std::ifstream again{json, std::ios::binary};
+  std::string const text2{std::istreambuf_iterator<char>{again}, std::istreambuf_iterator<char>{}};
+  CHECK(text2.find("caf\xC3\xA9.csv") != std::string::npos);
+}
