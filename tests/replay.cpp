@@ -808,3 +808,20 @@ TEST_CASE("mrstack-replay --json: a log path or spec that is not UTF-8 is writte
   std::string const text2{std::istreambuf_iterator<char>{again}, std::istreambuf_iterator<char>{}};
   CHECK(text2.find("caf\xC3\xA9.csv") != std::string::npos);
 }
+
+TEST_CASE("mrstack-replay: a logging layer that would write the log being replayed is refused before anything is written") {
+  // It truncated the log as the stack was built, and the replay's own rows replaced it.
+  auto const log_path = write_file("logged_onto.csv", small_log);
+  for (std::string const& spec : {"logging(file=" + log_path + ") > cuda", "logging(\"" + log_path + "\") > cuda",
+                                  "statistics > logging(async, file=" + log_path + ") > pool > cuda"}) {
+    auto const c = run_tool({log_path, "--simulate", "-r", spec});
+    INFO(spec << c.out << c.err);
+    CHECK(c.status == 2);
+    CHECK_THAT(c.err, Catch::Contains("logs to '" + log_path + "', the log itself"));
+    std::ifstream in{log_path};
+    std::string const text{std::istreambuf_iterator<char>{in}, std::istreambuf_iterator<char>{}};
+    CHECK(text == small_log);
+  }
+  auto const elsewhere = (scratch_dir() / "logged_elsewhere.csv").string();
+  CHECK(run_tool({log_path, "--simulate", "-r", "logging(file=" + elsewhere + ") > cuda"}).status == 0);
+}

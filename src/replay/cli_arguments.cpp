@@ -1,6 +1,7 @@
 // mrstack-replay's options: the usage text and the parser.
 #include "cli.hpp"
 
+#include <mrstack/adaptor/logging_resource_adaptor.hpp>
 #include <mrstack/spec.hpp>
 
 #include <cstdlib>
@@ -100,6 +101,31 @@ std::filesystem::path resolved(std::string const& path) {
   return ec ? std::filesystem::path{path}.lexically_normal() : p;
 }
 
+/// The files the logging layers of `spec` write (named `file=`, first positional, or
+/// $MRSTACK_LOG_FILE); none for a spec that does not parse (its error comes later, in full).
+std::vector<std::string> logging_files(std::string const& spec) {
+  std::vector<std::string> files;
+  stack_spec parsed;
+  try {
+    parsed = parse_stack_spec(spec);
+  } catch (spec_error const&) {
+    return files;
+  }
+  for (auto const& layer : parsed.layers) {
+    if (layer.name != "logging") { continue; }
+    std::string file;
+    for (std::size_t k = 0; k < layer.arguments.size(); ++k) {
+      auto const& argument = layer.arguments[k];
+      if (argument.name == "file" || (argument.name.empty() && k == 0)) { file = argument.value; }
+    }
+    if (file.empty()) {
+      if (char const* variable = std::getenv(logging_resource_adaptor::log_file_variable)) { file = variable; }
+    }
+    if (!file.empty()) { files.push_back(file); }
+  }
+  return files;
+}
+
 /// Each output is written whole by a rename over its path: an output on the log's path
 /// would replace the log (--json onto the log destroys it), and two outputs on one path
 /// would leave only the last written. Refused before anything is read or written.
@@ -117,6 +143,16 @@ void check_distinct_paths(arguments const& a) {
                         ": give each output its own path"};
     }
     seen.emplace_back(option, **path);
+  }
+  // A logging layer in a stack writes its file as it is built: on the log's path it
+  // truncated the log before anything was read (it replaced a 3,001-line log with its own).
+  if (a.log_path.empty()) { return; }
+  for (std::string const& spec : a.resources) {
+    for (std::string const& file : logging_files(spec)) {
+      if (resolved(file) != resolved(a.log_path)) { continue; }
+      throw usage_error{"--resource '" + spec + "' logs to '" + file +
+                        "', the log itself: the replay would overwrite it; give the logging layer another file"};
+    }
   }
 }
 
