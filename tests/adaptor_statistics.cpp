@@ -7,6 +7,7 @@
 #include <mrstack/upstream/simulated_memory_resource.hpp>
 
 #include <algorithm>
+#include <functional>
 #include <barrier>
 #include <random>
 #include <thread>
@@ -259,4 +260,47 @@ TEST_CASE("statistics: exact after concurrent churn from 8 threads, peaks includ
   CHECK(phase_b_region.allocations.total == scoped_count_sum);
   CHECK(phase_b_region.bytes.peak <= threads * 16 * 1024);
   CHECK(sim->allocation_count() == 0);
+}
+
+namespace {
+
+/// Allocates from the system heap; once `refuse` is set, its deallocate runs `during_free`
+/// (a read of the adaptor above, standing for another thread's) and refuses the free.
+class refusing_upstream final : public memory_resource {
+ public:
+  bool refuse = false;
+  std::function<void()> during_free;
+
+ private:
+  void* do_allocate(std::size_t bytes, std::size_t, stream_view) override { return ::operator new(bytes); }
+  void do_deallocate(void* p, std::size_t, std::size_t, stream_view) override {
+    if (!refuse) {
+      ::operator delete(p);
+      return;
+    }
+    if (during_free) { during_free(); }
+    throw logic_error("refusing_upstream: a double free, refused on purpose");
+  }
+  std::string do_name() const override { return "refusing"; }
+};
+
+}  // namespace
+
+TEST_CASE("statistics: a read while the upstream holds a free it then refuses clamps nothing") {
+  // A double free is counted down before it is forwarded; a read in that window took it
+  // for an over-free and clamped it, and the refusal's count back then raised the peak:
+  // with nothing out, the adaptor read 1 allocation current and twice the real peak.
+  auto upstream = std::make_shared<refusing_upstream>();
+  statistics_resource_adaptor stats{upstream};
+  void* p = stats.allocate(1000);
+  stats.deallocate(p, 1000);
+  upstream->refuse = true;
+  counter seen{};
+  upstream->during_free = [&] { seen = stats.bytes_counter(); };
+  CHECK_THROWS_WITH(stats.deallocate(p, 1000), Catch::Contains("refused on purpose"));
+  CHECK(seen.value == 0);  // the free in flight reads as 0, and is not clamped away
+  CHECK(stats.bytes_counter() == counter{0, 1000, 1000});
+  CHECK(stats.allocations_counter() == counter{0, 1, 1});
+  CHECK(stats.overfreed_bytes() == 0);
+  CHECK(stats.overfreed_allocations() == 0);
 }

@@ -81,13 +81,22 @@ void statistics_resource_adaptor::count_up_slow(shard& s, std::int64_t n, std::i
   }
 }
 
-void statistics_resource_adaptor::count_down(std::int64_t n, std::int64_t k) noexcept {
+statistics_resource_adaptor::shard& statistics_resource_adaptor::count_down(std::int64_t n, std::int64_t k) noexcept {
   shard& s = shards_[detail::this_thread_shard()];
   std::lock_guard lock{s.mutex};
   s.delta[bytes_q] = saturating_add(s.delta[bytes_q], -n);
   s.delta[allocs_q] = saturating_add(s.delta[allocs_q], -k);
   s.credit[bytes_q] = saturating_add(s.credit[bytes_q], n);
   s.credit[allocs_q] = saturating_add(s.credit[allocs_q], k);
+  s.in_flight[bytes_q] = saturating_add(s.in_flight[bytes_q], n);
+  s.in_flight[allocs_q] = saturating_add(s.in_flight[allocs_q], k);
+  return s;
+}
+
+void statistics_resource_adaptor::settle_free(shard& s, std::int64_t n, std::int64_t k) noexcept {
+  std::lock_guard lock{s.mutex};
+  s.in_flight[bytes_q] = saturating_add(s.in_flight[bytes_q], -n);
+  s.in_flight[allocs_q] = saturating_add(s.in_flight[allocs_q], -k);
 }
 
 void statistics_resource_adaptor::merge_locked(bool take_credits) const {
@@ -111,11 +120,19 @@ void statistics_resource_adaptor::clamp_lifetime_locked() const {
   if (frames_.size() != 1) { return; }  // inside a scope, a negative current is legitimate
   counter* const top[2] = {&frames_.back().bytes, &frames_.back().allocations};
   for (int q = 0; q < 2; ++q) {
-    if (top[q]->value >= 0) { continue; }
-    // pool == peak - current (credits merged): raising current to 0 lowers it as much.
-    overfreed_[q] = saturating_add(overfreed_[q], -top[q]->value);
-    pool_[q] = saturating_add(pool_[q], top[q]->value);
-    top[q]->value = 0;
+    // Frees the upstream has not answered yet may be refused and counted back: only what
+    // lies below minus them is over-freed for certain.
+    std::int64_t pending = 0;
+    for (std::size_t i = 0; i < detail::counter_shards; ++i) {
+      pending = saturating_add(pending, shards_[i].in_flight[q]);
+    }
+    std::int64_t const floor = -std::max<std::int64_t>(pending, 0);
+    if (top[q]->value >= floor) { continue; }
+    std::int64_t const excess = floor - top[q]->value;
+    // pool == peak - current (credits merged): raising current by the excess lowers it as much.
+    overfreed_[q] = saturating_add(overfreed_[q], excess);
+    pool_[q] = saturating_add(pool_[q], -excess);
+    top[q]->value = floor;
   }
 }
 
@@ -124,7 +141,18 @@ statistics_resource_adaptor::counters statistics_resource_adaptor::current_count
   all_shards_lock all{shards_.get()};
   merge_locked(true);
   clamp_lifetime_locked();
-  return frames_.back();
+  return reported_locked();
+}
+
+statistics_resource_adaptor::counters statistics_resource_adaptor::reported_locked() const {
+  counters out = frames_.back();
+  if (frames_.size() == 1) {
+    // What lies below zero after the clamp is frees still in the upstream's hands: shown as
+    // 0, kept in the state until the upstream accepts (or refuses) them.
+    out.bytes.value = std::max<std::int64_t>(out.bytes.value, 0);
+    out.allocations.value = std::max<std::int64_t>(out.allocations.value, 0);
+  }
+  return out;
 }
 
 std::uint64_t statistics_resource_adaptor::refills() const {
@@ -154,7 +182,7 @@ statistics_resource_adaptor::counters statistics_resource_adaptor::push_counters
   all_shards_lock all{shards_.get()};
   merge_locked(true);
   clamp_lifetime_locked();
-  counters const outer = frames_.back();
+  counters const outer = reported_locked();
   frames_.emplace_back();
   pool_[bytes_q] = pool_[allocs_q] = 0;  // the new region: peak 0 - current 0
   return outer;
@@ -187,15 +215,19 @@ void* statistics_resource_adaptor::do_allocate(std::size_t bytes, std::size_t al
 
 void statistics_resource_adaptor::do_deallocate(void* ptr, std::size_t bytes, std::size_t alignment,
                                                 stream_view stream) {
-  count_down(detail::to_count(bytes), 1);
+  auto const n = detail::to_count(bytes);
+  shard& s = count_down(n, 1);
   try {
     upstream_->deallocate(ptr, bytes, stream, alignment);
   } catch (...) {
     // The upstream refused the free (a checking layer below found it bad): the memory
-    // is still out, so it counts again — as outstanding, not as a new allocation.
-    count_up(detail::to_count(bytes), 1, false);
+    // is still out, so it counts again — as outstanding, not as a new allocation — and
+    // only then stops being in flight (a read in between clamps less, never more).
+    count_up(n, 1, false);
+    settle_free(s, n, 1);
     throw;
   }
+  settle_free(s, n, 1);
 }
 
 }  // namespace mrstack

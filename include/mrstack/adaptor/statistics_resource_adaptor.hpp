@@ -38,7 +38,8 @@
 /// stays there). A deallocate with a larger size than was allocated (or one of memory
 /// never allocated through this adaptor) cannot be caught on the spot without tracking
 /// every block (the tracking adaptor does that); its effect is clamped instead: when a
-/// read finds the lifetime's current below zero, it is set to zero and the excess is
+/// read finds the lifetime's current below zero — less the frees still in the upstream's
+/// hands, which it may yet refuse — it is raised to that and the excess is
 /// added to `overfreed_bytes()` / `overfreed_allocations()`, so current never reads as
 /// negative (or as 2^64 − n to a caller that converts it) outside a scope.
 ///
@@ -113,17 +114,28 @@ class statistics_resource_adaptor final : public memory_resource {
     std::int64_t credit[2] = {0, 0};  // headroom this shard may use without the global lock
     std::int64_t delta[2] = {0, 0};   // change of the innermost region's current since the last merge
     std::int64_t total[2] = {0, 0};   // its total's growth since the last merge
+    // Frees counted down and not yet accepted or refused by the upstream: the lifetime's
+    // clamp leaves them be. A read between a free's count and the upstream's refusal had
+    // clamped that free as an over-free, and the refusal's count back then raised the peak:
+    // a refused double free under a reader left 1 allocation current and twice the real
+    // peak. Under the shard's lock, as the rest.
+    std::int64_t in_flight[2] = {0, 0};
   };
 
   /// Counts `n` bytes and `k` allocations as outstanding (and, with `with_total`, in the totals).
   void count_up(std::int64_t n, std::int64_t k, bool with_total);
   void count_up_slow(shard& s, std::int64_t n, std::int64_t k, bool with_total);
-  void count_down(std::int64_t n, std::int64_t k) noexcept;
+  /// Counts a free down (and as in flight until `settle_free`); returns the shard it used.
+  shard& count_down(std::int64_t n, std::int64_t k) noexcept;
+  /// The upstream accepted or refused the free `count_down` counted in `s`.
+  static void settle_free(shard& s, std::int64_t n, std::int64_t k) noexcept;
   /// With `mutex_` and every shard lock held: merges every shard into the innermost frame;
   /// `take_credits` also moves their credits into the pool.
   void merge_locked(bool take_credits) const;
   /// The lifetime frame's clamp (see above), with everything merged.
   void clamp_lifetime_locked() const;
+  /// The innermost frame as a read returns it (the lifetime's current never below zero).
+  counters reported_locked() const;
 
   void* do_allocate(std::size_t bytes, std::size_t alignment, stream_view stream) override;
   void do_deallocate(void* ptr, std::size_t bytes, std::size_t alignment, stream_view stream) override;
