@@ -7,6 +7,7 @@
 #include <mrstack/log/allocation_log.hpp>
 #include <mrstack/upstream/simulated_memory_resource.hpp>
 
+#include <spdlog/sinks/base_sink.h>
 #include <spdlog/sinks/ostream_sink.h>
 
 #include <atomic>
@@ -16,6 +17,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <mutex>
 #include <random>
 #include <set>
 #include <sstream>
@@ -408,4 +410,53 @@ TEST_CASE("logging: the destructor drains the asynchronous queue") {
   auto const rows = parse_log(read_file(path));
   CHECK(rows.size() == 20000);
   check_serial_history(rows);
+}
+
+namespace {
+
+/// Takes `good` messages, then fails every write as a full disk would.
+class failing_sink final : public spdlog::sinks::base_sink<std::mutex> {
+ public:
+  explicit failing_sink(int good) : good_{good} {}
+
+ private:
+  void sink_it_(spdlog::details::log_msg const&) override {
+    if (good_-- <= 0) { throw spdlog::spdlog_ex("No space left on device (a test's sink)"); }
+  }
+  void flush_() override {}
+  int good_;
+};
+
+}  // namespace
+
+TEST_CASE("logging: a failed write is reported by flush() in every mode, not only printed") {
+  // spdlog's default handler printed a rate-limited line and flush() returned normally,
+  // leaving a log cut short with nothing told to the program.
+  struct mode {
+    bool async;
+    log_order order;
+    log_format format;
+  };
+  for (auto const m : {mode{false, log_order::merged, log_format::csv}, mode{true, log_order::merged, log_format::csv},
+                       mode{true, log_order::per_thread, log_format::csv},
+                       mode{true, log_order::per_thread, log_format::binary}}) {
+    INFO("async " << m.async << ", per-thread " << (m.order == log_order::per_thread) << ", binary "
+                  << (m.format == log_format::binary));
+    auto sim = std::make_shared<simulated_memory_resource>(std::size_t{1} << 30);
+    // Per-thread buffers reach the sink a buffer at a time: the header and none after.
+    logging_resource_adaptor log{sim, std::vector<spdlog::sink_ptr>{std::make_shared<failing_sink>(1)}, false, m.async,
+                                 logging_resource_adaptor::default_queue_capacity, m.order, m.format};
+    CHECK(log.write_failure().empty());
+    for (int i = 0; i < 100; ++i) { log.deallocate(log.allocate(64), 64); }  // the calls themselves go through
+    CHECK_THROWS_WITH(log.flush(), Catch::Contains("a write failed, rows are missing from the log") &&
+                                       Catch::Contains("No space left on device (a test's sink)"));
+    CHECK_THAT(log.write_failure(), Catch::Contains("No space left on device"));
+  }
+  // A header that cannot be written fails the constructor, as a path that cannot be opened does.
+  auto sim = std::make_shared<simulated_memory_resource>(std::size_t{1} << 30);
+  CHECK_THROWS_WITH(logging_resource_adaptor(sim, std::vector<spdlog::sink_ptr>{std::make_shared<failing_sink>(0)}),
+                    Catch::Contains("cannot write the log's header"));
+  if (std::filesystem::exists("/dev/full")) {
+    CHECK_THROWS_WITH(logging_resource_adaptor(sim, "/dev/full"), Catch::Contains("cannot write the log's header"));
+  }
 }

@@ -8,6 +8,7 @@
 #include <bit>
 #include <chrono>
 #include <condition_variable>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
@@ -27,6 +28,11 @@
 #include <mrstack/detail/sharded_counters.hpp>
 
 namespace mrstack {
+
+struct logging_resource_adaptor::write_failures {
+  std::mutex mutex;
+  std::string first;  // the first failed write's message; empty while none failed
+};
 
 namespace detail {
 
@@ -361,6 +367,16 @@ logging_resource_adaptor::logging_resource_adaptor(resource_ptr upstream, std::v
   }
   logger_ = std::make_shared<spdlog::logger>("mrstack.logging", sinks.begin(), sinks.end());
   logger_->set_level(spdlog::level::info);
+  // spdlog's own handler printed a rate-limited line and the program never knew; the first
+  // failure is kept for flush() and write_failure(), and said once on stderr.
+  failures_ = std::make_shared<write_failures>();
+  logger_->set_error_handler([failures = failures_, path = path_](std::string const& message) {
+    std::lock_guard lock{failures->mutex};
+    if (!failures->first.empty()) { return; }
+    failures->first = message;
+    std::fprintf(stderr, "mrstack: logging%s%s: a write failed (%s); rows from here on are lost\n",
+                 path.empty() ? "" : " to ", path.c_str(), message.c_str());
+  });
   // Rows are formatted by us: the sinks add only the newline, and to binary blocks nothing.
   logger_->set_formatter(std::make_unique<spdlog::pattern_formatter>(
       "%v", spdlog::pattern_time_type::local,
@@ -379,6 +395,14 @@ logging_resource_adaptor::logging_resource_adaptor(resource_ptr upstream, std::v
   // The header is in the file at once, in every mode: a process that ends without running
   // destructors (os._exit, a fork's child) leaves a log that reads as one, not an empty file.
   logger_->flush();
+  if (auto const failed = write_failure(); !failed.empty()) {
+    throw std::runtime_error("logging: cannot write the log's header: " + failed);
+  }
+}
+
+std::string logging_resource_adaptor::write_failure() const {
+  std::lock_guard lock{failures_->mutex};
+  return failures_->first;
 }
 
 logging_resource_adaptor::~logging_resource_adaptor() {
@@ -405,6 +429,10 @@ void logging_resource_adaptor::flush() {
     per_thread_->flush();
   } else {
     logger_->flush();
+  }
+  if (auto const failed = write_failure(); !failed.empty()) {
+    throw std::runtime_error("logging" + (path_.empty() ? std::string{} : " to " + path_) +
+                             ": a write failed, rows are missing from the log: " + failed);
   }
 }
 

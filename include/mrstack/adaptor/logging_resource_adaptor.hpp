@@ -138,8 +138,14 @@ class logging_resource_adaptor final : public memory_resource {
   ~logging_resource_adaptor() override;
 
   /// Writes out every row logged so far (in asynchronous mode: waits for the writer to
-  /// take them) and flushes the sinks.
+  /// take them) and flushes the sinks. Throws `std::runtime_error` naming the first failure
+  /// when a write to a sink has failed since the adaptor was made (a full disk, a file past
+  /// its size limit): from then on rows are lost and the file is cut short, so a program
+  /// that flushes learns it. The failure is also printed on stderr once, when it happens;
+  /// the calls themselves never throw for it (the allocation or free went through).
   void flush();
+  /// The first failed write to a sink, empty while there was none.
+  [[nodiscard]] std::string write_failure() const;
 
   /// The CSV header line, without a newline (per-thread order adds the Stamp column).
   [[nodiscard]] static std::string header(log_order order = log_order::merged);
@@ -174,6 +180,8 @@ class logging_resource_adaptor final : public memory_resource {
   std::string path_;
   log_format format_;
   std::shared_ptr<spdlog::logger> logger_;
+  struct write_failures;  // what the logger's error handler recorded (shared with it)
+  std::shared_ptr<write_failures> failures_;
   std::unique_ptr<detail::async_log_writer> writer_;  // asynchronous, merged; else null
   std::unique_ptr<detail::log_thread_buffers> per_thread_;  // asynchronous, per-thread order; else null
 };
