@@ -217,7 +217,7 @@ TEST_CASE("replay failures: --timeline writes the documented schema") {
   auto const path = write_file("timeline.csv", text);
   auto const file = (scratch_dir() / "timeline.json").string();
   auto const c = run_tool({path, "--simulate", "--capacity", "4500", "-r", "test_fragmenting > cuda", "-r", "cuda",
-                           "--timeline", file, "--timeline-points", "3"});
+                           "-r", "fixed_size(block_size=256) > cuda", "--timeline", file, "--timeline-points", "3"});
   INFO(c.out << c.err);
   CHECK(c.status == 1);  // 5,000 bytes do not fit 4,500
   auto const t = test::parse_json(slurp(file));
@@ -228,7 +228,10 @@ TEST_CASE("replay failures: --timeline writes the documented schema") {
   CHECK(t.at("capacity_bytes").number == 4500);
   CHECK(t.at("sample_event").numbers() == std::vector<double>{1, 3, 5});
   CHECK(t.at("live_bytes").numbers() == std::vector<double>{4000, 0, 0});
-  REQUIRE(t.at("stacks").items.size() == 2);
+  REQUIRE(t.at("stacks").items.size() == 3);
+  // What stopped a stack's replay is in the timeline too, not only in results[].
+  CHECK(t.at("stacks").at(0).at("error").is_null());
+  CHECK_THAT(t.at("stacks").at(2).at("error").text, Catch::Contains("fixed_size"));
   auto const& s = t.at("stacks").at(0);
   CHECK(s.at("resource").text == "test_fragmenting > cuda");
   CHECK(s.at("footprint_bytes").numbers() == std::vector<double>{4000, 0, 0});
@@ -256,7 +259,7 @@ TEST_CASE("replay failures: --timeline writes the documented schema") {
   CHECK(t.at("streams").at(0).at("stream").text == "0");  // as the log writes it
   CHECK(t.at("streams").at(1).at("stream").text == "0x5500");
   CHECK(t.at("streams").at(1).at("frees").number == 1);
-  REQUIRE(t.at("results").items.size() == 2);
+  REQUIRE(t.at("results").items.size() == 3);
   CHECK(t.at("results").at(1).at("resource").text == "cuda");
   CHECK(t.at("results").at(1).at("failures").number == 1);
 }

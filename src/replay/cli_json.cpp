@@ -155,6 +155,13 @@ std::string timeline_stack_json(timeline_stack const& s) {
   o.raw("free_held_bytes", json_list(s.free_held_bytes, optional_number));
   o.raw("largest_free_block", json_list(s.largest_free_block, optional_number));
   o.raw("failure", s.failure ? failure_json(*s.failure) : "null");
+  // What stopped the replay (a stack that could not be built, or broke): its samples are
+  // null, and without the text a reader of the timeline alone could not say why.
+  if (s.error.empty()) {
+    o.null("error");
+  } else {
+    o.string("error", s.error);
+  }
   return o.str();
 }
 
