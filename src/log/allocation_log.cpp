@@ -1,4 +1,5 @@
 // The allocation-log reader: CSV (plain or gzip) -> a checked, compact event array.
+#include <mrstack/detail/format.hpp>
 #include <mrstack/error.hpp>
 #include <mrstack/log/allocation_log.hpp>
 #include <mrstack/log/binary_log.hpp>
@@ -74,32 +75,12 @@ bool is_time(std::string_view t) {
 /// character, or a byte no well-formed UTF-8 sequence has there), or npos. A thread id is
 /// opaque text, but it is written back into JSON (--json, --timeline), which must be UTF-8.
 std::size_t first_unprintable(std::string_view t) {
-  // How many continuation bytes a lead byte announces; 4: no sequence starts with it (a
-  // continuation byte, 0xc0 and 0xc1, which could only start overlong forms, 0xf5 up).
-  auto continuation_bytes = [](unsigned char b) -> std::size_t {
-    if (b < 0x80) { return 0; }
-    if (b >= 0xc2 && b < 0xe0) { return 1; }
-    if (b >= 0xe0 && b < 0xf0) { return 2; }
-    if (b >= 0xf0 && b < 0xf5) { return 3; }
-    return 4;
-  };
-  std::size_t i = 0;
-  while (i < t.size()) {
+  for (std::size_t i = 0; i < t.size();) {
     auto const b = static_cast<unsigned char>(t[i]);
     if (b < 0x20 || b == 0x7f) { return i; }
-    std::size_t const more = continuation_bytes(b);
-    if (more == 4 || (more > 0 && i + more >= t.size())) { return i; }  // no lead byte, or cut short
-    std::uint32_t code = b & (0x7fU >> more);
-    for (std::size_t k = 1; k <= more; ++k) {
-      auto const c = static_cast<unsigned char>(t[i + k]);
-      if ((c & 0xc0) != 0x80) { return i; }
-      code = code << 6 | (c & 0x3fU);
-    }
-    // A shorter form of a code point than the shortest is not UTF-8, nor is a UTF-16
-    // surrogate or a code point past U+10FFFF.
-    bool const overlong = (more == 2 && code < 0x800) || (more == 3 && code < 0x10000);
-    if (overlong || code > 0x10ffff || (code >= 0xd800 && code < 0xe000)) { return i; }
-    i += more + 1;
+    std::size_t const length = utf8_sequence_length(t, i);
+    if (length == 0) { return i; }
+    i += length;
   }
   return std::string_view::npos;
 }

@@ -2,6 +2,8 @@
 // written whole or not at all.
 #include "cli.hpp"
 
+#include <mrstack/detail/format.hpp>
+
 #include <cerrno>
 #include <cmath>
 #include <cstring>
@@ -15,35 +17,6 @@ namespace mrstack::replay_cli {
 
 namespace {
 
-/// Bytes of the well-formed UTF-8 sequence starting at s[i] (1 to 4), or 0 when it is not
-/// one (a stray continuation byte, an overlong form, a surrogate, past U+10FFFF, cut short).
-std::size_t utf8_sequence_at(std::string const& s, std::size_t i) {
-  auto const byte = [&](std::size_t k) { return k < s.size() ? static_cast<unsigned char>(s[k]) : 0U; };
-  unsigned const lead = byte(i);
-  if (lead < 0x80) { return 1; }
-  std::size_t length = 0;
-  unsigned low = 0x80;  // the second byte's range
-  unsigned high = 0xBF;
-  if (lead >= 0xC2 && lead <= 0xDF) {
-    length = 2;
-  } else if (lead >= 0xE0 && lead <= 0xEF) {
-    length = 3;
-    if (lead == 0xE0) { low = 0xA0; }
-    if (lead == 0xED) { high = 0x9F; }
-  } else if (lead >= 0xF0 && lead <= 0xF4) {
-    length = 4;
-    if (lead == 0xF0) { low = 0x90; }
-    if (lead == 0xF4) { high = 0x8F; }
-  } else {
-    return 0;
-  }
-  if (byte(i + 1) < low || byte(i + 1) > high) { return 0; }
-  for (std::size_t k = 2; k < length; ++k) {
-    if (byte(i + k) < 0x80 || byte(i + k) > 0xBF) { return 0; }
-  }
-  return length;
-}
-
 /// A JSON string's contents. Bytes that are not UTF-8 (a log path or a spec may hold any)
 /// become U+FFFD: copied through, they made the file unreadable as JSON.
 std::string json_escape(std::string const& s) {
@@ -51,7 +24,7 @@ std::string json_escape(std::string const& s) {
   for (std::size_t i = 0; i < s.size(); ++i) {
     auto const c = static_cast<unsigned char>(s[i]);
     if (c >= 0x80) {
-      std::size_t const n = utf8_sequence_at(s, i);
+      std::size_t const n = utf8_sequence_length(s, i);
       if (n == 0) {
         out += "\xEF\xBF\xBD";  // U+FFFD
       } else {
