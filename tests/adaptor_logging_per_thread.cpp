@@ -138,6 +138,47 @@ TEST_CASE("log reader: a Stamp column orders the rows; a bad stamp names its lin
   CHECK_THROWS_AS(parse_allocation_log(header + "1,00:00:01.000000,allocate,0x1000,16,0\n", "short.csv"), log_error);
 }
 
+TEST_CASE("log reader: in a stamped log, a history error names the stamps that ordered it") {
+  std::string const header = "Thread,Time,Action,Pointer,Size,Stream,Stamp\n";
+  auto message = [&](std::string const& rows) {
+    try {
+      (void)parse_allocation_log(header + rows, "stamped.csv");
+    } catch (log_error const& e) {
+      return std::string{e.what()};
+    }
+    return std::string{"no error"};
+  };
+  // Thread 2 frees 0x1000 (stamp 300) before thread 1 allocates it (stamp 400): above it
+  // in the file, but after it in the order the checks follow.
+  std::string const freed_first = message(
+      "1,00:00:01.000000,allocate,0x1000,16,0,400\n"
+      "2,00:00:01.000000,free,0x1000,16,0,300\n");
+  INFO(freed_first);
+  CHECK(freed_first.find("stamped.csv:3:") != std::string::npos);
+  CHECK(freed_first.find("which no row stamped before it allocated: line 2 (Stamp 400) allocates it later") !=
+        std::string::npos);
+  CHECK(freed_first.find("this row's Stamp is 300") != std::string::npos);
+  // A second free that comes first in the file but later by its stamp.
+  std::string const twice = message(
+      "2,00:00:01.000000,free,0x1000,16,0,900\n"
+      "1,00:00:01.000000,allocate,0x1000,16,0,100\n"
+      "1,00:00:01.000000,free,0x1000,16,0,200\n");
+  INFO(twice);
+  CHECK(twice.find("stamped.csv:2:") != std::string::npos);
+  CHECK(twice.find("line 3 (Stamp 100) allocated it and line 4 (Stamp 200) already freed it") != std::string::npos);
+  // A log without stamps keeps the file-order wording.
+  std::string const plain = [] {
+    try {
+      (void)parse_allocation_log("Thread,Time,Action,Pointer,Size,Stream\n1,0,free,0x1000,16,0\n", "plain.csv");
+    } catch (log_error const& e) {
+      return std::string{e.what()};
+    }
+    return std::string{"no error"};
+  }();
+  CHECK(plain.find("which no earlier line allocated") != std::string::npos);
+  CHECK(plain.find("Stamp") == std::string::npos);
+}
+
 TEST_CASE("logging per thread: auto_flush puts each row in the file before the call returns") {
   auto sim = std::make_shared<simulated_memory_resource>();
   // Named by the process: two runs at once (two checkouts' test suites) must not share it.

@@ -172,13 +172,7 @@ class log_parser {
   /// rows never change places: its allocation and free may share a coarse clock's tick).
   /// Errors still name each row's own line.
   void read_rows_by_stamp() {
-    struct stamped_row {
-      std::uint64_t stamp;
-      bool is_free;
-      std::uint32_t line;
-      std::string_view text;
-    };
-    std::vector<stamped_row> rows;
+    std::vector<stamped_row>& rows = stamped_rows_;
     std::unordered_map<std::string_view, std::vector<std::uint32_t>> rows_of_thread;  // indices, file order
     while (next_line()) {
       if (trim(line_).empty()) { continue; }
@@ -219,6 +213,7 @@ class log_parser {
       stamped_row const& r = rows[(*c.order)[c.next]];
       line_ = r.text;
       line_number_ = r.line;
+      row_stamp_ = r.stamp;
       read_row();
       if (++c.next < c.order->size()) {
         std::push_heap(heap.begin(), heap.end(), later);
@@ -227,6 +222,39 @@ class log_parser {
       }
     }
     line_number_ = last_line;
+  }
+
+  /// How an error names another line: in a stamped log, with its Stamp, as rows are
+  /// taken in Stamp order and "earlier" means stamped earlier, not above in the file.
+  [[nodiscard]] std::string line_ref(std::uint32_t line) const {
+    std::string ref = "line " + std::to_string(line);
+    if (!has_stamp_) { return ref; }
+    auto const it = std::lower_bound(stamped_rows_.begin(), stamped_rows_.end(), line,
+                                     [](stamped_row const& r, std::uint32_t l) { return r.line < l; });
+    if (it != stamped_rows_.end() && it->line == line) { ref += " (Stamp " + std::to_string(it->stamp) + ")"; }
+    return ref;
+  }
+
+  /// For a free that no row taken before it allocated, in a stamped log: the row that
+  /// allocates `address` after it in Stamp order, if any (its stamp is later, or equal
+  /// and its thread's earlier rows come later), named for the message.
+  [[nodiscard]] std::string later_allocation_of(std::uint64_t address) {
+    std::string found;
+    std::string_view const saved_line = line_;
+    std::vector<field> const saved_fields = fields_;
+    for (stamped_row const& r : stamped_rows_) {
+      if (r.is_free) { continue; }
+      line_ = r.text;
+      split();
+      std::uint64_t a = 0;
+      if (fields_.size() > 3 && fields_[2].text == "allocate" && parse_hex(fields_[3].text, a) && a == address) {
+        found = line_ref(r.line);
+        break;
+      }
+    }
+    line_ = saved_line;
+    fields_ = saved_fields;
+    return found;
   }
 
   enum class row_kind { allocate, failure, free };
@@ -334,8 +362,9 @@ class log_parser {
     auto [it, inserted] = pointers_.try_emplace(address);
     auto& state = it->second;
     if (!inserted && state.live) {
-      fail(fields_[3].column, "allocate of " + format_hex(address) + ", which is still live: line " +
-                                  std::to_string(state.allocated_line) + " allocated it and no line freed it since");
+      fail(fields_[3].column, "allocate of " + format_hex(address) + ", which is still live: " +
+                                  line_ref(state.allocated_line) + " allocated it and no line freed it since" +
+                                  stamp_order_note());
     }
     if (__builtin_add_overflow(live_bytes_, bytes, &live_bytes_) ||
         __builtin_add_overflow(log_.total_allocated_bytes, bytes, &log_.total_allocated_bytes)) {
@@ -353,18 +382,22 @@ class log_parser {
   std::uint32_t record_free(std::uint64_t address, std::size_t bytes) {
     auto const it = pointers_.find(address);
     if (it == pointers_.end()) {
-      fail(fields_[3].column, "free of " + format_hex(address) + ", which no earlier line allocated");
+      if (!has_stamp_) { fail(fields_[3].column, "free of " + format_hex(address) + ", which no earlier line allocated"); }
+      std::string const later = later_allocation_of(address);
+      fail(fields_[3].column, "free of " + format_hex(address) + ", which no row stamped before it allocated" +
+                                  (later.empty() ? std::string{} : ": " + later + " allocates it later") +
+                                  stamp_order_note());
     }
     auto& state = it->second;
     if (!state.live) {
-      fail(fields_[3].column, "free of " + format_hex(address) + ", which is not live: line " +
-                                  std::to_string(state.allocated_line) + " allocated it and line " +
-                                  std::to_string(state.freed_line) + " already freed it");
+      fail(fields_[3].column, "free of " + format_hex(address) + ", which is not live: " +
+                                  line_ref(state.allocated_line) + " allocated it and " + line_ref(state.freed_line) +
+                                  " already freed it" + stamp_order_note());
     }
     std::size_t const allocated_bytes = log_.events[log_.allocation_events[state.allocation]].bytes;
     if (allocated_bytes != bytes) {
-      fail(fields_[4].column, "free of " + format_hex(address) + " with Size " + std::to_string(bytes) + ", but line " +
-                                  std::to_string(state.allocated_line) + " allocated it with " +
+      fail(fields_[4].column, "free of " + format_hex(address) + " with Size " + std::to_string(bytes) + ", but " +
+                                  line_ref(state.allocated_line) + " allocated it with " +
                                   std::to_string(allocated_bytes) + " bytes");
     }
     state.live = false;
@@ -427,6 +460,12 @@ class log_parser {
     throw log_error(message, log_.source, line_number_, column);
   }
 
+  /// In a stamped log, where this row stands in the order the checks follow.
+  [[nodiscard]] std::string stamp_order_note() const {
+    if (!has_stamp_) { return {}; }
+    return " (rows are taken in Stamp order; this row's Stamp is " + std::to_string(row_stamp_) + ")";
+  }
+
   struct pointer_state {
     std::uint32_t allocation = 0;
     std::uint32_t allocated_line = 0;
@@ -447,6 +486,14 @@ class log_parser {
   std::size_t live_bytes_ = 0;
   static constexpr std::size_t stamp_column = 6;  // 0-based: the seventh
   bool has_stamp_ = false;
+  struct stamped_row {
+    std::uint64_t stamp;
+    bool is_free;
+    std::uint32_t line;
+    std::string_view text;
+  };
+  std::vector<stamped_row> stamped_rows_;  // a stamped log's rows, in file order
+  std::uint64_t row_stamp_ = 0;             // the Stamp of the row being read
 };
 
 }  // namespace
