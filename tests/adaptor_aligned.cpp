@@ -108,6 +108,34 @@ TEST_CASE("aligned: bad input is a clear error") {
   CHECK(sim->allocation_count() == 0);
 }
 
+TEST_CASE("aligned: a free that asks for no over-alignment of an over-aligned block is refused here, not below") {
+  auto sim = std::make_shared<simulated_memory_resource>();
+  // Best fit from the range's start: the blocks below start 256 bytes past a 4096 boundary,
+  // so each one's aligned address is not the upstream's pointer.
+  void* const offset = sim->allocate(256);
+  {
+    // Allocated at an explicit 4096, freed at 256: the upstream never handed this pointer out.
+    aligned_resource_adaptor al{sim};
+    void* p = al.allocate(100, stream_view{}, 4096);
+    REQUIRE(sim->owns(p) == false);
+    CHECK_THROWS_WITH(al.deallocate(p, 100, stream_view{}, 256),
+                      Catch::Contains("aligned: deallocate of") &&
+                          Catch::Contains("it was allocated with 100 B, alignment 4096; nothing was freed"));
+    CHECK(al.outstanding_over_aligned() == 1);
+    al.deallocate(p, 100, stream_view{}, 4096);
+  }
+  {
+    // Aligned by size: freed with a size below the threshold.
+    aligned_resource_adaptor al{sim, 4096, 1000};
+    void* p = al.allocate(2000);
+    REQUIRE(sim->owns(p) == false);
+    CHECK_THROWS_WITH(al.deallocate(p, 500), Catch::Contains("it was allocated with 2000 B, alignment 4096"));
+    al.deallocate(p, 2000);
+  }
+  sim->deallocate(offset, 256);
+  CHECK(sim->allocation_count() == 0);
+}
+
 TEST_CASE("aligned: 8 threads with random sizes and alignments") {
   constexpr int threads = 8;
   auto sim = std::make_shared<simulated_memory_resource>();

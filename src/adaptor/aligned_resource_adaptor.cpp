@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <optional>
 #include <string>
 
 namespace mrstack {
@@ -90,7 +91,7 @@ void aligned_resource_adaptor::do_deallocate(void* ptr, std::size_t bytes, std::
   std::size_t const align = effective_alignment(bytes, alignment);
   auto const address = reinterpret_cast<std::uintptr_t>(ptr);
   if (align <= default_alignment) {
-    if (any_over_aligned_.load(std::memory_order_relaxed)) { refuse_if_behind_live(address, bytes, alignment); }
+    if (any_over_aligned_.load(std::memory_order_relaxed)) { refuse_if_over_aligned(address, bytes, alignment); }
     upstream_->deallocate(ptr, bytes, stream, alignment);
     return;
   }
@@ -162,24 +163,26 @@ aligned_resource_adaptor::record aligned_resource_adaptor::forget(std::uintptr_t
   return found;
 }
 
-void aligned_resource_adaptor::refuse_if_behind_live(std::uintptr_t ptr, std::size_t bytes,
-                                                     std::size_t alignment) const {
-  record r{};
+void aligned_resource_adaptor::refuse_if_over_aligned(std::uintptr_t ptr, std::size_t bytes,
+                                                      std::size_t alignment) const {
+  // The pointer as an over-aligned block's own address (freed with too small a size or
+  // alignment to be recognised as one), or as the upstream's pointer behind one.
+  std::optional<record> own;
+  std::optional<record> behind;
   {
-    shard& s = shard_behind(ptr);
-    std::lock_guard lock{s.mutex};
-    record const* found = s.by_original.find(ptr);
-    if (found == nullptr) { return; }
-    r = *found;
+    shard& front = shard_for(ptr);
+    shard& back = shard_behind(ptr);
+    auto const locks = lock_both(front, back);
+    if (record const* r = front.by_aligned.find(ptr)) { own = *r; }
+    if (record const* r = back.by_original.find(ptr)) { behind = *r; }
   }
+  if (!own && !behind) { return; }
   std::string const given = "aligned: deallocate of " + format_hex(ptr) + " (" +
                             sized(bytes, std::max(alignment, default_alignment)) + "), but ";
-  if (r.other == ptr) {  // the upstream's pointer was aligned already: it is the allocation itself
-    throw logic_error(given + "it was allocated with " + sized(r.bytes, r.alignment) + "; nothing was freed");
-  }
+  if (own) { throw logic_error(given + "it was allocated with " + sized(own->bytes, own->alignment) + "; nothing was freed"); }
   throw logic_error(given + "it is not a block this adaptor handed out: it is the start of the upstream block "
-                    "behind the live allocation " + format_hex(r.other) + " (" + sized(r.bytes, r.alignment) +
-                    "), a stale or foreign pointer; nothing was freed");
+                    "behind the live allocation " + format_hex(behind->other) + " (" +
+                    sized(behind->bytes, behind->alignment) + "), a stale or foreign pointer; nothing was freed");
 }
 
 }  // namespace mrstack

@@ -20,11 +20,13 @@
 /// - an over-aligned deallocate of a pointer it does not remember (foreign, double), or
 ///   of a remembered one with another size (compared in 256-byte units, as a pool does;
 ///   the upstream always gets back the size it handed out) or alignment;
+/// - a pass-through deallocate (a size or alignment that asks for no over-alignment) of
+///   a live over-aligned allocation's own address, which the upstream never handed out;
 /// - a pass-through deallocate of the upstream's pointer behind a live over-aligned
 ///   allocation (a stale pointer that now names the upstream block under the padding):
 ///   the adaptor never handed that pointer out for the block, so the upstream must not
-///   see it. This costs every pass-through deallocate one table lookup under a shard's
-///   mutex, once any over-aligned allocation was made (until then, one relaxed load).
+///   see it. These cost every pass-through deallocate two table lookups under one or two
+///   shards' mutexes, once any over-aligned allocation was made (until then, one relaxed load).
 ///
 /// A free the upstream refuses (throws) leaves the block remembered, so it can be retried:
 /// the tables keep its room while the upstream frees it, so putting it back allocates
@@ -98,9 +100,10 @@ class aligned_resource_adaptor final : public memory_resource {
   void give_up_rooms(std::uintptr_t aligned, std::uintptr_t original);
   /// The locks of two shards (one when they are the same), taken in address order.
   static std::pair<std::unique_lock<std::mutex>, std::unique_lock<std::mutex>> lock_both(shard& a, shard& b);
-  /// Throws when `ptr` is the upstream's pointer behind a live over-aligned block (a
-  /// pass-through free of it would free that block under its owner).
-  void refuse_if_behind_live(std::uintptr_t ptr, std::size_t bytes, std::size_t alignment) const;
+  /// Throws when a pass-through free names a live over-aligned block: its own address
+  /// (freed with a size or alignment that does not ask for over-alignment) or the
+  /// upstream's pointer behind it (a free of that would free the block under its owner).
+  void refuse_if_over_aligned(std::uintptr_t ptr, std::size_t bytes, std::size_t alignment) const;
 
   /// Where the upstream's pointer `original` is remembered: by the address it aligns to at
   /// the configured alignment, so an allocation at that alignment keeps both of its
