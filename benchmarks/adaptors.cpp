@@ -197,6 +197,15 @@ void BM_aligned_passthrough(benchmark::State& s) {
     return std::make_shared<mrstack::aligned_resource_adaptor>(std::move(base), 256);
   });
 }
+// Pass-through requests (below the 4096-byte threshold) once an over-aligned block was
+// made: each free is then looked up in the adaptor's tables (docs/reliability.md).
+void BM_aligned_checked_passthrough(benchmark::State& s) {
+  allocate_free_pair(s, [](resource_ptr base) {
+    auto al = std::make_shared<mrstack::aligned_resource_adaptor>(std::move(base), 4096, 4096);
+    al->deallocate(al->allocate(4096), 4096);
+    return al;
+  });
+}
 void BM_aligned_4096(benchmark::State& s) {
   allocate_free_pair(s, [](resource_ptr base) {
     return std::make_shared<mrstack::aligned_resource_adaptor>(std::move(base), 4096);
@@ -253,6 +262,7 @@ MRSTACK_ADAPTOR_BENCH(BM_tracking);
 MRSTACK_ADAPTOR_BENCH(BM_tracking_stacks);
 MRSTACK_ADAPTOR_BENCH(BM_thread_safe);
 MRSTACK_ADAPTOR_BENCH(BM_aligned_passthrough);
+MRSTACK_ADAPTOR_BENCH(BM_aligned_checked_passthrough);
 MRSTACK_ADAPTOR_BENCH(BM_aligned_4096);
 MRSTACK_ADAPTOR_BENCH(BM_retry);
 
