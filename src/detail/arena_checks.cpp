@@ -51,6 +51,10 @@ arena_core::statistics arena_core::stats() const {
       share.stream = a->stream;
       share.free_bytes = a->free_bytes;
       share.free_blocks = a->free_blocks;
+      // Blocks freed inside a capture are neither live nor free until it ends.
+      std::size_t held_back = 0;
+      for (auto const& h : a->freed_in_capture) { held_back += h.sb->block_size; }
+      st.small_live_bytes += a->usable_bytes - a->free_bytes - held_back;
       st.superblocks_in_arenas += a->superblocks;
       // The largest class with a free block; any class when a spare is ready.
       if (!a->spares.empty()) { share.largest_free_block = opts_.max_small_size; }
@@ -162,6 +166,11 @@ std::string arena_core::check_invariants() const {
       free_blocks += sb->free_count;
     }
     if (free_bytes != a->free_bytes) { return "arena free bytes wrong"; }
+    std::size_t usable = 0;
+    for (auto const& d : descriptors_) {
+      if (d->base != 0 && d->arena.load(std::memory_order_relaxed) == a.get()) { usable += std::size_t{d->capacity} * d->block_size; }
+    }
+    if (usable != a->usable_bytes) { return "arena usable bytes wrong"; }
     if (free_blocks != a->free_blocks) { return "arena free block count wrong"; }
     if (empty != a->empty) { return "arena empty count wrong"; }
     if (empty > opts_.empty_superblocks_kept || a->spares.size() > spare_limit(*a)) {

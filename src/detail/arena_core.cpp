@@ -313,6 +313,7 @@ void arena_core::push_block(stream_arena& a, superblock& sb, std::uint32_t index
 void arena_core::reclass(stream_arena& a, superblock& sb, unsigned cls) {
   if (sb.cls == cls && sb.block_size != 0) { return; }  // wholly free already: nothing to reset
   a.free_bytes -= std::size_t{sb.capacity} * sb.block_size;
+  a.usable_bytes -= std::size_t{sb.capacity} * sb.block_size;
   a.free_blocks -= sb.capacity;
   sb.cls = cls;
   sb.block_size = arena_size_classes::class_size(cls);
@@ -326,6 +327,7 @@ void arena_core::reclass(stream_arena& a, superblock& sb, unsigned cls) {
   bool const several_sizes = cls > 0 && sb.block_size - arena_size_classes::class_size(cls - 1) > 256;
   sb.units.resize(several_sizes ? sb.capacity : 0);  // written as blocks are handed out
   a.free_bytes += std::size_t{sb.capacity} * sb.block_size;
+  a.usable_bytes += std::size_t{sb.capacity} * sb.block_size;
   a.free_blocks += sb.capacity;
 }
 

@@ -32,6 +32,7 @@ stream_sync::handle arena_core::depot_event() {
 void arena_core::leave_arena(stream_arena& a, superblock& sb) noexcept {
   --a.superblocks;
   a.free_bytes -= std::size_t{sb.capacity} * sb.block_size;
+  a.usable_bytes -= std::size_t{sb.capacity} * sb.block_size;
   a.free_blocks -= sb.capacity;
   sb.arena.store(nullptr, std::memory_order_release);
   sb.spare = false;

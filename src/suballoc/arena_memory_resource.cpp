@@ -155,7 +155,9 @@ fragmentation_info arena_memory_resource::do_fragmentation() const {
   f.resource = "arena";
   f.held_bytes = st.held_bytes;
   f.free_bytes = st.global_free_bytes + st.free_bytes_in_arenas;
-  f.live_bytes = f.held_bytes > f.free_bytes ? f.held_bytes - f.free_bytes : 0;
+  // Not held - free: a superblock's tail its class cannot use, and blocks freed inside a
+  // capture, are neither.
+  f.live_bytes = st.large_live_bytes + st.small_live_bytes;
   f.largest_free_block = std::max(st.largest_free_block, st.largest_free_in_arenas);
   f.free_blocks = st.global_free_blocks + st.free_blocks_in_arenas;
   for (auto const& s : st.streams) {

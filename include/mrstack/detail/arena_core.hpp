@@ -199,6 +199,7 @@ class arena_core {
     std::size_t stream_arenas = 0;            ///< one per stream, its thread shards not counted
     std::size_t thread_shard_arenas = 0;      ///< arenas of streams' thread shards besides the streams' own
     std::size_t large_live_bytes = 0;
+    std::size_t small_live_bytes = 0;         ///< small blocks handed out and not freed (held-back ones not counted)
     std::size_t free_blocks_in_arenas = 0;
     std::size_t global_free_blocks = 0;
     std::size_t largest_free_in_arenas = 0;   ///< the largest small request an arena serves without a superblock more
@@ -264,6 +265,9 @@ class arena_core {
     std::uint64_t held_back_total = 0;
     std::size_t free_bytes = 0;
     std::size_t free_blocks = 0;
+    // What its superblocks' blocks cover (capacity x block size): the rest of a superblock
+    // is a tail its class cannot use, neither free nor live.
+    std::size_t usable_bytes = 0;
     // Its thread exited and it held nothing: out of the key map, kept for the next new
     // stream (create_arena), so a program that runs a thread per task does not pile up
     // arenas that every statistics call and every exhaustion walks.
