@@ -29,6 +29,7 @@ using namespace mrstack;
 namespace {
 constexpr std::size_t KiB = 1024;
 constexpr std::size_t MiB = 1024 * KiB;
+constexpr std::size_t GiB = 1024 * MiB;
 constexpr std::size_t size_max = std::numeric_limits<std::size_t>::max();
 
 std::string hex(void const* p) {
@@ -369,6 +370,12 @@ TEST_CASE("misuse: parameters are checked at construction, before any arithmetic
   CHECK(tiny.bins().size() == 1);
   CHECK_THROWS_AS(tiny.add_bin(size_max), logic_error);
   CHECK_THROWS_AS(tiny.add_bin(1024, nullptr, 3), logic_error);
+  pool_options huge_granularity;
+  huge_granularity.growth_granularity = std::size_t{1} << 63;  // wrapped to a 0-byte chunk at the first growth
+  CHECK_THROWS_WITH(pool_memory_resource(sim, 0, std::nullopt, huge_granularity), Catch::Contains("growth_granularity"));
+  arena_options many_kept;
+  many_kept.empty_superblocks_kept = std::size_t{1} << 40;  // a bad_alloc at the first allocation
+  CHECK_THROWS_WITH(arena_memory_resource(sim, 1 * GiB, many_kept), Catch::Contains("empty_superblocks_kept"));
   CHECK_THROWS_WITH(fixed_size_memory_resource(sim, size_max), Catch::Contains("block size"));
   CHECK_THROWS_WITH(fixed_size_memory_resource(sim, size_max - 200), Catch::Contains("block size"));
   CHECK_THROWS_WITH(fixed_size_memory_resource(sim, 1 * MiB, size_max / 1000), Catch::Contains("a chunk of"));
@@ -380,6 +387,61 @@ TEST_CASE("misuse: parameters are checked at construction, before any arithmetic
   } catch (out_of_memory const& e) {
     CHECK(e.info().requested_bytes == (std::size_t{1} << 52));
   }
+}
+
+TEST_CASE("misuse: an alignment no block can have is refused at once, naming the alignment") {
+  auto sys = std::make_shared<system_memory_resource>();
+  arena_memory_resource arena{sys, 1 * GiB};
+  arena.deallocate(arena.allocate(100), 100);
+  std::size_t const held = arena.fragmentation().held_bytes;
+  // The arena grew by 64 MiB for it, then blamed its maximum size.
+  CHECK_THROWS_WITH(arena.allocate(100, {}, std::size_t{1} << 62),
+                    Catch::Contains("alignment 4611686018427387904 too large"));
+  CHECK(arena.fragmentation().held_bytes == held);
+  CHECK_THROWS_WITH(arena.allocate(2 * GiB), Catch::Contains("larger than the arena's maximum size"));
+  keeps_serving(arena, 8 * KiB, {});
+  pool_memory_resource pool{sys};
+  CHECK_THROWS_WITH(pool.allocate(100, {}, std::size_t{1} << 62), Catch::Contains("alignment 4611686018427387904 too large"));
+  keeps_serving(pool, 8 * KiB, {});
+}
+
+TEST_CASE("misuse: a sharded pool's out-of-memory counts the free memory in its thread shards") {
+  auto sim = std::make_shared<simulated_memory_resource>();
+  pool_options o;
+  o.shard_after_contentions = 0;  // shards from the second thread on
+  pool_memory_resource pool{sim, 0, 16 * MiB, o};
+  pool.deallocate(pool.allocate(256), 256);
+  std::thread([&] { pool.deallocate(pool.allocate(256), 256); }).join();
+  REQUIRE(pool.stats().thread_shards >= 1);
+  std::vector<void*> blocks;
+  try {
+    for (;;) { blocks.push_back(pool.allocate(512 * KiB)); }
+  } catch (out_of_memory const&) {
+  }
+  for (std::size_t i = 0; i < blocks.size(); i += 2) { pool.deallocate(blocks[i], 512 * KiB); }
+  try {
+    (void)pool.allocate(4 * MiB);
+    FAIL("expected out_of_memory");
+  } catch (out_of_memory const& e) {
+    auto const st = pool.stats();
+    INFO(e.what());
+    REQUIRE(st.free_bytes >= 4 * MiB);
+    CHECK(e.info().free_bytes == st.free_bytes);  // it had said "free 0 B"
+    CHECK(e.info().largest_free_block == st.largest_free_block);
+  }
+  for (std::size_t i = 1; i < blocks.size(); i += 2) { pool.deallocate(blocks[i], 512 * KiB); }
+}
+
+TEST_CASE("misuse: a binning bin that is the binning resource itself, or stacked on it, is refused") {
+  auto sim = std::make_shared<simulated_memory_resource>();
+  auto bins = std::make_shared<binning_memory_resource>(sim);
+  // Every allocation of the bin's size called back into the resource: a hang.
+  CHECK_THROWS_WITH(bins->add_bin(1024, bins), Catch::Contains("is this resource or stacked on it"));
+  CHECK_THROWS_WITH(bins->add_bin(1024, std::make_shared<pool_memory_resource>(bins)),
+                    Catch::Contains("is this resource or stacked on it"));
+  CHECK(bins->bins().empty());
+  void* p = bins->allocate(1000);
+  bins->deallocate(p, 1000);
 }
 
 TEST_CASE("fragmentation: fixed_size and binning report held, live and free memory") {

@@ -98,6 +98,38 @@ std::string arena_core::check_held_back() const {
   return "";
 }
 
+std::string arena_core::check_arena_locked(stream_arena const& a, std::size_t usable) const {
+  if (a.retired && (a.superblocks != 0 || a.late_calls != 0)) { return "a retired arena holds superblocks or is in use"; }
+  std::size_t free_bytes = 0;
+  std::size_t free_blocks = 0;
+  std::size_t listed = 0;
+  std::size_t empty = 0;
+  for (unsigned cls = 0; cls < a.lists.size(); ++cls) {
+    superblock const* prev = nullptr;
+    for (superblock const* sb = a.lists[cls]; sb != nullptr; prev = sb, sb = sb->next) {
+      if (sb->arena.load(std::memory_order_relaxed) != &a || sb->cls != cls || sb->prev != prev) { return "arena list corrupt"; }
+      free_bytes += std::size_t{sb->free_count} * sb->block_size;
+      free_blocks += sb->free_count;
+      empty += sb->free_count == sb->capacity ? 1 : 0;
+      ++listed;
+    }
+  }
+  for (superblock const* sb : a.spares) {
+    if (sb->arena.load(std::memory_order_relaxed) != &a || !sb->spare || sb->listed) { return "arena spare corrupt"; }
+    free_bytes += std::size_t{sb->free_count} * sb->block_size;
+    free_blocks += sb->free_count;
+  }
+  if (free_bytes != a.free_bytes) { return "arena free bytes wrong"; }
+  if (usable != a.usable_bytes) { return "arena usable bytes wrong"; }
+  if (free_blocks != a.free_blocks) { return "arena free block count wrong"; }
+  if (empty != a.empty) { return "arena empty count wrong"; }
+  if (empty > opts_.empty_superblocks_kept || a.spares.size() > spare_limit(a)) {
+    return "arena keeps too many empty superblocks";
+  }
+  if (listed + a.spares.size() > a.superblocks) { return "arena lists more superblocks than it owns"; }
+  return {};
+}
+
 std::string arena_core::check_invariants() const {
   std::lock_guard registry_lock{registry_mutex_};
   std::vector<std::unique_lock<lean_mutex>> locks;
@@ -121,6 +153,7 @@ std::string arena_core::check_invariants() const {
   }
   if (!opts_.eager && held_bytes_locked() > opts_.max_size) { return "holds more than its maximum"; }
   std::size_t carved = 0;
+  std::unordered_map<stream_arena const*, std::size_t> usable_of;  // what each arena's superblocks' blocks cover
   for (auto const& d : descriptors_) {
     superblock const* sb = d.get();
     if (sb->base == 0) { continue; }  // idle
@@ -128,6 +161,7 @@ std::string arena_core::check_invariants() const {
     std::string const where = "superblock at " + std::to_string(sb->base);
     if (map_.find(sb->base) != sb) { return where + ": map and descriptor disagree"; }
     if (sb->arena.load(std::memory_order_relaxed) == nullptr) { continue; }  // in the depot: check_depot
+    usable_of[sb->arena.load(std::memory_order_relaxed)] += std::size_t{sb->capacity} * sb->block_size;
     if (sb->base % opts_.superblock_size != 0) { return where + ": misaligned"; }
     if (map_.find(sb->base + opts_.superblock_size - 1) != sb) { return where + ": its last page is not mapped to it"; }
     if (global_.blocks().live_size(sb->base) != opts_.superblock_size) { return where + ": not live in the global arena"; }
@@ -145,38 +179,7 @@ std::string arena_core::check_invariants() const {
   }
   std::size_t owned = 0;
   for (auto const& a : arenas_) {
-    if (a->retired && (a->superblocks != 0 || a->late_calls != 0)) { return "a retired arena holds superblocks or is in use"; }
-    std::size_t free_bytes = 0;
-    std::size_t free_blocks = 0;
-    std::size_t listed = 0;
-    std::size_t empty = 0;
-    for (unsigned cls = 0; cls < a->lists.size(); ++cls) {
-      superblock const* prev = nullptr;
-      for (superblock const* sb = a->lists[cls]; sb != nullptr; prev = sb, sb = sb->next) {
-        if (sb->arena.load(std::memory_order_relaxed) != a.get() || sb->cls != cls || sb->prev != prev) { return "arena list corrupt"; }
-        free_bytes += std::size_t{sb->free_count} * sb->block_size;
-        free_blocks += sb->free_count;
-        empty += sb->free_count == sb->capacity ? 1 : 0;
-        ++listed;
-      }
-    }
-    for (superblock const* sb : a->spares) {
-      if (sb->arena.load(std::memory_order_relaxed) != a.get() || !sb->spare || sb->listed) { return "arena spare corrupt"; }
-      free_bytes += std::size_t{sb->free_count} * sb->block_size;
-      free_blocks += sb->free_count;
-    }
-    if (free_bytes != a->free_bytes) { return "arena free bytes wrong"; }
-    std::size_t usable = 0;
-    for (auto const& d : descriptors_) {
-      if (d->base != 0 && d->arena.load(std::memory_order_relaxed) == a.get()) { usable += std::size_t{d->capacity} * d->block_size; }
-    }
-    if (usable != a->usable_bytes) { return "arena usable bytes wrong"; }
-    if (free_blocks != a->free_blocks) { return "arena free block count wrong"; }
-    if (empty != a->empty) { return "arena empty count wrong"; }
-    if (empty > opts_.empty_superblocks_kept || a->spares.size() > spare_limit(*a)) {
-      return "arena keeps too many empty superblocks";
-    }
-    if (listed + a->spares.size() > a->superblocks) { return "arena lists more superblocks than it owns"; }
+    if (std::string const e = check_arena_locked(*a, usable_of[a.get()]); !e.empty()) { return e; }
     owned += a->superblocks;
   }
   if (std::string const e = check_depot(); !e.empty()) { return e; }

@@ -297,7 +297,7 @@ std::vector<spec_resource> builtin_resources() {
                             "wholly free superblocks a stream arena keeps (it fetches and holds up to twice "
                             "as many, or an eighth of its superblocks when more, then hands the excess back at once)",
                             "4")
-                    .within(0, MiB),
+                    .within(0, arena_options::max_empty_superblocks_kept),
                 flag_param("eager", optional_param,
                            "take the whole size at construction and keep it until destruction", "false"),
                 size_param("max_free", optional_param,

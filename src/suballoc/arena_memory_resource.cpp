@@ -68,6 +68,12 @@ arena_memory_resource::arena_memory_resource(resource_ptr upstream, std::size_t 
   if (arena_size == 0 || arena_size > std::numeric_limits<std::size_t>::max() / 2) {
     throw logic_error("arena: arena size " + std::to_string(arena_size) + " must be positive and sane");
   }
+  // A stream arena reserves room for twice this many superblocks: a huge value failed at
+  // the first allocation (bad_alloc, "vector::reserve").
+  if (options.empty_superblocks_kept > arena_options::max_empty_superblocks_kept) {
+    throw logic_error("arena: empty_superblocks_kept " + std::to_string(options.empty_superblocks_kept) +
+                      " exceeds " + std::to_string(arena_options::max_empty_superblocks_kept));
+  }
   usable_size_ = detail::align_up(arena_size, sb);
   auto sync = options.stream_sync ? options.stream_sync : default_stream_sync(upstream_->kind());
   try {
@@ -95,6 +101,18 @@ arena_memory_resource::~arena_memory_resource() = default;
 
 void* arena_memory_resource::do_allocate(std::size_t bytes, std::size_t alignment, stream_view stream) {
   alignment = std::max(alignment, granularity);
+  // A block and the padding its alignment may need past the maximum can never be served:
+  // refused before the arena grows for it.
+  if (bytes > usable_size_ || alignment - granularity > usable_size_ - detail::align_up(bytes, granularity)) {
+    allocation_failure info;
+    info.requested_bytes = bytes;
+    info.resource = "arena";
+    info.limit_bytes = usable_size_;
+    info.detail = bytes > usable_size_ ? "larger than the arena's maximum size"
+                                       : "alignment " + std::to_string(alignment) +
+                                             " too large: the block and its alignment padding exceed the arena's maximum size";
+    throw out_of_memory(std::move(info));
+  }
   std::size_t const size = detail::align_up(bytes, granularity);
   if (std::uintptr_t const p = core_->allocate(size, alignment, to_stream_ref(stream)); p != 0 && size >= bytes) {
     return reinterpret_cast<void*>(p);

@@ -71,6 +71,10 @@ void binning_memory_resource::add_bin(std::size_t size, resource_ptr resource, s
   if (alignment != 0 && !detail::is_pow2(alignment)) {
     throw logic_error("binning: bin alignment " + std::to_string(alignment) + " is not a power of two");
   }
+  for (memory_resource const* below = resource.get(); below != nullptr; below = below->upstream()) {
+    // The bin would call back into this resource: every allocation of its size looped forever.
+    if (below == this) { throw logic_error("binning: the bin of " + std::to_string(size) + " B is this resource or stacked on it"); }
+  }
   std::size_t const rounded = detail::align_up(size, default_alignment);
   if (!resource) {
     auto fixed = std::make_shared<fixed_size_memory_resource>(upstream_, rounded, blocks_per_chunk(rounded));

@@ -39,9 +39,11 @@ pool_memory_resource::pool_memory_resource(resource_ptr upstream, std::size_t in
     throw logic_error("pool: thread_shards " + std::to_string(options_.thread_shards) + " exceeds " +
                       std::to_string(detail::pool_shard_set::max_shards));
   }
-  if (!detail::is_pow2(options_.growth_granularity) || options_.growth_granularity < granularity) {
+  if (!detail::is_pow2(options_.growth_granularity) || options_.growth_granularity < granularity ||
+      options_.growth_granularity > detail::block_pool::max_chunk_size) {
+    // Above the largest chunk, rounding a chunk up to it wrapped to 0 at the first growth.
     throw logic_error("pool: growth_granularity " + std::to_string(options_.growth_granularity) +
-                      " must be a power of two of at least 256");
+                      " must be a power of two from 256 to " + format_bytes(detail::block_pool::max_chunk_size));
   }
   std::size_t const initial = detail::align_up(initial_size, granularity);
   if (maximum_size_ && initial > *maximum_size_) {
@@ -116,10 +118,34 @@ void* pool_memory_resource::do_allocate(std::size_t bytes, std::size_t alignment
   // One block never exceeds a chunk (block_pool::max_chunk_size, 1 TiB): a larger request,
   // or one whose alignment padding would not fit, is out of memory before any rounding
   // can wrap.
-  if (bytes > detail::block_pool::max_chunk_size || alignment > detail::block_pool::max_chunk_size - bytes) {
+  if (bytes > detail::block_pool::max_chunk_size) {
     throw_out_of_memory(bytes, "request too large: one block is at most " +
                                    format_bytes(detail::block_pool::max_chunk_size));
   }
+  if (alignment > detail::block_pool::max_chunk_size - bytes) {
+    throw_out_of_memory(bytes, "alignment " + std::to_string(alignment) + " too large: a block and its alignment "
+                               "padding must fit in one chunk, at most " + format_bytes(detail::block_pool::max_chunk_size));
+  }
+  try {
+    return allocate_checked(bytes, alignment, stream);
+  } catch (out_of_memory const& e) {
+    // The pool's refusal is made under the global lock, which comes after the shards' in
+    // the lock order: the free memory in thread shards' slabs is added here, with no lock
+    // held (it had read as "free 0 B" with megabytes free in slabs).
+    if (!sharded_.load(std::memory_order_acquire) || e.info().resource != "pool") { throw; }
+    throw_out_of_memory_counting_shards(e.info());
+  }
+}
+
+void pool_memory_resource::throw_out_of_memory_counting_shards(allocation_failure info) const {
+  statistics const st = stats();
+  info.footprint_bytes = st.pool_size;
+  info.free_bytes = st.free_bytes;
+  info.largest_free_block = st.largest_free_block;
+  throw out_of_memory(std::move(info));
+}
+
+void* pool_memory_resource::allocate_checked(std::size_t bytes, std::size_t alignment, stream_view stream) {
   alignment = std::max(alignment, granularity);
   std::size_t const size = detail::align_up(bytes, granularity);
   detail::stream_ref const s = to_stream_ref(stream);

@@ -454,6 +454,9 @@ class arena_core {
   void settle_held_back_slow(stream_ref const& s);
   /// Held-back blocks agree between superblocks, lists and the count (every lock held).
   [[nodiscard]] std::string check_held_back() const;
+  /// One stream arena's lists, spares and counts against its superblocks (`usable`: what
+  /// the blocks of the superblocks it owns cover), every lock held.
+  [[nodiscard]] std::string check_arena_locked(stream_arena const& a, std::size_t usable) const;
 
   options opts_;
   arena_upstream& upstream_;

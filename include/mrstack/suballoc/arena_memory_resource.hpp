@@ -64,8 +64,9 @@ struct arena_options {
   /// stream arenas take them first). An arena that owns many superblocks holds and moves
   /// more: up to an eighth of them (at most 64 a trip from the depot), so a thread
   /// growing to gigabytes of small blocks makes a few dozen trips, not hundreds. 0: it
-  /// keeps nothing.
+  /// keeps nothing; at most `max_empty_superblocks_kept` (a `logic_error` otherwise).
   std::size_t empty_superblocks_kept = 4;
+  static constexpr std::size_t max_empty_superblocks_kept = std::size_t{1} << 20;
   /// Take the whole `arena_size` from the upstream at construction and keep it until
   /// destruction (no growth, no return): one upstream call, addresses fixed up front.
   bool eager = false;

@@ -205,6 +205,10 @@ class pool_memory_resource final : public memory_resource {
   /// `may_synchronize`, chunks whose return would need a device synchronization stay.
   std::size_t release_free_chunks(bool may_synchronize = true, detail::stream_ref const& caller = {});
   [[noreturn]] void throw_out_of_memory(std::size_t bytes, std::string why) const;
+  /// The same refusal, its footprint and free memory read again with the thread shards'.
+  [[noreturn]] void throw_out_of_memory_counting_shards(allocation_failure info) const;
+  /// do_allocate past its size checks.
+  void* allocate_checked(std::size_t bytes, std::size_t alignment, stream_view stream);
   void* grow_in_place_and_allocate(std::size_t bytes, std::size_t size, std::size_t alignment,
                                    detail::stream_ref const& s);
   /// Bytes held from the upstream: the chunks, less the holes released in place.
