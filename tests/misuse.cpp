@@ -480,3 +480,66 @@ TEST_CASE("fragmentation: fixed_size and binning report held, live and free memo
   bins.deallocate(b, 3000);
   CHECK(bins.fragmentation().live_bytes == 0);
 }
+
+TEST_CASE("fragmentation: every answer keeps live + free within held while threads churn and release") {
+  // The arena reads its stream arenas one at a time: a superblock moving between the
+  // global arena and a stream arena meanwhile was counted on both sides, so an answer had
+  // free bytes above the bytes held (a hostile test saw 9-17 such answers in 5 s).
+  auto sim = std::make_shared<simulated_memory_resource>();
+  arena_options small;
+  small.superblock_size = 64 * KiB;
+  small.max_small_size = 32 * KiB;
+  small.minimum_growth = 4 * MiB;
+  small.max_free_bytes = 4 * MiB;
+  pool_options sharded;
+  sharded.shard_after_contentions = 0;
+  std::vector<std::pair<char const*, resource_ptr>> const resources{
+      {"arena", std::make_shared<arena_memory_resource>(sim, 4 * GiB, small)},
+      {"pool", std::make_shared<pool_memory_resource>(sim, 0, std::nullopt, sharded)},
+      {"binning", std::make_shared<binning_memory_resource>(sim, 256, 64 * KiB)},
+  };
+  for (auto const& [name, mr] : resources) {
+    CAPTURE(name);
+    std::atomic<bool> stop{false};
+    std::vector<std::thread> threads;
+    for (int t = 0; t < 3; ++t) {
+      threads.emplace_back([&, t] {
+        std::mt19937_64 rng(t);
+        std::vector<std::pair<void*, std::size_t>> held;
+        while (!stop.load(std::memory_order_relaxed)) {
+          if (held.size() < 32 && rng() % 2 != 0) {
+            std::size_t const n = rng() % 4 != 0 ? 1 + rng() % (16 * KiB) : 1 + rng() % (2 * MiB);
+            held.emplace_back(mr->allocate(n, stream_view::per_thread()), n);
+          } else if (!held.empty()) {
+            mr->deallocate(held.back().first, held.back().second, stream_view::per_thread());
+            held.pop_back();
+          }
+        }
+        for (auto const& [p, n] : held) { mr->deallocate(p, n, stream_view::per_thread()); }
+      });
+    }
+    threads.emplace_back([&] {
+      while (!stop.load(std::memory_order_relaxed)) {
+        mr->release();
+        std::this_thread::yield();
+      }
+    });
+    std::size_t broken = 0;
+    std::string first;
+    auto const until = std::chrono::steady_clock::now() + std::chrono::milliseconds{1500};
+    while (std::chrono::steady_clock::now() < until) {
+      auto const f = mr->fragmentation();
+      if (f.live_bytes + f.free_bytes > f.held_bytes || f.largest_free_block > f.free_bytes) {
+        if (broken++ == 0) {
+          first = "held " + std::to_string(f.held_bytes) + " live " + std::to_string(f.live_bytes) + " free " +
+                  std::to_string(f.free_bytes) + " largest " + std::to_string(f.largest_free_block);
+        }
+      }
+    }
+    stop = true;
+    for (auto& t : threads) { t.join(); }
+    INFO(first);
+    CHECK(broken == 0);
+    CHECK(mr->fragmentation().live_bytes == 0);
+  }
+}

@@ -232,8 +232,10 @@ typedef struct mrstack_fragmentation_stream {
 
 /* How fragmented the free memory a stack holds is, answered by its topmost suballocator
  * (adaptors pass the query down). `resource` is "" when no layer keeps such books (a
- * plain upstream): every number is then 0. Where it is not "": free_bytes == held_bytes -
- * live_bytes and largest_free_block <= free_bytes. */
+ * plain upstream): every number is then 0. Where it is not "": live_bytes + free_bytes <=
+ * held_bytes (the rest is held but neither handed out nor free to hand out: the tail of an
+ * arena superblock its size class cannot use, a chunk's alignment slack) and
+ * largest_free_block <= free_bytes. */
 typedef struct mrstack_fragmentation {
   char resource[32];            /* the layer that answered: "pool", "arena", ... (NUL-terminated) */
   uint64_t held_bytes;          /* bytes it holds from its upstream (its footprint) */

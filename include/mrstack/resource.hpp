@@ -66,6 +66,9 @@ struct fragmentation_info {
   std::size_t held_bytes = 0;          ///< bytes it holds from its upstream (its footprint)
   std::size_t live_bytes = 0;          ///< bytes handed out and not yet freed
   std::size_t free_bytes = 0;          ///< bytes held and free to hand out (any stream)
+  // live_bytes + free_bytes <= held_bytes. The rest is held but neither handed out nor free
+  // to hand out: the tail of an arena superblock that its size class cannot use, a
+  // fixed_size chunk's alignment slack, blocks freed inside a graph capture until it ends.
   std::size_t largest_free_block = 0;  ///< the largest request it could serve without growing
   std::size_t free_blocks = 0;         ///< number of free blocks (runs of free bytes)
   std::vector<stream_share> streams;   ///< free memory per stream, where it is per stream

@@ -118,8 +118,10 @@ class StreamFragmentation:
 class Fragmentation:
     """How fragmented the free memory a stack holds is, answered by its topmost
     suballocator in one query. ``resource`` is "" when no layer keeps such books (a plain
-    upstream); every number is then 0. Otherwise ``free_bytes == held_bytes - live_bytes``
-    and ``largest_free_block <= free_bytes``."""
+    upstream); every number is then 0. Otherwise ``live_bytes + free_bytes <= held_bytes``
+    (the rest is held but neither handed out nor free to hand out: the tail of an arena
+    superblock its size class cannot use, a chunk's alignment slack) and
+    ``largest_free_block <= free_bytes``."""
     resource: str = ""          #: the layer that answered: "pool", "arena", ...
     held_bytes: int = 0         #: bytes it holds from its upstream (its footprint)
     live_bytes: int = 0         #: bytes handed out and not yet freed

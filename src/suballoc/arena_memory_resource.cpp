@@ -176,7 +176,12 @@ fragmentation_info arena_memory_resource::do_fragmentation() const {
   // Not held - free: a superblock's tail its class cannot use, and blocks freed inside a
   // capture, are neither.
   f.live_bytes = st.large_live_bytes + st.small_live_bytes;
-  f.largest_free_block = std::max(st.largest_free_block, st.largest_free_in_arenas);
+  // The stream arenas are read one at a time after the global arena and the depot: a
+  // superblock that moved between them meanwhile is seen on both sides (free bytes above
+  // the held, seen under a concurrent release()). Such an answer is clamped to what is held.
+  f.live_bytes = std::min(f.live_bytes, f.held_bytes);
+  f.free_bytes = std::min(f.free_bytes, f.held_bytes - f.live_bytes);
+  f.largest_free_block = std::min(std::max(st.largest_free_block, st.largest_free_in_arenas), f.free_bytes);
   f.free_blocks = st.global_free_blocks + st.free_blocks_in_arenas;
   for (auto const& s : st.streams) {
     fragmentation_info::stream_share share;
