@@ -813,7 +813,9 @@ TEST_CASE("mrstack-replay: a logging layer that would write the log being replay
   // It truncated the log as the stack was built, and the replay's own rows replaced it.
   auto const log_path = write_file("logged_onto.csv", small_log);
   for (std::string const& spec : {"logging(file=" + log_path + ") > cuda", "logging(\"" + log_path + "\") > cuda",
-                                  "statistics > logging(async, file=" + log_path + ") > pool > cuda"}) {
+                                  "statistics > logging(async, file=" + log_path + ") > pool > cuda",
+                                  // A bare flag takes no position: the file is the next value (it was missed).
+                                  "logging(async, \"" + log_path + "\") > pool > cuda"}) {
     auto const c = run_tool({log_path, "--simulate", "-r", spec});
     INFO(spec << c.out << c.err);
     CHECK(c.status == 2);
@@ -822,6 +824,13 @@ TEST_CASE("mrstack-replay: a logging layer that would write the log being replay
     std::string const text{std::istreambuf_iterator<char>{in}, std::istreambuf_iterator<char>{}};
     CHECK(text == small_log);
   }
+  // No file given: the layer logs to $MRSTACK_LOG_FILE (the flag 'async' was taken for the file).
+  ::setenv(logging_resource_adaptor::log_file_variable, log_path.c_str(), 1);
+  auto const from_variable = run_tool({log_path, "--simulate", "-r", "logging(async) > pool > cuda"});
+  ::unsetenv(logging_resource_adaptor::log_file_variable);
+  INFO(from_variable.err);
+  CHECK(from_variable.status == 2);
+  CHECK_THAT(from_variable.err, Catch::Contains("the log itself"));
   auto const elsewhere = (scratch_dir() / "logged_elsewhere.csv").string();
   CHECK(run_tool({log_path, "--simulate", "-r", "logging(file=" + elsewhere + ") > cuda"}).status == 0);
 }

@@ -1,5 +1,6 @@
 // mrstack-replay's options: the usage text and the parser.
 #include "cli.hpp"
+#include "spec/spec_detail.hpp"
 
 #include <mrstack/adaptor/logging_resource_adaptor.hpp>
 #include <mrstack/spec.hpp>
@@ -111,12 +112,16 @@ std::vector<std::string> logging_files(std::string const& spec) {
   } catch (spec_error const&) {
     return files;
   }
+  spec_resource const* entry = find_resource("logging");
   for (auto const& layer : parsed.layers) {
-    if (layer.name != "logging") { continue; }
+    if (layer.name != "logging" || entry == nullptr) { continue; }
+    // The file as the builder will bind it: by name, or by position, where a bare flag
+    // (`async`) takes none (`logging(async, x.csv)` logs to x.csv).
     std::string file;
-    for (std::size_t k = 0; k < layer.arguments.size(); ++k) {
-      auto const& argument = layer.arguments[k];
-      if (argument.name == "file" || (argument.name.empty() && k == 0)) { file = argument.value; }
+    try {
+      file = detail::argument_checker{parsed, nullptr, nullptr}.check(layer, *entry).text("file").value_or("");
+    } catch (spec_error const&) {
+      continue;  // refused when the stack is checked, with its own message
     }
     if (file.empty()) {
       if (char const* variable = std::getenv(logging_resource_adaptor::log_file_variable)) { file = variable; }
