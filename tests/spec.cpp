@@ -158,6 +158,16 @@ TEST_CASE("spec: sizes") {
   CHECK(parse_size("1GB") == 1000000000u);
   CHECK(parse_size("1TB") == 1000000000000u);
   CHECK(parse_size("0.1KiB") == 102u);  // fractions round down to whole bytes
+  // Exact decimal fractions are exact bytes (a binary float lost one: 49, 719, 0, 255, 1000).
+  CHECK(parse_size("0.05KB") == 50u);
+  CHECK(parse_size("0.72KB") == 720u);
+  CHECK(parse_size("0.001KB") == 1u);
+  CHECK(parse_size("0.256KB") == 256u);
+  CHECK(parse_size("1.001KB") == 1001u);
+  CHECK(parse_size("0.3TB") == 300000000000u);
+  CHECK(parse_size("0.999999999999999999999999999999KB") == 999u);
+  CHECK(parse_size("1.0000000000000000000000000000001KiB") == 1024u);
+  CHECK(parse_size("16777215.999TiB") == (std::size_t{16777215} << 40) + (std::size_t{999} << 40) / 1000);
   std::string why;
   CHECK_FALSE(parse_size("", &why));
   CHECK_THAT(why, Catch::Contains("expected a size"));

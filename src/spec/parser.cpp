@@ -100,13 +100,19 @@ std::optional<std::size_t> parse_size(std::string_view text, std::string* why) {
     if (whole > (std::numeric_limits<std::uint64_t>::max() - digit) / 10) { too_large = true; }
     whole = whole * 10 + digit;
   }
-  long double fraction = 0;  // the digits after '.', as a fraction in [0, 1)
+  // The digits after '.', exactly: fraction_digits / 10^fraction_places. A binary float
+  // made 0.05KB 49 bytes and 0.256KB 255. Digits past the 25th are ignored: together they
+  // weigh less than 10^-13 of a byte at the largest unit.
+  constexpr int max_fraction_places = 25;
+  __extension__ using wide = unsigned __int128;  // GCC's and Clang's 128-bit integer
+  wide fraction_digits = 0;
+  wide fraction_unit = 1;  // 10^fraction_places
   if (i < text.size() && text[i] == '.') {
     ++i;
-    long double place = 0.1L;
-    for (; i < text.size() && std::isdigit(static_cast<unsigned char>(text[i])) != 0; ++i, ++digits) {
-      fraction += place * static_cast<long double>(text[i] - '0');
-      place /= 10;
+    for (int places = 0; i < text.size() && std::isdigit(static_cast<unsigned char>(text[i])) != 0; ++i, ++digits) {
+      if (places++ == max_fraction_places) { continue; }
+      fraction_digits = fraction_digits * 10 + static_cast<unsigned>(text[i] - '0');
+      fraction_unit *= 10;
     }
   }
   if (digits == 0) { return fail("expected a number, then an optional unit (B, KiB, MiB, GiB, TiB, KB, MB, GB, TB)"); }
@@ -145,7 +151,8 @@ std::optional<std::size_t> parse_size(std::string_view text, std::string* why) {
   // Fractions round down to whole bytes: 0.1KiB is 102 bytes.
   if (too_large || whole > std::numeric_limits<std::size_t>::max() / scale) { return fail("the size is too large"); }
   std::size_t const whole_bytes = static_cast<std::size_t>(whole) * scale;
-  auto const fraction_bytes = static_cast<std::size_t>(fraction * static_cast<long double>(scale));
+  // < scale: 10^25 x 2^40 fits in 128 bits.
+  auto const fraction_bytes = static_cast<std::size_t>(fraction_digits * scale / fraction_unit);
   if (whole_bytes > std::numeric_limits<std::size_t>::max() - fraction_bytes) { return fail("the size is too large"); }
   return whole_bytes + fraction_bytes;
 }
