@@ -400,7 +400,7 @@ TEST_CASE("replay: a pool over simulated_vmm is measured by the physical memory 
   // One granule of 2 MiB holds all 8000 live bytes, mapped one granule at a time.
   auto const r = replay_stack(log, "pool > vmm(map_granules=1)", simulated());
   CHECK(r.complete());
-  CHECK(r.built_as == "pool > simulated_vmm(capacity=1099511627776)");
+  CHECK(r.built_as == "pool > simulated_vmm(map_granules=1, capacity=1099511627776)");
   CHECK(r.footprint_measured_by == "simulated_vmm's peak mapped physical memory");
   CHECK(r.peak_footprint_bytes == (2u << 20));
   CHECK_FALSE(r.footprint_lower_bound);
@@ -453,8 +453,15 @@ TEST_CASE("replay: the spec it builds: bottom replaced under simulation, meter a
   CHECK(to_string(replay_spec_for("simulated(capacity=1MiB)", true, 1024)) ==
         "footprint_meter > simulated(capacity=1MiB)");
   CHECK_THROWS_AS(replay_spec_for("cuda > cuda", true, 1024), spec_error);
+  // vmm's arguments that its twin takes too go with it (they were dropped: map_granules=1
+  // replayed as the default, reserve=1GiB never ran out); the rest mean nothing there.
+  CHECK(to_string(replay_spec_for("pool > vmm(reserve=1GiB, map_granules=1, peer_access=false)", true, 1024)) ==
+        "pool > simulated_vmm(reserve=1GiB, map_granules=1, capacity=1024)");
+  CHECK(to_string(replay_spec_for("pool > vmm(2GiB, ipc=none)", true, 1024)) ==
+        "pool > simulated_vmm(reserve=2147483648, capacity=1024)");
   // vmm is simulated by its twin, and measures its own footprint: no meter between it and the pool.
-  CHECK(to_string(replay_spec_for("pool > vmm(map_granules=1)", true, 1024)) == "pool > simulated_vmm(capacity=1024)");
+  CHECK(to_string(replay_spec_for("pool > vmm(map_granules=1)", true, 1024)) ==
+        "pool > simulated_vmm(map_granules=1, capacity=1024)");
   CHECK(to_string(replay_spec_for("pool > simulated_vmm", false, 1024)) == "pool > simulated_vmm");
 }
 
@@ -807,6 +814,20 @@ TEST_CASE("mrstack-replay --json: a log path or spec that is not UTF-8 is writte
   std::ifstream again{json, std::ios::binary};
   std::string const text2{std::istreambuf_iterator<char>{again}, std::istreambuf_iterator<char>{}};
   CHECK(text2.find("caf\xC3\xA9.csv") != std::string::npos);
+}
+
+TEST_CASE("mrstack-replay: a spec the replay cannot build is refused before the log is read") {
+  // 64 layers pass the spec check, but the replay adds a footprint_meter: said only after
+  // the log was read and the header printed.
+  std::string deep;
+  for (int i = 0; i < 63; ++i) { deep += "statistics > "; }
+  deep += "cuda";
+  auto const c = run_tool({(scratch_dir() / "no such log.csv").string(), "--simulate", "-r", deep});
+  INFO(c.out << c.err);
+  CHECK(c.status == 2);
+  CHECK_THAT(c.err, Catch::Contains("--resource: bad stack spec"));
+  CHECK_THAT(c.err, Catch::Contains("footprint_meter"));
+  CHECK(c.out.find("log:") == std::string::npos);
 }
 
 TEST_CASE("mrstack-replay: a logging layer that would write the log being replayed is refused before anything is written") {

@@ -182,7 +182,8 @@ struct spec_resource {
   /// footprint_meter above it and asks it instead.
   bool reports_own_footprint = false;
   /// Combinations of values the ranges alone cannot check (null: none). Runs when the stack
-  /// is built, and in `check_stack_spec` for layers with no percentage (unresolved there).
+  /// is built, and in `check_stack_spec`, where a size given as a percentage (a share of
+  /// memory not known yet) is absent from `args`: check only what is there.
   validate_fn validate = nullptr;
 };
 

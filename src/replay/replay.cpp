@@ -252,6 +252,40 @@ double median(std::vector<double> values) {
 
 }  // namespace
 
+/// The bottom's arguments that its simulation twin also takes, with the same type (vmm's
+/// `reserve` and `map_granules` for simulated_vmm), as the twin's arguments: dropped, a
+/// simulated `vmm(map_granules=1)` ran as the default and `vmm(reserve=1GiB)` never ran out.
+std::vector<spec_argument> arguments_the_twin_shares(stack_spec const& spec, spec_resource const& bottom,
+                                                     spec_resource const& twin) {
+  spec_arguments const bound = detail::argument_checker{spec, nullptr, nullptr}.check(spec.layers.back(), bottom);
+  std::vector<spec_argument> shared;
+  for (spec_parameter const& p : twin.parameters) {
+    if (p.name == twin.capacity_parameter) { continue; }
+    auto const same = std::find_if(bottom.parameters.begin(), bottom.parameters.end(), [&](spec_parameter const& b) {
+      return b.name == p.name && b.type == p.type;
+    });
+    if (same == bottom.parameters.end()) { continue; }
+    // A named argument keeps its text (a percentage is resolved against the simulated
+    // device, as the bottom's against the real one); a positional one its bound value.
+    auto const named = std::find_if(spec.layers.back().arguments.begin(), spec.layers.back().arguments.end(),
+                                    [&](spec_argument const& a) { return a.name == p.name; });
+    std::optional<std::string> text;
+    if (named != spec.layers.back().arguments.end()) {
+      text = named->value;
+    } else if (p.type == param_type::size) {
+      if (auto v = bound.size(p.name)) { text = std::to_string(*v); }
+    } else if (p.type == param_type::count) {
+      if (auto v = bound.count(p.name)) { text = std::to_string(*v); }
+    } else if (p.type == param_type::flag) {
+      if (auto v = bound.flag(p.name)) { text = *v ? "true" : "false"; }
+    } else if (p.type == param_type::text) {
+      text = bound.text(p.name);
+    }
+    if (text) { shared.push_back(spec_argument{p.name, *text, 0, 0}); }
+  }
+  return shared;
+}
+
 stack_spec replay_spec_for(std::string const& spec_text, bool simulate, std::size_t simulated_capacity) {
   stack_spec spec = parse_stack_spec(spec_text);
   check_stack_spec(spec);
@@ -264,8 +298,9 @@ stack_spec replay_spec_for(std::string const& spec_text, bool simulate, std::siz
       throw logic_error("mrstack-replay: " + bottom->name + "'s simulation twin '" + twin +
                         "' is not registered with a capacity parameter");
     }
-    spec.layers.back() = spec_layer{
-        twin, {spec_argument{twin_entry->capacity_parameter, std::to_string(simulated_capacity), 0, 0}}, 0};
+    std::vector<spec_argument> arguments = arguments_the_twin_shares(spec, *bottom, *twin_entry);
+    arguments.push_back(spec_argument{twin_entry->capacity_parameter, std::to_string(simulated_capacity), 0, 0});
+    spec.layers.back() = spec_layer{twin, std::move(arguments), 0};
   }
   bool const measured_by_bottom = find_resource(spec.layers.back().name)->reports_own_footprint;
   bool const has_meter = std::any_of(spec.layers.begin(), spec.layers.end(),

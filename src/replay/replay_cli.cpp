@@ -54,7 +54,8 @@ struct terminal_progress {
 
 /// The stacks to replay, each checked before the log is read. Returns false (after saying
 /// why) when one is not a valid spec.
-bool stacks_to_replay(arguments const& a, std::vector<std::string>& resources, std::FILE* err) {
+bool stacks_to_replay(arguments const& a, memory_setting const& memory, std::vector<std::string>& resources,
+                      std::FILE* err) {
   resources = a.resources;
   if (resources.empty()) {
     for (auto const& s : default_stacks) {
@@ -63,7 +64,9 @@ bool stacks_to_replay(arguments const& a, std::vector<std::string>& resources, s
   }
   for (auto const& spec : resources) {
     try {
-      check_stack_spec(parse_stack_spec(spec));
+      // As it will be built: its simulated bottom and the footprint_meter the replay adds
+      // (a 64-layer spec had its error only after the log was read).
+      (void)replay_spec_for(spec, memory.simulate, memory.capacity);
     } catch (spec_error const& e) {
       std::fprintf(err, "mrstack-replay: --resource: %s\n", e.what());
       return false;
@@ -212,14 +215,14 @@ bool outputs_writable(arguments const& a, std::FILE* err) {
 }
 
 int run(arguments const& a, std::FILE* out, std::FILE* err) {
-  std::vector<std::string> resources;
-  if (!stacks_to_replay(a, resources, err) || !outputs_writable(a, err)) { return 2; }
   memory_setting memory;
   memory.device = probe_device();
   // --shrink replays its stack hundreds of times: simulated memory keeps that fast.
   memory.simulate_asked = a.simulate || a.shrink_path.has_value();
   memory.simulate = memory.simulate_asked || !memory.device.available;
   memory.capacity = a.capacity.value_or(memory.device.available ? memory.device.total_bytes : std::size_t{80} << 30);
+  std::vector<std::string> resources;
+  if (!stacks_to_replay(a, memory, resources, err) || !outputs_writable(a, err)) { return 2; }
   allocation_log log;
   try {
     log = read_allocation_log(a.log_path, a.limits);

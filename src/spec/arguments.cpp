@@ -108,7 +108,7 @@ class layer_checker {
       seen_named = seen_named || !arg.name.empty();
       std::size_t const index = arg.name.empty() ? next_positional(arg, positional) : named(arg);
       mark_given(index, arg.name.empty() ? arg.value_column : arg.name_column);
-      args_.set(entry_.parameters[index].name, convert(arg, entry_.parameters[index]));
+      set_value(arg, entry_.parameters[index]);
     }
     apply_defaults();
     return std::move(args_);
@@ -163,7 +163,7 @@ class layer_checker {
       if (!given_[i] && param.default_is_value) {
         // A default in spec syntax counts as written, at the layer's column.
         spec_argument const implied{param.name, param.default_text, layer_.column, layer_.column};
-        args_.set(param.name, convert(implied, param));
+        set_value(implied, param);
         continue;
       }
       if (param.is_required && !given_[i]) {
@@ -171,6 +171,17 @@ class layer_checker {
                                 "), for example " + entry_.name + "(" + param.name + "=" + example_of(param.type) + ")");
       }
     }
+  }
+
+  /// Converts and records a value. Only checking, a percentage has nothing to be a share
+  /// of yet: it is checked for syntax and left out, so a combination check (`validate`)
+  /// still runs on every value that is known (arena's size, 50% by default, had kept its
+  /// other parameters unchecked until the stack was built).
+  void set_value(spec_argument const& arg, spec_parameter const& param) {
+    auto value = convert(arg, param);
+    std::string const text = trim(arg.value);
+    bool const unresolved = param.type == param_type::size && !context_.percent_base && !text.empty() && text.back() == '%';
+    if (!unresolved) { args_.set(param.name, std::move(value)); }
   }
 
   spec_arguments::value convert(spec_argument const& arg, spec_parameter const& param) {

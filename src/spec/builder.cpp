@@ -104,7 +104,7 @@ class spec_builder {
       checker.note = options_.on_note ? options_.on_note : note_once_to_stderr;
     }
     auto args = checker.check(layer, entry);
-    if (entry.validate != nullptr && (build_ || !checker.saw_percentage)) {
+    if (entry.validate != nullptr) {
       try {
         entry.validate(args);
       } catch (spec_parameter_error const& e) {

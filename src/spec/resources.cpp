@@ -74,8 +74,18 @@ void validate_fixed_size(spec_arguments const& a) {
 }
 
 void validate_binning(spec_arguments const& a) {
+  if (!a.has("max") || !a.has("min")) { return; }  // a percentage, unresolved while only checking
   if (*a.size("max") < *a.size("min")) {
     throw spec_parameter_error("max", "max " + bytes_text(*a.size("max")) + " is below min " + bytes_text(*a.size("min")));
+  }
+}
+
+void validate_vmm(spec_arguments const& a) {
+  try {
+    (void)vmm_memory_resource::parse_ipc_mode(a.text("ipc").value_or("auto"));
+  } catch (logic_error const&) {
+    // Checked with the spec, not first when the stack is built (and never under --simulate).
+    throw spec_parameter_error("ipc", "ipc=" + *a.text("ipc") + " is none of auto, none, fd, fabric");
   }
 }
 
@@ -177,6 +187,7 @@ std::vector<spec_resource> builtin_resources() {
                      a.flag("peer_access").value_or(true));
                },
                {}, "simulated_vmm", false, true});
+  r.back().validate = validate_vmm;
   r.push_back({"simulated_vmm", "the CPU twin of vmm: the same granule bookkeeping over fake addresses", bottom_resource,
                {size_param("capacity", optional_param, "physical memory of the simulated device", "unlimited"),
                 size_param("reserve", optional_param, "addresses to reserve", "1TiB").within(1, max_memory),
