@@ -278,6 +278,24 @@ class spec_parser {
     std::size_t end = pos_;
     while (end > begin && std::isspace(static_cast<unsigned char>(text_[end - 1])) != 0) { --end; }
     arg.value = std::string{text_.substr(begin, end - begin)};
+    if (arg.name.empty()) { refuse_malformed_name(arg); }
+  }
+
+  /// An unquoted positional value with '=' was meant as name=value with a name that is
+  /// not one (`queue-capacity=1024`, `=x.csv`): read as a value, it went to the first
+  /// parameter (a log file named 'queue-capacity=1024').
+  void refuse_malformed_name(spec_argument const& arg) const {
+    std::size_t const equals = arg.value.find('=');
+    if (equals == std::string::npos) { return; }
+    std::string const name = arg.value.substr(0, equals);
+    if (name.find_first_not_of(" \t") == std::string::npos) {
+      fail(arg.value_column, "a parameter name is missing before '='");
+    }
+    std::string fixed = name;
+    std::replace(fixed.begin(), fixed.end(), '-', '_');
+    fail(arg.value_column, "'" + name + "' is not a parameter name (names are letters, digits and '_'" +
+                               (fixed != name ? ": " + fixed + "?" : std::string{}) +
+                               "); a value with '=' in it must be quoted");
   }
 
   [[noreturn]] void unclosed(spec_layer const& layer, std::size_t open_column, std::string const& expected) {
@@ -311,13 +329,10 @@ bool needs_quotes(std::string_view value, bool positional) {
       std::isspace(static_cast<unsigned char>(value.back())) != 0) {
     return true;
   }
-  if (positional && is_name_start(value.front())) {
-    // A positional value that starts like `name =` would read back as a named argument
-    // (the parser takes a name followed by '=' as one), so it must be quoted.
-    std::size_t i = 1;
-    while (i < value.size() && is_name_char(value[i])) { ++i; }
-    while (i < value.size() && std::isspace(static_cast<unsigned char>(value[i])) != 0) { ++i; }
-    if (i < value.size() && value[i] == '=') { return true; }
+  if (positional && value.find('=') != std::string_view::npos) {
+    // Unquoted, `name=x` would read back as a named argument, and any other '=' as a
+    // malformed name (the parser refuses it): quoted, it stays a value.
+    return true;
   }
   return value.find_first_of(",)\"\\") != std::string_view::npos;
 }
