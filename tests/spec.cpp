@@ -213,6 +213,35 @@ TEST_CASE("spec: syntax errors point at the column and say what was expected") {
   CHECK_NOTHROW(check_stack_spec(parse_stack_spec("logging(\"a=b.csv\") > system")));  // quoted: a value
 }
 
+TEST_CASE("spec: a UTF-8 character is named as itself, and the caret stands under its character") {
+  // 'ó' was "a control character", and each multi-byte character before the error moved
+  // the caret one place right per extra byte.
+  try {
+    (void)parse_stack_spec("po\xC3\xB3l > cuda");
+    FAIL("expected a spec_error");
+  } catch (spec_error const& e) {
+    CHECK(e.column() == 3);
+    CHECK_THAT(e.what(), Catch::Contains("found '\xC3\xB3'"));
+  }
+  try {
+    check_stack_spec(parse_stack_spec("logging(file=donn\xC3\xA9""es.csv, bogus=1) > system"));
+    FAIL("expected a spec_error");
+  } catch (spec_error const& e) {
+    std::string const what = e.what();
+    CHECK(e.column() == 28);  // bytes
+    // One place per character: 'bogus' is the 27th character.
+    CHECK_THAT(what, Catch::Contains("\n  " + std::string(26, ' ') + "^"));
+  }
+  CHECK_THROWS_WITH(parse_stack_spec("po\xFFl > cuda"), Catch::Contains("byte 0xff, which is not UTF-8"));
+  // Line breaks between tokens are shown as spaces, so the caret lines up on one line.
+  try {
+    (void)parse_stack_spec("pool >\n cuda x");
+    FAIL("expected a spec_error");
+  } catch (spec_error const& e) {
+    CHECK_THAT(e.what(), Catch::Contains("\n  pool >  cuda x\n               ^"));
+  }
+}
+
 TEST_CASE("spec: unknown resources and parameters list the valid names") {
   require_spec_error("pol > cuda", 1, "unknown resource 'pol'");
   require_spec_error("probe > cdua", 9, "unknown resource 'cdua' (did you mean 'cuda'?); expected one of: ");

@@ -11,9 +11,11 @@
 // Values are context-dependent (a file name may hold '>' or '.'), so the lexer reads a
 // value only where the grammar expects one instead of tokenizing the whole line first.
 #include <mrstack/spec.hpp>
+#include <mrstack/detail/format.hpp>
 
 #include <algorithm>
 #include <cctype>
+#include <cstdio>
 #include <limits>
 
 #include "spec/spec_detail.hpp"
@@ -26,12 +28,22 @@ void throw_spec_error(std::string_view spec_text, std::size_t column, std::strin
   std::string message = "bad stack spec";
   if (column > 0) { message += " at column " + std::to_string(column); }
   message += ": " + what + "\n  ";
-  // Tabs would shift the caret; show them as spaces (the column count is unchanged).
+  // Tabs and line breaks (whitespace between tokens) would move the caret off its
+  // character: shown as spaces, the byte columns unchanged.
   std::string shown{spec_text};
-  std::replace(shown.begin(), shown.end(), '\t', ' ');
+  for (char& c : shown) {
+    if (c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f') { c = ' '; }
+  }
   message += shown;
   if (column > 0) {
-    message += "\n  " + std::string(column - 1, ' ') + "^";
+    // Columns count bytes; the caret goes under the character, one space per character
+    // before it (a UTF-8 character is several bytes and one place on the screen).
+    std::size_t places = 0;
+    for (std::size_t i = 0; i + 1 < column && i < spec_text.size(); ++i) {
+      places += (static_cast<unsigned char>(spec_text[i]) & 0xC0) != 0x80 ? 1 : 0;
+    }
+    places += column - 1 > spec_text.size() ? column - 1 - spec_text.size() : 0;  // past the end
+    message += "\n  " + std::string(places, ' ') + "^";
   } else {
     message += "\n  (in a part of the spec a tool added)";
   }
@@ -164,9 +176,23 @@ namespace {
 bool is_name_start(char c) { return std::isalpha(static_cast<unsigned char>(c)) != 0 || c == '_'; }
 bool is_name_char(char c) { return std::isalnum(static_cast<unsigned char>(c)) != 0 || c == '_'; }
 
-std::string describe_char(char c) {
+/// The character at text[at] as an error names it: quoted, a whole UTF-8 character
+/// included ('ó' was "a control character"), or what kind of byte it is.
+std::string describe_char(std::string_view text, std::size_t at) {
+  char const c = text[at];
   if (c == '\'') { return "\"'\""; }
-  if (std::isprint(static_cast<unsigned char>(c)) == 0) { return "a control character"; }
+  auto const byte = static_cast<unsigned char>(c);
+  if (byte >= 0x80) {
+    if (std::size_t const n = utf8_sequence_length(text, at)) {
+      std::string quoted(1, '\'');
+      quoted.append(text.substr(at, n)).push_back('\'');
+      return quoted;
+    }
+    char hex[8];
+    std::snprintf(hex, sizeof hex, "0x%02x", byte);
+    return std::string{"byte "} + hex + ", which is not UTF-8";
+  }
+  if (std::isprint(byte) == 0) { return "a control character"; }
   return std::string{"'"} + c + "'";
 }
 
@@ -185,7 +211,7 @@ class spec_parser {
       if (at_end()) { break; }
       if (peek() != '>') {
         fail(column(), "expected '>' (then the layer below) or the end of the spec after layer '" +
-                           spec.layers.back().name + "', found " + describe_char(peek()));
+                           spec.layers.back().name + "', found " + describe_char(text_, pos_));
       }
       ++pos_;
       skip_spaces();
@@ -198,7 +224,7 @@ class spec_parser {
   spec_layer parse_layer() {
     spec_layer layer;
     if (!is_name_start(peek())) {
-      fail(column(), "expected a resource name (letters, digits and '_'), found " + describe_char(peek()));
+      fail(column(), "expected a resource name (letters, digits and '_'), found " + describe_char(text_, pos_));
     }
     layer.column = column();
     layer.name = read_name();
@@ -246,7 +272,7 @@ class spec_parser {
         ++pos_;
         return;
       }
-      fail(column(), "expected ',' or ')' after the value, found " + describe_char(peek()));
+      fail(column(), "expected ',' or ')' after the value, found " + describe_char(text_, pos_));
     }
   }
 
@@ -255,7 +281,7 @@ class spec_parser {
     std::string const what = arg.name.empty() ? "an argument" : "a value for " + arg.name;
     if (at_end()) { fail(column(), "expected " + what + " in " + layer.name + "(...)"); }
     if (peek() == ',' || peek() == ')') {
-      fail(column(), "expected " + what + " before " + describe_char(peek()));
+      fail(column(), "expected " + what + " before " + describe_char(text_, pos_));
     }
     arg.value_column = column();
     if (peek() == '"') {
