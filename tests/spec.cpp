@@ -390,6 +390,29 @@ TEST_CASE("spec: the registry refuses duplicates and lists every resource sorted
   CHECK(find_resource("simulated")->capacity_parameter == "capacity");
 }
 
+TEST_CASE("spec: the registry refuses an entry no spec could use") {
+  // Each was accepted, and every use then failed at the user's spec.
+  auto const make = [](spec_arguments const&, resource_ptr) -> resource_ptr { return nullptr; };
+  auto entry = [&](std::string name, std::vector<spec_parameter> params) {
+    return spec_resource{std::move(name), "a test entry", upstream_rule::required, std::move(params), make};
+  };
+  CHECK_THROWS_WITH(register_resource(entry("my-res", {})), Catch::Contains("not a name a spec can write"));
+  CHECK_THROWS_WITH(register_resource(entry("odd_param", {size_param("a b", optional_param, "doc", "1")})),
+                    Catch::Contains("parameter 'a b' is not a name a spec can write"));
+  CHECK_THROWS_WITH(register_resource(entry("twice", {count_param("n", optional_param, "doc", "1"),
+                                                      count_param("n", optional_param, "doc", "2")})),
+                    Catch::Contains("parameter 'n' is listed twice"));
+  CHECK_THROWS_WITH(register_resource(entry("empty_range", {count_param("n", optional_param, "doc", "1").within(10, 5)})),
+                    Catch::Contains("range is empty (min 10 > max 5)"));
+  auto bad_default = size_param("size", optional_param, "doc", "lots");
+  bad_default.default_is_value = true;
+  CHECK_THROWS_WITH(register_resource(entry("bad_default", {bad_default})),
+                    Catch::Contains("default in spec syntax, 'lots', that its type refuses"));
+  for (char const* name : {"my-res", "odd_param", "twice", "empty_range", "bad_default"}) {
+    CHECK(find_resource(name) == nullptr);
+  }
+}
+
 TEST_CASE("spec: MRSTACK_RESOURCE picks the stack; its errors name the variable") {
   ::setenv("MRSTACK_RESOURCE", "footprint_meter > simulated(capacity=1MiB)", 1);
   auto const top = make_stack_from_environment();

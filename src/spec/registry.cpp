@@ -3,6 +3,7 @@
 #include <mrstack/spec_registry.hpp>
 
 #include <algorithm>
+#include <cctype>
 #include <iterator>
 #include <limits>
 #include <deque>
@@ -30,6 +31,47 @@ spec_parameter make_param(std::string name, param_type type, bool is_required, s
   return spec_parameter{std::move(name), type, is_required, std::move(default_text), std::move(doc)};
 }
 
+/// A name a spec can write: [A-Za-z_][A-Za-z0-9_]*.
+bool is_spec_name(std::string_view name) {
+  auto const start = [](char c) { return std::isalpha(static_cast<unsigned char>(c)) != 0 || c == '_'; };
+  auto const rest = [&](char c) { return start(c) || std::isdigit(static_cast<unsigned char>(c)) != 0; };
+  return !name.empty() && start(name.front()) && std::all_of(name.begin() + 1, name.end(), rest);
+}
+
+/// Refuses an entry no spec could use as registered: every use would fail, at the
+/// user's spec, for the registrant's mistake.
+void check_entry(spec_resource const& entry) {
+  std::string const who = "register_resource: " + entry.name;
+  if (!is_spec_name(entry.name)) {
+    throw logic_error(who + ": not a name a spec can write (letters, digits and '_', not first a digit)");
+  }
+  for (std::size_t i = 0; i < entry.parameters.size(); ++i) {
+    spec_parameter const& p = entry.parameters[i];
+    std::string const param = who + "'s parameter '" + p.name + "'";
+    if (!is_spec_name(p.name)) { throw logic_error(param + " is not a name a spec can write"); }
+    for (std::size_t j = 0; j < i; ++j) {
+      if (entry.parameters[j].name == p.name) { throw logic_error(param + " is listed twice"); }
+    }
+    if (p.range.min > p.range.max) {
+      throw logic_error(param + "'s range is empty (min " + std::to_string(p.range.min) + " > max " +
+                        std::to_string(p.range.max) + ")");
+    }
+    if (p.default_is_value && p.default_text.empty()) { throw logic_error(param + " defaults to no value"); }
+    if (p.default_is_value) {
+      // Converted as a written value would be, on a copy with only this parameter.
+      spec_resource alone{entry.name, entry.summary, entry.upstream, {p}, entry.make};
+      alone.parameters[0].is_required = false;
+      stack_spec const probe{entry.name, {spec_layer{entry.name, {}, 1}}};
+      try {
+        (void)detail::argument_checker{probe, nullptr, nullptr}.check(probe.layers[0], alone);
+      } catch (spec_error const& e) {
+        throw logic_error(param + " has a default in spec syntax, '" + p.default_text + "', that its type refuses: " +
+                          e.what());
+      }
+    }
+  }
+}
+
 struct registry {
   std::mutex mutex;
   std::deque<spec_resource> entries;
@@ -42,11 +84,7 @@ struct registry {
     if (entry.name.empty() || entry.make == nullptr) {
       throw logic_error("register_resource: an entry needs a name and a make function");
     }
-    for (auto const& p : entry.parameters) {
-      if (p.default_is_value && p.default_text.empty()) {
-        throw logic_error("register_resource: " + entry.name + "'s parameter '" + p.name + "' defaults to no value");
-      }
-    }
+    check_entry(entry);
     for (auto const& e : entries) {
       if (e.name == entry.name) { throw logic_error("register_resource: '" + entry.name + "' is already registered"); }
     }
