@@ -498,7 +498,10 @@ TEST_CASE("fragmentation: every answer keeps live + free within held while threa
       {"pool", std::make_shared<pool_memory_resource>(sim, 0, std::nullopt, sharded)},
       {"binning", std::make_shared<binning_memory_resource>(sim, 256, 64 * KiB)},
   };
-  for (auto const& [name, mr] : resources) {
+  for (auto const& entry : resources) {
+    // Not a structured binding: lambdas below capture the resource (clang 14 refuses bindings there).
+    std::string const name = entry.first;
+    resource_ptr const mr = entry.second;
     CAPTURE(name);
     std::atomic<bool> stop{false};
     std::vector<std::thread> threads;
