@@ -143,11 +143,16 @@ class spec_arguments {
 class spec_parameter_error : public logic_error {
  public:
   spec_parameter_error(std::string parameter, std::string const& message)
-      : logic_error{message}, parameter_{std::move(parameter)} {}
-  [[nodiscard]] std::string const& parameter() const noexcept { return parameter_; }
+      : logic_error{message}, parameters_{std::move(parameter)} {}
+  /// A combination: the error points at the first of `parameters` the spec writes (one
+  /// left at its default cannot be pointed at).
+  spec_parameter_error(std::vector<std::string> parameters, std::string const& message)
+      : logic_error{message}, parameters_{std::move(parameters)} {}
+  [[nodiscard]] std::string const& parameter() const noexcept { return parameters_.front(); }
+  [[nodiscard]] std::vector<std::string> const& parameters() const noexcept { return parameters_; }
 
  private:
-  std::string parameter_;
+  std::vector<std::string> parameters_;
 };
 
 /// Whether a resource sits above another (adaptors, suballocators) or at the bottom.

@@ -108,7 +108,11 @@ class spec_builder {
       try {
         entry.validate(args);
       } catch (spec_parameter_error const& e) {
-        fail(column_of(layer, entry, e.parameter()), "bad arguments for " + entry.name + ": " + e.what());
+        std::size_t column = layer.column;
+        for (auto const& name : e.parameters()) {
+          if (column == layer.column) { column = column_of(layer, entry, name); }
+        }
+        fail(column, "bad arguments for " + entry.name + ": " + e.what());
       }
     }
     return args;

@@ -58,7 +58,8 @@ std::string bytes_text(std::uint64_t bytes) { return size_in_spec_units(bytes); 
 void validate_pool(spec_arguments const& a) {
   auto const max = a.size("max");
   if (max && a.size("initial").value_or(0) > *max) {
-    throw spec_parameter_error("initial", "initial " + bytes_text(*a.size("initial")) + " exceeds max " + bytes_text(*max));
+    throw spec_parameter_error(std::vector<std::string>{"initial", "max"},
+                               "initial " + bytes_text(*a.size("initial")) + " exceeds max " + bytes_text(*max));
   }
 }
 
@@ -68,15 +69,16 @@ void validate_fixed_size(spec_arguments const& a) {
   std::uint64_t const blocks =
       a.count("blocks_to_preallocate").value_or(fixed_size_memory_resource::default_blocks_to_preallocate);
   if (block * blocks > TiB) {  // both are bounded by their ranges: no overflow
-    throw spec_parameter_error("blocks_to_preallocate", std::to_string(blocks) + " blocks of " + bytes_text(block) +
-                                                            " make a chunk of more than 1TiB");
+    throw spec_parameter_error(std::vector<std::string>{"blocks_to_preallocate", "block_size"},
+                               std::to_string(blocks) + " blocks of " + bytes_text(block) + " make a chunk of more than 1TiB");
   }
 }
 
 void validate_binning(spec_arguments const& a) {
   if (!a.has("max") || !a.has("min")) { return; }  // a percentage, unresolved while only checking
   if (*a.size("max") < *a.size("min")) {
-    throw spec_parameter_error("max", "max " + bytes_text(*a.size("max")) + " is below min " + bytes_text(*a.size("min")));
+    throw spec_parameter_error(std::vector<std::string>{"max", "min"},
+                               "max " + bytes_text(*a.size("max")) + " is below min " + bytes_text(*a.size("min")));
   }
 }
 
@@ -94,9 +96,9 @@ void validate_arena(spec_arguments const& a) {
   std::uint64_t const superblock = a.size("superblock_size").value_or(defaults.superblock_size);
   std::uint64_t const small = a.size("max_small_size").value_or(defaults.max_small_size);
   if (small % 256 != 0 || small > superblock / 2) {
-    throw spec_parameter_error("max_small_size", "max_small_size " + bytes_text(small) +
-                                                     " must be a multiple of 256B and at most half the superblock (" +
-                                                     bytes_text(superblock) + ")");
+    throw spec_parameter_error(std::vector<std::string>{"max_small_size", "superblock_size"},
+                               "max_small_size " + bytes_text(small) +
+                                   " must be a multiple of 256B and at most half the superblock (" + bytes_text(superblock) + ")");
   }
 }
 
