@@ -7,10 +7,12 @@
 
 #include <mrstack/adaptor/logging_resource_adaptor.hpp>
 #include <mrstack/log/allocation_log.hpp>
+#include <mrstack/replay/footprint_meter.hpp>
 #include <mrstack/replay/replay.hpp>
 #include <mrstack/spec_registry.hpp>
 #include <mrstack/upstream/simulated_memory_resource.hpp>
 
+#include <atomic>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -18,6 +20,7 @@
 #include <mutex>
 #include <random>
 #include <sstream>
+#include <thread>
 
 #include <unistd.h>
 
@@ -854,4 +857,23 @@ TEST_CASE("mrstack-replay: a logging layer that would write the log being replay
   CHECK_THAT(from_variable.err, Catch::Contains("the log itself"));
   auto const elsewhere = (scratch_dir() / "logged_elsewhere.csv").string();
   CHECK(run_tool({log_path, "--simulate", "-r", "logging(file=" + elsewhere + ") > cuda"}).status == 0);
+}
+
+TEST_CASE("footprint_meter: a reset racing allocations never leaves the peak below the bytes held") {
+  // reset_peak's store could overwrite the raise of an allocation that had seen a higher
+  // peak and left it: the peak ended below the bytes held (4 of 200 rounds).
+  for (int round = 0; round < 200; ++round) {
+    footprint_meter meter{std::make_shared<simulated_memory_resource>()};
+    std::atomic<bool> done{false};
+    std::thread resetter{[&] {
+      while (!done.load(std::memory_order_relaxed)) { meter.reset_peak(); }
+    }};
+    std::vector<void*> blocks;
+    for (int i = 0; i < 2000; ++i) { blocks.push_back(meter.allocate(256)); }
+    done = true;
+    resetter.join();
+    INFO("round " << round);
+    REQUIRE(meter.peak_bytes_held() >= meter.bytes_held());
+    for (void* p : blocks) { meter.deallocate(p, 256); }
+  }
 }

@@ -96,3 +96,12 @@ TEST_CASE("simulated: randomized model — no overlap, alignment, exact footprin
     }
   }
 }
+
+TEST_CASE("simulated: a range past the top of the address space is refused at construction") {
+  // It wrapped: the second 256-byte block was nullptr, a 512-byte one 0x100.
+  CHECK_THROWS_WITH(simulated_memory_resource(SIZE_MAX, 0xffffffffffffff00, 1 << 20),
+                    Catch::Contains("passes the top of the address space"));
+  CHECK_THROWS(simulated_memory_resource(SIZE_MAX, 0xffffffffffffff00, 256));  // its end, 2^64, wraps to 0
+  simulated_memory_resource last{SIZE_MAX, 0xfffffffffffffe00, 256};  // the highest range it can have
+  CHECK(last.allocate(256) == reinterpret_cast<void*>(0xfffffffffffffe00));
+}

@@ -4,6 +4,7 @@
 #include <catch2/catch.hpp>
 
 #include <mrstack/upstream/simulated_memory_resource.hpp>
+#include <mrstack/spec.hpp>
 #include <mrstack/upstream/simulated_vmm_memory_resource.hpp>
 
 #include <map>
@@ -200,7 +201,7 @@ TEST_CASE("simulated_vmm: instances get disjoint fake ranges, and addresses are 
 TEST_CASE("simulated_vmm: bad parameters name themselves") {
   CHECK_THROWS_WITH(simulated_vmm_memory_resource(G, 3000), Catch::Contains("granularity 3000 B must be a power of two"));
   CHECK_THROWS_WITH(simulated_vmm_memory_resource(0), Catch::Contains("must be non-zero"));
-  CHECK_THROWS_WITH(simulated_vmm_memory_resource(G, G, 1, 0), Catch::Contains("map_granules (0)"));
+  CHECK_THROWS_WITH(simulated_vmm_memory_resource(G, G, 1, 0), Catch::Contains("map_granules must be at least 1"));
   simulated_vmm_memory_resource rounded{G + 1};
   CHECK(rounded.range_bytes() == 2 * G);
 }
@@ -238,4 +239,14 @@ TEST_CASE("simulated_vmm: randomized plain-upstream traffic keeps committed == l
     for (auto const& [p, n] : live) { vmm.deallocate(p, n); }
     CHECK(vmm.mapped_bytes() == 0);
   }
+}
+
+TEST_CASE("simulated_vmm: a reserve of more granules than it keeps books for, or no granules per map, is refused clearly") {
+  // A bit per granule is made up front: 16 TiB of 256-byte granules took 8 GB and 21 s;
+  // 256 TiB threw a bare bad_alloc.
+  CHECK_THROWS_WITH(simulated_vmm_memory_resource(std::size_t{16} << 40, 256), Catch::Contains("more than the 2147483648"));
+  CHECK_THROWS_WITH(simulated_vmm_memory_resource(std::size_t{0x7fffffffffffffff}, 2 * MiB), Catch::Contains("granules"));
+  CHECK_THROWS_WITH(simulated_vmm_memory_resource(64 * MiB, 2 * MiB, unlimited, 0),
+                    Catch::Contains("simulated_vmm: map_granules must be at least 1"));
+  CHECK_THROWS_AS(make_stack("simulated_vmm(reserve=16TiB, granularity=256B)"), spec_error);
 }

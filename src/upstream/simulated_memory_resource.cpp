@@ -15,6 +15,11 @@ simulated_memory_resource::simulated_memory_resource(std::size_t capacity, std::
       base == 0) {
     throw logic_error("simulated: base " + format_hex(base) + " must be non-zero and 256-byte aligned, range at least 256 B");
   }
+  if (range > std::numeric_limits<std::uintptr_t>::max() - base) {
+    // Past the top of the address space the range wrapped: it handed out nullptr and 0x100.
+    throw logic_error("simulated: base " + format_hex(base) + " + range " + std::to_string(range) +
+                      " B passes the top of the address space");
+  }
   free_.emplace(base, detail::align_down(range, default_alignment));
 }
 

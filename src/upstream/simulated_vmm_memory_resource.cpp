@@ -12,19 +12,32 @@ std::size_t checked_granularity(std::size_t granularity) {
   }
   return granularity;
 }
+/// Granules a simulated range may have: its bookkeeping holds a bit per granule, made up
+/// front (2^31 granules: 256 MiB of bits). 256 TiB at 256 B granules asked 128 GiB.
+constexpr std::size_t max_granules = std::size_t{1} << 31;
+
 std::size_t checked_reserve(std::size_t reserve, std::size_t granularity) {
-  std::size_t const rounded = detail::align_up(reserve, granularity);
-  if (reserve == 0 || rounded == std::numeric_limits<std::size_t>::max()) {
+  if (reserve == 0 || reserve > std::numeric_limits<std::size_t>::max() - granularity) {
     throw logic_error("simulated_vmm: reserve of " + std::to_string(reserve) + " B must be non-zero and representable");
   }
+  std::size_t const rounded = detail::align_up(reserve, granularity);
+  if (rounded / granularity > max_granules) {
+    throw logic_error("simulated_vmm: reserve of " + format_bytes(reserve) + " in granules of " + format_bytes(granularity) +
+                      " is " + std::to_string(rounded / granularity) + " granules, more than the " +
+                      std::to_string(max_granules) + " it keeps books for: reserve less, or use a larger granularity");
+  }
   return rounded;
+}
+std::size_t checked_map_granules(std::size_t map_granules) {
+  if (map_granules == 0) { throw logic_error("simulated_vmm: map_granules must be at least 1"); }
+  return map_granules;
 }
 }  // namespace
 
 simulated_vmm_memory_resource::simulated_vmm_memory_resource(std::size_t reserve_bytes, std::size_t granularity,
                                                              std::size_t capacity, std::size_t map_granules)
     : virtual_range_resource("simulated_vmm", 0, checked_reserve(reserve_bytes, checked_granularity(granularity)),
-                             granularity, map_granules, *this),
+                             granularity, checked_map_granules(map_granules), *this),
       capacity_{capacity} {}
 
 simulated_vmm_memory_resource::~simulated_vmm_memory_resource() { release_everything(); }

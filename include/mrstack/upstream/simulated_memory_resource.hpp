@@ -5,7 +5,8 @@
 /// never gave out, or a wrong size, is a `logic_error`. An optional capacity makes it
 /// refuse like a full device (`out_of_memory`). Use it to test suballocators without a
 /// GPU and to replay logs of any size on any machine. Freed address ranges are reused
-/// (best fit over an address-ordered free map), so long replays never run out of range.
+/// (first fit over an address-ordered free map: the lowest free range that fits), so long
+/// replays never run out of range.
 /// Thread-safe (one mutex: it is a test and replay tool, not a hot path).
 /// Never dereference its pointers.
 #include <cstdint>
