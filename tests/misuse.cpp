@@ -12,6 +12,7 @@
 #include <mrstack/suballoc/fixed_size_memory_resource.hpp>
 #include <mrstack/suballoc/pool_memory_resource.hpp>
 #include <mrstack/upstream/simulated_memory_resource.hpp>
+#include <mrstack/upstream/simulated_vmm_memory_resource.hpp>
 #include <mrstack/upstream/system_memory_resource.hpp>
 
 #include <algorithm>
@@ -545,4 +546,20 @@ TEST_CASE("fragmentation: every answer keeps live + free within held while threa
     CHECK(broken == 0);
     CHECK(mr->fragmentation().live_bytes == 0);
   }
+}
+
+TEST_CASE("misuse: a pool growing in place whose sizes fit no whole granule is refused at construction") {
+  auto vmm = std::make_shared<simulated_vmm_memory_resource>();  // 2 MiB granules
+  // Every allocation of this one was refused ("the maximum of 0 B").
+  CHECK_THROWS_WITH(pool_memory_resource(vmm, 0, 1 * MiB),
+                    Catch::Contains("the maximum size 1.00 MiB") && Catch::Contains("less than one of simulated_vmm's granules"));
+  // This one failed inside the growth code: "in_place_growth: initial size 4194304 B is above the maximum 2097152 B".
+  CHECK_THROWS_WITH(pool_memory_resource(vmm, 3 * MiB, 3 * MiB),
+                    Catch::Contains("pool: the initial size 3.00 MiB") && Catch::Contains("rounded down to them (2.00 MiB"));
+  pool_memory_resource fits{vmm, 2 * MiB, 3 * MiB};
+  fits.deallocate(fits.allocate(1 * MiB), 1 * MiB);
+  pool_options chunks;
+  chunks.grow_in_place = false;  // chunks of any size: the sizes need not fit granules
+  pool_memory_resource chunked{std::make_shared<simulated_memory_resource>(), 0, 1 * MiB, chunks};
+  chunked.deallocate(chunked.allocate(512 * KiB), 512 * KiB);
 }

@@ -56,6 +56,7 @@ pool_memory_resource::pool_memory_resource(resource_ptr upstream, std::size_t in
     growth.maximum_bytes = maximum_size_.value_or(std::numeric_limits<std::size_t>::max());
     growth.release_threshold = options_.release_threshold;
     if (auto* range = dynamic_cast<virtual_range*>(upstream_.get())) {
+      check_whole_granules(initial, range->granularity());
       growth_ = std::make_unique<detail::in_place_pool_growth>(*range, growth);
     }
   }
@@ -111,6 +112,25 @@ pool_memory_resource::~pool_memory_resource() {
     } catch (std::exception const& e) {
       std::fprintf(stderr, "mrstack: pool destructor could not return a chunk to its upstream: %s\n", e.what());
     }
+  }
+}
+
+void pool_memory_resource::check_whole_granules(std::size_t initial, std::size_t granule) const {
+  // Growing in place maps whole granules: the initial size rounds up to them and the
+  // maximum down. A maximum below one granule made a pool that refused every allocation
+  // ("the maximum of 0 B"); an initial size that rounds past the maximum failed inside the
+  // growth code, naming neither.
+  if (!maximum_size_) { return; }
+  std::string const upstream = upstream_->name() + "'s granules of " + format_bytes(granule);
+  std::size_t const usable = *maximum_size_ / granule * granule;
+  if (usable == 0) {
+    throw logic_error("pool: the maximum size " + format_bytes(*maximum_size_) + " is less than one of " + upstream +
+                      ", the unit it grows in place by: give a maximum of at least one granule, or grow_in_place=false");
+  }
+  if (detail::align_up(initial, granule) > usable) {
+    throw logic_error("pool: the initial size " + format_bytes(initial) + ", rounded up to whole " + upstream +
+                      ", passes the maximum size " + format_bytes(*maximum_size_) + " rounded down to them (" +
+                      format_bytes(usable) + ")");
   }
 }
 

@@ -207,6 +207,8 @@ class pool_memory_resource final : public memory_resource {
   [[noreturn]] void throw_out_of_memory(std::size_t bytes, std::string why) const;
   /// The same refusal, its footprint and free memory read again with the thread shards'.
   [[noreturn]] void throw_out_of_memory_counting_shards(allocation_failure info) const;
+  /// Growing in place over a range of `granule`-byte granules: the sizes fit whole granules.
+  void check_whole_granules(std::size_t initial, std::size_t granule) const;
   /// do_allocate past its size checks.
   void* allocate_checked(std::size_t bytes, std::size_t alignment, stream_view stream);
   void* grow_in_place_and_allocate(std::size_t bytes, std::size_t size, std::size_t alignment,
