@@ -62,7 +62,13 @@ bool is_asleep_span(std::map<std::size_t, std::size_t> const& asleep, std::size_
   auto it = asleep.upper_bound(first);
   if (it == asleep.begin()) { return false; }
   --it;
-  return it->first <= first && last <= it->second;  // stretches are maximal, so one holds the span
+  // Stretches end at run boundaries (granule_map::committed_stretches), so the span may
+  // cover several that follow one another.
+  for (std::size_t covered = first; it != asleep.end() && it->first <= covered; ++it) {
+    covered = std::max(covered, it->second);
+    if (covered >= last) { return true; }
+  }
+  return false;
 }
 
 range_registry& registry() {

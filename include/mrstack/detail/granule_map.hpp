@@ -185,13 +185,16 @@ class granule_map {
     return released;
   }
 
-  /// The committed granules as maximal [first, last) stretches, in address order.
+  /// The committed granules as [first, last) stretches in address order, each as long as
+  /// it can be within one run: committed again one by one, they are mapped as the same
+  /// runs (a stretch joining two runs had been mapped as one after a sleep, so that freeing
+  /// the memory of one of them could not unmap its granules).
   [[nodiscard]] std::vector<std::pair<std::size_t, std::size_t>> committed_stretches() const {
     std::vector<std::pair<std::size_t, std::size_t>> out;
     for (auto const& [first, r] : runs_) {
       for (std::size_t g = first; g < first + r.count; ++g) {
         if (!is_committed(g)) { continue; }
-        if (!out.empty() && out.back().second == g) {
+        if (!out.empty() && out.back().second == g && g != first) {
           ++out.back().second;
         } else {
           out.emplace_back(g, g + 1);
