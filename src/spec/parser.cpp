@@ -176,6 +176,14 @@ namespace {
 bool is_name_start(char c) { return std::isalpha(static_cast<unsigned char>(c)) != 0 || c == '_'; }
 bool is_name_char(char c) { return std::isalnum(static_cast<unsigned char>(c)) != 0 || c == '_'; }
 
+}  // namespace
+
+bool detail::is_spec_name(std::string_view name) {
+  return !name.empty() && is_name_start(name.front()) && std::all_of(name.begin() + 1, name.end(), is_name_char);
+}
+
+namespace {
+
 /// The character at text[at] as an error names it: quoted, a whole UTF-8 character
 /// included ('ó' was "a control character"), or what kind of byte it is.
 std::string describe_char(std::string_view text, std::size_t at) {

@@ -3,7 +3,6 @@
 #include <mrstack/spec_registry.hpp>
 
 #include <algorithm>
-#include <cctype>
 #include <iterator>
 #include <limits>
 #include <deque>
@@ -31,24 +30,17 @@ spec_parameter make_param(std::string name, param_type type, bool is_required, s
   return spec_parameter{std::move(name), type, is_required, std::move(default_text), std::move(doc)};
 }
 
-/// A name a spec can write: [A-Za-z_][A-Za-z0-9_]*.
-bool is_spec_name(std::string_view name) {
-  auto const start = [](char c) { return std::isalpha(static_cast<unsigned char>(c)) != 0 || c == '_'; };
-  auto const rest = [&](char c) { return start(c) || std::isdigit(static_cast<unsigned char>(c)) != 0; };
-  return !name.empty() && start(name.front()) && std::all_of(name.begin() + 1, name.end(), rest);
-}
-
 /// Refuses an entry no spec could use as registered: every use would fail, at the
 /// user's spec, for the registrant's mistake.
 void check_entry(spec_resource const& entry) {
   std::string const who = "register_resource: " + entry.name;
-  if (!is_spec_name(entry.name)) {
+  if (!detail::is_spec_name(entry.name)) {
     throw logic_error(who + ": not a name a spec can write (letters, digits and '_', not first a digit)");
   }
   for (std::size_t i = 0; i < entry.parameters.size(); ++i) {
     spec_parameter const& p = entry.parameters[i];
     std::string const param = who + "'s parameter '" + p.name + "'";
-    if (!is_spec_name(p.name)) { throw logic_error(param + " is not a name a spec can write"); }
+    if (!detail::is_spec_name(p.name)) { throw logic_error(param + " is not a name a spec can write"); }
     for (std::size_t j = 0; j < i; ++j) {
       if (entry.parameters[j].name == p.name) { throw logic_error(param + " is listed twice"); }
     }

@@ -14,6 +14,9 @@ namespace mrstack::detail {
 /// `column` (1-based; 0 = no column, when a tool added the offending part).
 [[noreturn]] void throw_spec_error(std::string_view spec_text, std::size_t column, std::string const& what);
 
+/// Whether `name` is one the spec syntax reads as a name: [A-Za-z_][A-Za-z0-9_]*.
+bool is_spec_name(std::string_view name);
+
 /// "a, b or c" for error messages.
 std::string join_alternatives(std::vector<std::string> const& names);
 
