@@ -129,6 +129,14 @@ TEST_CASE("misuse: binning refuses foreign, double and wrong-size frees and says
     CHECK_THROWS_WITH(mr.deallocate(small, 1 * MiB), Catch::Contains("allocated from the 256 B bin"));
     // Alignment routes too: a 256 B block freed with 4 KiB alignment goes to the 4 KiB bin.
     CHECK_THROWS_WITH(mr.deallocate(small, 256, {}, 4096), Catch::Contains("allocated from the 256 B bin"));
+    // A large block freed with a bin's size: the bin cannot know it, binning says where
+    // the free went and how large blocks are freed, and the block stays live.
+    void* big_block = mr.allocate(1 * MiB);
+    CHECK_THROWS_WITH(mr.deallocate(big_block, 256),
+                      Catch::Contains(hex(big_block)) && Catch::Contains("went to the 256 B bin") &&
+                          Catch::Contains("no bin holds it live") && Catch::Contains("large-allocation resource (" +
+                                                                                      mr.large_resource().name() + ")"));
+    mr.deallocate(big_block, 1 * MiB);
     void* foreign = sys->allocate(512);
     CHECK_THROWS_WITH(mr.deallocate(foreign, 512), Catch::Contains("not a block it handed out"));
     mr.deallocate(small, 256);

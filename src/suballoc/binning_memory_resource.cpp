@@ -94,7 +94,7 @@ void binning_memory_resource::add_bin(std::size_t size, resource_ptr resource, s
 }
 
 void binning_memory_resource::explain_bad_free(void const* ptr, std::size_t bytes, std::size_t alignment,
-                                               memory_resource const& routed_to) const {
+                                               memory_resource const& routed_to, char const* refusal) const {
   // Only reached after the resource that (bytes, alignment) routes to refused the free:
   // when another bin holds that block live, the size (or alignment) given is wrong.
   for (auto const& b : bins_) {
@@ -107,6 +107,17 @@ void binning_memory_resource::explain_bad_free(void const* ptr, std::size_t byte
                       std::to_string(b.size) + " B bin (requests of up to " + std::to_string(b.size) +
                       " B), but that size goes to " + routed + ", which refused it; nothing was changed");
   }
+  if (&routed_to == large_) { return; }
+  // A bin refused it and no bin holds it live: a double free, a foreign pointer, or a
+  // block of the large resource freed with a bin's size. The bin cannot tell which; say
+  // where the free went and what the large resource's blocks are freed with.
+  auto const bin = std::find_if(bins_.begin(), bins_.end(), [&](auto const& b) { return b.resource.get() == &routed_to; });
+  if (bin == bins_.end()) { return; }
+  throw logic_error("binning: deallocate of " + format_hex(ptr) + " with size " + std::to_string(bytes) +
+                    " B (alignment " + std::to_string(alignment) + ") went to the " + std::to_string(bin->size) +
+                    " B bin, which refused it (" + refusal + "); no bin holds it live. A block of the " +
+                    "large-allocation resource (" + large_->name() + ") is freed with the size it was allocated " +
+                    "with, over " + std::to_string(largest_bin_) + " B");
 }
 
 fragmentation_info binning_memory_resource::do_fragmentation() const {

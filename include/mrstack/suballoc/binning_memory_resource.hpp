@@ -73,13 +73,16 @@ class binning_memory_resource final : public memory_resource {
     memory_resource* const routed = target(bytes, alignment);
     try {
       routed->deallocate(ptr, bytes, stream, alignment);
-    } catch (logic_error const&) {
-      explain_bad_free(ptr, bytes, alignment, *routed);
+    } catch (logic_error const& refusal) {
+      explain_bad_free(ptr, bytes, alignment, *routed, refusal.what());
       throw;
     }
   }
-  /// After a refused free: throws a clearer logic_error when another bin holds `ptr` live.
-  void explain_bad_free(void const* ptr, std::size_t bytes, std::size_t alignment, memory_resource const& routed_to) const;
+  /// After a refused free: throws a clearer logic_error when another bin holds `ptr` live,
+  /// or when a bin refused it and no bin holds it (then it may be a large block freed with
+  /// a bin's size).
+  void explain_bad_free(void const* ptr, std::size_t bytes, std::size_t alignment, memory_resource const& routed_to,
+                        char const* refusal) const;
   fragmentation_info do_fragmentation() const override;
   bool do_is_equal(memory_resource const& other) const noexcept override { return this == &other; }
   std::string do_name() const override { return "binning"; }
