@@ -59,6 +59,7 @@ std::string ns_text(double ns) {
 }
 
 std::string ratio_text(double r) {
+  if (std::isnan(r)) { return "-"; }  // nothing was live: no ratio
   char buf[32];
   std::snprintf(buf, sizeof buf, "%.3fx", r);
   return buf;

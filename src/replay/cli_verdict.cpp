@@ -1,6 +1,8 @@
 // mrstack-replay's conclusions: the notes under the table and the verdict.
 #include "cli.hpp"
 
+#include <cmath>
+
 namespace mrstack::replay_cli {
 
 namespace {
@@ -59,6 +61,7 @@ std::string verdict_text(std::vector<replay_result> const& results) {
     // between threads must not decide which allocator is fastest.
     if (fastest == nullptr || r.ns_per_call < fastest->ns_per_call) { fastest = &r; }
     if (r.footprint_lower_bound) { continue; }  // an exact-fit lower bound would always "win"
+    if (std::isnan(r.footprint_ratio())) { continue; }  // nothing was live: nothing to fit
     if (compact == nullptr || r.footprint_ratio() < compact->footprint_ratio() ||
         (r.footprint_ratio() == compact->footprint_ratio() && r.ns_per_call < compact->ns_per_call)) {
       compact = &r;

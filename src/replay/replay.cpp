@@ -202,8 +202,10 @@ one_run run_once(allocation_log const& log, stack_spec const& spec, replay_optio
   // The footprint is the timed run's own: the peak restarts from what the stack holds
   // just before it (after a warm-up, what the warm-up left cached counts, since the stack
   // really holds it during the timed run; a higher transient peak of the warm-up does not).
+  std::size_t upstream_calls_before = 0;  // the warm-up's calls are not the timed run's
   try {
     stack.start_peak();
+    upstream_calls_before = stack.upstream_calls();
   } catch (std::exception const& e) {
     out.error = std::string{"before the replay: "} + e.what();
     return out;
@@ -226,7 +228,7 @@ one_run run_once(allocation_log const& log, stack_spec const& spec, replay_optio
   try {
     if (real_streams) { streams.synchronize(); }
     out.peak_footprint = stack.peak();
-    out.upstream_allocations = stack.upstream_calls();
+    out.upstream_allocations = stack.upstream_calls() - upstream_calls_before;
   } catch (std::exception const& e) {
     if (s.error.empty()) { s.error = std::string{"after the replay: "} + e.what(); }
   }

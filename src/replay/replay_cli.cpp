@@ -159,6 +159,10 @@ int shrink(arguments const& a, allocation_log const& log, memory_setting const& 
     // stack, exit 1, not unusable input.
     std::fprintf(out, "\nshrink: %s cannot be replayed to shrink the log: %s\n", a.resources.front().c_str(), e.what());
     return 1;
+  } catch (...) {
+    std::fprintf(out, "\nshrink: %s cannot be replayed to shrink the log: it threw an exception that is not a "
+                      "std::exception\n", a.resources.front().c_str());
+    return 1;
   }
   if (!s.failed) {
     if (replayed) {
@@ -294,6 +298,10 @@ int run_tool(std::vector<std::string> const& args, std::FILE* out, std::FILE* er
   } catch (std::exception const& e) {
     std::fprintf(err, "mrstack-replay: %s\n", e.what());
     return 2;
+  } catch (...) {
+    // Only a stack (a resource registered by the program embedding the tool) throws so.
+    std::fprintf(err, "mrstack-replay: a stack threw an exception that is not a std::exception\n");
+    return 1;
   }
 }
 

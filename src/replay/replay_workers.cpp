@@ -311,8 +311,14 @@ bool run_state::run_event(std::uint32_t i, double& inside_ns) {
       if (count_live) { live_now.fetch_sub(e.bytes, std::memory_order_relaxed); }
     }  // else refused: its free is skipped
   } catch (std::bad_alloc const& refusal) {
-    states[e.allocation].store(allocation_state::refused, std::memory_order_release);
     std::lock_guard lock{failure_mutex};
+    if (e.action != log_action::allocate) {
+      // A free cannot be refused for want of memory: the stack is broken, and the block
+      // stays live (`made`) for the leftovers' frees.
+      note_error_locked(i, log->event_lines[i], "", refusal.what());
+      return false;
+    }
+    states[e.allocation].store(allocation_state::refused, std::memory_order_release);
     ++failures;
     if (i < first_failure_event) {
       first_failure_event = i;
@@ -320,7 +326,7 @@ bool run_state::run_event(std::uint32_t i, double& inside_ns) {
       append_within(first_failure_message, refusal.what());
       try {
         first_failure_fragmentation = top->fragmentation();
-      } catch (std::exception const&) {
+      } catch (...) {  // a broken introspection must not hide the refusal
         first_failure_fragmentation = {};
       }
     }

@@ -70,17 +70,21 @@ class failure_probe {
           pointers_[e.allocation] = nullptr;
         }
       } catch (std::bad_alloc const& refused) {
-        found = refusal{refusal_kind(refused), i};
+        // Only an allocation is refused; a free that throws is a stack broken another way.
+        if (e.action == log_action::allocate) { found = refusal{refusal_kind(refused), i}; }
         break;
-      } catch (std::exception const&) {
-        break;  // broken another way: not the same failure
+      } catch (...) {
+        break;  // broken another way (a std::exception or not): not the same failure
       }
     }
     for (std::uint32_t const a : made) {  // back to the stack before it goes
-      if (pointers_[a] != nullptr) {
+      if (pointers_[a] == nullptr) { continue; }
+      try {
         top.deallocate(pointers_[a], log_.events[log_.allocation_events[a]].bytes);
-        pointers_[a] = nullptr;
+      } catch (...) {
+        // The stack broke; it goes with what it holds.
       }
+      pointers_[a] = nullptr;
     }
     return found;
   }

@@ -72,6 +72,19 @@ timeline log_timeline(allocation_log const& log, std::size_t points) {
   return t;
 }
 
+namespace {
+/// The first refusal, with the stack's state at it where the stack can tell it.
+replay_failure first_refusal(allocation_log const& log, std::uint32_t event, char const* what, memory_resource const& top) {
+  replay_failure failure{log.event_lines[event], event, log.events[event].bytes, what, {}};
+  try {
+    failure.fragmentation = top.fragmentation();
+  } catch (...) {
+    // a broken introspection must not hide the refusal
+  }
+  return failure;
+}
+}  // namespace
+
 timeline_stack sample_stack(allocation_log const& log, std::string const& spec, replay_options const& options,
                             std::vector<std::uint32_t> const& samples) {
   timeline_stack out;
@@ -103,18 +116,28 @@ timeline_stack sample_stack(allocation_log const& log, std::string const& spec, 
         pointers[e.allocation] = nullptr;
       }
     } catch (std::bad_alloc const& refused) {
-      if (!out.failure) {
-        out.failure = replay_failure{log.event_lines[i], i, e.bytes, refused.what(), top.fragmentation()};
+      if (e.action != log_action::allocate) {  // a free is never refused: the stack broke
+        out.error = "line " + std::to_string(log.event_lines[i]) + ": a free threw " + refused.what();
+        break;
       }
+      if (!out.failure) { out.failure = first_refusal(log, i, refused.what(), top); }
     } catch (std::exception const& broken) {
       out.error = "line " + std::to_string(log.event_lines[i]) + ": " + broken.what();
       break;  // later samples stay null
+    } catch (...) {
+      out.error = "line " + std::to_string(log.event_lines[i]) + ": the stack threw an exception that is not a std::exception";
+      break;
     }
     if (next_sample < samples.size() && samples[next_sample] == i) {
-      fragmentation_info const f = top.fragmentation();
-      out.footprint_bytes[next_sample] = stack.footprint_now();
-      out.free_held_bytes[next_sample] = f.free_bytes;
-      out.largest_free_block[next_sample] = f.largest_free_block;
+      try {
+        fragmentation_info const f = top.fragmentation();
+        out.footprint_bytes[next_sample] = stack.footprint_now();
+        out.free_held_bytes[next_sample] = f.free_bytes;
+        out.largest_free_block[next_sample] = f.largest_free_block;
+      } catch (...) {
+        out.error = "line " + std::to_string(log.event_lines[i]) + ": the stack's fragmentation() threw";
+        break;
+      }
       ++next_sample;
     }
   }
@@ -123,7 +146,7 @@ timeline_stack sample_stack(allocation_log const& log, std::string const& spec, 
     log_event const& e = log.events[log.allocation_events[a]];
     try {
       top.deallocate(pointers[a], e.bytes, streams.data()[e.stream]);
-    } catch (std::exception const&) {
+    } catch (...) {
       // The stack broke: what is left goes with it.
     }
   }

@@ -48,6 +48,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -105,7 +106,7 @@ struct replay_result {
   /// of the bottom: a lower bound that cannot show the bottom's own rounding or pooling
   /// (cudaMalloc's pages; under simulation, cuda_async's pool).
   bool footprint_lower_bound = false;
-  std::size_t upstream_allocations = 0;  ///< calls that reached the bottom (when a meter measured them)
+  std::size_t upstream_allocations = 0;  ///< the timed run's calls that reached the bottom (when a meter measured them)
   std::size_t failures = 0;        ///< allocations refused (the most in any run)
   std::uint32_t first_failure_line = 0;
   std::uint32_t first_failure_event = 0;  ///< index into the log's events
@@ -122,8 +123,11 @@ struct replay_result {
   [[nodiscard]] bool complete() const noexcept {
     return failures == 0 && error.empty() && expected_failures_served == 0;
   }
+  /// Peak footprint / peak live; NaN when nothing was ever live (no ratio says how well a
+  /// stack fits nothing: the table prints "-", JSON null, and the verdict leaves it out).
   [[nodiscard]] double footprint_ratio() const noexcept {
-    return peak_live_bytes == 0 ? 0.0 : static_cast<double>(peak_footprint_bytes) / static_cast<double>(peak_live_bytes);
+    return peak_live_bytes == 0 ? std::numeric_limits<double>::quiet_NaN()
+                                : static_cast<double>(peak_footprint_bytes) / static_cast<double>(peak_live_bytes);
   }
 };
 
