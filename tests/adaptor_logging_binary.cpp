@@ -234,6 +234,28 @@ TEST_CASE("binary log: tick stamps become nanoseconds through the points thread 
              Catch::Contains("byte offset 40: a thread record with a stamp"));
 }
 
+TEST_CASE("binary log: tick stamps convert exactly, and of points at equal ticks the smallest ns counts") {
+  constexpr std::uint64_t named = std::uint64_t{3} << bl::kind_shift;
+  // A 3.000000002 GHz counter: the point (9,000,000,006 ticks, 3e9 ns). The free's stamp,
+  // 6,000,000,004 ticks, is exactly 2e9 ns; a rate rounded before the multiplication made
+  // it 1,999,999,999, the allocation's stamp, and the log was refused as a free before
+  // its allocation.
+  log_bytes log{0, bl::clock_ticks};
+  log.block({{named, 1, 9'000'000'006, 3'000'000'000}, event(bl::kind::allocate, 6'000'000'003, 0x1000, 64, 0)});
+  log.block({{named, 2, 0, 0}, event(bl::kind::free, 6'000'000'004, 0x1000, 64, 0)});
+  CHECK(stamps_of(binary_log_to_csv(log.bytes, "exact.bin")) == std::vector<std::uint64_t>{1'999'999'999, 2'000'000'000});
+  CHECK(parse_allocation_log(log.bytes, "exact.bin").events.size() == 2);
+  // Points (10, 100) and (10, 50), in that order in the file: (10, 50) is kept.
+  log_bytes equal{0, bl::clock_ticks};
+  equal.block({{named, 1, 10, 100}, event(bl::kind::allocate, 20, 0x1000, 64, 0)});
+  equal.block({{named, 1, 10, 50}, event(bl::kind::free, 30, 0x1000, 64, 0)});
+  CHECK(stamps_of(binary_log_to_csv(equal.bytes, "equal.bin")) == std::vector<std::uint64_t>{100, 150});
+  // Far past the last point the stamp stops at the largest one (2^62 - 1).
+  log_bytes far{0, bl::clock_ticks};
+  far.block({{named, 1, 1, ~std::uint64_t{0}}, event(bl::kind::allocate, bl::stamp_mask, 0x1000, 64, 0)});
+  CHECK(stamps_of(binary_log_to_csv(far.bytes, "far.bin")) == std::vector<std::uint64_t>{bl::stamp_mask});
+}
+
 TEST_CASE("logging binary: tick stamps where the kernel keeps time by the counter, else the monotonic clock") {
   bool const steady = GENERATE(false, true);
   INFO("MRSTACK_LOG_CLOCK=steady " << steady);

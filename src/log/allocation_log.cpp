@@ -326,6 +326,10 @@ class log_parser {
     std::size_t const stream_column = fields_[5].column;
     std::uint32_t const thread_index = intern_thread(fields_[0].text);
     if (r.kind == row_kind::failure) {
+      if (r.bytes == 0) {  // a refusal of nothing: no allocator refuses it, no stack can be asked it
+        ++log_.skipped_null_rows;
+        return;
+      }
       std::uint16_t const stream_index = intern_stream(r.stream_handle, stream_column);
       log_.recorded_failures.push_back(
           {line_number_, r.bytes, thread_index, static_cast<std::uint32_t>(log_.events.size()), stream_index});

@@ -106,11 +106,13 @@ class tick_scale {
     point const& a = next == points_.end() ? points_.front() : *std::prev(next);
     point const& b = next == points_.end() ? points_.back() : *next;
     if (b.ticks == a.ticks) { return a.ns; }  // only the origin: no rate known
-    long double const rate = static_cast<long double>(b.ns - a.ns) / static_cast<long double>(b.ticks - a.ticks);
-    long double const value =
-        static_cast<long double>(a.ns) + (static_cast<long double>(ticks) - static_cast<long double>(a.ticks)) * rate;
-    return value >= static_cast<long double>(binary_log::stamp_mask) ? binary_log::stamp_mask
-                                                                      : static_cast<std::uint64_t>(value);
+    // Exact, in integers: a rate rounded first put a stamp lying on a point's line one ns
+    // early, and a free then sorted with the allocation it follows. Both factors are below
+    // 2^64, so the product fits in 128 bits; the quotient is floored, as Python's // is.
+    __extension__ using u128 = unsigned __int128;
+    u128 const scaled = static_cast<u128>(ticks - a.ticks) * (b.ns - a.ns) / (b.ticks - a.ticks);
+    u128 const value = static_cast<u128>(a.ns) + scaled;
+    return value >= binary_log::stamp_mask ? binary_log::stamp_mask : static_cast<std::uint64_t>(value);
   }
 
  private:
@@ -119,7 +121,10 @@ class tick_scale {
     std::uint64_t ns;
   };
   void sort_points() {
-    std::sort(points_.begin(), points_.end(), [](point const& a, point const& b) { return a.ticks < b.ticks; });
+    // By (ticks, ns): of points at equal ticks the smallest ns is kept, whatever their order
+    // in the file (the Python reader keeps the same one).
+    std::sort(points_.begin(), points_.end(),
+              [](point const& a, point const& b) { return a.ticks != b.ticks ? a.ticks < b.ticks : a.ns < b.ns; });
     std::vector<point> kept{{0, 0}};
     for (point const& p : points_) {
       if (p.ticks > kept.back().ticks && p.ns >= kept.back().ns) { kept.push_back(p); }

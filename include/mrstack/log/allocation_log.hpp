@@ -27,9 +27,10 @@
 /// was found and what was expected (quoting at most `quoted_line_chars` characters of the
 /// line). Rows with a null pointer and size 0 (an allocation of nothing, or a free of
 /// nullptr) are skipped; a free of a null pointer with a non-zero size is an error (no
-/// allocation could have returned it). Live bytes that would pass 2^64 - 1 are an error
-/// (no real log holds them; a sum that wrapped would report nonsense). `allocate failure`
-/// rows are recorded (see `recorded_failures`) and are not events.
+/// allocation could have returned it). Live bytes, or the log's total allocated bytes,
+/// that would pass 2^64 - 1 are an error (no real log holds them; a sum that wrapped would
+/// report nonsense). `allocate failure` rows are recorded (see `recorded_failures`) and are
+/// not events; one of 0 bytes (a refusal of nothing) is skipped, as null rows are.
 ///
 /// Bounds (`log_limits`, overridable): the decompressed text may hold at most
 /// `max_text_bytes` (default 4 GiB: the text is held in memory while it is parsed) and a
