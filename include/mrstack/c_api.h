@@ -110,7 +110,8 @@ typedef struct mrstack_statistics {
 MRSTACK_C_EXPORT int mrstack_c_api_version(void);
 /* This thread's last error message; "" when none. Valid until this thread's next failing call. */
 MRSTACK_C_EXPORT const char* mrstack_last_error(void);
-/* 1-based column of the last spec error on this thread; 0 when the last error was not one. */
+/* 1-based column of the last spec error on this thread, counted in bytes of the spec's
+ * UTF-8 text (the Python package turns it into characters); 0 when the last error was not one. */
 MRSTACK_C_EXPORT size_t mrstack_last_error_column(void);
 /* The status of this thread's last failure (for calls that return a token or a pointer). */
 MRSTACK_C_EXPORT int mrstack_last_error_status(void);

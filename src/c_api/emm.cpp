@@ -129,9 +129,13 @@ mrstack_status mrstack_emm_reset(mrstack_stack* handle, size_t* released) {
   if (!stack) { return MRSTACK_ERROR_INVALID_ARGUMENT; }
   if (released != nullptr) { *released = 0; }
   return guarded([&] {
-    auto const freed = stack->emm.reset();
+    // A refused free still took its allocation out of the table, and the others went back
+    // to the stack: every one's books close before the refusal is reported.
+    std::exception_ptr refused;
+    auto const freed = stack->emm.reset(refused);
     for (auto const& m : freed) { stack->count_free(static_cast<int>(m.tag), m.size); }
     if (released != nullptr) { *released = freed.size(); }
+    if (refused) { std::rethrow_exception(refused); }
   });
 }
 

@@ -2,7 +2,8 @@
 // destroyed or foreign handle is recognized instead of dereferenced.
 //
 //   bits 63..48  0x6d73 ("ms"): no user-space address on x86-64 or AArch64 has these set
-//   bits 47..20  the slot's generation when the handle was made (28 bits, wraps)
+//   bits 47..20  the slot's generation when the handle was made (28 bits, wraps; every
+//                slot's first is one random number per process)
 //   bits 19..0   the slot (at most 2^20 stacks alive at once)
 //
 // Slots live in chunks that are never freed, so a stale handle can always be looked at.
@@ -20,6 +21,7 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <random>
 #include <thread>
 
 namespace mrstack::c_api {
@@ -36,12 +38,16 @@ constexpr std::size_t max_chunks = (std::size_t{1} << slot_bits) / slots_per_chu
 
 struct slot {
   std::atomic<std::uint64_t> state{0};  // generation << 1 | alive
+  std::atomic<bool> issued{false};      // a handle to this slot was ever made
   std::atomic<std::uint32_t> calls{0};  // calls in flight on a private stack
   std::atomic<mrstack_stack*> object{nullptr};
   std::atomic<bool> permanent{false};
 };
 
 struct handle_table {
+  // Every slot's first generation: random per process, so that a handle another process
+  // made (the same tag, slot and, without it, generation) names nothing here.
+  std::uint64_t const first_generation = std::random_device{}() & generation_mask;
   std::mutex mutex;
   std::array<std::atomic<slot*>, max_chunks> chunks{};
   std::size_t slots_made = 0;
@@ -62,6 +68,11 @@ std::string hex(std::uint64_t v) {
   return buffer;
 }
 
+std::string not_a_handle(std::uint64_t bits) {
+  return "stack handle " + hex(bits) +
+         " is not a stack handle (not one mrstack_stack_create or mrstack_device_stack returned)";
+}
+
 /// The slot a well-formed handle names, or nullptr (then `why` says what is wrong).
 slot* slot_of(std::uint64_t bits, std::string& why) {
   if (bits == 0) {
@@ -74,14 +85,21 @@ slot* slot_of(std::uint64_t bits, std::string& why) {
       return &chunk[index % slots_per_chunk];
     }
   }
-  why = "stack handle " + hex(bits) +
-        " is not a stack handle (not one mrstack_stack_create or mrstack_device_stack returned)";
+  why = not_a_handle(bits);
   return nullptr;
 }
 
 std::uint64_t alive_state(std::uint64_t bits) { return ((bits >> slot_bits) & generation_mask) << 1 | 1; }
 
-std::string destroyed(std::uint64_t bits) {
+/// Why a well-formed handle names no live stack: it was destroyed (its generation is one
+/// the slot has had), or it was never made here (a slot never used, a generation the slot
+/// has not reached: a forged handle, or another process's).
+std::string why_not_alive(std::uint64_t bits, slot const& s) {
+  std::uint64_t const first = table().first_generation;
+  std::uint64_t const given = (bits >> slot_bits) & generation_mask;
+  std::uint64_t const now = (s.state.load(std::memory_order_acquire) >> 1) & generation_mask;
+  bool const had_it = ((given - first) & generation_mask) < ((now - first) & generation_mask);
+  if (!s.issued.load(std::memory_order_acquire) || !had_it) { return not_a_handle(bits); }
   return "stack handle " + hex(bits) + " was destroyed (mrstack_stack_destroy); it cannot be used again";
 }
 
@@ -102,13 +120,16 @@ mrstack_stack* register_stack(mrstack_stack* stack) {
     index = t.slots_made++;
     auto& chunk = t.chunks[index / slots_per_chunk];
     if (chunk.load(std::memory_order_relaxed) == nullptr) {
-      chunk.store(new slot[slots_per_chunk], std::memory_order_release);  // never freed (see table())
+      auto* made = new slot[slots_per_chunk];  // never freed (see table())
+      for (std::size_t i = 0; i < slots_per_chunk; ++i) { made[i].state.store(t.first_generation << 1); }
+      chunk.store(made, std::memory_order_release);
     }
   }
   slot& s = t.chunks[index / slots_per_chunk].load(std::memory_order_relaxed)[index % slots_per_chunk];
   std::uint64_t const generation = (s.state.load(std::memory_order_relaxed) >> 1) & generation_mask;
   s.object.store(stack, std::memory_order_relaxed);
   s.permanent.store(stack->process_wide, std::memory_order_relaxed);
+  s.issued.store(true, std::memory_order_relaxed);
   s.state.store(generation << 1 | 1, std::memory_order_release);
   auto const bits = handle_tag << (slot_bits + generation_bits) | generation << slot_bits | index;
   stack->handle = reinterpret_cast<mrstack_stack*>(static_cast<std::uintptr_t>(bits));
@@ -129,7 +150,7 @@ stack_ref resolve_stack(mrstack_stack const* handle, char const* function) noexc
       }
       s->calls.fetch_sub(1, std::memory_order_release);
     }
-    why = destroyed(bits);
+    why = why_not_alive(bits, *s);
   }
   try {
     set_last_error(std::string{function} + ": " + why);
@@ -159,7 +180,7 @@ mrstack_stack* retire_stack(mrstack_stack* handle, char const* function, mrstack
     }
     std::uint64_t const next = (((alive >> 1) + 1) & generation_mask) << 1;
     if (!s->state.compare_exchange_strong(alive, next, std::memory_order_seq_cst)) {
-      set_last_error(std::string{function} + ": " + destroyed(bits));
+      set_last_error(std::string{function} + ": " + why_not_alive(bits, *s));
       return nullptr;
     }
     while (s->calls.load(std::memory_order_seq_cst) != 0) { std::this_thread::yield(); }

@@ -164,8 +164,11 @@ mrstack_status invalid(std::string message) {
 
 }  // namespace
 
-std::string release_live_allocations(mrstack_stack& stack) {
-  for (auto const& m : stack.emm.reset()) { stack.count_free(static_cast<int>(m.tag), m.size); }
+namespace {
+
+/// What is left live after the EMM blocks went: mrstack_allocate's blocks, freed through a
+/// tracking layer on top when there is one; a sentence on them, or empty when none.
+std::string sweep_plain_allocations(mrstack_stack& stack) {
   std::uint64_t count = 0;
   std::uint64_t bytes = 0;
   for (auto const& books : stack.clients) {
@@ -190,6 +193,18 @@ std::string release_live_allocations(mrstack_stack& stack) {
     if (name == "simulated" || name == "simulated_vmm") { return what + "nothing to free (a simulated upstream)"; }
   }
   return what + "leaked: no layer of this stack can find them (put tracking on top of the stack to have them freed)";
+}
+
+}  // namespace
+
+std::string release_live_allocations(mrstack_stack& stack) {
+  // close(), not reset(): a cleanup guard left open would keep EMM blocks queued, the sweep
+  // would free them, and the adapter's destructor again.
+  std::exception_ptr refused;
+  for (auto const& m : stack.emm.close(refused)) { stack.count_free(static_cast<int>(m.tag), m.size); }
+  std::string leaks = sweep_plain_allocations(stack);
+  if (refused) { std::rethrow_exception(refused); }  // a misuse the caller must hear of first
+  return leaks;
 }
 
 mrstack_stack* built_device_stack(int device) noexcept {

@@ -112,15 +112,14 @@ void adapter::check_awake(char const* what) const {
 
 adapter::~adapter() {
   try {
-    (void)reset();
-    if (deferral_depth_ > 0) {
-      // A guard outlived the adapter's owner: nothing can end it now, so free what it held.
-      std::vector<deferred_free> batch;
-      batch.swap(deferred_);
-      free_all(batch);
-    }
+    // A guard that outlived the adapter's owner can end nothing now: close() frees what it held.
+    std::exception_ptr failed;
+    (void)close(failed);
+    if (failed) { std::rethrow_exception(failed); }
   } catch (std::exception const& e) {
     std::fprintf(stderr, "mrstack: emm::adapter: freeing outstanding memory at destruction failed: %s\n", e.what());
+  } catch (...) {
+    std::fprintf(stderr, "mrstack: emm::adapter: freeing outstanding memory at destruction failed\n");
   }
 }
 
@@ -260,6 +259,17 @@ ipc_handle adapter::get_ipc_handle(void const* ptr, std::size_t size) const {
 }
 
 std::vector<memory_pointer> adapter::reset() {
+  std::exception_ptr failed;
+  auto released = take_out_all(false, failed);
+  if (failed) { std::rethrow_exception(failed); }
+  return released;
+}
+
+std::vector<memory_pointer> adapter::reset(std::exception_ptr& first_error) { return take_out_all(false, first_error); }
+
+std::vector<memory_pointer> adapter::close(std::exception_ptr& first_error) { return take_out_all(true, first_error); }
+
+std::vector<memory_pointer> adapter::take_out_all(bool end_deferrals, std::exception_ptr& first_error) {
   std::vector<memory_pointer> released;
   std::vector<deferred_free> batch;
   bool release_now = false;
@@ -280,11 +290,22 @@ std::vector<memory_pointer> adapter::reset() {
     }
     outstanding_count_ = 0;
     outstanding_bytes_ = 0;
+    if (end_deferrals) { deferral_depth_ = 0; }
     release_now = deferral_depth_ == 0;
     if (release_now) { batch.swap(deferred_); }
   }
-  free_all(batch);
-  if (release_now) { stack_->release(); }
+  std::vector<void*> refused;
+  first_error = free_all(batch, &refused);
+  std::erase_if(released, [&](memory_pointer const& m) {
+    return std::find(refused.begin(), refused.end(), m.ptr) != refused.end();
+  });
+  if (release_now && !first_error) {
+    try {
+      stack_->release();
+    } catch (...) {
+      first_error = std::current_exception();
+    }
+  }
   return released;
 }
 
@@ -300,7 +321,7 @@ void adapter::end_deferral() {
     if (deferral_depth_ == 0) { throw logic_error("emm::adapter: end of a cleanup deferral that was never begun"); }
     if (--deferral_depth_ == 0) { batch.swap(deferred_); }
   }
-  free_all(batch);
+  if (auto const failed = free_all(batch)) { std::rethrow_exception(failed); }
 }
 
 void adapter::end_deferral_noexcept() noexcept {
@@ -311,17 +332,23 @@ void adapter::end_deferral_noexcept() noexcept {
   }
 }
 
-void adapter::free_all(std::vector<deferred_free>& batch) {
+std::exception_ptr adapter::free_all(std::vector<deferred_free>& batch, std::vector<void*>* refused) noexcept {
   std::exception_ptr first_error;
   for (auto const& f : batch) {
     try {
       stack_->deallocate(f.ptr, f.size, options_.stream);
     } catch (...) {
       if (!first_error) { first_error = std::current_exception(); }
+      if (refused == nullptr) { continue; }
+      try {
+        refused->push_back(f.ptr);
+      } catch (...) {
+        // no memory to say which: the books then close for it as if it went back
+      }
     }
   }
   batch.clear();
-  if (first_error) { std::rethrow_exception(first_error); }
+  return first_error;
 }
 
 std::size_t adapter::outstanding_count() const {

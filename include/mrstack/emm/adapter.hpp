@@ -54,6 +54,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <exception>
 #include <mutex>
 #include <optional>
 #include <stdexcept>
@@ -162,8 +163,19 @@ class adapter {
   void check_awake(char const* what) const;
 
   /// Frees every outstanding allocation (see the contract on deferral) and returns them, so
-  /// callers that keep their own books can close them.
+  /// callers that keep their own books can close them. Throws what the stack's deallocate
+  /// (or release) threw first, after emptying the table and freeing the rest.
   std::vector<memory_pointer> reset();
+  /// The same, but a refused free does not throw: the first refusal lands in `first_error`,
+  /// every allocation still leaves the table, and those the stack took back (or that wait
+  /// for a guard) are returned, so the caller's books close for exactly those. (A refused
+  /// free is misuse — the block was freed some other way, whose books closed then — or a
+  /// broken stack, which still holds the memory.)
+  std::vector<memory_pointer> reset(std::exception_ptr& first_error);
+  /// reset() for the end of the adapter's owner: first ends every cleanup deferral (no
+  /// guard can end one later), so each outstanding or deferred allocation is freed once,
+  /// here, and none is left for a sweep of the stack to find.
+  std::vector<memory_pointer> close(std::exception_ptr& first_error);
 
   /// Holds frees back while it lives; the outermost guard's end returns them to the stack.
   class cleanup_guard {
@@ -212,8 +224,10 @@ class adapter {
   static constexpr std::uint32_t no_slot = 0xffffffffU;
 
   void end_deferral_noexcept() noexcept;
-  // Frees a batch outside the lock; keeps going past a failing deallocate and rethrows the first error.
-  void free_all(std::vector<deferred_free>& batch);
+  // Frees a batch outside the lock; keeps going past a failing deallocate and returns the
+  // first error (null when every free passed), adding each refused pointer to `refused`.
+  std::exception_ptr free_all(std::vector<deferred_free>& batch, std::vector<void*>* refused = nullptr) noexcept;
+  std::vector<memory_pointer> take_out_all(bool end_deferrals, std::exception_ptr& first_error);
 
   resource_ptr stack_;
   options options_;
