@@ -84,7 +84,7 @@ def configure(spec):
     """
     encoded = None if spec is None else _spec_bytes(spec, "mrstack.configure")
     lib = _lib.library()
-    lib.check(lib.dll.mrstack_configure(encoded))
+    lib.check(lib.dll.mrstack_configure(encoded), spec=encoded)
 
 
 def configured_spec():
@@ -173,7 +173,7 @@ class Stack:
         encoded, device = _spec_bytes(spec, "mrstack.Stack"), _integer(device, "mrstack.Stack: device", 0, 2**31 - 1)
         lib = _lib.library()
         handle = ctypes.c_void_p()
-        lib.check(lib.dll.mrstack_stack_create(encoded, device, ctypes.byref(handle)))
+        lib.check(lib.dll.mrstack_stack_create(encoded, device, ctypes.byref(handle)), spec=encoded)
         self._lib, self._handle, self._owned, self.device = lib, handle.value, True, device
 
     @classmethod

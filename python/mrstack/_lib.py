@@ -253,19 +253,24 @@ class Library:
     def last_error(self):
         return self.dll.mrstack_last_error().decode("utf-8", "replace")
 
-    def error(self, status, what=""):
-        """The exception for a failed call's status, carrying this thread's last error."""
+    def error(self, status, what="", spec=None):
+        """The exception for a failed call's status, carrying this thread's last error.
+        `spec`: the UTF-8 bytes of the spec the call was given, so that a SpecError's
+        column counts characters of the str the caller passed (the C ABI counts bytes)."""
         message = self.last_error()
         if what:
             message = f"{what}: {message}" if message else what
         name = _STATUS_NAMES.get(status, f"status {status}")
         if status == ERROR_SPEC:
-            return SpecError(message, int(self.dll.mrstack_last_error_column()))
+            column = int(self.dll.mrstack_last_error_column())
+            if spec is not None and column > 0:
+                column = len(spec[:column - 1].decode("utf-8", "replace")) + 1
+            return SpecError(message, column)
         return _STATUS_CLASSES.get(status, MrstackError)(message, name)
 
-    def check(self, status, what=""):
+    def check(self, status, what="", spec=None):
         if status != SUCCESS:
-            raise self.error(status, what)
+            raise self.error(status, what, spec)
 
 
 _lock = threading.Lock()

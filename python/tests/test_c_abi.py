@@ -37,6 +37,19 @@ def test_bad_spec_raises_spec_error_with_parser_message_and_column(lib):
     assert isinstance(error, ValueError) and isinstance(error, mrstack.MrstackError)
 
 
+@pytest.mark.parametrize("name", ["x", "\u00e9", "\u65e5\u672c"])
+def test_spec_error_column_counts_characters_of_the_str_given(lib, name):
+    # The C ABI counts bytes of the UTF-8 text; a non-ASCII file name before the error
+    # put the column one or more characters past it.
+    spec = f'logging(file="{name}.csv") > bogus'
+    with pytest.raises(mrstack.SpecError) as caught:
+        mrstack.Stack(spec)
+    assert caught.value.column == spec.index("bogus") + 1
+    with pytest.raises(mrstack.SpecError) as caught:
+        mrstack.configure(spec)
+    assert caught.value.column == spec.index("bogus") + 1
+
+
 def test_out_of_memory_and_broken_contracts_become_exceptions(lib):
     with mrstack.Stack("limiting(limit=1MiB) > system") as stack:
         with pytest.raises(mrstack.OutOfMemoryError) as caught:
