@@ -304,3 +304,55 @@ TEST_CASE("statistics: a read while the upstream holds a free it then refuses cl
   CHECK(stats.overfreed_bytes() == 0);
   CHECK(stats.overfreed_allocations() == 0);
 }
+
+TEST_CASE("statistics: a region opened while a free is in flight never counts that free's refusal") {
+  // The free began before the region: its refusal counts the memory back where its count
+  // went (the enclosing region). It had gone into the new region: 1 allocation of 1000 B,
+  // current and peak, in a region that made none.
+  auto upstream = std::make_shared<refusing_upstream>();
+  statistics_resource_adaptor stats{upstream};
+  void* live = stats.allocate(1000);
+  void* gone = stats.allocate(1000);
+  stats.deallocate(gone, 1000);
+  upstream->refuse = true;
+  upstream->during_free = [&] { (void)stats.push_counters(); };
+  CHECK_THROWS_WITH(stats.deallocate(gone, 1000), Catch::Contains("refused on purpose"));
+  upstream->refuse = false;
+  auto const region = stats.pop_counters();
+  CHECK(region.bytes == counter{0, 0, 0});
+  CHECK(region.allocations == counter{0, 0, 0});
+  CHECK(stats.bytes_counter() == counter{1000, 2000, 2000});  // the refused free left it as it was
+  // Opened and closed inside the free's window, a region leaves the count to the lifetime.
+  upstream->refuse = true;
+  upstream->during_free = [&] {
+    (void)stats.push_counters();
+    (void)stats.pop_counters();
+    (void)stats.push_counters();
+  };
+  CHECK_THROWS(stats.deallocate(gone, 1000));
+  upstream->refuse = false;
+  CHECK(stats.pop_counters().bytes == counter{0, 0, 0});
+  CHECK(stats.bytes_counter() == counter{1000, 2000, 2000});
+  stats.deallocate(live, 1000);
+  CHECK(stats.bytes_counter() == counter{0, 2000, 2000});
+}
+
+TEST_CASE("statistics: a refused free of a size no block has leaves every counter as it was") {
+  // Counted down first, 2^64 - 1 B saturated the shard's headroom credit; the refusal's
+  // count back then left it short, and the next allocation raised the peak with no more
+  // memory out (1500 where 1000 was ever out).
+  auto upstream = std::make_shared<refusing_upstream>();
+  statistics_resource_adaptor stats{upstream};
+  void* a = stats.allocate(1000);
+  stats.deallocate(a, 1000);
+  void* b = stats.allocate(500);
+  upstream->refuse = true;
+  CHECK_THROWS(stats.deallocate(b, SIZE_MAX));
+  upstream->refuse = false;
+  void* c = stats.allocate(500);
+  CHECK(stats.bytes_counter() == counter{1000, 1000, 2000});
+  stats.deallocate(b, 500);
+  stats.deallocate(c, 500);
+  CHECK(stats.bytes_counter() == counter{0, 1000, 2000});
+  CHECK(stats.overfreed_bytes() == 0);
+}

@@ -1,6 +1,9 @@
 // The statistics adaptor's sharded counting (design: adaptor/statistics_resource_adaptor.hpp).
 #include <mrstack/adaptor/statistics_resource_adaptor.hpp>
 
+#include <algorithm>
+#include <limits>
+
 namespace mrstack {
 
 using detail::saturating_add;
@@ -81,22 +84,64 @@ void statistics_resource_adaptor::count_up_slow(shard& s, std::int64_t n, std::i
   }
 }
 
-statistics_resource_adaptor::shard& statistics_resource_adaptor::count_down(std::int64_t n, std::int64_t k) noexcept {
+statistics_resource_adaptor::shard* statistics_resource_adaptor::count_down(std::int64_t n, std::int64_t k,
+                                                                             std::uint64_t& frame) noexcept {
   shard& s = shards_[detail::this_thread_shard()];
   std::lock_guard lock{s.mutex};
+  constexpr std::int64_t most = std::numeric_limits<std::int64_t>::max();
+  std::int64_t const need[2] = {n, k};
+  for (int q = 0; q < 2; ++q) {
+    if (s.credit[q] > most - need[q] || s.in_flight[q] > most - need[q] || s.delta[q] < -most + need[q]) {
+      return nullptr;
+    }
+  }
+  frame = top_frame_id_;
   s.delta[bytes_q] = saturating_add(s.delta[bytes_q], -n);
   s.delta[allocs_q] = saturating_add(s.delta[allocs_q], -k);
   s.credit[bytes_q] = saturating_add(s.credit[bytes_q], n);
   s.credit[allocs_q] = saturating_add(s.credit[allocs_q], k);
   s.in_flight[bytes_q] = saturating_add(s.in_flight[bytes_q], n);
   s.in_flight[allocs_q] = saturating_add(s.in_flight[allocs_q], k);
-  return s;
+  return &s;
+}
+
+void statistics_resource_adaptor::count_down_accepted(std::int64_t n, std::int64_t k) noexcept {
+  shard& s = shards_[detail::this_thread_shard()];
+  std::lock_guard lock{s.mutex};
+  std::int64_t const need[2] = {n, k};
+  for (int q = 0; q < 2; ++q) {
+    s.delta[q] = saturating_add(s.delta[q], -need[q]);
+    s.credit[q] = saturating_add(s.credit[q], need[q]);
+  }
 }
 
 void statistics_resource_adaptor::settle_free(shard& s, std::int64_t n, std::int64_t k) noexcept {
   std::lock_guard lock{s.mutex};
   s.in_flight[bytes_q] = saturating_add(s.in_flight[bytes_q], -n);
   s.in_flight[allocs_q] = saturating_add(s.in_flight[allocs_q], -k);
+}
+
+void statistics_resource_adaptor::count_back_refused(shard& s, std::int64_t n, std::int64_t k, std::uint64_t frame) {
+  std::lock_guard global{mutex_};
+  all_shards_lock all{shards_.get()};
+  merge_locked(true);  // pool_ is now the innermost frame's peak - current
+  std::size_t at = frames_.size() - 1;
+  while (at > 0 && frame_ids_[at] > frame) { --at; }
+  std::int64_t const back[2] = {n, k};
+  counter* const c[2] = {&frames_[at].bytes, &frames_[at].allocations};
+  for (int q = 0; q < 2; ++q) {
+    c[q]->value = saturating_add(c[q]->value, back[q]);
+    if (at + 1 == frames_.size()) {
+      pool_[q] -= back[q];
+      if (pool_[q] < 0) {  // the memory out again passes the peak: a peak it really reached
+        c[q]->peak = saturating_add(c[q]->peak, -pool_[q]);
+        pool_[q] = 0;
+      }
+    } else {
+      c[q]->peak = std::max(c[q]->peak, c[q]->value);
+    }
+    s.in_flight[q] = saturating_add(s.in_flight[q], -back[q]);
+  }
 }
 
 void statistics_resource_adaptor::merge_locked(bool take_credits) const {
@@ -184,6 +229,8 @@ statistics_resource_adaptor::counters statistics_resource_adaptor::push_counters
   clamp_lifetime_locked();
   counters const outer = reported_locked();
   frames_.emplace_back();
+  frame_ids_.push_back(++next_frame_id_);
+  top_frame_id_ = next_frame_id_;
   pool_[bytes_q] = pool_[allocs_q] = 0;  // the new region: peak 0 - current 0
   return outer;
 }
@@ -195,6 +242,8 @@ statistics_resource_adaptor::counters statistics_resource_adaptor::pop_counters(
   merge_locked(true);
   counters const inner = frames_.back();
   frames_.pop_back();
+  frame_ids_.pop_back();
+  top_frame_id_ = frame_ids_.back();
   counter* const outer[2] = {&frames_.back().bytes, &frames_.back().allocations};
   counter const* const in[2] = {&inner.bytes, &inner.allocations};
   for (int q = 0; q < 2; ++q) {
@@ -216,18 +265,22 @@ void* statistics_resource_adaptor::do_allocate(std::size_t bytes, std::size_t al
 void statistics_resource_adaptor::do_deallocate(void* ptr, std::size_t bytes, std::size_t alignment,
                                                 stream_view stream) {
   auto const n = detail::to_count(bytes);
-  shard& s = count_down(n, 1);
+  std::uint64_t frame = 0;
+  shard* const s = count_down(n, 1, frame);
+  if (s == nullptr) {
+    // A size no block has (2^62 B or so): counted only once the upstream accepted it.
+    upstream_->deallocate(ptr, bytes, stream, alignment);
+    count_down_accepted(n, 1);
+    return;
+  }
   try {
     upstream_->deallocate(ptr, bytes, stream, alignment);
   } catch (...) {
-    // The upstream refused the free (a checking layer below found it bad): the memory
-    // is still out, so it counts again — as outstanding, not as a new allocation — and
-    // only then stops being in flight (a read in between clamps less, never more).
-    count_up(n, 1, false);
-    settle_free(s, n, 1);
+    // The upstream refused the free (a checking layer below found it bad).
+    count_back_refused(*s, n, 1, frame);
     throw;
   }
-  settle_free(s, n, 1);
+  settle_free(*s, n, 1);
 }
 
 }  // namespace mrstack

@@ -125,10 +125,19 @@ class statistics_resource_adaptor final : public memory_resource {
   /// Counts `n` bytes and `k` allocations as outstanding (and, with `with_total`, in the totals).
   void count_up(std::int64_t n, std::int64_t k, bool with_total);
   void count_up_slow(shard& s, std::int64_t n, std::int64_t k, bool with_total);
-  /// Counts a free down (and as in flight until `settle_free`); returns the shard it used.
-  shard& count_down(std::int64_t n, std::int64_t k) noexcept;
-  /// The upstream accepted or refused the free `count_down` counted in `s`.
+  /// Counts a free down (and as in flight until `settle_free` or `count_back_refused`);
+  /// returns the shard it used and sets `frame` to the id of the region its count goes
+  /// into. Null, counting nothing, when a counter would saturate (a size no block has):
+  /// a refusal could not then give back exactly what the saturation lost.
+  shard* count_down(std::int64_t n, std::int64_t k, std::uint64_t& frame) noexcept;
+  /// A free `count_down` would not count, after the upstream accepted it (saturating).
+  void count_down_accepted(std::int64_t n, std::int64_t k) noexcept;
+  /// The upstream accepted the free `count_down` counted in `s`.
   static void settle_free(shard& s, std::int64_t n, std::int64_t k) noexcept;
+  /// The upstream refused it: the memory is still out. It counts again — as outstanding,
+  /// not as a new allocation — in the region its count went into (or, if that region was
+  /// closed since, the one it folded into), never in a region opened after the free began.
+  void count_back_refused(shard& s, std::int64_t n, std::int64_t k, std::uint64_t frame);
   /// With `mutex_` and every shard lock held: merges every shard into the innermost frame;
   /// `take_credits` also moves their credits into the pool.
   void merge_locked(bool take_credits) const;
@@ -144,11 +153,14 @@ class statistics_resource_adaptor final : public memory_resource {
 
   resource_ptr upstream_;
   std::unique_ptr<shard[]> shards_;
+  std::uint64_t top_frame_id_ = 0;  // frame_ids_.back(); written under every shard lock, read under one
   // A cache line of its own, with what refills write after it: the line above (the
   // vtable pointer, upstream_, shards_) is read by every call of every thread, and a
   // refill's lock and unlock there made each of them fetch it again.
   alignas(64) mutable std::mutex mutex_;  // frames_, pool_, overfreed_; taken before any shard lock
   mutable std::vector<counters> frames_;  // back(): the innermost region, less what the shards hold
+  std::vector<std::uint64_t> frame_ids_{0};  // each frame's id, rising from the bottom (a push's is new)
+  std::uint64_t next_frame_id_ = 0;
   mutable std::int64_t pool_[2] = {0, 0};  // innermost peak - current - every shard's credit
   mutable std::int64_t overfreed_[2] = {0, 0};
   std::uint64_t refills_ = 0;  // under mutex_
