@@ -21,8 +21,10 @@ struct registry {
   }
 };
 registry& the_registry() {
-  static registry r;
-  return r;
+  // Never destroyed: a static destructor or a detached thread may set or read a device's
+  // resource after static destruction began (the resources registered then live to the end).
+  static auto* const r = new registry;
+  return *r;
 }
 void check_device(int device) {
   if (device < 0) { throw logic_error("per-device resource: device ordinal " + std::to_string(device) + " is negative"); }

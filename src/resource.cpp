@@ -20,6 +20,11 @@ void memory_resource::throw_bad_alignment(std::size_t alignment) {
   throw logic_error("allocate: alignment " + std::to_string(alignment) + " is not a power of two");
 }
 
+void memory_resource::throw_null_allocation(std::size_t bytes) const {
+  throw logic_error(name() + ": allocate of " + std::to_string(bytes) +
+                    " B returned a null pointer (a resource refuses by throwing; null answers 0 bytes only)");
+}
+
 std::string describe_stack(memory_resource const& top) {
   std::string out = top.name();
   for (auto const* layer = top.upstream(); layer != nullptr; layer = layer->upstream()) {

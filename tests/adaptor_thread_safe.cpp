@@ -44,6 +44,15 @@ class overlap_detector final : public memory_resource {
     if (inside_.load() != 0) { overlaps.fetch_add(1); }
     return 12345;
   }
+  fragmentation_info do_fragmentation() const override {
+    // The adaptor did not lock this one: a read raced the calls it was meant to exclude.
+    if (inside_.load() != 0) { overlaps.fetch_add(1); }
+    std::this_thread::yield();
+    if (inside_.load() != 0) { overlaps.fetch_add(1); }
+    fragmentation_info f;
+    f.resource = "overlap_detector";
+    return f;
+  }
   void do_release() override {
     entered e{*this};
     releases.fetch_add(1);
@@ -72,6 +81,7 @@ void hammer(memory_resource& mr, int threads, int ops, std::atomic<bool> const* 
           (void)mr.free_bytes_held();
           mr.release();
         }
+        if (t == 0) { (void)mr.fragmentation(); }
       }
       for (auto const& [p, n] : mine) { mr.deallocate(p, n); }
     });
@@ -91,6 +101,7 @@ TEST_CASE("thread_safe: no call into the upstream ever overlaps another") {
   CHECK(detector->overlaps.load() == 0);
   CHECK(detector->releases.load() > 0);  // release() goes through
   CHECK(safe.free_bytes_held() == 12345);
+  CHECK(safe.fragmentation().resource == "overlap_detector");
   CHECK(sim->allocation_count() == 0);
   CHECK_THROWS_WITH(thread_safe_resource_adaptor(nullptr), Catch::Contains("upstream"));
 }

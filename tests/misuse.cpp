@@ -7,6 +7,7 @@
 #include <catch2/catch.hpp>
 
 #include <mrstack/adaptor/aligned_resource_adaptor.hpp>
+#include <mrstack/adaptor/tracking_resource_adaptor.hpp>
 #include <mrstack/suballoc/arena_memory_resource.hpp>
 #include <mrstack/suballoc/binning_memory_resource.hpp>
 #include <mrstack/suballoc/fixed_size_memory_resource.hpp>
@@ -570,4 +571,22 @@ TEST_CASE("misuse: a pool growing in place whose sizes fit no whole granule is r
   chunks.grow_in_place = false;  // chunks of any size: the sizes need not fit granules
   pool_memory_resource chunked{std::make_shared<simulated_memory_resource>(), 0, 1 * MiB, chunks};
   chunked.deallocate(chunked.allocate(512 * KiB), 512 * KiB);
+}
+
+namespace {
+/// A broken upstream: answers every request with null instead of throwing.
+struct null_answering final : memory_resource {
+  void* do_allocate(std::size_t, std::size_t, stream_view) override { return nullptr; }
+  void do_deallocate(void*, std::size_t, std::size_t, stream_view) override {}
+  std::string do_name() const override { return "null_answering"; }
+};
+}  // namespace
+
+TEST_CASE("misuse: a resource that answers a request with null is refused at its own allocate") {
+  // Tracking booked the null as a block no free could reach (2 outstanding, none listed).
+  auto broken = std::make_shared<null_answering>();
+  tracking_resource_adaptor tracked{broken};
+  CHECK_THROWS_WITH(tracked.allocate(100), Catch::Contains("null_answering: allocate of 100 B returned a null pointer"));
+  CHECK(tracked.outstanding_count() == 0);
+  CHECK(tracked.allocate(0) == nullptr);  // 0 bytes: null is the answer, and no layer is asked
 }

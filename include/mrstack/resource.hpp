@@ -87,7 +87,11 @@ class memory_resource {
                                std::size_t alignment = default_alignment) {
     if (bytes == 0) { return nullptr; }
     if (!detail::is_pow2(alignment)) { throw_bad_alignment(alignment); }
-    return do_allocate(bytes, alignment, stream);
+    void* const ptr = do_allocate(bytes, alignment, stream);
+    // A resource says no by throwing; null for bytes > 0 is a broken layer, and the layers
+    // above would book it as a block no free can reach.
+    if (ptr == nullptr) [[unlikely]] { throw_null_allocation(bytes); }
+    return ptr;
   }
 
   void deallocate(void* ptr, std::size_t bytes, stream_view stream = {},
@@ -141,6 +145,7 @@ class memory_resource {
   }
 
   [[noreturn]] static void throw_bad_alignment(std::size_t alignment);
+  [[noreturn]] void throw_null_allocation(std::size_t bytes) const;
 };
 
 using resource_ptr = std::shared_ptr<memory_resource>;

@@ -30,7 +30,11 @@
 /// block: over an upstream that checks sizes (pool, arena, tracking, simulated, system) it
 /// is refused below and never uncharged; over one that does not (`cuda`), the excess comes
 /// back as credit and the limit grows by it (`used_bytes()` then stops at zero). Put
-/// `tracking` below `limiting` there to have such frees refused.
+/// `tracking` below `limiting` there to have such frees refused. The same with a
+/// `granularity` below 256 B: pool, arena and simulated compare sizes in 256 B units, so a
+/// free whose size differs from its allocation's within one unit passes them and is
+/// uncharged by its own size (the limit drifts by the difference); `tracking` compares
+/// exact sizes.
 ///
 /// Thread-safe. `name()` is "limiting". `free_bytes_held`/`release` go to the upstream.
 #include <cstddef>

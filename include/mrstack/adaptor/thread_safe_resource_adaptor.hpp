@@ -1,7 +1,7 @@
 #pragma once
 /// `thread_safe_resource_adaptor`: makes a resource that is not thread-safe safe to share
 /// between threads by holding one mutex around every call into it (allocate, deallocate,
-/// free_bytes_held, release). Use it above a layer whose doc comment says it is
+/// free_bytes_held, release, fragmentation). Use it above a layer whose doc comment says it is
 /// single-threaded; the layers mrstack ships are thread-safe already, so over them it
 /// only adds the cost of the lock.
 ///
@@ -33,6 +33,10 @@ class thread_safe_resource_adaptor final : public memory_resource {
   std::size_t do_free_bytes_held() const noexcept override {
     std::lock_guard lock{mutex_};
     return upstream_->free_bytes_held();
+  }
+  fragmentation_info do_fragmentation() const override {
+    std::lock_guard lock{mutex_};
+    return upstream_->fragmentation();
   }
   void do_release() override {
     std::lock_guard lock{mutex_};
