@@ -31,7 +31,9 @@ One device is converted at a time:
 
 Sizes are the caching allocator's block sizes (requests rounded up to 512 bytes, or more
 for large blocks), which is what the program held. The snapshot has no thread ids, so
-every row is thread 1. Times are relative to the first entry (``H:MM:SS.ffffff``).
+every row is thread 1. Times are seconds since the first entry (``12.000250``: a
+number of seconds, which the log readers take for any span, where a time of day stops
+at 23:59:59).
 
 Only convert snapshots you trust: reading a pickle can run code.
 
@@ -53,6 +55,10 @@ to 512 bytes) is one segment, announced by a ``segment_alloc`` just
 before its first allocation. ``segments`` is the state at the end of the log: each
 segment with its live allocations as ``active_allocated`` blocks and the gaps between
 them as ``inactive`` ones. Frees without an allocation in the log are left out, counted.
+A 0-byte allocation (at a real pointer) is counted and paired with its free, but neither
+has a trace entry: there is no block to draw. Times are microseconds since the first
+event: from the Stamp column where the log has one (a binary log always has), else from
+the Time column, a time of day taken past midnight when it goes back by more than 12 hours.
 """
 
 import argparse
@@ -106,10 +112,11 @@ class TorchConversion:
 
 
 def _time_text(microseconds):
+    """A time since the trace's first entry as the Time column: seconds with six decimals.
+    Not H:MM:SS: the readers take hours 0-23 there (a time of day), and a trace that
+    spans 24 hours or more was written as 24:00:00.000000, which they refuse."""
     seconds, micro = divmod(max(0, int(microseconds)), 1_000_000)
-    minutes, sec = divmod(seconds, 60)
-    hours, minute = divmod(minutes, 60)
-    return f"{hours}:{minute:02d}:{sec:02d}.{micro:06d}"
+    return f"{seconds}.{micro:06d}"
 
 
 def _int_field(entry, key, where, action, required=True, default=0, unsigned64=False):
@@ -315,49 +322,38 @@ def _infer_segments(events, gap=SEGMENT_GAP):
 MAX_TORCH_DEVICE = 127
 
 
-def log_to_memory_viz(events, device=0, device_count=None):
-    """The snapshot dict (``torch.cuda.memory._snapshot()`` layout) of a log's events."""
-    import bisect
-    # Checked first: device_traces gets one list per device up to this one (a negative one
-    # indexed an empty list; a huge one built billions of lists).
-    if not 0 <= device <= MAX_TORCH_DEVICE:
-        raise ConversionError(f"--device {device}: PyTorch's device indices are 0 to {MAX_TORCH_DEVICE}")
-    segments = _infer_segments(events)
-    starts = [start for start, _ in segments]
-    announced = set()
-    segment_stream = {}
-    trace, live = [], {}
-    allocations = frees = failures = unpaired = 0
-    start_us = next((t for *_, t in events if t is not None), 0)
-    for line, kind, address, size, stream, time_us in events:
-        when = (time_us - start_us) if time_us is not None else 0
-        entry = {"addr": address, "size": size, "stream": stream, "time_us": when, "frames": []}
-        if kind == "failure":
-            trace.append(dict(entry, action="oom", addr=0, device_free=0))
-            failures += 1
-        elif kind == "allocate":
-            if size <= 0:
-                continue
-            k = bisect.bisect_right(starts, address) - 1
-            if k not in announced:
-                announced.add(k)
-                segment_stream[k] = stream
-                seg_start, seg_end = segments[k]
-                trace.append(dict(entry, action="segment_alloc", addr=seg_start, size=seg_end - seg_start))
-            trace.append(dict(entry, action="alloc"))
-            live[address] = (size, stream)
-            allocations += 1
-        elif address in live:
-            allocated, allocated_stream = live.pop(address)
-            for action in ("free_requested", "free_completed"):
-                trace.append(dict(entry, action=action, size=allocated, stream=allocated_stream))
-            frees += 1
-        else:
-            unpaired += 1
+# A day in microseconds: a time of day that goes back by more than half of it has passed midnight.
+_DAY_US = 86_400_000_000
+
+
+def _trace_times(events):
+    """Each event's trace time: microseconds since the first event with a time (0 for an
+    event without one). The events' time_us is a stamped log's Stamp // 1000, which only
+    rises; else the Time column's time of day, in row order, which is time order: a time
+    that goes back by more than 12 hours has passed midnight, so it and those after it get
+    24 hours more, each time (taken as they were, a free past midnight came 24 hours
+    before its allocation)."""
+    times, start, previous, days = [], None, None, 0
+    for *_, time_us in events:
+        if time_us is None:
+            times.append(0)
+            continue
+        if previous is not None and time_us < previous - _DAY_US // 2:
+            days += 1
+        previous = time_us
+        time_us += days * _DAY_US
+        start = time_us if start is None else start
+        times.append(time_us - start)
+    return times
+
+
+def _end_segments(segments, segment_stream, live, device):
+    """The snapshot's segments at the end of the log: each with its live allocations as
+    active_allocated blocks and the gaps as inactive ones (0-byte blocks have no place)."""
     snapshot_segments = []
     for k, (seg_start, seg_end) in enumerate(segments):
         blocks, cursor, active = [], seg_start, 0
-        for address in sorted(a for a in live if seg_start <= a < seg_end):
+        for address in sorted(a for a, (size, _) in live.items() if size and seg_start <= a < seg_end):
             size = live[address][0]
             if address > cursor:
                 blocks.append({"address": cursor, "size": address - cursor, "requested_size": 0,
@@ -375,10 +371,54 @@ def log_to_memory_viz(events, device=0, device_count=None):
             "active_size": active, "requested_size": active, "stream": segment_stream.get(k, 0),
             "segment_type": "large" if total > 1 << 20 else "small", "segment_pool_id": (0, 0),
             "is_expandable": False, "frames": [], "blocks": blocks})
+    return snapshot_segments
+
+
+def log_to_memory_viz(events, device=0, device_count=None):
+    """The snapshot dict (``torch.cuda.memory._snapshot()`` layout) of a log's events
+    (read_log_events'), with what was counted. A 0-byte allocation is counted and paired
+    with its free, but has no trace entry or block (the viewer draws none)."""
+    import bisect
+    # Checked first: device_traces gets one list per device up to this one (a negative one
+    # indexed an empty list; a huge one built billions of lists).
+    if not 0 <= device <= MAX_TORCH_DEVICE:
+        raise ConversionError(f"--device {device}: PyTorch's device indices are 0 to {MAX_TORCH_DEVICE}")
+    segments = _infer_segments(events)
+    starts = [start for start, _ in segments]
+    announced = set()
+    segment_stream = {}
+    trace, live = [], {}
+    allocations = frees = failures = unpaired = 0
+    for (line, kind, address, size, stream, _), when in zip(events, _trace_times(events)):
+        entry = {"addr": address, "size": size, "stream": stream, "time_us": when, "frames": []}
+        if kind == "failure":
+            trace.append(dict(entry, action="oom", addr=0, device_free=0))
+            failures += 1
+        elif kind == "allocate":
+            live[address] = (size, stream)
+            allocations += 1
+            if size == 0:
+                # Nothing to draw (no block, no segment), but it is live: its free pairs with
+                # it, not counted as a free without an allocation in the log.
+                continue
+            k = bisect.bisect_right(starts, address) - 1
+            if k not in announced:
+                announced.add(k)
+                segment_stream[k] = stream
+                seg_start, seg_end = segments[k]
+                trace.append(dict(entry, action="segment_alloc", addr=seg_start, size=seg_end - seg_start))
+            trace.append(dict(entry, action="alloc"))
+        elif address in live:
+            allocated, allocated_stream = live.pop(address)
+            frees += 1
+            for action in ("free_requested", "free_completed") if allocated else ():
+                trace.append(dict(entry, action=action, size=allocated, stream=allocated_stream))
+        else:
+            unpaired += 1
     count = max(device + 1, device_count or 0)
     traces = [[] for _ in range(count)]
     traces[device] = trace
-    snapshot = {"segments": snapshot_segments, "device_traces": traces,
+    snapshot = {"segments": _end_segments(segments, segment_stream, live, device), "device_traces": traces,
                 "allocator_settings": {"PYTORCH_CUDA_ALLOC_CONF": "", "max_split_size": -1,
                                        "garbage_collection_threshold": 0.0, "expandable_segments": False,
                                        "pinned_num_register_threads": 1, "release_lock_on_cudamalloc": False,

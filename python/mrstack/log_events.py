@@ -1,20 +1,27 @@
 """Reading allocation logs in Python, as mrstack-replay reads them: RMM's CSV (and the
 logging adaptor's per-thread CSV with its Stamp column, merged by stamp), the logging
 adaptor's binary records, plain or gzip-compressed, told apart by the content. Each row is
-checked by the C++ reader's rules (src/log/allocation_log.cpp), and an error names the file
-and the line. `python -m mrstack.convert memory-viz` is built on `read_log_events`.
+checked by the C++ reader's rules (src/log/allocation_log.cpp, src/log/log_file.cpp,
+src/log/binary_log.cpp) and within its default bounds (MAX_TEXT_BYTES, MAX_LINE_BYTES,
+MAX_STREAMS), and an error names the file and the line (or a binary log's byte offset).
+`python -m mrstack.convert memory-viz` is built on `read_log_events`.
 """
 import bisect
-import gzip
 import heapq
 import re
 import struct
 import time
 import zlib
 
-__all__ = ["HEADER", "ConversionError", "read_log_events"]
+__all__ = ["HEADER", "ConversionError", "read_log_events", "MAX_TEXT_BYTES", "MAX_LINE_BYTES", "MAX_STREAMS"]
 
 HEADER = "Thread,Time,Action,Pointer,Size,Stream"
+
+# The C++ reader's default bounds (log_limits, include/mrstack/log/allocation_log.hpp) and
+# the width of its stream index: a log past them is refused there, so it is refused here.
+MAX_TEXT_BYTES = 4 << 30   # the (decompressed) text, or a binary log's CSV text
+MAX_LINE_BYTES = 64 << 10  # one line, its \r left out
+MAX_STREAMS = 65535        # distinct Stream handles
 
 
 class ConversionError(Exception):
@@ -27,17 +34,26 @@ def hex_text(value):
 
 
 def _parse_time_us(text):
-    """H:MM:SS.ffffff (mrstack's and RMM's loggers) -> microseconds; None when unreadable."""
-    try:
-        hours, minutes, seconds = text.strip().split(":")
-        return round((int(hours) * 3600 + int(minutes) * 60 + float(seconds)) * 1_000_000)
-    except ValueError:
+    """A Time field the reader takes (see _is_time) -> microseconds: since midnight for a
+    time of day H:MM:SS[.f], since whatever origin the log counts from for a number of
+    seconds (as mrstack.convert writes a PyTorch trace's times); None when unreadable. The
+    fraction is rounded to the microsecond, in integers (no float rounding)."""
+    match = _TIME.fullmatch(text.strip())
+    if not match:
         return None
+    hours, minutes, seconds, fraction = match.groups()
+    whole = int(hours) if minutes is None else int(hours) * 3600 + int(minutes) * 60 + int(seconds)
+    micro = 0
+    if fraction:
+        scale = 10 ** len(fraction)
+        micro = (int(fraction) * 2_000_000 + scale) // (2 * scale)  # half up
+    return whole * 1_000_000 + micro
 
 
 # The logging adaptor's binary records (include/mrstack/log/binary_log.hpp).
 _BINARY_MAGIC = b"MRSTLOG\x01"
 _BINARY_ACTIONS = ("allocate", "allocate failure", "free")
+_STAMP_MAX = (1 << 62) - 1  # the largest stamp a record holds (its top two bits are the kind)
 
 
 def _binary_records(path, data):
@@ -54,29 +70,50 @@ def _binary_records(path, data):
         at += 8
         for index in range(count):
             word, pointer, size, stream = struct.unpack_from("<QQQQ", data, at)
-            yield at, word >> 62, word & ((1 << 62) - 1), pointer, size, stream, index == 0
+            yield at, word >> 62, word & _STAMP_MAX, pointer, size, stream, index == 0
             at += 32
 
 
 def _tick_scale(points):
-    """Tick stamps to nanoseconds, piecewise linear through the (ticks, ns) points and
-    (0, 0), past the last at the whole span's rate; points running backwards left out."""
+    """Tick stamps to nanoseconds exactly as the C++ reader converts them: piecewise linear
+    through the kept points, past the last at the rate from (0, 0) to it. The points are
+    (0, 0) and the (ticks, ns) ones sorted; each is kept when its ticks are past the last
+    kept one's and its ns at least that one's (of equal ticks the smallest ns: points
+    running backwards are left out). Integers, floored, then at most 2^62 - 1: a damaged
+    point's rate gave times no record can hold (and Python's localtime an OverflowError)."""
     kept = [(0, 0)]
     for ticks, ns in sorted(points):
         if ticks > kept[-1][0] and ns >= kept[-1][1]:
             kept.append((ticks, ns))
+    kept_ticks = [ticks for ticks, _ in kept]
+
     def scale(ticks):
         if len(kept) == 1:
-            return 0
-        i = bisect.bisect_right([p[0] for p in kept], ticks)
-        a, b = (kept[0], kept[-1]) if i == len(kept) else (kept[i - 1], kept[i])
-        return int(a[1] + (ticks - a[0]) * (b[1] - a[1]) / (b[0] - a[0]))
+            return 0  # only the origin: no rate known
+        i = bisect.bisect_right(kept_ticks, ticks)
+        (a_ticks, a_ns), (b_ticks, b_ns) = (kept[0], kept[-1]) if i == len(kept) else (kept[i - 1], kept[i])
+        return min(a_ns + (ticks - a_ticks) * (b_ns - a_ns) // (b_ticks - a_ticks), _STAMP_MAX)
     return scale
+
+
+def _clock_text(wall_ns):
+    """The Time column the C++ writer gives a wall-clock instant (src/adaptor/log_rows.hpp):
+    the instant wrapped to a signed 64-bit value (a damaged start time wraps there, it does
+    not stop the read), its floored second in local time, 00:00:00 where the C library
+    cannot convert the second (as localtime_r's failure leaves it there)."""
+    wall_ns = (wall_ns + (1 << 63)) % (1 << 64) - (1 << 63)
+    seconds, ns = divmod(wall_ns, 1_000_000_000)
+    try:
+        hms = time.strftime("%H:%M:%S", time.localtime(seconds))
+    except (OverflowError, ValueError, OSError):
+        hms = "00:00:00"
+    return f"{hms}.{ns // 1000:06d}"
 
 
 def _binary_log_rows(path, data):
     """A binary log's rows as the CSV the adaptor writes in per-thread order would hold
-    them (its header first). Raises ConversionError naming the byte offset."""
+    them (its header first). Raises ConversionError naming the byte offset, also when that
+    CSV text would pass MAX_TEXT_BYTES (as the C++ reader counts it)."""
     def fail(offset, what):
         raise ConversionError(f"{path}: binary log, byte offset {offset}: {what}")
     if len(data) < 32:
@@ -95,6 +132,7 @@ def _binary_log_rows(path, data):
     scale = _tick_scale([(size, stream) for _, kind, _, _, size, stream, _ in records if kind == 3 and size]) \
         if clock == 1 else (lambda stamp: stamp)
     rows = [HEADER.split(",") + ["Stamp"]]
+    used = len(HEADER) + len(",Stamp\n")
     thread = None
     for at, kind, stamp, pointer, size, stream, first in records:
         if kind == 3:
@@ -103,10 +141,12 @@ def _binary_log_rows(path, data):
         if first:
             fail(at, "a block's first record must name its thread (kind 3)")
         stamp = scale(stamp)
-        seconds, ns = divmod(start_wall_ns + stamp, 1_000_000_000)
-        clock_text = time.strftime("%H:%M:%S", time.localtime(seconds)) + f".{ns // 1000:06d}"
-        rows.append([str(thread), clock_text, _BINARY_ACTIONS[kind], f"{pointer:#x}" if pointer else "(nil)",
-                     str(size), f"{stream:#x}" if stream else "0", str(stamp)])
+        row = [str(thread), _clock_text(start_wall_ns + stamp), _BINARY_ACTIONS[kind],
+               f"{pointer:#x}" if pointer else "(nil)", str(size), f"{stream:#x}" if stream else "0", str(stamp)]
+        used += sum(map(len, row)) + len(row)  # the fields, their six commas and the newline
+        if used > MAX_TEXT_BYTES:
+            fail(at, f"the log's CSV text is larger than {MAX_TEXT_BYTES} bytes, the reader's limit")
+        rows.append(row)
     return rows
 
 
@@ -115,8 +155,9 @@ def _binary_log_rows(path, data):
 _COLUMNS = ("Thread", "Time", "Action", "Pointer", "Size", "Stream")
 _HEX = re.compile(r"(?:0[xX])?([0-9a-fA-F]{1,16})")
 _DECIMAL = re.compile(r"[0-9]+")
-_TIME = re.compile(r"([0-9]+)(?::([0-9]{2}):([0-9]{2}))?(?:\.[0-9]+)?")
+_TIME = re.compile(r"([0-9]+)(?::([0-9]{2}):([0-9]{2}))?(?:\.([0-9]+))?")
 _ACTIONS = {"allocate": "allocate", "free": "free", "allocate failure": "failure"}
+_GZIP_MAGIC = b"\x1f\x8b"
 
 
 def _hex_field(text):
@@ -137,20 +178,93 @@ def _is_time(text):
     match = _TIME.fullmatch(text)
     if not match:
         return False
-    hours, minutes, seconds = match.groups()
+    hours, minutes, seconds, _ = match.groups()
     return minutes is None or (len(hours) <= 2 and int(hours) < 24 and int(minutes) < 60 and int(seconds) < 60)
 
 
-def _split_rows(text):
-    """(line number, fields) of each non-blank line, split as the C++ reader splits them: at
-    every comma (no quoting), each field trimmed of spaces and tabs, a line's \r dropped."""
-    rows = []
+def _too_big(path):
+    return ConversionError(f"{path}: the log's text is larger than {MAX_TEXT_BYTES} bytes, the reader's limit")
+
+
+def _gunzip(path, data):
+    """Every gzip stream in `data` inflated, one after another, as mrstack's reader does
+    (src/log/log_file.cpp): bytes after the last stream that do not start another stream
+    are an error (gzip.decompress skipped trailing zeros, so a damaged file read as whole),
+    and so is a text over MAX_TEXT_BYTES."""
+    pieces, size, at = [], 0, 0
+    while at < len(data):
+        if not data.startswith(_GZIP_MAGIC, at):
+            raise ConversionError(f"{path}: {len(data) - at} bytes of trailing garbage after the gzip stream, at "
+                                  f"byte offset {at} of the file")
+        inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
+        pending = memoryview(data)[at:]
+        while not inflater.eof:
+            if not pending:
+                raise ConversionError(f"{path}: cannot read it: the compressed log is damaged or cut short "
+                                      "(unexpected end of file)")
+            try:
+                # At most one byte past the limit: the text is never held past it.
+                piece = inflater.decompress(pending, MAX_TEXT_BYTES - size + 1)
+            except zlib.error as e:
+                raise ConversionError(f"{path}: cannot read it: the compressed log is damaged ({e})") from None
+            size += len(piece)
+            if size > MAX_TEXT_BYTES:
+                raise _too_big(path)
+            pieces.append(piece)
+            pending = inflater.unconsumed_tail
+        at = len(data) - len(inflater.unused_data)
+    return b"".join(pieces)
+
+
+def _log_rows(path):
+    """(line number, fields, or None for a blank line) of every line of a log file: its
+    bytes gunzipped when they start as gzip does, a binary log read as its CSV rows, else
+    CSV text (a byte order mark skipped). Bytes that are not UTF-8 are kept as surrogate
+    escapes: only the Thread column must be UTF-8 (checked where a row is read), as in
+    the C++ reader. Raises ConversionError naming the file."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read(MAX_TEXT_BYTES + 4097)
+    except FileNotFoundError:
+        raise ConversionError(f"{path}: no such file") from None
+    except OSError as e:
+        raise ConversionError(f"{path}: cannot read it ({e})") from None
+    # The compressed form is never larger than its text by more than gzip's headers.
+    if len(data) > MAX_TEXT_BYTES + 4096:
+        raise _too_big(path)
+    # Compressed or not by the content, as mrstack's reader decides (not by the name: a
+    # gzip file named .csv, or a plain one named .gz, is read there, so it is here).
+    if data.startswith(_GZIP_MAGIC):
+        data = _gunzip(path, data)
+    if data.startswith(_BINARY_MAGIC):
+        return enumerate(_binary_log_rows(path, data), start=1)
+    if len(data) > MAX_TEXT_BYTES:
+        raise _too_big(path)
+    nul = data.find(b"\0")
+    if nul >= 0:
+        line = data.count(b"\n", 0, nul) + 1
+        raise ConversionError(f"{path}:{line}: a NUL byte at byte offset {nul} of "
+                              "the text: the log holds binary data, expected CSV text (or gzip-compressed CSV)")
+    if not data:
+        return iter(())
+    return _text_rows(path, data.decode("utf-8-sig", "surrogateescape"))
+
+
+def _text_rows(path, text):
+    """(line number, fields or None) of each line, split as the C++ reader splits them:
+    at every comma (no quoting), each field trimmed of spaces and tabs, a line's \\r
+    dropped; None for a blank line. A line over MAX_LINE_BYTES is an error, raised when
+    the reading reaches it, as the C++ reader's is (after the errors of the rows above
+    it, in a log without a Stamp column)."""
     for number, line in enumerate(text.split("\n"), start=1):
         if line.endswith("\r"):
             line = line[:-1]
-        if line.strip(" \t"):
-            rows.append((number, [field.strip(" \t") for field in line.split(",")]))
-    return rows
+        # Counted in bytes: a character is at most four, so only a long line needs encoding.
+        if len(line) * 4 > MAX_LINE_BYTES and len(line.encode("utf-8", "surrogateescape")) > MAX_LINE_BYTES:
+            raise ConversionError(f"{path}:{number}: the line is {len(line.encode('utf-8', 'surrogateescape'))} "
+                                  f"bytes long, more than the reader's limit of {MAX_LINE_BYTES}; it starts: "
+                                  f"{line[:200]!r}")
+        yield number, ([field.strip(" \t") for field in line.split(",")] if line.strip(" \t") else None)
 
 
 def _checked_header(path, header):
@@ -163,16 +277,32 @@ def _checked_header(path, header):
     return len(header) > 6 and header[6].lower() == "stamp"
 
 
-def _checked_event(path, number, row):
+def _bad_thread_byte(thread):
+    """The first byte that keeps a Thread from being printable UTF-8 (a control character,
+    or a byte the decoding kept as a surrogate escape), or None."""
+    for c in thread:
+        code = ord(c)
+        if code < 0x20 or code == 0x7F:
+            return code
+        if 0xDC80 <= code <= 0xDCFF:
+            return code - 0xDC00
+    return None
+
+
+def _checked_event(path, number, row, stamp=None):
     """One row's event (line, kind, address, size, stream, time_us), checked as the C++
-    reader checks it; None for a null-pointer row of size 0 (which that reader skips)."""
+    reader checks it; None for a row that reader skips: a null-pointer row of size 0, an
+    allocate failure of 0 bytes (a refusal of nothing). time_us: the Stamp // 1000 when the
+    log has a Stamp column (`stamp`), else the Time column (see _parse_time_us)."""
     where = f"{path}:{number}"
+    if len(row) < 6:
+        raise ConversionError(f"{where}: {len(row)} fields, expected 6 ({HEADER})")
     thread, time_text, action, pointer, size_text, stream_text = row[:6]
     if not thread:
         raise ConversionError(f"{where}: the Thread column is empty: expected a thread id")
-    bad = next((c for c in thread if ord(c) < 0x20 or ord(c) == 0x7F), None)
-    if bad is not None:  # (bytes that are not UTF-8 already failed to decode)
-        raise ConversionError(f"{where}: bad Thread: byte 0x{ord(bad):02x} is not printable UTF-8 text: expected a "
+    bad = _bad_thread_byte(thread)
+    if bad is not None:
+        raise ConversionError(f"{where}: bad Thread: byte 0x{bad:02x} is not printable UTF-8 text: expected a "
                               "thread id")
     if not _is_time(time_text):
         raise ConversionError(f"{where}: bad Time {time_text!r}: expected a time of day such as 01:00:00.000123 "
@@ -188,100 +318,125 @@ def _checked_event(path, number, row):
                               "below 2^64)")
     if stream is None:
         raise ConversionError(f"{where}: bad Stream {stream_text!r}: expected a hexadecimal stream handle")
+    if kind == "failure" and size == 0:
+        return None  # a refusal of nothing: no allocator refuses it, whatever its Pointer
     if kind != "failure" and address == 0:
         if size == 0:
             return None  # an allocation of nothing, or a free of nullptr: a no-op
         raise ConversionError(f"{where}: a{'' if kind == 'free' else 'n'} {action} row of {size} bytes has a null "
                               "Pointer")
-    return number, kind, address, size, stream, _parse_time_us(time_text)
+    time_us = stamp // 1000 if stamp is not None else _parse_time_us(time_text)
+    return number, kind, address, size, stream, time_us
 
 
 def read_log_events(path):
     """The events of an allocation log: (line, action, address, size, stream, time_us)
-    with action "allocate", "free" or "failure". Raises ConversionError naming the line.
-    A binary log (the logging adaptor's ``binary`` format) reads as its CSV rows. The rows
-    are read and checked as mrstack's C++ reader reads them (header names without case,
-    a byte order mark skipped, fields split at every comma and trimmed, numbers strict)."""
-    try:
-        with open(path, "rb") as f:
-            data = f.read()
-        # Compressed or not by the content, as mrstack's reader decides (not by the name: a
-        # gzip file named .csv, or a plain one named .gz, is read there, so it is here).
-        if data.startswith(b"\x1f\x8b"):
-            data = gzip.decompress(data)  # every gzip stream, one after another
-        if data.startswith(_BINARY_MAGIC):
-            rows = list(enumerate(_binary_log_rows(path, data), start=1))
-        else:
-            nul = data.find(b"\0")
-            if nul >= 0:
-                line = data.count(b"\n", 0, nul) + 1
-                raise ConversionError(f"{path}:{line}: a NUL byte at byte offset {nul} of "
-                                      "the text: the log holds binary data, expected CSV text (or gzip-compressed CSV)")
-            rows = _split_rows(data.decode("utf-8-sig"))
-    except FileNotFoundError:
-        raise ConversionError(f"{path}: no such file") from None
-    except (OSError, EOFError, UnicodeDecodeError, zlib.error) as e:
-        raise ConversionError(f"{path}: cannot read it ({e})") from None
-    if not rows:
+    with action "allocate", "free" or "failure", in the order mrstack's reader takes them.
+    time_us: microseconds, the Stamp // 1000 in a log with a Stamp column (a binary log
+    has one), else the Time column's (a time of day wraps at midnight). Raises
+    ConversionError naming the line. A binary log (the logging adaptor's ``binary``
+    format) reads as its CSV rows. The rows are read and checked as mrstack's C++ reader
+    reads them (header names without case, a byte order mark skipped, fields split at
+    every comma and trimmed, numbers strict), each row's checks and those of the events
+    before it (see _EventChecks) in that order, so an error names the line it names."""
+    rows = _log_rows(path)
+    number, header = next(rows, (None, None))
+    if number is None:
         raise ConversionError(f"{path}: empty, expected the header {HEADER}")
-    if rows[0][0] != 1:
+    if header is None:
         raise ConversionError(f"{path}:1: a blank line, expected the header {HEADER}")
-    has_stamp = _checked_header(path, rows[0][1])
-    columns = 7 if has_stamp else 6
-    events, stamped = [], []
-    for number, row in rows[1:]:
-        if len(row) < columns:
-            raise ConversionError(f"{path}:{number}: {len(row)} fields, expected {columns} ({HEADER}"
-                                  f"{',Stamp' if has_stamp else ''})")
-        stamp = _decimal_field(row[6]) if has_stamp else None
-        if has_stamp and stamp is None:
-            raise ConversionError(f"{path}:{number}: bad Stamp {row[6]!r}: expected nanoseconds (decimal digits)")
-        event = _checked_event(path, number, row)
+    has_stamp = _checked_header(path, header)
+    rows = ((number, fields) for number, fields in rows if fields is not None)
+    ordered = _in_stamp_order(path, rows) if has_stamp else ((number, fields, None) for number, fields in rows)
+    checks = _EventChecks(path)
+    events = []
+    for number, fields, stamp in ordered:
+        event = _checked_event(path, number, fields, stamp)
         if event is not None:
+            checks.add(event)
             events.append(event)
-            stamped.append((row[0], stamp))
-    if has_stamp:
-        events = _in_stamp_order(stamped, events)
-    _check_pairs(path, events)
     return events
 
 
-def _check_pairs(path, events):
-    """mrstack's reader's rules for each pointer, in event order: no second allocation while
-    it is live (the log lost a free: a snapshot would hold two blocks at one address), no
-    second free, and a free's size is its allocation's. One difference, kept on purpose: a
-    free of a pointer no earlier line allocated (a block allocated before recording began)
-    is left out and counted by log_to_memory_viz, where mrstack-replay, which must replay
-    every free, refuses the log."""
-    live = {}   # address -> (line that allocated it, its size)
-    freed = {}  # address -> (line that allocated it, line that freed it), until allocated again
-    for line, kind, address, size, *_ in events:
+class _EventChecks:
+    """mrstack's reader's checks on the events, one at a time in the order it takes them:
+    at most MAX_STREAMS distinct streams (failures' included), then per pointer (see
+    `pair`)."""
+
+    def __init__(self, path):
+        self.path = path
+        self.streams = set()
+        self.live = {}   # address -> (line that allocated it, its size)
+        self.freed = {}  # address -> (line that allocated it, line that freed it), until allocated again
+        self.live_bytes = 0
+        self.total_bytes = 0
+
+    def add(self, event):
+        line, kind, address, size, stream, _ = event
+        if stream not in self.streams:
+            if len(self.streams) == MAX_STREAMS:
+                raise ConversionError(f"{self.path}:{line}: the log uses more than {MAX_STREAMS} streams")
+            self.streams.add(stream)
+        if kind != "failure":
+            self.pair(line, kind, address, size)
+
+    def pair(self, line, kind, address, size):
+        """No second allocation of a live pointer (the log lost a free: a snapshot would
+        hold two blocks at one address), live bytes and the log's total allocated bytes
+        within 2^64 - 1 (a wrapped sum reports nonsense), no second free, and a free's
+        size is its allocation's. One difference, kept on purpose: a free of a pointer no
+        earlier line allocated (a block allocated before recording began) is left out and
+        counted by log_to_memory_viz, where mrstack-replay, which must replay every free,
+        refuses the log."""
+        where = f"{self.path}:{line}"
         if kind == "allocate":
-            if address in live:
-                raise ConversionError(f"{path}:{line}: allocate of {hex_text(address)}, which is still live: line "
-                                      f"{live[address][0]} allocated it and no line freed it since")
-            live[address] = (line, size)
-            freed.pop(address, None)
-        elif kind == "free":
-            if address in live:
-                allocated_line, allocated_size = live.pop(address)
-                if size != allocated_size:
-                    raise ConversionError(f"{path}:{line}: free of {hex_text(address)} with Size {size}, but line "
-                                          f"{allocated_line} allocated it with {allocated_size} bytes")
-                freed[address] = (allocated_line, line)
-            elif address in freed:
-                allocated_line, freed_line = freed[address]
-                raise ConversionError(f"{path}:{line}: free of {hex_text(address)}, which is not live: line "
-                                      f"{allocated_line} allocated it and line {freed_line} already freed it")
+            if address in self.live:
+                raise ConversionError(f"{where}: allocate of {hex_text(address)}, which is still live: line "
+                                      f"{self.live[address][0]} allocated it and no line freed it since")
+            if max(self.live_bytes, self.total_bytes) + size > (1 << 64) - 1:
+                raise ConversionError(f"{where}: with this allocation of {size} bytes the log's bytes would pass "
+                                      "2^64 - 1: the sizes are absurd")
+            self.live_bytes += size
+            self.total_bytes += size
+            self.live[address] = (line, size)
+            self.freed.pop(address, None)
+        elif address in self.live:
+            allocated_line, allocated_size = self.live[address]
+            if size != allocated_size:
+                raise ConversionError(f"{where}: free of {hex_text(address)} with Size {size}, but line "
+                                      f"{allocated_line} allocated it with {allocated_size} bytes")
+            del self.live[address]
+            self.live_bytes -= size
+            self.freed[address] = (allocated_line, line)
+        elif address in self.freed:
+            allocated_line, freed_line = self.freed[address]
+            raise ConversionError(f"{where}: free of {hex_text(address)}, which is not live: line "
+                                  f"{allocated_line} allocated it and line {freed_line} already freed it")
 
 
-def _in_stamp_order(stamped, events):
-    """A log in per-thread order (a Stamp column): each thread's rows in file order, the
-    threads merged by stamp, a free before another thread's allocation at equal stamps
-    (as mrstack's reader and the logging adaptor's merged writer order them). `stamped`
-    holds each event's (thread, stamp)."""
+def _check_pairs(path, events):
+    """The per-pointer checks (_EventChecks.pair) over `events`, in their order."""
+    checks = _EventChecks(path)
+    for line, kind, address, size, *_ in events:
+        if kind != "failure":
+            checks.pair(line, kind, address, size)
+
+
+def _in_stamp_order(path, rows):
+    """(line, fields, stamp) of a log in per-thread order (a Stamp column), in the order
+    mrstack's reader takes them: every row read first, each must have its Stamp; then
+    each thread's rows in file order, the threads merged by stamp, a free before another
+    thread's allocation at equal stamps (as the logging adaptor's merged writer orders
+    them). Every row takes part, null and allocate failure rows too, and is checked (or
+    skipped) only in this order: left out before the merge, a skipped row let its
+    thread's next row move ahead of other threads' rows, so the order differed."""
     by_thread = {}
-    for (thread, stamp), event in zip(stamped, events):
-        by_thread.setdefault(thread, []).append((stamp, event[1] != "free", event[0], event))
-    merged = heapq.merge(*by_thread.values(), key=lambda item: item[:3])
-    return [item[3] for item in merged]
+    for number, fields in rows:
+        if len(fields) < 7:
+            raise ConversionError(f"{path}:{number}: {len(fields)} fields, expected 7 ({HEADER},Stamp)")
+        stamp = _decimal_field(fields[6])
+        if stamp is None:
+            raise ConversionError(f"{path}:{number}: bad Stamp {fields[6]!r}: expected nanoseconds (decimal digits)")
+        by_thread.setdefault(fields[0], []).append((stamp, fields[2] != "free", number, fields))
+    for stamp, _, number, fields in heapq.merge(*by_thread.values(), key=lambda row: row[:3]):
+        yield number, fields, stamp

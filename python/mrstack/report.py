@@ -22,6 +22,7 @@ import glob
 import html
 import io
 import json
+import math
 import os
 import re
 import shutil
@@ -124,7 +125,7 @@ def check_timeline(timeline, where="timeline"):
     _check_records(timeline.get("threads"), "threads", where, ("allocations", "frees"), ("thread", "allocations", "frees"))
     _check_records(timeline.get("streams"), "streams", where, ("allocations", "frees"), ("stream", "allocations", "frees"))
     _check_records(timeline.get("results"), "results", where,
-                   ("events", "failures", "ns_per_event", "peak_live_bytes", "peak_footprint_bytes",
+                   ("events", "failures", "ns_per_event", "ns_per_call", "peak_live_bytes", "peak_footprint_bytes",
                     "footprint_ratio", "upstream_allocations", "leaks"))
 
 
@@ -289,29 +290,57 @@ def _format_bytes(n):
     return f"{n} B"
 
 
+def _ns_text(ns):
+    """A time per call as mrstack-replay prints it (ns_text, src/replay/cli_table.cpp):
+    from 100 ns whole, rounded half away from zero, with thousands commas; below, one decimal."""
+    return f"{math.floor(ns + 0.5):,}" if ns >= 100 else f"{ns:.1f}"
+
+
+def _ratio(result):
+    """A result's footprint ratio, or None where there is none to rank: missing, null or
+    NaN (peak live 0: no ratio), or not above 0."""
+    ratio = result.get("footprint_ratio")
+    return ratio if _is_number(ratio) and ratio > 0 else None
+
+
 def verdict(results):
-    """The sentence mrstack-replay ends with, from the results: the fastest and the most
-    compact of the stacks that replayed the whole log."""
-    complete = [r for r in results if not r.get("failures") and not r.get("error")]
+    """The sentence mrstack-replay ends with (verdict_text, src/replay/cli_verdict.cpp,
+    less its "verdict: "), from the results: the fastest and the most compact of the
+    stacks that replayed the whole log, then how many did."""
+    complete = [r for r in results if not r.get("failures") and not r.get("error")
+                and not r.get("expected_failures_served")]
     if not complete:
         return "no stack replayed the whole log."
-    fastest = min(complete, key=lambda r: r.get("ns_per_event") or float("inf"))
-    text = f"fastest {fastest['resource']} ({fastest.get('ns_per_event', 0):.1f} ns/event)"
-    compact = min(complete, key=lambda r: r.get("footprint_ratio") or float("inf"))
-    if compact.get("footprint_ratio"):
-        text += f"; most compact {compact['resource']} ({compact['footprint_ratio']:.3f}× peak live)"
+    # As mrstack-replay decides: the time inside the allocator (the replay's own hand-overs
+    # between threads must not pick the winner; a timeline without it falls back to wall
+    # time), the first of equals; compactness only among stacks whose footprint is
+    # measured, not a bound, and that have a ratio, equal ratios the faster first.
+    timed = "ns_per_call" if all(_is_number(r.get("ns_per_call")) for r in complete) else "ns_per_event"
+
+    def ns(r):  # a missing or NaN time never wins (NaN would make min() order-dependent)
+        return r[timed] if _is_number(r.get(timed)) and not math.isnan(r[timed]) else math.inf
+    fastest = min(complete, key=ns)
+    unit = "ns/call" if timed == "ns_per_call" else "ns/event"
+    text = f"fastest {fastest['resource']} ({_ns_text(ns(fastest)) if ns(fastest) < math.inf else '–'} {unit})"
+    fitted = [r for r in complete if _ratio(r) is not None and not r.get("footprint_lower_bound")]
+    if fitted:
+        compact = min(fitted, key=lambda r: (_ratio(r), ns(r)))
+        text += f"; most compact {compact['resource']} ({_ratio(compact):.3f}x of peak live)"
     if len(complete) < len(results):
-        text += f"; {len(results) - len(complete)} of {len(results)} stacks failed"
-    return text + "."
+        return text + f"; {len(results) - len(complete)} of {len(results)} stacks did not replay the whole log."
+    return text + ("; it replayed the whole log." if len(results) == 1 else
+                   "; both stacks replayed the whole log." if len(results) == 2 else
+                   f"; all {len(results)} stacks replayed the whole log.")
 
 
 def _summary_table(results):
-    head = ("stack", "events", "failures", "ns/event", "peak live", "peak footprint", "footprint / live",
+    head = ("stack", "events", "failures", "ns/call", "ns/event", "peak live", "peak footprint", "footprint / live",
             "upstream allocations", "leaks")
     rows = []
     for r in results:
         failed = bool(r.get("failures") or r.get("error"))
         cells = (r.get("resource"), f"{r.get('events', 0):,}", str(r.get("failures", 0)),
+                 f"{r['ns_per_call']:.1f}" if r.get("ns_per_call") is not None else "–",
                  f"{r['ns_per_event']:.1f}" if r.get("ns_per_event") is not None else "–",
                  _format_bytes(r.get("peak_live_bytes")), _format_bytes(r.get("peak_footprint_bytes")),
                  f"{r['footprint_ratio']:.3f}" if r.get("footprint_ratio") else "–",

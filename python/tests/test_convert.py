@@ -46,10 +46,10 @@ def test_actions_map_to_log_rows_and_caching_entries_are_left_out():
     out = convert_torch_snapshot(snapshot(trace))
     assert out.lines == [
         HEADER,
-        "1,0:00:00.000000,allocate,0x7f0000000000,512,0",
-        "1,0:00:00.000250,allocate,0x7f0000000200,1024,0x55aa",
-        "1,0:00:00.000300,free,0x7f0000000000,512,0",
-        "1,1:02:02.000007,allocate failure,0,1099511627776,0",
+        "1,0.000000,allocate,0x7f0000000000,512,0",
+        "1,0.000250,allocate,0x7f0000000200,1024,0x55aa",
+        "1,0.000300,free,0x7f0000000000,512,0",
+        "1,3722.000007,allocate failure,0,1099511627776,0",
     ]
     assert (out.allocations, out.frees, out.failures, out.ignored_entries, out.leaks) == (2, 1, 1, 3, 1)
     assert out.device == 0
@@ -65,7 +65,7 @@ def test_frees_of_blocks_allocated_before_recording_are_left_out_and_counted():
         entry("free_requested", addr=0x2000, size=512),  # the same block again: not live any more
     ]
     out = convert_torch_snapshot(snapshot(trace))
-    assert out.lines[1:] == ["1,0:00:00.000000,allocate,0x2000,512,0", "1,0:00:00.000000,free,0x2000,512,0"]
+    assert out.lines[1:] == ["1,0.000000,allocate,0x2000,512,0", "1,0.000000,free,0x2000,512,0"]
     assert out.unpaired_frees == 2
     assert "2 frees of blocks allocated before recording began left out" in out.summary()
 
@@ -80,7 +80,7 @@ def test_device_choice():
     one = [entry("alloc", addr=0x100, size=512)]
     two = [entry("alloc", addr=0x200, size=1024), entry("free_requested", addr=0x200, size=1024)]
     assert convert_torch_snapshot(snapshot([], one)).device == 1
-    assert convert_torch_snapshot(snapshot(one, two), device=1).lines[1] == "1,0:00:00.000000,allocate,0x200,1024,0"
+    assert convert_torch_snapshot(snapshot(one, two), device=1).lines[1] == "1,0.000000,allocate,0x200,1024,0"
     with pytest.raises(ConversionError, match=r"traces for several devices: 0 \(1 entries\), 1 \(2 entries\); "
                                               r"choose one with --device"):
         convert_torch_snapshot(snapshot(one, two))
@@ -145,14 +145,14 @@ def test_random_traces_match_a_simple_model():
         base = trace[0]["time_us"]  # times count from the trace's first entry
         expected = [HEADER] + [_shift(x, base - 10_000) for x in expected[1:]]
         out = convert_torch_snapshot(snapshot(trace))
-        # The model writes times as plain microseconds; compare them as numbers.
+        # The model writes times as plain microseconds, the converter as seconds with six
+        # decimals; compare them as numbers.
         def normalized(line):
             if line == HEADER:
                 return line
             cols = line.split(",")
-            if ":" in cols[1]:
-                h, m, s = cols[1].split(":")
-                cols[1] = str(round((int(h) * 3600 + int(m) * 60 + float(s)) * 1_000_000))
+            seconds, micro = cols[1].split(".")
+            cols[1] = str(int(seconds) * 1_000_000 + int(micro))
             return ",".join(cols)
         assert [normalized(x) for x in out.lines] == expected
         assert out.leaks == len(live)
@@ -175,7 +175,7 @@ def test_command_line_writes_the_log(tmp_path, capsys):
                                                              entry("free_requested", addr=0x100, size=512, time_us=9)]))
     out = tmp_path / "log.csv"
     assert main(["torch", snap, "-o", str(out)]) == 0
-    assert out.read_text() == f"{HEADER}\n1,0:00:00.000000,allocate,0x100,512,0\n1,0:00:00.000004,free,0x100,512,0\n"
+    assert out.read_text() == f"{HEADER}\n1,0.000000,allocate,0x100,512,0\n1,0.000004,free,0x100,512,0\n"
     assert "wrote " + str(out) + ": 2 events (1 allocate, 1 free) from device 0" in capsys.readouterr().err
     packed = tmp_path / "log.csv.gz"
     assert main(["torch", snap, "-o", str(packed)]) == 0
@@ -218,7 +218,7 @@ def test_python_dash_m_runs_the_module(tmp_path):
     done = subprocess.run(["python3", "-m", "mrstack.convert", "torch", snap, "-o", str(tmp_path / "log.csv")],
                           env=env, capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stderr
-    assert (tmp_path / "log.csv").read_text().startswith(HEADER + "\n1,0:00:00.000000,allocate,0x100,512,0")
+    assert (tmp_path / "log.csv").read_text().startswith(HEADER + "\n1,0.000000,allocate,0x100,512,0")
 
 
 def _replay_tool():

@@ -373,9 +373,10 @@ def test_a_free_of_the_wrong_size_or_a_second_free_is_refused_as_the_cpp_reader_
 
 def test_a_thread_id_must_be_printable_utf8_as_the_cpp_reader_wants(tmp_path):
     """mrstack-replay refuses a Thread with a control character or bytes that are not
-    UTF-8 (it writes thread ids back into JSON); the converter refuses the same logs."""
+    UTF-8 (it writes thread ids back into JSON); the converter refuses the same logs,
+    naming the line (only the Thread column must be UTF-8)."""
     for name, thread, why in (("control.csv", b"w\x01", r"control.csv:2: bad Thread: byte 0x01 is not printable"),
-                              ("latin1.csv", b"\xff\xfe", r"latin1.csv: cannot read it")):
+                              ("latin1.csv", b"\xff\xfe", r"latin1.csv:2: bad Thread: byte 0xff is not printable")):
         bad = tmp_path / name
         bad.write_bytes(b"Thread,Time,Action,Pointer,Size,Stream\n" + thread + b",0:00:00.0,allocate,0x10,64,0\n")
         with pytest.raises(ConversionError, match=why):

@@ -43,7 +43,10 @@ def test_page_is_self_contained_with_every_plot_and_the_table(tmp_path):
     assert "https://" not in text and "<link" not in text and "@import" not in text
     for spec in ("pool &gt; cuda", "binning &gt; pool &gt; cuda"):
         assert spec in text
-    assert "fastest pool &gt; cuda (30.0 ns/event)" in text
+    # mrstack-replay's verdict: fastest by the time inside the allocator (ns_per_call), not
+    # by ns_per_event, which ranks the stacks the other way in this timeline.
+    assert "fastest binning &gt; pool &gt; cuda (75.0 ns/call)" in text
+    assert "both stacks replayed the whole log." in text
     assert "Failures" not in text
     # Every stack's footprint is a drawn line, not only a legend entry.
     assert len(re.findall(r"<path ", text)) > 20
@@ -57,7 +60,7 @@ def test_failure_section_names_line_request_and_fragmentation(tmp_path):
     assert "2,002" in section            # the log line
     assert "40 MiB" in section           # the request
     assert "largest free block" in section and "free blocks" in section and "17" in section
-    assert "1 of 2 stacks failed" in html
+    assert "1 of 2 stacks did not replay the whole log." in html
     assert "class=\"failed\"" in html
 
 
@@ -230,3 +233,45 @@ def test_sparse_timelines_still_make_a_page(tmp_path):
     assert html.count("<svg") == 4
     assert "no stack replayed the whole log" in html
     assert "2 MiB" in html and "capacity 1 MiB" in html
+
+
+def _result(resource, ns_per_call, ratio, lower_bound=False, failures=0):
+    return {"resource": resource, "events": 10, "failures": failures, "error": None, "ns_per_event": 500.0,
+            "ns_per_call": ns_per_call, "footprint_ratio": ratio, "footprint_lower_bound": lower_bound}
+
+
+def test_verdict_words_and_ranks_as_mrstack_replay_does():
+    """verdict_text (src/replay/cli_verdict.cpp): equal footprint ratios go to the faster
+    stack; a stack without a ratio (peak live 0: null or NaN) or with a lower bound is
+    never the most compact; times are printed as the table prints them; the sentence
+    ends saying how many stacks replayed the whole log."""
+    tie = [_result("a", 90.0, 1.25), _result("b", 80.0, 1.25), _result("c", 70.0, 1.0, lower_bound=True)]
+    assert report.verdict(tie) == ("fastest c (70.0 ns/call); most compact b (1.250x of peak live); "
+                                   "all 3 stacks replayed the whole log.")
+    for missing in (float("nan"), None, 0):
+        results = [_result("none", 1500.4, missing), _result("some", 2500.5, 1.5)]
+        assert report.verdict(results) == ("fastest none (1,500 ns/call); most compact some (1.500x of peak live); "
+                                           "both stacks replayed the whole log."), missing
+    assert report.verdict([_result("only", 12.25, missing)]) == \
+        "fastest only (12.2 ns/call); it replayed the whole log."
+    failed = [_result("ok", 50.0, 2.0), _result("bad", 10.0, 1.0, failures=3)]
+    assert report.verdict(failed) == ("fastest ok (50.0 ns/call); most compact ok (2.000x of peak live); "
+                                      "1 of 2 stacks did not replay the whole log.")
+    # A timeline without ns_per_call (an older mrstack-replay) ranks by ns_per_event.
+    older = [dict(_result("x", None, 1.5), ns_per_event=40.0), dict(_result("y", None, 1.5), ns_per_event=30.0)]
+    assert report.verdict(older).startswith("fastest y (30.0 ns/event); most compact y (1.500x of peak live)")
+
+
+def test_verdict_is_the_real_replays_sentence(tmp_path):
+    binary = _replay_with_timeline()
+    if binary is None:
+        pytest.skip("no mrstack-replay with --timeline in this build")
+    log = tmp_path / "log.csv"
+    log.write_text("Thread,Time,Action,Pointer,Size,Stream\n1,0,allocate,0x1000,100,0\n2,0,allocate,0x2000,300,0x5\n"
+                   "1,0,free,0x1000,100,0\n2,0,allocate,0x4000,1024,0x5\n2,0,free,0x2000,300,0x5\n")
+    timeline = tmp_path / "t.json"
+    done = subprocess.run([binary, str(log), "--simulate", "-r", "pool > cuda", "-r", "cuda", "-r", "binning > cuda",
+                           "--timeline", str(timeline)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    printed = next(line for line in done.stdout.splitlines() if line.startswith("verdict: "))
+    assert report.verdict(json.loads(timeline.read_text())["results"]) == printed[len("verdict: "):]
