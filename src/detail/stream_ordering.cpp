@@ -91,8 +91,11 @@ stream_owners::~stream_owners() {
 }
 
 owner_id stream_owners::new_slot() {
-  if (slots_.size() > 0xffffU) {
-    throw std::length_error("stream-ordered resource: more than 65535 streams hold free memory at once");
+  if (slots_.size() > max_slot) {
+    // Only parked owners get here past the limit (a stream's slot is recycled after its
+    // resource synchronized everything): 65,535 streams parked memory at once.
+    throw std::length_error("stream-ordered resource: more than 65535 streams and their parked memory hold free "
+                            "memory at once, even after a device synchronization");
   }
   slots_.emplace_back();
   return static_cast<owner_id>(slots_.size() - 1);

@@ -300,7 +300,9 @@ class fixed_size_blocks {
 
  private:
   owner_id owner_of(stream_ref const& s) {
-    owner_id const o = owners_.acquire(s, [this](owner_id x) { return x < stacks_.size() && !stacks_[x].empty(); });
+    owner_id const o = owners_.acquire(
+        s, [this](owner_id x) { return x < stacks_.size() && !stacks_[x].empty(); },
+        [this] { (void)synchronize_everything(); });
     if (o >= stacks_.size()) { stacks_.resize(std::size_t{o} + 1); }
     return o;
   }

@@ -156,11 +156,16 @@ class stream_owners {
 
   /// The owner id of `s`, creating a slot for a stream not seen before. `holds_memory(o)`
   /// tells whether owner o still holds free memory (slots that do not may be recycled).
-  template <typename HoldsMemory>
-  owner_id acquire(stream_ref const& s, HoldsMemory&& holds_memory) {
+  /// `consolidate()` is called when every slot is taken (65,535 streams hold free memory,
+  /// e.g. short-lived threads' default streams): it must make every stream's free memory
+  /// synchronized (the resource's synchronize_everything), after which empty slots are
+  /// recycled.
+  template <typename HoldsMemory, typename Consolidate>
+  owner_id acquire(stream_ref const& s, HoldsMemory&& holds_memory, Consolidate&& consolidate) {
     if (s.key == cached_key_) { return cached_owner_; }
     std::uint32_t const found = by_key_.find(s.key);
-    owner_id const o = found != address_map::npos ? static_cast<owner_id>(found) : create(s, holds_memory);
+    owner_id const o =
+        found != address_map::npos ? static_cast<owner_id>(found) : create(s, holds_memory, consolidate);
     cached_key_ = s.key;
     cached_owner_ = o;
     return o;
@@ -371,6 +376,7 @@ class stream_owners {
   static constexpr std::uintptr_t legacy_stream = 0;
   /// Slots beyond this many are recycled from streams that hold no free memory.
   static constexpr std::size_t soft_slot_limit = 1024;
+  static constexpr std::size_t max_slot = 0xffff;  // owner ids are 16 bits
 
  private:
   struct slot {
@@ -393,19 +399,40 @@ class stream_owners {
   };
   static constexpr std::uintptr_t several_threads = 2;  // thread keys are odd
 
-  template <typename HoldsMemory>
-  owner_id create(stream_ref const& s, HoldsMemory& holds_memory) {
+  template <typename HoldsMemory, typename Consolidate>
+  owner_id create(stream_ref const& s, HoldsMemory& holds_memory, Consolidate& consolidate) {
     owner_id o = 0;
-    if (slots_.size() >= soft_slot_limit) {
-      for (std::size_t i = 1; i < slots_.size() && o == 0; ++i) {
-        slot const& sl = slots_[i];
-        bool const idle = !holds_memory(static_cast<owner_id>(i)) && !sl.wanted &&
-                          (sl.parked == 0 || !holds_memory(sl.parked));
-        if (sl.parent == 0 && idle) { o = static_cast<owner_id>(i); }  // a parked owner goes with its stream
-      }
-      if (o != 0) { retire(o); }
+    if (slots_.size() >= next_idle_scan_) {
+      o = idle_slot(holds_memory, true);
+      // None idle: look again only once the slots grew by a quarter, so that streams that
+      // keep their memory cost O(1) a new stream, not a scan of every slot each.
+      next_idle_scan_ = o != 0 ? soft_slot_limit : slots_.size() + slots_.size() / 4;
     }
+    if (o == 0 && slots_.size() > max_slot) {
+      consolidate();  // every stream's free memory synchronized: their slots hold none
+      o = idle_slot(holds_memory, false);
+      next_idle_scan_ = soft_slot_limit;
+    }
+    if (o != 0) { retire(o); }
     return install(s, o);
+  }
+  /// A stream slot (not a parked owner, which goes with its stream) holding no memory, or
+  /// 0; `unwanted`: one no other stream asked for memory either. Looks on from where the
+  /// last search ended, so a run of new streams finds the idle slots in turn.
+  template <typename HoldsMemory>
+  owner_id idle_slot(HoldsMemory& holds_memory, bool unwanted) {
+    std::size_t const n = slots_.size();
+    for (std::size_t step = 0; step + 1 < n; ++step) {
+      std::size_t const i = 1 + (idle_scan_from_ - 1 + step) % (n - 1);
+      slot const& sl = slots_[i];
+      bool const idle = !holds_memory(static_cast<owner_id>(i)) && !(unwanted && sl.wanted) &&
+                        (sl.parked == 0 || !holds_memory(sl.parked));
+      if (sl.parent == 0 && idle) {
+        idle_scan_from_ = i + 1 < n ? i + 1 : 1;
+        return static_cast<owner_id>(i);
+      }
+    }
+    return 0;
   }
   owner_id new_slot();
   owner_id install(stream_ref const& s, owner_id reuse);
@@ -427,6 +454,8 @@ class stream_owners {
   stream_sync::handle barrier_event_ = 0;  // recorded on the legacy default stream
   std::uint64_t barrier_records_ = 0;      // its records so far: the latest one's number
   address_map by_key_;       // stream key -> owner id
+  std::size_t next_idle_scan_ = soft_slot_limit;  // slot count at which create looks for an idle slot
+  std::size_t idle_scan_from_ = 1;                // where that search starts
   std::uintptr_t cached_key_ = address_map::empty_key;
   owner_id cached_owner_ = 0;
   std::size_t records_ = 0;
@@ -578,7 +607,8 @@ class stream_ordered_pool {
     // were settled then, and a key always names the same kind of stream.
     owner_id o = 0;
     if (!owners_.cached(s, o)) {
-      o = owners_.acquire(s, [this](owner_id x) { return blocks_.free_blocks(x) != 0; });
+      o = owners_.acquire(
+          s, [this](owner_id x) { return blocks_.free_blocks(x) != 0; }, [this] { (void)synchronize_everything(); });
       // Another thread's default stream can only be waited for through its thread (or a
       // device synchronization): keep synchronized memory out of its hands.
       if (blocks_.exclusive(o) != s.thread_bound) { blocks_.set_exclusive(o, s.thread_bound); }

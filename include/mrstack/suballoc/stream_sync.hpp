@@ -58,7 +58,11 @@ inline detail::stream_ref to_stream_ref(stream_view s) noexcept {
   if (handle == reinterpret_cast<std::uintptr_t>(cudaStreamPerThread)) {
     return detail::stream_ref{detail::this_thread_key(), handle, true};
   }
-  return detail::stream_ref{handle, handle, false};
+  // The stream maps reserve key ~0 as "no stream": a handle of ~0 (no real stream has it,
+  // but a sentinel passed by mistake may) is keyed apart from it, as a stream of its own,
+  // so its memory is handed over like any stream's, never taken as synchronized.
+  std::uintptr_t const key = handle == ~std::uintptr_t{0} ? ~std::uintptr_t{2} : handle;
+  return detail::stream_ref{key, handle, false};
 }
 
 inline stream_view to_stream_view(detail::stream_ref const& s) noexcept {
