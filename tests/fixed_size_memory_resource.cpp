@@ -71,7 +71,15 @@ TEST_CASE("fixed_size: random sequences match the model, over system and simulat
       }
       for (auto const& [a, tag] : live) { mr.deallocate(reinterpret_cast<void*>(a), bs); }
       CHECK(mr.free_blocks() == mr.total_blocks());
-      CHECK(mr.total_blocks() == mr.chunk_count() * 16);
+      // Chunks of 16 blocks, and past 64 chunks at least 1/8 of what is held.
+      std::size_t held = 0;
+      std::size_t chunks = 0;
+      mr.for_each_chunk([&](std::uintptr_t, std::size_t size) {
+        CHECK((size / bs == 16 || (chunks >= 64 && size / bs >= held / 8)));
+        held += size / bs;
+        ++chunks;
+      });
+      CHECK(mr.total_blocks() == held);
     }
   }
 }
@@ -235,4 +243,17 @@ TEST_CASE("fixed_size: created streams are cached with several streams, one reco
   CHECK(fake->waits > waits);
   for (void* p : on_d) { mr.deallocate(p, 1000, d); }
   CHECK(fake->dead_named == 0);
+}
+
+TEST_CASE("fixed_size: chunks of one block grow geometrically past 64 chunks") {
+  // Each growth rebuilds the chunk lookup: 20,000 chunks of one block took minutes and
+  // gigabytes of heap. Past 64 chunks a chunk is 1/8 of the blocks held.
+  auto sim = std::make_shared<simulated_memory_resource>();
+  fixed_size_memory_resource mr{sim, 256, 1};
+  std::vector<void*> blocks;
+  for (int i = 0; i < 20'000; ++i) { blocks.push_back(mr.allocate(256)); }
+  CHECK(mr.chunk_count() < 150);
+  CHECK(mr.total_blocks() <= 20'000 + 20'000 / 8 + 1);  // under 1/8 held unused
+  for (void* p : blocks) { mr.deallocate(p, 256); }
+  CHECK(mr.free_blocks() == mr.total_blocks());
 }

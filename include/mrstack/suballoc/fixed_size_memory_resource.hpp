@@ -9,7 +9,9 @@
 ///   size, at least 256). A request larger than the block size, or asking for a larger
 ///   alignment, is a `logic_error` that says so — this resource serves one size only.
 /// - Memory comes from the upstream in chunks of `blocks_per_chunk` blocks (the
-///   constructor's `blocks_to_preallocate`; the first chunk is taken at construction).
+///   constructor's `blocks_to_preallocate`; the first chunk is taken at construction);
+///   past 64 chunks, a chunk is at least 1/8 of the blocks held, so growth stays O(log n)
+///   chunks (each growth rebuilds the chunk lookup) with under 1/8 of them held unused.
 ///   When the upstream refuses, fewer blocks are asked for, down to one; then
 ///   `out_of_memory` names the request, footprint and free bytes. The first chunk is
 ///   taken on the default stream, which is synchronized once so every stream may use it.
@@ -104,7 +106,11 @@ class fixed_size_memory_resource final : public memory_resource, private detail:
   void* grow_and_allocate(std::size_t bytes, detail::stream_ref const& s);
   /// Takes a chunk of up to `blocks` blocks (fewer when the upstream refuses); false when none.
   bool grow(std::size_t blocks, detail::stream_ref const& s, std::string& why, bool at_construction = false);
+  /// Blocks the next growth asks for: `blocks_per_chunk_`, or past 64 chunks 1/8 of the total.
+  [[nodiscard]] std::size_t next_chunk_blocks() const noexcept;
   [[noreturn]] void reject(std::size_t bytes, std::size_t alignment) const;
+  /// A free whose size or alignment no block of this resource has.
+  [[noreturn]] void reject_free_shape(void const* ptr, std::size_t bytes, std::size_t alignment) const;
   [[noreturn]] void reject_free(void const* ptr, std::size_t bytes, detail::fixed_size_blocks::free_result why) const;
   void return_all_chunks();
   /// cached_blocks() with mutex_ held (it guards the list of caches).
