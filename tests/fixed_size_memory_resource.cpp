@@ -257,3 +257,30 @@ TEST_CASE("fixed_size: chunks of one block grow geometrically past 64 chunks") {
   for (void* p : blocks) { mr.deallocate(p, 256); }
   CHECK(mr.free_blocks() == mr.total_blocks());
 }
+
+TEST_CASE("fixed_size: a refused free leaves the thread's cache as it was") {
+  // A double free on another stream than the cache's went through the spill path, which
+  // emptied the cache into the shared stacks before the free was refused ("nothing was
+  // changed", said the message).
+  auto sim = std::make_shared<simulated_memory_resource>();
+  fixed_size_memory_resource mr{sim, 4096, 64};
+  mr.deallocate(mr.allocate(1), 1);  // this thread first; the next one turns caching on
+  std::size_t cached_before = 0;
+  std::size_t cached_after = 0;
+  bool refused = false;
+  std::thread([&] {
+    void* p[4];
+    for (auto& x : p) { x = mr.allocate(1, stream_view::per_thread()); }
+    for (auto& x : p) { mr.deallocate(x, 1, stream_view::per_thread()); }
+    cached_before = mr.cached_blocks();
+    try {
+      mr.deallocate(p[0], 1, stream_view{});
+    } catch (logic_error const& e) {
+      refused = std::string{e.what()}.find("double free") != std::string::npos;
+    }
+    cached_after = mr.cached_blocks();
+  }).join();
+  CHECK(refused);
+  CHECK(cached_before > 0);
+  CHECK(cached_after == cached_before);
+}
