@@ -3,6 +3,7 @@
 // multi-thread log, the rewritten spec, and the tool's output, exit codes and --json.
 #include <catch2/catch.hpp>
 
+#include "replay_tool_run.hpp"
 #include "scratch_files.hpp"
 
 #include <mrstack/adaptor/logging_resource_adaptor.hpp>
@@ -178,32 +179,9 @@ std::string const small_log = header +
                               "1,0,free,0x2000,3000,0\n"       // line 6
                               "1,0,free,0x3000,5000,0\n";      // line 7
 
-struct captured {
-  int status;
-  std::string out;
-  std::string err;
-};
-
-std::string read_all(std::FILE* f) {
-  std::rewind(f);
-  std::string text;
-  char buf[4096];
-  std::size_t n = 0;
-  while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) { text.append(buf, n); }
-  return text;
-}
-
-captured run_tool(std::vector<std::string> const& args) {
-  std::FILE* out = std::tmpfile();
-  std::FILE* err = std::tmpfile();
-  REQUIRE(out != nullptr);
-  REQUIRE(err != nullptr);
-  int const status = run_replay_tool(args, out, err);
-  captured c{status, read_all(out), read_all(err)};
-  std::fclose(out);
-  std::fclose(err);
-  return c;
-}
+using test_support::captured;
+using test_support::run_tool;
+using test_support::read_all;
 
 std::filesystem::path scratch_dir() { return test_support::scratch_dir("mrstack_replay_test_"); }
 

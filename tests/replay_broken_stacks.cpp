@@ -6,6 +6,7 @@
 // is ever live, a 0-byte `allocate failure` row.
 #include <catch2/catch.hpp>
 
+#include "replay_tool_run.hpp"
 #include "scratch_files.hpp"
 
 #include <mrstack/log/allocation_log.hpp>
@@ -77,26 +78,8 @@ replay_options simulated(replay_order order) {
   return o;
 }
 
-struct captured {
-  int status;
-  std::string out;
-  std::string err;
-};
-
-captured run_tool(std::vector<std::string> const& args) {
-  std::FILE* out = std::tmpfile();
-  std::FILE* err = std::tmpfile();
-  int const status = run_replay_tool(args, out, err);
-  auto read_all = [](std::FILE* f) {
-    std::rewind(f);
-    std::string text;
-    char buf[4096];
-    for (std::size_t n = 0; (n = std::fread(buf, 1, sizeof buf, f)) > 0;) { text.append(buf, n); }
-    std::fclose(f);
-    return text;
-  };
-  return {status, read_all(out), read_all(err)};
-}
+using test_support::captured;
+using test_support::run_tool;
 
 std::string scratch(std::string const& name, std::string const& text) {
   return test_support::write_file(test_support::scratch_dir("mrstack_replay_broken_"), name, text);

@@ -3,6 +3,7 @@
 // large inference-like log.
 #include <catch2/catch.hpp>
 
+#include "replay_tool_run.hpp"
 #include "scratch_files.hpp"
 
 #include "mini_json.hpp"
@@ -89,27 +90,8 @@ std::string write_file(std::string const& name, std::string const& text) {
 
 using test_support::slurp;
 
-struct captured {
-  int status;
-  std::string out;
-  std::string err;
-};
-
-captured run_tool(std::vector<std::string> const& args) {
-  std::FILE* out = std::tmpfile();
-  std::FILE* err = std::tmpfile();
-  int const status = run_replay_tool(args, out, err);
-  auto read_all = [](std::FILE* f) {
-    std::rewind(f);
-    std::string text;
-    char buf[4096];
-    std::size_t n = 0;
-    while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) { text.append(buf, n); }
-    std::fclose(f);
-    return text;
-  };
-  return {status, read_all(out), read_all(err)};
-}
+using test_support::captured;
+using test_support::run_tool;
 
 // Lines: 2 alloc 1 KiB, 3 failure 1 TiB (refused anywhere), 4 alloc 3 KiB, 5 failure 256
 // bytes (a stack with room serves it), 6 free 1 KiB, 7 free 3 KiB, 8 alloc 5 KiB, 9 free

@@ -6,7 +6,6 @@ import gzip
 import os
 import pickle
 import re
-import struct
 import subprocess
 import time
 import zlib
@@ -14,6 +13,7 @@ import zlib
 import pytest
 
 from mrstack import log_events
+from log_fixtures import binary_log
 from mrstack.convert import ConversionError, convert_torch_snapshot, log_to_memory_viz, main, read_log_events
 from mrstack.log_events import _binary_log_rows
 
@@ -62,17 +62,6 @@ def python_reading(path):
 def assert_same_reading(path, tmp_path):
     cpp, python = cpp_reading(path, tmp_path), python_reading(path)
     assert cpp[:2] == python[:2], f"{path}:\n C++: {cpp}\n Python: {python}"
-
-
-def binary_log(blocks, start_wall_ns=0, clock=0):
-    """A binary log as the logging adaptor writes one (include/mrstack/log/binary_log.hpp):
-    blocks of (kind, stamp, pointer, size, stream) records."""
-    data = b"MRSTLOG\x01" + struct.pack("<IIqQ", 1, 32, start_wall_ns, clock)
-    for records in blocks:
-        data += struct.pack("<II", 0x4B4C4252, len(records))
-        for kind, stamp, pointer, size, stream in records:
-            data += struct.pack("<QQQQ", stamp | kind << 62, pointer, size, stream)
-    return data
 
 
 def write(tmp_path, name, content):

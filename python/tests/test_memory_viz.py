@@ -7,11 +7,11 @@ import pickle
 import re
 import random
 import subprocess
-import struct
 import sys
 
 import pytest
 
+from log_fixtures import binary_log
 from mrstack.convert import ConversionError, convert_torch_snapshot, log_to_memory_viz, read_log_events
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -145,13 +145,7 @@ def test_a_per_thread_log_is_read_in_stamp_order(tmp_path):
 
 
 def _binary_log(blocks, start_wall_ns=1_700_000_000_123_456_000, clock=0):
-    """A binary log as the logging adaptor writes one (include/mrstack/log/binary_log.hpp)."""
-    data = b"MRSTLOG\x01" + struct.pack("<IIqQ", 1, 32, start_wall_ns, clock)
-    for records in blocks:
-        data += struct.pack("<II", 0x4B4C4252, len(records))
-        for kind, stamp, pointer, size, stream in records:
-            data += struct.pack("<QQQQ", stamp | kind << 62, pointer, size, stream)
-    return data
+    return binary_log(blocks, start_wall_ns, clock)
 
 
 def test_binary_log_reads_as_its_csv(tmp_path):
