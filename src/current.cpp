@@ -14,6 +14,15 @@ struct registry {
   // device, so device 1's default allocates on device 1 whatever the caller has current.
   std::unordered_map<int, resource_ptr> defaults;
 
+  /// Lets go of every resource (their destructors run outside the lock).
+  void clear() {
+    std::unordered_map<int, resource_ptr> set_ones;
+    std::unordered_map<int, resource_ptr> default_ones;
+    std::lock_guard lock{mutex};
+    set_ones.swap(per_device);
+    default_ones.swap(defaults);
+  }
+
   resource_ptr default_of(int device) {
     auto& slot = defaults[device];
     if (!slot) { slot = std::make_shared<cuda_memory_resource>(device); }  // no CUDA call
@@ -21,9 +30,15 @@ struct registry {
   }
 };
 registry& the_registry() {
-  // Never destroyed: a static destructor or a detached thread may set or read a device's
-  // resource after static destruction began (the resources registered then live to the end).
+  // The registry itself is never destroyed: a static destructor or a detached thread may
+  // set or read a device's resource after static destruction began (it crashed in the
+  // destroyed map). What it holds is let go when static destruction reaches the point
+  // of its first use, as a static registry's destructor did: the resources' destructors
+  // still run at exit (asynchronous logs written out, leak reports printed).
   static auto* const r = new registry;
+  static struct release_at_exit {
+    ~release_at_exit() { r->clear(); }
+  } const release;
   return *r;
 }
 void check_device(int device) {

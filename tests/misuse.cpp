@@ -595,3 +595,15 @@ TEST_CASE("misuse: a resource that answers a request with null is refused at its
   CHECK(tracked.outstanding_count() == 0);
   CHECK(tracked.allocate(0) == nullptr);  // 0 bytes: null is the answer, and no layer is asked
 }
+
+TEST_CASE("misuse: binning does not claim a block is no bin's when a bin cannot be asked") {
+  // A pool bin cannot say whether it holds a block: the message said "no bin holds it
+  // live" and blamed the large resource for a block the pool bin held.
+  auto sim = std::make_shared<simulated_memory_resource>();
+  binning_memory_resource mr{sim};
+  mr.add_bin(256);
+  mr.add_bin(64 * KiB, std::make_shared<pool_memory_resource>(sim, 1 * MiB));
+  void* p = mr.allocate(60000);
+  CHECK_THROWS_WITH(mr.deallocate(p, 256), Catch::Contains("no fixed_size bin holds it live (other bins cannot tell)"));
+  mr.deallocate(p, 60000);
+}

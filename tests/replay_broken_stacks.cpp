@@ -157,3 +157,15 @@ TEST_CASE("replay: a 0-byte 'allocate failure' row is skipped, not asked of the 
   CHECK(c.status == 0);
   CHECK_THAT(c.out, !Catch::Contains("served"));
 }
+
+TEST_CASE("replay: a free that throws std::bad_alloc while asking a recorded failure is an error at its line") {
+  // The probe's free was inside the catch of the allocation's refusal: the error was
+  // swallowed, the stack 'served' the failure and its block stayed out of the books.
+  register_broken_layers();
+  std::string const log_text =
+      header + "1,0,allocate,0x1000,1000,0\n1,0,allocate failure,(nil),64,0\n1,0,free,0x1000,1000,0\n";
+  replay_options o = simulated(replay_order::strict);
+  o.expect_failures = true;
+  auto const r = replay_stack(parse_allocation_log(log_text, "probe.csv"), "test_free_bad_alloc > cuda", o);
+  CHECK_THAT(r.error, Catch::Contains("line 3") && Catch::Contains("a recorded failure"));
+}

@@ -12,6 +12,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 using namespace mrstack;
 
@@ -37,17 +38,27 @@ TEST_CASE("stream slots: fixed_size serves a 70,000th stream after 65,535 hold f
   CHECK(mr.chunk_count() == 1);
 }
 
-TEST_CASE("stream slots: a pool serves a 70,000th stream after 65,535 hold free blocks") {
-  // Streams that never report idle (the fake's default), as real ones with work queued:
-  // their frees stay theirs until a synchronization.
+TEST_CASE("stream slots: a pool serves a 70,000th stream after 65,535 hold free blocks, and parks at the limit") {
+  // Each stream keeps a live block beside the one it frees, so its free block stays its
+  // own (merged with a neighbour, it went back to the pool's synchronized memory at the
+  // next growth and the slots never filled). Streams that never report idle (the fake's
+  // default), as real ones with work queued.
   pool_options options;
   options.stream_sync = std::make_shared<test::fake_stream_sync>();
   auto sim = std::make_shared<simulated_memory_resource>();
-  pool_memory_resource mr{sim, 64 << 20, std::nullopt, options};
+  pool_memory_resource mr{sim, 256 << 20, std::nullopt, options};
+  std::vector<void*> kept;
   for (std::size_t i = 0; i < streams; ++i) {
     void* p = mr.allocate(256, fake_stream(i));
+    kept.push_back(mr.allocate(256, fake_stream(i)));
     mr.deallocate(p, 256, fake_stream(i));
   }
+  // A free that parks (more than the park minimum) while every slot is taken: it needs a
+  // parked owner; it had freed the block, then thrown length_error.
+  stream_view const s = fake_stream(streams - 1);
+  void* big = mr.allocate(16 << 20, s);
+  CHECK_NOTHROW(mr.deallocate(big, 16 << 20, s));
+  for (std::size_t i = 0; i < streams; ++i) { mr.deallocate(kept[i], 256, fake_stream(i)); }
   CHECK(mr.fragmentation().live_bytes == 0);
 }
 

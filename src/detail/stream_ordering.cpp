@@ -92,8 +92,8 @@ stream_owners::~stream_owners() {
 
 owner_id stream_owners::new_slot() {
   if (slots_.size() > max_slot) {
-    // Only parked owners get here past the limit (a stream's slot is recycled after its
-    // resource synchronized everything): 65,535 streams parked memory at once.
+    // A new stream after its resource synchronized everything and still found no slot
+    // holding no memory: 65,535 streams and their parked memory hold free memory.
     throw std::length_error("stream-ordered resource: more than 65535 streams and their parked memory hold free "
                             "memory at once, even after a device synchronization");
   }
@@ -194,6 +194,11 @@ owner_id stream_owners::park_if_idle(owner_id o, stream_ref const& s, prepark co
 }
 
 owner_id stream_owners::parked_slot(owner_id o, stream_ref const& s) {
+  // Every slot taken (65,535 streams hold free memory): no parked owner can be made, so
+  // nothing parks — the memory stays its stream's, which another stream then does not
+  // reach without growing. Only the resource's synchronization (at a new stream) frees
+  // slots; a free must not fail after its block went back.
+  if (slots_[o].parked == 0 && slots_.size() > max_slot) { return 0; }
   slot& sl = slots_[o];
   sl.sole_thread = thread_key_();  // everything held now is covered by this thread's park
   sl.dirty = false;

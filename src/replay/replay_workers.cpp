@@ -348,20 +348,33 @@ void run_state::ask_expected_failures(std::uint32_t i) {
   for (; next_expectation < recorded.size() && recorded[next_expectation].before_event <= i; ++next_expectation) {
     recorded_failure const& f = recorded[next_expectation];
     ++expectations_checked;
+    void* p = nullptr;
+    std::exception_ptr broken;
     try {
-      void* const p = top->allocate(f.bytes, streams[f.stream]);
+      p = top->allocate(f.bytes, streams[f.stream]);
+    } catch (std::bad_alloc const&) {
+      continue;  // refused, as the log says the program was
+    } catch (...) {
+      broken = std::current_exception();
+    }
+    if (!broken) {
       ++expectations_served;
       if (first_served_line == 0) { first_served_line = f.line; }
-      top->deallocate(p, f.bytes, streams[f.stream]);
-    } catch (std::bad_alloc const&) {
-      // refused, as the log says the program was
-    } catch (std::exception const& broken) {
+      try {
+        top->deallocate(p, f.bytes, streams[f.stream]);
+      } catch (...) {
+        broken = std::current_exception();  // a free that throws, std::bad_alloc included, is broken
+      }
+    }
+    if (broken) {
       std::lock_guard lock{failure_mutex};
-      note_error_locked(i, f.line, " (a recorded failure)", broken.what());
-      return;
-    } catch (...) {
-      std::lock_guard lock{failure_mutex};
-      note_error_locked(i, f.line, " (a recorded failure)", stack_threw_not_std);
+      try {
+        std::rethrow_exception(broken);
+      } catch (std::exception const& e) {
+        note_error_locked(i, f.line, " (a recorded failure)", e.what());
+      } catch (...) {
+        note_error_locked(i, f.line, " (a recorded failure)", stack_threw_not_std);
+      }
       return;
     }
   }

@@ -113,11 +113,17 @@ void binning_memory_resource::explain_bad_free(void const* ptr, std::size_t byte
   // where the free went and what the large resource's blocks are freed with.
   auto const bin = std::find_if(bins_.begin(), bins_.end(), [&](auto const& b) { return b.resource.get() == &routed_to; });
   if (bin == bins_.end()) { return; }
+  // Only a fixed_size bin can be asked whether it holds the block; with another kind of
+  // bin the block may be that bin's.
+  bool const all_asked = std::all_of(bins_.begin(), bins_.end(), [](auto const& b) {
+    return dynamic_cast<fixed_size_memory_resource const*>(b.resource.get()) != nullptr;
+  });
   throw logic_error("binning: deallocate of " + format_hex(ptr) + " with size " + std::to_string(bytes) +
                     " B (alignment " + std::to_string(alignment) + ") went to the " + std::to_string(bin->size) +
-                    " B bin, which refused it (" + refusal + "); no bin holds it live. A block of the " +
-                    "large-allocation resource (" + large_->name() + ") is freed with the size it was allocated " +
-                    "with, over " + std::to_string(largest_bin_) + " B");
+                    " B bin, which refused it (" + refusal + "); " +
+                    (all_asked ? "no bin holds it live" : "no fixed_size bin holds it live (other bins cannot tell)") +
+                    ". A block of the large-allocation resource (" + large_->name() +
+                    ") is freed with the size it was allocated with, over " + std::to_string(largest_bin_) + " B");
 }
 
 fragmentation_info binning_memory_resource::do_fragmentation() const {
