@@ -14,9 +14,11 @@
 ///   `alignment` it was allocated with. The memory becomes reusable on `stream` at once;
 ///   another stream may reuse it only after waiting on work recorded on `stream`
 ///   (stream-ordered resources handle that themselves). `deallocate(nullptr, ...)` is a
-///   no-op. Freeing a pointer the resource never gave out is undefined in the hot path;
-///   checking layers (the tracking adaptor) turn it into a `logic_error` — which is why
-///   `deallocate` is not `noexcept` here, unlike RMM's.
+///   no-op. A bad free (a pointer the resource never gave out or already took back, a
+///   wrong size or alignment) is a `logic_error` naming the pointer, with nothing changed,
+///   from every suballocator, `aligned` and the host and simulated upstreams; `tracking`
+///   adds the check above layers that cannot make it (`cuda`) — which is why `deallocate`
+///   is not `noexcept` here, unlike RMM's. (fixed_size takes any size up to its block.)
 /// - Thread-safe unless the resource's own doc comment says otherwise.
 /// - A stack owns its layers: an adaptor or suballocator holds its upstream by
 ///   `std::shared_ptr`, so a stack is one object with one lifetime.

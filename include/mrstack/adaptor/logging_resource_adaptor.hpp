@@ -14,7 +14,7 @@
 /// - Action: `allocate`, `allocate failure` (the upstream threw; the row is written and
 ///   the exception rethrown) or `free`.
 /// - Pointer: lower-case hex with `0x`; `(nil)` on an allocate failure (what RMM writes
-///   through printf's `%p`). Readers should also accept an empty field, `nil`, `0` or `0x0`.
+///   through printf's `%p`). mrstack's readers also take `0` and `0x0` (older RMM) as null.
 /// - Size: the bytes the caller asked for, in decimal.
 /// - Stream: the `cudaStream_t` handle in hex: `0` for the default stream (as RMM's
 ///   ostream formatting prints a null handle), `0x...` for any other handle.
