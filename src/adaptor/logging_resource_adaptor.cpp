@@ -22,7 +22,7 @@
 #include <spdlog/logger.h>
 #include <spdlog/pattern_formatter.h>
 #include <spdlog/sinks/basic_file_sink.h>
-#include <spdlog/sinks/ostream_sink.h>
+#include <spdlog/sinks/base_sink.h>
 
 #include <mrstack/detail/lean_mutex.hpp>
 #include <mrstack/detail/sharded_counters.hpp>
@@ -76,7 +76,10 @@ class async_log_writer {
         logger_{std::move(logger)},
         flush_each_batch_{flush_each_batch},
         wall_offset_ns_{wall_now_ns() - steady_now_ns()},
-        thread_{[this] { run(); }} {}
+        first_queue_{new thread_queue(queue_capacity_)},
+        thread_{[this] { run(); }} {
+    queues_[0].store(first_queue_, std::memory_order_release);
+  }
 
   ~async_log_writer() {
     {
@@ -95,7 +98,6 @@ class async_log_writer {
   /// publishes it. Waits while the queue is full. By reference, as log_thread_buffers::push.
   void push(log_record& record) noexcept {
     thread_queue* q = queue_for(detail::this_thread_shard());
-    if (q == nullptr) { return; }  // no memory for a queue: the row is lost, the call is not
     std::lock_guard lock{q->producer};
     std::uint64_t const head = q->head.load(std::memory_order_relaxed);
     // The writer's tail is read only when the last one seen says full: it moves in batches
@@ -174,7 +176,10 @@ class async_log_writer {
       try {
         q = new thread_queue(queue_capacity_);
       } catch (...) {
-        return nullptr;
+        // No memory for a queue of its own: the thread shares the first one, made with the
+        // writer (its producer lock serializes sharers, and a stamp taken under it keeps the
+        // queue sorted). The row was dropped before, and the log read as a broken history.
+        return first_queue_;
       }
       queues_[shard].store(q, std::memory_order_release);
     }
@@ -295,12 +300,42 @@ class async_log_writer {
   std::atomic<bool> sleeping_{false};
   std::atomic<int> flush_waiters_{0};
   bool stop_{false};  // guarded by mutex_
+  // Shard 0's queue, made with the writer: a thread that cannot get a queue of its own
+  // shares it (and an impossible capacity fails at construction, not at the first row).
+  thread_queue* const first_queue_;
   std::thread thread_;  // last: starts after everything it uses exists
 };
 
 }  // namespace detail
 
 namespace {
+
+/// spdlog's ostream sink writes and never looks at the stream again: a stream that failed
+/// (an ofstream on a full disk, one never opened) lost every row while the constructor and
+/// flush() reported nothing. This one throws after a write or flush that left the stream
+/// failed, so the logger's error handler records it as it does a file's.
+class checked_ostream_sink final : public spdlog::sinks::base_sink<std::mutex> {
+ public:
+  explicit checked_ostream_sink(std::ostream& out) : out_{out} {}
+
+ protected:
+  void sink_it_(spdlog::details::log_msg const& msg) override {
+    spdlog::memory_buf_t formatted;
+    formatter_->format(msg, formatted);
+    out_.write(formatted.data(), static_cast<std::streamsize>(formatted.size()));
+    check("a write to");
+  }
+  void flush_() override {
+    out_.flush();
+    check("a flush of");
+  }
+
+ private:
+  void check(char const* what) {
+    if (!out_) { throw spdlog::spdlog_ex(std::string{what} + " the output stream failed (the stream is bad or failed)"); }
+  }
+  std::ostream& out_;
+};
 
 std::string resolve_path(std::string const& path) {
   if (!path.empty()) { return path; }
@@ -337,7 +372,7 @@ logging_resource_adaptor::logging_resource_adaptor(resource_ptr upstream, std::o
                                                    bool async, std::size_t queue_capacity, log_order order,
                                                    log_format format)
     : logging_resource_adaptor(std::move(upstream),
-                               std::vector<spdlog::sink_ptr>{std::make_shared<spdlog::sinks::ostream_sink_mt>(stream)},
+                               std::vector<spdlog::sink_ptr>{std::make_shared<checked_ostream_sink>(stream)},
                                std::string{}, auto_flush, async, queue_capacity, order, format, 0) {}
 
 logging_resource_adaptor::logging_resource_adaptor(resource_ptr upstream, std::vector<spdlog::sink_ptr> sinks,
@@ -361,9 +396,9 @@ logging_resource_adaptor::logging_resource_adaptor(resource_ptr upstream, std::v
   for (auto const& sink : sinks) {
     if (sink == nullptr) { throw logic_error("logging: a sink is null"); }
   }
-  if (async && (!detail::is_pow2(queue_capacity) || queue_capacity < 16)) {
+  if (async && (!detail::is_pow2(queue_capacity) || queue_capacity < 16 || queue_capacity > max_queue_capacity)) {
     throw logic_error("logging: queue capacity " + std::to_string(queue_capacity) +
-                      " must be a power of two >= 16");
+                      " must be a power of two from 16 to " + std::to_string(max_queue_capacity));
   }
   logger_ = std::make_shared<spdlog::logger>("mrstack.logging", sinks.begin(), sinks.end());
   logger_->set_level(spdlog::level::info);

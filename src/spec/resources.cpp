@@ -354,7 +354,7 @@ std::vector<spec_resource> builtin_resources() {
                 flag_param("async", optional_param, "format and write on a background thread", "false"),
                 count_param("queue_capacity", optional_param, "records the async ring holds",
                             std::to_string(logging_resource_adaptor::default_queue_capacity))
-                    .within(16, 16 * MiB)
+                    .within(16, logging_resource_adaptor::max_queue_capacity)
                     .power_of_two(),
                 flag_param("per_thread", optional_param,
                            "with async: each thread writes its own rows in runs, a Stamp column orders them "

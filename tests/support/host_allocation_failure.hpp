@@ -24,6 +24,14 @@ inline void* host_allocate(std::size_t n) {
   throw std::bad_alloc{};
 }
 
+/// For types aligned past the default (alignas(64) queues and slots).
+inline void* host_allocate_aligned(std::size_t n, std::align_val_t alignment) {
+  if (fail_host_allocations_from != 0 && n >= fail_host_allocations_from) { throw std::bad_alloc{}; }
+  auto const a = static_cast<std::size_t>(alignment);
+  if (void* p = std::aligned_alloc(a, (n + a - 1) / a * a + (n == 0 ? a : 0))) { return p; }
+  throw std::bad_alloc{};
+}
+
 }  // namespace mrstack::test
 
 #if defined(__SANITIZE_ADDRESS__)
@@ -42,6 +50,12 @@ void operator delete(void* p) noexcept { std::free(p); }
 void operator delete[](void* p) noexcept { std::free(p); }
 void operator delete(void* p, std::size_t) noexcept { std::free(p); }
 void operator delete[](void* p, std::size_t) noexcept { std::free(p); }
+void* operator new(std::size_t n, std::align_val_t a) { return mrstack::test::host_allocate_aligned(n, a); }
+void* operator new[](std::size_t n, std::align_val_t a) { return mrstack::test::host_allocate_aligned(n, a); }
+void operator delete(void* p, std::align_val_t) noexcept { std::free(p); }
+void operator delete[](void* p, std::align_val_t) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t, std::align_val_t) noexcept { std::free(p); }
+void operator delete[](void* p, std::size_t, std::align_val_t) noexcept { std::free(p); }
 #endif
 
 // Opens a test case that needs host allocations to fail: skips it (with a warning) where

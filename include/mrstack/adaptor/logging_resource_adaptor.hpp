@@ -119,6 +119,8 @@ class logging_resource_adaptor final : public memory_resource {
   /// Records the asynchronous queues hold in all (each thread's holds 1/16 of it, at least
   /// 1024) before a caller waits for the writer.
   static constexpr std::size_t default_queue_capacity = std::size_t{1} << 16;
+  /// The largest `queue_capacity` (a power of two from 16 up to this; a `logic_error` past it).
+  static constexpr std::size_t max_queue_capacity = std::size_t{1} << 24;
 
   /// Logs to the file at `path` (created or truncated; parent folders are created). An
   /// empty `path` means the file named by MRSTACK_LOG_FILE; a `logic_error` when that is
