@@ -14,11 +14,14 @@ struct registry {
   // device, so device 1's default allocates on device 1 whatever the caller has current.
   std::unordered_map<int, resource_ptr> defaults;
 
-  /// Lets go of every resource (their destructors run outside the lock).
+  bool released = false;  // clear() ran: the process is exiting, nothing is kept any more
+
+  /// Lets go of every resource (their destructors run outside the lock), for good.
   void clear() {
     std::unordered_map<int, resource_ptr> set_ones;
     std::unordered_map<int, resource_ptr> default_ones;
     std::lock_guard lock{mutex};
+    released = true;
     set_ones.swap(per_device);
     default_ones.swap(defaults);
   }
@@ -60,6 +63,11 @@ resource_ptr set_per_device_resource(int device, resource_ptr resource) {
   std::lock_guard lock{r.mutex};
   auto it = r.per_device.find(device);
   resource_ptr previous = it != r.per_device.end() ? it->second : r.default_of(device);
+  if (r.released) {
+    // Set back by a static destructor after the registry let go at exit: kept now, it
+    // would never be destroyed (an asynchronous log lost its rows). Its owners keep it.
+    return previous;
+  }
   if (resource) {
     r.per_device[device] = std::move(resource);
   } else {

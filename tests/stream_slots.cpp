@@ -43,8 +43,9 @@ TEST_CASE("stream slots: a pool serves a 70,000th stream after 65,535 hold free 
   // own (merged with a neighbour, it went back to the pool's synchronized memory at the
   // next growth and the slots never filled). Streams that never report idle (the fake's
   // default), as real ones with work queued.
+  auto const fake = std::make_shared<test::fake_stream_sync>();
   pool_options options;
-  options.stream_sync = std::make_shared<test::fake_stream_sync>();
+  options.stream_sync = fake;
   auto sim = std::make_shared<simulated_memory_resource>();
   pool_memory_resource mr{sim, 256 << 20, std::nullopt, options};
   std::vector<void*> kept;
@@ -54,10 +55,16 @@ TEST_CASE("stream slots: a pool serves a 70,000th stream after 65,535 hold free 
     mr.deallocate(p, 256, fake_stream(i));
   }
   // A free that parks (more than the park minimum) while every slot is taken: it needs a
-  // parked owner; it had freed the block, then thrown length_error.
+  // parked owner; it had freed the block, then thrown length_error. Nothing parks there,
+  // so nothing is asked or recorded either (it had counted an idle park and a record).
+  fake->report_idle = true;
   stream_view const s = fake_stream(streams - 1);
   void* big = mr.allocate(16 << 20, s);
+  auto const before = mr.stats();
   CHECK_NOTHROW(mr.deallocate(big, 16 << 20, s));
+  auto const after = mr.stats();
+  CHECK(after.idle_parks == before.idle_parks);
+  CHECK(after.events_recorded == before.events_recorded);
   for (std::size_t i = 0; i < streams; ++i) { mr.deallocate(kept[i], 256, fake_stream(i)); }
   CHECK(mr.fragmentation().live_bytes == 0);
 }

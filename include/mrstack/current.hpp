@@ -6,6 +6,9 @@
 /// first use and kept for the life of the process. Reads and writes are thread-safe;
 /// `set_*` returns the previous resource so callers can restore it. The registry holds
 /// resources by `shared_ptr`, so a resource set here lives at least as long as it stays set.
+/// At exit (where static destruction reaches the registry's first use) it lets go of them,
+/// so their destructors run; the registry itself stays usable to static destructors after
+/// that, but keeps nothing set then (its owners keep it, and it is destroyed with them).
 #include <mrstack/resource.hpp>
 
 namespace mrstack {

@@ -76,9 +76,9 @@ class async_log_writer {
         logger_{std::move(logger)},
         flush_each_batch_{flush_each_batch},
         wall_offset_ns_{wall_now_ns() - steady_now_ns()},
-        first_queue_{new thread_queue(queue_capacity_)},
+        first_queue_{std::make_unique<thread_queue>(queue_capacity_)},
         thread_{[this] { run(); }} {
-    queues_[0].store(first_queue_, std::memory_order_release);
+    queues_[0].store(first_queue_.get(), std::memory_order_release);
   }
 
   ~async_log_writer() {
@@ -88,7 +88,7 @@ class async_log_writer {
     }
     wake_cv_.notify_one();
     thread_.join();
-    for (auto& q : queues_) { delete q.load(std::memory_order_relaxed); }
+    for (std::size_t i = 1; i < counter_shards; ++i) { delete queues_[i].load(std::memory_order_relaxed); }
   }
 
   async_log_writer(async_log_writer const&) = delete;
@@ -179,7 +179,7 @@ class async_log_writer {
         // No memory for a queue of its own: the thread shares the first one, made with the
         // writer (its producer lock serializes sharers, and a stamp taken under it keeps the
         // queue sorted). The row was dropped before, and the log read as a broken history.
-        return first_queue_;
+        return first_queue_.get();
       }
       queues_[shard].store(q, std::memory_order_release);
     }
@@ -302,7 +302,7 @@ class async_log_writer {
   bool stop_{false};  // guarded by mutex_
   // Shard 0's queue, made with the writer: a thread that cannot get a queue of its own
   // shares it (and an impossible capacity fails at construction, not at the first row).
-  thread_queue* const first_queue_;
+  std::unique_ptr<thread_queue> const first_queue_;  // owned here (queues_[0]): freed if the thread cannot start
   std::thread thread_;  // last: starts after everything it uses exists
 };
 

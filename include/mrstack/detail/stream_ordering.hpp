@@ -154,12 +154,13 @@ class stream_owners {
   stream_owners(stream_owners const&) = delete;
   stream_owners& operator=(stream_owners const&) = delete;
 
+  /// Whether `o` has a parked owner or one can be made (not once every slot is taken).
+  [[nodiscard]] bool can_park(owner_id o) const noexcept { return slots_[o].parked != 0 || slots_.size() <= max_slot; }
+
   /// The owner id of `s`, creating a slot for a stream not seen before. `holds_memory(o)`
   /// tells whether owner o still holds free memory (slots that do not may be recycled).
-  /// `consolidate()` is called when every slot is taken (65,535 streams hold free memory,
-  /// e.g. short-lived threads' default streams): it must make every stream's free memory
-  /// synchronized (the resource's synchronize_everything), after which empty slots are
-  /// recycled.
+  /// `consolidate()` runs when every slot is taken (65,535 streams hold free memory): it
+  /// synchronizes every stream's free memory (synchronize_everything), freeing slots.
   template <typename HoldsMemory, typename Consolidate>
   owner_id acquire(stream_ref const& s, HoldsMemory&& holds_memory, Consolidate&& consolidate) {
     if (s.key == cached_key_) { return cached_owner_; }
@@ -416,9 +417,8 @@ class stream_owners {
     if (o != 0) { retire(o); }
     return install(s, o);
   }
-  /// A stream slot (not a parked owner, which goes with its stream) holding no memory, or
-  /// 0; `unwanted`: one no other stream asked for memory either. Looks on from where the
-  /// last search ended, so a run of new streams finds the idle slots in turn.
+  /// A stream slot (not a parked owner: it goes with its stream) holding no memory, or 0;
+  /// `unwanted`: nor asked for memory. Resumes where the last search ended.
   template <typename HoldsMemory>
   owner_id idle_slot(HoldsMemory& holds_memory, bool unwanted) {
     std::size_t const n = slots_.size();
@@ -681,6 +681,7 @@ class stream_ordered_pool {
   /// Records on `o`'s stream `s` (or finds it idle) and moves everything `o` holds free
   /// to its parked owner.
   void park(owner_id o, stream_ref const& s, prepark* before = nullptr) {
+    if (!owners_.can_park(o)) { return; }  // every slot taken: no query, no record, nothing counted
     owner_id p = owners_.park_if_idle(o, s, before);
     if (p == 0) { p = owners_.park(o, s, before != nullptr && before->event != 0 ? &before->event : nullptr); }
     if (p != 0) { blocks_.transfer(o, p); }
