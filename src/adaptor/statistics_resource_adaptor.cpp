@@ -19,7 +19,7 @@ statistics_resource_adaptor::statistics_resource_adaptor(resource_ptr upstream)
 
 statistics_resource_adaptor::~statistics_resource_adaptor() = default;
 
-void statistics_resource_adaptor::count_up(std::int64_t n, std::int64_t k, bool with_total) {
+void statistics_resource_adaptor::count_up(std::int64_t n, std::int64_t k) {
   shard& s = shards_[detail::this_thread_shard()];
   {
     std::lock_guard lock{s.mutex};
@@ -29,17 +29,15 @@ void statistics_resource_adaptor::count_up(std::int64_t n, std::int64_t k, bool 
       s.credit[allocs_q] -= k;
       s.delta[bytes_q] = saturating_add(s.delta[bytes_q], n);
       s.delta[allocs_q] = saturating_add(s.delta[allocs_q], k);
-      if (with_total) {
-        s.total[bytes_q] = saturating_add(s.total[bytes_q], n);
-        s.total[allocs_q] = saturating_add(s.total[allocs_q], k);
-      }
+      s.total[bytes_q] = saturating_add(s.total[bytes_q], n);
+      s.total[allocs_q] = saturating_add(s.total[allocs_q], k);
       return;
     }
   }
-  count_up_slow(s, n, k, with_total);
+  count_up_slow(s, n, k);
 }
 
-void statistics_resource_adaptor::count_up_slow(shard& s, std::int64_t n, std::int64_t k, bool with_total) {
+void statistics_resource_adaptor::count_up_slow(shard& s, std::int64_t n, std::int64_t k) {
   std::lock_guard global{mutex_};
   std::lock_guard lock{s.mutex};
   ++refills_;
@@ -80,7 +78,7 @@ void statistics_resource_adaptor::count_up_slow(shard& s, std::int64_t n, std::i
   for (int q = 0; q < 2; ++q) {
     s.credit[q] -= need[q];
     s.delta[q] = saturating_add(s.delta[q], need[q]);
-    if (with_total) { s.total[q] = saturating_add(s.total[q], need[q]); }
+    s.total[q] = saturating_add(s.total[q], need[q]);
   }
 }
 
@@ -258,7 +256,7 @@ statistics_resource_adaptor::counters statistics_resource_adaptor::pop_counters(
 
 void* statistics_resource_adaptor::do_allocate(std::size_t bytes, std::size_t alignment, stream_view stream) {
   void* ptr = upstream_->allocate(bytes, stream, alignment);
-  count_up(detail::to_count(bytes), 1, true);
+  count_up(detail::to_count(bytes), 1);
   return ptr;
 }
 

@@ -122,9 +122,9 @@ class statistics_resource_adaptor final : public memory_resource {
     std::int64_t in_flight[2] = {0, 0};
   };
 
-  /// Counts `n` bytes and `k` allocations as outstanding (and, with `with_total`, in the totals).
-  void count_up(std::int64_t n, std::int64_t k, bool with_total);
-  void count_up_slow(shard& s, std::int64_t n, std::int64_t k, bool with_total);
+  /// Counts an allocation of `n` bytes (`k` = 1) as outstanding and in the totals.
+  void count_up(std::int64_t n, std::int64_t k);
+  void count_up_slow(shard& s, std::int64_t n, std::int64_t k);
   /// Counts a free down (and as in flight until `settle_free` or `count_back_refused`);
   /// returns the shard it used and sets `frame` to the id of the region its count goes
   /// into. Null, counting nothing, when a counter would saturate (a size no block has):
