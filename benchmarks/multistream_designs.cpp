@@ -180,15 +180,26 @@ void combined(benchmark::State& state, std::string const& spec) {
   stream_steps const all = make_all_steps(threads);
   resource_ptr const mr = make_stack(spec);
   double per_batch = 0;
-  for (auto _ : state) {
-    combiner c{*mr, threads};
-    std::string error;
-    double const seconds = bench::run_threads_together(
+  auto run_once = [&](combiner& c, std::string& error) {
+    return bench::run_threads_together(
         threads, [&](std::size_t t) { return std::vector<void*>(all.slots[t]); },
         [&](std::size_t t, std::vector<void*>& ptrs) {
           for (step const& st : all.steps[t]) { c.call(t, st, ptrs[st.slot], fake_stream(t)); }
         },
         error);
+  };
+  {  // warm-up, untimed: the pool's growth happens here, as in bench_multistream's rows
+    combiner c{*mr, threads};
+    std::string error;
+    if (run_once(c, error) < 0) {
+      state.SkipWithError(("a call failed: " + error).c_str());
+      return;
+    }
+  }
+  for (auto _ : state) {
+    combiner c{*mr, threads};
+    std::string error;
+    double const seconds = run_once(c, error);
     if (seconds < 0) {
       state.SkipWithError(("a call failed: " + error).c_str());
       return;

@@ -12,6 +12,7 @@
 // Resources: <name>/cuda over the device (arena, pool, binning, fixed_size over cudaMalloc;
 // cuda_async; cuda), skipped without a GPU; <name>/simulated, the suballocators over fake
 // addresses, runs anywhere. Threads beyond the machine's cores measure contention, not speed.
+// fixed_size's sequences are its own: the cap counts each of its blocks as a whole 1 MiB.
 #include <benchmark/benchmark.h>
 
 #include <allocation_sequence.hpp>

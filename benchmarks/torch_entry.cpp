@@ -17,15 +17,28 @@
 
 #include <cuda_runtime_api.h>
 
+#include <string>
+
 namespace {
 
-cudaStream_t stream_for(benchmark::State const& state) {
-  static cudaStream_t created = [] {
+/// The stream the row names: the legacy one (range(1) == 0) or one created non-blocking
+/// stream, shared by the rows. False, after skipping the row, when it cannot be created:
+/// measuring the legacy stream under the created one's name would mislead.
+bool stream_for(benchmark::State& state, cudaStream_t& stream) {
+  static cudaError_t create_error = cudaSuccess;
+  static cudaStream_t const created = [] {
     cudaStream_t s = nullptr;
-    (void)cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+    create_error = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
     return s;
   }();
-  return state.range(1) != 0 ? created : nullptr;
+  stream = nullptr;
+  if (state.range(1) == 0) { return true; }
+  if (create_error != cudaSuccess) {
+    state.SkipWithError((std::string{"cudaStreamCreateWithFlags: "} + cudaGetErrorString(create_error)).c_str());
+    return false;
+  }
+  stream = created;
+  return true;
 }
 
 mrstack_stack* device_stack(benchmark::State& state) {
@@ -44,7 +57,8 @@ mrstack_stack* device_stack(benchmark::State& state) {
 void BM_torch_entry_pair(benchmark::State& state) {
   if (device_stack(state) == nullptr) { return; }
   auto const bytes = static_cast<std::size_t>(state.range(0));
-  cudaStream_t const stream = stream_for(state);
+  cudaStream_t stream = nullptr;
+  if (!stream_for(state, stream)) { return; }
   for (auto _ : state) {
     void* p = mrstack_torch_alloc_raising(bytes, 0, stream);
     benchmark::DoNotOptimize(p);
@@ -57,19 +71,25 @@ void BM_c_abi_pair(benchmark::State& state) {
   mrstack_stack* stack = device_stack(state);
   if (stack == nullptr) { return; }
   auto const bytes = static_cast<std::size_t>(state.range(0));
-  cudaStream_t const stream = stream_for(state);
+  cudaStream_t stream = nullptr;
+  if (!stream_for(state, stream)) { return; }
   for (auto _ : state) {
     void* p = nullptr;
-    (void)mrstack_allocate(stack, bytes, stream, MRSTACK_CLIENT_TORCH, &p);
+    // A refused call would time the error path as a fast pair: stop at the first one.
+    if (mrstack_allocate(stack, bytes, stream, MRSTACK_CLIENT_TORCH, &p) != MRSTACK_SUCCESS ||
+        mrstack_deallocate(stack, p, bytes, stream, MRSTACK_CLIENT_TORCH) != MRSTACK_SUCCESS) {
+      state.SkipWithError(mrstack_last_error());
+      break;
+    }
     benchmark::DoNotOptimize(p);
-    (void)mrstack_deallocate(stack, p, bytes, stream, MRSTACK_CLIENT_TORCH);
   }
   state.SetItemsProcessed(static_cast<std::int64_t>(state.iterations()));
 }
 
 void BM_stream_is_capturing(benchmark::State& state) {
   if (device_stack(state) == nullptr) { return; }
-  cudaStream_t const stream = stream_for(state);
+  cudaStream_t stream = nullptr;
+  if (!stream_for(state, stream)) { return; }
   for (auto _ : state) {
     cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
     benchmark::DoNotOptimize(cudaStreamIsCapturing(stream, &status));

@@ -44,8 +44,9 @@ void BM_simulated(benchmark::State& s) {
 
 }  // namespace
 
-BENCHMARK(BM_cuda)->Arg(1 << 10)->Arg(1 << 20)->Arg(64 << 20);
-BENCHMARK(BM_cuda_async)->Arg(1 << 10)->Arg(1 << 20)->Arg(64 << 20);
-BENCHMARK(BM_system)->Arg(1 << 10)->Arg(1 << 20);
-BENCHMARK(BM_simulated)->Arg(1 << 10)->Arg(1 << 20);
+// Wall time: cudaFree and cudaFreeAsync may block, which CPU time would not count.
+BENCHMARK(BM_cuda)->Arg(1 << 10)->Arg(1 << 20)->Arg(64 << 20)->UseRealTime();
+BENCHMARK(BM_cuda_async)->Arg(1 << 10)->Arg(1 << 20)->Arg(64 << 20)->UseRealTime();
+BENCHMARK(BM_system)->Arg(1 << 10)->Arg(1 << 20)->UseRealTime();
+BENCHMARK(BM_simulated)->Arg(1 << 10)->Arg(1 << 20)->UseRealTime();
 BENCHMARK_MAIN();

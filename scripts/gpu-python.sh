@@ -29,6 +29,7 @@ status=0
 
 bundle="${MRSTACK_BUNDLE:-}"
 if [ -n "$bundle" ]; then
+  if [ ! -d "$bundle" ]; then echo "gpu-python: MRSTACK_BUNDLE '$bundle' is not a folder" >&2; exit 2; fi
   bundle="$(cd "$bundle" && pwd)"
   # shellcheck disable=SC1091
   [ -f "$bundle/env.sh" ] && source "$bundle/env.sh"
@@ -43,6 +44,9 @@ if [ -z "$MRSTACK_LIBRARY" ] || [ ! -f "$MRSTACK_LIBRARY" ]; then
 fi
 export MRSTACK_LIBRARY="$(cd "$(dirname "$MRSTACK_LIBRARY")" && pwd)/$(basename "$MRSTACK_LIBRARY")"
 suite="${NUMBA_SUITE:-}"
+if [ -n "$suite" ] && [ ! -x "$suite/run" ]; then
+  echo "gpu-python: NUMBA_SUITE '$suite' has no executable 'run'" >&2; exit 2
+fi
 for candidate in "$suite" .gpu/numba-suite shared/tools/numba-suite /work/shared/tools/numba-suite; do
   if [ -n "$candidate" ] && [ -x "$candidate/run" ]; then suite="$(cd "$candidate" && pwd)"; break; fi
 done

@@ -7,7 +7,9 @@
 Each round runs the old binary, then the new one (so drifts of the host — frequency,
 neighbours, page cache — hit both alike). Per benchmark it keeps the fastest round of each
 (the least disturbed measurement: noise only ever adds time) and the median, and prints
-new / old for both, then the geometric means. Exit status 0; the numbers are for reading.
+new / old for both, then the geometric means. A benchmark that reported an error, or ran
+in only some rounds of either build, is named and makes the exit status 1 (it is left out
+of the table); otherwise 0, and the numbers are for reading.
 
 Why not one long run of each: on shared GPU hosts, round-to-round spreads of up to 40%
 were seen in the same binary, wider than the effects this tool is for (a few percent).
@@ -20,14 +22,19 @@ import subprocess
 import sys
 
 
-def run_once(binary, filter_regex, min_time):
+def run_once(binary, filter_regex, min_time, failed):
+    """One run's real times by benchmark name; names that reported an error go to `failed`."""
     command = [binary, "--benchmark_format=json", f"--benchmark_min_time={min_time}"]
     if filter_regex:
         command.append(f"--benchmark_filter={filter_regex}")
     done = subprocess.run(command, capture_output=True, text=True, check=True)
     times = {}
     for b in json.loads(done.stdout)["benchmarks"]:
-        if b.get("run_type", "iteration") == "iteration" and not b.get("error_occurred"):
+        if b.get("run_type", "iteration") != "iteration":
+            continue
+        if b.get("error_occurred"):
+            failed.setdefault(b["name"], b.get("error_message", "error"))
+        else:
             times[b["name"]] = b["real_time"]  # in the benchmark's own time unit, alike in both
     return times
 
@@ -36,21 +43,35 @@ def geometric_mean(values):
     return math.exp(sum(math.log(v) for v in values) / len(values)) if values else float("nan")
 
 
+def positive_int(text):
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("old")
     parser.add_argument("new")
-    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--rounds", type=positive_int, default=5)
     parser.add_argument("--filter", default="")
     parser.add_argument("--min-time", default="0.2", help="--benchmark_min_time, no unit (benchmark 1.7)")
     parser.add_argument("--json", help="also write every round's times here")
     args = parser.parse_args(argv)
     rounds = {"old": [], "new": []}
+    failed = {"old": {}, "new": {}}
     for r in range(args.rounds):
         for which in ("old", "new"):
-            rounds[which].append(run_once(getattr(args, which), args.filter, args.min_time))
+            rounds[which].append(run_once(getattr(args, which), args.filter, args.min_time, failed[which]))
         print(f"round {r + 1}/{args.rounds} done", file=sys.stderr, flush=True)
-    names = [n for n in rounds["old"][0] if all(n in t for t in rounds["old"] + rounds["new"])]
+    every_round = rounds["old"] + rounds["new"]
+    seen = set().union(*every_round, failed["old"], failed["new"])
+    names = sorted(n for n in seen if all(n in t for t in every_round))
+    missing = sorted(seen - set(names))
+    for n in missing:
+        why = failed["new"].get(n) or failed["old"].get(n) or "missing from some rounds"
+        print(f"NOT COMPARED {n}: {why}")
     if not names:
         print("no benchmark ran in both builds (check --filter)")
         return 1
@@ -70,7 +91,7 @@ def main(argv=None):
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rounds, f)
-    return 0
+    return 1 if missing else 0
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@
 # python3-dev: the headers the optional Python extension (mrstack._fastpath) is built with,
 # for Debian's python3 (a pyenv or other self-built Python carries its own headers).
 set -euo pipefail
+cd "$(dirname "$0")/.."  # the checks below name the checkout's own paths
 # clang + libclang-rt-14-dev: the libFuzzer targets (tools/run-fuzzers.sh; libFuzzer and the
 # sanitizer runtimes for clang are in libclang-rt-14-dev).
 packages=(cmake ninja-build g++ libspdlog-dev catch2 libbenchmark-dev zlib1g-dev libbackward-cpp-dev libdw-dev

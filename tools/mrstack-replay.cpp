@@ -1,5 +1,5 @@
 // mrstack-replay: replays an allocation log against stacks and compares them.
-// Everything but `main` is in the library (src/replay_cli.cpp), so tests run it in-process.
+// Everything but `main` is in the library (src/replay/replay_cli.cpp), so tests run it in-process.
 #include <mrstack/replay/replay.hpp>
 
 #include <cstdio>

@@ -9,6 +9,12 @@
 #   MRSTACK_FUZZ_MISUSE=all tools/run-fuzzers.sh 60 c_api   # misuse on every stack
 set -euo pipefail
 seconds="${1:-60}"
+if ! [[ $seconds =~ ^[1-9][0-9]*$ ]]; then
+  # libFuzzer reads a word as 0 seconds, which means no limit at all.
+  echo "run-fuzzers: SECONDS must be a whole number above 0, not '$seconds'" >&2
+  echo "usage: tools/run-fuzzers.sh [SECONDS] [allocation_log|spec|c_api ...]" >&2
+  exit 2
+fi
 shift || true
 targets=("$@")
 ((${#targets[@]})) || targets=(allocation_log spec c_api)

@@ -26,6 +26,7 @@ With --keep it simulates exact slabs without borrowing, where a shard gives its 
 slabs back once it holds more than a bound of free bytes (swept), with and without an ideal
 drain of every shard before the shared pool grows.
 """
+import argparse
 import bisect
 import random
 import sys
@@ -313,14 +314,29 @@ def main_borrowing(counts, exact_slabs):
             print(f"{s:<2} {'yes' if borrow else 'no':9s} {peak:10.3f}  {borrowed:17.3f}  {takes:17.3f}", flush=True)
 
 
+def stream_count(text):
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"a stream count must be at least 1, not {value}")
+    return value
+
+
 def main():
-    args = [a for a in sys.argv[1:] if not a.startswith("--")]
-    counts = [int(a) for a in args] or [2, 8]
-    if "--keep" in sys.argv:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("counts", nargs="*", type=stream_count, default=[2, 8], metavar="S")
+    design = parser.add_mutually_exclusive_group()
+    design.add_argument("--keep", action="store_true")
+    design.add_argument("--borrowing", action="store_true")
+    parser.add_argument("--exact-slabs", action="store_true", help="with --borrowing")
+    args = parser.parse_args()
+    if args.exact_slabs and not args.borrowing:
+        parser.error("--exact-slabs goes with --borrowing")
+    counts = args.counts
+    if args.keep:
         main_keep(counts)
         return
-    if "--borrowing" in sys.argv:
-        main_borrowing(counts, "--exact-slabs" in sys.argv)
+    if args.borrowing:
+        main_borrowing(counts, args.exact_slabs)
         return
     mib = 1 << 20
     settings = [(128 * mib, 64 * mib, 2 * mib), (256 * mib, 128 * mib, 16 * mib), (256 * mib, 192 * mib, 2 * mib),
