@@ -44,13 +44,23 @@ void stream_view::synchronize() const { MRSTACK_CUDA_TRY(cudaStreamSynchronize(h
 
 stream::stream(unsigned int flags) { MRSTACK_CUDA_TRY(cudaStreamCreateWithFlags(&handle_, flags)); }
 
+namespace {
+// Waits for the stream's work before destroying it: resources know a stream by its
+// handle, and CUDA may hand this one to the next stream created, which would then be
+// given the memory this one freed at once — while its work on it might still be running.
+void finish_and_destroy(cudaStream_t handle) noexcept {
+  if (cudaStreamSynchronize(handle) != cudaSuccess) { (void)cudaGetLastError(); }  // destroyed anyway
+  MRSTACK_CUDA_ASSERT_NOEXCEPT(cudaStreamDestroy(handle));
+}
+}  // namespace
+
 stream::~stream() {
-  if (handle_ != nullptr) { MRSTACK_CUDA_ASSERT_NOEXCEPT(cudaStreamDestroy(handle_)); }
+  if (handle_ != nullptr) { finish_and_destroy(handle_); }
 }
 
 stream& stream::operator=(stream&& other) noexcept {
   if (this != &other) {
-    if (handle_ != nullptr) { MRSTACK_CUDA_ASSERT_NOEXCEPT(cudaStreamDestroy(handle_)); }
+    if (handle_ != nullptr) { finish_and_destroy(handle_); }
     handle_ = std::exchange(other.handle_, nullptr);
   }
   return *this;

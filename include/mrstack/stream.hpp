@@ -37,7 +37,11 @@ class stream_view {
   cudaStream_t handle_{nullptr};
 };
 
-/// An owning CUDA stream (created non-blocking by default); destroyed with its owner.
+/// An owning CUDA stream (created non-blocking by default); destroyed with its owner,
+/// after its work has finished. Resources know streams by their handle and CUDA reuses
+/// handles: a stream destroyed with work still queued on memory it freed could see that
+/// memory handed to the next stream given its handle, with no wait
+/// (docs/suballocators.md). Streams created by hand need the same care.
 class stream {
  public:
   explicit stream(unsigned int flags = cudaStreamNonBlocking);

@@ -93,8 +93,8 @@ stream_owners::~stream_owners() {
 owner_id stream_owners::new_slot() {
   if (slots_.size() > max_slot) {
     // A new stream after its resource synchronized everything and still found no slot
-    // holding no memory: 65,535 streams and their parked memory hold free memory.
-    throw std::length_error("stream-ordered resource: more than 65535 streams and their parked memory hold free "
+    // holding no memory: 65,534 streams and their parked memory hold free memory.
+    throw std::length_error("stream-ordered resource: more than 65534 streams and their parked memory hold free "
                             "memory at once, even after a device synchronization");
   }
   slots_.emplace_back();
@@ -111,8 +111,10 @@ owner_id stream_owners::install(stream_ref const& s, owner_id reuse) {
   eager_ = eager_ || (!on_demand_ && by_key_.size() >= 1);
   several_streams_ = several_streams_ || by_key_.size() >= 1;
   sl.dirty = false;
+  sl.dirty_bytes = 0;  // the stream it had freed these, not this one: no early park
   sl.cover = 0;
   sl.wanted = false;
+  sl.last_thread = 0;
   sl.sole_thread = 0;  // a recycled slot holds no memory of the stream it had
   sl.parked_complete = false;
   sl.idle_asks = {};
@@ -137,8 +139,7 @@ void stream_owners::record_now(slot& sl, stream_ref const& s) {
     sl.freed_in_capture = sl.freed_in_capture || sl.dirty;
     return;
   }
-  if (sl.event == 0) { sl.event = sync_->create_event(); }
-  if (sync_->record(sl.event, s.handle)) {
+  if (record_slot_event(sl, s.handle)) {
     ++records_;
     sl.dirty = false;
     sl.freed_in_capture = false;
@@ -148,6 +149,15 @@ void stream_owners::record_now(slot& sl, stream_ref const& s) {
     // later free or refill (binning at 16 threads: 0.038 records a call, each under a
     // bin's lock); the next handover that finds it dirty asks again.
     sl.wanted = false;
+  }
+}
+
+bool stream_owners::record_slot_event(slot& sl, stream_sync::handle stream) noexcept {
+  try {
+    if (sl.event == 0) { sl.event = sync_->create_event(); }
+    return sync_->record(sl.event, stream);
+  } catch (...) {
+    return false;  // as a failed record: the slot stays dirty, its memory its stream's own
   }
 }
 
@@ -166,8 +176,7 @@ owner_id stream_owners::park(owner_id o, stream_ref const& s, stream_sync::handl
       sl.freed_in_capture = true;
       return 0;
     }
-    if (sl.event == 0) { sl.event = sync_->create_event(); }
-    if (!sync_->record(sl.event, s.handle)) { return 0; }
+    if (!record_slot_event(sl, s.handle)) { return 0; }
     ++records_;
   }
   sl.cover = sl.event;
@@ -194,7 +203,7 @@ owner_id stream_owners::park_if_idle(owner_id o, stream_ref const& s, prepark co
 }
 
 owner_id stream_owners::parked_slot(owner_id o, stream_ref const& s) {
-  // Every slot taken (65,535 streams hold free memory): no parked owner can be made, so
+  // Every slot taken (65,534 streams hold free memory): no parked owner can be made, so
   // nothing parks — the memory stays its stream's, which another stream then does not
   // reach without growing. Only the resource's synchronization (at a new stream) frees
   // slots; a free must not fail after its block went back.

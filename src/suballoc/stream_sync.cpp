@@ -100,13 +100,20 @@ class cuda_stream_sync final : public detail::stream_sync {
     // blocking stream's later work also waits for earlier work on the legacy default
     // stream, which its query does not report (and querying the legacy stream is an
     // implicit synchronization that a graph capture in global mode forbids).
+    // The last error is cleared only after a call of ours failed: an error the program
+    // left pending is the program's to read.
     cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-    unsigned int flags = 0;
-    if (cudaStreamIsCapturing(as_stream(stream), &capture) != cudaSuccess || capture != cudaStreamCaptureStatusNone ||
-        cudaStreamGetFlags(as_stream(stream), &flags) != cudaSuccess || (flags & cudaStreamNonBlocking) == 0) {
+    if (cudaStreamIsCapturing(as_stream(stream), &capture) != cudaSuccess) {
       (void)cudaGetLastError();
       return false;
     }
+    if (capture != cudaStreamCaptureStatusNone) { return false; }
+    unsigned int flags = 0;
+    if (cudaStreamGetFlags(as_stream(stream), &flags) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return false;
+    }
+    if ((flags & cudaStreamNonBlocking) == 0) { return false; }
     // A query is an "unsafe" call to CUDA while any capture in global mode (PyTorch's
     // default) or one of this thread's in thread-local mode is under way, even on a stream
     // not being captured: it would invalidate that capture. Relaxed for this one call.

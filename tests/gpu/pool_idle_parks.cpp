@@ -12,7 +12,8 @@
 //   and takes it after the stream's first free after the capture.
 // A busy non-blocking stream records, and the reuse waits for its work: covered by
 // gpu_test_suballocators ("a block freed on one stream is reused on another only after its
-// work"), whose freeing stream has a delayed write queued.
+// work"), whose freeing stream has a delayed write queued. A park leaves an error the
+// program left pending for the program to read.
 #include <catch2/catch.hpp>
 
 #include <capture_check.hpp>
@@ -191,3 +192,19 @@ TEST_CASE("gpu pool idle parks: a stream being captured does not wait for parked
   CHECK(mr.check_invariants() == "");
 }
 
+
+TEST_CASE("gpu pool idle parks: a park of a blocking stream leaves the program's pending CUDA error to the program") {
+  // The idle check of a blocking stream asks its flags and, finding it blocking, cleared
+  // the runtime's last error on the way out although none of its calls had failed.
+  pool_memory_resource mr{cuda(), 0};
+  stream a{cudaStreamDefault};
+  stream b{cudaStreamDefault};
+  mr.deallocate(mr.allocate(256, b), 256, b);  // two streams in use: a large free parks
+  void* x = mr.allocate(block_bytes, a);
+  void* too_much = nullptr;
+  REQUIRE(cudaMalloc(&too_much, ~std::size_t{0} >> 1) == cudaErrorMemoryAllocation);  // the program's error, pending
+  auto const before = mr.stats();
+  mr.deallocate(x, block_bytes, a);
+  CHECK(mr.stats().events_recorded > before.events_recorded);  // the free parked a, as above
+  CHECK(cudaGetLastError() == cudaErrorMemoryAllocation);
+}

@@ -24,7 +24,10 @@
 ///
 /// Streams the user created may be destroyed at any time after their last call, and CUDA
 /// gives no error for a destroyed handle: naming one is undefined behaviour (a crash).
-/// So such a stream is named only while a call is naming it. Two rules for them:
+/// So such a stream is named only while a call is naming it. (A stream is known by its
+/// handle: a new stream that CUDA gives a destroyed one's handle is taken for it, so the
+/// user lets a stream's work on memory it freed finish before destroying it — see
+/// docs/suballocators.md.) Two rules for them:
 /// - *Recording on demand* (`stream_ordered_pool`: the pool and the arena's global arena).
 ///   A free records nothing. When stream t wants the free memory of a created stream s
 ///   and s is not the stream of the current call, t cannot record on s: it marks s
@@ -63,84 +66,9 @@
 
 #include <mrstack/detail/address_map.hpp>
 #include <mrstack/detail/block_pool.hpp>
+#include <mrstack/detail/stream_seam.hpp>
 
 namespace mrstack::detail {
-
-/// The seam between stream-ordering logic and CUDA. Handles are opaque integers: a
-/// `cudaStream_t` / `cudaEvent_t` for the CUDA implementation, anything for a fake.
-class stream_sync {
- public:
-  using handle = std::uintptr_t;
-  virtual ~stream_sync() = default;
-  virtual handle create_event() = 0;
-  virtual void destroy_event(handle event) noexcept = 0;
-  /// Records `event` on `stream`. False when the stream cannot take it (destroyed): the
-  /// caller then falls back to `synchronize_all`.
-  virtual bool record(handle event, handle stream) = 0;
-  /// Makes future work on `stream` wait for the last record of `event`.
-  virtual void wait(handle stream, handle event) = 0;
-  /// Blocks the host until all work on `stream` has finished.
-  virtual void synchronize(handle stream) = 0;
-  /// Blocks the host until all work on the device has finished.
-  virtual void synchronize_all() = 0;
-  /// True when every piece of work enqueued on `stream` so far has finished (the stream
-  /// waits for nothing either): memory it freed is then usable by every stream with no
-  /// event. Asked only of a stream the current call names. Answering false is always
-  /// safe (the default: such a seam never reports a stream idle; the CUDA one answers
-  /// false for blocking streams and for streams being captured into a graph).
-  virtual bool idle(handle /*stream*/) { return false; }
-  /// True while `stream` is being captured into a CUDA graph. Its work then runs only
-  /// when the graph is launched, so an event recorded on it orders nothing another stream
-  /// could wait for (CUDA refuses such a wait): its frees are not parked and no event is
-  /// recorded for them while it lasts. Asked only of a stream the current call names.
-  virtual bool capturing(handle /*stream*/) { return false; }
-};
-
-/// How often a stream that keeps work queued is asked whether it is idle: after k busy
-/// answers in a row the next 2^k - 1 asks are skipped (at most 63), so such a stream (a
-/// training loop) costs about one query per 64 parks, and one that goes idle is found so
-/// within that many.
-struct idle_back_off {
-  std::uint8_t busy_streak = 0;
-  std::uint8_t asks_skipped = 0;
-  /// True (and counted) when this ask is to be skipped.
-  bool skip() noexcept {
-    if (asks_skipped == 0) { return false; }
-    --asks_skipped;
-    return true;
-  }
-  void answered(bool idle) noexcept {
-    busy_streak = idle ? 0 : static_cast<std::uint8_t>(busy_streak < max_streak ? busy_streak + 1 : max_streak);
-    asks_skipped = static_cast<std::uint8_t>((1U << busy_streak) - 1U);
-  }
-  static constexpr std::uint8_t max_streak = 6;
-};
-
-/// What a call did on its stream before its resource took the lock (see
-/// stream_owners::park and stream_owners::park_if_idle): an event it recorded there,
-/// or that it found the stream idle and recorded nothing.
-struct prepark {
-  stream_sync::handle event = 0;  ///< recorded on the stream (0: none)
-  bool idle = false;              ///< the stream had finished all its work when asked
-};
-
-/// A stream as the ordering logic sees it.
-struct stream_ref {
-  std::uintptr_t key = 0;     ///< identity: equal keys are the same stream
-  std::uintptr_t handle = 0;  ///< what `stream_sync` is given
-  bool thread_bound = false;  ///< a per-thread default stream: only its thread may record on it
-};
-
-/// A key unique to the calling thread, never reused by a later thread (odd, so it cannot
-/// equal a stream handle, which is an aligned pointer, or 0).
-std::uintptr_t this_thread_key() noexcept;
-/// True once the thread with that key has exited (its default stream gets no more work).
-bool thread_has_exited(std::uintptr_t key);
-/// How many keys the registry behind thread_has_exited keeps: one per live thread that
-/// has called this_thread_key (for tests: it must not grow with threads that exited).
-std::size_t live_thread_keys();
-/// Where the ordering logic asks "which thread is calling?" (tests simulate threads).
-using thread_key_fn = std::uintptr_t (*)() noexcept;
 
 /// Stream slots: maps streams to the small owner ids `block_pool` (and the others) use,
 /// and holds each stream's lazily recorded event. Owner 0 is "synchronized". Not
@@ -159,7 +87,7 @@ class stream_owners {
 
   /// The owner id of `s`, creating a slot for a stream not seen before. `holds_memory(o)`
   /// tells whether owner o still holds free memory (slots that do not may be recycled).
-  /// `consolidate()` runs when every slot is taken (65,535 streams hold free memory): it
+  /// `consolidate()` runs when every slot is taken (65,534 streams hold free memory): it
   /// synchronizes every stream's free memory (synchronize_everything), freeing slots.
   template <typename HoldsMemory, typename Consolidate>
   owner_id acquire(stream_ref const& s, HoldsMemory&& holds_memory, Consolidate&& consolidate) {
@@ -377,7 +305,9 @@ class stream_owners {
   static constexpr std::uintptr_t legacy_stream = 0;
   /// Slots beyond this many are recycled from streams that hold no free memory.
   static constexpr std::size_t soft_slot_limit = 1024;
-  static constexpr std::size_t max_slot = 0xffff;  // owner ids are 16 bits
+  /// Owner ids are 16 bits, and 0xffff is kept free: fixed_size_blocks reads it as "no
+  /// owner" (a stream in slot 0xffff that took over memory read as having found none).
+  static constexpr std::size_t max_slot = 0xfffe;
 
  private:
   struct slot {
@@ -438,6 +368,10 @@ class stream_owners {
   owner_id install(stream_ref const& s, owner_id reuse);
   void retire(owner_id o) noexcept;
   void record_now(slot& sl, stream_ref const& s);
+  /// Records `sl`'s event on `stream`, making the event first; false when either fails
+  /// (a seam error is caught: the frees that call this have already let go of their block,
+  /// and a free must not fail after that — the memory stays the stream's own instead).
+  bool record_slot_event(slot& sl, stream_sync::handle stream) noexcept;
   /// Orders `to` after another thread's default stream through a record on the legacy stream.
   handover hand_over_through_legacy_stream(stream_ref const& to);
   /// After a record of the barrier on the legacy stream: every default stream's free
