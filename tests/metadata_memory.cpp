@@ -225,3 +225,87 @@ TEST_CASE("block_pool: past the blocks its node space holds, a call is refused w
   CHECK(pool.allocate(block_pool::granularity, block_pool::granularity, block_pool::synchronized) == base);
   CHECK(pool.check_invariants() == "");
 }
+
+namespace {
+/// A pool of 65,536 nodes with one 1 GiB chunk cut into 256 B blocks until the nodes run
+/// out: its rest is one free block, and a call that must split it is refused.
+std::uintptr_t fill_to_node_limit(block_pool& pool, std::uintptr_t base) {
+  pool.add_chunk(base, std::size_t{1} << 30, 1);
+  std::uintptr_t end = base;
+  try {
+    for (;;) { end = pool.allocate(block_pool::granularity, block_pool::granularity, 1) + block_pool::granularity; }
+  } catch (std::length_error const&) {
+  }
+  return end;  // where the free rest starts
+}
+}  // namespace
+
+TEST_CASE("block_pool: at the node limit an aligned block that needs splits off both sides is refused whole") {
+  block_pool pool{65536};
+  std::uintptr_t const base = std::uintptr_t{1} << 40;
+  std::uintptr_t const rest = fill_to_node_limit(pool, base);
+  std::size_t const free = pool.free_bytes();
+  REQUIRE(pool.free_block_count() == 1);
+  // An alignment the rest's start misses: the block needs a lead and a tail (two nodes).
+  std::size_t const alignment = rest % 512 != 0 ? 512 : 1024;
+  CHECK_THROWS_AS(pool.allocate(block_pool::granularity, alignment, 1), std::length_error);
+  // The free block had left its index before the split threw: lost, 1 GiB of it.
+  CHECK(pool.check_invariants() == "");
+  CHECK(pool.free_bytes() == free);
+  CHECK(pool.free_block_count() == 1);
+  CHECK(pool.largest_free_block(1) == free);
+  // Taken whole (no node needed), it is served.
+  CHECK(pool.allocate(free, block_pool::granularity, 1) == rest);
+  CHECK(pool.check_invariants() == "");
+}
+
+TEST_CASE("block_pool: at the node limit a hole that needs splits is refused whole") {
+  block_pool pool{65536};
+  std::uintptr_t const rest = fill_to_node_limit(pool, std::uintptr_t{1} << 40);
+  std::size_t const free = pool.free_bytes();
+  auto carve_middle = [&](std::uintptr_t, std::size_t size, owner_id) {
+    return block_pool::range{block_pool::granularity, size - 2 * block_pool::granularity};
+  };
+  CHECK_THROWS_AS(pool.withdraw_free_ranges(carve_middle), std::length_error);
+  CHECK(pool.check_invariants() == "");
+  CHECK(pool.free_bytes() == free);
+  CHECK(pool.withdrawn_bytes() == 0);
+  CHECK(pool.allocate(free, block_pool::granularity, 1) == rest);
+}
+
+TEST_CASE("block_pool: when the address table cannot grow, the allocation is refused and changes nothing") {
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  WARN("skipped: sanitizers reserve terabytes of shadow memory, so no address-space limit can be set");
+  return;
+#else
+  std::size_t const in_use = address_space_in_use();
+  REQUIRE(in_use > 0);
+  pid_t const child = ::fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    // The nodes are reserved up front (inside the limit); the address table doubles in new
+    // mappings, and one of them is refused. Every block is the front of the one free
+    // block, so no class array grows: the table is what fails.
+    block_pool pool{std::size_t{1} << 20};
+    pool.add_chunk(std::uintptr_t{1} << 40, std::size_t{1} << 30, 1);
+    rlimit const limit{address_space_in_use() + 8 * MiB, address_space_in_use() + 8 * MiB};
+    if (::setrlimit(RLIMIT_AS, &limit) != 0) { ::_exit(10); }
+    std::size_t live = 0;
+    try {
+      for (;; ++live) { (void)pool.allocate(block_pool::granularity, block_pool::granularity, 1); }
+    } catch (std::bad_alloc const&) {
+    } catch (...) {
+      ::_exit(11);
+    }
+    // A block had been linked as live with no address-table entry.
+    if (live == 0 || !pool.check_invariants().empty()) { ::_exit(12); }
+    if (pool.live_blocks() != live || pool.live_bytes() != live * block_pool::granularity) { ::_exit(13); }
+    if (pool.free_bytes() + pool.live_bytes() != pool.total_bytes()) { ::_exit(14); }
+    ::_exit(0);
+  }
+  int status = 0;
+  REQUIRE(::waitpid(child, &status, 0) == child);
+  REQUIRE(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 0);
+#endif
+}

@@ -51,6 +51,18 @@ MRSTACK_HOT_INLINE void block_pool::delete_node(std::uint32_t i) noexcept {
   free_nodes_.push_back(i);  // never reallocates: reserved for every node that exists
 }
 
+MRSTACK_HOT_INLINE void block_pool::new_nodes(std::array<std::uint32_t, 2>& out, unsigned count) {
+  // All or none: a call that needs two nodes and gets one at the node limit must hand it
+  // back, or the node would be lost and the call would change something after all.
+  unsigned got = 0;
+  try {
+    for (; got < count; ++got) { out[got] = new_node(); }
+  } catch (...) {
+    while (got > 0) { delete_node(out[--got]); }
+    throw;
+  }
+}
+
 void block_pool::set_exclusive(owner_id owner, bool exclusive) {
   if (owner >= exclusive_.size()) { exclusive_.resize(std::size_t{owner} + 1, 0); }
   exclusive_[owner] = exclusive ? 1 : 0;
@@ -75,14 +87,20 @@ MRSTACK_HOT_INLINE void block_pool::insert_free(std::uint32_t b, owner_id owner)
   n.free_pos = static_cast<std::uint32_t>(list.size());
   n.free_class = cls;
   // May allocate (amortized doubling; the arrays keep their capacity, so a warm pool
-  // does not). Host out-of-memory here would leave the block unindexed: the caller's
-  // operation fails with std::bad_alloc like any other host allocation failure.
+  // does not). Calls that must fail whole (allocate, add_chunk, extend_chunk, withdraw)
+  // make_room first; elsewhere host out-of-memory here would leave the block unindexed.
   list.push_back(free_entry{b, n.units});
   idx.sl_bitmap[cls / sl_count] |= 1U << (cls % sl_count);
   idx.fl_bitmap |= 1U << (cls / sl_count);
   idx.bytes += size_of(n);
   ++idx.count;
   free_bytes_total_ += size_of(n);
+}
+
+MRSTACK_HOT_INLINE void block_pool::make_room(class_index& idx, unsigned cls, std::size_t extra) {
+  auto& list = idx.lists[cls];
+  if (list.capacity() - list.size() >= extra) [[likely]] { return; }
+  list.reserve(std::max(list.size() + extra, 2 * list.capacity()));  // amortized doubling, as push_back's
 }
 
 MRSTACK_HOT_INLINE void block_pool::unlink_entry(class_index& idx, std::uint32_t b) noexcept {
@@ -127,8 +145,7 @@ MRSTACK_HOT_INLINE std::uint32_t block_pool::first_in_larger_class(class_index c
 
 // ---- splitting and merging ---------------------------------------------------------------------
 
-MRSTACK_HOT_INLINE std::uint32_t block_pool::split(std::uint32_t b, std::size_t offset) {
-  std::uint32_t const u = new_node();
+MRSTACK_HOT_INLINE std::uint32_t block_pool::split(std::uint32_t b, std::size_t offset, std::uint32_t u) noexcept {
   block& lower = at(b);
   block& upper = at(u);
   upper.offset = lower.offset + static_cast<std::uint32_t>(offset / granularity);
@@ -199,6 +216,32 @@ std::uint32_t block_pool::coalesce(std::uint32_t b, owner_id owner, owner_id als
   return b;
 }
 
+MRSTACK_HOT_INLINE std::uint32_t block_pool::carve(std::uint32_t b, std::size_t offset, std::size_t length) {
+  block const& n = at(b);
+  owner_id const owner = n.owner;
+  std::size_t const rest = size_of(n) - offset - length;
+  // Everything that can fail first: room in the classes the pieces go to (one entry is
+  // b's own, freed below, but counting it would need its class too) and up to two nodes.
+  // At the node limit the block had left its index already, and a whole free block
+  // (a 1 GiB chunk) was lost.
+  class_index& idx = *indexes_[owner];
+  unsigned const front = class_of(offset / granularity);
+  unsigned const back = class_of(rest / granularity);
+  if (offset != 0) { make_room(idx, front, 1); }
+  if (rest != 0) { make_room(idx, back, offset != 0 && front == back ? 2 : 1); }
+  std::array<std::uint32_t, 2> nodes{npos, npos};
+  new_nodes(nodes, (offset != 0 ? 1U : 0U) + (rest != 0 ? 1U : 0U));
+  unsigned used = 0;
+  remove_free(b);
+  std::uint32_t piece = b;
+  if (offset != 0) {
+    piece = split(b, offset, nodes[used++]);
+    insert_free(b, owner);
+  }
+  if (rest != 0) { insert_free(split(piece, length, nodes[used]), owner); }
+  return piece;
+}
+
 // ---- chunks ---------------------------------------------------------------------------------------
 
 chunk_id block_pool::add_chunk(std::uintptr_t base, std::size_t size, owner_id owner) {
@@ -206,15 +249,23 @@ chunk_id block_pool::add_chunk(std::uintptr_t base, std::size_t size, owner_id o
     throw std::invalid_argument("block_pool::add_chunk: base and size must be non-zero multiples of 256");
   }
   if (size > max_chunk_size) { throw std::invalid_argument("block_pool::add_chunk: a chunk holds at most 1 TiB"); }
+  // What can fail comes first (room in the index, the node, the chunk record): a refused
+  // call changes nothing, so the caller can give the range back to its upstream.
+  make_room(index_of(owner), class_of(size / granularity), 1);
+  std::uint32_t const b = new_node();
   chunk_id c = 0;
   if (!free_chunk_slots_.empty()) {
     c = free_chunk_slots_.back();
     free_chunk_slots_.pop_back();
   } else {
-    c = static_cast<chunk_id>(chunks_.size());
-    chunks_.emplace_back();
+    try {
+      chunks_.emplace_back();
+    } catch (...) {
+      delete_node(b);
+      throw;
+    }
+    c = static_cast<chunk_id>(chunks_.size() - 1);
   }
-  std::uint32_t const b = new_node();
   block& n = at(b);
   n.offset = 0;
   n.units = static_cast<std::uint32_t>(size / granularity);
@@ -241,10 +292,12 @@ void block_pool::extend_chunk(chunk_id c, std::size_t bytes, owner_id owner) {
   if (tail.state == state_free &&
       (tail.owner == owner || sync_mergeable(tail.owner, owner))) {
     owner_id const merged = owner != synchronized ? owner : tail.owner;
+    make_room(index_of(merged), class_of(tail.units + bytes / granularity), 1);  // before anything changes
     remove_free(last);
     at(last).units += static_cast<std::uint32_t>(bytes / granularity);
     insert_free(last, merged);
   } else {
+    make_room(index_of(owner), class_of(bytes / granularity), 1);  // before anything changes
     std::uint32_t const b = new_node();
     block& n = at(b);
     n.offset = static_cast<std::uint32_t>(rec.size / granularity);
@@ -273,6 +326,7 @@ bool block_pool::remove_chunk(chunk_id c) {
     } else {  // withdrawn
       live_.erase(addr_of(n), starts_at(addr_of(n)));
       withdrawn_bytes_ -= size_of(n);
+      --withdrawn_count_;
     }
     delete_node(b);
     b = next;
@@ -282,23 +336,6 @@ bool block_pool::remove_chunk(chunk_id c) {
   free_chunk_slots_.push_back(c);
   --chunk_count_;
   return true;
-}
-
-block_pool::chunk_info block_pool::chunk(chunk_id c) const {
-  chunk_record const& rec = chunks_.at(c);
-  return chunk_info{rec.base, rec.size, rec.live_blocks, rec.withdrawn_blocks};
-}
-
-std::vector<owner_id> block_pool::chunk_owners(chunk_id c) const {
-  std::vector<owner_id> owners;
-  for (std::uint32_t b = chunks_.at(c).first; b != npos; b = at(b).next) {
-    block const& n = at(b);
-    if (n.state != state_free) { continue; }
-    bool seen = false;
-    for (owner_id o : owners) { seen = seen || o == n.owner; }
-    if (!seen) { owners.push_back(n.owner); }
-  }
-  return owners;
 }
 
 // ---- allocation ----------------------------------------------------------------------------------
@@ -369,6 +406,10 @@ MRSTACK_HOT_INLINE std::uintptr_t block_pool::take(std::uint32_t b, std::size_t 
     // The common case: the allocation is the front of b and b keeps the rest. The rest
     // keeps b's node and its place in the class array (moving only when its class
     // changed), so no array entry and no other free block's node is touched.
+    // What can fail comes first (a slot in the address table, room in the class the rest
+    // moves to, the node): a refused call changes nothing (block_pool.hpp).
+    live_.reserve_one();
+    if (unsigned const rest = class_of(n.units - units); rest != n.free_class) { make_room(*indexes_[n.owner], rest, 1); }
     std::uint32_t const a = new_node();  // node addresses are stable: `n` stays valid
     block& front = at(a);
     front.offset = n.offset;
@@ -389,17 +430,8 @@ MRSTACK_HOT_INLINE std::uintptr_t block_pool::take(std::uint32_t b, std::size_t 
     resize_free(b, n.units - units);
     b = a;
   } else {
-    remove_free(b);
-    std::size_t const lead = align_up(addr, alignment) - addr;
-    if (lead != 0) {
-      std::uint32_t const upper = split(b, lead);
-      insert_free(b, owner);
-      b = upper;
-    }
-    if (size_of(at(b)) > size) {
-      std::uint32_t const tail = split(b, size);
-      insert_free(tail, owner);
-    }
+    live_.reserve_one();  // before carve changes anything: the insert below cannot fail
+    b = carve(b, align_up(addr, alignment) - addr, size);
     at(b).state = state_live;
   }
   block const& taken = at(b);
@@ -513,26 +545,6 @@ std::size_t block_pool::live_size(std::uintptr_t address) const {
   return size_of(at(b));
 }
 
-std::size_t block_pool::run_with(std::uint32_t node, owner_id owner, owner_id partner) const noexcept {
-  auto joins = [&](std::uint32_t n) {
-    return n != npos && at(n).state == state_free && (at(n).owner == owner || at(n).owner == partner);
-  };
-  std::size_t run = size_of(at(node));
-  // A run of one owner's blocks alone would have merged into one block: allocate's job.
-  bool with_owner = at(node).owner == owner, with_partner = at(node).owner == partner;
-  for (std::uint32_t p = at(node).prev; joins(p); p = at(p).prev) {
-    run += size_of(at(p));
-    with_owner = with_owner || at(p).owner == owner;
-    with_partner = with_partner || at(p).owner == partner;
-  }
-  for (std::uint32_t n = at(node).next; joins(n); n = at(n).next) {
-    run += size_of(at(n));
-    with_owner = with_owner || at(n).owner == owner;
-    with_partner = with_partner || at(n).owner == partner;
-  }
-  return with_owner && with_partner ? run : 0;
-}
-
 std::uintptr_t block_pool::allocate_across(std::size_t size, std::size_t alignment, owner_id owner,
                                            owner_id partner) {
   if (owner == partner || partner >= indexes_.size() || !indexes_[partner] || alignment < granularity) { return 0; }
@@ -598,24 +610,6 @@ void block_pool::synchronize_all_owners() {
   }
 }
 
-std::uint32_t block_pool::free_block_ending_at(std::uintptr_t end) const noexcept {
-  for (chunk_record const& r : chunks_) {
-    if (!r.in_use || end <= r.base || end > r.base + r.size) { continue; }
-    for (std::uint32_t b = r.last; b != npos; b = at(b).prev) {
-      std::uintptr_t const start = addr_of(at(b));
-      if (start + size_of(at(b)) == end) { return at(b).state == state_free ? b : npos; }
-      if (start < end) { return npos; }  // `end` falls inside this block
-    }
-  }
-  return npos;
-}
-
-std::optional<owner_id> block_pool::owner_of_free_block_ending_at(std::uintptr_t end) const {
-  std::uint32_t const b = free_block_ending_at(end);
-  if (b == npos) { return std::nullopt; }
-  return owner_id{at(b).owner};
-}
-
 void block_pool::transfer_free_block_ending_at(std::uintptr_t end, owner_id to) {
   std::uint32_t const b = free_block_ending_at(end);
   if (b == npos || at(b).owner == to) { return; }
@@ -626,14 +620,6 @@ void block_pool::transfer_free_block_ending_at(std::uintptr_t end, owner_id to) 
   insert_free(merged, at(merged).owner);
 }
 
-std::size_t block_pool::free_bytes(owner_id owner) const noexcept {
-  return owner < indexes_.size() && indexes_[owner] ? indexes_[owner]->bytes : 0;
-}
-
-std::size_t block_pool::free_blocks(owner_id owner) const noexcept {
-  return owner < indexes_.size() && indexes_[owner] ? indexes_[owner]->count : 0;
-}
-
 // ---- holes ------------------------------------------------------------------------------------------
 
 std::uint32_t block_pool::withdraw(std::uint32_t b, std::size_t offset, std::size_t length) {
@@ -641,21 +627,13 @@ std::uint32_t block_pool::withdraw(std::uint32_t b, std::size_t offset, std::siz
   if (offset % granularity != 0 || length % granularity != 0 || offset + length > size_of(n) || offset + length < offset) {
     throw std::invalid_argument("block_pool::withdraw_free_ranges: range must be granular and inside the free block");
   }
-  owner_id const owner = n.owner;
-  remove_free(b);
-  std::uint32_t hole = b;
-  if (offset != 0) {
-    hole = split(b, offset);
-    insert_free(b, owner);
-  }
-  if (size_of(at(hole)) > length) {
-    std::uint32_t const tail = split(hole, length);
-    insert_free(tail, owner);
-  }
+  live_.reserve_one();  // before carve changes anything: the insert below cannot fail
+  std::uint32_t const hole = carve(b, offset, length);
   block& h = at(hole);
   h.state = state_withdrawn;
   live_.insert(addr_of(h), hole);
   ++chunks_[h.chunk].withdrawn_blocks;
+  ++withdrawn_count_;
   withdrawn_bytes_ += length;
   return hole;
 }
@@ -668,30 +646,11 @@ std::size_t block_pool::restore(std::uintptr_t address, owner_id owner) {
   std::size_t const size = size_of(n);
   withdrawn_bytes_ -= size;
   --chunks_[n.chunk].withdrawn_blocks;
+  --withdrawn_count_;
   n.state = state_free;
   std::uint32_t const merged = coalesce(b, owner, owner);
   insert_free(merged, at(merged).owner);
   return size;
-}
-
-// ---- introspection ------------------------------------------------------------------------------------
-
-std::size_t block_pool::largest_free_block(owner_id owner) const noexcept {
-  if (owner >= indexes_.size() || !indexes_[owner] || indexes_[owner]->count == 0) { return 0; }
-  class_index const& idx = *indexes_[owner];
-  auto const fl = static_cast<unsigned>(31 - std::countl_zero(idx.fl_bitmap));
-  auto const sl = static_cast<unsigned>(31 - std::countl_zero(idx.sl_bitmap[fl]));
-  std::uint32_t largest = 0;
-  for (free_entry const& e : idx.lists[fl * sl_count + sl]) { largest = std::max(largest, e.units); }
-  return std::size_t{largest} * granularity;
-}
-
-std::size_t block_pool::largest_free_block() const noexcept {
-  std::size_t largest = 0;
-  for (std::size_t o = 0; o < indexes_.size(); ++o) {
-    largest = std::max(largest, largest_free_block(static_cast<owner_id>(o)));
-  }
-  return largest;
 }
 
 }  // namespace mrstack::detail

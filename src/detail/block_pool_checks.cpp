@@ -18,6 +18,7 @@ std::string block_pool::check_invariants() const {
   if (t.live != live_bytes_) { return "live bytes mismatch"; }
   if (t.withdrawn != withdrawn_bytes_) { return "withdrawn bytes mismatch"; }
   if (t.keyed != live_.size()) { return "address map holds stale entries"; }
+  if (t.holes != withdrawn_count_) { return "withdrawn block count mismatch"; }
   if (t.free + t.live + t.withdrawn != t.total) { return "bytes do not add up"; }
   std::size_t indexed = 0;
   for (std::size_t o = 0; o < indexes_.size(); ++o) {
@@ -73,6 +74,7 @@ std::string block_pool::check_chunk(chunk_id c, invariant_totals& t) const {
     return "chunk " + std::to_string(c) + ": wrong live/withdrawn counts";
   }
   t.keyed += live + withdrawn;
+  t.holes += withdrawn;
   return {};
 }
 

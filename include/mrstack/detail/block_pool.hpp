@@ -91,7 +91,10 @@ class block_pool {
   /// `max_blocks`: how many blocks (live, free and withdrawn together) the pool may hold;
   /// its node array's address space is reserved for that many up front (rounded up to
   /// 2 MiB; less where the process's address space is limited). Past it, a call that
-  /// needs a new block throws std::length_error saying so, and changes nothing.
+  /// needs a new block throws std::length_error saying so, and changes nothing. So do
+  /// allocate, add_chunk, extend_chunk and each withdrawal when host memory for the
+  /// address table or a class array runs out (std::bad_alloc): what a call needs is
+  /// taken before anything moves.
   explicit block_pool(std::size_t max_blocks = max_nodes);
   ~block_pool();
   block_pool(block_pool const&) = delete;
@@ -215,7 +218,11 @@ class block_pool {
   [[nodiscard]] std::size_t free_bytes() const noexcept { return free_bytes_total_; }
   [[nodiscard]] std::size_t live_bytes() const noexcept { return live_bytes_; }
   [[nodiscard]] std::size_t withdrawn_bytes() const noexcept { return withdrawn_bytes_; }
-  [[nodiscard]] std::size_t live_blocks() const noexcept { return live_.size(); }
+  /// Live blocks: the address table less the holes it also holds (counted as live, a
+  /// pool grown in place reported a live block for every hole it had released).
+  [[nodiscard]] std::size_t live_blocks() const noexcept { return live_.size() - withdrawn_count_; }
+  /// Withdrawn holes.
+  [[nodiscard]] std::size_t withdrawn_blocks() const noexcept { return withdrawn_count_; }
   [[nodiscard]] std::size_t chunk_count() const noexcept { return chunk_count_; }
   /// How many times a deallocate left a chunk with no live block: a caller that looks for
   /// empty chunks after frees looks only when this moved.
@@ -339,7 +346,7 @@ class block_pool {
   }
   // check_invariants, in parts (src/detail/block_pool_checks.cpp).
   struct invariant_totals {
-    std::size_t total = 0, free = 0, live = 0, withdrawn = 0, free_count = 0, keyed = 0, chunks = 0;
+    std::size_t total = 0, free = 0, live = 0, withdrawn = 0, free_count = 0, keyed = 0, chunks = 0, holes = 0;
   };
   [[nodiscard]] std::string check_chunk(chunk_id c, invariant_totals& t) const;
   [[nodiscard]] std::string check_class_index(std::size_t owner, std::size_t& indexed) const;
@@ -359,8 +366,19 @@ class block_pool {
   }
   /// The last entry of the first non-empty class > cls in `idx`, or npos.
   [[nodiscard]] static std::uint32_t first_in_larger_class(class_index const& idx, unsigned cls) noexcept;
-  /// Splits b at `offset` bytes; returns the node of the upper part (same state/owner fields).
-  std::uint32_t split(std::uint32_t b, std::size_t offset);
+  /// Splits b at `offset` bytes into node `u` (fresh from new_node); returns u, the upper
+  /// part (same state/owner fields).
+  std::uint32_t split(std::uint32_t b, std::size_t offset, std::uint32_t u) noexcept;
+  /// Takes [offset, offset + length) of free block b out of its index as a block of its
+  /// own (returned; state still free, the caller sets it); what lies before and after
+  /// stays free, b's owner's. Throws (length_error at the node limit, bad_alloc) before
+  /// changing anything.
+  std::uint32_t carve(std::uint32_t b, std::size_t offset, std::size_t length);
+  /// `count` (at most 2) new nodes into `out`, all or none.
+  void new_nodes(std::array<std::uint32_t, 2>& out, unsigned count);
+  /// Room for `extra` more entries in class `cls` of `idx`, so that inserting them cannot
+  /// throw: a call that must fail whole makes room before it changes anything.
+  void make_room(class_index& idx, unsigned cls, std::size_t extra);
   /// Merges free block b with mergeable free neighbours (b is not in any index); returns
   /// the surviving node and sets its owner.
   /// `merge_any`: every free neighbour is mergeable and the result stays `owner` (used
@@ -388,6 +406,7 @@ class block_pool {
   std::size_t free_bytes_total_ = 0;
   std::size_t live_bytes_ = 0;
   std::size_t withdrawn_bytes_ = 0;
+  std::size_t withdrawn_count_ = 0;    // holes: in live_ too, but not live
   std::uint64_t chunks_emptied_ = 0;
   std::size_t chunk_count_ = 0;
 };

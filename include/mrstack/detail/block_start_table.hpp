@@ -42,10 +42,18 @@ class block_start_table {
   }
 
   /// Records that `node` starts at `address` (which must not be recorded already).
+  /// Throws std::bad_alloc (with nothing changed) when the table must grow and cannot;
+  /// never after `reserve_one`.
   void insert(std::uintptr_t address, std::uint32_t node) {
-    if ((count_ + 1) * 2 > slots_.size()) { rehash(slots_.size() * 2); }
+    reserve_one();
     place(slot_of(tag_of(address), node));
     ++count_;
+  }
+
+  /// Grows the table now where one more entry needs it, so that the next `insert` cannot
+  /// throw: a caller that must not fail halfway takes the room before it changes anything.
+  void reserve_one() {
+    if ((count_ + 1) * 2 > slots_.size()) { rehash(slots_.size() * 2); }
   }
 
   /// Removes the entry for `address`; returns its node, or npos when there was none.
