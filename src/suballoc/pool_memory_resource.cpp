@@ -50,6 +50,12 @@ pool_memory_resource::pool_memory_resource(resource_ptr upstream, std::size_t in
     throw logic_error("pool: initial size " + format_bytes(initial) + " exceeds the maximum size " +
                       format_bytes(*maximum_size_));
   }
+  if (initial > detail::block_pool::max_chunk_size) {
+    // Checked before the upstream is asked: the initial chunk is one chunk, and past the
+    // largest one the pool failed only after taking it (never given back).
+    throw logic_error("pool: initial_size " + format_bytes(initial_size) + " exceeds the largest chunk a pool manages, " +
+                      format_bytes(detail::block_pool::max_chunk_size));
+  }
   if (options_.grow_in_place) {
     detail::in_place_growth_options growth;
     growth.initial_bytes = initial;
@@ -69,11 +75,11 @@ pool_memory_resource::pool_memory_resource(resource_ptr upstream, std::size_t in
     try {
       // Waiting for the upstream once makes the initial chunk usable by every stream.
       core_.owners().sync().synchronize(s.handle);
+      core_.blocks().add_chunk(reinterpret_cast<std::uintptr_t>(base), initial, detail::block_pool::synchronized);
     } catch (...) {
       upstream_->deallocate(base, initial, options_.initial_stream, granularity);
       throw;
     }
-    core_.blocks().add_chunk(reinterpret_cast<std::uintptr_t>(base), initial, detail::block_pool::synchronized);
     ++upstream_allocations_;
     peak_pool_size_ = initial;
   }
@@ -146,6 +152,7 @@ void* pool_memory_resource::do_allocate(std::size_t bytes, std::size_t alignment
     throw_out_of_memory(bytes, "alignment " + std::to_string(alignment) + " too large: a block and its alignment "
                                "padding must fit in one chunk, at most " + format_bytes(detail::block_pool::max_chunk_size));
   }
+  if (maximum_size_) { refuse_past_maximum(bytes, alignment); }
   try {
     return allocate_checked(bytes, alignment, stream);
   } catch (out_of_memory const& e) {
@@ -154,14 +161,53 @@ void* pool_memory_resource::do_allocate(std::size_t bytes, std::size_t alignment
     // held (it had read as "free 0 B" with megabytes free in slabs).
     if (!sharded_.load(std::memory_order_acquire) || e.info().resource != "pool") { throw; }
     throw_out_of_memory_counting_shards(e.info());
+  } catch (std::length_error const& e) {
+    // The block metadata's own limits (block_pool's node space, the stream slots): the
+    // request was refused and nothing changed, so it is out of memory like any other.
+    throw_out_of_memory_counting_shards(refusal(bytes, std::string{"its block bookkeeping is full: "} + e.what()));
+  } catch (std::bad_alloc const& e) {
+    throw_out_of_memory_counting_shards(
+        refusal(bytes, std::string{"host memory for its block bookkeeping ran out: "} + e.what()));
   }
 }
 
+void pool_memory_resource::refuse_past_maximum(std::size_t bytes, std::size_t alignment) const {
+  // A block and the padding its alignment may need past the maximum can never be held:
+  // refused before the pool grows for it (growth returned free chunks and synchronized the
+  // device first, and the refusal named neither the size nor the alignment). The caller
+  // has checked that neither sum wraps.
+  std::size_t const size = detail::align_up(bytes, granularity);
+  std::size_t const pad = std::max(alignment, granularity) - granularity;
+  if (size > *maximum_size_) {
+    throw_out_of_memory_counting_shards(
+        refusal(bytes, "request larger than the maximum size " + format_bytes(*maximum_size_)));
+  }
+  if (pad > *maximum_size_ - size) {
+    throw_out_of_memory_counting_shards(refusal(
+        bytes, "alignment " + std::to_string(alignment) + " too large: the block and the up to " +
+                   format_bytes(pad) + " of padding it may need exceed the maximum size " + format_bytes(*maximum_size_)));
+  }
+}
+
+allocation_failure pool_memory_resource::refusal(std::size_t bytes, std::string why) const {
+  allocation_failure info;
+  info.requested_bytes = bytes;
+  info.resource = "pool";
+  info.limit_bytes = maximum_size_;
+  info.detail = std::move(why);
+  return info;
+}
+
 void pool_memory_resource::throw_out_of_memory_counting_shards(allocation_failure info) const {
-  statistics const st = stats();
-  info.footprint_bytes = st.pool_size;
-  info.free_bytes = st.free_bytes;
-  info.largest_free_block = st.largest_free_block;
+  try {
+    statistics const st = stats();
+    info.footprint_bytes = st.pool_size;
+    info.free_bytes = st.free_bytes;
+    info.largest_free_block = st.largest_free_block;
+  } catch (std::exception const&) {
+    // Statistics need host memory: after a host allocation failure the refusal goes out
+    // without them rather than as another std::bad_alloc.
+  }
   throw out_of_memory(std::move(info));
 }
 
@@ -187,7 +233,18 @@ std::uintptr_t pool_memory_resource::retry_after_park(std::unique_lock<detail::l
   return detail::wait_for_asked_park(core_.owners(), lock) ? core_.allocate(size, alignment, s) : 0;
 }
 
-void pool_memory_resource::do_deallocate(void* ptr, std::size_t bytes, std::size_t, stream_view stream) {
+void pool_memory_resource::do_deallocate(void* ptr, std::size_t bytes, std::size_t alignment, stream_view stream) {
+  // Blocks do not record their alignment, but one the pointer lacks, or one that is not a
+  // power of two, is not the alignment the block was allocated with (the arena and the
+  // system upstream refuse these too; the pool had freed the block).
+  if (!detail::is_pow2(alignment) || !detail::is_aligned(ptr, std::max(alignment, granularity))) {
+    throw logic_error("pool: deallocate of " + format_hex(ptr) + " with size " + std::to_string(bytes) +
+                      " B (alignment " + std::to_string(alignment) + "), but " +
+                      (detail::is_pow2(alignment) ? "the pointer is not aligned to it: its block was handed out with "
+                                                    "another alignment"
+                                                  : std::string{"the alignment is not a power of two"}) +
+                      "; nothing was freed");
+  }
   detail::stream_ref const s = to_stream_ref(stream);
   auto const address = reinterpret_cast<std::uintptr_t>(ptr);
   // A size past the largest block cannot match one (and would wrap when rounded).
@@ -256,6 +313,8 @@ void* pool_memory_resource::grow_and_allocate(std::size_t bytes, std::size_t siz
   std::string why;
   if (grow(needed, s, why)) {
     if (std::uintptr_t const a = retry()) { return reinterpret_cast<void*>(a); }
+    // Not expected (a chunk of `needed` holds the block wherever it starts); said, not silent.
+    why = "a new chunk of at least " + format_bytes(needed) + " was taken, yet no free block served the request";
   }
   // The upstream (or the maximum) refused. Memory other threads' streams still hold
   // becomes usable once the device is idle; then wholly free chunks can make room.
@@ -308,7 +367,10 @@ bool pool_memory_resource::grow(std::size_t needed, detail::stream_ref const& s,
                                options_.minimum_growth});
   // A chunk is at most max_chunk_size: clamping first keeps the rounding from wrapping.
   want = std::min(want, detail::align_down(detail::block_pool::max_chunk_size, options_.growth_granularity));
-  want = std::min(detail::align_up(want, options_.growth_granularity), cap);
+  // Never below the request (needed <= cap and <= max_chunk_size): the whole growth
+  // granule under the largest chunk was, for requests just short of 1 TiB, and the pool
+  // took a chunk that could not serve them.
+  want = std::max(std::min(detail::align_up(want, options_.growth_granularity), cap), needed);
   for (std::size_t chunk = want;;) {
     try {
       void* base = upstream_->allocate(chunk, to_stream_view(s), granularity);
@@ -317,7 +379,16 @@ bool pool_memory_resource::grow(std::size_t needed, detail::stream_ref const& s,
         throw logic_error("pool: upstream " + upstream_->name() + " returned " + format_hex(base) +
                           ", which is not 256-byte aligned");
       }
-      core_.add_chunk(reinterpret_cast<std::uintptr_t>(base), chunk, s);
+      std::size_t const held = core_.blocks().total_bytes();
+      try {
+        core_.add_chunk(reinterpret_cast<std::uintptr_t>(base), chunk, s);
+      } catch (...) {
+        // Refused by the block metadata (its node limit, host memory), which then changed
+        // nothing: the chunk goes back rather than leak. (A failure after the chunk was
+        // added, recording an event, leaves it with the pool, which returns it later.)
+        if (core_.blocks().total_bytes() == held) { upstream_->deallocate(base, chunk, to_stream_view(s), granularity); }
+        throw;
+      }
       ++upstream_allocations_;
       peak_pool_size_ = std::max(peak_pool_size_, core_.blocks().total_bytes());
       return true;
@@ -413,7 +484,9 @@ void pool_memory_resource::fill_stats(statistics& st, shard_totals const& shards
   st.pool_size = footprint();
   st.free_bytes = b.free_bytes() + shards.free_bytes;
   st.used_bytes = b.live_bytes() - shards.slab_bytes + shards.live_bytes;
-  st.largest_free_block = std::max(b.largest_free_block(), shards.largest_free_block);
+  // A shard's block serves only requests up to the shard block limit (larger ones go to
+  // the global blocks): the largest request the pool could serve without growing.
+  st.largest_free_block = std::max(b.largest_free_block(), std::min(shards.largest_free_block, shard_request_limit()));
   st.chunks = b.chunk_count();
   st.live_blocks = b.live_blocks() - shards.slabs + shards.live_blocks;
   st.free_blocks = b.free_block_count() + shards.free_blocks;
@@ -437,10 +510,15 @@ std::string pool_memory_resource::check_invariants() const {
   return check_shards();
 }
 
-void detail::add_stream_fragmentation(detail::stream_ordered_pool const& core, fragmentation_info& info) {
+std::size_t pool_memory_resource::shard_request_limit() const noexcept {
+  return detail::align_down(options_.shard_block_limit, granularity);
+}
+
+void detail::add_stream_fragmentation(detail::stream_ordered_pool const& core, fragmentation_info& info,
+                                      std::size_t largest_request) {
   auto const& b = core.blocks();
   info.free_bytes += b.free_bytes();
-  info.largest_free_block = std::max(info.largest_free_block, b.largest_free_block());
+  info.largest_free_block = std::max(info.largest_free_block, std::min(b.largest_free_block(), largest_request));
   info.free_blocks += b.free_block_count();
   // Owner 0 is memory every stream may use; the others are one stream each, or a stream's
   // parked memory (counted as that stream's). O(streams).
@@ -458,7 +536,7 @@ void detail::add_stream_fragmentation(detail::stream_ordered_pool const& core, f
       same = std::prev(info.streams.end());
     }
     same->free_bytes += b.free_bytes(id);
-    same->largest_free_block = std::max(same->largest_free_block, b.largest_free_block(id));
+    same->largest_free_block = std::max(same->largest_free_block, std::min(b.largest_free_block(id), largest_request));
     same->free_blocks += b.free_blocks(id);
   }
 }
@@ -475,7 +553,9 @@ fragmentation_info pool_memory_resource::do_fragmentation() const {
         info.live_bytes = core_.blocks().live_bytes() - shards.slab_bytes + shards.live_bytes;
         detail::add_stream_fragmentation(core_, info);
       },
-      [&](detail::stream_ordered_pool const& shard) { detail::add_stream_fragmentation(shard, info); });
+      [&](detail::stream_ordered_pool const& shard) {
+        detail::add_stream_fragmentation(shard, info, shard_request_limit());
+      });
   return info;
 }
 

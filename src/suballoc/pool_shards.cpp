@@ -109,12 +109,27 @@ std::uintptr_t pool_memory_resource::take_slab(std::size_t bytes, detail::stream
   std::unique_lock lock{mutex_};
   if (std::uintptr_t const a = core_.allocate(bytes, slab_alignment, s)) { return map_slab(a, bytes, index, s); }
   if (std::uintptr_t const a = retry_after_park(lock, bytes, slab_alignment, s)) { return map_slab(a, bytes, index, s); }
-  try {
-    auto const a = reinterpret_cast<std::uintptr_t>(grow_and_allocate(bytes, bytes, slab_alignment, s));
-    return map_slab(a, bytes, index, s);
-  } catch (out_of_memory const&) {
-    return 0;  // the caller tries a smaller slab, then the request alone
+  // Growth only, never grow_and_allocate's fallbacks (synchronizing the device, returning
+  // every free chunk): those are for a request nothing else can serve, and a slab is not
+  // one. The caller tries a smaller slab, then the request alone from the global blocks,
+  // whose path takes the fallbacks before out-of-memory. (At the maximum, every small
+  // allocation whose shard wanted a slab had synchronized the device.)
+  if (growth_) {
+    // Growth in place that meets the maximum releases every free granule first, which
+    // synchronizes the device: not for a slab the maximum cannot hold as new memory.
+    if (maximum_size_ && bytes > *maximum_size_ - std::min(*maximum_size_, footprint())) { return 0; }
+    try {
+      growth_->grow(core_, bytes, slab_alignment, s);
+    } catch (detail::growth_failure const&) {
+      return 0;
+    }
+    ++upstream_allocations_;
+    peak_pool_size_ = std::max(peak_pool_size_, footprint());
+  } else if (std::string why; !grow(bytes + (slab_alignment - granularity), s, why)) {
+    return 0;
   }
+  if (std::uintptr_t const a = core_.allocate(bytes, slab_alignment, s)) { return map_slab(a, bytes, index, s); }
+  return 0;
 }
 
 std::uintptr_t pool_memory_resource::map_slab(std::uintptr_t base, std::size_t bytes, std::uint16_t index,

@@ -61,8 +61,10 @@ struct slab_return {
 };
 
 /// Adds the free memory of `core`, stream by stream, to `info` (the pool's global
-/// blocks and each shard alike).
-void add_stream_fragmentation(stream_ordered_pool const& core, fragmentation_info& info);
+/// blocks and each shard alike). `largest_request`: the largest request `core` serves (a
+/// shard: the shard block limit); its largest free blocks count only up to it.
+void add_stream_fragmentation(stream_ordered_pool const& core, fragmentation_info& info,
+                              std::size_t largest_request = ~std::size_t{0});
 
 class pool_shard_set {
  public:

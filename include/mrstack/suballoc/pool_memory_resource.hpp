@@ -11,7 +11,8 @@
 ///   footprint, its free bytes, its largest free block and the maximum.
 /// - `deallocate(p, n, s, a)`: the block merges with free neighbours and is reusable on s
 ///   at once. A pointer the pool never handed out, or freed twice, is a `logic_error`
-///   (the lookup that finds the block detects it for free).
+///   (the lookup that finds the block detects it for free), and so is an alignment the
+///   block cannot have (not a power of two, or one the pointer lacks); nothing is freed.
 /// - Streams: a block freed on stream s is reused on s without synchronization; another
 ///   stream t takes it only after `cudaStreamWaitEvent(t, e)` on an event `e` recorded on
 ///   s no earlier than the free. Events are recorded on demand: a free records nothing;
@@ -26,11 +27,15 @@
 /// - Growth: when nothing fits (after taking over what other streams hold), the pool
 ///   returns wholly free chunks (folding their bytes into the new one) and asks its
 ///   upstream for a chunk of max(request, pool_size / growth_divisor,
-///   minimum_growth), rounded up to growth_granularity and capped by the maximum; when the
+///   minimum_growth), rounded up to growth_granularity and capped by the maximum (and by
+///   the largest chunk, 1 TiB, never below the request); when the
 ///   upstream refuses it tries smaller sizes down to the request, then synchronizes and
 ///   returns wholly free chunks, and only then throws. The default policy holds the peak
 ///   footprint of a real PyTorch training log within 1.10x of its peak live bytes
-///   (tests/pool_footprint.cpp).
+///   (tests/pool_footprint.cpp). A request the maximum can never hold (its size, or its
+///   size plus the padding its alignment may need) is refused before any of that. When
+///   the block metadata cannot grow (its node limit, host memory), the request is refused
+///   the same way: out_of_memory, nothing changed.
 /// - `release()` returns every wholly free chunk to the upstream (synchronizing first
 ///   only when their free blocks belong to several streams). Destruction returns every
 ///   chunk, live blocks or not.
@@ -133,7 +138,8 @@ struct pool_options {
 
 class pool_memory_resource final : public memory_resource {
  public:
-  /// `initial_size` bytes are taken at once (rounded up to 256); the pool never holds
+  /// `initial_size` bytes are taken at once (rounded up to 256; one chunk, so at most
+  /// 1 TiB: larger is a logic_error before the upstream is asked); the pool never holds
   /// more than `maximum_size` (unbounded when empty).
   explicit pool_memory_resource(resource_ptr upstream, std::size_t initial_size = 0,
                                 std::optional<std::size_t> maximum_size = std::nullopt, pool_options options = {});
@@ -205,6 +211,13 @@ class pool_memory_resource final : public memory_resource {
   /// `may_synchronize`, chunks whose return would need a device synchronization stay.
   std::size_t release_free_chunks(bool may_synchronize = true, detail::stream_ref const& caller = {});
   [[noreturn]] void throw_out_of_memory(std::size_t bytes, std::string why) const;
+  /// With a maximum: refuses a request that the maximum can never hold (its size, or its
+  /// size with the padding its alignment may need), before anything grows.
+  void refuse_past_maximum(std::size_t bytes, std::size_t alignment) const;
+  /// A refusal of `bytes` for `why`, before its statistics are read.
+  [[nodiscard]] allocation_failure refusal(std::size_t bytes, std::string why) const;
+  /// The largest request a thread shard serves (the shard block limit, in whole 256 B).
+  [[nodiscard]] std::size_t shard_request_limit() const noexcept;
   /// The same refusal, its footprint and free memory read again with the thread shards'.
   [[noreturn]] void throw_out_of_memory_counting_shards(allocation_failure info) const;
   /// Growing in place over a range of `granule`-byte granules: the sizes fit whole granules.
