@@ -17,6 +17,80 @@ namespace {
 constexpr std::size_t batches_searched = 8;
 }  // namespace
 
+// ---- superblocks going back: to the depot, else the global arena ---------------------------------
+
+void arena_core::surrender_spares(stream_arena& a, std::size_t keep, stream_ref const& caller) {
+  if (a.spares.size() <= keep) { return; }
+  if (surrender_to_depot(a, keep, caller)) { return; }
+  // Freed as `a`'s stream's memory. Named only when the current call may name it: a
+  // stream the user created may be destroyed by now (asking CUDA about it, or recording
+  // on it, is undefined behaviour), so then nothing is asked or recorded.
+  bool const named = global_.owners().may_name(a.stream, caller);
+  // One at a time from the back, each detached only once the global arena has it back:
+  // if a free throws, the spares not yet returned are still wholly this arena's. (Under
+  // the global lock, so no other arena can take one before it is detached here.)
+  std::lock_guard lock{global_mutex_};
+  while (a.spares.size() > keep) {
+    superblock& sb = *a.spares.back();
+    std::uintptr_t const base = sb.base;
+    if (named) {
+      global_.deallocate(base, a.stream);
+    } else {
+      global_.deallocate_without_naming(base, a.stream);
+    }
+    detach_superblock(a, sb);
+    a.spares.pop_back();
+    sb.base = 0;
+    idle_descriptors_.push_back(&sb);  // within the room descriptor_for reserved
+    if (!opts_.eager && !in_place_) { note_maybe_empty(base); }
+  }
+  after_global_free(caller);
+}
+
+std::size_t arena_core::reclaim_from(stream_arena& a, stream_ref const& caller) {
+  // Every wholly free superblock joins the spares, then all of them go back in one trip.
+  // (Room first: a superblock taken off its list must not be lost to a failed push.)
+  a.spares.reserve(a.spares.size() + a.empty);
+  for (auto& head : a.lists) {
+    for (superblock* sb = head; sb != nullptr;) {
+      superblock* const next = sb->next;
+      if (sb->free_count == sb->capacity) {
+        list_remove(a, *sb);
+        --a.empty;
+        make_spare(a, *sb);
+      }
+      sb = next;
+    }
+  }
+  std::size_t const returned = a.spares.size() * opts_.superblock_size;
+  surrender_spares(a, 0, caller);
+  return returned;
+}
+
+std::size_t arena_core::reclaim(stream_ref const& caller) {
+  std::vector<stream_arena*> all;
+  {
+    std::lock_guard lock{registry_mutex_};
+    for (auto const& a : arenas_) { all.push_back(a.get()); }
+  }
+  std::size_t returned = depot_superblocks_seen_.load(std::memory_order_relaxed) * opts_.superblock_size;
+  for (stream_arena* a : all) {
+    std::lock_guard lock{a->mutex};
+    returned += reclaim_from(*a, caller);
+  }
+  std::lock_guard lock{global_mutex_};
+  drain_depot_locked(caller);
+  return returned;
+}
+
+bool arena_core::synchronize_everything() {
+  std::lock_guard lock{global_mutex_};
+  drain_depot_locked(stream_ref{});
+  return global_.synchronize_everything();
+}
+
+// ---- the depot ------------------------------------------------------------------------------------
+
 stream_sync::handle arena_core::depot_event() {
   {
     std::lock_guard lock{depot_mutex_};
