@@ -10,7 +10,11 @@
 #include <mrstack/suballoc/arena_memory_resource.hpp>
 #include <mrstack/upstream/simulated_memory_resource.hpp>
 
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <functional>
+#include <future>
 #include <memory>
 #include <thread>
 #include <vector>
@@ -113,4 +117,46 @@ TEST_CASE("arena thread exit: a late destructor's free and allocations never use
   auto const st = mr.stats();
   CHECK(st.stream_arenas == 0);
   CHECK(mr.check_invariants() == "");
+}
+
+TEST_CASE("arena thread exit: an arena over an arena hands its chunk back at a thread's exit, no deadlock") {
+  // x's chunks are small blocks of y. A thread that made x grow leaves y's arena on its
+  // stream; another thread that only used x exits holding x's last free superblock, and
+  // its exit hook hands x's chunk back to y on that thread's stream. The hook had held the
+  // registry lock of live arenas while doing so, and y's first call on the thread took it
+  // again: the thread never finished exiting.
+  auto sim = std::make_shared<simulated_memory_resource>();
+  auto y = std::make_shared<arena_memory_resource>(sim, 64 * MiB);  // small blocks up to 1 MiB
+  arena_options o;
+  o.superblock_size = 64 * KiB;
+  o.max_small_size = 32 * KiB;
+  o.max_free_bytes = 0;  // a wholly free chunk goes back at once
+  auto x = std::make_shared<arena_memory_resource>(y, 1 * MiB, o);
+  void* grown = nullptr;
+  std::thread{[&] { grown = x->allocate(100 * KiB, stream_view::per_thread()); }}.join();
+  REQUIRE(y->stats().small_live_bytes == 1 * MiB);
+  // The exit runs on a thread a watcher joins, and the test waits for the watcher with a
+  // deadline: a deadlock fails the test instead of hanging it.
+  auto exited = std::make_shared<std::promise<void>>();
+  std::future<void> done = exited->get_future();
+  std::thread watcher{[x, y, grown, exited] {
+    std::thread{[&] {
+      void* s = x->allocate(1 * KiB, stream_view::per_thread());
+      x->deallocate(s, 1 * KiB, stream_view::per_thread());
+      x->deallocate(grown, 100 * KiB, stream_view::per_thread());
+    }}.join();
+    exited->set_value();
+  }};
+  if (done.wait_for(std::chrono::seconds(30)) != std::future_status::ready) {
+    // The hung thread holds locks the process's own exit takes (the main thread's hook):
+    // end the process rather than hang at exit.
+    std::fprintf(stderr, "FAILED: a thread exiting with an arena over an arena did not finish within 30 s (deadlock)\n");
+    std::fflush(stderr);
+    std::_Exit(EXIT_FAILURE);
+  }
+  watcher.join();
+  CHECK(x->held_bytes() == 0);  // the exiting thread's hook handed x's chunk back
+  CHECK(y->stats().small_live_bytes == 0);
+  CHECK(x->check_invariants() == "");
+  CHECK(y->check_invariants() == "");
 }

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <condition_variable>
 #include <limits>
 #include <new>
 #include <unordered_map>
@@ -50,17 +51,28 @@ std::atomic<std::uint64_t> next_core_id{1};
 // Arena cores alive now, so a thread that exits can hand its per-thread arenas' free
 // superblocks back (nobody else will use that arena again). Leaked on purpose: threads
 // may exit after static destruction.
+struct live_core {
+  arena_core* core = nullptr;
+  unsigned hooks = 0;   // exit hooks calling it now, outside the lock
+  bool dying = false;   // its destructor waits for `hooks` to reach 0: no hook starts on it
+};
 std::mutex& live_cores_mutex() {
   static auto* m = new std::mutex;
   return *m;
 }
-std::unordered_map<std::uint64_t, arena_core*>& live_cores() {
-  static auto* cores = new std::unordered_map<std::uint64_t, arena_core*>;
+std::condition_variable& live_cores_changed() {  // a hook let go of a core
+  static auto* cv = new std::condition_variable;
+  return *cv;
+}
+std::unordered_map<std::uint64_t, live_core>& live_cores() {
+  static auto* cores = new std::unordered_map<std::uint64_t, live_core>;
   return *cores;
 }
 
-// Set once this thread's hook has run: a thread_local destroyed after it may still
-// allocate, and must not touch the destroyed hook (trivially destructible: always valid).
+// Set once this thread's hook has begun: a call made after it (a thread_local destroyed
+// later) or during it (an arena's upstream may be another arena, which the hook's
+// thread_exiting hands chunks back to) takes the late_call path and must not touch the
+// hook's list (trivially destructible: always valid).
 thread_local bool exit_hook_done = false;
 // The arena a call made after the hook uses (arena_core::late_call), instead of the cache.
 thread_local cache_entry late_arena{};
@@ -70,32 +82,51 @@ struct thread_exit_hook {
   thread_exit_hook(thread_exit_hook const&) = delete;
   thread_exit_hook& operator=(thread_exit_hook const&) = delete;
   ~thread_exit_hook() {
-    std::lock_guard lock{live_cores_mutex()};
-    for (auto const& e : own) {
-      auto const it = live_cores().find(e.core_id);
-      if (it != live_cores().end()) { it->second->thread_exiting(e.arena); }
-    }
-    // A thread_local destroyed after this hook may still allocate: it must not find an
-    // arena retired here (and soon another stream's) in the cache.
-    own.clear();
+    // First: calls from here on (those thread_exiting makes into an upstream arena among
+    // them) find their arena by key as late calls, never through the cache (an arena
+    // retired here may be another stream's soon) nor into `own` (remember).
+    exit_hook_done = true;
     arena_cache = {};
     arena_cache_last = {};
-    exit_hook_done = true;
+    // The cores are pinned under the registry lock and called without it: thread_exiting
+    // may hand a chunk to an upstream arena, whose first call on this thread took this
+    // lock (a self-deadlock), and it takes its core's global lock, which another thread
+    // may hold while its growth makes an upstream arena's first call here (lock order).
+    {
+      std::lock_guard lock{live_cores_mutex()};
+      for (owned_arena& o : own) {
+        auto const it = live_cores().find(o.entry.core_id);
+        if (it == live_cores().end() || it->second.dying) { continue; }
+        ++it->second.hooks;
+        o.pinned = it->second.core;
+      }
+    }
+    for (owned_arena const& o : own) {
+      if (o.pinned == nullptr) { continue; }
+      o.pinned->thread_exiting(o.entry.arena);
+      std::lock_guard lock{live_cores_mutex()};
+      if (--live_cores().find(o.entry.core_id)->second.hooks == 0) { live_cores_changed().notify_all(); }
+    }
+    own.clear();
   }
   /// Remembers the thread's per-thread-stream arena of an arena_core. Not the cache: a
   /// thread that used more streams than it holds had its own arena pushed out, and at
   /// its exit that arena was neither retired nor emptied (an arena and its spare
   /// superblocks left per such thread, tests/pool_arena_threads_review.cpp).
   void remember(cache_entry const& e) {
-    auto const same = [&](cache_entry const& o) { return o.core_id == e.core_id && o.key == e.key; };
+    auto const same = [&](owned_arena const& o) { return o.entry.core_id == e.core_id && o.entry.key == e.key; };
     if (std::any_of(own.begin(), own.end(), same)) { return; }
     std::lock_guard lock{live_cores_mutex()};
-    std::erase_if(own, [](cache_entry const& o) { return !live_cores().contains(o.core_id); });  // destroyed cores
-    own.push_back(e);
+    std::erase_if(own, [](owned_arena const& o) { return !live_cores().contains(o.entry.core_id); });  // destroyed cores
+    own.push_back({e, nullptr});
   }
+  struct owned_arena {
+    cache_entry entry;
+    arena_core* pinned = nullptr;  // set by the destructor while its core cannot go away
+  };
   // A member, alive while the destructor's body runs (a thread_local of its own might be
   // destroyed before the hook).
-  std::vector<cache_entry> own;
+  std::vector<owned_arena> own;
 };
 thread_local thread_exit_hook exit_hook;
 
@@ -135,12 +166,17 @@ arena_core::arena_core(arena_upstream& upstream, options const& opts, std::share
     in_place_ = std::make_unique<in_place_pool_growth>(*opts_.grow_in_place_over, growth, "arena");  // claims the range
   }
   std::lock_guard lock{live_cores_mutex()};
-  live_cores().emplace(id_, this);
+  live_cores().emplace(id_, live_core{this});
 }
 
 arena_core::~arena_core() {
   {
-    std::lock_guard lock{live_cores_mutex()};
+    // An exiting thread's hook may be calling thread_exiting on this core without the
+    // lock: no new one starts, and those running finish first.
+    std::unique_lock lock{live_cores_mutex()};
+    live_core& self = live_cores().find(id_)->second;  // references survive a rehash
+    self.dying = true;
+    live_cores_changed().wait(lock, [&] { return self.hooks == 0; });
     live_cores().erase(id_);
   }
   return_all_chunks();
@@ -153,15 +189,21 @@ arena_core::~arena_core() {
 
 void arena_core::thread_exiting(void* arena) noexcept {
   auto* a = static_cast<stream_arena*>(arena);
-  // Only the exiting thread's own default-stream arena: no one will allocate from it again.
-  if (!a->stream.thread_bound || a->stream.key != thread_key_()) { return; }
   try {
     std::lock_guard registry{registry_mutex_};  // registry, arena, global: as check_invariants
+    // Only the exiting thread's own default-stream arena: no one will allocate from it
+    // again. Read under the registry lock: a late call during this hook may have retired
+    // it already, and another thread's stream taken it since.
+    if (a->retired || !a->stream.thread_bound || a->stream.key != thread_key_()) { return; }
     {
       std::lock_guard lock{a->mutex};
       if (!retire_if_empty(*a, a->stream)) {
-        // Other threads still free its blocks: retired once they are all back.
-        orphaned_arenas_.push_back(arena_by_key_.find(a->stream.key));
+        // Other threads still free its blocks: retired once they are all back (listed
+        // once: a late call may have listed it already).
+        std::uint32_t const index = arena_by_key_.find(a->stream.key);
+        if (std::find(orphaned_arenas_.begin(), orphaned_arenas_.end(), index) == orphaned_arenas_.end()) {
+          orphaned_arenas_.push_back(index);
+        }
       }
     }
     retire_emptied_orphans();
