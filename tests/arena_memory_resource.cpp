@@ -7,14 +7,18 @@
 
 #include <mrstack/detail/arena_core.hpp>
 #include <mrstack/suballoc/arena_memory_resource.hpp>
+#include <mrstack/suballoc/binning_memory_resource.hpp>
 #include <mrstack/upstream/simulated_memory_resource.hpp>
 #include <mrstack/upstream/system_memory_resource.hpp>
 
+#include <atomic>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <map>
 #include <random>
 #include <thread>
+#include <vector>
 
 using namespace mrstack;
 using detail::arena_size_classes;
@@ -246,4 +250,107 @@ TEST_CASE("arena: superblocks move between a stream arena and the global arena i
   CHECK(mr.stats().superblocks_in_arenas == 0);
   CHECK(mr.held_bytes() == 0);
   CHECK(sim->footprint() == 0);
+}
+
+TEST_CASE("arena: a free whose size exceeds the arena is refused, naming the block, directly and through binning") {
+  // Rounded up to 256, a size within 255 of SIZE_MAX saturated to the block pool's "any
+  // size", which freed whatever large block started there.
+  auto sim = std::make_shared<simulated_memory_resource>();
+  auto mr = std::make_shared<arena_memory_resource>(sim, 64 * MiB);
+  binning_memory_resource bins{mr, 256, 64 * KiB};  // larger requests go to the arena
+  for (memory_resource* r : {static_cast<memory_resource*>(mr.get()), static_cast<memory_resource*>(&bins)}) {
+    void* big = r->allocate(3 * MiB);
+    for (std::size_t const bad : {SIZE_MAX - 300, SIZE_MAX - 255, SIZE_MAX - 100, SIZE_MAX, 64 * MiB + 1}) {
+      CAPTURE(bad);
+      CHECK_THROWS_WITH(r->deallocate(big, bad), Catch::Contains("its block is 3145728 B; nothing was freed"));
+    }
+    CHECK(mr->check_invariants() == "");
+    r->deallocate(big, 3 * MiB);  // still live: the right size frees it, once
+    CHECK_THROWS_WITH(r->deallocate(big, 3 * MiB), Catch::Contains("already taken back"));
+  }
+}
+
+TEST_CASE("arena: a free with another alignment than the block's, or one not a power of two, is refused") {
+  auto sim = std::make_shared<simulated_memory_resource>();
+  arena_memory_resource mr{sim, 64 * MiB};
+  void* large = mr.allocate(2 * MiB, {}, 4096);
+  CHECK_THROWS_WITH(mr.deallocate(large, 2 * MiB, {}, 1 * MiB),
+                    Catch::Contains("but its block was handed out with alignment 4096; nothing was freed"));
+  CHECK_THROWS_WITH(mr.deallocate(large, 2 * MiB, {}, 8192), Catch::Contains("alignment 4096"));
+  CHECK_THROWS_AS(mr.deallocate(large, 2 * MiB), logic_error);  // 256: the block was aligned to 4096
+  void* plain = mr.allocate(3 * MiB);  // alignment 256
+  CHECK_THROWS_WITH(mr.deallocate(plain, 3 * MiB, {}, 4096), Catch::Contains("handed out with alignment 256"));
+  // A small size with a large alignment comes from the global arena too.
+  void* small_aligned = mr.allocate(100 * KiB, {}, 8192);
+  CHECK_THROWS_AS(mr.deallocate(small_aligned, 100 * KiB, {}, 16384), logic_error);
+  CHECK_THROWS_AS(mr.deallocate(small_aligned, 100 * KiB), logic_error);
+  void* small = mr.allocate(1000);
+  for (std::size_t const bad : {std::size_t{0}, std::size_t{3}, std::size_t{768}, std::size_t{3} << 20}) {
+    CAPTURE(bad);
+    CHECK_THROWS_WITH(mr.deallocate(small, 1000, {}, bad), Catch::Contains("an alignment must be a power of two"));
+    CHECK_THROWS_WITH(mr.deallocate(large, 2 * MiB, {}, bad), Catch::Contains("an alignment must be a power of two"));
+  }
+  CHECK(mr.check_invariants() == "");
+  // Every refusal left its block live: the right shape frees each, once.
+  mr.deallocate(large, 2 * MiB, {}, 4096);
+  mr.deallocate(plain, 3 * MiB);
+  mr.deallocate(small_aligned, 100 * KiB, {}, 8192);
+  mr.deallocate(small, 1000, {}, 128);  // every alignment up to 256 is the default one
+  CHECK_THROWS_AS(mr.deallocate(large, 2 * MiB, {}, 4096), logic_error);
+  auto const st = mr.stats();
+  CHECK(st.large_live_bytes + st.small_live_bytes == 0);
+}
+
+namespace {
+/// Refuses its first `refusals` allocations, then serves from `up`.
+class refusing_upstream final : public memory_resource {
+ public:
+  explicit refusing_upstream(resource_ptr up) : up_{std::move(up)} {}
+  std::atomic<int> refusals{0};
+
+ private:
+  void* do_allocate(std::size_t bytes, std::size_t alignment, stream_view s) override {
+    if (refusals.load() > 0) {
+      --refusals;
+      allocation_failure info;
+      info.requested_bytes = bytes;
+      info.resource = "refusing";
+      info.detail = "a transient refusal";
+      throw out_of_memory(std::move(info));
+    }
+    return up_->allocate(bytes, s, alignment);
+  }
+  void do_deallocate(void* p, std::size_t bytes, std::size_t alignment, stream_view s) override {
+    up_->deallocate(p, bytes, s, alignment);
+  }
+  std::string do_name() const override { return "refusing"; }
+  memory_resource* do_upstream() const noexcept override { return up_.get(); }
+  resource_ptr up_;
+};
+}  // namespace
+
+TEST_CASE("arena: out_of_memory names an upstream refusal only when this call's growth was refused") {
+  auto up = std::make_shared<refusing_upstream>(std::make_shared<simulated_memory_resource>());
+  arena_options o;
+  o.superblock_size = 1 * MiB;
+  o.max_small_size = 256 * KiB;
+  o.minimum_growth = 1 * MiB;
+  arena_memory_resource mr{up, 16 * MiB, o};
+  up->refusals = 1;  // the first growth is refused once, then served smaller
+  std::vector<void*> live{mr.allocate(4 * MiB)};
+  // Later, at the maximum: the upstream was not asked, so it refused nothing this time.
+  try {
+    for (;;) { live.push_back(mr.allocate(4 * MiB)); }
+  } catch (out_of_memory const& e) {
+    CHECK_THAT(e.what(), Catch::Contains("(the maximum size is reached)"));
+    CHECK_THAT(e.what(), !Catch::Contains("transient"));
+  }
+  for (void* p : live) { mr.deallocate(p, 4 * MiB); }
+  mr.release();
+  REQUIRE(mr.held_bytes() == 0);
+  // A call whose every growth is refused names the upstream's reason.
+  up->refusals = 1000;
+  CHECK_THROWS_WITH(mr.allocate(4 * MiB), Catch::Contains("upstream refused") && Catch::Contains("a transient refusal"));
+  up->refusals = 0;
+  mr.deallocate(mr.allocate(4 * MiB), 4 * MiB);  // served again; nothing stale is named later
 }

@@ -152,6 +152,11 @@ std::string arena_core::check_invariants() const {
     return "held bytes wrong";
   }
   if (!opts_.eager && held_bytes_locked() > opts_.max_size) { return "holds more than its maximum"; }
+  for (auto const& [address, alignment] : large_alignments_) {
+    if (address % alignment != 0 || map_.find(address) != nullptr || global_.blocks().live_size(address) == 0) {
+      return "an alignment is remembered for " + std::to_string(address) + ", which starts no live large block so aligned";
+    }
+  }
   std::size_t carved = 0;
   std::unordered_map<stream_arena const*, std::size_t> usable_of;  // what each arena's superblocks' blocks cover
   for (auto const& d : descriptors_) {

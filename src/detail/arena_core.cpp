@@ -549,13 +549,13 @@ std::uintptr_t arena_core::allocate_large(std::size_t size, std::size_t alignmen
     std::unique_lock lock{global_mutex_};
     // Only this search's asking counts: a superblock's search may have left the flag set.
     (void)global_.owners().take_asked_busy_stream();
-    if (std::uintptr_t const p = global_.allocate(size, alignment, s)) { return p; }
+    if (std::uintptr_t const p = global_.allocate(size, alignment, s)) { return note_large_alignment(p, alignment, s); }
     // A stream another thread drives was asked for its free memory: it parks at its next
     // call, usually sooner than growth would take, and without the footprint.
     if (wait_for_asked_park(global_.owners(), lock)) {
-      if (std::uintptr_t const p = global_.allocate(size, alignment, s)) { return p; }
+      if (std::uintptr_t const p = global_.allocate(size, alignment, s)) { return note_large_alignment(p, alignment, s); }
     }
-    if (std::uintptr_t const p = global_allocate(size, alignment, s)) { return p; }
+    if (std::uintptr_t const p = global_allocate(size, alignment, s)) { return note_large_alignment(p, alignment, s); }
   }
   return 0;
 }
@@ -569,9 +569,15 @@ bool arena_core::deallocate(std::uintptr_t p, std::size_t size, std::size_t alig
 bool arena_core::deallocate_now(std::uintptr_t p, std::size_t size, std::size_t alignment, stream_ref const& s) {
   settle_held_back(s);
   if (!is_small(size, alignment)) {
+    // Never the block pool's "any size": that would free whatever block starts at `p`.
+    if (size == block_pool::any_size) { return false; }
     std::lock_guard lock{global_mutex_};
     if (map_.find(p) != nullptr) { return false; }  // inside a superblock: a small block, not a large one
-    return global_deallocate(p, s, size) != 0;  // a large block's exact size, as it was handed out
+    auto const aligned = large_alignments_.find(p);
+    if ((aligned == large_alignments_.end() ? 256 : aligned->second) != alignment) { return false; }
+    if (global_deallocate(p, s, size) == 0) { return false; }  // a large block's exact size, as it was handed out
+    if (aligned != large_alignments_.end()) { large_alignments_.erase(aligned); }
+    return true;
   }
   auto* const sb = map_.find(p);
   if (sb == nullptr) { return false; }
@@ -638,6 +644,23 @@ bool arena_core::live_block(superblock const& sb, stream_arena const* owner, std
 
 std::size_t arena_core::small_size(superblock const& sb, std::uint32_t index) noexcept {
   return sb.units.empty() ? sb.block_size : std::size_t{sb.units[index]} * 256;
+}
+
+std::uintptr_t arena_core::note_large_alignment(std::uintptr_t p, std::size_t alignment, stream_ref const& s) {
+  if (alignment <= 256) { return p; }
+  try {
+    large_alignments_.insert_or_assign(p, alignment);
+  } catch (...) {
+    global_deallocate(p, s);  // a failed allocation leaves nothing behind
+    throw;
+  }
+  return p;
+}
+
+std::size_t arena_core::handed_out_alignment(std::uintptr_t p) const {
+  std::lock_guard lock{global_mutex_};
+  auto const it = large_alignments_.find(p);
+  return it == large_alignments_.end() ? 256 : it->second;
 }
 
 std::size_t arena_core::live_size(std::uintptr_t p) const {

@@ -65,7 +65,7 @@ std::uintptr_t arena_core::grow_in_place_and_allocate(std::size_t size, std::siz
     // Releases free granules itself and plans again when the range or the device is full.
     in_place_->grow(global_, size, alignment, s);
   } catch (growth_failure const& e) {
-    growth_refusal_ = e.what();
+    upstream_.refused(e.what());
     return 0;
   }
   // Superblocks may now be carved anywhere up to the chunk's end: the map needs its levels.
@@ -77,11 +77,6 @@ std::uintptr_t arena_core::grow_in_place_and_allocate(std::size_t size, std::siz
 
 std::size_t arena_core::held_bytes_locked() const noexcept {
   return in_place_ ? in_place_->committed_bytes() : held_;
-}
-
-std::string arena_core::growth_refusal() const {
-  std::lock_guard lock{global_mutex_};
-  return growth_refusal_;
 }
 
 bool arena_core::grow(std::size_t needed, stream_ref const& s) {

@@ -29,15 +29,44 @@ detail::arena_core::options core_options(arena_options const& o, std::size_t max
   return opts;
 }
 
+// Why the current allocate call's growth was refused, on this thread. Not one reason per
+// resource: one kept since an earlier call (or another thread's) was named by every later
+// out_of_memory, long after the upstream had room again. Nested calls (an arena whose
+// upstream is an arena) each have their own, the outer one put back when the inner ends.
+struct refusal_note {
+  void const* source = nullptr;  // the resource's chunk_source
+  std::string reason;
+};
+thread_local refusal_note* current_refusal = nullptr;
+
+/// The note of one allocate call, current while it lives.
+class refusal_scope {
+ public:
+  explicit refusal_scope(void const* source) : note_{source, {}}, outer_{current_refusal} {
+    current_refusal = &note_;
+  }
+  ~refusal_scope() { current_refusal = outer_; }
+  refusal_scope(refusal_scope const&) = delete;
+  refusal_scope& operator=(refusal_scope const&) = delete;
+  [[nodiscard]] std::string const& reason() const noexcept { return note_.reason; }
+
+ private:
+  refusal_note note_;
+  refusal_note* outer_;
+};
+
 }  // namespace
+
+void arena_memory_resource::chunk_source::refused(std::string const& why) const {
+  if (current_refusal != nullptr && current_refusal->source == this) { current_refusal->reason = why; }
+}
 
 std::uintptr_t arena_memory_resource::chunk_source::allocate(std::size_t size, detail::stream_ref const& s) {
   void* p = nullptr;
   try {
     p = up_.allocate(size, to_stream_view(s), granularity);
   } catch (out_of_memory const& e) {
-    std::lock_guard lock{mutex_};
-    last_refusal_ = e.what();
+    refused(e.what());
     return 0;
   }
   if (!detail::is_aligned(p, granularity)) {
@@ -54,11 +83,6 @@ void arena_memory_resource::chunk_source::deallocate(std::uintptr_t base, std::s
   } catch (std::exception const& e) {
     std::fprintf(stderr, "mrstack: arena could not return a chunk to its upstream: %s\n", e.what());
   }
-}
-
-std::string arena_memory_resource::chunk_source::last_refusal() const {
-  std::lock_guard lock{mutex_};
-  return last_refusal_;
 }
 
 arena_memory_resource::arena_memory_resource(resource_ptr upstream, std::size_t arena_size, arena_options options)
@@ -114,6 +138,7 @@ void* arena_memory_resource::do_allocate(std::size_t bytes, std::size_t alignmen
     throw out_of_memory(std::move(info));
   }
   std::size_t const size = detail::align_up(bytes, granularity);
+  refusal_scope const refusal{&source_};  // growth refused during this call only
   if (std::uintptr_t const p = core_->allocate(size, alignment, to_stream_ref(stream)); p != 0 && size >= bytes) {
     return reinterpret_cast<void*>(p);
   }
@@ -125,29 +150,43 @@ void* arena_memory_resource::do_allocate(std::size_t bytes, std::size_t alignmen
   info.free_bytes = st.global_free_bytes + st.free_bytes_in_arenas;
   info.largest_free_block = st.largest_free_block;
   info.limit_bytes = usable_size_;
-  std::string refusal = source_.last_refusal();
-  if (refusal.empty()) { refusal = core_->growth_refusal(); }
   info.detail = core_->is_small(size, alignment) ? "no superblock left for a small block"
                                                   : "no free range large enough in the global arena";
-  info.detail += refusal.empty() ? std::string{" (the maximum size is reached)"} : " (upstream refused: " + refusal + ")";
+  info.detail += refusal.reason().empty() ? std::string{" (the maximum size is reached)"}
+                                          : " (upstream refused: " + refusal.reason() + ")";
   throw out_of_memory(std::move(info));
 }
 
 void arena_memory_resource::do_deallocate(void* ptr, std::size_t bytes, std::size_t alignment, stream_view stream) {
-  alignment = std::max(alignment, granularity);
-  if (core_->deallocate(reinterpret_cast<std::uintptr_t>(ptr), detail::align_up(bytes, granularity), alignment,
-                        to_stream_ref(stream))) {
+  // No block is larger than the arena (and such a size, rounded up, would saturate to the
+  // block pool's "any size", which frees whatever block starts there unchecked); no block
+  // was handed out with an alignment that is not a power of two.
+  if (bytes <= usable_size_ && detail::is_pow2(alignment) &&
+      core_->deallocate(reinterpret_cast<std::uintptr_t>(ptr), detail::align_up(bytes, granularity),
+                        std::max(alignment, granularity), to_stream_ref(stream))) {
     return;
   }
-  if (std::size_t const actual = core_->live_size(reinterpret_cast<std::uintptr_t>(ptr))) {
-    std::string const why = actual != detail::align_up(bytes, granularity)
-                                ? "its block is " + std::to_string(actual) + " B"
-                                : "its block was handed out with another alignment";
-    throw logic_error("arena: deallocate of " + format_hex(ptr) + " with size " + std::to_string(bytes) +
-                      " B (alignment " + std::to_string(alignment) + "), but " + why + "; nothing was freed");
+  refuse_free(ptr, bytes, alignment);
+}
+
+void arena_memory_resource::refuse_free(void* ptr, std::size_t bytes, std::size_t alignment) const {
+  auto const p = reinterpret_cast<std::uintptr_t>(ptr);
+  std::string const what = "arena: deallocate of " + format_hex(ptr) + " with size " + std::to_string(bytes) +
+                           " B (alignment " + std::to_string(alignment) + ")";
+  std::size_t const actual = core_->live_size(p);
+  if (!detail::is_pow2(alignment)) {
+    throw logic_error(what + ", but an alignment must be a power of two" +
+                      (actual != 0 ? " (the block there is " + std::to_string(actual) + " B)" : std::string{}) +
+                      "; nothing was freed");
   }
-  throw logic_error("arena: deallocate of " + format_hex(ptr) + " (" + std::to_string(bytes) +
-                    " B), which this arena did not hand out or has already taken back");
+  if (actual != 0) {
+    std::string const why = bytes > usable_size_ || actual != detail::align_up(bytes, granularity)
+                                ? "its block is " + std::to_string(actual) + " B"
+                                : "its block was handed out with alignment " +
+                                      std::to_string(core_->handed_out_alignment(p));
+    throw logic_error(what + ", but " + why + "; nothing was freed");
+  }
+  throw logic_error(what + ", which this arena did not hand out or has already taken back");
 }
 
 std::size_t arena_memory_resource::do_free_bytes_held() const noexcept {

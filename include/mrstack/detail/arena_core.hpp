@@ -88,6 +88,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include <mrstack/detail/address_map.hpp>
@@ -121,6 +122,9 @@ class arena_upstream {
   virtual std::uintptr_t allocate(std::size_t size, stream_ref const& s) = 0;
   /// Gives a chunk back on `s` (whose work on it is all that may still be pending).
   virtual void deallocate(std::uintptr_t base, std::size_t size, stream_ref const& s) noexcept = 0;
+  /// Why growing in place was refused during the current call (on the calling thread), for
+  /// the out_of_memory that call may end in.
+  virtual void refused(std::string const& /*why*/) const {}
 };
 
 class arena_core {
@@ -155,11 +159,14 @@ class arena_core {
   /// `size` a multiple of 256. 0 when the arena cannot serve it (after reclaiming and synchronizing).
   std::uintptr_t allocate(std::size_t size, std::size_t alignment, stream_ref const& s);
   /// False (and nothing changes) when `p` is not a live block of this arena of that size
-  /// (a foreign, double or wrong-size free).
+  /// and alignment (a foreign, double, wrong-size or wrong-alignment free).
   bool deallocate(std::uintptr_t p, std::size_t size, std::size_t alignment, stream_ref const& s);
   /// The size (a multiple of 256) of the live block at `p`, or 0: what a refused free
   /// names.
   [[nodiscard]] std::size_t live_size(std::uintptr_t p) const;
+  /// The alignment a live block at `p` was handed out with (256 for any below): what a
+  /// free refused for its alignment names.
+  [[nodiscard]] std::size_t handed_out_alignment(std::uintptr_t p) const;
 
   [[nodiscard]] bool is_small(std::size_t size, std::size_t alignment) const noexcept {
     return size <= opts_.max_small_size && alignment <= 256;
@@ -183,8 +190,6 @@ class arena_core {
   /// granule. The bytes returned.
   std::size_t release_free_chunks();
   [[nodiscard]] bool grows_in_place() const noexcept { return in_place_ != nullptr; }
-  /// Why growing in place last failed (empty when it has not, or without in-place growth).
-  [[nodiscard]] std::string growth_refusal() const;
 
   struct statistics {
     std::size_t held_bytes = 0;               ///< taken from the upstream now
@@ -362,10 +367,13 @@ class arena_core {
   /// Frees into the global arena; then, past `max_free_bytes`, wholly free chunks go back.
   std::size_t global_deallocate(std::uintptr_t address, stream_ref const& s,
                                 std::size_t expected_size = block_pool::any_size);
+  /// Remembers the alignment of a large block `p` handed out aligned above 256 (its free
+  /// must name it); on failure the block goes back and the error passes on. Returns `p`.
+  std::uintptr_t note_large_alignment(std::uintptr_t p, std::size_t alignment, stream_ref const& s);
   /// Adds one chunk of at least `needed` bytes; false when the maximum or the upstream refuses.
   bool grow(std::size_t needed, stream_ref const& s);
   /// Over a virtual range: extends the one chunk for a block of `size` aligned to
-  /// `alignment` on `s`, then allocates it; 0 when growth was refused (`growth_refusal_`).
+  /// `alignment` on `s`, then allocates it; 0 when growth was refused (told to the upstream's `refused`).
   std::uintptr_t grow_in_place_and_allocate(std::size_t size, std::size_t alignment, stream_ref const& s);
   /// Bytes held from the upstream: committed granules in place, else the chunks' sizes.
   [[nodiscard]] std::size_t held_bytes_locked() const noexcept;
@@ -471,9 +479,11 @@ class arena_core {
   stream_ordered_pool global_;
   std::map<std::uintptr_t, chunk_record> chunks_;   // by base
   std::vector<std::uintptr_t> empty_candidates_;    // chunk bases that may be wholly free
+  // Live global blocks handed out aligned above 256, by address: the block pool keeps no
+  // alignment, and a free naming another one must be refused (resource.hpp's contract).
+  std::unordered_map<std::uintptr_t, std::size_t> large_alignments_;
   std::uint64_t emptied_seen_ = 0;                   // global_'s chunks_emptied() when last looked at
   std::unique_ptr<in_place_pool_growth> in_place_;  // over a virtual range, else null
-  std::string growth_refusal_;                       // in place: why growth last failed
   std::size_t held_ = 0;                             // chunks' bytes (not in place)
   std::size_t peak_held_ = 0;
   std::size_t upstream_allocations_ = 0;

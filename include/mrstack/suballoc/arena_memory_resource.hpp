@@ -39,13 +39,16 @@
 ///   other than one hold free memory, synchronizes the device so it all merges, then
 ///   gives every wholly free chunk back to the upstream (not with `eager`: that region
 ///   stays until destruction). Destruction returns every chunk to the upstream.
-/// - A foreign, double, wrong-size or interior free is a `logic_error` naming the pointer,
-///   the size given and the block's size where one is live there, and nothing is freed
-///   (a large block's second free too, after its range was carved into superblocks).
+/// - A foreign, double, wrong-size, wrong-alignment or interior free is a `logic_error`
+///   naming the pointer, the size and alignment given and the block's size (or
+///   alignment) where one is live there, and nothing is freed (a large block's second
+///   free too, after its range was carved into superblocks); so is a free whose alignment
+///   is not a power of two or whose size exceeds `arena_size()`.
+/// - `out_of_memory` says "upstream refused" with the upstream's reason only when that
+///   call's own growth was refused; otherwise the maximum size is reached.
 ///   Thread-safe.
 #include <cstddef>
 #include <memory>
-#include <mutex>
 #include <string>
 
 #include <mrstack/detail/arena_core.hpp>
@@ -108,7 +111,9 @@ class arena_memory_resource final : public memory_resource {
   arena_memory_resource(resource_ptr upstream, std::size_t arena_size, arena_options options = {});
   ~arena_memory_resource() override;
 
-  /// The most bytes the arena holds from its upstream (what it holds with `eager`).
+  /// `arena_size` rounded up to whole superblocks: the most bytes the arena holds from its
+  /// upstream. With `eager` it holds this plus a superblock less 256 bytes (room to align
+  /// its first superblock), from construction to destruction.
   [[nodiscard]] std::size_t arena_size() const noexcept { return usable_size_; }
   [[nodiscard]] detail::arena_core::statistics stats() const { return core_->stats(); }
   /// Bytes held from the upstream now.
@@ -121,6 +126,9 @@ class arena_memory_resource final : public memory_resource {
  private:
   void* do_allocate(std::size_t bytes, std::size_t alignment, stream_view stream) override;
   void do_deallocate(void* ptr, std::size_t bytes, std::size_t alignment, stream_view stream) override;
+  /// A refused free's logic_error: the pointer, the size and alignment given, and the
+  /// live block's where one starts there.
+  [[noreturn]] void refuse_free(void* ptr, std::size_t bytes, std::size_t alignment) const;
   bool do_is_equal(memory_resource const& other) const noexcept override { return this == &other; }
   std::string do_name() const override { return "arena"; }
   memory_resource* do_upstream() const noexcept override { return upstream_.get(); }
@@ -129,17 +137,16 @@ class arena_memory_resource final : public memory_resource {
   fragmentation_info do_fragmentation() const override;
 
   /// The core's view of the upstream: out_of_memory becomes 0 (the core then reclaims,
-  /// synchronizes, and the resource reports the refusal with the reason kept here).
+  /// synchronizes, and the resource reports the refusal with the reason this call's
+  /// growth was refused for, if it was).
   class chunk_source final : public detail::arena_upstream {
    public:
     explicit chunk_source(memory_resource& up) : up_{up} {}
     std::uintptr_t allocate(std::size_t size, detail::stream_ref const& s) override;
     void deallocate(std::uintptr_t base, std::size_t size, detail::stream_ref const& s) noexcept override;
-    [[nodiscard]] std::string last_refusal() const;
+    void refused(std::string const& why) const override;
    private:
     memory_resource& up_;
-    mutable std::mutex mutex_;
-    std::string last_refusal_;
   };
 
   resource_ptr upstream_;
