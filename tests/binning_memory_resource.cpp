@@ -12,6 +12,8 @@
 #include <cstring>
 #include <map>
 #include <random>
+#include <string>
+#include <vector>
 
 using namespace mrstack;
 
@@ -50,7 +52,7 @@ TEST_CASE("binning: custom bins, custom bin resources and a large resource of ch
   auto sys = std::make_shared<system_memory_resource>();
   auto pool = std::make_shared<pool_memory_resource>(sys, 0);
   binning_memory_resource mr{sys, pool};  // no bins yet; large requests go to the pool
-  mr.add_bin(3000);                        // a non-power-of-two bin (rounded to 3072)
+  mr.add_bin(3072);                        // a non-power-of-two bin
   mr.add_bin(768);
   auto fixed = std::make_shared<fixed_size_memory_resource>(sys, 16 * KiB, 8);
   mr.add_bin(16 * KiB, fixed, fixed->block_alignment());
@@ -182,4 +184,44 @@ TEST_CASE("binning: one pool serving two bins and the large requests is counted 
   mr.deallocate(a, 300);
   mr.deallocate(b, 1000);
   mr.deallocate(c, 64 * KiB);
+}
+
+TEST_CASE("binning: a bin size that is not a multiple of 256 is refused, and no bin changes") {
+  // Rounded up, 300 B named the 512 B bin, which it replaced unseen.
+  auto sim = std::make_shared<simulated_memory_resource>();
+  binning_memory_resource mr{sim, 256, 1024};
+  std::vector<binning_memory_resource::bin> const before = mr.bins();
+  for (std::size_t const bad : {std::size_t{1}, std::size_t{255}, std::size_t{300}, std::size_t{3000}}) {
+    CAPTURE(bad);
+    CHECK_THROWS_WITH(mr.add_bin(bad), Catch::Contains("a bin of " + std::to_string(bad) + " B") &&
+                                           Catch::Contains("multiples of 256 B"));
+    auto fixed = std::make_shared<fixed_size_memory_resource>(sim, 512, 8);
+    CHECK_THROWS_AS(mr.add_bin(bad, fixed), logic_error);
+  }
+  REQUIRE(mr.bins().size() == before.size());
+  for (std::size_t i = 0; i < before.size(); ++i) {
+    CHECK(mr.bins()[i].size == before[i].size);
+    CHECK(mr.bins()[i].resource == before[i].resource);
+  }
+}
+
+TEST_CASE("binning: a request goes to the smallest bin whose blocks are aligned enough, and its free follows") {
+  auto sim = std::make_shared<simulated_memory_resource>();
+  binning_memory_resource mr{sim};
+  auto aligned = std::make_shared<fixed_size_memory_resource>(sim, 4096, 16);  // 4 KiB blocks, 4 KiB-aligned
+  mr.add_bin(256, aligned, 4096);  // served as a 256 B bin whose blocks are 4 KiB-aligned
+  mr.add_bin(1024);
+  mr.add_bin(8192);
+  // Indexed by max(size, alignment), the lookup began past the 256 B bin.
+  CHECK(&mr.resource_for(100, 4096) == aligned.get());
+  CHECK(&mr.resource_for(256, 1024) == aligned.get());
+  CHECK(&mr.resource_for(257, 1024) == mr.bins()[1].resource.get());
+  CHECK(&mr.resource_for(1000, 4096) == mr.bins()[2].resource.get());  // 1 KiB bin: aligned to 1 KiB only
+  CHECK(&mr.resource_for(100, 16384) == &mr.large_resource());
+  CHECK(&mr.resource_for(8193) == &mr.large_resource());
+  void* p = mr.allocate(100, {}, 4096);
+  CHECK(reinterpret_cast<std::uintptr_t>(p) % 4096 == 0);
+  CHECK(aligned->free_blocks() + 1 == aligned->total_blocks());
+  mr.deallocate(p, 100, {}, 4096);  // routed the same way: the bin that holds it
+  CHECK(aligned->free_blocks() == aligned->total_blocks());
 }

@@ -64,8 +64,15 @@ binning_memory_resource::binning_memory_resource(resource_ptr upstream, std::siz
 
 void binning_memory_resource::add_bin(std::size_t size, resource_ptr resource, std::size_t alignment) {
   if (size == 0 || size > max_bin_size) {
-    throw logic_error("binning: a bin of " + std::to_string(size) + " B (bins hold 1 B to " + format_bytes(max_bin_size) +
-                      ")");
+    throw logic_error("binning: a bin of " + std::to_string(size) + " B (bins hold 256 B to " +
+                      format_bytes(max_bin_size) + ")");
+  }
+  // Rounded up, such a size named another bin, which it replaced unseen (a bin of 300 B
+  // took the place of the 512 B bin).
+  if (size % default_alignment != 0) {
+    throw logic_error("binning: a bin of " + std::to_string(size) + " B: bin sizes are multiples of " +
+                      std::to_string(default_alignment) + " B (every block is " + std::to_string(default_alignment) +
+                      "-byte aligned); nothing was added");
   }
   if (bins_.size() >= 255) { throw logic_error("binning: at most 255 bins"); }
   if (alignment != 0 && !detail::is_pow2(alignment)) {
@@ -75,20 +82,19 @@ void binning_memory_resource::add_bin(std::size_t size, resource_ptr resource, s
     // The bin would call back into this resource: every allocation of its size looped forever.
     if (below == this) { throw logic_error("binning: the bin of " + std::to_string(size) + " B is this resource or stacked on it"); }
   }
-  std::size_t const rounded = detail::align_up(size, default_alignment);
   if (!resource) {
-    auto fixed = std::make_shared<fixed_size_memory_resource>(upstream_, rounded, blocks_per_chunk(rounded));
+    auto fixed = std::make_shared<fixed_size_memory_resource>(upstream_, size, blocks_per_chunk(size));
     alignment = fixed->block_alignment();
     resource = std::move(fixed);
   } else if (alignment == 0) {
     alignment = default_alignment;  // all a foreign resource promises
   }
   if (!detail::is_pow2(alignment)) { throw logic_error("binning: bin alignment must be a power of two"); }
-  auto it = std::find_if(bins_.begin(), bins_.end(), [&](bin const& b) { return b.size >= rounded; });
-  if (it != bins_.end() && it->size == rounded) {
-    *it = bin{rounded, alignment, std::move(resource)};
+  auto it = std::find_if(bins_.begin(), bins_.end(), [&](bin const& b) { return b.size >= size; });
+  if (it != bins_.end() && it->size == size) {
+    *it = bin{size, alignment, std::move(resource)};
   } else {
-    bins_.insert(it, bin{rounded, alignment, std::move(resource)});
+    bins_.insert(it, bin{size, alignment, std::move(resource)});
   }
   rebuild_index();
 }

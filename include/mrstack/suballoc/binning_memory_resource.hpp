@@ -7,15 +7,16 @@
 /// Contract:
 /// - `binning_memory_resource(upstream, min, max)`: one bin per power of two from `min`
 ///   (rounded up to a power of two, at least 256) to `max` (rounded up likewise). Custom
-///   bins: `add_bin(size, resource)` (any multiple of 256; `resource` null: a
-///   fixed_size of that size over the upstream), or construct with no bins and add them.
+///   bins: `add_bin(size, resource)` (any multiple of 256, else a `logic_error`;
+///   `resource` null: a fixed_size of that size over the upstream), or construct with no
+///   bins and add them.
 /// - A request (n, a) goes to the smallest bin whose size is >= n and whose blocks are
 ///   aligned to >= a; deallocate routes (n, a) the same way, so it reaches the same bin.
 ///   Power-of-two bins of size s are s-aligned, so large alignments are served by bins too.
 /// - A free is checked by the resource it routes to (fixed_size bins check every free in
 ///   O(1)); when that one refuses it and another bin holds the block, the `logic_error`
 ///   says which bin allocated it: the size or alignment given was wrong. Nothing changes.
-/// - Sizes: bins of 1 B to `max_bin_size` (1 TiB); `min_size` above `max_size`, or either
+/// - Sizes: bins of 256 B to `max_bin_size` (1 TiB); `min_size` above `max_size`, or either
 ///   beyond 1 TiB, is a `logic_error` at construction.
 /// - Streams, errors and thread safety are those of the bin and large resources (each
 ///   is thread-safe on its own; the bin table is fixed once allocation starts — add bins
@@ -48,9 +49,10 @@ class binning_memory_resource final : public memory_resource {
   /// No bins yet: add them with `add_bin`.
   explicit binning_memory_resource(resource_ptr upstream, resource_ptr large = nullptr);
 
-  /// Adds a bin of `size` bytes served by `resource` (null: a fixed_size resource of that
-  /// size over the upstream, blocks aligned to the largest power of two dividing `size`).
-  /// A bin of a size already present replaces it.
+  /// Adds a bin of `size` bytes (a multiple of 256: a `logic_error` otherwise, as a size
+  /// rounded up would replace another bin unseen) served by `resource` (null: a
+  /// fixed_size resource of that size over the upstream, blocks aligned to the largest
+  /// power of two dividing `size`). A bin of a size already present replaces it.
   void add_bin(std::size_t size, resource_ptr resource = nullptr, std::size_t alignment = 0);
 
   struct bin {
@@ -91,11 +93,12 @@ class binning_memory_resource final : public memory_resource {
   void do_release() override;
 
   /// Bin lookup: `first_bin_[ceil_log2(n)]` is the first bin that may hold n bytes; a
-  /// short forward walk settles size and alignment (one step for power-of-two bins).
+  /// forward walk settles size and alignment (one step for power-of-two bins at the
+  /// default alignment). Indexed by the size alone, not by max(size, alignment): a smaller
+  /// bin whose blocks are aligned enough (a custom bin) comes first.
   [[nodiscard]] memory_resource* target(std::size_t bytes, std::size_t alignment) const noexcept {
-    std::size_t const need = bytes < alignment ? alignment : bytes;
-    if (need > largest_bin_) { return large_; }
-    unsigned const log = need <= 1 ? 0U : static_cast<unsigned>(std::bit_width(need - 1));
+    if (bytes > largest_bin_) { return large_; }
+    unsigned const log = bytes <= 1 ? 0U : static_cast<unsigned>(std::bit_width(bytes - 1));
     for (std::size_t i = first_bin_[log]; i < bins_.size(); ++i) {
       bin const& b = bins_[i];
       if (b.size >= bytes && b.alignment >= alignment) { return b.resource.get(); }
