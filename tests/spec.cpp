@@ -169,6 +169,13 @@ TEST_CASE("spec: sizes") {
   CHECK(parse_size("0.3TB") == 300000000000u);
   CHECK(parse_size("0.999999999999999999999999999999KB") == 999u);
   CHECK(parse_size("1.0000000000000000000000000000001KiB") == 1024u);
+  // Digits past the 25th are ignored, however many there are (they once overflowed the
+  // 128-bit sums: wrong sizes at 38 digits, a division by zero past ~154).
+  CHECK(parse_size("0.5" + std::string(39, '0') + "KiB") == 512u);
+  CHECK(parse_size("0." + std::string(40, '9') + "KiB") == 1023u);
+  CHECK(parse_size("1." + std::string(40, '0') + "1GiB") == 1ull << 30);
+  CHECK(parse_size("0." + std::string(200, '9') + "TiB") == (1ull << 40) - 1);
+  CHECK(parse_size("3." + std::string(200, '5') + "B") == 3u);
   CHECK(parse_size("16777215.999TiB") == (std::size_t{16777215} << 40) + (std::size_t{999} << 40) / 1000);
   std::string why;
   CHECK_FALSE(parse_size("", &why));

@@ -122,7 +122,10 @@ std::optional<std::size_t> parse_size(std::string_view text, std::string* why) {
   if (i < text.size() && text[i] == '.') {
     ++i;
     for (int places = 0; i < text.size() && std::isdigit(static_cast<unsigned char>(text[i])) != 0; ++i, ++digits) {
-      if (places++ == max_fraction_places) { continue; }
+      // Every digit past the 25th is skipped, not just the 26th: multiplying them back in
+      // overflowed the 128-bit sums, and past ~154 digits fraction_unit wrapped to 0.
+      if (places >= max_fraction_places) { continue; }
+      ++places;
       fraction_digits = fraction_digits * 10 + static_cast<unsigned>(text[i] - '0');
       fraction_unit *= 10;
     }
