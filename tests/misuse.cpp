@@ -570,6 +570,19 @@ TEST_CASE("misuse: a pool growing in place whose sizes fit no whole granule is r
   // This one failed inside the growth code: "in_place_growth: initial size 4194304 B is above the maximum 2097152 B".
   CHECK_THROWS_WITH(pool_memory_resource(vmm, 3 * MiB, 3 * MiB),
                     Catch::Contains("pool: the initial size 3.00 MiB") && Catch::Contains("rounded down to them (2.00 MiB"));
+  // An initial size past the reserved range escaped the growth code as std::invalid_argument.
+  auto small = std::make_shared<simulated_vmm_memory_resource>(32 * MiB, 2 * MiB);
+  CHECK_THROWS_AS(pool_memory_resource(small, 64 * MiB), logic_error);
+  CHECK_THROWS_WITH(pool_memory_resource(small, 64 * MiB),
+                    Catch::Contains("pool: the initial size 64.00 MiB") &&
+                        Catch::Contains("passes simulated_vmm's reserve of 32.00 MiB"));
+  CHECK_THROWS_AS(pool_memory_resource(small, 32 * MiB + 1), logic_error);  // rounds up to 34 MiB
+  CHECK(small->committed_bytes() == 0);
+  // The default 1 TiB reserve is more than the pool's one chunk can hold.
+  CHECK_THROWS_WITH(pool_memory_resource(vmm, std::size_t{1} << 40),
+                    Catch::Contains("pool: the initial size 1.00 TiB") && Catch::Contains("one chunk of the pool can hold"));
+  pool_memory_resource whole{small, 32 * MiB};
+  CHECK(small->committed_bytes() == 32 * MiB);
   pool_memory_resource fits{vmm, 2 * MiB, 3 * MiB};
   fits.deallocate(fits.allocate(1 * MiB), 1 * MiB);
   pool_options chunks;

@@ -124,19 +124,35 @@ pool_memory_resource::~pool_memory_resource() {
 void pool_memory_resource::check_whole_granules(std::size_t initial, std::size_t granule) const {
   // Growing in place maps whole granules: the initial size rounds up to them and the
   // maximum down. A maximum below one granule made a pool that refused every allocation
-  // ("the maximum of 0 B"); an initial size that rounds past the maximum failed inside the
-  // growth code, naming neither.
-  if (!maximum_size_) { return; }
+  // ("the maximum of 0 B"); an initial size that rounds past the maximum, or past the
+  // reserved range, failed inside the growth code as std::invalid_argument, naming neither.
   std::string const upstream = upstream_->name() + "'s granules of " + format_bytes(granule);
-  std::size_t const usable = *maximum_size_ / granule * granule;
-  if (usable == 0) {
-    throw logic_error("pool: the maximum size " + format_bytes(*maximum_size_) + " is less than one of " + upstream +
-                      ", the unit it grows in place by: give a maximum of at least one granule, or grow_in_place=false");
+  std::size_t const rounded = detail::align_up(initial, granule);
+  if (maximum_size_) {
+    std::size_t const usable = *maximum_size_ / granule * granule;
+    if (usable == 0) {
+      throw logic_error("pool: the maximum size " + format_bytes(*maximum_size_) + " is less than one of " +
+                        upstream + ", the unit it grows in place by: give a maximum of at least one granule, or "
+                        "grow_in_place=false");
+    }
+    if (rounded > usable) {
+      throw logic_error("pool: the initial size " + format_bytes(initial) + ", rounded up to whole " + upstream +
+                        ", passes the maximum size " + format_bytes(*maximum_size_) + " rounded down to them (" +
+                        format_bytes(usable) + ")");
+    }
   }
-  if (detail::align_up(initial, granule) > usable) {
+  // The caller found the range; the pool grows one chunk over it, at most max_chunk_size.
+  auto const* range = dynamic_cast<virtual_range const*>(upstream_.get());
+  if (range == nullptr) { return; }
+  std::size_t const reserved = range->range_bytes() / granule * granule;
+  std::size_t const one_chunk = detail::block_pool::max_chunk_size / granule * granule;
+  if (rounded > std::min(reserved, one_chunk)) {
+    std::string const limit = reserved <= one_chunk
+                                  ? upstream_->name() + "'s reserve of " + format_bytes(range->range_bytes()) +
+                                        ": raise its reserve=, or lower initial="
+                                  : "the " + format_bytes(one_chunk) + " one chunk of the pool can hold";
     throw logic_error("pool: the initial size " + format_bytes(initial) + ", rounded up to whole " + upstream +
-                      ", passes the maximum size " + format_bytes(*maximum_size_) + " rounded down to them (" +
-                      format_bytes(usable) + ")");
+                      ", passes " + limit);
   }
 }
 
