@@ -264,7 +264,11 @@ class Library:
         if status == ERROR_SPEC:
             column = int(self.dll.mrstack_last_error_column())
             if spec is not None and column > 0:
-                column = len(spec[:column - 1].decode("utf-8", "replace")) + 1
+                byte_column = column
+                past_end = max(0, byte_column - 1 - len(spec))
+                column = len(spec[:byte_column - 1].decode("utf-8", "replace")) + past_end + 1
+                # The message says the column too: in the same characters, or the two disagree.
+                message = message.replace(f"at column {byte_column}:", f"at column {column}:", 1)
             return SpecError(message, column)
         return _STATUS_CLASSES.get(status, MrstackError)(message, name)
 

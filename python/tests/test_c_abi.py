@@ -45,9 +45,12 @@ def test_spec_error_column_counts_characters_of_the_str_given(lib, name):
     with pytest.raises(mrstack.SpecError) as caught:
         mrstack.Stack(spec)
     assert caught.value.column == spec.index("bogus") + 1
+    # The message's "at column N" counts the same characters (it had stayed in bytes).
+    assert f"at column {spec.index('bogus') + 1}:" in str(caught.value)
     with pytest.raises(mrstack.SpecError) as caught:
         mrstack.configure(spec)
     assert caught.value.column == spec.index("bogus") + 1
+    assert f"at column {spec.index('bogus') + 1}:" in str(caught.value)
 
 
 def test_out_of_memory_and_broken_contracts_become_exceptions(lib):
