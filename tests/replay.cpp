@@ -440,6 +440,10 @@ TEST_CASE("replay: the spec it builds: bottom replaced under simulation, meter a
         "pool > simulated_vmm(reserve=1GiB, map_granules=1, capacity=1024)");
   CHECK(to_string(replay_spec_for("pool > vmm(2GiB, ipc=none)", true, 1024)) ==
         "pool > simulated_vmm(reserve=2147483648, capacity=1024)");
+  // vmm's reserve=0 means its default; simulated_vmm's range starts at 1, so its default stands in.
+  CHECK(to_string(replay_spec_for("pool > vmm(reserve=0, map_granules=1)", true, 1024)) ==
+        "pool > simulated_vmm(map_granules=1, capacity=1024)");
+  CHECK(to_string(replay_spec_for("pool > vmm(0B)", true, 1024)) == "pool > simulated_vmm(capacity=1024)");
   // vmm is simulated by its twin, and measures its own footprint: no meter between it and the pool.
   CHECK(to_string(replay_spec_for("pool > vmm(map_granules=1)", true, 1024)) ==
         "pool > simulated_vmm(map_granules=1, capacity=1024)");

@@ -267,6 +267,13 @@ std::vector<spec_argument> arguments_the_twin_shares(stack_spec const& spec, spe
       return b.name == p.name && b.type == p.type;
     });
     if (same == bottom.parameters.end()) { continue; }
+    // A 0 the bottom takes but the twin's range refuses means the bottom's default (vmm's
+    // reserve=0: twice the device's memory): the twin's default stands in for it. Copied,
+    // `vmm(reserve=0)` failed under --simulate, blaming a part the tool had added.
+    if (p.type == param_type::size && bound.size(p.name) == std::optional<std::size_t>{0} && same->range.min == 0 &&
+        p.range.min > 0) {
+      continue;
+    }
     // A named argument keeps its text (a percentage is resolved against the simulated
     // device, as the bottom's against the real one); a positional one its bound value.
     auto const named = std::find_if(spec.layers.back().arguments.begin(), spec.layers.back().arguments.end(),
