@@ -107,6 +107,16 @@ class spec_arguments {
 
   void set(std::string name, value v) { values_.emplace_back(std::move(name), std::move(v)); }
   [[nodiscard]] bool has(std::string_view name) const noexcept { return find(name) != nullptr; }
+  /// Only checking: `name` was written as a percentage, so it is absent rather than at its
+  /// default (a `validate` that reads the default in its place would judge a value the
+  /// spec does not give).
+  void set_unresolved(std::string name) { unresolved_.push_back(std::move(name)); }
+  [[nodiscard]] bool is_unresolved(std::string_view name) const noexcept {
+    for (auto const& n : unresolved_) {
+      if (n == name) { return true; }
+    }
+    return false;
+  }
   /// The value of a size/count/number/flag/text parameter, or nullopt when not given.
   [[nodiscard]] std::optional<std::size_t> size(std::string_view name) const {
     auto const v = get<size_value>(name);
@@ -135,6 +145,7 @@ class spec_arguments {
     throw logic_error("spec registry: parameter '" + std::string{name} + "' was read with the wrong type");
   }
   std::vector<std::pair<std::string, value>> values_;
+  std::vector<std::string> unresolved_;
 };
 
 /// Thrown by a resource's `validate` to refuse a combination of values; the builder turns
@@ -188,7 +199,8 @@ struct spec_resource {
   bool reports_own_footprint = false;
   /// Combinations of values the ranges alone cannot check (null: none). Runs when the stack
   /// is built, and in `check_stack_spec`, where a size given as a percentage (a share of
-  /// memory not known yet) is absent from `args`: check only what is there.
+  /// memory not known yet) is absent from `args` (`is_unresolved` says so): check only
+  /// what is there.
   validate_fn validate = nullptr;
 };
 

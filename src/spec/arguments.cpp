@@ -181,7 +181,11 @@ class layer_checker {
     auto value = convert(arg, param);
     std::string const text = trim(arg.value);
     bool const unresolved = param.type == param_type::size && !context_.percent_base && !text.empty() && text.back() == '%';
-    if (!unresolved) { args_.set(param.name, std::move(value)); }
+    if (unresolved) {
+      args_.set_unresolved(param.name);
+    } else {
+      args_.set(param.name, std::move(value));
+    }
   }
 
   spec_arguments::value convert(spec_argument const& arg, spec_parameter const& param) {

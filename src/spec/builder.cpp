@@ -151,16 +151,36 @@ class spec_builder {
     resource_ptr upstream;
     for (std::size_t i = spec_.layers.size(); i-- > 0;) {
       auto const& layer = spec_.layers[i];
+      resource_ptr const below = upstream;  // kept to name it if it refuses this layer
       try {
         upstream = entries[i]->make(arguments[i], std::move(upstream));
       } catch (spec_error const&) {
         throw;
       } catch (logic_error const& e) {
-        fail(layer.column, layer.name + " refused its arguments: " + e.what());
+        refused(i, below.get(), e.what());
       }
       if (!upstream) { fail(layer.column, "the registry entry for " + layer.name + " built nothing (a bug in its entry)"); }
     }
     return upstream;
+  }
+
+  /// Reports layer `i`'s constructor failing with a logic_error. Every message starts with
+  /// the name of the resource that threw it: when that is the layer below, it refused a
+  /// request the layer made while being built (fixed_size's first chunk, larger than the
+  /// fixed_size below serves), which is no fault of the layer's arguments.
+  [[noreturn]] void refused(std::size_t i, memory_resource const* below, std::string const& what) const {
+    auto const& layer = spec_.layers[i];
+    std::string const below_name = below != nullptr ? below->name() : std::string{};
+    bool const from_below = !below_name.empty() && what.rfind(below_name + ": ", 0) == 0;
+    if (!from_below) { fail(layer.column, layer.name + " refused its arguments: " + what); }
+    std::string const request = "a request " + layer.name + " made while being built";
+    if (below_name == layer.name) {  // either of the two may have said it
+      fail(layer.column, layer.name + " could not be built over " + below_name + ": it refused its arguments, or " +
+                             below_name + " below it refused " + request + ": " + what);
+    }
+    auto const& below_layer = spec_.layers[i + 1];
+    std::size_t const column = below_layer.name == below_name ? below_layer.column : layer.column;
+    fail(column, below_name + " refused " + request + " over it: " + what);
   }
 
   /// What a percentage is a share of (see build_options::percent_base).
@@ -192,23 +212,15 @@ class spec_builder {
   }
 
   /// The bottom's absolute capacity argument, when it has one (`simulated(capacity=80GiB)`).
+  /// The bottom's arguments are checked here, ahead of their turn, so a bad capacity
+  /// reports its own error ('8G' is ambiguous) instead of the percentage falling back to
+  /// the device. Checked without a percent base: a capacity that is itself a percentage
+  /// is left out, and the device is the base.
   std::optional<std::size_t> bottom_capacity() const {
     auto const& entry = *bottom_entry_;
     if (entry.capacity_parameter.empty()) { return std::nullopt; }
-    auto const& layer = spec_.layers.back();
-    std::size_t positional = 0;
-    for (auto const& arg : layer.arguments) {
-      std::string const& name = arg.name.empty() && positional < entry.parameters.size()
-                                    ? entry.parameters[positional++].name
-                                    : arg.name;
-      if (name == entry.capacity_parameter) {
-        std::string_view text = arg.value;
-        while (!text.empty() && std::isspace(static_cast<unsigned char>(text.back())) != 0) { text.remove_suffix(1); }
-        if (!text.empty() && text.back() == '%') { return std::nullopt; }
-        return parse_size(text);
-      }
-    }
-    return std::nullopt;
+    detail::argument_checker checker{spec_, nullptr, nullptr};
+    return checker.check(spec_.layers.back(), entry).size(entry.capacity_parameter);
   }
 
   [[noreturn]] void fail(std::size_t column, std::string const& what) const {

@@ -102,6 +102,43 @@ void validate_arena(spec_arguments const& a) {
   }
 }
 
+void validate_simulated_vmm(spec_arguments const& a) {
+  if (a.is_unresolved("reserve") || a.is_unresolved("granularity")) { return; }  // checked once resolved
+  std::uint64_t const granularity = a.size("granularity").value_or(simulated_vmm_memory_resource::default_granularity);
+  std::uint64_t const reserve = a.size("reserve").value_or(simulated_vmm_memory_resource::default_reserve);
+  std::uint64_t const granules = (reserve + granularity - 1) / granularity;  // both bounded by their ranges
+  if (granules > simulated_vmm_memory_resource::max_granules) {
+    // The constructor refused it; checked here so check_stack_spec refuses it too.
+    throw spec_parameter_error(std::vector<std::string>{"reserve", "granularity"},
+                               "reserve " + bytes_text(reserve) + " is " + std::to_string(granules) + " granules of " +
+                                   bytes_text(granularity) + ", more than the " +
+                                   std::to_string(simulated_vmm_memory_resource::max_granules) +
+                                   " it keeps books for: reserve at most " +
+                                   bytes_text(simulated_vmm_memory_resource::max_granules * granularity) +
+                                   ", or a larger granularity");
+  }
+}
+
+void validate_logging(spec_arguments const& a) {
+  // The constructor's rules, with binary's implied async and per_thread, so that
+  // check_stack_spec refuses what building always would.
+  bool const binary = a.flag("binary").value_or(false);
+  bool const async = a.flag("async").value_or(binary);
+  bool const per_thread = a.flag("per_thread").value_or(binary);
+  if (binary && !per_thread) {
+    throw spec_parameter_error(std::vector<std::string>{"per_thread", "binary"},
+                               "binary records are written in per-thread order: per_thread=false cannot go with binary");
+  }
+  if (binary && !async) {
+    throw spec_parameter_error(std::vector<std::string>{"async", "binary"},
+                               "binary records are written on a background thread: async=false cannot go with binary");
+  }
+  if (per_thread && !async) {
+    throw spec_parameter_error(std::vector<std::string>{"async", "per_thread"},
+                               "per-thread order is a way of writing asynchronously: per_thread needs async");
+  }
+}
+
 }  // namespace
 
 // long function: one table of every resource and parameter, read top to bottom like the
@@ -203,6 +240,7 @@ std::vector<spec_resource> builtin_resources() {
                      a.count("map_granules").value_or(simulated_vmm_memory_resource::default_map_granules));
                },
                "capacity", "", true, true});
+  r.back().validate = validate_simulated_vmm;
 
   // ---- suballocators --------------------------------------------------------------------
   r.push_back({"pool", "coalescing, stream-ordered suballocator (two-level segregated fit); grows by chunks",
@@ -373,6 +411,7 @@ std::vector<spec_resource> builtin_resources() {
                      a.flag("per_thread").value_or(binary) ? log_order::per_thread : log_order::merged,
                      binary ? log_format::binary : log_format::csv);
                }});
+  r.back().validate = validate_logging;
   r.push_back({"limiting", "refuses allocations past a byte limit", needs_upstream,
                {size_param("limit", required, "bytes it may hand out at once"),
                 size_param("granularity", optional_param, "each allocation counts rounded up to this", "256B")

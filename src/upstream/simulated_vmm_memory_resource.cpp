@@ -12,9 +12,7 @@ std::size_t checked_granularity(std::size_t granularity) {
   }
   return granularity;
 }
-/// Granules a simulated range may have: its bookkeeping holds a bit per granule, made up
-/// front (2^31 granules: 256 MiB of bits). 256 TiB at 256 B granules asked 128 GiB.
-constexpr std::size_t max_granules = std::size_t{1} << 31;
+constexpr std::size_t max_granules = simulated_vmm_memory_resource::max_granules;
 
 std::size_t checked_reserve(std::size_t reserve, std::size_t granularity) {
   if (reserve == 0 || reserve > std::numeric_limits<std::size_t>::max() - granularity) {

@@ -30,6 +30,9 @@ class simulated_vmm_memory_resource final : public virtual_range_resource, priva
   static constexpr std::size_t default_reserve = std::size_t{1} << 40;      // 1 TiB of addresses
   /// As vmm's default, so a replay here counts the driver calls the device would make.
   static constexpr std::size_t default_map_granules = 16;
+  /// Granules a range may have: its bookkeeping holds a bit per granule, made up front
+  /// (2^31 granules: 256 MiB of bits). 256 TiB at 256 B granules asked 128 GiB.
+  static constexpr std::size_t max_granules = std::size_t{1} << 31;
 
   /// `reserve_bytes` is rounded up to `granularity` (a power of two, at least 256 B).
   explicit simulated_vmm_memory_resource(std::size_t reserve_bytes = default_reserve,
