@@ -18,7 +18,7 @@ namespace {
 constexpr std::size_t G = 4096;  // granularity used by these tests (any power of two works)
 
 // Records physical allocations like a driver would hold them, refuses inconsistent calls,
-// and can be told to fail the n-th map from now.
+// and can be told to fail the n-th map (access change, unmap) from now, or every wait.
 class recording_backend final : public granule_backend {
  public:
   struct mapping {
@@ -32,6 +32,9 @@ class recording_backend final : public granule_backend {
   std::size_t syncs = 0;
   long fail_map_in = -1;     // fail when this reaches 0
   long fail_access_in = -1;  // same, for enable_access
+  long fail_unmap_in = -1;   // same, for unmap: the run stays mapped
+  bool unmap_then_fail = false;  // the failing unmap unmaps first (cuMemUnmap worked, cuMemRelease did not)
+  bool fail_sync = false;    // before_unmap throws
   std::uint64_t next = 1;
 
   std::uint64_t map(std::size_t offset, std::size_t bytes) override {
@@ -56,14 +59,22 @@ class recording_backend final : public granule_backend {
     }
     REQUIRE(at == offset + bytes);
   }
-  void before_unmap() override { ++syncs; }
+  void before_unmap() override {
+    if (fail_sync) { throw std::runtime_error("injected sync failure"); }
+    ++syncs;
+  }
   void unmap(std::size_t offset, std::size_t bytes, std::uint64_t handle) override {
+    bool const fail = fail_unmap_in >= 0 && fail_unmap_in-- == 0;
+    if (fail && !unmap_then_fail) { throw std::runtime_error("injected unmap failure"); }
     auto it = live.find(offset);
     REQUIRE(it != live.end());
     REQUIRE(it->second.bytes == bytes);
     REQUIRE(it->second.handle == handle);
     live.erase(it);
     ++unmaps;
+    if (fail) {
+      throw mrstack::detail::unmapped_with_error{std::make_exception_ptr(std::runtime_error{"injected release failure"})};
+    }
   }
   [[nodiscard]] bool accessible_granule(std::size_t g) const {
     auto it = live.upper_bound(g * G);
@@ -172,6 +183,87 @@ TEST_CASE("granule_map: a failed map or access change leaves everything as it wa
     CHECK(m.mapped_granules() == 0);
     CHECK(b.live.empty());
   }
+}
+
+TEST_CASE("granule_map: a decommit whose unmap fails still decommits everything and unmaps the other runs") {
+  for (long fail_at = 0; fail_at < 4; ++fail_at) {
+    granule_map m{G * 32, G, 1};
+    recording_backend b;
+    m.commit(0, 4, b);
+    b.fail_unmap_in = fail_at;
+    CHECK_THROWS_WITH(m.decommit(0, 4, b), "injected unmap failure");  // the first error, after all were tried
+    CHECK(m.committed_granules() == 0);
+    CHECK(m.mapped_granules() == 1);  // only the run that failed
+    CHECK(m.is_mapped(static_cast<std::size_t>(fail_at)));
+    CHECK(b.mapped_bytes() == G);
+    m.check_invariants();
+    CHECK(m.commit(0, 4, b) == 4);  // revives the run left mapped, maps the others
+    CHECK(b.maps == 7);
+    CHECK(m.decommit(0, 4, b) == 4);
+    CHECK(b.live.empty());
+  }
+  // A failed wait unmaps nothing (work may still use the memory) but still decommits.
+  granule_map m{G * 32, G, 2};
+  recording_backend b;
+  m.commit(0, 6, b);
+  b.fail_sync = true;
+  CHECK_THROWS_WITH(m.decommit(1, 6, b), "injected sync failure");
+  CHECK(m.committed_granules() == 1);
+  CHECK(m.mapped_granules() == 6);
+  CHECK(b.unmaps == 0);
+  m.check_invariants();
+  b.fail_sync = false;
+  CHECK(m.decommit(0, 6, b) == 1);  // the retry gives every run back
+  CHECK(b.live.empty());
+  m.check_invariants();
+}
+
+TEST_CASE("granule_map: an unmap that unmapped before failing forgets the run, so a commit maps it afresh") {
+  granule_map m{G * 32, G, 1};
+  recording_backend b;
+  m.commit(0, 3, b);
+  b.fail_unmap_in = 1;
+  b.unmap_then_fail = true;
+  CHECK_THROWS_WITH(m.decommit(0, 3, b), "injected release failure");  // the cause, not the wrapper
+  CHECK(m.mapped_granules() == 0);
+  CHECK(b.live.empty());
+  m.check_invariants();
+  CHECK(m.commit(1, 2, b) == 1);
+  CHECK(b.maps == 4);  // mapped again: the memory was gone
+  CHECK(b.accessible_granule(1));
+  m.decommit(0, 3, b);
+}
+
+TEST_CASE("granule_map: a failed commit's rollback skips the wait and records what it cannot unmap") {
+  {
+    granule_map m{G * 32, G, 1};
+    recording_backend b;
+    b.fail_access_in = 0;
+    b.fail_sync = true;  // the wait is not needed: nothing used memory mapped a moment ago
+    CHECK_THROWS_WITH(m.commit(0, 2, b), "injected access failure");
+    CHECK(b.live.empty());
+    CHECK(m.mapped_granules() == 0);
+    b.fail_sync = false;
+    CHECK(m.commit(0, 2, b) == 2);
+    m.decommit(0, 2, b);
+  }
+  granule_map m{G * 32, G, 1};
+  recording_backend b;
+  b.fail_access_in = 0;
+  b.fail_unmap_in = 1;  // the rollback cannot unmap granule 1
+  CHECK_THROWS_WITH(m.commit(0, 3, b), "injected access failure");
+  CHECK(m.committed_granules() == 0);
+  CHECK(m.mapped_granules() == 1);
+  CHECK(m.is_mapped(1));
+  CHECK(b.mapped_bytes() == G);
+  CHECK_FALSE(b.accessible_granule(1));
+  m.check_invariants();
+  CHECK(m.commit(0, 3, b) == 3);  // no map lands on granule 1; its access is enabled first
+  CHECK(b.maps == 5);
+  for (std::size_t g = 0; g < 3; ++g) { CHECK(b.accessible_granule(g)); }
+  m.check_invariants();
+  CHECK(m.decommit(0, 3, b) == 3);
+  CHECK(b.live.empty());
 }
 
 TEST_CASE("granule_map: randomized commit/decommit against a model, many seeds") {

@@ -183,7 +183,12 @@ std::uint64_t virtual_range_resource::counting_backend::map(std::size_t offset, 
 }
 
 void virtual_range_resource::counting_backend::unmap(std::size_t offset, std::size_t bytes, std::uint64_t handle) {
-  inner_.unmap(offset, bytes, handle);
+  try {
+    inner_.unmap(offset, bytes, handle);
+  } catch (detail::unmapped_with_error const&) {
+    owner_.unmap_calls_.fetch_add(1, std::memory_order_relaxed);  // the addresses were given back
+    throw;
+  }
   owner_.unmap_calls_.fetch_add(1, std::memory_order_relaxed);
 }
 
@@ -414,7 +419,8 @@ void virtual_range_resource::do_deallocate(void* ptr, std::size_t bytes, std::si
   try {
     map_.decommit(offset / granularity_, (offset + span) / granularity_, backend_);
   } catch (...) {
-    // The addresses stay out of circulation: their memory may still be mapped.
+    // Every granule is decommitted, but a run that could not be unmapped is still mapped:
+    // the addresses stay out of circulation.
     live_.erase(it);
     sync_counters();
     throw;

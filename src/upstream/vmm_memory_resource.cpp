@@ -281,7 +281,19 @@ void vmm_memory_resource::unmap(std::size_t offset, std::size_t bytes, std::uint
   scoped_context const ctx{driver_->context};
   MRSTACK_CU_TRY(d.mem_unmap(driver_->base + offset, bytes), "cuMemUnmap(" + format_bytes(bytes) + ")");
   if (driver_->ever_exportable) { vmm_ipc::registry().forget_run(handle); }  // its exports end with it
-  MRSTACK_CU_TRY(d.mem_release(handle), "cuMemRelease");
+  CUresult const released = d.mem_release(handle);
+  if (released == CUDA_SUCCESS) { return; }
+  // The addresses have no memory behind them any more: the granule map must forget the
+  // run (a later commit has to map afresh, not revive it), though the error still reaches
+  // the caller.
+  try {
+    throw_driver_error(released,
+                       "cuMemRelease(" + format_bytes(bytes) + " at offset " + std::to_string(offset) +
+                           ", after cuMemUnmap succeeded: the physical allocation may leak)",
+                       __FILE__, __LINE__);
+  } catch (...) {
+    throw detail::unmapped_with_error{std::current_exception()};
+  }
 }
 
 // ---- sleep and wake: contents through one pinned staging buffer ----------------------------

@@ -15,12 +15,19 @@
 /// free by a later commit. With `map_granules == 1` nothing is ever stranded and
 /// mapped == committed exactly; larger runs trade release precision for fewer driver calls.
 ///
-/// Not thread-safe: the owner serializes calls. Every operation is all-or-nothing: when the
-/// backend throws, the map is as it was before the call.
+/// Not thread-safe: the owner serializes calls. When the backend throws:
+/// - `commit` is all-or-nothing: nothing becomes committed, and what the call mapped is
+///   unmapped again; a run that cannot be unmapped then stays recorded as mapped with
+///   nothing committed (so no later map lands on memory still mapped).
+/// - `decommit` still decommits every granule asked and unmaps every run it freed that it
+///   can; a run the backend fails to unmap stays recorded as mapped with nothing committed
+///   (the next decommit over it retries, a commit revives it). The first error is rethrown
+///   once all of that is done, so one failure never strands committed granules nobody owns.
 #include <algorithm>
 #include <bit>
 #include <cstddef>
 #include <cstdint>
+#include <exception>
 #include <iterator>
 #include <map>
 #include <stdexcept>
@@ -42,7 +49,11 @@ class granule_backend {
   /// Called once before a batch of unmaps (the driver backend waits for in-flight work here,
   /// because unmapping does not wait for kernels that may still touch the memory).
   virtual void before_unmap() = 0;
-  /// Undoes one `map` (the whole run). Throws on failure.
+  /// Undoes one `map` (the whole run). Throws on failure: any exception means the run is
+  /// still mapped (the map keeps it recorded, so a later commit revives it and a later
+  /// decommit retries). When the addresses were unmapped but a later step failed (the
+  /// driver unmapped, then could not release the physical allocation), throw
+  /// `unmapped_with_error` instead: the map then forgets the run like a successful unmap.
   virtual void unmap(std::size_t offset, std::size_t bytes, std::uint64_t handle) = 0;
 
   /// [offset, offset + bytes) stretches of the range, in address order.
@@ -63,12 +74,28 @@ class granule_backend {
   granule_backend& operator=(granule_backend const&) = default;
 };
 
+/// Thrown by `granule_backend::unmap` when the run is unmapped but giving it back failed
+/// afterwards. `cause()` is the failure itself; `granule_map` rethrows it (not this wrapper)
+/// once the run is forgotten, so callers see the backend's own error type.
+class unmapped_with_error : public std::runtime_error {
+ public:
+  explicit unmapped_with_error(std::exception_ptr cause)
+      : std::runtime_error{"granule_map: a run was unmapped, then giving it back failed"}, cause_{std::move(cause)} {}
+  [[nodiscard]] std::exception_ptr const& cause() const noexcept { return cause_; }
+
+ private:
+  std::exception_ptr cause_;
+};
+
 class granule_map {
  public:
   struct run {
     std::size_t count = 0;      ///< granules in this physical allocation
     std::size_t committed = 0;  ///< of those, committed now (0: the run is being given back)
     std::uint64_t handle = 0;   ///< the backend's handle
+    /// A commit's rollback could not unmap this run, possibly before its access was
+    /// enabled: the commit that revives it enables access first.
+    bool needs_access = false;
   };
 
   /// `range_bytes` and `granularity` in bytes; `range_bytes` a non-zero multiple of
@@ -104,11 +131,13 @@ class granule_map {
 
   /// Commits granules [first, last): maps the ones with no physical memory (in runs of at
   /// most `map_granules`, one backend call each, then one `enable_access` per contiguous
-  /// stretch) and revives stranded ones. Returns how many granules became committed.
+  /// stretch) and revives stranded ones (enabling access first on a run a failed commit
+  /// left mapped). Returns how many granules became committed.
   std::size_t commit(std::size_t first, std::size_t last, granule_backend& backend) {
     check_bounds(first, last, "commit");
     std::vector<std::size_t> revived;  // stranded granules committed again (no backend call)
     std::vector<piece> pieces;         // unmapped stretches to map, in address order
+    std::vector<std::size_t> needs_access;  // first granules of revived runs left without access
     std::size_t g = first;
     while (g < last) {
       auto next = runs_.upper_bound(g);
@@ -116,6 +145,7 @@ class granule_map {
         auto const inside = std::prev(next);
         std::size_t const run_end = inside->first + inside->second.count;
         if (g < run_end) {
+          if (inside->second.needs_access) { needs_access.push_back(inside->first); }
           for (std::size_t const end = std::min(last, run_end); g < end; ++g) {
             if (!is_committed(g)) { revived.push_back(g); }
           }
@@ -130,7 +160,13 @@ class granule_map {
         g = end;
       }
     }
+    // Before anything is mapped, so a failure here leaves nothing to undo (enabling access
+    // twice is harmless when a later step fails and the commit is retried).
+    for (std::size_t run_first : needs_access) {
+      backend.enable_access(run_first * granularity_, runs_.at(run_first).count * granularity_);
+    }
     map_pieces(pieces, backend);  // all or nothing; nothing below throws
+    for (std::size_t run_first : needs_access) { runs_.at(run_first).needs_access = false; }
     for (auto const& p : pieces) {
       runs_.emplace(p.first, run{p.count, p.count, p.handle});
       for (std::size_t x = p.first; x < p.first + p.count; ++x) { set_bit(x); }
@@ -148,17 +184,18 @@ class granule_map {
   }
 
   /// Decommits granules [first, last) and gives back (unmaps) every run none of whose
-  /// granules stays committed. Returns how many granules were decommitted. If the backend
-  /// fails to unmap a run, the run stays recorded as mapped with nothing committed (it is
-  /// retried by the next decommit that touches it) and the error propagates.
+  /// granules stays committed. Returns how many granules were decommitted. On a backend
+  /// failure every granule asked is still decommitted and every other freed run unmapped;
+  /// the runs not unmapped stay recorded as mapped with nothing committed (retried by the
+  /// next decommit that touches them), and the first error propagates at the end.
   std::size_t decommit(std::size_t first, std::size_t last, granule_backend& backend) {
     check_bounds(first, last, "decommit");
     if (first == last) { return 0; }
     std::size_t released = 0;
-    bool synchronized = false;
+    std::vector<std::size_t> freed;  // first granules of runs left with nothing committed
     auto it = runs_.upper_bound(first);
     if (it != runs_.begin()) { --it; }
-    while (it != runs_.end() && it->first < last) {
+    for (; it != runs_.end() && it->first < last; ++it) {
       run& r = it->second;
       std::size_t const lo = std::max(first, it->first);
       std::size_t const hi = std::min(last, it->first + r.count);
@@ -170,18 +207,9 @@ class granule_map {
           ++released;
         }
       }
-      if (r.committed == 0 && lo < hi) {
-        if (!synchronized) {
-          backend.before_unmap();
-          synchronized = true;
-        }
-        backend.unmap(it->first * granularity_, r.count * granularity_, r.handle);
-        mapped_count_ -= r.count;
-        it = runs_.erase(it);
-      } else {
-        ++it;
-      }
+      if (r.committed == 0 && lo < hi) { freed.push_back(it->first); }
     }
+    if (!freed.empty()) { unmap_runs(freed, backend); }
     return released;
   }
 
@@ -224,6 +252,7 @@ class granule_map {
       std::size_t in_run = 0;
       for (std::size_t x = first; x < first + r.count; ++x) { in_run += is_committed(x) ? 1 : 0; }
       if (in_run != r.committed) { fail("run at " + std::to_string(first) + " miscounts its committed granules"); }
+      if (r.needs_access && r.committed != 0) { fail("run at " + std::to_string(first) + " is committed without access"); }
       mapped += r.count;
       committed += in_run;
       prev_end = first + r.count;
@@ -266,18 +295,58 @@ class granule_map {
         i = j;
       }
     } catch (...) {
-      if (done > 0) {
-        try {
-          backend.before_unmap();
-          for (std::size_t i = 0; i < done; ++i) {
-            backend.unmap(pieces[i].first * granularity_, pieces[i].count * granularity_, pieces[i].handle);
-          }
-        } catch (...) {
-          // The first error is the one worth reporting; a failed rollback leaks the run.
-        }
-      }
+      roll_back(pieces, done, backend);
       throw;
     }
+  }
+
+  /// Unmaps the first `done` pieces a failed commit mapped. No before_unmap: nothing can
+  /// have used memory that was just mapped, and a failing wait must not keep the rollback
+  /// from running. A piece that cannot be unmapped is recorded as a run with nothing
+  /// committed (and maybe no access), so no later map lands on it; the commit's own error
+  /// is the one that propagates.
+  void roll_back(std::vector<piece> const& pieces, std::size_t done, granule_backend& backend) noexcept {
+    for (std::size_t i = 0; i < done; ++i) {
+      bool still_mapped = false;
+      try {
+        backend.unmap(pieces[i].first * granularity_, pieces[i].count * granularity_, pieces[i].handle);
+      } catch (unmapped_with_error const&) {
+        // Unmapped after all: nothing to record.
+      } catch (...) {
+        still_mapped = true;
+      }
+      if (!still_mapped) { continue; }
+      try {
+        runs_.emplace(pieces[i].first, run{pieces[i].count, 0, pieces[i].handle, true});
+        mapped_count_ += pieces[i].count;
+      } catch (...) {
+        // No memory for the record: the run is lost to the books (the driver still frees it
+        // when the process ends); the commit's error is the one to report.
+      }
+    }
+  }
+
+  /// Unmaps the runs starting at `firsts` (each with nothing committed), after one
+  /// before_unmap. If that wait fails nothing is unmapped (in-flight work may still use
+  /// the memory); a run the backend fails to unmap stays recorded. Every run is tried;
+  /// the first error is rethrown after the last.
+  void unmap_runs(std::vector<std::size_t> const& firsts, granule_backend& backend) {
+    backend.before_unmap();
+    std::exception_ptr first_error;
+    for (std::size_t g : firsts) {
+      auto const it = runs_.find(g);
+      try {
+        backend.unmap(g * granularity_, it->second.count * granularity_, it->second.handle);
+      } catch (unmapped_with_error const& e) {
+        if (!first_error) { first_error = e.cause() ? e.cause() : std::current_exception(); }
+      } catch (...) {
+        if (!first_error) { first_error = std::current_exception(); }
+        continue;  // still mapped: it stays recorded
+      }
+      mapped_count_ -= it->second.count;
+      runs_.erase(it);
+    }
+    if (first_error) { std::rethrow_exception(first_error); }
   }
 
   [[nodiscard]] std::map<std::size_t, run>::const_iterator find_run(std::size_t g) const {

@@ -22,7 +22,9 @@
 ///   `deallocate` work (bookkeeping only: those granules are not mapped back). Memory of
 ///   the range must not be touched while asleep (it faults). Sleeping twice, or waking
 ///   while awake, is a `logic_error`. A failed wake (out of memory) leaves it asleep with
-///   the contents still kept, so wake can be retried.
+///   the contents still kept, so wake can be retried. A sleep (or a deallocate) whose
+///   unmapping fails throws after finishing: every granule is decommitted (asleep: kept for
+///   wake) and every other run unmapped; the run left mapped is reused by the next commit.
 /// Counters (`map_calls`, `unmap_calls`, `peak_mapped_bytes`) make the cost of a workload
 /// visible: each map or unmap is a driver round trip on a device.
 /// Thread-safe: one mutex around the slow paths (driver calls cost microseconds anyway).

@@ -1,0 +1,173 @@
+// virtual_range_resource (what vmm and simulated_vmm share) when its backend fails: a
+// backend that fails on demand and keeps its own record of what is really mapped, so the
+// resource's books can be checked against the "device" after each failure.
+#include <catch2/catch.hpp>
+
+#include <mrstack/upstream/virtual_range_resource.hpp>
+
+#include <map>
+#include <stdexcept>
+#include <string>
+
+using namespace mrstack;
+
+namespace {
+
+constexpr std::size_t G = 4096;
+
+class faulty_range final : public virtual_range_resource, private detail::granule_backend {
+ public:
+  long fail_unmap_in = -1;        // fail the n-th unmap from now (0: the next)
+  bool unmap_then_fail = false;   // that unmap unmaps first (cuMemUnmap worked, cuMemRelease did not)
+  bool fail_access = false;
+  bool fail_sync = false;
+  std::map<std::size_t, std::size_t> real;  // offset -> bytes really mapped
+  std::map<std::size_t, bool> accessible;   // offset -> access enabled
+  std::size_t maps = 0;
+
+  explicit faulty_range(std::size_t granules, std::size_t map_granules = 1)
+      : virtual_range_resource("faulty", 0, granules * G, G, map_granules, *this) {}
+  ~faulty_range() override {
+    fail_unmap_in = -1;
+    fail_sync = false;
+    release_everything();
+  }
+
+  [[nodiscard]] std::size_t really_mapped_bytes() const {
+    std::size_t n = 0;
+    for (auto const& [offset, bytes] : real) { n += bytes; }
+    return n;
+  }
+  [[nodiscard]] bool granule_accessible(std::size_t g) const {
+    auto it = real.upper_bound(g * G);
+    if (it == real.begin()) { return false; }
+    --it;
+    return g * G < it->first + it->second && accessible.at(it->first);
+  }
+  [[nodiscard]] std::byte* at(std::size_t g) const { return range_base() + g * G; }
+
+ private:
+  std::uint64_t map(std::size_t offset, std::size_t bytes) override {
+    if (!real.emplace(offset, bytes).second) { throw std::logic_error("map over mapped memory"); }
+    accessible[offset] = false;
+    ++maps;
+    return offset + 1;
+  }
+  void enable_access(std::size_t offset, std::size_t bytes) override {
+    if (fail_access) { throw std::runtime_error("injected access failure"); }
+    for (auto it = real.lower_bound(offset); it != real.end() && it->first < offset + bytes; ++it) {
+      accessible[it->first] = true;
+    }
+  }
+  void before_unmap() override {
+    if (fail_sync) { throw std::runtime_error("injected sync failure"); }
+  }
+  void unmap(std::size_t offset, std::size_t, std::uint64_t) override {
+    bool const fail = fail_unmap_in >= 0 && fail_unmap_in-- == 0;
+    if (fail && !unmap_then_fail) { throw std::runtime_error("injected unmap failure at offset " + std::to_string(offset)); }
+    if (real.erase(offset) != 1) { throw std::logic_error("unmap of unmapped memory"); }
+    accessible.erase(offset);
+    if (fail) {
+      throw detail::unmapped_with_error{std::make_exception_ptr(std::runtime_error{"injected release failure"})};
+    }
+  }
+};
+
+}  // namespace
+
+TEST_CASE("virtual_range faults: a free whose first unmap fails still gives back every other granule") {
+  faulty_range r{64};
+  void* p = r.allocate(4 * G);
+  r.fail_unmap_in = 0;
+  CHECK_THROWS_WITH(r.deallocate(p, 4 * G), Catch::Contains("injected unmap failure at offset 0"));
+  CHECK(r.committed_bytes() == 0);  // no granule is left committed with no owner
+  CHECK(r.mapped_bytes() == G);     // only the run that failed
+  CHECK(r.really_mapped_bytes() == G);
+  r.check_invariants();
+}
+
+TEST_CASE("virtual_range faults: a sleep whose unmap fails is asleep with nothing committed, and wakes") {
+  faulty_range r{64};
+  void* p = r.allocate(4 * G);
+  r.fail_unmap_in = 0;
+  CHECK_THROWS_WITH(r.sleep(false), Catch::Contains("injected unmap failure"));
+  CHECK(r.asleep());
+  CHECK(r.committed_bytes() == 0);
+  CHECK(r.asleep_bytes() == 4 * G);
+  CHECK(r.really_mapped_bytes() == G);
+  r.check_invariants();
+  r.wake();  // revives the run left mapped, maps the rest
+  CHECK(r.committed_bytes() == 4 * G);
+  CHECK(r.really_mapped_bytes() == 4 * G);
+  CHECK(r.maps == 4 + 3);
+  r.check_invariants();
+  r.deallocate(p, 4 * G);
+  CHECK(r.really_mapped_bytes() == 0);
+  r.check_invariants();
+}
+
+TEST_CASE("virtual_range faults: a failed wait before unmapping unmaps nothing, and the next free retries") {
+  faulty_range r{64};
+  r.claim("test");
+  r.commit(r.at(0), 3 * G);
+  r.fail_sync = true;
+  CHECK_THROWS_WITH(r.decommit(r.at(0), 3 * G), "injected sync failure");
+  CHECK(r.committed_bytes() == 0);
+  CHECK(r.mapped_bytes() == 3 * G);
+  CHECK(r.really_mapped_bytes() == 3 * G);
+  r.check_invariants();
+  r.fail_sync = false;
+  CHECK(r.decommit(r.at(0), 3 * G) == 0);  // nothing left committed, but the runs are given back
+  CHECK(r.mapped_bytes() == 0);
+  CHECK(r.really_mapped_bytes() == 0);
+  r.unclaim();
+}
+
+TEST_CASE("virtual_range faults: a run unmapped before its release failed is mapped afresh by the next commit") {
+  faulty_range r{64};
+  r.claim("test");
+  r.commit(r.at(0), G);
+  r.fail_unmap_in = 0;
+  r.unmap_then_fail = true;
+  CHECK_THROWS_WITH(r.decommit(r.at(0), G), "injected release failure");
+  CHECK(r.mapped_bytes() == 0);
+  CHECK(r.unmap_calls() == 1);  // the addresses were given back
+  r.check_invariants();
+  CHECK(r.commit(r.at(0), G) == G);
+  CHECK(r.maps == 2);
+  CHECK(r.really_mapped_bytes() == G);  // not "revived" without memory behind it
+  CHECK(r.granule_accessible(0));
+  r.unclaim();
+}
+
+TEST_CASE("virtual_range faults: a commit whose access change and wait fail rolls back, and a retry works") {
+  faulty_range r{64};
+  r.claim("test");
+  r.fail_access = true;
+  r.fail_sync = true;
+  CHECK_THROWS_WITH(r.commit(r.at(0), 2 * G), "injected access failure");
+  CHECK(r.mapped_bytes() == 0);
+  CHECK(r.really_mapped_bytes() == 0);
+  r.check_invariants();
+  r.fail_access = false;
+  r.fail_sync = false;
+  CHECK(r.commit(r.at(0), 2 * G) == 2 * G);
+  CHECK(r.granule_accessible(1));
+  r.unclaim();
+
+  // A piece the rollback cannot unmap stays on the books: the retry enables its access
+  // instead of mapping over it.
+  r.claim("test");
+  r.fail_access = true;
+  r.fail_unmap_in = 1;
+  CHECK_THROWS_WITH(r.commit(r.at(0), 3 * G), "injected access failure");
+  CHECK(r.mapped_bytes() == G);
+  CHECK(r.really_mapped_bytes() == G);
+  r.check_invariants();
+  r.fail_access = false;
+  CHECK(r.commit(r.at(0), 3 * G) == 3 * G);
+  for (std::size_t g = 0; g < 3; ++g) { CHECK(r.granule_accessible(g)); }
+  r.check_invariants();
+  r.unclaim();
+  CHECK(r.really_mapped_bytes() == 0);
+}
