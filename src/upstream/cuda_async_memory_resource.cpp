@@ -29,26 +29,37 @@ cuda_async_memory_resource::cuda_async_memory_resource(std::size_t initial_pool_
   props.location.type = cudaMemLocationTypeDevice;
   props.location.id = device_;
   MRSTACK_CUDA_TRY(cudaMemPoolCreate(&pool_, &props));
-  // Keep freed memory in the pool unless told otherwise: the driver would otherwise hand it
-  // back to the OS at every synchronization and each allocation would pay to map it again.
-  std::uint64_t threshold = release_threshold.value_or(std::numeric_limits<std::uint64_t>::max());
-  MRSTACK_CUDA_TRY(cudaMemPoolSetAttribute(pool_, cudaMemPoolAttrReleaseThreshold, &threshold));
-  if (peer_access) {
-    peers_ = detail::peers_of(device_);
-    std::vector<cudaMemAccessDesc> access(peers_.size());
-    for (std::size_t i = 0; i < peers_.size(); ++i) {
-      access[i].location.type = cudaMemLocationTypeDevice;
-      access[i].location.id = peers_[i];
-      access[i].flags = cudaMemAccessFlagsProtReadWrite;
+  // A constructor that throws runs no destructor: a later step that fails gives the pool
+  // (and a warm-up block not yet freed) back here before rethrowing.
+  void* warm = nullptr;
+  try {
+    // Keep freed memory in the pool unless told otherwise: the driver would otherwise hand it
+    // back to the OS at every synchronization and each allocation would pay to map it again.
+    std::uint64_t threshold = release_threshold.value_or(std::numeric_limits<std::uint64_t>::max());
+    MRSTACK_CUDA_TRY(cudaMemPoolSetAttribute(pool_, cudaMemPoolAttrReleaseThreshold, &threshold));
+    if (peer_access) {
+      peers_ = detail::peers_of(device_);
+      std::vector<cudaMemAccessDesc> access(peers_.size());
+      for (std::size_t i = 0; i < peers_.size(); ++i) {
+        access[i].location.type = cudaMemLocationTypeDevice;
+        access[i].location.id = peers_[i];
+        access[i].flags = cudaMemAccessFlagsProtReadWrite;
+      }
+      if (!access.empty()) { MRSTACK_CUDA_TRY(cudaMemPoolSetAccess(pool_, access.data(), access.size())); }
     }
-    if (!access.empty()) { MRSTACK_CUDA_TRY(cudaMemPoolSetAccess(pool_, access.data(), access.size())); }
-  }
-  if (initial_pool_size > 0) {
-    void* warm = nullptr;
-    MRSTACK_ALLOC_TRY(cudaMallocFromPoolAsync(&warm, initial_pool_size, pool_, cudaStreamLegacy), initial_pool_size,
-                      "cuda_async");
-    MRSTACK_CUDA_TRY(cudaFreeAsync(warm, cudaStreamLegacy));
-    MRSTACK_CUDA_TRY(cudaStreamSynchronize(cudaStreamLegacy));
+    if (initial_pool_size > 0) {
+      MRSTACK_ALLOC_TRY(cudaMallocFromPoolAsync(&warm, initial_pool_size, pool_, cudaStreamLegacy), initial_pool_size,
+                        "cuda_async");
+      MRSTACK_CUDA_TRY(cudaFreeAsync(warm, cudaStreamLegacy));
+      warm = nullptr;
+      MRSTACK_CUDA_TRY(cudaStreamSynchronize(cudaStreamLegacy));
+    }
+  } catch (...) {
+    if (warm != nullptr) { (void)cudaFreeAsync(warm, cudaStreamLegacy); }
+    // Allowed with frees still in flight: the driver destroys the pool once they complete.
+    (void)cudaMemPoolDestroy(pool_);
+    pool_ = nullptr;
+    throw;
   }
 }
 
