@@ -198,6 +198,15 @@ TEST_CASE("simulated_vmm: instances get disjoint fake ranges, and addresses are 
   CHECK(again.range_base() == first);
 }
 
+TEST_CASE("simulated_vmm: is_accessible of a span reaching past the address space is false") {
+  simulated_vmm_memory_resource vmm{std::size_t{1} << 30};
+  void* w = vmm.allocate(3 * MiB);
+  CHECK(vmm.is_accessible(w, 3 * MiB));
+  CHECK_FALSE(vmm.is_accessible(static_cast<char*>(w) + 3 * MiB, unlimited - 1));  // offset + bytes wraps
+  CHECK_FALSE(vmm.is_accessible(w, unlimited));
+  vmm.deallocate(w, 3 * MiB);
+}
+
 TEST_CASE("simulated_vmm: bad parameters name themselves") {
   CHECK_THROWS_WITH(simulated_vmm_memory_resource(G, 3000), Catch::Contains("granularity 3000 B must be a power of two"));
   CHECK_THROWS_WITH(simulated_vmm_memory_resource(0), Catch::Contains("must be non-zero"));

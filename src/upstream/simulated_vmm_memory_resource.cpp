@@ -133,6 +133,8 @@ bool simulated_vmm_memory_resource::is_accessible(void const* ptr, std::size_t b
 }
 
 bool simulated_vmm_memory_resource::accessible_at(std::size_t offset, std::size_t bytes) const {
+  // Past the range nothing is mapped; checked first, as offset + bytes could wrap around.
+  if (offset > range_bytes() || bytes > range_bytes() - offset) { return false; }
   std::size_t const end = offset + bytes;
   auto it = physical_.upper_bound(offset);
   if (it == physical_.begin()) { return false; }
