@@ -34,6 +34,21 @@ TEST_CASE("simulated: foreign, double and wrong-size frees are logic_errors nami
   CHECK_THROWS_WITH(sim.deallocate(a, 1000), Catch::Contains("already freed"));
 }
 
+TEST_CASE("simulated: a free with another alignment is refused, naming both, and frees nothing") {
+  simulated_memory_resource sim;
+  void* p = sim.allocate(1000, {}, 256);
+  CHECK_THROWS_WITH(sim.deallocate(p, 1000, {}, 4096),
+                    Catch::Contains("deallocate of " + format_hex(p) + " with size 1000 B and alignment 4096") &&
+                        Catch::Contains("allocated with 1000 B and alignment 256 (nothing was freed)"));
+  CHECK(sim.owns(p));
+  CHECK(sim.footprint() == 1024);
+  void* q = sim.allocate(1000, {}, 65536);
+  CHECK_THROWS_WITH(sim.deallocate(q, 1000), Catch::Contains("alignment 65536"));
+  sim.deallocate(q, 1000, {}, 65536);
+  sim.deallocate(p, 1000, {}, 16);  // alignments below 256 count as 256, as everywhere
+  CHECK(sim.allocation_count() == 0);
+}
+
 TEST_CASE("simulated: capacity refuses like a full device") {
   simulated_memory_resource sim{1 << 20};
   void* a = sim.allocate(1 << 19);

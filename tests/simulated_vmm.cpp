@@ -52,7 +52,11 @@ TEST_CASE("simulated_vmm: as a plain upstream, allocations are whole granules, c
   CHECK_THROWS_WITH(vmm.deallocate(a, 1), Catch::Contains("already freed"));
   void* big_aligned = vmm.allocate(G, {}, 8 * G);
   CHECK(detail::is_aligned(big_aligned, 8 * G));
-  vmm.deallocate(big_aligned, G);
+  CHECK_THROWS_WITH(vmm.deallocate(big_aligned, G),
+                    Catch::Contains("with size 2097152 B and alignment 256, but it was allocated with 2097152 B and "
+                                    "alignment 16777216 (nothing was freed)"));
+  CHECK(vmm.committed_bytes() == 3 * G);
+  vmm.deallocate(big_aligned, G, {}, 8 * G);
   vmm.deallocate(b, 3 * MiB);
   CHECK(vmm.mapped_bytes() == 0);
   CHECK(vmm.map_calls() == vmm.unmap_calls());
@@ -198,6 +202,18 @@ TEST_CASE("simulated_vmm: instances get disjoint fake ranges, and addresses are 
   CHECK(again.range_base() == first);
 }
 
+TEST_CASE("simulated_vmm: a free with another alignment is refused, naming both, and frees nothing") {
+  simulated_vmm_memory_resource vmm{std::size_t{1} << 30};
+  void* p = vmm.allocate(1000, {}, 256);
+  CHECK_THROWS_WITH(vmm.deallocate(p, 1000, {}, std::size_t{1} << 30),
+                    Catch::Contains("deallocate of " + format_hex(p) + " with size 1000 B and alignment 1073741824") &&
+                        Catch::Contains("allocated with 1000 B and alignment 256"));
+  CHECK(vmm.committed_bytes() == G);
+  vmm.deallocate(p, 1000, {}, 16);  // alignments below 256 count as 256, as everywhere
+  CHECK(vmm.committed_bytes() == 0);
+  vmm.check_invariants();
+}
+
 TEST_CASE("simulated_vmm: is_accessible of a span reaching past the address space is false") {
   simulated_vmm_memory_resource vmm{std::size_t{1} << 30};
   void* w = vmm.allocate(3 * MiB);
@@ -205,6 +221,43 @@ TEST_CASE("simulated_vmm: is_accessible of a span reaching past the address spac
   CHECK_FALSE(vmm.is_accessible(static_cast<char*>(w) + 3 * MiB, unlimited - 1));  // offset + bytes wraps
   CHECK_FALSE(vmm.is_accessible(w, unlimited));
   vmm.deallocate(w, 3 * MiB);
+}
+
+TEST_CASE("simulated_vmm: out_of_memory names the caller's request, its alignment and the real cause") {
+  simulated_vmm_memory_resource vmm{std::size_t{1} << 30, G, G, 16};
+  // An alignment no address of the range meets is not a matter of reserving more.
+  std::size_t const huge = std::size_t{1} << 63;  // fake ranges lie in [2^62, 0x7 << 60): none is aligned to it
+  try {
+    (void)vmm.allocate(1, {}, huge);
+    FAIL("allocated with an alignment the range cannot meet");
+  } catch (out_of_memory const& e) {
+    CHECK(e.info().requested_bytes == 1);
+    CHECK_THAT(e.what(), Catch::Contains("alignment " + std::to_string(huge)) && Catch::Contains("cannot be met") &&
+                             !Catch::Contains("no free stretch"));
+  }
+  // Capacity: the caller asked for 1 B; the backend's mapping of a whole granule failed.
+  void* first = vmm.allocate(1);
+  try {
+    (void)vmm.allocate(1);
+    FAIL("mapped past capacity");
+  } catch (out_of_memory const& e) {
+    CHECK(e.info().requested_bytes == 1);
+    CHECK(e.info().limit_bytes == G);
+    CHECK_THAT(e.what(), Catch::Contains("could not allocate 1 B") && Catch::Contains("alignment 256") &&
+                             Catch::Contains("physical allocation of 2.00 MiB") && Catch::Contains("capacity reached"));
+  }
+  vmm.deallocate(first, 1);
+  vmm.claim("test");
+  vmm.commit(at(vmm, 0), G);
+  try {
+    (void)vmm.commit(at(vmm, G), 100);
+    FAIL("committed past capacity");
+  } catch (out_of_memory const& e) {
+    CHECK(e.info().requested_bytes == 100);
+    CHECK_THAT(e.what(), Catch::Contains("committing [") && Catch::Contains("capacity reached"));
+  }
+  vmm.unclaim();
+  vmm.check_invariants();
 }
 
 TEST_CASE("simulated_vmm: bad parameters name themselves") {

@@ -52,7 +52,7 @@ void* simulated_memory_resource::do_allocate(std::size_t bytes, std::size_t alig
     free_.erase(it);
     if (lead > 0) { free_.emplace(block, lead); }
     if (block_size - lead > span) { free_.emplace(start + span, block_size - lead - span); }
-    live_.emplace(start, bytes);
+    live_.emplace(start, live_block{bytes, align});
     footprint_ += span;
     peak_footprint_ = std::max(peak_footprint_, footprint_);
     ++total_allocations_;
@@ -61,17 +61,20 @@ void* simulated_memory_resource::do_allocate(std::size_t bytes, std::size_t alig
   return refuse("fake address range exhausted");
 }
 
-void simulated_memory_resource::do_deallocate(void* ptr, std::size_t bytes, std::size_t, stream_view) {
+void simulated_memory_resource::do_deallocate(void* ptr, std::size_t bytes, std::size_t alignment, stream_view) {
   auto const address = reinterpret_cast<std::uintptr_t>(ptr);
+  std::size_t const align = std::max(alignment, default_alignment);
   std::lock_guard lock{mutex_};
   auto it = live_.find(address);
   if (it == live_.end()) {
     throw logic_error("simulated: deallocate of " + format_hex(address) + " (" + std::to_string(bytes) +
                       " B), which it did not hand out or was already freed");
   }
-  if (it->second != bytes) {
+  if (it->second.bytes != bytes || it->second.alignment != align) {
     throw logic_error("simulated: deallocate of " + format_hex(address) + " with size " + std::to_string(bytes) +
-                      " B, but it was allocated with " + std::to_string(it->second) + " B");
+                      " B and alignment " + std::to_string(align) + ", but it was allocated with " +
+                      std::to_string(it->second.bytes) + " B and alignment " + std::to_string(it->second.alignment) +
+                      " (nothing was freed)");
   }
   std::size_t const span = detail::align_up(bytes, default_alignment);
   live_.erase(it);

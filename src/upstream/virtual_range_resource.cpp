@@ -71,6 +71,18 @@ bool is_asleep_span(std::map<std::size_t, std::size_t> const& asleep, std::size_
   return false;
 }
 
+// A backend's out_of_memory names the physical allocation it could not make (a whole run);
+// the caller asked for something else. Rethrown naming the caller's request, and why.
+[[noreturn]] void refuse_for_caller(out_of_memory const& e, std::string const& resource, std::size_t bytes,
+                                    std::size_t footprint, std::string const& request) {
+  allocation_failure info = e.info();
+  info.requested_bytes = bytes;
+  info.resource = resource;
+  info.footprint_bytes = footprint;
+  info.detail = request + ": " + e.info().detail;
+  throw out_of_memory(std::move(info));
+}
+
 range_registry& registry() {
   static range_registry r;  // leaked order-safely: function-local static
   return r;
@@ -257,6 +269,10 @@ std::size_t virtual_range_resource::commit(void* ptr, std::size_t bytes) {
   std::size_t newly = 0;
   try {
     newly = map_.commit(first, last, backend_);
+  } catch (out_of_memory const& e) {
+    sync_counters();
+    refuse_for_caller(e, name_, bytes, mapped_bytes(),
+                      "committing [" + format_hex(ptr) + ", +" + format_bytes(bytes) + ")");
   } catch (...) {
     sync_counters();
     throw;
@@ -320,8 +336,8 @@ void virtual_range_resource::check_invariants() const {
   std::lock_guard lock{mutex_};
   map_.check_invariants();
   std::size_t live_granules = 0;
-  for (auto const& [offset, bytes] : live_) {
-    std::size_t const span = detail::align_up(bytes, granularity_);
+  for (auto const& [offset, block] : live_) {
+    std::size_t const span = detail::align_up(block.bytes, granularity_);
     bool const backed = asleep_.load(std::memory_order_relaxed)
                             ? is_asleep_span(asleep_granules_, offset / granularity_, (offset + span) / granularity_)
                             : map_.all_committed(offset / granularity_, (offset + span) / granularity_);
@@ -351,7 +367,6 @@ void virtual_range_resource::check_invariants() const {
 // ---- the plain-upstream path ---------------------------------------------------------------
 
 void* virtual_range_resource::do_allocate(std::size_t bytes, std::size_t alignment, stream_view) {
-  std::size_t const span = detail::align_up(bytes, granularity_);
   std::size_t const align = std::max(alignment, granularity_);
   std::lock_guard lock{mutex_};
   if (claimed_) {
@@ -359,23 +374,33 @@ void* virtual_range_resource::do_allocate(std::size_t bytes, std::size_t alignme
                       claimant_ + " instead");
   }
   refuse_while_asleep("allocate");
-  auto refuse = [&](std::string why) -> void* {
+  std::string const request = "the request (alignment " + std::to_string(alignment) + ")";
+  auto refuse = [&](std::string const& why) -> void* {
     allocation_failure info;
     info.requested_bytes = bytes;
     info.resource = name_;
     info.footprint_bytes = mapped_bytes();
-    info.detail = std::move(why);
+    info.detail = request + " " + why;
     throw out_of_memory(std::move(info));
   };
-  if (span == std::numeric_limits<std::size_t>::max() || span > range_bytes_) {
-    return refuse("larger than its reserved range of " + format_bytes(range_bytes_) + " (raise reserve=)");
+  if (bytes > range_bytes_) {
+    return refuse("is larger than its reserved range of " + format_bytes(range_bytes_) + " (raise reserve=)");
+  }
+  std::size_t const span = detail::align_up(bytes, granularity_);
+  // The lowest offset of the range aligned to `align`: no address past it can be either.
+  std::size_t const first_aligned = (align - base_ % align) % align;
+  if (first_aligned > range_bytes_ - span) {
+    return refuse("cannot be met: no address of its reserved range [" + format_hex(base_) + ", +" +
+                  format_bytes(range_bytes_) + ") aligned to " + std::to_string(align) + " B leaves room for " +
+                  format_bytes(span) + " (ask for a smaller alignment)");
   }
   // First fit in address order: allocations here are few and large; first fit keeps the
   // used part of the range compact.
   for (auto it = free_addresses_.begin(); it != free_addresses_.end(); ++it) {
-    std::size_t const start = detail::align_up(base_ + it->first, align) - base_;
-    std::size_t const lead = start - it->first;
+    std::size_t const misaligned = (base_ + it->first) % align;
+    std::size_t const lead = misaligned == 0 ? 0 : align - misaligned;
     if (lead > it->second || it->second - lead < span) { continue; }
+    std::size_t const start = it->first + lead;
     std::size_t const block = it->first;
     std::size_t const block_size = it->second;
     free_addresses_.erase(it);
@@ -383,30 +408,37 @@ void* virtual_range_resource::do_allocate(std::size_t bytes, std::size_t alignme
     if (block_size - lead > span) { free_addresses_.emplace(start + span, block_size - lead - span); }
     try {
       map_.commit(start / granularity_, (start + span) / granularity_, backend_);
+    } catch (out_of_memory const& e) {
+      insert_free_addresses(start, span);
+      sync_counters();
+      refuse_for_caller(e, name_, bytes, mapped_bytes(), "mapping " + format_bytes(span) + " for " + request);
     } catch (...) {
       insert_free_addresses(start, span);
       sync_counters();
       throw;
     }
     sync_counters();
-    live_.emplace(start, bytes);
+    live_.emplace(start, live_block{bytes, std::max(alignment, default_alignment)});
     return reinterpret_cast<void*>(base_ + start);
   }
-  return refuse("no free stretch of " + format_bytes(span) + " left in its reserved range of " +
-                format_bytes(range_bytes_) + " (raise reserve=)");
+  return refuse("found no free stretch of " + format_bytes(span) + " aligned to " + std::to_string(align) +
+                " B left in its reserved range of " + format_bytes(range_bytes_) + " (raise reserve=)");
 }
 
-void virtual_range_resource::do_deallocate(void* ptr, std::size_t bytes, std::size_t, stream_view) {
+void virtual_range_resource::do_deallocate(void* ptr, std::size_t bytes, std::size_t alignment, stream_view) {
   auto const p = reinterpret_cast<std::uintptr_t>(ptr);
+  std::size_t const align = std::max(alignment, default_alignment);
   std::lock_guard lock{mutex_};
   auto const it = p >= base_ ? live_.find(p - base_) : live_.end();
   if (it == live_.end()) {
     throw logic_error(name_ + ": deallocate of " + format_hex(p) + " (" + std::to_string(bytes) +
                       " B), which it did not hand out or was already freed");
   }
-  if (it->second != bytes) {
+  if (it->second.bytes != bytes || it->second.alignment != align) {
     throw logic_error(name_ + ": deallocate of " + format_hex(p) + " with size " + std::to_string(bytes) +
-                      " B, but it was allocated with " + std::to_string(it->second) + " B");
+                      " B and alignment " + std::to_string(align) + ", but it was allocated with " +
+                      std::to_string(it->second.bytes) + " B and alignment " + std::to_string(it->second.alignment) +
+                      " (nothing was freed)");
   }
   std::size_t const offset = it->first;
   std::size_t const span = detail::align_up(bytes, granularity_);

@@ -252,7 +252,8 @@ std::uint64_t vmm_memory_resource::map(std::size_t offset, std::size_t bytes) {
     info.requested_bytes = bytes;
     info.resource = "vmm";
     info.footprint_bytes = mapped_bytes();
-    info.detail = "cuMemCreate found no physical memory; " + driver_->device_memory_report();
+    info.detail = "cuMemCreate found no physical memory for a physical allocation of " + format_bytes(bytes) + "; " +
+                  driver_->device_memory_report();
     throw out_of_memory(std::move(info));
   }
   MRSTACK_CU_TRY(created, "cuMemCreate(" + format_bytes(bytes) + ")");

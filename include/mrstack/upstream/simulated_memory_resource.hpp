@@ -2,7 +2,8 @@
 /// `simulated_memory_resource`: hands out distinct, aligned addresses from a fake address
 /// range and touches no memory. It counts what it has handed out (the footprint a real
 /// upstream would have), its peak, and the calls, and it checks every free: a pointer it
-/// never gave out, or a wrong size, is a `logic_error`. An optional capacity makes it
+/// never gave out, a wrong size or a wrong alignment (both compared at least 256, as
+/// `system` does) is a `logic_error` naming them, and nothing is freed. An optional capacity makes it
 /// refuse like a full device (`out_of_memory`). Use it to test suballocators without a
 /// GPU and to replay logs of any size on any machine. Freed address ranges are reused
 /// (first fit over an address-ordered free map: the lowest free range that fits), so long
@@ -45,7 +46,11 @@ class simulated_memory_resource final : public memory_resource {
   mutable std::mutex mutex_;
   std::size_t capacity_;
   std::map<std::uintptr_t, std::size_t> free_;   // address -> size, address-ordered, coalesced
-  std::map<std::uintptr_t, std::size_t> live_;   // address -> bytes asked (the span is rounded up to 256)
+  struct live_block {
+    std::size_t bytes;      // as asked (the span is rounded up to 256)
+    std::size_t alignment;  // as asked, at least 256 (as `system` records it), for checked frees
+  };
+  std::map<std::uintptr_t, live_block> live_;  // address -> what was asked
   std::size_t footprint_{0};
   std::size_t peak_footprint_{0};
   std::size_t total_allocations_{0};

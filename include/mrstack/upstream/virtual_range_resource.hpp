@@ -8,8 +8,11 @@
 ///   decommits it and gives the addresses back. Every allocation is rounded up to whole
 ///   granules (2 MiB on current GPUs) and costs driver calls, like cudaMalloc: put a pool
 ///   above it. Alignments up to the granularity come free; larger ones are honoured.
-///   Freeing with a size other than the one allocated, or a pointer it never handed out,
-///   is a `logic_error`.
+///   Freeing with a size or alignment other than the ones allocated (alignments compared
+///   at least 256, as `system` does), or a pointer it never handed out, is a `logic_error`
+///   naming them, and nothing is freed. Running out is `out_of_memory` naming the caller's
+///   request, its alignment and the cause (range too small, alignment it cannot meet, no
+///   free stretch left, or no physical memory for the mapping).
 /// - As a `virtual_range`, a pool claims the whole range and commits/decommits parts of it.
 ///   While claimed, `allocate` refuses with a `logic_error` saying so.
 /// - Sleep and wake: `sleep(keep_contents)` gives back every physical allocation (the
@@ -160,7 +163,11 @@ class virtual_range_resource : public memory_resource, public virtual_range {
   detail::granule_map map_;
   counting_backend backend_;
   std::map<std::size_t, std::size_t> free_addresses_;  // offset -> bytes, coalesced (the plain-upstream path)
-  std::map<std::size_t, std::size_t> live_;            // offset -> bytes asked, for checked frees
+  struct live_block {
+    std::size_t bytes;      // as asked
+    std::size_t alignment;  // as asked, at least 256 (as `system` records it)
+  };
+  std::map<std::size_t, live_block> live_;  // offset -> what was asked, for checked frees
   bool claimed_ = false;
   std::string claimant_;
 
