@@ -4,6 +4,7 @@
 #include <catch2/catch.hpp>
 
 #include <mrstack/upstream/virtual_range_resource.hpp>
+#include <mrstack/upstream/vmm_memory_resource.hpp>
 
 #include <map>
 #include <stdexcept>
@@ -170,4 +171,9 @@ TEST_CASE("virtual_range faults: a commit whose access change and wait fail roll
   r.check_invariants();
   r.unclaim();
   CHECK(r.really_mapped_bytes() == 0);
+}
+
+TEST_CASE("virtual_range faults: vmm names a map_granules of 0 before any driver call") {
+  CHECK_THROWS_AS(vmm_memory_resource(0, 0), logic_error);
+  CHECK_THROWS_WITH(vmm_memory_resource(0, 0), Catch::Contains("vmm: map_granules must be at least 1"));
 }

@@ -172,9 +172,22 @@ std::vector<int> vmm_memory_resource::peers() const {
   return peers;
 }
 
+namespace {
+// Checks the parameters before any driver call, so a bad one is named as such (not as the
+// granule bookkeeping's complaint, nor hidden behind a driver error on a machine without a GPU).
+std::unique_ptr<vmm_memory_resource::driver> make_driver(std::size_t reserve_bytes, std::size_t map_granules,
+                                                         int device, vmm_memory_resource::ipc_mode ipc,
+                                                         bool peer_access) {
+  if (map_granules == 0) {
+    throw logic_error("vmm: map_granules must be at least 1 (granules per physical allocation; got 0)");
+  }
+  return std::make_unique<vmm_memory_resource::driver>(reserve_bytes, device, ipc, peer_access);
+}
+}  // namespace
+
 vmm_memory_resource::vmm_memory_resource(std::size_t reserve_bytes, std::size_t map_granules, int device,
                                          ipc_mode ipc, bool peer_access)
-    : vmm_memory_resource(std::make_unique<driver>(reserve_bytes, device, ipc, peer_access), map_granules) {}
+    : vmm_memory_resource(make_driver(reserve_bytes, map_granules, device, ipc, peer_access), map_granules) {}
 
 vmm_memory_resource::vmm_memory_resource(std::unique_ptr<driver> drv, std::size_t map_granules)
     : virtual_range_resource("vmm", static_cast<std::uintptr_t>(drv->base), drv->bytes, drv->granularity,
