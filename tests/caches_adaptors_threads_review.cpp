@@ -3,6 +3,8 @@
 // Run it under the tsan and asan presets too.
 #include <catch2/catch.hpp>
 
+#include <failing_create_sync.hpp>
+
 #include <mrstack/adaptor/tracking_resource_adaptor.hpp>
 #include <mrstack/suballoc/binning_memory_resource.hpp>
 #include <mrstack/suballoc/fixed_size_memory_resource.hpp>
@@ -140,30 +142,7 @@ TEST_CASE("review: a cache's spill that runs out of host memory leaves no block 
   CHECK(mr.free_blocks() == mr.total_blocks());  // cached ones included, each once
 }
 
-namespace {
-/// The fake events, but creating one fails while `fail_creates` is set (as a
-/// cudaEventCreate that runs out of resources throws).
-class failing_create_sync final : public detail::stream_sync {
- public:
-  std::shared_ptr<test::fake_stream_sync> inner = std::make_shared<test::fake_stream_sync>();
-  std::atomic<bool> fail_creates{false};
-  std::atomic<std::size_t> failed_creates{0};
-  handle create_event() override {
-    if (fail_creates.load()) {
-      ++failed_creates;
-      throw std::runtime_error("no events left");
-    }
-    return inner->create_event();
-  }
-  void destroy_event(handle e) noexcept override { inner->destroy_event(e); }
-  bool record(handle e, handle s) override { return inner->record(e, s); }
-  void wait(handle s, handle e) override { inner->wait(s, e); }
-  void synchronize(handle s) override { inner->synchronize(s); }
-  void synchronize_all() override { inner->synchronize_all(); }
-  bool idle(handle s) override { return inner->idle(s); }
-  bool capturing(handle s) override { return inner->capturing(s); }
-};
-}  // namespace
+using test::failing_create_sync;
 
 TEST_CASE("review: a full cache's spill whose record fails still frees the block, once") {
   // spill_and_free checked the block and marked it free before the spill, whose record

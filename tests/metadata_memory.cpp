@@ -3,6 +3,8 @@
 // that its nodes come from huge-page regions, and an address table big enough to be mapped.
 #include <catch2/catch.hpp>
 
+#include <address_space.hpp>
+
 #include <mrstack/detail/block_pool.hpp>
 #include <mrstack/detail/block_start_table.hpp>
 #include <mrstack/detail/metadata_memory.hpp>
@@ -149,25 +151,12 @@ TEST_CASE("metadata_reservation: commits grow from the start, zeroed, without mo
   CHECK_THROWS_AS(space.commit(64 * MiB + 1), std::bad_alloc);
 }
 
-#if !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
-namespace {
-/// The calling process's address-space size in bytes (VmSize), or 0 when unknown.
-std::size_t address_space_in_use() {
-  std::ifstream status{"/proc/self/status"};
-  for (std::string line; std::getline(status, line);) {
-    if (line.rfind("VmSize:", 0) == 0) { return std::stoull(line.substr(7)) * 1024; }
-  }
-  return 0;
-}
-}  // namespace
-#endif
-
 TEST_CASE("metadata_reservation: under an address-space limit it reserves less, in whole huge pages") {
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
   WARN("skipped: sanitizers reserve terabytes of shadow memory, so no address-space limit can be set");
   return;
 #else
-  std::size_t const in_use = address_space_in_use();
+  std::size_t const in_use = mrstack::test::address_space_in_use();
   REQUIRE(in_use > 0);
   pid_t const child = ::fork();
   REQUIRE(child >= 0);
@@ -278,7 +267,7 @@ TEST_CASE("block_pool: when the address table cannot grow, the allocation is ref
   WARN("skipped: sanitizers reserve terabytes of shadow memory, so no address-space limit can be set");
   return;
 #else
-  std::size_t const in_use = address_space_in_use();
+  std::size_t const in_use = mrstack::test::address_space_in_use();
   REQUIRE(in_use > 0);
   pid_t const child = ::fork();
   REQUIRE(child >= 0);
@@ -288,7 +277,7 @@ TEST_CASE("block_pool: when the address table cannot grow, the allocation is ref
     // block, so no class array grows: the table is what fails.
     block_pool pool{std::size_t{1} << 20};
     pool.add_chunk(std::uintptr_t{1} << 40, std::size_t{1} << 30, 1);
-    rlimit const limit{address_space_in_use() + 8 * MiB, address_space_in_use() + 8 * MiB};
+    rlimit const limit{mrstack::test::address_space_in_use() + 8 * MiB, mrstack::test::address_space_in_use() + 8 * MiB};
     if (::setrlimit(RLIMIT_AS, &limit) != 0) { ::_exit(10); }
     std::size_t live = 0;
     try {

@@ -5,6 +5,8 @@
 // room. Each refusal is checked to say what it refused and to change nothing.
 #include <catch2/catch.hpp>
 
+#include <address_space.hpp>
+
 #include <mrstack/suballoc/pool_memory_resource.hpp>
 #include <mrstack/upstream/simulated_memory_resource.hpp>
 #include <mrstack/upstream/simulated_vmm_memory_resource.hpp>
@@ -195,25 +197,12 @@ TEST_CASE("pool: stats count live blocks, not the holes a pool grown in place re
   CHECK(pool.check_invariants() == "");
 }
 
-#if !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
-namespace {
-/// The calling process's address-space size in bytes (VmSize), or 0 when unknown.
-std::size_t address_space_in_use() {
-  std::ifstream status{"/proc/self/status"};
-  for (std::string line; std::getline(status, line);) {
-    if (line.rfind("VmSize:", 0) == 0) { return std::stoull(line.substr(7)) * 1024; }
-  }
-  return 0;
-}
-}  // namespace
-#endif
-
 TEST_CASE("pool: when its block metadata runs out of room the pool says out of memory and stays whole") {
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
   WARN("skipped: sanitizers reserve terabytes of shadow memory, so no address-space limit can be set");
   return;
 #else
-  std::size_t const in_use = address_space_in_use();
+  std::size_t const in_use = test::address_space_in_use();
   REQUIRE(in_use > 0);
   pid_t const child = ::fork();
   REQUIRE(child >= 0);

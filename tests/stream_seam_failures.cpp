@@ -4,7 +4,7 @@
 // retrying, that it freed twice.
 #include <catch2/catch.hpp>
 
-#include <fake_stream_sync.hpp>
+#include <failing_create_sync.hpp>
 
 #include <mrstack/suballoc/fixed_size_memory_resource.hpp>
 #include <mrstack/suballoc/pool_memory_resource.hpp>
@@ -18,22 +18,7 @@ using namespace mrstack;
 
 namespace {
 
-/// The fake seam, whose create_event throws while `failing`.
-class failing_sync final : public detail::stream_sync {
- public:
-  handle create_event() override {
-    if (failing) { throw std::runtime_error("create_event failed"); }
-    return fake->create_event();
-  }
-  void destroy_event(handle e) noexcept override { fake->destroy_event(e); }
-  bool record(handle e, handle s) override { return fake->record(e, s); }
-  void wait(handle s, handle e) override { fake->wait(s, e); }
-  void synchronize(handle s) override { fake->synchronize(s); }
-  void synchronize_all() override { fake->synchronize_all(); }
-
-  std::shared_ptr<test::fake_stream_sync> fake = std::make_shared<test::fake_stream_sync>();
-  bool failing = false;
-};
+using test::failing_create_sync;
 
 stream_view const a{reinterpret_cast<cudaStream_t>(0x100)};
 stream_view const b{reinterpret_cast<cudaStream_t>(0x200)};
@@ -41,7 +26,7 @@ stream_view const b{reinterpret_cast<cudaStream_t>(0x200)};
 }  // namespace
 
 TEST_CASE("seam failures: a pool's free that parks for a wanting stream succeeds when no event can be made") {
-  auto sync = std::make_shared<failing_sync>();
+  auto sync = std::make_shared<failing_create_sync>();
   pool_options options;
   options.stream_sync = sync;
   pool_memory_resource mr{std::make_shared<simulated_memory_resource>(), 1 << 20, std::nullopt, options};
@@ -49,9 +34,9 @@ TEST_CASE("seam failures: a pool's free that parks for a wanting stream succeeds
   void* q = mr.allocate(4096, a);
   mr.deallocate(p, 4096, a);
   void* r = mr.allocate(1 << 20, b);  // wants a's free memory: a parks at its next call
-  sync->failing = true;
+  sync->fail_creates = true;
   CHECK_NOTHROW(mr.deallocate(q, 4096, a));
-  sync->failing = false;
+  sync->fail_creates = false;
   CHECK_THROWS_WITH(mr.deallocate(q, 4096, a), Catch::Contains("0x") && Catch::Contains("4096"));  // now a double free
   mr.deallocate(r, 1 << 20, b);
   void* again = mr.allocate(8192, a);  // a's unrecorded memory is still its own
@@ -60,19 +45,19 @@ TEST_CASE("seam failures: a pool's free that parks for a wanting stream succeeds
 }
 
 TEST_CASE("seam failures: fixed_size's recording free succeeds when no event can be made") {
-  auto sync = std::make_shared<failing_sync>();
+  auto sync = std::make_shared<failing_create_sync>();
   fixed_size_memory_resource mr{std::make_shared<simulated_memory_resource>(), 4096, 16, sync};
   void* kept = mr.allocate(100, b);  // a second stream: frees on created streams record
   void* p = mr.allocate(100, a);
-  sync->failing = true;
+  sync->fail_creates = true;
   CHECK_NOTHROW(mr.deallocate(p, 100, a));
-  sync->failing = false;
+  sync->fail_creates = false;
   CHECK_THROWS_WITH(mr.deallocate(p, 100, a), Catch::Contains("double free"));
   // b takes a's unrecorded block only after ordering: the device is synchronized then.
-  std::size_t const sync_alls = sync->fake->sync_alls;
+  std::size_t const sync_alls = sync->inner->sync_alls;
   std::vector<void*> taken;
   for (std::size_t i = 0; i + 1 < mr.total_blocks(); ++i) { taken.push_back(mr.allocate(100, b)); }
-  CHECK((sync->fake->sync_alls > sync_alls || sync->fake->waits > 0));
+  CHECK((sync->inner->sync_alls > sync_alls || sync->inner->waits > 0));
   for (void* t : taken) { mr.deallocate(t, 100, b); }
   mr.deallocate(kept, 100, b);
   CHECK(mr.free_blocks() == mr.total_blocks());
