@@ -1,6 +1,8 @@
 #include <mrstack/resource.hpp>
 #include <mrstack/stream.hpp>
 
+#include "relaxed_capture_scope.hpp"
+
 #include <string>
 
 namespace mrstack {
@@ -48,8 +50,15 @@ namespace {
 // Waits for the stream's work before destroying it: resources know a stream by its
 // handle, and CUDA may hand this one to the next stream created, which would then be
 // given the memory this one freed at once — while its work on it might still be running.
+// A stream being captured is not waited for (a synchronization would end its capture);
+// another thread's capture is left alone by waiting in relaxed mode. A failed wait leaves
+// its error for the program to read: the stream is destroyed anyway.
 void finish_and_destroy(cudaStream_t handle) noexcept {
-  if (cudaStreamSynchronize(handle) != cudaSuccess) { (void)cudaGetLastError(); }  // destroyed anyway
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(handle, &capture) == cudaSuccess && capture == cudaStreamCaptureStatusNone) {
+    detail::relaxed_capture_scope const capture_safe;
+    (void)cudaStreamSynchronize(handle);
+  }
   MRSTACK_CUDA_ASSERT_NOEXCEPT(cudaStreamDestroy(handle));
 }
 }  // namespace

@@ -108,6 +108,22 @@ TEST_CASE("pool: a sharded pool at its maximum serves small blocks without synch
   CHECK(pool.check_invariants() == "");
 }
 
+TEST_CASE("pool: at its maximum, an aligned request a free block already holds is served") {
+  // The worst-case padding was added up front, so a pool holding its whole maximum free
+  // refused a request its free, aligned chunk held: the padding matters only for growth.
+  auto sim = std::make_shared<simulated_memory_resource>();
+  pool_memory_resource pool{sim, 4 * MiB, 4 * MiB};
+  void* probe = pool.allocate(256);
+  REQUIRE(reinterpret_cast<std::uintptr_t>(probe) % (2 * MiB) == 0);  // the chunk starts 2 MiB aligned
+  pool.deallocate(probe, 256);
+  for (std::size_t alignment : {std::size_t{512}, std::size_t{4096}, 2 * MiB}) {
+    INFO("alignment " << alignment);
+    void* p = nullptr;
+    CHECK_NOTHROW(p = pool.allocate(4 * MiB, stream_view{}, alignment));
+    pool.deallocate(p, 4 * MiB, stream_view{}, alignment);
+  }
+}
+
 TEST_CASE("pool: a free naming an alignment the block cannot have is refused, naming it, and frees nothing") {
   auto pool = std::make_shared<pool_memory_resource>(std::make_shared<simulated_memory_resource>());
   void* first = pool->allocate(1000);

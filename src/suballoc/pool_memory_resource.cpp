@@ -188,20 +188,24 @@ void* pool_memory_resource::do_allocate(std::size_t bytes, std::size_t alignment
 }
 
 void pool_memory_resource::refuse_past_maximum(std::size_t bytes, std::size_t alignment) const {
-  // A block and the padding its alignment may need past the maximum can never be held:
-  // refused before the pool grows for it (growth returned free chunks and synchronized the
-  // device first, and the refusal named neither the size nor the alignment). The caller
-  // has checked that neither sum wraps.
-  std::size_t const size = detail::align_up(bytes, granularity);
-  std::size_t const pad = std::max(alignment, granularity) - granularity;
-  if (size > *maximum_size_) {
+  // A block larger than the maximum can never be held: refused before the pool grows for
+  // it (growth returned free chunks and synchronized the device first, and the refusal
+  // named neither the size nor the alignment). One whose worst-case alignment padding
+  // passes the maximum may still fit a free block that happens to be aligned: that is
+  // refused only where the pool would grow for it (refuse_padding_past_maximum).
+  (void)alignment;
+  if (detail::align_up(bytes, granularity) > *maximum_size_) {
     throw_out_of_memory_counting_shards(
         refusal(bytes, "request larger than the maximum size " + format_bytes(*maximum_size_)));
   }
-  if (pad > *maximum_size_ - size) {
-    throw_out_of_memory_counting_shards(refusal(
-        bytes, "alignment " + std::to_string(alignment) + " too large: the block and the up to " +
-                   format_bytes(pad) + " of padding it may need exceed the maximum size " + format_bytes(*maximum_size_)));
+}
+
+void pool_memory_resource::refuse_padding_past_maximum(std::size_t bytes, std::size_t size, std::size_t alignment) const {
+  std::size_t const pad = alignment - granularity;
+  if (maximum_size_ && size <= *maximum_size_ && pad > *maximum_size_ - size) {
+    throw_out_of_memory(bytes, "alignment " + std::to_string(alignment) + " too large: no free block serves it, and " +
+                                   "a new one with the up to " + format_bytes(pad) +
+                                   " of padding it may need would exceed the maximum size " + format_bytes(*maximum_size_));
   }
 }
 
@@ -323,6 +327,7 @@ void* pool_memory_resource::grow_and_allocate(std::size_t bytes, std::size_t siz
   // Room to align inside a chunk the upstream only aligns to 256.
   std::size_t const pad = alignment - granularity;
   if (size > std::numeric_limits<std::size_t>::max() - pad) { throw_out_of_memory(bytes, "request too large"); }
+  refuse_padding_past_maximum(bytes, size, alignment);
   if (growth_) { return grow_in_place_and_allocate(bytes, size, alignment, s); }
   std::size_t const needed = size + pad;
   auto retry = [&]() { return core_.allocate(size, alignment, s); };

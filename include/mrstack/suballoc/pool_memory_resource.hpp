@@ -214,6 +214,7 @@ class pool_memory_resource final : public memory_resource {
   /// With a maximum: refuses a request that the maximum can never hold (its size, or its
   /// size with the padding its alignment may need), before anything grows.
   void refuse_past_maximum(std::size_t bytes, std::size_t alignment) const;
+  void refuse_padding_past_maximum(std::size_t bytes, std::size_t size, std::size_t alignment) const;
   /// A refusal of `bytes` for `why`, before its statistics are read.
   [[nodiscard]] allocation_failure refusal(std::size_t bytes, std::string why) const;
   /// The largest request a thread shard serves (the shard block limit, in whole 256 B).
