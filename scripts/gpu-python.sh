@@ -21,11 +21,22 @@
 # Exit status: 0 only when every step passed. Each step's last lines are printed; full logs
 # go to OUTDIR (default: $OUT if set, else ./gpu-python-out).
 set -u
+# Paths given relative are the caller's: made absolute before the cd into the checkout.
+absolute() { case "$1" in ""|/*) printf '%s' "$1" ;; *) printf '%s/%s' "$PWD" "$1" ;; esac; }
+out_given="$(absolute "${1:-${OUT:-}}")"
+MRSTACK_BUNDLE="$(absolute "${MRSTACK_BUNDLE:-}")"
+NUMBA_SUITE="$(absolute "${NUMBA_SUITE:-}")"
+[ -n "${MRSTACK_LIBRARY:-}" ] && MRSTACK_LIBRARY="$(absolute "$MRSTACK_LIBRARY")"
 cd "$(dirname "$0")/.."
 repo="$PWD"
-out="${1:-${OUT:-$repo/gpu-python-out}}"
+out="${out_given:-$repo/gpu-python-out}"
 mkdir -p "$out"
 status=0
+steps=" ${GPU_PYTHON_STEPS:-cpp pytest suite bench} "
+for s in $steps; do
+  case "$s" in cpp|pytest|suite|bench) ;; *) echo "gpu-python: unknown step '$s' in GPU_PYTHON_STEPS (cpp pytest suite bench)" >&2; exit 2 ;; esac
+done
+if [ -z "${steps// /}" ]; then echo "gpu-python: GPU_PYTHON_STEPS names no step" >&2; exit 2; fi
 
 bundle="${MRSTACK_BUNDLE:-}"
 if [ -n "$bundle" ]; then
@@ -57,7 +68,6 @@ pool_spec="${MRSTACK_SUITE_POOL:-pool(initial=256MiB) > cuda}"
 default_logging_spec="logging(file=\"$out/alloc-logs/alloc-{pid}.csv\") > pool(initial=256MiB) > cuda"
 logging_spec="${MRSTACK_SUITE_LOGGING:-$default_logging_spec}"
 
-steps=" ${GPU_PYTHON_STEPS:-cpp pytest suite bench} "
 wants() { [[ "$steps" == *" $1 "* ]]; }
 step() { echo; echo "=== $*"; }
 record() {  # name, exit status

@@ -18,6 +18,7 @@ constexpr std::size_t G = 4096;
 
 class faulty_range final : public virtual_range_resource, private detail::granule_backend {
  public:
+  long fail_map_in = -1;          // fail the n-th map from now (0: the next)
   long fail_unmap_in = -1;        // fail the n-th unmap from now (0: the next)
   bool unmap_then_fail = false;   // that unmap unmaps first (cuMemUnmap worked, cuMemRelease did not)
   bool fail_access = false;
@@ -29,6 +30,7 @@ class faulty_range final : public virtual_range_resource, private detail::granul
   explicit faulty_range(std::size_t granules, std::size_t map_granules = 1)
       : virtual_range_resource("faulty", 0, granules * G, G, map_granules, *this) {}
   ~faulty_range() override {
+    fail_map_in = -1;
     fail_unmap_in = -1;
     fail_sync = false;
     release_everything();
@@ -49,6 +51,7 @@ class faulty_range final : public virtual_range_resource, private detail::granul
 
  private:
   std::uint64_t map(std::size_t offset, std::size_t bytes) override {
+    if (fail_map_in >= 0 && fail_map_in-- == 0) { throw std::runtime_error("injected map failure"); }
     if (!real.emplace(offset, bytes).second) { throw std::logic_error("map over mapped memory"); }
     accessible[offset] = false;
     ++maps;
@@ -101,6 +104,42 @@ TEST_CASE("virtual_range faults: a sleep whose unmap fails is asleep with nothin
   CHECK(r.committed_bytes() == 4 * G);
   CHECK(r.really_mapped_bytes() == 4 * G);
   CHECK(r.maps == 4 + 3);
+  r.check_invariants();
+  r.deallocate(p, 4 * G);
+  CHECK(r.really_mapped_bytes() == 0);
+  r.check_invariants();
+}
+
+TEST_CASE("virtual_range faults: a free whose unmap fails gives its addresses back for reuse") {
+  // The addresses stayed out of circulation for the resource's life, unmapped granules
+  // too: a 4-granule range then refused a 1-granule allocation.
+  faulty_range r{4};
+  void* p = r.allocate(4 * G);
+  r.fail_unmap_in = 0;
+  CHECK_THROWS(r.deallocate(p, 4 * G));
+  void* q = nullptr;
+  CHECK_NOTHROW(q = r.allocate(4 * G));  // the run left mapped is revived, the rest mapped afresh
+  CHECK(r.really_mapped_bytes() == 4 * G);
+  r.check_invariants();
+  r.deallocate(q, 4 * G);
+  CHECK(r.really_mapped_bytes() == 0);
+}
+
+TEST_CASE("virtual_range faults: a failed wake whose rollback hits an unmap failure still gives back every stretch") {
+  // The rollback stopped at the first decommit that threw: later stretches stayed
+  // committed while asleep, owned by nobody.
+  faulty_range r{64};
+  void* p = r.allocate(4 * G);  // four runs of one granule: four stretches asleep
+  r.sleep(false);
+  r.fail_map_in = 3;    // the wake maps three stretches, then fails
+  r.fail_unmap_in = 0;  // and the rollback's first unmap fails
+  CHECK_THROWS_WITH(r.wake(), Catch::Contains("injected map failure"));
+  CHECK(r.asleep());
+  CHECK(r.committed_bytes() == 0);
+  CHECK(r.really_mapped_bytes() == G);  // only the run whose unmap failed
+  r.check_invariants();
+  r.wake();
+  CHECK(r.committed_bytes() == 4 * G);
   r.check_invariants();
   r.deallocate(p, 4 * G);
   CHECK(r.really_mapped_bytes() == 0);

@@ -8,8 +8,9 @@ Each round runs the old binary, then the new one (so drifts of the host — freq
 neighbours, page cache — hit both alike). Per benchmark it keeps the fastest round of each
 (the least disturbed measurement: noise only ever adds time) and the median, and prints
 new / old for both, then the geometric means. A benchmark that reported an error, or ran
-in only some rounds of either build, is named and makes the exit status 1 (it is left out
-of the table); otherwise 0, and the numbers are for reading.
+in only some rounds of a build, is named and makes the exit status 1 (it is left out of
+the table); one that every round of one build ran and none of the other (added or
+removed) is named only. Otherwise the exit status is 0, and the numbers are for reading.
 
 Why not one long run of each: on shared GPU hosts, round-to-round spreads of up to 40%
 were seen in the same binary, wider than the effects this tool is for (a few percent).
@@ -68,8 +69,15 @@ def main(argv=None):
     every_round = rounds["old"] + rounds["new"]
     seen = set().union(*every_round, failed["old"], failed["new"])
     names = sorted(n for n in seen if all(n in t for t in every_round))
-    missing = sorted(seen - set(names))
-    for n in missing:
+    missing = []  # failed, or ran in only some rounds of a build: the exit status says so
+    for n in sorted(seen - set(names)):
+        in_all = {w: all(n in t for t in rounds[w]) for w in ("old", "new")}
+        in_none = {w: not any(n in t for t in rounds[w]) for w in ("old", "new")}
+        if n not in failed["old"] and n not in failed["new"] and any(
+                in_all[w] and in_none[o] for w, o in (("old", "new"), ("new", "old"))):
+            print(f"ONLY IN THE {'NEW' if in_all['new'] else 'OLD'} BUILD {n}")  # added or removed: not a failure
+            continue
+        missing.append(n)
         why = failed["new"].get(n) or failed["old"].get(n) or "missing from some rounds"
         print(f"NOT COMPARED {n}: {why}")
     if not names:

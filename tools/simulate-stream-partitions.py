@@ -328,7 +328,7 @@ def main():
     design.add_argument("--keep", action="store_true")
     design.add_argument("--borrowing", action="store_true")
     parser.add_argument("--exact-slabs", action="store_true", help="with --borrowing")
-    args = parser.parse_args()
+    args = parser.parse_intermixed_args()  # counts may come before or after the flags
     if args.exact_slabs and not args.borrowing:
         parser.error("--exact-slabs goes with --borrowing")
     counts = args.counts

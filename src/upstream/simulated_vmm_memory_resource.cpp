@@ -48,8 +48,11 @@ std::uint64_t simulated_vmm_memory_resource::map(std::size_t offset, std::size_t
     info.resource = "simulated_vmm";
     info.footprint_bytes = held_;
     info.limit_bytes = capacity_;
-    info.detail = "no simulated physical memory left for a physical allocation of " + format_bytes(bytes) +
-                  " (capacity reached: " + format_bytes(held_) + " of " + format_bytes(capacity_) + " held)";
+    info.detail = bytes > capacity_
+                      ? "a physical allocation of " + format_bytes(bytes) + " is larger than the whole capacity, " +
+                            format_bytes(capacity_)
+                      : "no simulated physical memory left for a physical allocation of " + format_bytes(bytes) +
+                            " (capacity reached: " + format_bytes(held_) + " of " + format_bytes(capacity_) + " held)";
     throw out_of_memory(std::move(info));
   }
   auto const next = physical_.lower_bound(offset);

@@ -451,9 +451,11 @@ void virtual_range_resource::do_deallocate(void* ptr, std::size_t bytes, std::si
   try {
     map_.decommit(offset / granularity_, (offset + span) / granularity_, backend_);
   } catch (...) {
-    // Every granule is decommitted, but a run that could not be unmapped is still mapped:
-    // the addresses stay out of circulation.
+    // Every granule is decommitted; a run that could not be unmapped stays recorded as
+    // mapped, and the next commit over it reuses it. So the addresses go back like any
+    // free's (kept out, they were lost for the resource's life, unmapped granules too).
     live_.erase(it);
+    insert_free_addresses(offset, span);
     sync_counters();
     throw;
   }
@@ -521,11 +523,14 @@ void virtual_range_resource::wake() {
     if (contents_kept_) { backend_.restore_contents(byte_stretches); }
   } catch (...) {
     // Stay asleep, contents kept: give back what this wake mapped so a retry starts clean.
-    try {
-      auto it = asleep_granules_.begin();
-      for (std::size_t i = 0; i < done; ++i, ++it) { map_.decommit(it->first, it->second, backend_); }
-    } catch (...) {
-      // The first error is the one to report; runs left mapped are revived by the next wake.
+    // Every stretch is tried (one whose unmap fails is still decommitted, its run left
+    // mapped for the next wake to revive); the first error is the one to report.
+    auto it = asleep_granules_.begin();
+    for (std::size_t i = 0; i < done; ++i, ++it) {
+      try {
+        map_.decommit(it->first, it->second, backend_);
+      } catch (...) {
+      }
     }
     sync_counters();
     throw;

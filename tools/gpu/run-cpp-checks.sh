@@ -9,15 +9,20 @@
 # a test that finds no device fails it. 2: bad arguments.
 set -u
 usage="usage: run-cpp-checks.sh BUNDLE OUTDIR [quick]"
-if [ $# -lt 2 ] || [ ! -d "$1" ] || [ ! -f "$1/env.sh" ]; then
+if [ $# -lt 1 ] || [ ! -d "$1" ] || [ ! -f "$1/env.sh" ]; then
   echo "run-cpp-checks: ${1:-(no BUNDLE)} is not a bundle folder with an env.sh; $usage" >&2
+  exit 2
+fi
+if [ $# -lt 2 ] || [ -z "$2" ]; then echo "run-cpp-checks: no OUTDIR; $usage" >&2; exit 2; fi
+if [ $# -gt 3 ] || { [ $# -eq 3 ] && [ "$3" != quick ]; }; then
+  echo "run-cpp-checks: the third argument may only be 'quick', not '${3:-}'; $usage" >&2
   exit 2
 fi
 bundle="$(cd "$1" && pwd)"
 out="$2"
 quick="${3:-}"
 repo="$(cd "$(dirname "$0")/../.." && pwd)"
-mkdir -p "$out"
+if ! mkdir -p "$out" 2>/dev/null || [ ! -d "$out" ]; then echo "run-cpp-checks: cannot make OUTDIR $out" >&2; exit 2; fi
 # shellcheck disable=SC1091
 source "$bundle/env.sh"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$out/device.txt"

@@ -35,6 +35,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <exception>
 #include <iterator>
 #include <limits>
 #include <map>
@@ -155,10 +156,18 @@ class in_place_growth {
       holes_.emplace(offset, length);  // a hole even if the decommit below fails: commit is idempotent
       hole_bytes_ += length;
     }
+    // Every hole is tried: one whose decommit fails is a hole all the same (above), and
+    // stopping there left the later ones committed. The first error is reported.
+    std::exception_ptr first_error;
     for (auto const& [offset, length] : withdrawn_) {
-      given_back += range_.decommit(reinterpret_cast<void*>(base_ + offset), length);
+      try {
+        given_back += range_.decommit(reinterpret_cast<void*>(base_ + offset), length);
+      } catch (...) {
+        if (!first_error) { first_error = std::current_exception(); }
+      }
     }
     unreleasable_ = core.free_bytes();
+    if (first_error) { std::rethrow_exception(first_error); }
     return given_back;
   }
 
