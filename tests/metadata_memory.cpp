@@ -9,9 +9,6 @@
 #include <mrstack/detail/block_start_table.hpp>
 #include <mrstack/detail/metadata_memory.hpp>
 
-#include <sys/resource.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <cstdint>
 #include <cstring>
@@ -156,38 +153,25 @@ TEST_CASE("metadata_reservation: under an address-space limit it reserves less, 
   WARN("skipped: sanitizers reserve terabytes of shadow memory, so no address-space limit can be set");
   return;
 #else
-  std::size_t const in_use = mrstack::test::address_space_in_use();
-  REQUIRE(in_use > 0);
-  pid_t const child = ::fork();
-  REQUIRE(child >= 0);
-  if (child == 0) {
-    // 7 MiB of room. A 1.5 TiB request halves through 3 x 2^k sizes: 6 MiB (8 MiB with the
-    // alignment slack) does not fit, 3 MiB would, but is not a whole number of huge pages,
-    // which commit() rounds up to; so the reservation must be 2 MiB, and all of it commit.
-    rlimit const limit{in_use + 7 * MiB, in_use + 7 * MiB};
-    if (::setrlimit(RLIMIT_AS, &limit) != 0) { ::_exit(10); }
+  // 7 MiB of room. A 1.5 TiB request halves through 3 x 2^k sizes: 6 MiB (8 MiB with the
+  // alignment slack) does not fit, 3 MiB would, but is not a whole number of huge pages,
+  // which commit() rounds up to; so the reservation must be 2 MiB, and all of it commit.
+  int const status = mrstack::test::exit_status_under_address_limit(7 * MiB, [] { return 0; }, [](int) {
+    metadata_reservation space{std::size_t{3} << 39, 2 * MiB};
+    std::size_t const got = space.reserved_bytes();
+    if (got < 2 * MiB || got > 6 * MiB) { return 11; }
+    if (got % huge_page_size != 0) { return 12; }
+    space.commit(got);
+    if (space.committed_bytes() != got) { return 13; }
+    static_cast<unsigned char*>(space.data())[got - 1] = 1;
     try {
-      metadata_reservation space{std::size_t{3} << 39, 2 * MiB};
-      std::size_t const got = space.reserved_bytes();
-      if (got < 2 * MiB || got > 6 * MiB) { ::_exit(11); }
-      if (got % huge_page_size != 0) { ::_exit(12); }
-      space.commit(got);
-      if (space.committed_bytes() != got) { ::_exit(13); }
-      static_cast<unsigned char*>(space.data())[got - 1] = 1;
-      try {
-        metadata_reservation too_big{std::size_t{1} << 40, 64 * MiB};  // cannot get 64 MiB
-        ::_exit(14);
-      } catch (std::bad_alloc const&) {
-      }
-    } catch (...) {
-      ::_exit(15);
+      metadata_reservation too_big{std::size_t{1} << 40, 64 * MiB};  // cannot get 64 MiB
+      return 14;
+    } catch (std::bad_alloc const&) {
     }
-    ::_exit(0);
-  }
-  int status = 0;
-  REQUIRE(::waitpid(child, &status, 0) == child);
-  REQUIRE(WIFEXITED(status));
-  CHECK(WEXITSTATUS(status) == 0);
+    return 0;
+  });
+  CHECK(status == 0);
 #endif
 }
 
@@ -267,34 +251,26 @@ TEST_CASE("block_pool: when the address table cannot grow, the allocation is ref
   WARN("skipped: sanitizers reserve terabytes of shadow memory, so no address-space limit can be set");
   return;
 #else
-  std::size_t const in_use = mrstack::test::address_space_in_use();
-  REQUIRE(in_use > 0);
-  pid_t const child = ::fork();
-  REQUIRE(child >= 0);
-  if (child == 0) {
-    // The nodes are reserved up front (inside the limit); the address table doubles in new
-    // mappings, and one of them is refused. Every block is the front of the one free
-    // block, so no class array grows: the table is what fails.
-    block_pool pool{std::size_t{1} << 20};
-    pool.add_chunk(std::uintptr_t{1} << 40, std::size_t{1} << 30, 1);
-    rlimit const limit{mrstack::test::address_space_in_use() + 8 * MiB, mrstack::test::address_space_in_use() + 8 * MiB};
-    if (::setrlimit(RLIMIT_AS, &limit) != 0) { ::_exit(10); }
+  // The nodes are reserved up front (inside the limit); the address table doubles in new
+  // mappings, and one of them is refused. Every block is the front of the one free block,
+  // so no class array grows: the table is what fails.
+  auto setup = [] {
+    auto pool = std::make_unique<block_pool>(std::size_t{1} << 20);
+    pool->add_chunk(std::uintptr_t{1} << 40, std::size_t{1} << 30, 1);
+    return pool;
+  };
+  int const status = mrstack::test::exit_status_under_address_limit(8 * MiB, setup, [](std::unique_ptr<block_pool>& pool) {
     std::size_t live = 0;
     try {
-      for (;; ++live) { (void)pool.allocate(block_pool::granularity, block_pool::granularity, 1); }
+      for (;; ++live) { (void)pool->allocate(block_pool::granularity, block_pool::granularity, 1); }
     } catch (std::bad_alloc const&) {
-    } catch (...) {
-      ::_exit(11);
     }
     // A block had been linked as live with no address-table entry.
-    if (live == 0 || !pool.check_invariants().empty()) { ::_exit(12); }
-    if (pool.live_blocks() != live || pool.live_bytes() != live * block_pool::granularity) { ::_exit(13); }
-    if (pool.free_bytes() + pool.live_bytes() != pool.total_bytes()) { ::_exit(14); }
-    ::_exit(0);
-  }
-  int status = 0;
-  REQUIRE(::waitpid(child, &status, 0) == child);
-  REQUIRE(WIFEXITED(status));
-  CHECK(WEXITSTATUS(status) == 0);
+    if (live == 0 || !pool->check_invariants().empty()) { return 12; }
+    if (pool->live_blocks() != live || pool->live_bytes() != live * block_pool::granularity) { return 13; }
+    if (pool->free_bytes() + pool->live_bytes() != pool->total_bytes()) { return 14; }
+    return 0;
+  });
+  CHECK(status == 0);
 #endif
 }

@@ -16,9 +16,6 @@
 #include <thread>
 #include <vector>
 
-#include <sys/resource.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include "support/fake_stream_sync.hpp"
 
@@ -218,46 +215,33 @@ TEST_CASE("pool: when its block metadata runs out of room the pool says out of m
   WARN("skipped: sanitizers reserve terabytes of shadow memory, so no address-space limit can be set");
   return;
 #else
-  std::size_t const in_use = test::address_space_in_use();
-  REQUIRE(in_use > 0);
-  pid_t const child = ::fork();
-  REQUIRE(child >= 0);
-  if (child == 0) {
-    // Little address space: the block nodes reserve their fallback and the address table
-    // cannot double past a few MiB. Each allocation is 256 B, so blocks, not bytes, run out.
-    rlimit const limit{in_use + 96 * MiB, in_use + 96 * MiB};
-    if (::setrlimit(RLIMIT_AS, &limit) != 0) { ::_exit(10); }
+  // Little address space: the block nodes reserve their fallback and the address table
+  // cannot double past a few MiB. Each allocation is 256 B, so blocks, not bytes, run out.
+  int const status = test::exit_status_under_address_limit(96 * MiB, [] { return 0; }, [](int) {
+    auto sim = std::make_shared<simulated_memory_resource>();
+    pool_options options;
+    options.minimum_growth = std::size_t{1} << 30;
+    pool_memory_resource pool{sim, 0, std::nullopt, options};
+    std::size_t n = 0;
     try {
-      auto sim = std::make_shared<simulated_memory_resource>();
-      pool_options options;
-      options.minimum_growth = std::size_t{1} << 30;
-      pool_memory_resource pool{sim, 0, std::nullopt, options};
-      std::size_t n = 0;
-      try {
-        for (;; ++n) { (void)pool.allocate(256); }
-      } catch (out_of_memory const& e) {
-        // It had escaped as std::bad_alloc, a block linked as live but missing from the
-        // address table.
-        if (std::string{e.what()}.find("bookkeeping") == std::string::npos) { ::_exit(11); }
-      }
-      if (n == 0 || !pool.check_invariants().empty()) { ::_exit(12); }
-      std::size_t const free = pool.stats().free_bytes;
-      for (std::size_t alignment : {512, 1024}) {  // need two nodes, an aligned block's split
-        try {
-          (void)pool.allocate(256, {}, alignment);
-        } catch (out_of_memory const&) {
-        }
-      }
-      if (!pool.check_invariants().empty()) { ::_exit(13); }
-      if (pool.stats().free_bytes > free || pool.stats().free_bytes + 2 * 256 < free) { ::_exit(14); }
-    } catch (...) {
-      ::_exit(15);
+      for (;; ++n) { (void)pool.allocate(256); }
+    } catch (out_of_memory const& e) {
+      // It had escaped as std::bad_alloc, a block linked as live but missing from the
+      // address table.
+      if (std::string{e.what()}.find("bookkeeping") == std::string::npos) { return 11; }
     }
-    ::_exit(0);
-  }
-  int status = 0;
-  REQUIRE(::waitpid(child, &status, 0) == child);
-  REQUIRE(WIFEXITED(status));
-  CHECK(WEXITSTATUS(status) == 0);
+    if (n == 0 || !pool.check_invariants().empty()) { return 12; }
+    std::size_t const free = pool.stats().free_bytes;
+    for (std::size_t alignment : {512, 1024}) {  // need two nodes, an aligned block's split
+      try {
+        (void)pool.allocate(256, {}, alignment);
+      } catch (out_of_memory const&) {
+      }
+    }
+    if (!pool.check_invariants().empty()) { return 13; }
+    if (pool.stats().free_bytes > free || pool.stats().free_bytes + 2 * 256 < free) { return 14; }
+    return 0;
+  });
+  CHECK(status == 0);
 #endif
 }
