@@ -401,14 +401,16 @@ MRSTACK_HOT_INLINE std::uintptr_t block_pool::take(std::uint32_t b, std::size_t 
   auto const units = static_cast<std::uint32_t>(size / granularity);
   block& n = at(b);
   std::uintptr_t const addr = addr_of(n);
+  // What can fail comes first, in both cases: a slot in the address table (so the insert
+  // below cannot throw), then what each case needs. A refused call changes nothing
+  // (block_pool.hpp).
+  live_.reserve_one();
   if (n.units > units && align_up(addr, alignment) == addr) {
     live_.prefetch(addr);  // the slot the new live block goes into: load it during the work below
     // The common case: the allocation is the front of b and b keeps the rest. The rest
     // keeps b's node and its place in the class array (moving only when its class
-    // changed), so no array entry and no other free block's node is touched.
-    // What can fail comes first (a slot in the address table, room in the class the rest
-    // moves to, the node): a refused call changes nothing (block_pool.hpp).
-    live_.reserve_one();
+    // changed), so no array entry and no other free block's node is touched. Room in the
+    // class the rest moves to and the node are taken before anything moves.
     if (unsigned const rest = class_of(n.units - units); rest != n.free_class) { make_room(*indexes_[n.owner], rest, 1); }
     std::uint32_t const a = new_node();  // node addresses are stable: `n` stays valid
     block& front = at(a);
@@ -430,7 +432,6 @@ MRSTACK_HOT_INLINE std::uintptr_t block_pool::take(std::uint32_t b, std::size_t 
     resize_free(b, n.units - units);
     b = a;
   } else {
-    live_.reserve_one();  // before carve changes anything: the insert below cannot fail
     b = carve(b, align_up(addr, alignment) - addr, size);
     at(b).state = state_live;
   }

@@ -168,7 +168,7 @@ void* pool_memory_resource::do_allocate(std::size_t bytes, std::size_t alignment
     throw_out_of_memory(bytes, "alignment " + std::to_string(alignment) + " too large: a block and its alignment "
                                "padding must fit in one chunk, at most " + format_bytes(detail::block_pool::max_chunk_size));
   }
-  if (maximum_size_) { refuse_past_maximum(bytes, alignment); }
+  if (maximum_size_) { refuse_past_maximum(bytes); }
   try {
     return allocate_checked(bytes, alignment, stream);
   } catch (out_of_memory const& e) {
@@ -187,13 +187,12 @@ void* pool_memory_resource::do_allocate(std::size_t bytes, std::size_t alignment
   }
 }
 
-void pool_memory_resource::refuse_past_maximum(std::size_t bytes, std::size_t alignment) const {
+void pool_memory_resource::refuse_past_maximum(std::size_t bytes) const {
   // A block larger than the maximum can never be held: refused before the pool grows for
   // it (growth returned free chunks and synchronized the device first, and the refusal
   // named neither the size nor the alignment). One whose worst-case alignment padding
   // passes the maximum may still fit a free block that happens to be aligned: that is
   // refused only where the pool would grow for it (refuse_padding_past_maximum).
-  (void)alignment;
   if (detail::align_up(bytes, granularity) > *maximum_size_) {
     throw_out_of_memory_counting_shards(
         refusal(bytes, "request larger than the maximum size " + format_bytes(*maximum_size_)));

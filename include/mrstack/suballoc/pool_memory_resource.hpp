@@ -211,9 +211,10 @@ class pool_memory_resource final : public memory_resource {
   /// `may_synchronize`, chunks whose return would need a device synchronization stay.
   std::size_t release_free_chunks(bool may_synchronize = true, detail::stream_ref const& caller = {});
   [[noreturn]] void throw_out_of_memory(std::size_t bytes, std::string why) const;
-  /// With a maximum: refuses a request that the maximum can never hold (its size, or its
-  /// size with the padding its alignment may need), before anything grows.
-  void refuse_past_maximum(std::size_t bytes, std::size_t alignment) const;
+  /// With a maximum: refuses a request larger than the maximum, before anything grows.
+  void refuse_past_maximum(std::size_t bytes) const;
+  /// Where the pool would grow: refuses a request whose size with the padding its
+  /// alignment may need passes the maximum (a free aligned block may serve it first).
   void refuse_padding_past_maximum(std::size_t bytes, std::size_t size, std::size_t alignment) const;
   /// A refusal of `bytes` for `why`, before its statistics are read.
   [[nodiscard]] allocation_failure refusal(std::size_t bytes, std::string why) const;
