@@ -7,11 +7,9 @@
 
 #include <mrstack/detail/align.hpp>
 
-namespace mrstack::detail {
+#include "block_pool_inline.hpp"
 
-// The hot path (allocate, take, deallocate) is a chain of small steps; a call per step
-// costs more than most steps do. Forced inline: they are used in this file only.
-#define MRSTACK_HOT_INLINE [[gnu::always_inline]] inline
+namespace mrstack::detail {
 
 block_pool::block_pool(std::size_t max_blocks)
     : node_space_{std::min(max_blocks, max_nodes) * sizeof(block),
@@ -46,11 +44,6 @@ void block_pool::grow_node_space() {
   node_space_.commit(want);
 }
 
-MRSTACK_HOT_INLINE void block_pool::delete_node(std::uint32_t i) noexcept {
-  at(i).state = state_unused;
-  free_nodes_.push_back(i);  // never reallocates: reserved for every node that exists
-}
-
 MRSTACK_HOT_INLINE void block_pool::new_nodes(std::array<std::uint32_t, 2>& out, unsigned count) {
   // All or none: a call that needs two nodes and gets one at the node limit must hand it
   // back, or the node would be lost and the call would change something after all.
@@ -68,66 +61,10 @@ void block_pool::set_exclusive(owner_id owner, bool exclusive) {
   exclusive_[owner] = exclusive ? 1 : 0;
 }
 
-MRSTACK_HOT_INLINE block_pool::class_index& block_pool::index_of(owner_id owner) {
-  if (owner >= indexes_.size()) { indexes_.resize(std::size_t{owner} + 1); }
-  auto& slot = indexes_[owner];
-  if (!slot) { slot = std::make_unique<class_index>(); }
-  return *slot;
-}
-
 // ---- size classes --------------------------------------------------------------------------
 
-MRSTACK_HOT_INLINE void block_pool::insert_free(std::uint32_t b, owner_id owner) {
-  class_index& idx = index_of(owner);
-  block& n = at(b);
-  n.owner = owner;
-  n.state = state_free;
-  unsigned const cls = class_of(n.units);
-  auto& list = idx.lists[cls];
-  n.free_pos = static_cast<std::uint32_t>(list.size());
-  n.free_class = cls;
-  // May allocate (amortized doubling; the arrays keep their capacity, so a warm pool
-  // does not). Calls that must fail whole (allocate, add_chunk, extend_chunk, withdraw)
-  // make_room first; elsewhere host out-of-memory here would leave the block unindexed.
-  list.push_back(free_entry{b, n.units});
-  idx.sl_bitmap[cls / sl_count] |= 1U << (cls % sl_count);
-  idx.fl_bitmap |= 1U << (cls / sl_count);
-  idx.bytes += size_of(n);
-  ++idx.count;
-  free_bytes_total_ += size_of(n);
-}
-
-MRSTACK_HOT_INLINE void block_pool::make_room(class_index& idx, unsigned cls, std::size_t extra) {
-  auto& list = idx.lists[cls];
-  if (list.capacity() - list.size() >= extra) [[likely]] { return; }
+void block_pool::grow_class_array(std::vector<free_entry>& list, std::size_t extra) {
   list.reserve(std::max(list.size() + extra, 2 * list.capacity()));  // amortized doubling, as push_back's
-}
-
-MRSTACK_HOT_INLINE void block_pool::unlink_entry(class_index& idx, std::uint32_t b) noexcept {
-  block const& n = at(b);
-  unsigned const cls = n.free_class;
-  auto& list = idx.lists[cls];
-  free_entry const last = list.back();
-  if (last.node != b) {
-    // The last entry fills the hole: one write to its node, none to any other.
-    list[n.free_pos] = last;
-    at(last.node).free_pos = n.free_pos;
-  }
-  list.pop_back();
-  if (list.empty()) {
-    unsigned const fl = cls / sl_count;
-    idx.sl_bitmap[fl] &= ~(1U << (cls % sl_count));
-    if (idx.sl_bitmap[fl] == 0) { idx.fl_bitmap &= ~(1U << fl); }
-  }
-}
-
-MRSTACK_HOT_INLINE void block_pool::remove_free(std::uint32_t b) noexcept {
-  block const& n = at(b);
-  class_index& idx = *indexes_[n.owner];
-  unlink_entry(idx, b);
-  idx.bytes -= size_of(n);
-  --idx.count;
-  free_bytes_total_ -= size_of(n);
 }
 
 MRSTACK_HOT_INLINE std::uint32_t block_pool::first_in_larger_class(class_index const& idx, unsigned cls) noexcept {
@@ -167,24 +104,14 @@ MRSTACK_HOT_INLINE std::uint32_t block_pool::split(std::uint32_t b, std::size_t 
 }
 
 std::uint32_t block_pool::coalesce(std::uint32_t b, owner_id owner, owner_id also_mergeable, bool merge_any) {
-  owner_id result = owner;
-  auto mergeable = [&](std::uint32_t n) {
-    if (n == npos) { return false; }
-    block const& nb = at(n);
-    return nb.state == state_free &&
-           (merge_any || nb.owner == result || nb.owner == also_mergeable || sync_mergeable(result, nb.owner));
-  };
-  auto adopt = [&](owner_id neighbour_owner) {
-    // A synchronized result takes on the pending work of a stream-owned neighbour.
-    if (!merge_any && result == synchronized && neighbour_owner != also_mergeable) { result = neighbour_owner; }
-  };
+  merge_rules rules{*this, owner, also_mergeable, merge_any};
   // Both neighbours are looked at: start both loads now so their cache misses overlap.
   __builtin_prefetch(&at(at(b).prev == npos ? b : at(b).prev));
   __builtin_prefetch(&at(at(b).next == npos ? b : at(b).next));
   // Loops, not single steps: when ownership changes (transfer, a full synchronization)
   // a whole run of formerly separate free blocks may become mergeable.
-  for (std::uint32_t prev = at(b).prev; mergeable(prev); prev = at(b).prev) {
-    adopt(at(prev).owner);
+  for (std::uint32_t prev = at(b).prev; rules.joins(prev); prev = at(b).prev) {
+    rules.adopt(at(prev).owner);
     remove_free(prev);
     block& p = at(prev);
     block const& cur = at(b);
@@ -198,8 +125,8 @@ std::uint32_t block_pool::coalesce(std::uint32_t b, owner_id owner, owner_id als
     delete_node(b);
     b = prev;
   }
-  for (std::uint32_t next = at(b).next; mergeable(next); next = at(b).next) {
-    adopt(at(next).owner);
+  for (std::uint32_t next = at(b).next; rules.joins(next); next = at(b).next) {
+    rules.adopt(at(next).owner);
     remove_free(next);
     block& cur = at(b);
     block const& nx = at(next);
@@ -212,7 +139,7 @@ std::uint32_t block_pool::coalesce(std::uint32_t b, owner_id owner, owner_id als
     }
     delete_node(next);
   }
-  at(b).owner = result;
+  at(b).owner = rules.result;
   return b;
 }
 
@@ -453,9 +380,6 @@ std::size_t block_pool::deallocate(std::uintptr_t address, owner_id owner, std::
     live_.insert(address, b);
     return 0;
   }
-  live_bytes_ -= size;
-  if (--chunks_[n.chunk].live_blocks == 0) { ++chunks_emptied_; }
-  n.state = state_free;
   // How a neighbour joins the freed block: not at all, as a free block of the same owner
   // (the common case, handled here without moving index entries), or under the
   // ownership rules (a synchronized neighbour: `coalesce` decides who owns the result).
@@ -474,19 +398,64 @@ std::size_t block_pool::deallocate(std::uintptr_t address, owner_id owner, std::
   __builtin_prefetch(&at(x == npos ? b : x));
   auto const join_prev = join(p);
   auto const join_next = join(x);
+  // Host memory runs out only where an entry goes into a class array that is full: a
+  // free that meets it throws before anything changes, the block still live and its
+  // address back in the table.
+  owner_id const owner_before = n.owner;
+  chunk_id const chunk = n.chunk;  // read before b may merge into a neighbour
+  auto refuse_whole = [&] {
+    n.state = state_live;
+    n.owner = owner_before;
+    live_.insert(address, b);
+  };
   if (join_prev == by_rules || join_next == by_rules) {
+    try {
+      make_room_for_merge(b, owner, owner);
+    } catch (...) {
+      refuse_whole();
+      throw;
+    }
+    n.state = state_free;
     std::uint32_t const merged = coalesce(b, owner, owner);
     insert_free(merged, at(merged).owner);
-    return size;
+  } else if (join_prev == same_owner || join_next == same_owner) {
+    std::uint32_t const absorber = join_prev == same_owner ? p : x;
+    std::uint32_t const units = n.units + (join_prev == same_owner ? at(p).units : 0) +
+                                (join_next == same_owner ? at(x).units : 0);
+    if (unsigned const cls = class_of(units); cls != at(absorber).free_class) {
+      try {
+        make_room(*indexes_[owner], cls, 1);
+      } catch (...) {
+        refuse_whole();
+        throw;
+      }
+    }
+    n.state = state_free;
+    absorb_freed(b, join_prev == same_owner, join_next == same_owner, units);
+  } else {
+    try {
+      insert_free(b, owner);  // throws, if at all, before it changes anything but b
+    } catch (...) {
+      refuse_whole();
+      throw;
+    }
   }
-  if (join_prev == same_owner) {
+  live_bytes_ -= size;
+  if (--chunks_[chunk].live_blocks == 0) { ++chunks_emptied_; }
+  return size;
+}
+
+MRSTACK_HOT_INLINE void block_pool::absorb_freed(std::uint32_t b, bool into_prev, bool with_next,
+                                                 std::uint32_t units) {
+  block const& n = at(b);
+  if (into_prev) {
     // The previous block absorbs b (and the next one too, when it joins).
+    std::uint32_t const p = n.prev;
     block& prev = at(p);
-    std::uint32_t units = prev.units + n.units;
     std::uint32_t after = n.next;
-    if (join_next == same_owner) {
+    if (with_next) {
+      std::uint32_t const x = n.next;
       remove_free(x);
-      units += at(x).units;
       after = at(x).next;
       delete_node(x);
     }
@@ -498,23 +467,20 @@ std::size_t block_pool::deallocate(std::uintptr_t address, owner_id owner, std::
     }
     delete_node(b);
     resize_free(p, units);
-  } else if (join_next == same_owner) {
-    // The next block absorbs b: it starts where b started.
-    block& next = at(x);
-    next.offset = n.offset;
-    next.prev = n.prev;
-    if (n.prev != npos) {
-      at(n.prev).next = x;
-    } else {
-      chunks_[next.chunk].first = x;
-    }
-    std::uint32_t const units = next.units + n.units;
-    delete_node(b);
-    resize_free(x, units);
-  } else {
-    insert_free(b, owner);
+    return;
   }
-  return size;
+  // The next block absorbs b: it starts where b started.
+  std::uint32_t const x = n.next;
+  block& next = at(x);
+  next.offset = n.offset;
+  next.prev = n.prev;
+  if (n.prev != npos) {
+    at(n.prev).next = x;
+  } else {
+    chunks_[next.chunk].first = x;
+  }
+  delete_node(b);
+  resize_free(x, units);
 }
 
 MRSTACK_HOT_INLINE void block_pool::resize_free(std::uint32_t b, std::uint32_t units) {
@@ -535,7 +501,7 @@ MRSTACK_HOT_INLINE void block_pool::resize_free(std::uint32_t b, std::uint32_t u
   auto& to = idx.lists[new_cls];
   n.free_pos = static_cast<std::uint32_t>(to.size());
   n.free_class = new_cls;
-  to.push_back(free_entry{b, units});  // may allocate: see insert_free
+  to.push_back(free_entry{b, units});  // room was made: see insert_free
   idx.sl_bitmap[new_cls / sl_count] |= 1U << (new_cls % sl_count);
   idx.fl_bitmap |= 1U << (new_cls / sl_count);
 }
@@ -544,81 +510,6 @@ std::size_t block_pool::live_size(std::uintptr_t address) const {
   std::uint32_t const b = live_.find(address, starts_at(address));
   if (b == npos || at(b).state != state_live) { return 0; }
   return size_of(at(b));
-}
-
-std::uintptr_t block_pool::allocate_across(std::size_t size, std::size_t alignment, owner_id owner,
-                                           owner_id partner) {
-  if (owner == partner || partner >= indexes_.size() || !indexes_[partner] || alignment < granularity) { return 0; }
-  if (owner >= indexes_.size() || !indexes_[owner]) { return 0; }
-  std::size_t const needed = size + (alignment - granularity);  // room to align wherever the run starts
-  // Under the pool's lock on every request the owner's blocks missed: the two owners'
-  // bytes together bound any run; every run holds blocks of both, so the owner with fewer
-  // free blocks is walked, and only its non-empty classes (a walk of all 896 lists took
-  // about as long as a whole call; walking the parked blocks, usually the many, visited
-  // ~800 a call for 16 threads on 4 created streams through thread shards).
-  if (indexes_[partner]->bytes + free_bytes(owner) < needed) { return 0; }  // one address space: no wrap
-  class_index const& walked =
-      indexes_[owner]->count <= indexes_[partner]->count ? *indexes_[owner] : *indexes_[partner];
-  std::uint32_t found = npos;
-  for (std::uint32_t fls = walked.fl_bitmap; fls != 0 && found == npos; fls &= fls - 1) {
-    auto const fl = static_cast<unsigned>(std::countr_zero(fls));
-    for (std::uint32_t sls = walked.sl_bitmap[fl]; sls != 0 && found == npos; sls &= sls - 1) {
-      auto const sl = static_cast<unsigned>(std::countr_zero(sls));
-      for (free_entry const& e : walked.lists[fl * sl_count + sl]) {
-        if (run_with(e.node, owner, partner) >= needed) {
-          found = e.node;
-          break;
-        }
-      }
-    }
-  }
-  if (found == npos) { return 0; }
-  remove_free(found);
-  std::uint32_t const merged = coalesce(found, owner, partner);
-  insert_free(merged, at(merged).owner);
-  return allocate(size, alignment, owner);
-}
-
-// ---- owners ---------------------------------------------------------------------------------------
-
-void block_pool::transfer(owner_id from, owner_id to) {
-  if (from == to || from >= indexes_.size() || !indexes_[from]) { return; }
-  class_index& src = *indexes_[from];
-  index_of(to);  // make sure the destination exists before nodes move
-  while (src.count != 0) {
-    auto const fl = static_cast<unsigned>(std::countr_zero(src.fl_bitmap));
-    auto const sl = static_cast<unsigned>(std::countr_zero(src.sl_bitmap[fl]));
-    std::uint32_t const b = src.lists[fl * sl_count + sl].back().node;
-    remove_free(b);
-    std::uint32_t const merged = coalesce(b, to, from);
-    insert_free(merged, at(merged).owner);
-  }
-}
-
-void block_pool::synchronize_all_owners() {
-  index_of(synchronized);
-  for (std::size_t o = 1; o < indexes_.size(); ++o) {
-    if (!indexes_[o]) { continue; }
-    class_index& src = *indexes_[o];
-    while (src.count != 0) {
-      auto const fl = static_cast<unsigned>(std::countr_zero(src.fl_bitmap));
-      auto const sl = static_cast<unsigned>(std::countr_zero(src.sl_bitmap[fl]));
-      std::uint32_t const b = src.lists[fl * sl_count + sl].back().node;
-      remove_free(b);
-      std::uint32_t const merged = coalesce(b, synchronized, synchronized, true);
-      insert_free(merged, synchronized);
-    }
-  }
-}
-
-void block_pool::transfer_free_block_ending_at(std::uintptr_t end, owner_id to) {
-  std::uint32_t const b = free_block_ending_at(end);
-  if (b == npos || at(b).owner == to) { return; }
-  owner_id const from = at(b).owner;
-  index_of(to);
-  remove_free(b);
-  std::uint32_t const merged = coalesce(b, to, from);
-  insert_free(merged, at(merged).owner);
 }
 
 // ---- holes ------------------------------------------------------------------------------------------
@@ -637,21 +528,6 @@ std::uint32_t block_pool::withdraw(std::uint32_t b, std::size_t offset, std::siz
   ++withdrawn_count_;
   withdrawn_bytes_ += length;
   return hole;
-}
-
-std::size_t block_pool::restore(std::uintptr_t address, owner_id owner) {
-  std::uint32_t const b = live_.find(address, starts_at(address));
-  if (b == npos || at(b).state != state_withdrawn) { return 0; }
-  live_.erase(address, starts_at(address));
-  block& n = at(b);
-  std::size_t const size = size_of(n);
-  withdrawn_bytes_ -= size;
-  --chunks_[n.chunk].withdrawn_blocks;
-  --withdrawn_count_;
-  n.state = state_free;
-  std::uint32_t const merged = coalesce(b, owner, owner);
-  insert_free(merged, at(merged).owner);
-  return size;
 }
 
 }  // namespace mrstack::detail

@@ -147,7 +147,8 @@ class block_pool {
   /// Frees the live block at `address` into `owner`; returns its size. Returns 0 and
   /// changes nothing when no live block starts there (a foreign or double free), or when
   /// `expected_size` is given and is not the block's size (`live_size` tells the caller
-  /// what it is): misuse is refused before anything moves.
+  /// what it is): misuse is refused before anything moves. Throws std::bad_alloc, the
+  /// block still live and nothing changed, when host memory for its class array runs out.
   std::size_t deallocate(std::uintptr_t address, owner_id owner, std::size_t expected_size = any_size);
   /// Starts loading what `deallocate(address, ...)` reads first (its address-table slot).
   void prefetch_deallocate(std::uintptr_t address) const noexcept { live_.prefetch(address); }
@@ -156,7 +157,9 @@ class block_pool {
 
   // ---- owners ------------------------------------------------------------------------
   /// Moves every free block of `from` to `to`, merging with `to`'s (and synchronized)
-  /// neighbours. O(free blocks of `from`).
+  /// neighbours. O(free blocks of `from`). Block by block: when host memory for a class
+  /// array runs out it throws std::bad_alloc with the blocks moved so far moved and the
+  /// rest still `from`'s, every block indexed once (so do the two calls below).
   void transfer(owner_id from, owner_id to);
   /// After the whole device was synchronized: every free block becomes `synchronized`,
   /// merged with every free neighbour.
@@ -379,6 +382,17 @@ class block_pool {
   /// Room for `extra` more entries in class `cls` of `idx`, so that inserting them cannot
   /// throw: a call that must fail whole makes room before it changes anything.
   void make_room(class_index& idx, unsigned cls, std::size_t extra);
+  /// make_room's rare part, out of line so that the hot path stays small.
+  [[gnu::cold, gnu::noinline]] static void grow_class_array(std::vector<free_entry>& list, std::size_t extra);
+  struct merge_rules;  // which free neighbours a merge takes, and who owns the result
+  /// Room in the class array that `coalesce(b, owner, also_mergeable, merge_any)`'s result
+  /// will be indexed in (the merge is worked out first, reading only), so that indexing it
+  /// cannot throw: callers make it before anything changes.
+  void make_room_for_merge(std::uint32_t b, owner_id owner, owner_id also_mergeable, bool merge_any = false);
+  /// Freed block b joins its previous free neighbour (`into_prev`; the next one too when
+  /// `with_next`) or else its next one, all of one owner, which grows to `units` in place
+  /// in its class array (room made by the caller where the class changes).
+  void absorb_freed(std::uint32_t b, bool into_prev, bool with_next, std::uint32_t units);
   /// Merges free block b with mergeable free neighbours (b is not in any index); returns
   /// the surviving node and sets its owner.
   /// `merge_any`: every free neighbour is mergeable and the result stays `owner` (used
