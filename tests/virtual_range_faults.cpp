@@ -3,12 +3,17 @@
 // resource's books can be checked against the "device" after each failure.
 #include <catch2/catch.hpp>
 
+#include <mrstack/suballoc/pool_memory_resource.hpp>
 #include <mrstack/upstream/virtual_range_resource.hpp>
 #include <mrstack/upstream/vmm_memory_resource.hpp>
 
+#include <fake_stream_sync.hpp>
+
 #include <map>
+#include <memory>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 using namespace mrstack;
 
@@ -215,4 +220,29 @@ TEST_CASE("virtual_range faults: a commit whose access change and wait fail roll
 TEST_CASE("virtual_range faults: vmm names a map_granules of 0 before any driver call") {
   CHECK_THROWS_AS(vmm_memory_resource(0, 0), logic_error);
   CHECK_THROWS_WITH(vmm_memory_resource(0, 0), Catch::Contains("vmm: map_granules must be at least 1"));
+}
+
+TEST_CASE("virtual_range faults: a pool's in-place release whose first unmap fails still decommits every other stretch") {
+  // Three free stretches between live blocks: a release withdraws each as a hole and
+  // decommits them one by one. The first decommit fails; stopping there had left the
+  // other two committed, holes the pool never hands out, for the pool's lifetime.
+  auto r = std::make_shared<faulty_range>(64);
+  pool_options options;
+  options.stream_sync = std::make_shared<test::fake_stream_sync>();  // no device here
+  pool_memory_resource pool{r, 0, std::nullopt, options};
+  std::vector<void*> blocks;
+  for (int i = 0; i < 7; ++i) { blocks.push_back(pool.allocate(2 * G)); }
+  for (std::size_t i : {1, 3, 5}) { pool.deallocate(blocks[i], 2 * G); }
+  std::size_t const committed = r->committed_bytes();
+  r->fail_unmap_in = 0;
+  CHECK_THROWS_WITH(pool.release(), Catch::Contains("injected unmap failure"));
+  r->fail_unmap_in = -1;
+  CHECK(r->committed_bytes() == committed - 6 * G);  // all three stretches' granules
+  CHECK(r->really_mapped_bytes() == committed - 5 * G);  // all but the granule whose unmap failed
+  CHECK(pool.check_invariants().empty());
+  for (std::size_t i : {0, 2, 4, 6}) { pool.deallocate(blocks[i], 2 * G); }
+  void* again = pool.allocate(6 * G);  // the holes serve a request again
+  CHECK(again != nullptr);
+  pool.deallocate(again, 6 * G);
+  r->check_invariants();
 }
