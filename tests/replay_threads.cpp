@@ -7,6 +7,7 @@
 
 #include "../src/replay/replay_run.hpp"
 
+#include <mrstack/detail/format.hpp>
 #include <mrstack/log/allocation_log.hpp>
 #include <mrstack/replay/replay.hpp>
 #include <mrstack/spec_registry.hpp>
@@ -458,4 +459,41 @@ TEST_CASE("replay: workers asleep on the gate are woken by the change, not by th
   INFO(turns << " hand-overs took " << ms << " ms");
   CHECK(word.load() == turns);
   CHECK(ms < 500);
+}
+
+TEST_CASE("replay threads: per-thread order's cost grows with the events, not with threads waiting on each other") {
+  // A chain: each thread frees the allocation of the thread after it (in thread index
+  // order), then allocates its own. Thread ids are interned first (null rows), so on one
+  // worker the thread that can run is always the last one scanned: a worker that rescans
+  // every waiting thread on each turn does N^2 checks (80,000 threads: seconds), one
+  // that parks them does N.
+  constexpr std::size_t threads = 80000;
+  std::string text = "Thread,Time,Action,Pointer,Size,Stream\n";
+  for (std::size_t t = 0; t < threads; ++t) { text += std::to_string(t) + ",0,allocate,0,0,0\n"; }
+  auto row = [&](std::size_t t, char const* action, std::size_t block) {
+    text += std::to_string(t) + ",0," + action + "," + format_hex((block + 1) << 12) + ",64,0\n";
+  };
+  row(threads - 1, "allocate", threads - 1);
+  for (std::size_t t = threads - 1; t-- > 0;) {
+    row(t, "free", t + 1);
+    row(t, "allocate", t);
+  }
+  auto const log = parse_allocation_log(text);
+  REQUIRE(log.events.size() == 2 * threads - 1);
+  auto timed = [&](replay_order order, unsigned workers) {
+    replay_options o = simulated();
+    o.order = order;
+    o.workers = workers;
+    auto const t0 = std::chrono::steady_clock::now();
+    auto const r = replay_stack(log, "pool > cuda", o);
+    INFO(r.error);
+    CHECK(r.complete());
+    CHECK(r.leaks == 1);
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  };
+  double const strict = timed(replay_order::strict, 1);
+  double const per_thread = timed(replay_order::per_thread, 1);
+  INFO("strict " << strict << " s, per-thread " << per_thread << " s on one worker");
+  CHECK(per_thread < 10 * strict + 1.0);
+  (void)timed(replay_order::per_thread, 2);  // hands over at every thread: complete, each free after its allocation
 }

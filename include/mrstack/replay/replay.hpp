@@ -20,9 +20,11 @@
 /// - Workers: the log's threads are multiplexed onto at most `options.workers` OS threads
 ///   (default: the machine's hardware threads), log thread t on worker t mod W; the calling
 ///   thread is worker 0. So a log with thousands of thread ids costs what its events cost,
-///   not a thread each. A worker with nothing to run spins at most 128 times, then sleeps
-///   on a futex (std::atomic::wait) until another worker makes progress: no unbounded
-///   spinning, and no sched_yield (which, on a loaded machine, gives a time slice away). When the system refuses a thread, the run goes on
+///   not a thread each. A worker with nothing to run spins at most 128 times, yields 4
+///   times, then sleeps on the run's gate (a mutex and condition variable, at most 2 ms a
+///   sleep) until another worker makes progress: no unbounded spinning. In per-thread
+///   order a log thread waiting for an allocation made elsewhere is parked until it is
+///   made, so a worker's turn costs what it runs, not what waits. When the system refuses a thread, the run goes on
 ///   with the workers it got (`workers_note` says so); the calling thread alone always works.
 ///   Log threads that share a worker share its per-thread default stream.
 /// - Streams: each distinct log stream is a stream created for the run (handle 0 is the
