@@ -24,7 +24,7 @@ using namespace mrstack;
 namespace {
 
 /// How a broken layer breaks.
-enum class breakage { first_free_bad_alloc, allocate_throws_int, refuses_and_fragmentation_throws_int };
+enum class breakage { first_free_bad_alloc, allocate_throws_int, refuses_and_fragmentation_throws_int, free_throws_int };
 
 struct broken_layer final : memory_resource {
   broken_layer(resource_ptr up, breakage how) : up_{std::move(up)}, how_{how} {}
@@ -38,6 +38,7 @@ struct broken_layer final : memory_resource {
   }
   void do_deallocate(void* p, std::size_t b, std::size_t al, stream_view s) override {
     if (how_ == breakage::first_free_bad_alloc && frees_++ == 0) { throw std::bad_alloc{}; }
+    if (how_ == breakage::free_throws_int) { throw 42; }
     up_->deallocate(p, b, s, al);
   }
   fragmentation_info do_fragmentation() const override {
@@ -61,6 +62,7 @@ void register_broken_layers() {
                        make_broken<breakage::allocate_throws_int>});
     register_resource({"test_fragmentation_int", "breaks on purpose", needs_upstream, {},
                        make_broken<breakage::refuses_and_fragmentation_throws_int>});
+    register_resource({"test_free_int", "breaks on purpose", needs_upstream, {}, make_broken<breakage::free_throws_int>});
     return true;
   }();
   (void)once;
@@ -123,6 +125,26 @@ TEST_CASE("replay: a stack that throws something other than a std::exception is 
   REQUIRE(t.failure);
   CHECK(t.failure->line == 2);
   CHECK_THAT(t.error, Catch::Contains("fragmentation() threw"));
+}
+
+TEST_CASE("replay: a leak whose free throws something other than a std::exception is an error in the result") {
+  // The leak is freed after the clock stops; a stack that throws 42 there had the 42 leave
+  // replay_stack (and the tool lose its table), where every other breakage is reported.
+  register_broken_layers();
+  auto const log = parse_allocation_log(header + "1,0,allocate,0x1000,1000,0\n", "leak.csv");
+  for (bool const warm : {false, true}) {
+    CAPTURE(warm);
+    replay_options o = simulated(replay_order::strict);
+    o.warmup = warm;
+    replay_result r;
+    REQUIRE_NOTHROW(r = replay_stack(log, "test_free_int > cuda", o));
+    CHECK_THAT(r.error, Catch::Contains("not a std::exception"));
+    CHECK(!r.complete());
+  }
+  std::string const path = scratch("leak.csv", header + "1,0,allocate,0x1000,1000,0\n");
+  auto const c = run_tool({path, "--simulate", "-r", "test_free_int > cuda", "-r", "pool > cuda"});
+  CHECK(c.status == 1);
+  CHECK_THAT(c.out, Catch::Contains("pool > cuda ") && Catch::Contains("verdict:"));
 }
 
 TEST_CASE("replay: after a warm-up, the upstream calls counted are the timed run's alone") {

@@ -170,6 +170,8 @@ void free_leftovers(run_state& s, replay_streams const& streams, bool real_strea
     if (real_streams) { streams.synchronize(); }
   } catch (std::exception const& e) {
     if (s.error.empty()) { s.error = std::string{"after the replay: "} + e.what(); }
+  } catch (...) {  // a stack may throw anything: reported as in the run, never out of replay_stack
+    if (s.error.empty()) { s.error = "after the replay: the stack threw an exception that is not a std::exception"; }
   }
 }
 
