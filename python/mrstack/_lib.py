@@ -153,12 +153,14 @@ def candidate_paths():
 
 
 def library_path():
-    """The path of the library `library()` loads (or would load), or None when only the
-    dynamic loader's search path is left."""
+    """The absolute path of the library `library()` loads (or would load), or None when
+    only the dynamic loader's search path is left. Absolute, though MRSTACK_LIBRARY may be
+    relative: the extension is looked for beside it, and mrstack.torch hands the path to
+    PyTorch's dlopen, which a later chdir must not send to another file."""
     env = os.environ.get("MRSTACK_LIBRARY")
     for path in candidate_paths():
         if os.path.isfile(path):
-            return path
+            return os.path.abspath(path)
         if env and path in (env, os.path.join(env, LIBRARY_NAME)):
             # An explicit MRSTACK_LIBRARY that does not exist is an error, not a hint.
             raise LibraryNotFoundError(f"MRSTACK_LIBRARY={env!r}: no {LIBRARY_NAME} there")

@@ -301,6 +301,20 @@ def _library_copy(tmp_path, library_path):
     return str(tmp_path / _lib.LIBRARY_NAME)
 
 
+def test_a_relative_library_path_finds_the_extension_beside_it(run_python, fastpath_path, library_path):
+    # MRSTACK_LIBRARY relative to the working directory: the extension next to the library
+    # must still be found (it was looked for only beside absolute paths), and the path the
+    # package keeps (what mrstack.torch hands PyTorch to dlopen) must survive a chdir.
+    relative = os.path.relpath(os.path.abspath(library_path))
+    done = run_python(CHOICE + """
+    import os
+    from mrstack import _lib
+    print("PATH", _lib.library().path)
+    """, env={"MRSTACK_LIBRARY": relative, "MRSTACK_FASTPATH": "1"})
+    assert "ACTIVE True" in done.stdout, done.stdout + done.stderr
+    assert f"PATH {os.path.abspath(library_path)}" in done.stdout, done.stdout
+
+
 def test_missing_extension_falls_back_to_ctypes_with_the_reason(run_python, library_path, tmp_path):
     package_copy = os.path.join(os.path.dirname(os.path.abspath(_lib.__file__)), _lib.FASTPATH_NAME)
     if os.path.exists(package_copy):
