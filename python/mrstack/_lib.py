@@ -173,6 +173,8 @@ _STATUS_NAMES = {
     ERROR_CUDA: "MRSTACK_ERROR_CUDA", ERROR_LOGIC: "MRSTACK_ERROR_LOGIC",
     ERROR_STATE: "MRSTACK_ERROR_STATE", ERROR_UNKNOWN: "MRSTACK_ERROR_UNKNOWN",
 }
+# How the C ABI starts a spec error of a device stack built from the environment.
+_ENVIRONMENT_SPEC_PREFIX = "MRSTACK_RESOURCE: "
 _STATUS_CLASSES = {ERROR_OUT_OF_MEMORY: OutOfMemoryError, ERROR_CUDA: CudaError, ERROR_STATE: StateError}
 
 
@@ -260,6 +262,10 @@ class Library:
         `spec`: the UTF-8 bytes of the spec the call was given, so that a SpecError's
         column counts characters of the str the caller passed (the C ABI counts bytes)."""
         message = self.last_error()
+        if status == ERROR_SPEC and spec is None and message.startswith(_ENVIRONMENT_SPEC_PREFIX):
+            # A device stack built from MRSTACK_RESOURCE: the spec is the variable's value
+            # (the bytes getenv read), so its column counts characters like any other.
+            spec = os.environb.get(b"MRSTACK_RESOURCE") if os.supports_bytes_environ else None
         if what:
             message = f"{what}: {message}" if message else what
         name = _STATUS_NAMES.get(status, f"status {status}")

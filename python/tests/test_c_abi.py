@@ -205,6 +205,23 @@ def test_a_bad_spec_in_the_environment_names_the_variable(run_python):
     assert "SPEC ERROR: MRSTACK_RESOURCE" in done.stdout and "nonsense_layer_zz" in done.stdout, done.stdout
 
 
+def test_a_bad_spec_in_the_environment_counts_characters_too(run_python):
+    # As for configure and Stack: the column (and the message's "at column N") count
+    # characters of the variable's value, not the bytes of its UTF-8 text.
+    spec = 'logging(file="\u65e5\u672c.csv") > bogus'
+    done = run_python("""
+        import mrstack
+        try:
+            mrstack.device_stack(0)
+        except mrstack.SpecError as e:
+            print("COLUMN", e.column)
+            print("MESSAGE", str(e).splitlines()[0])
+    """, env={"MRSTACK_RESOURCE": spec})
+    column = spec.index("bogus") + 1
+    assert f"COLUMN {column}" in done.stdout, done.stdout + done.stderr
+    assert f"MESSAGE MRSTACK_RESOURCE: bad stack spec at column {column}:" in done.stdout, done.stdout
+
+
 def test_environment_variable_names_the_spec(run_python):
     done = run_python("""
         import mrstack
