@@ -49,8 +49,12 @@ mrstack_status mrstack_emm_memalloc(mrstack_stack* handle, size_t bytes, int cli
 
 uint64_t mrstack_emm_memalloc_token(mrstack_stack* handle, size_t bytes, int client, uint64_t* ptr) {
   // The hot path for Python: one call, two results, no struct for the caller to build.
-  if (ptr == nullptr || !valid_client(client)) {
-    set_last_error("mrstack_emm_memalloc_token: the out-pointer is null, or the client is unknown");
+  if (ptr == nullptr) {
+    set_last_error("mrstack_emm_memalloc_token: the out-pointer is null");
+    return 0;
+  }
+  if (!valid_client(client)) {
+    set_last_error("mrstack_emm_memalloc_token: unknown client " + std::to_string(client));
     return 0;
   }
   auto const stack = resolve_stack(handle, "mrstack_emm_memalloc_token");

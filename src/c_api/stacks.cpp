@@ -296,6 +296,10 @@ mrstack_status mrstack_device_stack(int device, mrstack_stack** out) {
   if (out == nullptr) { return invalid("mrstack_device_stack: the out-pointer is null"); }
   *out = nullptr;
   if (device < 0) { return invalid("mrstack_device_stack: device ordinal " + std::to_string(device) + " is negative"); }
+  if (device >= mrstack::c_api::max_devices) {
+    return invalid("mrstack_device_stack: device ordinal " + std::to_string(device) + " is outside [0, " +
+                   std::to_string(mrstack::c_api::max_devices) + "), the devices that can have a stack");
+  }
   return guarded([&] { *out = mrstack::c_api::device_stack(device).handle; });
 }
 

@@ -357,9 +357,13 @@ mrstack_status mrstack_torch_record_stream(void* ptr, void* stream) {
 
 mrstack_status mrstack_torch_statistics(int device, mrstack_torch_stats* out) {
   torch_books* const b = books_of(device);
-  if (b == nullptr || out == nullptr) {
+  if (b == nullptr) {
     mrstack::c_api::set_last_error("mrstack_torch_statistics: device " + std::to_string(device) +
-                                   " is outside [0, 64) or the out-pointer is null");
+                                   " is outside [0, 64)");
+    return MRSTACK_ERROR_INVALID_ARGUMENT;
+  }
+  if (out == nullptr) {
+    mrstack::c_api::set_last_error("mrstack_torch_statistics: the out-pointer is null");
     return MRSTACK_ERROR_INVALID_ARGUMENT;
   }
   out->num_ooms = b->ooms.load(std::memory_order_relaxed);
