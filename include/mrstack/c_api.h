@@ -135,7 +135,9 @@ MRSTACK_C_EXPORT mrstack_status mrstack_device_stack(int device, mrstack_stack**
 MRSTACK_C_EXPORT mrstack_stack* mrstack_device_stack_if_built(int device);
 
 /* ---- private stacks ------------------------------------------------------------------ */
-/* Builds the stack `spec` describes, on the device current now; `device` is what it reports. */
+/* Builds the stack `spec` describes for `device`: the build runs with that device current (its
+ * upstreams, events and percentages belong to it), as do the stack's allocations and frees;
+ * the caller's current device is left as it was (docs/multi_gpu.md). */
 MRSTACK_C_EXPORT mrstack_status mrstack_stack_create(const char* spec, int device, mrstack_stack** out);
 /* Frees everything its EMM adapter still holds and destroys it; the handle is then dead.
  * Allocations made with mrstack_allocate and still live are a broken contract: the stack is
