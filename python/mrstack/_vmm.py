@@ -58,10 +58,16 @@ def is_asleep(stack_handle):
 
 
 def ipc_open(raw, device):
-    """Maps the block a vmm IPC handle names on `device`; returns its address."""
+    """Maps the block a vmm IPC handle (its 64 bytes) names on `device`; returns its address."""
+    raw = bytes(raw)
+    if len(raw) != _lib.IPC_HANDLE_BYTES:
+        # The C ABI reads exactly that many bytes from the pointer: fewer would be read past
+        # the buffer's end.
+        raise ValueError(f"mrstack: opening a vmm IPC handle: the handle is {len(raw)} bytes, "
+                         f"not {_lib.IPC_HANDLE_BYTES}")
     lib = library()
     out = ctypes.c_void_p()
-    lib.check(lib.dll.mrstack_ipc_open(bytes(raw), int(device), ctypes.byref(out)),
+    lib.check(lib.dll.mrstack_ipc_open(raw, int(device), ctypes.byref(out)),
               "mrstack: opening a vmm IPC handle")
     return out.value
 

@@ -68,6 +68,14 @@ def test_ipc_surface_refuses_what_it_cannot_share_with_reasons(lib):
         stack.deallocate(ptr, 1 << 20)
 
 
+def test_ipc_open_refuses_a_handle_that_is_not_64_bytes(lib):
+    # The C ABI reads MRSTACK_IPC_HANDLE_BYTES from the pointer it is given: a shorter
+    # buffer would be read past its end, a longer one cut silently.
+    for raw in (b"MRSVMM\x01\x00", b"MRSVMM\x01\x00" + bytes(60), bytearray(10)):
+        with pytest.raises(ValueError, match=f"is {len(raw)} bytes.*64"):
+            _vmm.ipc_open(raw, 0)
+
+
 def test_numba_opens_vmm_handles_through_mrstack_and_legacy_ones_as_before(lib):
     pytest.importorskip("numba.cuda", reason="numba-cuda is not installed")
     from numba.cuda.cudadrv import driver as numba_driver
