@@ -92,9 +92,13 @@ def configured_spec():
     lib = _lib.library()
     length = ctypes.c_size_t()
     lib.check(lib.dll.mrstack_configured_spec(None, 0, ctypes.byref(length)))
-    buffer = ctypes.create_string_buffer(length.value + 1)
-    lib.check(lib.dll.mrstack_configured_spec(buffer, len(buffer), None))
-    return buffer.value.decode()
+    while True:
+        # Another thread may configure a longer spec between two calls: ask again until
+        # the text fits, rather than return it cut.
+        buffer = ctypes.create_string_buffer(length.value + 1)
+        lib.check(lib.dll.mrstack_configured_spec(buffer, len(buffer), ctypes.byref(length)))
+        if length.value < len(buffer):
+            return buffer.value.decode()
 
 
 @dataclass(frozen=True)

@@ -167,6 +167,30 @@ def test_closed_stack_is_refused(lib):
         stack.allocate(16)
 
 
+def test_configured_spec_is_not_cut_when_it_grows_between_the_two_calls(monkeypatch):
+    # configured_spec asks for the length, then for the text: a configure() on another
+    # thread in between (a longer spec) must not come back cut to the old length.
+    specs = iter(["pool > cuda", "logging(file=\"a.csv\") > pool > cuda"])
+
+    class Dll:
+        def mrstack_configured_spec(self, buffer, capacity, length):
+            text = next(specs, "logging(file=\"a.csv\") > pool > cuda").encode()
+            if length is not None:
+                length._obj.value = len(text)
+            if buffer is not None and capacity > 0:
+                ctypes.memmove(buffer, text[:capacity - 1] + b"\0", min(capacity, len(text) + 1))
+            return _lib.SUCCESS
+
+    class Lib:
+        dll = Dll()
+
+        def check(self, status, *args, **kwargs):
+            assert status == _lib.SUCCESS
+
+    monkeypatch.setattr(_lib, "library", lambda: Lib())
+    assert mrstack.configured_spec() == 'logging(file="a.csv") > pool > cuda'
+
+
 def test_configuration_is_process_wide_and_one_shot(run_python):
     run_python("""
         import mrstack
