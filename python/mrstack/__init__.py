@@ -65,12 +65,20 @@ def _spec_bytes(spec, what):
 
 
 def _client_id(client):
-    if isinstance(client, int) and 0 <= client < len(CLIENTS):
-        return client
+    """A client's number: its name, or any integer (numpy's too) below len(CLIENTS)."""
+    if isinstance(client, str):
+        if client in CLIENTS:
+            return CLIENTS.index(client)
+        raise ValueError(f"unknown client {client!r}; one of {', '.join(CLIENTS)}")
     try:
-        return CLIENTS.index(client)
-    except ValueError:
-        raise ValueError(f"unknown client {client!r}; one of {', '.join(CLIENTS)}") from None
+        number = operator.index(client)
+    except TypeError:
+        raise ValueError(f"unknown client {client!r}: give a name ({', '.join(CLIENTS)}) "
+                         f"or a number 0..{len(CLIENTS) - 1}") from None
+    if isinstance(client, bool) or not 0 <= number < len(CLIENTS):
+        raise ValueError(f"unknown client {client!r}: a client number is 0..{len(CLIENTS) - 1} "
+                         f"({', '.join(CLIENTS)})")
+    return number
 
 
 def configure(spec):

@@ -144,6 +144,17 @@ def test_per_client_books(lib):
             stack.allocate(16, client="jax")
 
 
+def test_a_client_is_a_name_or_any_integer_below_the_client_count(lib):
+    from mrstack import _client_id, CLIENTS
+    numpy = pytest.importorskip("numpy")
+    assert _client_id("torch") == CLIENTS.index("torch")
+    assert _client_id(numpy.int64(2)) == 2  # it read as "unknown client 2"
+    for bad, says in [(len(CLIENTS), "a client number is 0.."), (-1, "a client number is 0.."),
+                      (True, "a client number is 0.."), (1.0, "give a name"), ("jax", "unknown client 'jax'")]:
+        with pytest.raises(ValueError, match=says):
+            _client_id(bad)
+
+
 def test_stream_sync_counts_host_stacks_make_no_cuda_calls(lib):
     before = mrstack.stream_sync_counts()
     assert set(before) == {"event_creates", "records", "waits", "stream_synchronizations",
