@@ -28,6 +28,7 @@ class failure_probe {
       : log_{log},
         spec_{replay_spec_for(spec, options.simulate, options.simulated_capacity)},
         options_{options},
+        streams_{log, replay_detail::device_present()},
         pointers_(log.allocation_count, nullptr),
         free_event_(log.allocation_count, none) {
     for (std::uint32_t i = 0; i < log.events.size(); ++i) {
@@ -52,7 +53,9 @@ class failure_probe {
     return events;
   }
 
-  /// Replays `events` on a fresh stack; the first refusal, if any.
+  /// Replays `events` on a fresh stack, each on its log stream's stream as a replay uses
+  /// them (a stack that keeps streams' memory apart fails differently on one stream); the
+  /// first refusal, if any.
   std::optional<refusal> first_refusal(std::vector<std::uint32_t> const& events) {
     ++tests_;
     auto const stack = build_replay_stack(spec_, options_);
@@ -63,10 +66,10 @@ class failure_probe {
       log_event const& e = log_.events[i];
       try {
         if (e.action == log_action::allocate) {
-          pointers_[e.allocation] = top.allocate(e.bytes);
+          pointers_[e.allocation] = top.allocate(e.bytes, streams_.data()[e.stream]);
           made.push_back(e.allocation);
         } else if (pointers_[e.allocation] != nullptr) {
-          top.deallocate(pointers_[e.allocation], e.bytes);
+          top.deallocate(pointers_[e.allocation], e.bytes, streams_.data()[e.stream]);
           pointers_[e.allocation] = nullptr;
         }
       } catch (std::bad_alloc const& refused) {
@@ -79,8 +82,9 @@ class failure_probe {
     }
     for (std::uint32_t const a : made) {  // back to the stack before it goes
       if (pointers_[a] == nullptr) { continue; }
+      log_event const& made_by = log_.events[log_.allocation_events[a]];
       try {
-        top.deallocate(pointers_[a], log_.events[log_.allocation_events[a]].bytes);
+        top.deallocate(pointers_[a], made_by.bytes, streams_.data()[made_by.stream]);
       } catch (...) {
         // The stack broke; it goes with what it holds.
       }
@@ -95,6 +99,7 @@ class failure_probe {
   allocation_log const& log_;
   stack_spec spec_;
   replay_options options_;
+  replay_detail::replay_streams streams_;  // outlive every stack of the probe
   std::vector<void*> pointers_;
   std::vector<std::uint32_t> free_event_;
   std::size_t tests_ = 0;
