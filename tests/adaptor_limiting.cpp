@@ -100,6 +100,27 @@ TEST_CASE("limiting: a free larger than its allocation over a size-blind upstrea
   CHECK(lim.used_bytes() == 0);
 }
 
+TEST_CASE("limiting: a free with a size near SIZE_MAX over a size-blind upstream neither wraps nor shrinks the limit") {
+  // The caller's -1 as a size: charged back as SIZE_MAX of credit. A wrapping add left the
+  // shard with less credit than before, so used_bytes() read 257 B (never charged) and
+  // the whole limit was refused to the next request.
+  limiting_resource_adaptor lim{std::make_shared<size_blind_resource>(), 4096};
+  void* p = lim.allocate(256);
+  lim.deallocate(p, ~std::size_t{0});
+  CHECK(lim.used_bytes() == 0);
+  void* q = nullptr;
+  CHECK_NOTHROW(q = lim.allocate(4096));
+  lim.deallocate(q, 4096);
+  // Two of them, from different threads' shards, summed by used_bytes and a refill's pass.
+  void* r = lim.allocate(256);
+  std::thread{[&] { lim.deallocate(r, ~std::size_t{0}); }}.join();
+  CHECK(lim.used_bytes() == 0);
+  void* big = nullptr;
+  CHECK_NOTHROW(big = lim.allocate(4096));  // a refill takes the other shard's saturated credit
+  lim.deallocate(big, 4096);
+  CHECK(lim.used_bytes() == 0);
+}
+
 TEST_CASE("limiting: a request too large to round up is refused, not wrapped") {
   auto sim = std::make_shared<simulated_memory_resource>();
   limiting_resource_adaptor lim{sim, std::size_t{1} << 40};

@@ -21,7 +21,9 @@ std::size_t limiting_resource_adaptor::used_bytes() const {
   std::lock_guard global{mutex_};
   detail::all_shards_lock all{shards_.get()};  // one consistent state of every shard
   std::size_t unused = pool_;
-  for (std::size_t i = 0; i < detail::counter_shards; ++i) { unused += shards_[i].credit; }
+  for (std::size_t i = 0; i < detail::counter_shards; ++i) {
+    unused = detail::saturating_add_size(unused, shards_[i].credit);
+  }
   // Pool + credits stay within the limit, except after a free with a larger size than its
   // allocation over an upstream that does not check sizes (cudaFree takes a pointer alone):
   // then the excess came back as credit. Without tracking every block that cannot be
@@ -46,7 +48,7 @@ void limiting_resource_adaptor::charge(std::size_t bytes, std::size_t amount) {
   detail::shard_pass pass{shards_.get(), s};
   pass.take_until(
       [&](shard& t) {
-        pool_ += t.credit;
+        pool_ = detail::saturating_add_size(pool_, t.credit);
         t.credit = 0;
       },
       [&] { return pool_ >= want; });
@@ -55,14 +57,17 @@ void limiting_resource_adaptor::charge(std::size_t bytes, std::size_t amount) {
   if (pool_ < want) { refuse(bytes, amount, limit_ - pool_ - s.credit); }
   std::size_t const move = want + (pool_ - want) / 2;  // and half of what is left, for the next calls
   pool_ -= move;
-  s.credit += move;
-  s.credit -= amount;
+  s.credit = detail::saturating_add_size(s.credit, move) - amount;
 }
 
 void limiting_resource_adaptor::uncharge(std::size_t amount) noexcept {
   shard& s = shards_[detail::this_thread_shard()];
   std::lock_guard lock{s.mutex};
-  s.credit += amount;
+  // Saturating: a free with a size near SIZE_MAX over a size-blind upstream (the caller's
+  // -1 as a size) is an over-free whose excess comes back as credit (see used_bytes); a
+  // wrapping add turned it into a credit smaller than before, so the limit shrank and
+  // used_bytes() read bytes that were never charged.
+  s.credit = detail::saturating_add_size(s.credit, amount);
 }
 
 void* limiting_resource_adaptor::do_allocate(std::size_t bytes, std::size_t alignment, stream_view stream) {

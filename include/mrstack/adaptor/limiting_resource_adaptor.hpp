@@ -29,7 +29,8 @@
 /// A free with a larger size than its allocation cannot be caught without tracking every
 /// block: over an upstream that checks sizes (pool, arena, tracking, simulated, system) it
 /// is refused below and never uncharged; over one that does not (`cuda`), the excess comes
-/// back as credit and the limit grows by it (`used_bytes()` then stops at zero). Put
+/// back as credit and the limit grows by it (`used_bytes()` then stops at zero; credit
+/// saturates at `SIZE_MAX`, so a size of `(size_t)-1` cannot wrap it into less). Put
 /// `tracking` below `limiting` there to have such frees refused. The same with a
 /// `granularity` below 256 B: pool, arena and simulated compare sizes in 256 B units, so a
 /// free whose size differs from its allocation's within one unit passes them and is

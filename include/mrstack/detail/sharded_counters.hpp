@@ -104,6 +104,20 @@ inline std::int64_t saturating_add(std::int64_t a, std::int64_t b) noexcept {
   return b > 0 ? std::numeric_limits<std::int64_t>::max() : std::numeric_limits<std::int64_t>::min();
 }
 
+/// a - b, clamped to the int64 range instead of wrapping (`saturating_add(a, -b)` would
+/// itself overflow for b = INT64_MIN, a counter that saturated downwards).
+inline std::int64_t saturating_sub(std::int64_t a, std::int64_t b) noexcept {
+  std::int64_t r = 0;
+  if (!__builtin_sub_overflow(a, b, &r)) { return r; }
+  return b < 0 ? std::numeric_limits<std::int64_t>::max() : std::numeric_limits<std::int64_t>::min();
+}
+
+/// a + b for byte counts, stopping at SIZE_MAX instead of wrapping.
+inline std::size_t saturating_add_size(std::size_t a, std::size_t b) noexcept {
+  std::size_t r = 0;
+  return __builtin_add_overflow(a, b, &r) ? std::numeric_limits<std::size_t>::max() : r;
+}
+
 /// A byte count as a signed counter increment (sizes past 2^63 - 1 saturate).
 inline std::int64_t to_count(std::size_t n) noexcept {
   return n > static_cast<std::size_t>(std::numeric_limits<std::int64_t>::max()) ? std::numeric_limits<std::int64_t>::max()
