@@ -79,6 +79,37 @@ TEST_CASE("statistics: a free larger than what is outstanding is clamped and rep
   CHECK(stats.overfreed_bytes() == 900);
 }
 
+TEST_CASE("statistics: frees of sizes near SIZE_MAX saturate current downwards without overflow") {
+  // Two frees of -1 as a size over an upstream that takes anything: current saturates at
+  // INT64_MIN. The lifetime's clamp computed 0 - INT64_MIN (overfreed_bytes() read it
+  // negative), a pop's headroom peak - INT64_MIN: signed overflow both.
+  constexpr std::size_t minus_one = ~std::size_t{0};
+  SECTION("the lifetime's clamp") {
+    statistics_resource_adaptor stats{std::make_shared<fake_upstream>()};
+    void* p = stats.allocate(256);
+    stats.deallocate(p, minus_one);
+    stats.deallocate(p, minus_one);
+    CHECK(stats.bytes_counter().value == 0);
+    CHECK(stats.overfreed_bytes() == int64_max);
+    CHECK(stats.bytes_counter().peak == 256);
+  }
+  SECTION("a scope's pop") {
+    statistics_resource_adaptor stats{std::make_shared<fake_upstream>()};
+    void* p = stats.allocate(256);
+    stats.push_counters();
+    stats.deallocate(p, minus_one);
+    stats.deallocate(p, minus_one);
+    auto const region = stats.pop_counters();
+    CHECK(region.bytes.value == std::numeric_limits<std::int64_t>::min());
+    CHECK(stats.bytes_counter().value == 0);
+    CHECK(stats.overfreed_bytes() >= 0);
+    CHECK(stats.bytes_counter().peak == 256);
+    void* q = stats.allocate(512);  // the headroom the pop left is not negative: no false peak
+    CHECK(stats.bytes_counter().peak == 512);
+    stats.deallocate(q, 512);
+  }
+}
+
 TEST_CASE("statistics: 8 threads and a reader: every read is a state that existed, peaks exact") {
   auto sim = std::make_shared<simulated_memory_resource>(std::size_t{1} << 40);
   statistics_resource_adaptor stats{sim};

@@ -171,11 +171,14 @@ void statistics_resource_adaptor::clamp_lifetime_locked() const {
     }
     std::int64_t const floor = -std::max<std::int64_t>(pending, 0);
     if (top[q]->value >= floor) { continue; }
-    std::int64_t const excess = floor - top[q]->value;
-    // pool == peak - current (credits merged): raising current by the excess lowers it as much.
+    // Saturating: two frees of a size near SIZE_MAX over a size-blind upstream take current
+    // to INT64_MIN, and floor - INT64_MIN overflows (overfreed_bytes() had read negative).
+    std::int64_t const excess = detail::saturating_sub(floor, top[q]->value);
     overfreed_[q] = saturating_add(overfreed_[q], excess);
-    pool_[q] = saturating_add(pool_[q], -excess);
     top[q]->value = floor;
+    // With the credits merged the pool is the whole headroom, peak - current: set from the
+    // new current rather than lowered by the excess, which is off when a sum saturated.
+    pool_[q] = detail::saturating_sub(top[q]->peak, top[q]->value);
   }
 }
 
@@ -248,7 +251,9 @@ statistics_resource_adaptor::counters statistics_resource_adaptor::pop_counters(
     outer[q]->peak = std::max(outer[q]->peak, saturating_add(outer[q]->value, in[q]->peak));
     outer[q]->value = saturating_add(outer[q]->value, in[q]->value);
     outer[q]->total = saturating_add(outer[q]->total, in[q]->total);
-    pool_[q] = outer[q]->peak - outer[q]->value;  // the enclosing region's headroom
+    // The enclosing region's headroom; saturating, as a current that saturated downwards
+    // (frees of sizes near SIZE_MAX) would overflow it.
+    pool_[q] = detail::saturating_sub(outer[q]->peak, outer[q]->value);
   }
   clamp_lifetime_locked();
   return inner;
