@@ -38,7 +38,35 @@ class only_256_resource final : public memory_resource {
   resource_ptr below_;
 };
 
+/// A broken upstream: its pointers are 16 bytes past a 256-byte boundary.
+class skewed_resource final : public memory_resource {
+ public:
+  explicit skewed_resource(resource_ptr below) : below_{std::move(below)} {}
+
+ private:
+  void* do_allocate(std::size_t bytes, std::size_t alignment, stream_view stream) override {
+    return static_cast<char*>(below_->allocate(bytes + 16, stream, alignment)) + 16;
+  }
+  void do_deallocate(void* ptr, std::size_t bytes, std::size_t alignment, stream_view stream) override {
+    below_->deallocate(static_cast<char*>(ptr) - 16, bytes + 16, stream, alignment);
+  }
+  std::string do_name() const override { return "skewed"; }
+  memory_resource* do_upstream() const noexcept override { return below_.get(); }
+  resource_ptr below_;
+};
+
 }  // namespace
+
+TEST_CASE("aligned: an upstream pointer that is not 256-aligned is given back and refused, not overrun") {
+  // The padding (alignment - 256) reaches an aligned address only from a 256-aligned start:
+  // from 16 past one, the block handed out ran 240 bytes past the upstream's.
+  auto sim = std::make_shared<simulated_memory_resource>();
+  aligned_resource_adaptor al{std::make_shared<skewed_resource>(sim), 4096};
+  CHECK_THROWS_WITH(al.allocate(1000), Catch::Contains("aligned: the upstream (skewed) handed out") &&
+                                           Catch::Contains("which is not 256-aligned"));
+  CHECK(al.outstanding_over_aligned() == 0);
+  CHECK(sim->allocation_count() == 0);  // given back
+}
 
 TEST_CASE("aligned: every request aligned as configured, over real memory") {
   auto sys = std::make_shared<system_memory_resource>();

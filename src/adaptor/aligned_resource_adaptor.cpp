@@ -49,6 +49,15 @@ void* aligned_resource_adaptor::do_allocate(std::size_t bytes, std::size_t align
   }
   void* const raw = upstream_->allocate(bytes + padding, stream, default_alignment);
   auto const original = reinterpret_cast<std::uintptr_t>(raw);
+  if (original % default_alignment != 0) {
+    // The padding covers the distance to an aligned address only from a 256-aligned start:
+    // from a broken upstream's pointer the block handed out would run up to 255 bytes past
+    // the upstream's. Give it back and say so rather than hand out memory it does not own.
+    upstream_->deallocate(raw, bytes + padding, stream, default_alignment);
+    throw logic_error("aligned: the upstream (" + upstream_->name() + ") handed out " + format_hex(original) +
+                      " for " + std::to_string(bytes + padding) + " B at alignment 256, which is not 256-aligned; "
+                      "nothing was allocated");
+  }
   std::uintptr_t const aligned = detail::align_up(original, align);
   try {
     remember(aligned, original, bytes, align);

@@ -10,7 +10,9 @@
 /// upstream pointer it came from, so `deallocate` (called with the same size and
 /// alignment, as the interface requires) hands the upstream back exactly what it gave.
 /// Works over any upstream, including those that refuse alignments above 256 (cuda).
-/// The memory is never touched (device memory is fine).
+/// The memory is never touched (device memory is fine). An upstream pointer that is not
+/// 256-aligned (a broken upstream: the padding would not cover the way to an aligned
+/// address) is given back and the request is a `logic_error` naming the upstream.
 ///
 /// The pointers are remembered in 16 mutex-guarded open-addressing tables chosen by
 /// address (`detail::pointer_map`: no allocation per call, contention spread out), each
