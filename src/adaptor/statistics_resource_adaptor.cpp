@@ -230,7 +230,15 @@ statistics_resource_adaptor::counters statistics_resource_adaptor::push_counters
   clamp_lifetime_locked();
   counters const outer = reported_locked();
   frames_.emplace_back();
-  frame_ids_.push_back(++next_frame_id_);
+  try {
+    frame_ids_.push_back(next_frame_id_ + 1);
+  } catch (...) {
+    // Out of host memory: no scope opened. A frame left without its id made the depth read
+    // one more and a pop take the lifetime's id.
+    frames_.pop_back();
+    throw;
+  }
+  ++next_frame_id_;
   top_frame_id_ = next_frame_id_;
   pool_[bytes_q] = pool_[allocs_q] = 0;  // the new region: peak 0 - current 0
   return outer;

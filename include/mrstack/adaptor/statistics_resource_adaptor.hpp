@@ -98,7 +98,8 @@ class statistics_resource_adaptor final : public memory_resource {
   [[nodiscard]] std::uint64_t refills() const;
 
   /// Opens a region with zeroed counters. Returns the enclosing region's counters as
-  /// they stood at the push.
+  /// they stood at the push. Out of host memory for the region: `std::bad_alloc`, and no
+  /// region is opened.
   counters push_counters();
   /// Closes the innermost region, folds it into the enclosing one and returns it. A pop
   /// without a matching push is a `logic_error`.
