@@ -4,11 +4,13 @@
 #include <catch2/catch.hpp>
 
 #include <host_allocation_failure.hpp>
+#include <scratch_files.hpp>
 
 #include <mrstack/adaptor/logging_resource_adaptor.hpp>
 #include <mrstack/log/allocation_log.hpp>
 #include <mrstack/upstream/simulated_memory_resource.hpp>
 
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <thread>
@@ -66,6 +68,25 @@ TEST_CASE("logging: an impossible queue capacity is refused at construction") {
   });
   CHECK_THAT(refused, Catch::Contains("queue capacity 1099511627776"));
   CHECK_THAT(refused, Catch::Contains("from 16 to 16777216"));
+}
+
+TEST_CASE("logging: a refused queue capacity leaves the log file as it was") {
+  // The file was opened (so truncated, its folders made) before the capacity was checked:
+  // a typo in the capacity emptied the log of an earlier run.
+  auto const dir = test_support::scratch_dir("mrstack_logging_refused_");
+  std::string const kept = test_support::write_file(dir, "earlier_run.csv", "an earlier run's log\n");
+  std::string const refused = message_of([&] {
+    logging_resource_adaptor{std::make_shared<simulated_memory_resource>(), kept, false, true, 17};
+  });
+  CHECK_THAT(refused, Catch::Contains("queue capacity 17"));
+  CHECK(test_support::slurp(kept) == "an earlier run's log\n");
+  std::string const unmade = (dir / "not_made" / "log.csv").string();
+  CHECK_THAT(message_of([&] {
+               logging_resource_adaptor{std::make_shared<simulated_memory_resource>(), unmade, false, true, 0};
+             }),
+             Catch::Contains("queue capacity 0"));
+  CHECK(!std::filesystem::exists(dir / "not_made"));
+  std::filesystem::remove_all(dir);
 }
 
 TEST_CASE("logging: a thread that gets no memory for its queue still logs every row (merged order)") {

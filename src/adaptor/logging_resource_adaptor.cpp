@@ -391,15 +391,17 @@ logging_resource_adaptor::logging_resource_adaptor(resource_ptr upstream, std::v
   if (format == log_format::binary && order != log_order::per_thread) {
     throw logic_error("logging: the binary format is written in per-thread order: it needs async and per_thread");
   }
-  if (!path_.empty()) { sinks.push_back(open_file_sink(path_)); }
-  if (sinks.empty()) { throw logic_error("logging: no sink to write to"); }
-  for (auto const& sink : sinks) {
-    if (sink == nullptr) { throw logic_error("logging: a sink is null"); }
-  }
+  // Every argument is checked before the file is opened: opening truncates it, and a
+  // refused construction must leave an existing log as it was.
   if (async && (!detail::is_pow2(queue_capacity) || queue_capacity < 16 || queue_capacity > max_queue_capacity)) {
     throw logic_error("logging: queue capacity " + std::to_string(queue_capacity) +
                       " must be a power of two from 16 to " + std::to_string(max_queue_capacity));
   }
+  for (auto const& sink : sinks) {
+    if (sink == nullptr) { throw logic_error("logging: a sink is null"); }
+  }
+  if (!path_.empty()) { sinks.push_back(open_file_sink(path_)); }
+  if (sinks.empty()) { throw logic_error("logging: no sink to write to"); }
   logger_ = std::make_shared<spdlog::logger>("mrstack.logging", sinks.begin(), sinks.end());
   logger_->set_level(spdlog::level::info);
   // spdlog's own handler printed a rate-limited line and the program never knew; the first

@@ -126,6 +126,8 @@ class logging_resource_adaptor final : public memory_resource {
   /// empty `path` means the file named by MRSTACK_LOG_FILE; a `logic_error` when that is
   /// unset. A file that cannot be opened throws `std::runtime_error` naming the path.
   /// `log_order::per_thread` needs `async`, `log_format::binary` both: otherwise a `logic_error`.
+  /// Every argument is checked before the file is opened, so a refused construction leaves
+  /// an existing file as it was.
   explicit logging_resource_adaptor(resource_ptr upstream, std::string const& path = {}, bool auto_flush = false,
                                     bool async = false, std::size_t queue_capacity = default_queue_capacity,
                                     log_order order = log_order::merged, log_format format = log_format::csv);
