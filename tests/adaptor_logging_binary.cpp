@@ -15,6 +15,8 @@
 #include <mrstack/spec.hpp>
 #include <mrstack/upstream/simulated_memory_resource.hpp>
 
+#include "../src/adaptor/log_thread_buffers.hpp"
+
 #include <algorithm>
 #include <barrier>
 #include <chrono>
@@ -369,4 +371,92 @@ TEST_CASE("logging binary: needs per-thread order; the spec's flag implies it") 
   CHECK(log->is_async());
   auto const csv = make_stack("logging(file=/dev/null, async, per_thread) > simulated");
   CHECK(dynamic_cast<logging_resource_adaptor const*>(csv.get())->format() == log_format::csv);
+}
+
+namespace {
+
+/// Two threads handing blocks over as fast as they can: `from` allocates, `to` frees what
+/// it was handed at once (so each free follows its allocation by a µs or less), run when
+/// `log` is set; `done` once they are through. They live on until `leave` is set, so their
+/// buffers are written out (with points of their own) only then.
+struct tight_handoffs {
+  explicit tight_handoffs(int count) {
+    from = std::thread{[this, count] {
+      while (log.load() == nullptr) { std::this_thread::yield(); }
+      for (int i = 0; i < count; ++i) {
+        void* p = log.load()->allocate(64);
+        handed.store(p);
+        while (handed.load() != nullptr) {}
+      }
+      done.store(true);
+      while (!leave.load()) { std::this_thread::yield(); }
+    }};
+    to = std::thread{[this] {
+      while (!done.load()) {
+        if (void* p = handed.load()) {
+          log.load()->deallocate(p, 64);
+          handed.store(nullptr);
+        }
+      }
+      while (!leave.load()) { std::this_thread::yield(); }
+    }};
+  }
+  ~tight_handoffs() {
+    leave.store(true);
+    from.join();
+    to.join();
+  }
+  tight_handoffs(tight_handoffs const&) = delete;
+  tight_handoffs& operator=(tight_handoffs const&) = delete;
+  std::atomic<logging_resource_adaptor*> log{nullptr};
+  std::atomic<bool> done{false}, leave{false};
+  std::atomic<void*> handed{nullptr};
+  std::thread from, to;
+};
+
+tight_handoffs* preempted_handoffs = nullptr;
+logging_resource_adaptor* preempted_log = nullptr;
+std::atomic<int> preempted_reads{0};
+
+}  // namespace
+
+TEST_CASE("logging binary: a (ticks, ns) point read across a preemption does not bend the reader's line") {
+  // A point whose counter reads straddled a preemption put its ticks far past its ns; the
+  // reader's line through it pressed that stretch's stamps into a few ns, where an
+  // allocation and the free of its block on another thread tied, the free sorted first and
+  // the log was refused. The hook stands for the preemption, once: the handoffs run in it,
+  // then it sleeps.
+  std::optional<tight_handoffs> handoffs;
+  handoffs.emplace(200);  // the threads first: the stretch from the log's start to the flush stays short
+  std::ostringstream out;
+  std::optional<logging_resource_adaptor> log;
+  log.emplace(std::make_shared<simulated_memory_resource>(std::size_t{1} << 30), out, false, true, 1024,
+              log_order::per_thread, log_format::binary);
+  log->deallocate(log->allocate(64), 64);  // this thread's buffer: the flush below reads a point for it
+  bl::file_header header{};
+  std::memcpy(&header, out.str().data(), sizeof header);
+  if (header.clock != bl::clock_ticks) {
+    SUCCEED("the stamps are not counter ticks here (no point is read)");
+    return;
+  }
+  preempted_handoffs = &*handoffs;
+  preempted_log = &*log;
+  preempted_reads.store(0);
+  // A good point just before the preempted one, so that the preempted one's ns lies a few
+  // µs past it while its ticks lie the hook's sleep past.
+  log->flush();
+  log->deallocate(log->allocate(64), 64);
+  detail::tick_point_hook.store(+[] {
+    if (preempted_reads.fetch_add(1) != 0) { return; }
+    preempted_handoffs->log.store(preempted_log);
+    while (!preempted_handoffs->done.load()) { std::this_thread::sleep_for(std::chrono::microseconds(100)); }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  });
+  log->flush();
+  detail::tick_point_hook.store(nullptr);
+  REQUIRE(preempted_reads.load() >= 1);
+  handoffs.reset();  // the threads leave: their buffers go out, with points read now
+  log.reset();
+  allocation_log const parsed = parse_allocation_log(out.str(), "preempted.bin");
+  CHECK(parsed.events.size() == 2 * 2 + 2 * 200);
 }

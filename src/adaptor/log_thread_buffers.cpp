@@ -108,24 +108,54 @@ std::uint64_t read_ticks() noexcept {
 #endif
 }
 
+/// The counter and the monotonic clock read together: the ticks halfway between two
+/// counter reads around the clock's. The reader draws its tick-to-ns line through these
+/// points, so one read across a preemption or an interrupt (its ns milliseconds off its
+/// ticks) bent the line: the stamps of a whole stretch were pressed into a few ns, where an
+/// allocation and the free of its block on another thread tied and the reader, putting
+/// frees first at a tie, refused the log. So a read whose two counter reads lie more than
+/// `tight_point_ticks` apart (a few µs; a read takes some 100-300 ticks) is made again,
+/// and of `point_attempts` the tightest is kept.
+struct clock_point {
+  std::uint64_t ticks;
+  std::int64_t ns;
+};
+constexpr std::uint64_t tight_point_ticks = 4096;
+constexpr int point_attempts = 4;
+
+clock_point read_together() noexcept {
+  clock_point best{};
+  std::uint64_t best_spread = ~std::uint64_t{0};
+  for (int attempt = 0; attempt < point_attempts && best_spread > tight_point_ticks; ++attempt) {
+    std::uint64_t const before = read_ticks();
+    std::int64_t const ns = steady_ns();
+    if (auto const hook = tick_point_hook.load(std::memory_order_relaxed)) { hook(); }
+    std::uint64_t const spread = read_ticks() - before;
+    if (spread < best_spread) {
+      best_spread = spread;
+      best = {before + spread / 2, ns};
+    }
+  }
+  return best;
+}
+
 std::shared_ptr<log_thread_buffers::sink> make_sink(std::shared_ptr<spdlog::logger> logger, bool binary) {
   auto s = std::make_shared<log_thread_buffers::sink>();
   s->logger = std::move(logger);
   s->binary = binary;
   s->ticks = binary && time_stamp_counter_usable();
-  // The origin of both stamps, read together.
-  s->start_ticks = read_ticks();
-  s->start_ns = steady_ns();
+  // The origin of both stamps, read together (the reader's first point).
+  clock_point const origin = read_together();
+  s->start_ticks = origin.ticks;
+  s->start_ns = origin.ns;
   return s;
 }
 
 /// A thread record; with tick stamps, it carries a (ticks, ns) point read now.
 binary_log::record thread_record(log_thread_buffers::sink const& out, std::size_t thread) noexcept {
   if (!out.ticks) { return {thread_kind, thread, 0, 0}; }
-  std::uint64_t const before = read_ticks();
-  auto const ns = static_cast<std::uint64_t>(steady_ns() - out.start_ns);
-  std::uint64_t const after = read_ticks();
-  return {thread_kind, thread, before + (after - before) / 2 - out.start_ticks, ns};
+  clock_point const now = read_together();
+  return {thread_kind, thread, now.ticks - out.start_ticks, static_cast<std::uint64_t>(now.ns - out.start_ns)};
 }
 
 }  // namespace

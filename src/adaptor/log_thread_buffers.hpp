@@ -115,6 +115,10 @@ class log_thread_buffers {
   std::vector<std::shared_ptr<buffer>> buffers_;
 };
 
+/// For tests: when set, called inside each read of a (ticks, ns) point, between the clock's
+/// read and the counter's second one, as a preemption there would fall.
+inline std::atomic<void (*)()> tick_point_hook{nullptr};
+
 /// The owner's write-out of its whole buffer, which then starts empty.
 void drain(log_thread_buffers::buffer& b) noexcept;
 /// Writes b's rows in [b.written, upto) to its sink (b.consumer held).
