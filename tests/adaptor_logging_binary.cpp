@@ -286,6 +286,34 @@ TEST_CASE("logging binary: tick stamps where the kernel keeps time by the counte
   CHECK(stamps[1] - stamps[0] < 2'000'000'000);
 }
 
+TEST_CASE("logging binary: an MRSTACK_LOG_CLOCK it does not know is an error naming it, the file untouched") {
+  // Any value but "steady" was taken as unset: MRSTACK_LOG_CLOCK=monotonic (or a misspelt
+  // "Steady") stamped counter ticks while seeming to ask for the monotonic clock.
+  auto const path = std::filesystem::temp_directory_path() / ("mrstack_log_clock_" + std::to_string(::getpid()) + ".bin");
+  std::ofstream{path} << "an earlier run's log";
+  auto sim = std::make_shared<simulated_memory_resource>();
+  for (char const* value : {"monotonic", "Steady", "tsc"}) {
+    INFO("MRSTACK_LOG_CLOCK=" << value);
+    scoped_env const env{"MRSTACK_LOG_CLOCK", value};
+    std::string message;
+    try {
+      logging_resource_adaptor log{sim, path.string(), false, true, 1024, log_order::per_thread, log_format::binary};
+    } catch (logic_error const& e) {
+      message = e.what();
+    }
+    CHECK_THAT(message, Catch::Contains(std::string{"MRSTACK_LOG_CLOCK='"} + value + "'") && Catch::Contains("steady"));
+    std::ifstream in{path};
+    CHECK(std::string{std::istreambuf_iterator<char>{in}, std::istreambuf_iterator<char>{}} == "an earlier run's log");
+    // CSV rows carry no clock choice: the variable is not theirs to refuse.
+    std::ostringstream csv;
+    CHECK_NOTHROW(logging_resource_adaptor{sim, csv, false, true, 1024, log_order::per_thread});
+  }
+  scoped_env const empty{"MRSTACK_LOG_CLOCK", ""};  // empty reads as unset
+  std::ostringstream out;
+  CHECK_NOTHROW(binary_log_to(out, sim));
+  std::filesystem::remove(path);
+}
+
 TEST_CASE("binary log: a damaged layout is refused, naming the byte offset and what is wrong") {
   auto const good_block = std::vector<bl::record>{thread_record(1), event(bl::kind::allocate, 5, 0x1000, 16, 0)};
   auto expect = [](std::string const& bytes, std::string const& offset, std::string const& what) {

@@ -10,6 +10,7 @@
 
 #include <spdlog/logger.h>
 
+#include <mrstack/error.hpp>
 #include <mrstack/log/binary_log.hpp>
 
 namespace mrstack::detail {
@@ -82,23 +83,6 @@ bool is_thread_record(char const* at) noexcept {
   return (word >> binary_log::kind_shift) == 3;
 }
 
-/// Binary stamps in time-stamp counter ticks where the kernel itself keeps time by that
-/// counter (so it runs at one rate and in step on every core), unless
-/// MRSTACK_LOG_CLOCK=steady asks for the monotonic clock. `rdtscp` costs 24-25 ns on an
-/// H200 host against 30-40 for `clock_gettime`, which reads the same counter and scales it.
-bool time_stamp_counter_usable() {
-#if defined(__x86_64__)
-  char const* asked = std::getenv("MRSTACK_LOG_CLOCK");
-  if (asked != nullptr && std::string_view{asked} == "steady") { return false; }
-  std::ifstream source{"/sys/devices/system/clocksource/clocksource0/current_clocksource"};
-  std::string name;
-  source >> name;
-  return name == "tsc";
-#else
-  return false;
-#endif
-}
-
 std::uint64_t read_ticks() noexcept {
 #if defined(__x86_64__)
   unsigned core = 0;
@@ -139,11 +123,12 @@ clock_point read_together() noexcept {
   return best;
 }
 
-std::shared_ptr<log_thread_buffers::sink> make_sink(std::shared_ptr<spdlog::logger> logger, bool binary) {
+std::shared_ptr<log_thread_buffers::sink> make_sink(std::shared_ptr<spdlog::logger> logger, bool binary,
+                                                    bool ticks) {
   auto s = std::make_shared<log_thread_buffers::sink>();
   s->logger = std::move(logger);
   s->binary = binary;
-  s->ticks = binary && time_stamp_counter_usable();
+  s->ticks = binary && ticks;
   // The origin of both stamps, read together (the reader's first point).
   clock_point const origin = read_together();
   s->start_ticks = origin.ticks;
@@ -160,9 +145,29 @@ binary_log::record thread_record(log_thread_buffers::sink const& out, std::size_
 
 }  // namespace
 
+bool binary_stamps_in_ticks() {
+  // A value the adaptor does not know (a misspelt "steady", "monotonic") was taken as unset:
+  // the stamps were counter ticks while the variable seemed to ask otherwise.
+  char const* asked = std::getenv(log_clock_variable);
+  if (asked != nullptr && *asked != '\0' && std::string_view{asked} != "steady") {
+    throw logic_error(std::string{"logging: "} + log_clock_variable + "='" + asked +
+                      "' is not a clock this logger knows: set it to 'steady' (the monotonic clock) or leave it unset "
+                      "(counter ticks where the kernel keeps time by the counter)");
+  }
+  if (asked != nullptr && *asked != '\0') { return false; }
+#if defined(__x86_64__)
+  std::ifstream source{"/sys/devices/system/clocksource/clocksource0/current_clocksource"};
+  std::string name;
+  source >> name;
+  return name == "tsc";
+#else
+  return false;
+#endif
+}
+
 log_thread_buffers::log_thread_buffers(std::shared_ptr<spdlog::logger> logger, std::size_t buffer_bytes,
-                                       bool write_each_row, bool binary)
-    : sink_{make_sink(std::move(logger), binary)},
+                                       bool write_each_row, bool binary, bool ticks)
+    : sink_{make_sink(std::move(logger), binary, ticks)},
       ticks_{sink_->ticks},
       start_ticks_{sink_->start_ticks},
       buffer_bytes_{std::max(buffer_bytes, 2 * max_row_length)},

@@ -400,6 +400,7 @@ logging_resource_adaptor::logging_resource_adaptor(resource_ptr upstream, std::v
   for (auto const& sink : sinks) {
     if (sink == nullptr) { throw logic_error("logging: a sink is null"); }
   }
+  bool const ticks = format == log_format::binary && detail::binary_stamps_in_ticks();
   if (!path_.empty()) { sinks.push_back(open_file_sink(path_)); }
   if (sinks.empty()) { throw logic_error("logging: no sink to write to"); }
   logger_ = std::make_shared<spdlog::logger>("mrstack.logging", sinks.begin(), sinks.end());
@@ -425,7 +426,7 @@ logging_resource_adaptor::logging_resource_adaptor(resource_ptr upstream, std::v
     // most `max_row_length` plus the stamp, most far shorter; a binary record is 32 bytes).
     std::size_t const rows = std::max<std::size_t>(queue_capacity / 16, 1024);
     per_thread_ = std::make_unique<detail::log_thread_buffers>(logger_, rows * 80, auto_flush,
-                                                               format == log_format::binary);
+                                                               format == log_format::binary, ticks);
   } else if (async) {
     writer_ = std::make_unique<detail::async_log_writer>(logger_, queue_capacity, auto_flush);
   }
