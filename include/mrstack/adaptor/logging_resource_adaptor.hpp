@@ -117,8 +117,9 @@ class logging_resource_adaptor final : public memory_resource {
  public:
   /// The environment variable naming the log file when no path is given.
   static constexpr char const* log_file_variable = "MRSTACK_LOG_FILE";
-  /// Records the asynchronous queues hold in all (each thread's holds 1/16 of it, at least
-  /// 1024) before a caller waits for the writer.
+  /// Sizes the asynchronous queues: each thread's (one per thread shard, up to 64) holds
+  /// 1/16 of it, at least 1024 records, before its caller waits for the writer; in
+  /// per-thread order each thread's buffer holds about as many rows (the first 64 buffers).
   static constexpr std::size_t default_queue_capacity = std::size_t{1} << 16;
   /// The largest `queue_capacity` (a power of two from 16 up to this; a `logic_error` past it).
   static constexpr std::size_t max_queue_capacity = std::size_t{1} << 24;

@@ -1,7 +1,9 @@
 #pragma once
 /// `mpsc_ring<T>`: a bounded multi-producer, single-consumer queue of trivially copyable
-/// records. CUDA-free. Used by the asynchronous logging adaptor to get a record off the
-/// allocating thread in a few tens of nanoseconds.
+/// records. CUDA-free. Nothing in the library uses it now: the asynchronous logging
+/// adaptor, which did, keeps one single-producer ring per thread instead (a shared claim
+/// counter was written by every logging thread on every call;
+/// src/adaptor/logging_resource_adaptor.cpp).
 ///
 /// Shape (after Dmitry Vyukov's bounded queue, with a wait-free claim): each cell carries
 /// a sequence number. A producer claims ticket `t` with one `fetch_add`, waits until cell
