@@ -329,7 +329,10 @@ TEST_CASE("logging: the file name defaults from MRSTACK_LOG_FILE, and its absenc
   CHECK(parse_log(read_file(path)).size() == 2);
   ::unsetenv("MRSTACK_LOG_FILE");
   CHECK_THROWS_AS(logging_resource_adaptor(sim), logic_error);
-  CHECK_THROWS_WITH(logging_resource_adaptor(sim), Catch::Contains("MRSTACK_LOG_FILE"));
+  CHECK_THROWS_WITH(logging_resource_adaptor(sim), Catch::Contains("MRSTACK_LOG_FILE is unset"));
+  ::setenv("MRSTACK_LOG_FILE", "", 1);  // set, but naming no file
+  CHECK_THROWS_WITH(logging_resource_adaptor(sim), Catch::Contains("MRSTACK_LOG_FILE is set but empty"));
+  ::unsetenv("MRSTACK_LOG_FILE");
 }
 
 TEST_CASE("logging: a file that cannot be opened is an error naming the path") {

@@ -341,8 +341,9 @@ std::string resolve_path(std::string const& path) {
   if (!path.empty()) { return path; }
   char const* from_env = std::getenv(logging_resource_adaptor::log_file_variable);
   if (from_env == nullptr || *from_env == '\0') {
+    // Set but empty is said as such: "unset" sent the reader looking for a missing export.
     throw logic_error(std::string{"logging: no log file given and "} + logging_resource_adaptor::log_file_variable +
-                      " is unset");
+                      (from_env == nullptr ? " is unset" : " is set but empty"));
   }
   return from_env;
 }
