@@ -417,17 +417,19 @@ TEST_CASE("logging: the destructor drains the asynchronous queue") {
 
 namespace {
 
-/// Takes `good` messages, then fails every write as a full disk would.
+/// Takes `good` messages, then fails every write as a full disk would (with `message`).
 class failing_sink final : public spdlog::sinks::base_sink<std::mutex> {
  public:
-  explicit failing_sink(int good) : good_{good} {}
+  explicit failing_sink(int good, std::string message = "No space left on device (a test's sink)")
+      : good_{good}, message_{std::move(message)} {}
 
  private:
   void sink_it_(spdlog::details::log_msg const&) override {
-    if (good_-- <= 0) { throw spdlog::spdlog_ex("No space left on device (a test's sink)"); }
+    if (good_-- <= 0) { throw std::runtime_error(message_); }
   }
   void flush_() override {}
   int good_;
+  std::string message_;
 };
 
 }  // namespace
@@ -454,6 +456,14 @@ TEST_CASE("logging: a failed write is reported by flush() in every mode, not onl
     CHECK_THROWS_WITH(log.flush(), Catch::Contains("a write failed, rows are missing from the log") &&
                                        Catch::Contains("No space left on device (a test's sink)"));
     CHECK_THAT(log.write_failure(), Catch::Contains("No space left on device"));
+  }
+  // A sink whose error says nothing still counts: an empty message was taken for "none failed".
+  {
+    auto sim = std::make_shared<simulated_memory_resource>(std::size_t{1} << 30);
+    logging_resource_adaptor log{sim, std::vector<spdlog::sink_ptr>{std::make_shared<failing_sink>(1, "")}};
+    log.deallocate(log.allocate(64), 64);
+    CHECK_THAT(log.write_failure(), Catch::Contains("no message"));
+    CHECK_THROWS_WITH(log.flush(), Catch::Contains("a write failed, rows are missing from the log"));
   }
   // A header that cannot be written fails the constructor, as a path that cannot be opened does.
   auto sim = std::make_shared<simulated_memory_resource>(std::size_t{1} << 30);

@@ -412,9 +412,10 @@ logging_resource_adaptor::logging_resource_adaptor(resource_ptr upstream, std::v
   logger_->set_error_handler([failures = failures_, path = path_](std::string const& message) {
     std::lock_guard lock{failures->mutex};
     if (!failures->first.empty()) { return; }
-    failures->first = message;
+    // Kept non-empty: empty is what "none failed" reads as, and a sink's error may say nothing.
+    failures->first = message.empty() ? std::string{"a sink failed with no message"} : message;
     std::fprintf(stderr, "mrstack: logging%s%s: a write failed (%s); rows from here on are lost\n",
-                 path.empty() ? "" : " to ", path.c_str(), message.c_str());
+                 path.empty() ? "" : " to ", path.c_str(), failures->first.c_str());
   });
   // Rows are formatted by us: the sinks add only the newline, and to binary blocks nothing.
   logger_->set_formatter(std::make_unique<spdlog::pattern_formatter>(
