@@ -68,6 +68,11 @@ TEST_CASE("logging: an impossible queue capacity is refused at construction") {
   });
   CHECK_THAT(refused, Catch::Contains("queue capacity 1099511627776"));
   CHECK_THAT(refused, Catch::Contains("from 16 to 16777216"));
+  // In every mode, as the spec refuses it: a synchronous log took any capacity.
+  std::string const sync = message_of([&] {
+    logging_resource_adaptor{std::make_shared<simulated_memory_resource>(), out, false, false, 17};
+  });
+  CHECK_THAT(sync, Catch::Contains("queue capacity 17"));
 }
 
 TEST_CASE("logging: a refused queue capacity leaves the log file as it was") {

@@ -393,8 +393,9 @@ logging_resource_adaptor::logging_resource_adaptor(resource_ptr upstream, std::v
     throw logic_error("logging: the binary format is written in per-thread order: it needs async and per_thread");
   }
   // Every argument is checked before the file is opened: opening truncates it, and a
-  // refused construction must leave an existing log as it was.
-  if (async && (!detail::is_pow2(queue_capacity) || queue_capacity < 16 || queue_capacity > max_queue_capacity)) {
+  // refused construction must leave an existing log as it was. The capacity in every mode,
+  // as the spec checks it: a synchronous log took any value.
+  if (!detail::is_pow2(queue_capacity) || queue_capacity < 16 || queue_capacity > max_queue_capacity) {
     throw logic_error("logging: queue capacity " + std::to_string(queue_capacity) +
                       " must be a power of two from 16 to " + std::to_string(max_queue_capacity));
   }

@@ -121,7 +121,8 @@ class logging_resource_adaptor final : public memory_resource {
   /// 1/16 of it, at least 1024 records, before its caller waits for the writer; in
   /// per-thread order each thread's buffer holds about as many rows (the first 64 buffers).
   static constexpr std::size_t default_queue_capacity = std::size_t{1} << 16;
-  /// The largest `queue_capacity` (a power of two from 16 up to this; a `logic_error` past it).
+  /// The largest `queue_capacity` (a power of two from 16 up to this, in every mode; a
+  /// `logic_error` otherwise).
   static constexpr std::size_t max_queue_capacity = std::size_t{1} << 24;
 
   /// Logs to the file at `path` (created or truncated; parent folders are created). An
