@@ -420,16 +420,20 @@ namespace {
 /// Takes `good` messages, then fails every write as a full disk would (with `message`).
 class failing_sink final : public spdlog::sinks::base_sink<std::mutex> {
  public:
-  explicit failing_sink(int good, std::string message = "No space left on device (a test's sink)")
-      : good_{good}, message_{std::move(message)} {}
+  explicit failing_sink(int good, std::string message = "No space left on device (a test's sink)",
+                        bool throw_int = false)
+      : good_{good}, message_{std::move(message)}, throw_int_{throw_int} {}
 
  private:
   void sink_it_(spdlog::details::log_msg const&) override {
-    if (good_-- <= 0) { throw std::runtime_error(message_); }
+    if (good_-- > 0) { return; }
+    if (throw_int_) { throw 28; }  // ENOSPC, as a C library might
+    throw std::runtime_error(message_);
   }
   void flush_() override {}
   int good_;
   std::string message_;
+  bool throw_int_;
 };
 
 }  // namespace
@@ -464,6 +468,18 @@ TEST_CASE("logging: a failed write is reported by flush() in every mode, not onl
     log.deallocate(log.allocate(64), 64);
     CHECK_THAT(log.write_failure(), Catch::Contains("no message"));
     CHECK_THROWS_WITH(log.flush(), Catch::Contains("a write failed, rows are missing from the log"));
+  }
+  // A sink that throws what is not a std::exception: spdlog rethrew it, out of the calls
+  // that log (noexcept) and the writer thread, and the program ended.
+  for (auto const m : {mode{false, log_order::merged, log_format::csv}, mode{true, log_order::merged, log_format::csv},
+                       mode{true, log_order::per_thread, log_format::csv},
+                       mode{true, log_order::per_thread, log_format::binary}}) {
+    INFO("async " << m.async << ", per-thread " << (m.order == log_order::per_thread));
+    auto sim = std::make_shared<simulated_memory_resource>(std::size_t{1} << 30);
+    logging_resource_adaptor log{sim, std::vector<spdlog::sink_ptr>{std::make_shared<failing_sink>(1, "", true)}, true,
+                                 m.async, logging_resource_adaptor::default_queue_capacity, m.order, m.format};
+    log.deallocate(log.allocate(64), 64);
+    CHECK_THROWS_WITH(log.flush(), Catch::Contains("not a std::exception"));
   }
   // A header that cannot be written fails the constructor, as a path that cannot be opened does.
   auto sim = std::make_shared<simulated_memory_resource>(std::size_t{1} << 30);

@@ -337,6 +337,37 @@ class checked_ostream_sink final : public spdlog::sinks::base_sink<std::mutex> {
   std::ostream& out_;
 };
 
+/// A caller's sink, behind one that turns whatever it throws into an spdlog_ex: spdlog hands
+/// a std::exception to the logger's error handler (so it is recorded) but rethrows anything
+/// else, out of the calls that log (noexcept) and the writer thread, ending the program.
+class guarded_sink final : public spdlog::sinks::sink {
+ public:
+  explicit guarded_sink(spdlog::sink_ptr inner) : inner_{std::move(inner)} {}
+  void log(spdlog::details::log_msg const& msg) override {
+    if (inner_->should_log(msg.level)) { guarded([&] { inner_->log(msg); }); }
+  }
+  void flush() override {
+    guarded([&] { inner_->flush(); });
+  }
+  void set_pattern(std::string const& pattern) override { inner_->set_pattern(pattern); }
+  void set_formatter(std::unique_ptr<spdlog::formatter> formatter) override {
+    inner_->set_formatter(std::move(formatter));
+  }
+
+ private:
+  template <typename Call>
+  static void guarded(Call&& call) {
+    try {
+      call();
+    } catch (std::exception const&) {
+      throw;
+    } catch (...) {
+      throw spdlog::spdlog_ex("a sink threw something that is not a std::exception");
+    }
+  }
+  spdlog::sink_ptr inner_;
+};
+
 std::string resolve_path(std::string const& path) {
   if (!path.empty()) { return path; }
   char const* from_env = std::getenv(logging_resource_adaptor::log_file_variable);
@@ -399,8 +430,9 @@ logging_resource_adaptor::logging_resource_adaptor(resource_ptr upstream, std::v
     throw logic_error("logging: queue capacity " + std::to_string(queue_capacity) +
                       " must be a power of two from 16 to " + std::to_string(max_queue_capacity));
   }
-  for (auto const& sink : sinks) {
+  for (auto& sink : sinks) {
     if (sink == nullptr) { throw logic_error("logging: a sink is null"); }
+    sink = std::make_shared<guarded_sink>(std::move(sink));
   }
   bool const ticks = format == log_format::binary && detail::binary_stamps_in_ticks();
   if (!path_.empty()) { sinks.push_back(open_file_sink(path_)); }

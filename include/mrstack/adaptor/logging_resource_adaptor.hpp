@@ -138,7 +138,8 @@ class logging_resource_adaptor final : public memory_resource {
   logging_resource_adaptor(resource_ptr upstream, std::ostream& stream, bool auto_flush = false, bool async = false,
                            std::size_t queue_capacity = default_queue_capacity, log_order order = log_order::merged,
                            log_format format = log_format::csv);
-  /// Logs to every sink in `sinks` (at least one).
+  /// Logs to every sink in `sinks` (at least one). Whatever a sink throws (a
+  /// `std::exception` or not) is a failed write, as `flush()` says.
   logging_resource_adaptor(resource_ptr upstream, std::vector<spdlog::sink_ptr> sinks, bool auto_flush = false,
                            bool async = false, std::size_t queue_capacity = default_queue_capacity,
                            log_order order = log_order::merged, log_format format = log_format::csv);
