@@ -1,6 +1,6 @@
-// block_pool's merging and ownership changes: coalescing under the ownership rules,
-// runs across two owners, transfers, the full synchronization, restoring holes. Each
-// makes room for the merged block's class-array entry before it changes anything.
+// block_pool's ownership changes, off the hot path: runs across two owners, transfers,
+// the full synchronization, restoring holes. Each makes room for the merged block's
+// class-array entry (make_room_for_merge) before it changes anything.
 #include <mrstack/detail/block_pool.hpp>
 
 #include <bit>
