@@ -284,3 +284,20 @@ TEST_CASE("fixed_size: a refused free leaves the thread's cache as it was") {
   CHECK(cached_before > 0);
   CHECK(cached_after == cached_before);
 }
+
+TEST_CASE("fixed_size: over a fixed_size, growth past 64 chunks stays within the upstream's blocks") {
+  // Past 64 chunks a growth asked for 1/8 of the blocks held in one chunk: a fixed_size
+  // upstream refuses a request above its block size with a logic_error, so the 257th
+  // allocation failed although the upstream had room for many more chunks.
+  auto sim = std::make_shared<simulated_memory_resource>();
+  auto inner = std::make_shared<fixed_size_memory_resource>(sim, 4 * KiB, 16);
+  fixed_size_memory_resource outer{inner, 1 * KiB, 4};
+  std::vector<void*> blocks;
+  for (int i = 0; i < 2000; ++i) { blocks.push_back(outer.allocate(1 * KiB)); }
+  CHECK(outer.total_blocks() == 2000);
+  CHECK(std::set<void*>(blocks.begin(), blocks.end()).size() == 2000);
+  for (void* p : blocks) { outer.deallocate(p, 1 * KiB); }
+  CHECK(outer.free_blocks() == outer.total_blocks());
+  // A chunk of construction the upstream refuses is still the caller's error.
+  CHECK_THROWS_AS(fixed_size_memory_resource(inner, 1 * KiB, 8), logic_error);
+}

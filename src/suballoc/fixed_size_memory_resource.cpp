@@ -396,13 +396,13 @@ std::size_t fixed_size_memory_resource::next_chunk_blocks() const noexcept {
   // 1.4 s and 3 GB of heap churn). Past 64 chunks a chunk is at least 1/8 of what the
   // resource holds, so there are O(log n) of them; what it may hold unused stays under 1/8.
   if (chunks_.size() < 64) { return blocks_per_chunk_; }
-  return std::min(std::max(blocks_per_chunk_, blocks_.total_blocks() / 8), max_chunk_bytes / block_size_);
+  return std::min(std::max(blocks_per_chunk_, blocks_.total_blocks() / 8), largest_chunk_blocks_);
 }
 
 bool fixed_size_memory_resource::grow(std::size_t blocks, detail::stream_ref const& s, std::string& why,
                                       bool at_construction) {
   stream_view const stream = to_stream_view(s);
-  for (std::size_t n = blocks; n >= 1; n /= 2) {
+  for (std::size_t n = blocks; n >= 1;) {
     std::size_t const bytes = n * block_size_;
     try {
       void* allocation = upstream_->allocate(bytes, stream, granularity);
@@ -421,6 +421,15 @@ bool fixed_size_memory_resource::grow(std::size_t blocks, detail::stream_ref con
       return true;
     } catch (out_of_memory const& e) {
       why = std::string{"upstream refused: "} + e.what();
+      n /= 2;
+    } catch (logic_error const&) {
+      // Past 64 chunks a chunk grows beyond the one asked for at construction, and an
+      // upstream that serves sizes only up to a bound (a fixed_size under this one) refuses
+      // that as a logic_error: the request is no misuse of ours, so ask less, down to the
+      // chunk of construction (refused too, the error is the caller's), and keep under it.
+      if (n <= blocks_per_chunk_) { throw; }
+      n = std::max(blocks_per_chunk_, n / 2);
+      largest_chunk_blocks_ = n;
     }
   }
   return false;

@@ -13,7 +13,10 @@
 ///   past 64 chunks, a chunk is at least 1/8 of the blocks held, so growth stays O(log n)
 ///   chunks (each growth rebuilds the chunk lookup) with under 1/8 of them held unused.
 ///   When the upstream refuses, fewer blocks are asked for, down to one; then
-///   `out_of_memory` names the request, footprint and free bytes. The first chunk is
+///   `out_of_memory` names the request, footprint and free bytes. A chunk above
+///   `blocks_per_chunk` that the upstream refuses with a `logic_error` (it serves sizes
+///   only up to a bound, as a fixed_size does) is asked for smaller, down to
+///   `blocks_per_chunk`, and later growth stays under it. The first chunk is
 ///   taken on the default stream, which is synchronized once so every stream may use it.
 /// - Streams: as the pool (see pool_memory_resource.hpp): a block freed on stream s is
 ///   reused on s at once; another stream takes over s's free blocks after an event wait,
@@ -168,6 +171,9 @@ class fixed_size_memory_resource final : public memory_resource, private detail:
   detail::fixed_size_blocks blocks_;
   std::vector<chunk> chunks_;
   std::size_t pool_size_ = 0;
+  /// Most blocks a growth asks for: lowered when the upstream refuses a larger chunk with
+  /// a logic_error (it serves sizes only up to a bound).
+  std::size_t largest_chunk_blocks_ = max_chunk_bytes / block_size_;
   std::size_t cache_capacity_;
   std::atomic<bool> caching_{false};  // a second thread has called: threads use their caches
   std::uintptr_t first_thread_ = 0;   // the first caller's thread key (under mutex_)
