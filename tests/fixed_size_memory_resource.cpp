@@ -301,3 +301,27 @@ TEST_CASE("fixed_size: over a fixed_size, growth past 64 chunks stays within the
   // A chunk of construction the upstream refuses is still the caller's error.
   CHECK_THROWS_AS(fixed_size_memory_resource(inner, 1 * KiB, 8), logic_error);
 }
+
+namespace {
+/// The fake seam, but synchronizing a stream fails (a CUDA error at construction).
+class failing_synchronize_sync final : public detail::stream_sync {
+ public:
+  test::fake_stream_sync inner;
+  handle create_event() override { return inner.create_event(); }
+  void destroy_event(handle e) noexcept override { inner.destroy_event(e); }
+  bool record(handle e, handle s) override { return inner.record(e, s); }
+  void wait(handle s, handle e) override { inner.wait(s, e); }
+  void synchronize(handle) override { throw std::runtime_error("synchronize failed"); }
+  void synchronize_all() override { inner.synchronize_all(); }
+};
+}  // namespace
+
+TEST_CASE("fixed_size: a constructor that fails after taking its first chunk gives it back") {
+  // The first chunk is synchronized after the upstream gave it; when that failed, the
+  // constructor threw with the chunk recorded nowhere a destructor would return it.
+  auto sim = std::make_shared<simulated_memory_resource>();
+  CHECK_THROWS_WITH(fixed_size_memory_resource(sim, 1 * KiB, 8, std::make_shared<failing_synchronize_sync>()),
+                    "synchronize failed");
+  CHECK(sim->allocation_count() == 0);
+  CHECK(sim->footprint() == 0);
+}

@@ -56,7 +56,16 @@ fixed_size_memory_resource::fixed_size_memory_resource(resource_ptr upstream, st
       cache_capacity_{std::clamp<std::size_t>(max_cache_bytes / block_size_, min_cache_blocks, max_cache_blocks)} {
   if (blocks_to_preallocate > 0) {
     std::string why;
-    if (!grow(blocks_per_chunk_, detail::stream_ref{}, why, true)) {
+    bool grown = false;
+    try {
+      grown = grow(blocks_per_chunk_, detail::stream_ref{}, why, true);
+    } catch (...) {
+      // No destructor runs for a constructor that throws: the chunk taken before the
+      // failure (the synchronization of the first chunk, out of host memory) went nowhere.
+      give_back_chunks_quietly();
+      throw;
+    }
+    if (!grown) {
       allocation_failure info;
       info.requested_bytes = blocks_per_chunk_ * block_size_;
       info.resource = "fixed_size";
@@ -65,7 +74,20 @@ fixed_size_memory_resource::fixed_size_memory_resource(resource_ptr upstream, st
       throw out_of_memory(std::move(info));
     }
   }
-  ticket_ = detail::register_cache_owner(this);  // last: a thread may call back from now on
+  try {
+    ticket_ = detail::register_cache_owner(this);  // last: a thread may call back from now on
+  } catch (...) {
+    give_back_chunks_quietly();
+    throw;
+  }
+}
+
+void fixed_size_memory_resource::give_back_chunks_quietly() noexcept {
+  try {
+    return_all_chunks();
+  } catch (std::exception const& e) {
+    std::fprintf(stderr, "mrstack: fixed_size could not return its chunks: %s\n", e.what());
+  }
 }
 
 fixed_size_memory_resource::~fixed_size_memory_resource() {
@@ -402,6 +424,8 @@ std::size_t fixed_size_memory_resource::next_chunk_blocks() const noexcept {
 bool fixed_size_memory_resource::grow(std::size_t blocks, detail::stream_ref const& s, std::string& why,
                                       bool at_construction) {
   stream_view const stream = to_stream_view(s);
+  // Room first, so recording a chunk the upstream gave cannot fail (doubling: no copy per growth).
+  if (chunks_.size() == chunks_.capacity()) { chunks_.reserve(std::max<std::size_t>(8, 2 * chunks_.size())); }
   for (std::size_t n = blocks; n >= 1;) {
     std::size_t const bytes = n * block_size_;
     try {

@@ -116,6 +116,8 @@ class fixed_size_memory_resource final : public memory_resource, private detail:
   [[noreturn]] void reject_free_shape(void const* ptr, std::size_t bytes, std::size_t alignment) const;
   [[noreturn]] void reject_free(void const* ptr, std::size_t bytes, detail::fixed_size_blocks::free_result why) const;
   void return_all_chunks();
+  /// return_all_chunks() for a constructor that fails: an error is reported on stderr.
+  void give_back_chunks_quietly() noexcept;
   /// cached_blocks() with mutex_ held (it guards the list of caches).
   [[nodiscard]] std::size_t cached_blocks_locked() const;
 
