@@ -104,12 +104,21 @@ TEST_CASE("review: binning counts its upstream's free bytes once when a layer ov
   for (auto const& b : bin.bins()) { bins += dynamic_cast<fixed_size_memory_resource&>(*b.resource).free_bytes(); }
   REQUIRE(up->free_bytes_held() > 0);
   CHECK(bin.free_bytes_held() == bins + large->free_bytes_held());  // large's figure includes up's
-  // A custom bin over the upstream too: still counted once.
-  bin.add_bin(8192, std::make_shared<pool_memory_resource>(up, 2 * KiB * KiB));
-  auto const& custom = *bin.bins().back().resource;
-  CHECK(bin.free_bytes_held() == bins + large->free_bytes_held() + custom.free_bytes_held() - up->free_bytes_held());
   bin.deallocate(big, 64 * KiB);
   bin.deallocate(small, 300);
+  // A custom bin over the upstream too: still counted once. (Bins are added before the
+  // first allocation.)
+  binning_memory_resource with_custom{up, 256, 4096, large};
+  with_custom.add_bin(8192, std::make_shared<pool_memory_resource>(up, 2 * KiB * KiB));
+  auto const& custom = *with_custom.bins().back().resource;
+  void* mid = with_custom.allocate(6000);
+  std::size_t fixed_bins = 0;
+  for (auto const& b : with_custom.bins()) {
+    if (auto const* f = dynamic_cast<fixed_size_memory_resource const*>(b.resource.get())) { fixed_bins += f->free_bytes(); }
+  }
+  CHECK(with_custom.free_bytes_held() ==
+        fixed_bins + large->free_bytes_held() + custom.free_bytes_held() - up->free_bytes_held());
+  with_custom.deallocate(mid, 6000);
 }
 
 TEST_CASE("review: a cache's spill that runs out of host memory leaves no block both cached and shared") {

@@ -74,10 +74,20 @@ void binning_memory_resource::add_bin(std::size_t size, resource_ptr resource, s
                       std::to_string(default_alignment) + " B (every block is " + std::to_string(default_alignment) +
                       "-byte aligned); nothing was added");
   }
-  if (bins_.size() >= 255) { throw logic_error("binning: at most 255 bins"); }
+  // Once blocks are out, a bin added or replaced reroutes their frees (a block of the
+  // large resource freed to a new bin, refused), and a replaced bin's resource is
+  // destroyed with its blocks still in use: their memory went back to the upstream.
+  if (allocated_.load(std::memory_order_relaxed)) {
+    throw logic_error("binning: a bin of " + std::to_string(size) +
+                      " B added after the first allocation: the bins are fixed once allocation starts "
+                      "(blocks handed out would be freed to another resource); nothing was added");
+  }
+  auto const same = std::find_if(bins_.begin(), bins_.end(), [&](bin const& b) { return b.size == size; });
+  if (same == bins_.end() && bins_.size() >= 255) { throw logic_error("binning: at most 255 bins"); }
   if (alignment != 0 && !detail::is_pow2(alignment)) {
     throw logic_error("binning: bin alignment " + std::to_string(alignment) + " is not a power of two");
   }
+  check_fixed_size_bin(size, resource, alignment);
   for (memory_resource const* below = resource.get(); below != nullptr; below = below->upstream()) {
     // The bin would call back into this resource: every allocation of its size looped forever.
     if (below == this) { throw logic_error("binning: the bin of " + std::to_string(size) + " B is this resource or stacked on it"); }
@@ -97,6 +107,26 @@ void binning_memory_resource::add_bin(std::size_t size, resource_ptr resource, s
     bins_.insert(it, bin{size, alignment, std::move(resource)});
   }
   rebuild_index();
+}
+
+void binning_memory_resource::check_fixed_size_bin(std::size_t size, resource_ptr const& resource,
+                                                   std::size_t alignment) const {
+  // A bin's requests reach its resource unchecked: a fixed_size that cannot serve them
+  // refused every one with an error naming only its own block size.
+  auto const* fixed = dynamic_cast<fixed_size_memory_resource const*>(resource.get());
+  if (resource && fixed == nullptr) { return; }  // another kind of resource: its blocks are the caller's promise
+  // Null: the fixed_size made here, whose blocks are aligned to the lowest set bit of `size`.
+  std::size_t const block = fixed != nullptr ? fixed->block_size() : size;
+  std::size_t const aligned = fixed != nullptr ? fixed->block_alignment() : size & (~size + 1);
+  std::string const what = "binning: a bin of " + std::to_string(size) + " B";
+  if (block < size) {
+    throw logic_error(what + " served by a fixed_size of " + std::to_string(block) +
+                      " B blocks: its requests would not fit; nothing was added");
+  }
+  if (alignment > aligned) {
+    throw logic_error(what + " aligned to " + std::to_string(alignment) + " B, but its fixed_size blocks are aligned to " +
+                      std::to_string(aligned) + " B only; nothing was added");
+  }
 }
 
 void binning_memory_resource::explain_bad_free(void const* ptr, std::size_t bytes, std::size_t alignment,

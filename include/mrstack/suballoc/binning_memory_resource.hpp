@@ -19,8 +19,8 @@
 /// - Sizes: bins of 256 B to `max_bin_size` (1 TiB); `min_size` above `max_size`, or either
 ///   beyond 1 TiB, is a `logic_error` at construction.
 /// - Streams, errors and thread safety are those of the bin and large resources (each
-///   is thread-safe on its own; the bin table is fixed once allocation starts — add bins
-///   before sharing the resource between threads).
+///   is thread-safe on its own; the bin table is fixed once allocation starts: `add_bin`
+///   after the first allocation is a `logic_error`).
 /// - `free_bytes_held()` counts the free bytes of every layer of the bins', the large
 ///   resource's and the upstream's stacks once, however many of them stand on it (a pool
 ///   under several bins); `fragmentation()` adds up each suballocator behind the bins and
@@ -29,6 +29,7 @@
 ///   resource of one's own with an upstream counts as an adaptor here).
 ///   `release()` releases every bin, then the large resource and the upstream.
 #include <array>
+#include <atomic>
 #include <bit>
 #include <cstddef>
 #include <cstdint>
@@ -53,6 +54,11 @@ class binning_memory_resource final : public memory_resource {
   /// rounded up would replace another bin unseen) served by `resource` (null: a
   /// fixed_size resource of that size over the upstream, blocks aligned to the largest
   /// power of two dividing `size`). A bin of a size already present replaces it.
+  /// `alignment`: what every block of the bin is aligned to (0: 256 B for a resource
+  /// given, the blocks' own for one made here). A `logic_error`, with nothing added: a
+  /// bin added after the first allocation (blocks out would be freed elsewhere, a
+  /// replaced bin's memory returned while in use), or a fixed_size bin whose blocks are
+  /// smaller than `size` or aligned to less than `alignment`.
   void add_bin(std::size_t size, resource_ptr resource = nullptr, std::size_t alignment = 0);
 
   struct bin {
@@ -69,8 +75,12 @@ class binning_memory_resource final : public memory_resource {
 
  private:
   void* do_allocate(std::size_t bytes, std::size_t alignment, stream_view stream) override {
+    if (!allocated_.load(std::memory_order_relaxed)) { allocated_.store(true, std::memory_order_relaxed); }
     return target(bytes, alignment)->allocate(bytes, stream, alignment);
   }
+  /// A fixed_size bin (`resource`, or the one made when it is null) must serve every
+  /// request of the bin: blocks of at least `size` bytes aligned to `alignment`.
+  void check_fixed_size_bin(std::size_t size, resource_ptr const& resource, std::size_t alignment) const;
   void do_deallocate(void* ptr, std::size_t bytes, std::size_t alignment, stream_view stream) override {
     memory_resource* const routed = target(bytes, alignment);
     try {
@@ -113,6 +123,7 @@ class binning_memory_resource final : public memory_resource {
   std::vector<bin> bins_;  // ascending size
   std::array<std::uint8_t, 65> first_bin_{};
   std::size_t largest_bin_ = 0;
+  std::atomic<bool> allocated_{false};  // bins are fixed from the first allocation on
 };
 
 }  // namespace mrstack
