@@ -325,3 +325,37 @@ TEST_CASE("fixed_size: a constructor that fails after taking its first chunk giv
   CHECK(sim->allocation_count() == 0);
   CHECK(sim->footprint() == 0);
 }
+
+namespace {
+/// simulated, but the deallocate numbered `fail_at` (from 0) throws, as a CUDA error would.
+struct refusing_free_upstream final : memory_resource {
+  std::shared_ptr<simulated_memory_resource> sim = std::make_shared<simulated_memory_resource>();
+  int fail_at = -1;
+  int frees = 0;
+  void* do_allocate(std::size_t b, std::size_t a, stream_view s) override { return sim->allocate(b, s, a); }
+  void do_deallocate(void* p, std::size_t b, std::size_t a, stream_view s) override {
+    if (frees++ == fail_at) { throw std::runtime_error("deallocate failed"); }
+    sim->deallocate(p, b, s, a);
+  }
+  std::string do_name() const override { return "refusing_free"; }
+};
+}  // namespace
+
+TEST_CASE("fixed_size: a release the upstream refuses half way hands out no returned memory") {
+  // The chunks went back in a loop and were forgotten only after it: when the second
+  // was refused, the first (returned) still served blocks, and was returned again at
+  // the next release or destruction.
+  auto up = std::make_shared<refusing_free_upstream>();
+  {
+    fixed_size_memory_resource mr{up, 256, 1, std::make_shared<test::fake_stream_sync>()};
+    std::vector<void*> blocks;
+    for (int i = 0; i < 3; ++i) { blocks.push_back(mr.allocate(256)); }
+    for (void* p : blocks) { mr.deallocate(p, 256); }
+    up->fail_at = up->frees + 1;
+    CHECK_THROWS_WITH(mr.release(), "deallocate failed");
+    CHECK(mr.chunk_count() == up->sim->allocation_count());
+    CHECK(mr.pool_size() == up->sim->footprint());
+    for (int i = 0; i < 3; ++i) { CHECK(up->sim->owns(mr.allocate(256))); }
+  }
+  CHECK(up->sim->allocation_count() == 0);  // what was left went back once, at destruction
+}

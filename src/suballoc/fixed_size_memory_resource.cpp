@@ -462,10 +462,16 @@ bool fixed_size_memory_resource::grow(std::size_t blocks, detail::stream_ref con
 void fixed_size_memory_resource::return_all_chunks() {
   if (chunks_.empty()) { return; }
   detail::stream_ref const s = blocks_.return_stream();
-  for (auto const& c : chunks_) { upstream_->deallocate(c.allocation, c.allocation_size, to_stream_view(s), granularity); }
-  chunks_.clear();
+  // The blocks go first and each chunk leaves the list as it goes back: when the upstream
+  // refuses one half way, no block of a returned chunk is handed out again and no chunk
+  // is returned twice (at the next release or destruction); those left are retried then.
   blocks_.clear();
-  pool_size_ = 0;
+  while (!chunks_.empty()) {
+    chunk const& c = chunks_.back();
+    upstream_->deallocate(c.allocation, c.allocation_size, to_stream_view(s), granularity);
+    pool_size_ -= c.allocation_size;
+    chunks_.pop_back();
+  }
 }
 
 void fixed_size_memory_resource::do_release() {
