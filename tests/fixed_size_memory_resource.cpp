@@ -359,3 +359,31 @@ TEST_CASE("fixed_size: a release the upstream refuses half way hands out no retu
   }
   CHECK(up->sim->allocation_count() == 0);  // what was left went back once, at destruction
 }
+
+TEST_CASE("fixed_size: the free check's page hash stays small when chunks grow far above the standard one") {
+  // Pages were a standard chunk (one block here) whatever the chunks: a chunk of 200,000
+  // blocks took a slot of 64 bytes per block, and fixed_size(256 B, 1 block a chunk) held
+  // twice the memory it served in host memory for 1e6 blocks, growing 14x slower.
+  std::size_t const block = 256;
+  detail::fixed_size_chunks chunks{block, 1};
+  std::uintptr_t const base = std::uintptr_t{1} << 40;
+  std::vector<std::uintptr_t> small;
+  for (std::size_t i = 0; i < 64; ++i) {
+    small.push_back(base + i * 4096);
+    (void)chunks.add(small.back(), 1);
+  }
+  std::uintptr_t const big = base + (std::uintptr_t{1} << 30);
+  std::size_t const big_blocks = 200'000;
+  detail::block_state* const states = chunks.add(big, big_blocks);
+  CHECK(chunks.current().slot_count() <= 2048);  // 391 pages of 512 blocks, and the small ones
+  for (std::uintptr_t a : small) {
+    CHECK(chunks.find(a) != nullptr);
+    CHECK(chunks.find(a + block) == nullptr);
+  }
+  for (std::size_t k : {std::size_t{0}, std::size_t{1}, std::size_t{77'777}, big_blocks - 1}) {
+    CHECK(chunks.find(big + k * block) == states + k);
+    CHECK(chunks.find(big + k * block + 16) == nullptr);
+  }
+  CHECK(chunks.find(big + big_blocks * block) == nullptr);
+  CHECK(chunks.find(big - block) == nullptr);
+}

@@ -33,10 +33,11 @@ inline constexpr std::uint8_t free_state = 1;
 
 /// An immutable map from address to the state of the block starting there: a page hash
 /// whose pages are `2^page_shift` bytes (the largest power of two not above a standard
-/// chunk), so a standard chunk spans at most three pages and a page meets at most a few
-/// chunks. Each page keeps up to `slots_per_page` candidate chunks; a page that meets more
-/// (chunks shrunk after the upstream refused) sends lookups to a binary search over all
-/// chunks. Built whole and never changed, so threads may read it with no lock while a new
+/// chunk, or above 1/256 of the largest chunk when that is larger), so a chunk spans at
+/// most 257 pages and a page meets at most a few chunks as large as it. Each page keeps
+/// up to `slots_per_page` candidate chunks; a page that meets more (chunks shrunk after
+/// the upstream refused, or standard chunks under pages grown larger) sends lookups to a
+/// binary search over all chunks. Built whole and never changed, so threads may read it with no lock while a new
 /// one is being built.
 class chunk_snapshot {
  public:
@@ -63,11 +64,14 @@ class chunk_snapshot {
     }
   }
   [[nodiscard]] std::vector<chunk_ref> const& chunks() const noexcept { return chunks_; }
+  /// Slots of the page hash (what the snapshot costs: 64 bytes each).
+  [[nodiscard]] std::size_t slot_count() const noexcept { return slots_.size(); }
 
  private:
   // Two chunks per page inline: one cache line answers most lookups (a page meets at
   // most two standard chunks unless their bases are far apart).
   static constexpr std::size_t slots_per_page = 2;
+  static constexpr std::size_t max_pages_per_chunk = 256;
   static constexpr std::uintptr_t empty_page = ~std::uintptr_t{0};
   struct alignas(64) slot {
     std::uintptr_t page = empty_page;
