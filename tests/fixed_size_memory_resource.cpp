@@ -387,3 +387,14 @@ TEST_CASE("fixed_size: the free check's page hash stays small when chunks grow f
   CHECK(chunks.find(big + big_blocks * block) == nullptr);
   CHECK(chunks.find(big - block) == nullptr);
 }
+
+TEST_CASE("fixed_size: a chunk far above the standard one spans at most 257 pages of the free check") {
+  // 8,128 blocks of 256 B over 4 KiB standard pages: pages of 4 KiB (1/256 rounded down)
+  // made it 508 pages, 1,024 slots; 8 KiB pages make it 254, 512 slots at half load.
+  static detail::block_state states[8128];
+  std::uintptr_t const first = std::uintptr_t{1} << 32;
+  detail::chunk_snapshot const snapshot{{{first, first + 8128 * 256, states}}, 256, 12};
+  CHECK(snapshot.slot_count() <= 512);
+  CHECK(snapshot.find(first + 8127 * 256) == states + 8127);
+  CHECK(snapshot.find(first + 8128 * 256) == nullptr);
+}

@@ -15,8 +15,10 @@ chunk_snapshot::chunk_snapshot(std::vector<chunk_ref> chunks, std::size_t block_
   // page crowd it and are found by the binary search.
   std::size_t largest = 0;
   for (auto const& c : chunks_) { largest = std::max<std::size_t>(largest, c.end - c.first_block); }
-  if (largest / max_pages_per_chunk > (std::size_t{1} << page_shift_)) {
-    page_shift_ = static_cast<unsigned>(std::bit_width(largest / max_pages_per_chunk) - 1);
+  // The smallest power of two at least 1/256 of it: rounding down took up to 512 pages.
+  std::size_t const page_wanted = (largest + max_pages_per_chunk - 1) / max_pages_per_chunk;
+  if (page_wanted > (std::size_t{1} << page_shift_)) {
+    page_shift_ = static_cast<unsigned>(std::countr_zero(std::bit_ceil(page_wanted)));
   }
   std::sort(chunks_.begin(), chunks_.end(), [](chunk_ref const& a, chunk_ref const& b) { return a.first_block < b.first_block; });
   std::size_t pages = 0;

@@ -33,8 +33,8 @@ inline constexpr std::uint8_t free_state = 1;
 
 /// An immutable map from address to the state of the block starting there: a page hash
 /// whose pages are `2^page_shift` bytes (the largest power of two not above a standard
-/// chunk, or above 1/256 of the largest chunk when that is larger), so a chunk spans at
-/// most 257 pages and a page meets at most a few chunks as large as it. Each page keeps
+/// chunk, or the smallest one at least 1/256 of the largest chunk when that is larger), so
+/// a chunk spans at most 257 pages and a page meets at most a few chunks as large as it. Each page keeps
 /// up to `slots_per_page` candidate chunks; a page that meets more (chunks shrunk after
 /// the upstream refused, or standard chunks under pages grown larger) sends lookups to a
 /// binary search over all chunks. Built whole and never changed, so threads may read it with no lock while a new
