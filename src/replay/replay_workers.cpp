@@ -160,11 +160,18 @@ class per_thread_wakeups {
     for (std::uint32_t i = 0; i < log.events.size(); ++i) {
       if (log.events[i].action == log_action::free) { freed_by_[log.events[i].allocation] = log.event_threads[i]; }
     }
-    // Room for every thread a worker may own (a thread is in at most one inbox, once):
-    // handing one back never allocates.
-    for (unsigned w = 0; w < workers; ++w) {
-      inboxes_[w].threads.reserve((log.events_by_thread.size() + workers - 1) / workers);
-    }
+    // Room for every thread a worker may own (a thread is in at most one inbox, once), so
+    // that handing one back does not allocate. When fewer workers start than asked, each
+    // owns more: `make_room` grows its inbox as it starts, and a hand-back that comes
+    // before may allocate (a failure then stops the run with an error, as any).
+    for (unsigned w = 0; w < workers; ++w) { make_room(w, workers, log.events_by_thread.size()); }
+  }
+
+  /// Room in worker w's inbox (of `of` workers) for every one of `threads` log threads it owns.
+  void make_room(unsigned w, unsigned of, std::size_t threads) {
+    inbox& box = inboxes_[w];
+    std::lock_guard lock{box.mutex};
+    box.threads.reserve((threads + of - 1 - w) / of);
   }
 
   /// Parks thread `t` on `allocation`. False when the allocation was settled meanwhile
@@ -251,6 +258,7 @@ turn run_turn(run_state& s, per_thread_wakeups& wakeups, std::uint32_t t, std::s
 /// to a batch of events, until each is parked on a free whose allocation is not made yet.
 void per_thread_worker(run_state& s, per_thread_wakeups& wakeups, unsigned w, unsigned of, double& inside_ns) {
   auto const& by_thread = s.log->events_by_thread;
+  wakeups.make_room(w, of, by_thread.size());
   std::vector<std::size_t> at((by_thread.size() + of - 1 - w) / of, 0);  // by t / of: the next of its events
   std::vector<std::uint32_t> ready;
   std::vector<std::uint32_t> next_round;
