@@ -1,29 +1,18 @@
 // The coalescing core (detail::block_pool) when host memory runs out: its class arrays
 // grow by doubling, and a call that needs one to grow when operator new fails must
 // throw std::bad_alloc with every block still indexed exactly once — a free refused
-// whole (the block still live, nothing changed), a transfer block by block. This
-// program replaces the global operator new so that a test can make it fail.
+// whole (the block still live, nothing changed), a transfer block by block.
 #include <catch2/catch.hpp>
 
 #include <mrstack/detail/block_pool.hpp>
+
+#include <host_allocation_failure.hpp>
 
 #include <cstdlib>
 #include <iterator>
 #include <map>
 #include <new>
 #include <random>
-
-namespace {
-bool fail_host_allocations = false;  // set only around the pool's own calls
-}  // namespace
-
-void* operator new(std::size_t size) {
-  if (fail_host_allocations) { throw std::bad_alloc{}; }
-  if (void* p = std::malloc(size == 0 ? 1 : size)) { return p; }
-  throw std::bad_alloc{};
-}
-void operator delete(void* p) noexcept { std::free(p); }
-void operator delete(void* p, std::size_t) noexcept { std::free(p); }
 
 using mrstack::detail::block_pool;
 using mrstack::detail::owner_id;
@@ -36,14 +25,14 @@ constexpr std::size_t MiB = 1024 * KiB;
 /// Runs `call` with operator new failing when `armed`; true when it threw std::bad_alloc.
 template <typename Call>
 bool refused_for_host_memory(bool armed, Call&& call) {
-  fail_host_allocations = armed;
+  mrstack::test::fail_host_allocations_from = armed ? 1 : 0;
   try {
     call();
   } catch (std::bad_alloc const&) {
-    fail_host_allocations = false;
+    mrstack::test::fail_host_allocations_from = 0;
     return true;
   }
-  fail_host_allocations = false;
+  mrstack::test::fail_host_allocations_from = 0;
   return false;
 }
 
@@ -58,6 +47,7 @@ pool_totals totals(block_pool const& pool) {
 }  // namespace
 
 TEST_CASE("block_pool: when a class array cannot grow, a free is refused whole and transfers stay indexed") {
+  MRSTACK_TEST_NEEDS_HOST_ALLOCATION_FAILURES();
   std::size_t refused_frees = 0;
   std::size_t refused_transfers = 0;
   for (int seed = 1; seed <= 6; ++seed) {
