@@ -115,6 +115,22 @@ TEST_CASE("log: header names ignore case, extra columns are ignored, CRLF and bl
   CHECK(log.leaked_allocations.empty());
 }
 
+TEST_CASE("log: a NUL byte is refused by the parser itself, in any column, naming line and column") {
+  // The file reader refused NUL bytes, but text handed to the parser directly (an extra
+  // column's, or a Thread id's) was accepted: a log that mrstack-replay then refuses.
+  std::string const extra = header + "1,0,allocate,0x10,64,0,a" + std::string(1, '\0') + "b\n1,0,free,0x10,64,0\n";
+  try {
+    (void)parse_allocation_log(extra, "extra.csv");
+    FAIL("parsed a NUL byte in an extra column");
+  } catch (log_error const& e) {
+    CHECK(e.line() == 2);
+    CHECK(e.column() == 25);
+    CHECK_THAT(e.what(), Catch::StartsWith("extra.csv:2:25: a NUL byte at byte offset 63 of the text"));
+  }
+  std::string const thread = header + "1" + std::string(1, '\0') + ",0,allocate,0x10,64,0\n";
+  CHECK_THROWS_WITH(parse_allocation_log(thread, "thread.csv"), Catch::StartsWith("thread.csv:2:2: a NUL byte"));
+}
+
 TEST_CASE("log: a UTF-8 byte order mark before the header is skipped") {
   // Spreadsheets and Windows editors save "CSV UTF-8" with a BOM; it used to be read as
   // part of the first header name, refused with "header column 1 is 'Thread', expected

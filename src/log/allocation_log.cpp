@@ -500,6 +500,25 @@ class log_parser {
   std::uint64_t row_stamp_ = 0;             // the Stamp of the row being read
 };
 
+/// A NUL byte cannot be in CSV text: it is binary data (a binary log is converted before
+/// this is asked). Refused with its line, column and byte offset in `text`.
+void refuse_nul_byte(std::string_view text, std::string const& source) {
+  std::size_t const nul = text.find('\0');
+  if (nul == std::string_view::npos) { return; }
+  std::size_t line = 1;
+  std::size_t line_start = 0;
+  for (std::size_t i = 0; i < nul; ++i) {
+    if (text[i] == '\n') {
+      ++line;
+      line_start = i + 1;
+    }
+  }
+  std::size_t const column = nul - line_start + 1;
+  throw log_error(source + ":" + std::to_string(line) + ":" + std::to_string(column) + ": a NUL byte at byte offset " +
+                      std::to_string(nul) + " of the text: the log holds binary data, expected CSV text (or gzip-compressed CSV)",
+                  source, line, column);
+}
+
 }  // namespace
 
 allocation_log parse_allocation_log(std::string_view text, std::string source, log_limits const& limits) {
@@ -507,6 +526,7 @@ allocation_log parse_allocation_log(std::string_view text, std::string source, l
     std::string const csv = binary_log_to_csv(text, source, limits);
     return log_parser{csv, std::move(source), limits}.parse();
   }
+  refuse_nul_byte(text, source);
   // A UTF-8 byte order mark (spreadsheets and Windows editors save "CSV UTF-8" with one)
   // is no part of the header: read as one, it made the first column name 'Thread'
   // plus three invisible bytes, refused with a message that seemed to contradict itself.

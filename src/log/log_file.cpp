@@ -100,21 +100,6 @@ std::string read_log_text(std::string const& path, log_limits const& limits) {
 
 allocation_log read_allocation_log(std::string const& path, log_limits const& limits) {
   std::string const text = read_log_text(path, limits);
-  if (auto const nul = text.find('\0'); nul != std::string::npos) {
-    std::size_t line = 1;
-    std::size_t line_start = 0;
-    for (std::size_t i = 0; i < nul; ++i) {
-      if (text[i] == '\n') {
-        ++line;
-        line_start = i + 1;
-      }
-    }
-    std::size_t const column = nul - line_start + 1;
-    throw log_error(path + ":" + std::to_string(line) + ":" + std::to_string(column) +
-                        ": a NUL byte at byte offset " + std::to_string(nul) +
-                        " of the text: the log holds binary data, expected CSV text (or gzip-compressed CSV)",
-                    path, line, column);
-  }
   return parse_allocation_log(text, path, limits);
 }
 

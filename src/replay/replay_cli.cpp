@@ -258,9 +258,6 @@ int write_csv(arguments const& a, std::FILE* out, std::FILE* err) {
   allocation_log log;
   try {
     text = read_log_text(a.log_path, a.limits);
-    // The parser takes a NUL byte (in a Thread column); the file reader refuses it: the
-    // CSV written must be one that mrstack-replay reads. Read so, the error is the reader's.
-    if (text.find('\0') != std::string::npos) { (void)read_allocation_log(a.log_path, a.limits); }
     log = parse_allocation_log(text, a.log_path, a.limits);
   } catch (log_error const& e) {
     std::fprintf(err, "mrstack-replay: %s\n", e.what());
