@@ -237,7 +237,14 @@ def empty_cache(device=None):
 def record_stream(tensor, stream):
     """``tensor.record_stream(stream)`` for mrstack (PyTorch's does nothing with a pluggable
     allocator): the block under `tensor` is not reused before the work enqueued on
-    `stream` up to now is done. Its free makes the freeing stream wait for that work."""
+    `stream` up to now is done. Its free makes the freeing stream wait for that work.
+    A tensor not on a CUDA device is refused (ValueError): its memory is not mrstack's,
+    so no free would ever consume the event kept for it."""
+    device = getattr(tensor, "device", None)
+    kind = getattr(device, "type", "cuda")
+    if kind != "cuda":
+        raise ValueError(f"mrstack.torch.record_stream: the tensor is on {device}, not a CUDA device; "
+                         "only CUDA tensors allocated through mrstack have a block whose free can wait")
     lib = _lib.library()
     ptr = tensor.untyped_storage().data_ptr()
     handle = getattr(stream, "cuda_stream", stream)

@@ -178,6 +178,19 @@ def test_record_stream_reaches_the_library_and_fails_clearly_without_a_device(ru
         class Stream:
             cuda_stream = 0x2000
 
+        class CpuTensor(Tensor):
+            class device:
+                type = "cpu"
+                def __str__(self):
+                    return "cpu"
+            device = device()
+
+        try:
+            mt.record_stream(CpuTensor(), Stream())
+        except ValueError as e:
+            assert "the tensor is on cpu, not a CUDA device" in str(e), e
+        else:
+            raise AssertionError("a CPU tensor's record_stream was taken")
         try:
             mt.record_stream(Tensor(), Stream())
         except mrstack.MrstackError as e:
