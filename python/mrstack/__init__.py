@@ -15,6 +15,7 @@ Importing the package loads nothing and touches no GPU: the shared library
 from dataclasses import dataclass, field
 import ctypes
 import operator
+import threading
 
 from . import _lib
 from ._lib import (CudaError, FastPath, LibraryNotFoundError, MrstackError, OutOfMemoryError, SpecError,
@@ -175,6 +176,9 @@ class Statistics:
         return "\n".join(lines)
 
 
+_closing = threading.Lock()
+
+
 class Stack:
     """A stack: `Stack(spec)` builds a private one (closed with `close()` or `with`);
     `device_stack(device)` gives the process-wide stack Numba, CuPy and PyTorch share."""
@@ -280,9 +284,12 @@ class Stack:
         return _vmm.is_asleep(self.handle)
 
     def close(self):
-        """Destroys a private stack (freeing what Numba-style allocations it still holds)."""
-        if self._owned and self._handle is not None:
-            handle, self._handle = self._handle, None  # destroyed even when the call reports live allocations
+        """Destroys a private stack (freeing what Numba-style allocations it still holds).
+        Closing a closed stack does nothing, also when two threads close it at once."""
+        with _closing:  # one thread takes the handle; the read and the clear are two steps
+            handle = self._handle if self._owned else None
+            self._handle = None if self._owned else self._handle
+        if handle is not None:  # destroyed even when the call reports live allocations
             self._lib.check(self._lib.dll.mrstack_stack_destroy(handle))
 
     def __enter__(self):

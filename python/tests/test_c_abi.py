@@ -178,6 +178,46 @@ def test_closed_stack_is_refused(lib):
         stack.allocate(16)
 
 
+def test_two_threads_closing_one_stack_both_return(lib):
+    # The second close must be the no-op a second close is, not a refused double destroy.
+    # Reading the handle is made slow, so that both threads read it before either clears it
+    # unless close() keeps the read and the clear together.
+    import threading
+    import time
+    slot = mrstack.Stack._handle
+
+    class SlowStack(mrstack.Stack):
+        __slots__ = ()
+
+        @property
+        def _handle(self):
+            value = slot.__get__(self)
+            time.sleep(0.02)
+            return value
+
+        @_handle.setter
+        def _handle(self, value):
+            slot.__set__(self, value)
+
+    stack = SlowStack("system")
+    failures = []
+
+    def close():
+        try:
+            stack.close()
+        except mrstack.MrstackError as e:
+            failures.append(str(e))
+
+    threads = [threading.Thread(target=close) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert failures == []
+    with pytest.raises(mrstack.MrstackError, match="closed"):
+        stack.allocate(16)
+
+
 def test_configured_spec_is_not_cut_when_it_grows_between_the_two_calls(monkeypatch):
     # configured_spec asks for the length, then for the text: a configure() on another
     # thread in between (a longer spec) must not come back cut to the old length.
