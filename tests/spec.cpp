@@ -482,7 +482,7 @@ TEST_CASE("spec: the adaptors take every parameter by name") {
   std::filesystem::create_directories(dir);
   auto const file = (dir / "a, b.csv").string();
   {
-    auto const top = make_stack("statistics > logging(file=\"" + file + "\", auto_flush=true, async=false, "
+    auto const top = make_stack("statistics > logging(file=\"" + file + "\", auto_flush=true, async=true, "
                                 "queue_capacity=1024) > limiting(8KiB, granularity=1KiB) > tracking(capture_stacks=false, "
                                 "report_leaks=false) > thread_safe > aligned(alignment=4KiB, threshold=1KiB) > "
                                 "retry(max_retries=2) > simulated");

@@ -45,8 +45,15 @@ TEST_CASE("spec checks: logging's flags are checked with the spec, as the build 
                   "per_thread=false cannot go with binary", build);
     require_error("logging(file=/dev/null, async=false, binary) > system", "false",
                   "async=false cannot go with binary", build);
+    // A synchronous log has no queue: the capacity was taken and ignored.
+    require_error("logging(file=/dev/null, queue_capacity=1024) > system", "1024",
+                  "queue_capacity sizes the asynchronous queues: it needs async (or binary)", build);
+    require_error("logging(file=/dev/null, async=false, queue_capacity=64) > system", "false",
+                  "it needs async (or binary)", build);
   }
   for (char const* ok : {"logging(file=x, binary) > system", "logging(file=x, async, per_thread) > system",
+                         "logging(file=x, binary, queue_capacity=64) > system",
+                         "logging(file=x, async, queue_capacity=64) > system",
                          "logging(file=x, binary, async=true, per_thread=true) > system", "logging(file=x) > system"}) {
     INFO(ok);
     CHECK_NOTHROW(check_stack_spec(parse_stack_spec(ok)));

@@ -137,6 +137,11 @@ void validate_logging(spec_arguments const& a) {
     throw spec_parameter_error(std::vector<std::string>{"async", "per_thread"},
                                "per-thread order is a way of writing asynchronously: per_thread needs async");
   }
+  // A synchronous log has no queue: the capacity would be taken and ignored.
+  if (!async && a.count("queue_capacity").has_value()) {
+    throw spec_parameter_error(std::vector<std::string>{"async", "queue_capacity"},
+                               "queue_capacity sizes the asynchronous queues: it needs async (or binary)");
+  }
 }
 
 }  // namespace
