@@ -10,6 +10,10 @@
 
 #include <spdlog/logger.h>
 
+#if defined(__x86_64__)
+#include <cpuid.h>
+#endif
+
 #include <mrstack/error.hpp>
 #include <mrstack/log/binary_log.hpp>
 
@@ -156,6 +160,11 @@ bool binary_stamps_in_ticks() {
   }
   if (asked != nullptr && *asked != '\0') { return false; }
 #if defined(__x86_64__)
+  // A hypervisor may hide rdtscp while the guest kernel still keeps time by the counter:
+  // the instruction would then end the program (SIGILL) at the first stamp. (CPUID
+  // 0x80000001 EDX bit 27 is RDTSCP.)
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  if (__get_cpuid(0x80000001, &eax, &ebx, &ecx, &edx) == 0 || (edx & (1u << 27)) == 0) { return false; }
   std::ifstream source{"/sys/devices/system/clocksource/clocksource0/current_clocksource"};
   std::string name;
   source >> name;

@@ -47,9 +47,9 @@ inline constexpr char const* log_clock_variable = "MRSTACK_LOG_CLOCK";
 
 /// Whether binary stamps are time-stamp counter ticks: where the kernel itself keeps time
 /// by that counter (so it runs at one rate and in step on every core; x86-64, clocksource
-/// `tsc`), unless MRSTACK_LOG_CLOCK=steady asks for the monotonic clock. `rdtscp` costs
-/// 24-25 ns on an H200 host against 30-40 for `clock_gettime`, which reads the same counter
-/// and scales it. Any other value of the variable is a `logic_error` naming it.
+/// `tsc`, and the CPU offers `rdtscp`), unless MRSTACK_LOG_CLOCK=steady asks for the
+/// monotonic clock. `rdtscp` costs 24-25 ns on an H200 host against 30-40 for
+/// `clock_gettime`, which reads the same counter and scales it. Any other value of the variable is a `logic_error` naming it.
 [[nodiscard]] bool binary_stamps_in_ticks();
 
 class log_thread_buffers {

@@ -66,8 +66,8 @@
 ///   size, stream — in blocks that name their thread, after a 32-byte file header
 ///   (layout: log/binary_log.hpp). The logging thread formats nothing, and the file is
 ///   under half the CSV's size. Where the kernel keeps time by the CPU's time-stamp
-///   counter (x86-64, clocksource `tsc`) the stamps are its ticks, read with `rdtscp`
-///   (ordered after earlier loads, as the monotonic clock's read is) and turned into
+///   counter (x86-64, clocksource `tsc`, a CPU with `rdtscp`) the stamps are its ticks,
+///   read with `rdtscp` (ordered after earlier loads, as the monotonic clock's read is) and turned into
 ///   nanoseconds by the reader; MRSTACK_LOG_CLOCK=steady asks for the monotonic clock (any
 ///   other non-empty value is a `logic_error`). mrstack's log reader (so `mrstack-replay`, which also
 ///   writes the CSV out with `--write-csv`) reads it as the CSV this adaptor would have
