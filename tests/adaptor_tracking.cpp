@@ -9,6 +9,7 @@
 #include <mrstack/upstream/system_memory_resource.hpp>
 
 #include <algorithm>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <random>
@@ -267,4 +268,35 @@ TEST_CASE("stack_trace: frames resolve to function names in this executable") {
   CHECK_THAT(first, Catch::Contains("C_A_T_C_H") && Catch::Contains("test_adaptor_tracking+0x"));
   CHECK(detail::capture_stack(frames, 8, 1000) == 0);
   CHECK_THAT(detail::describe_frame(reinterpret_cast<void*>(std::uintptr_t{0x10})), Catch::Contains("0x10"));
+}
+
+namespace {
+
+/// Any size succeeds at a made-up address that is never touched (a size-blind stand-in).
+class made_up_addresses final : public memory_resource {
+  std::uintptr_t next_ = std::uintptr_t{1} << 40;
+  void* do_allocate(std::size_t, std::size_t, stream_view) override {
+    next_ += 4096;
+    return reinterpret_cast<void*>(next_);
+  }
+  void do_deallocate(void*, std::size_t, std::size_t, stream_view) override {}
+  std::string do_name() const override { return "made_up_addresses"; }
+};
+
+}  // namespace
+
+TEST_CASE("tracking: outstanding bytes past SIZE_MAX read SIZE_MAX, never a wrapped sum") {
+  // Two allocations of 2^63 in one shard summed to 0 bytes outstanding.
+  tracking_resource_adaptor track{std::make_shared<made_up_addresses>(), false, false};
+  std::size_t const half = std::size_t{1} << 63;
+  void* a = track.allocate(half);
+  void* b = track.allocate(half);
+  CHECK(track.outstanding_count() == 2);
+  CHECK(track.outstanding_bytes() == std::numeric_limits<std::size_t>::max());
+  CHECK(track.call_sites().at(0).bytes == std::numeric_limits<std::size_t>::max());
+  CHECK_THAT(track.report(), Catch::Contains("2 allocations outstanding"));
+  track.deallocate(a, half);
+  CHECK(track.outstanding_bytes() == half);
+  track.deallocate(b, half);
+  CHECK(track.outstanding_bytes() == 0);
 }

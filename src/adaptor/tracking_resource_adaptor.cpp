@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <ctime>
 #include <cstdio>
+#include <limits>
 #include <map>
 #include <ostream>
 #include <sstream>
@@ -183,12 +184,13 @@ std::size_t tracking_resource_adaptor::outstanding_count() const noexcept {
 }
 
 std::size_t tracking_resource_adaptor::outstanding_bytes() const noexcept {
-  std::size_t n = 0;
+  __extension__ unsigned __int128 n = 0;  // wrapping would take 2^64 outstanding allocations
   for (auto& s : shards_) {
     std::lock_guard lock{s.mutex};
     n += s.bytes;
   }
-  return n;
+  return n > std::numeric_limits<std::size_t>::max() ? std::numeric_limits<std::size_t>::max()
+                                                       : static_cast<std::size_t>(n);
 }
 
 std::vector<std::pair<void*, tracking_resource_adaptor::record>> tracking_resource_adaptor::snapshot() const {
@@ -238,7 +240,7 @@ std::vector<tracking_resource_adaptor::call_site> tracking_resource_adaptor::cal
   for (auto const& [ptr, r] : snapshot()) {
     auto& site = by_stack[r.stack_id];
     ++site.count;
-    site.bytes += r.bytes;
+    site.bytes = detail::saturating_add_size(site.bytes, r.bytes);
   }
   std::vector<call_site> out;
   out.reserve(by_stack.size());
@@ -255,7 +257,7 @@ std::vector<tracking_resource_adaptor::call_site> tracking_resource_adaptor::cal
 std::string tracking_resource_adaptor::report(std::size_t max_call_sites, std::size_t max_allocations) const {
   auto const all = outstanding();
   std::size_t bytes = 0;
-  for (auto const& a : all) { bytes += a.bytes; }
+  for (auto const& a : all) { bytes = detail::saturating_add_size(bytes, a.bytes); }
   std::ostringstream os;
   os << "tracking: " << all.size() << " allocation" << (all.size() == 1 ? "" : "s") << " outstanding, "
      << format_bytes(bytes) << "\n";

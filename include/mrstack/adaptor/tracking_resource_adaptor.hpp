@@ -31,7 +31,7 @@
 /// clock's tick (the kernel's: 1-4 ms at HZ 1000-250, 10 ms at HZ 100) — two threads'
 /// allocations closer than that may be listed in either order, even when one came after
 /// the other. `outstanding_count()`/`outstanding_bytes()` add the shards up under their
-/// locks. Plus the capture when stacks are on (interned: each distinct stack is stored once).
+/// locks (bytes past SIZE_MAX, from sizes a size-blind upstream accepted, read SIZE_MAX). Plus the capture when stacks are on (interned: each distinct stack is stored once).
 ///
 /// Thread-safe. `name()` is "tracking". `free_bytes_held`/`release` go to the upstream.
 #include <array>
@@ -112,7 +112,9 @@ class tracking_resource_adaptor final : public memory_resource {
     detail::shard_spin_lock mutex;  // held for table operations (an insert may grow it), never across a call
     detail::pointer_map<record> records;
     std::size_t count = 0;
-    std::size_t bytes = 0;
+    // 128 bits: sizes a size-blind upstream accepted may sum past 2^64 (two of 2^63 had
+    // wrapped to 0); reads clamp the total to SIZE_MAX.
+    __extension__ unsigned __int128 bytes = 0;
     std::uint64_t last_stamp = 0;  // coarse-clock nanoseconds of this shard's last sequence number
   };
   static constexpr std::size_t shard_count = detail::counter_shards;
