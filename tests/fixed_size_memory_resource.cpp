@@ -113,6 +113,8 @@ TEST_CASE("fixed_size: grows by chunks, asks fewer blocks when refused, then ref
     FAIL("expected out_of_memory");
   } catch (out_of_memory const& e) {
     CHECK(e.info().resource == "fixed_size");
+    // Its block size names the bin when binning has several fixed_size layers.
+    CHECK_THAT(e.what(), Catch::Contains("; blocks of 1.00 MiB (1048576 B)"));
     CHECK(*e.info().footprint_bytes == 10 * MiB);
     CHECK(*e.info().free_bytes == 0);
   }

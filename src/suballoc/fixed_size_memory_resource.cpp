@@ -70,7 +70,8 @@ fixed_size_memory_resource::fixed_size_memory_resource(resource_ptr upstream, st
       info.requested_bytes = blocks_per_chunk_ * block_size_;
       info.resource = "fixed_size";
       info.footprint_bytes = 0;
-      info.detail = "preallocating " + std::to_string(blocks_per_chunk_) + " blocks: " + why;
+      info.detail = "preallocating " + std::to_string(blocks_per_chunk_) + " blocks of " + format_bytes(block_size_) +
+                    ": " + why;
       throw out_of_memory(std::move(info));
     }
   }
@@ -408,7 +409,8 @@ void* fixed_size_memory_resource::grow_and_allocate(std::size_t bytes, detail::s
   info.footprint_bytes = pool_size_;
   info.free_bytes = blocks_.free_blocks() * block_size_;
   info.largest_free_block = blocks_.free_blocks() > 0 ? block_size_ : 0;
-  info.detail = why;
+  // Under binning several fixed_size layers refuse alike: the block size says which bin.
+  info.detail = "blocks of " + format_bytes(block_size_) + (why.empty() ? "" : "; " + why);
   throw out_of_memory(std::move(info));
 }
 
