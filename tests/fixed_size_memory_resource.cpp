@@ -260,6 +260,28 @@ TEST_CASE("fixed_size: chunks of one block grow geometrically past 64 chunks") {
   CHECK(mr.free_blocks() == mr.total_blocks());
 }
 
+TEST_CASE("fixed_size: a refused free on a new stream does not make it a stream in use") {
+  // The free made the stream's slot before it was checked: a double or foreign free on a
+  // second stream turned on the eager rule, and every later free on the one real stream
+  // recorded an event. With or without thread caches (the spill path did the same).
+  for (bool caching : {false, true}) {
+    INFO("thread caches " << caching);
+    auto fake = std::make_shared<test::fake_stream_sync>();
+    fixed_size_memory_resource mr{std::make_shared<simulated_memory_resource>(), 4096, 64, fake};
+    if (caching) { std::thread{[&] { mr.deallocate(mr.allocate(1), 1); }}.join(); }
+    auto const a = stream_view{reinterpret_cast<cudaStream_t>(0x100)};
+    auto const b = stream_view{reinterpret_cast<cudaStream_t>(0x200)};
+    void* p = mr.allocate(1, a);
+    mr.deallocate(p, 1, a);
+    std::size_t const calls = fake->calls();
+    CHECK_THROWS_WITH(mr.deallocate(p, 1, b), Catch::Contains("double free"));
+    int foreign = 0;
+    CHECK_THROWS_AS(mr.deallocate(&foreign, 1, b), logic_error);
+    for (int i = 0; i < 200; ++i) { mr.deallocate(mr.allocate(1, a), 1, a); }
+    CHECK(fake->calls() == calls);  // still one stream: no records
+  }
+}
+
 TEST_CASE("fixed_size: a refused free leaves the thread's cache as it was") {
   // A double free on another stream than the cache's went through the spill path, which
   // emptied the cache into the shared stacks before the free was refused ("nothing was

@@ -241,6 +241,11 @@ void* fixed_size_memory_resource::refill_and_allocate(std::size_t bytes, detail:
 
 void fixed_size_memory_resource::spill_and_free(void* ptr, std::size_t bytes, detail::stream_ref const& s) {
   std::lock_guard lock{mutex_};
+  // Refused before `s` becomes a stream in use (a slot would turn on the eager rule).
+  if (auto const early = blocks_.state_of(reinterpret_cast<std::uintptr_t>(ptr));
+      early != detail::fixed_size_blocks::free_result::freed) {
+    reject_free(ptr, bytes, early);
+  }
   blocks_.note_stream(s);
   thread_cache* const cache = cache_for_this_thread();
   if (cache == nullptr || keeps_other_stream(*cache, s)) {
@@ -250,13 +255,9 @@ void fixed_size_memory_resource::spill_and_free(void* ptr, std::size_t bytes, de
   }
   thread_cache& c = *cache;
   std::lock_guard cache_lock{c.lock};
-  // A free refused before anything moves: its message says nothing was changed, and a
-  // spill first emptied this thread's cache into the shared stacks. (The check below, after
-  // the spill, still decides for a block two threads free at once.)
-  if (auto const early = blocks_.state_of(reinterpret_cast<std::uintptr_t>(ptr));
-      early != detail::fixed_size_blocks::free_result::freed) {
-    reject_free(ptr, bytes, early);
-  }
+  // The look above refused a bad free before anything moved (a spill would first have
+  // emptied this thread's cache into the shared stacks); the check below, after the
+  // spill, still decides for a block two threads free at once.
   // The spill first: it can still fail (no host memory for the stacks, or a record its
   // stream's thread was asked for, which may create an event), and it leaves the cache
   // and the stacks consistent when it does. Once the block is checked and marked free,

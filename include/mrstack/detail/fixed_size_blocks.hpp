@@ -177,6 +177,9 @@ class fixed_size_blocks {
     return free_result::freed;
   }
   free_result deallocate(std::uintptr_t block, stream_ref const& s) {
+    // A refused free must not make `s` a stream in use (its slot would turn on the eager
+    // rule for every later free): look before reserving.
+    if (free_result const early = state_of(block); early != free_result::freed) { return early; }
     // Room first: once the check has marked the block free, a push that failed for want
     // of host memory would lose it (and its second free be refused as a double free).
     reserve_free(s, 1);
