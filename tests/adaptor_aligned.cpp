@@ -164,6 +164,24 @@ TEST_CASE("aligned: a free that asks for no over-alignment of an over-aligned bl
   CHECK(sim->allocation_count() == 0);
 }
 
+TEST_CASE("aligned: a block that was not over-aligned, freed as if it were, is refused as live, not foreign") {
+  // The refusal said the adaptor "did not hand it out or it was already freed", while the
+  // block was live: allocated below the threshold (the upstream's own block), freed with
+  // a size above it.
+  auto sim = std::make_shared<simulated_memory_resource>();
+  aligned_resource_adaptor al{sim, 4096, 1000};
+  void* p = al.allocate(500);
+  CHECK_THROWS_WITH(al.deallocate(p, 2000),
+                    Catch::Contains("or it was allocated without over-alignment (a size under 1000 B and an alignment of at "
+                                                    "most 256 B") &&
+                        Catch::Contains("nothing was freed"));
+  void* q = al.allocate(100, stream_view{}, 256);
+  CHECK_THROWS_WITH(al.deallocate(q, 100, stream_view{}, 4096), Catch::Contains("allocated without over-alignment"));
+  al.deallocate(q, 100, stream_view{}, 256);
+  al.deallocate(p, 500);  // nothing was freed: the right free still works
+  CHECK(sim->allocation_count() == 0);
+}
+
 TEST_CASE("aligned: 8 threads with random sizes and alignments") {
   constexpr int threads = 8;
   auto sim = std::make_shared<simulated_memory_resource>();

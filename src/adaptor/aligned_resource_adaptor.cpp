@@ -150,8 +150,20 @@ aligned_resource_adaptor::record aligned_resource_adaptor::forget(std::uintptr_t
   {
     record const* r = front.by_aligned.find(aligned);
     if (r == nullptr) {
+      // Blocks that were not over-aligned went to the upstream unrecorded: such a block
+      // freed with an over-aligning size or alignment is live, not foreign, and is freed
+      // with the size and alignment it was allocated with.
+      bool const some_pass_through = threshold_ > 0 || alignment_ <= default_alignment;
+      std::string const under = threshold_ > 0 ? "a size under " + std::to_string(threshold_) + " B and " : "";
       throw logic_error("aligned: deallocate of " + format_hex(aligned) + " (" + sized(bytes, align) +
-                        "), which it did not hand out or was already freed; nothing was freed");
+                        "), which is no over-aligned block of this adaptor: it did not hand out this pointer, or "
+                        "it was already freed" +
+                        (some_pass_through ? ", or it was allocated without over-alignment (" + under +
+                                                 "an alignment of at most " + std::to_string(default_alignment) +
+                                                 " B: the upstream's block, freed with the size and alignment it "
+                                                 "was allocated with)"
+                                           : std::string{}) +
+                        "; nothing was freed");
     }
     // Sizes compare as the pool's do (rounded to 256), here, before anything is forgotten.
     if (r->alignment != align || units(r->bytes) != units(bytes)) {
