@@ -2,8 +2,9 @@
 // pre-generated sequence (random sizes in [1 B, 1 MiB], allocate with probability 0.73,
 // otherwise free a random live block of its own) on its per-thread default stream.
 // Reports calls_per_s: allocate-or-free calls per second, all threads together (wall
-// time from a common start to the last thread's end), and what the CUDA stream-ordering
-// calls cost per call (support/stream_sync_counters.hpp).
+// time from a common start to the last thread's end), what the CUDA stream-ordering
+// calls cost per call (support/stream_sync_counters.hpp), and upstream_calls_per_run: the
+// suballocator's calls to its upstream (growth, give-back) in a timed run.
 //
 // multithreaded_one_stream/<name>: 16 threads, all naming one shared non-blocking stream.
 // multithreaded_four_streams/<name>: 16 threads on 4 shared non-blocking streams (thread t
@@ -44,11 +45,35 @@ constexpr std::size_t MiB = std::size_t{1} << 20;
 constexpr std::size_t GiB = std::size_t{1} << 30;
 constexpr std::size_t allocations_per_thread = 20000;
 
-resource_ptr make_resource(std::string const& name, bool device, std::size_t budget) {
+/// Forwards to its upstream and counts the calls: growth or give-back inside the timed
+/// runs (a cudaMalloc or cudaFree under a suballocator's lock) is then seen, not guessed.
+class counting_upstream final : public memory_resource {
+ public:
+  explicit counting_upstream(resource_ptr up) : up_{std::move(up)} {}
+  [[nodiscard]] std::size_t calls() const noexcept { return calls_.load(std::memory_order_relaxed); }
+
+ private:
+  void* do_allocate(std::size_t bytes, std::size_t alignment, stream_view stream) override {
+    calls_.fetch_add(1, std::memory_order_relaxed);
+    return up_->allocate(bytes, stream, alignment);
+  }
+  void do_deallocate(void* p, std::size_t bytes, std::size_t alignment, stream_view stream) override {
+    calls_.fetch_add(1, std::memory_order_relaxed);
+    up_->deallocate(p, bytes, stream, alignment);
+  }
+  std::string do_name() const override { return up_->name(); }
+  memory_resource* do_upstream() const noexcept override { return up_.get(); }
+  resource_ptr up_;
+  std::atomic<std::size_t> calls_{0};
+};
+
+resource_ptr make_resource(std::string const& name, bool device, std::size_t budget,
+                           std::shared_ptr<counting_upstream>& counted) {
   if (name == "cuda") { return std::make_shared<cuda_memory_resource>(); }
   if (name == "cuda_async") { return std::make_shared<cuda_async_memory_resource>(); }
-  resource_ptr up = device ? resource_ptr{std::make_shared<cuda_memory_resource>()}
-                           : resource_ptr{std::make_shared<simulated_memory_resource>()};
+  counted = std::make_shared<counting_upstream>(device ? resource_ptr{std::make_shared<cuda_memory_resource>()}
+                                                       : resource_ptr{std::make_shared<simulated_memory_resource>()});
+  resource_ptr up = counted;
   if (name == "arena") {
     // Keeps what it took between runs, as the pool does (by default it would give all but
     // 256 MiB back when a run frees everything, and the next run would grow again).
@@ -83,8 +108,9 @@ void run(benchmark::State& state, std::string const& name, bool device, std::siz
     seqs.push_back(bench::make_sequence(allocations_per_thread, 1 * MiB, per_thread_cap, charge, 1000 + t));
   }
   resource_ptr mr;
+  std::shared_ptr<counting_upstream> counted;  // null for cuda and cuda_async
   try {
-    mr = make_resource(name, device, budget);
+    mr = make_resource(name, device, budget, counted);
   } catch (std::exception const& e) {
     state.SkipWithError(e.what());
     return;
@@ -112,6 +138,7 @@ void run(benchmark::State& state, std::string const& name, bool device, std::siz
     return;
   }
   stream_sync_profile const before = cuda_stream_sync_profile();
+  std::size_t const upstream_before = counted ? counted->calls() : 0;
   double timed_seconds = 0;
   for (auto _ : state) {
     double const seconds = run_once();
@@ -123,6 +150,10 @@ void run(benchmark::State& state, std::string const& name, bool device, std::siz
     timed_seconds += seconds;
   }
   state.counters["calls_per_s"] = benchmark::Counter(static_cast<double>(calls), benchmark::Counter::kIsIterationInvariantRate);
+  if (counted) {
+    state.counters["upstream_calls_per_run"] =
+        static_cast<double>(counted->calls() - upstream_before) / static_cast<double>(state.iterations());
+  }
   bench::report_stream_sync(state, before, static_cast<double>(calls) * static_cast<double>(state.iterations()),
                             static_cast<double>(threads), timed_seconds);
   mr.reset();
