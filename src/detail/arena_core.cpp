@@ -185,6 +185,7 @@ arena_core::~arena_core() {
     if (b.event != 0) { sync_->destroy_event(b.event); }
   }
   for (stream_sync::handle const e : depot_events_) { sync_->destroy_event(e); }
+  if (legacy_barrier_ != 0) { sync_->destroy_event(legacy_barrier_); }
 }
 
 void arena_core::thread_exiting(void* arena) noexcept {
@@ -273,7 +274,8 @@ arena_core::stream_arena* arena_core::find_or_create_arena_locked(stream_ref con
     arena_by_key_.insert(s.key, index);
     retired_arenas_.pop_back();
     std::lock_guard lock{a.mutex};  // statistics may be reading it
-    a.stream = s;  // nothing else to reset: it was retired holding nothing (and never sharded)
+    a.stream = s;  // the rest as below: it was retired holding nothing (and never sharded)
+    a.barrier_waited = 0;  // the old stream's waits order nothing on the new one
     a.retired = false;
     a.creator_shard = this_thread_shard();
     streams_in_use_.fetch_add(1, std::memory_order_relaxed);

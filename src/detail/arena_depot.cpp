@@ -127,6 +127,10 @@ bool arena_core::surrender_to_depot(stream_arena& a, std::size_t keep, stream_re
   stream_sync::handle event = 0;
   if (streams_in_use_.load(std::memory_order_relaxed) > 1) {
     if (!global_.owners().may_name(a.stream, caller) || sync_->capturing(a.stream.handle)) { return false; }
+  }
+  // A per-thread default stream's batch needs no event: its takers wait on the legacy
+  // barrier (order_after_batch), one record for every such batch handed in before it.
+  if (streams_in_use_.load(std::memory_order_relaxed) > 1 && !a.stream.thread_bound) {
     try {
       event = depot_event();
     } catch (...) {
@@ -150,7 +154,7 @@ bool arena_core::surrender_to_depot(stream_arena& a, std::size_t keep, stream_re
     if (event != 0) { sync_->destroy_event(event); }
     return false;
   }
-  depot_batch batch{a.stream, event, nullptr, n};
+  depot_batch batch{a.stream, event, nullptr, n, ++depot_seq_};
   for (std::size_t i = 0; i < n; ++i) {
     superblock& sb = *a.spares.back();
     a.spares.pop_back();
@@ -164,38 +168,48 @@ bool arena_core::surrender_to_depot(stream_arena& a, std::size_t keep, stream_re
   return true;
 }
 
-bool arena_core::order_after_batch(stream_ref const& s, depot_batch const& batch) {
+bool arena_core::order_after_batch(stream_arena& a, depot_batch const& batch) {
   // Waits are made under the depot's lock: the batch's event cannot be recorded again for
   // another batch before it.
+  stream_ref const& s = a.stream;
   if (sync_->capturing(s.handle)) { return false; }
   if (batch.event != 0) {
     sync_->wait(s.handle, batch.event);
     return true;
   }
-  // A per-thread default stream's batch made while one stream was in use (its thread has
-  // often exited since): per-thread default streams are blocking, so work on the legacy
-  // stream follows all of theirs, and an event recorded there orders `s` after it. The
-  // legacy stream may not be touched while a blocking stream is being captured.
+  // A per-thread default stream's batch (they carry no event; nor did any batch made
+  // while one stream was in use, its thread often gone since). Per-thread default streams
+  // are blocking, so work on the legacy stream follows all of theirs: a barrier recorded
+  // there after the batch was handed in orders `s` after its frees once `s` waits on it,
+  // and `s` needs no call for any batch that barrier covers again.
+  if (a.barrier_waited >= batch.seq) { return true; }
+  // The legacy stream may not be touched while a blocking stream is being captured.
   if (sync_->capturing(stream_owners::legacy_stream)) { return false; }
-  stream_sync::handle barrier = 0;
-  if (!depot_events_.empty()) {
-    barrier = depot_events_.back();
-    depot_events_.pop_back();
-  } else {
-    try {
-      barrier = sync_->create_event();
-    } catch (...) {
-      return false;  // no event to be had: the batch waits for a drain
+  if (legacy_barrier_covers_ < batch.seq) {
+    if (legacy_barrier_ == 0) {
+      try {
+        legacy_barrier_ = sync_->create_event();
+      } catch (...) {
+        return false;  // no event to be had: the batch waits for a drain
+      }
     }
+    if (!sync_->record(legacy_barrier_, stream_owners::legacy_stream)) { return false; }
+    legacy_barrier_covers_ = depot_seq_;  // every batch handed in so far came before the record
   }
-  struct give_back {  // to the spares, also when the record or the wait throws
-    std::vector<stream_sync::handle>& spares;
-    stream_sync::handle event;
-    ~give_back() { spares.push_back(event); }  // room: take_from_depot made it
-  } const returned{depot_events_, barrier};
-  bool const recorded = sync_->record(barrier, stream_owners::legacy_stream);
-  if (recorded) { sync_->wait(s.handle, barrier); }
-  return recorded;
+  sync_->wait(s.handle, legacy_barrier_);
+  a.barrier_waited = legacy_barrier_covers_;
+  return true;
+}
+
+std::size_t arena_core::covered_batch(stream_arena const& a) const noexcept {
+  // Batches are in `seq` order, so those up to what `a` waited for are a prefix.
+  auto const end = std::upper_bound(depot_.begin(), depot_.end(), a.barrier_waited,
+                                    [](std::uint64_t waited, depot_batch const& b) { return waited < b.seq; });
+  std::size_t i = static_cast<std::size_t>(end - depot_.begin());
+  for (std::size_t looked = 0; i-- > 0 && looked < batches_searched; ++looked) {
+    if (depot_[i].event == 0 && depot_[i].stream.thread_bound) { return i; }
+  }
+  return depot_.size();
 }
 
 std::size_t arena_core::take_from_depot(stream_arena& a, superblock** got, std::size_t want) {
@@ -218,9 +232,13 @@ std::size_t arena_core::take_from_depot(stream_arena& a, superblock** got, std::
       if (i < oldest_searched) { break; }
     }
   }
+  // Not its own: a batch its stream already waited for comes at no call.
+  if (pick == depot_.size() || depot_[pick].stream.key != a.stream.key) {
+    if (std::size_t const covered = covered_batch(a); covered != depot_.size()) { pick = covered; }
+  }
   if (pick == depot_.size()) { return 0; }
   depot_batch& batch = depot_[pick];
-  if (batch.stream.key != a.stream.key && !order_after_batch(a.stream, batch)) { return 0; }
+  if (batch.stream.key != a.stream.key && !order_after_batch(a, batch)) { return 0; }
   std::size_t n = 0;
   for (; n < want && batch.head != nullptr; ++n) {
     superblock* sb = batch.head;

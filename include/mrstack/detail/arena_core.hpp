@@ -66,8 +66,10 @@
 /// the batch's frees (no event while one stream is in use: no CUDA call then). A stream
 /// arena that needs superblocks takes a batch of its own stream from the depot with no
 /// wait, else another stream's after waiting for its event (a per-thread default stream's
-/// batch without one: after a record on the legacy stream, which follows every blocking
-/// stream), up to `spare_limit` (at most 64) in one trip. Only when the depot has nothing
+/// batch has none: its taker waits on the legacy barrier, a record on the legacy stream,
+/// which follows every blocking stream, made once for all batches handed in before it;
+/// a batch that barrier covers needs no call for a stream that already waited on it),
+/// up to `spare_limit` (at most 64) in one trip. Only when the depot has nothing
 /// it may take does it go to the global arena, for up to 2 × `empty_superblocks_kept`: there each
 /// superblock is a block-pool allocation, perhaps after an event wait, under the lock
 /// every thread shares. (Sixteen threads growing and shrinking by a thousand superblocks
@@ -291,6 +293,10 @@ class arena_core {
     std::unique_ptr<shard_table> shard_storage;  // what `shards` points to
     std::size_t contentions = 0;                 // locks found taken (under the lock)
     std::size_t creator_shard = 0;               // the shard index this arena serves once sharded
+    // The depot's legacy barrier this arena's stream waited on covered the per-thread
+    // default streams' batches up to this depot_batch::seq (under this arena's lock; 0 when
+    // the arena is given to a new stream).
+    std::uint64_t barrier_waited = 0;
   };
   struct chunk_record {
     chunk_id id = 0;
@@ -409,9 +415,12 @@ class arena_core {
   /// through `superblock::next`.
   struct depot_batch {
     stream_ref stream;              // the stream arena's stream: all their frees were on it
-    stream_sync::handle event = 0;  // recorded on `stream` after those frees; 0: none (one stream in use)
+    // Recorded on `stream` after those frees; 0: none (one stream in use, or a per-thread
+    // default stream: the legacy barrier orders takers after it, see `order_after_batch`).
+    stream_sync::handle event = 0;
     superblock* head = nullptr;
     std::size_t count = 0;
+    std::uint64_t seq = 0;  // depot_seq_ when it was handed in: batches are in this order
   };
   /// Hands `a`'s spares past `keep` to the depot (`a` locked by the caller). False, with
   /// nothing moved, when they must go to the global arena instead: the depot is full, or
@@ -420,9 +429,13 @@ class arena_core {
   /// Moves up to `want` depot superblocks to `a` (locked by the caller) into `got`, after
   /// making `a`'s stream wait for their frees where another stream made them; the count.
   std::size_t take_from_depot(stream_arena& a, superblock** got, std::size_t want);
-  /// Orders stream `s` after the frees of another stream's `batch` (depot locked); false
-  /// when it cannot be now (`s` or a needed legacy record is in a graph capture).
-  bool order_after_batch(stream_ref const& s, depot_batch const& batch);
+  /// Orders `a`'s stream after the frees of another stream's `batch` (depot and `a`
+  /// locked); false when it cannot be now (the stream, or a needed legacy record, is in a
+  /// graph capture; no event to be had).
+  bool order_after_batch(stream_arena& a, depot_batch const& batch);
+  /// The index of a per-thread default stream's batch that `a`'s stream already waited
+  /// for (through the legacy barrier), among the newest few so covered; npos if none.
+  [[nodiscard]] std::size_t covered_batch(stream_arena const& a) const noexcept;
   /// Frees every depot superblock into the global arena for a call naming `caller`
   /// (`global_mutex_` held): before the global arena grows, gives chunks back or reports
   /// exhaustion, none of which can use a superblock that is not its free memory.
@@ -505,6 +518,15 @@ class arena_core {
   std::vector<depot_batch> depot_;
   std::size_t depot_superblocks_ = 0;
   std::vector<stream_sync::handle> depot_events_;           // spare events
+  // Per-thread default streams' batches carry no event: their thread would record one at
+  // every hand-in, and with 16 threads those records and the takers' waits (made under
+  // this lock) halved the arena's rate. A taker instead waits on the *legacy barrier*, an
+  // event recorded on the legacy stream — which follows every blocking stream's earlier
+  // work — after every batch up to `legacy_barrier_covers_` was handed in; and a stream
+  // that waited on it needs no call for those batches again (stream_arena::barrier_waited).
+  std::uint64_t depot_seq_ = 0;
+  stream_sync::handle legacy_barrier_ = 0;
+  std::uint64_t legacy_barrier_covers_ = 0;
   std::atomic<std::size_t> depot_superblocks_seen_{0};      // depot_superblocks_, read without the lock
   std::atomic<std::size_t> global_free_seen_{0};            // the global arena's free bytes when last looked at
   std::atomic<std::size_t> streams_in_use_{0};              // stream arenas not retired
