@@ -9,7 +9,8 @@ install(TARGETS mrstack EXPORT mrstackTargets
         INCLUDES DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
 # OPTIONAL: an install after building only some targets (the README's first command
 # builds mrstack-replay alone) still installs the headers, the static library and the
-# package config instead of failing on the missing shared library.
+# package config instead of failing on the missing shared library (the tools' rule,
+# tools/CMakeLists.txt, is OPTIONAL for the same reason).
 if(TARGET mrstack_c)
   install(TARGETS mrstack_c LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR} OPTIONAL)
 endif()
