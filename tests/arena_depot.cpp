@@ -72,6 +72,19 @@ std::uintptr_t simulated_thread_key() noexcept { return current_thread; }
 
 using test::bump_upstream;
 
+/// The core's options for the simulated-thread cases: four 256 KiB blocks a superblock,
+/// spares past 2 go back in one trip, at most `size` held and kept free.
+detail::arena_core::options core_options(std::size_t size) {
+  detail::arena_core::options o;
+  o.superblock_size = 1 * MiB;
+  o.max_small_size = 256 * KiB;
+  o.empty_superblocks_kept = 1;
+  o.max_size = size;
+  o.max_free_bytes = size;
+  o.minimum_growth = 4 * MiB;
+  return o;
+}
+
 bool share_a_superblock(std::vector<void*> const& x, std::vector<void*> const& y) {
   auto const a = superblocks_of(x);
   for (auto b : superblocks_of(y)) {
@@ -215,14 +228,7 @@ TEST_CASE("arena depot: a per-thread stream's batch made while it was alone reac
   fake->set_blocking(0x10);
   fake->set_blocking(0x20);
   bump_upstream up;
-  detail::arena_core::options o;
-  o.superblock_size = 1 * MiB;
-  o.max_small_size = 256 * KiB;
-  o.empty_superblocks_kept = 1;
-  o.max_size = 256 * MiB;
-  o.max_free_bytes = 256 * MiB;
-  o.minimum_growth = 4 * MiB;
-  detail::arena_core core{up, o, fake, &simulated_thread_key};
+  detail::arena_core core{up, core_options(256 * MiB), fake, &simulated_thread_key};
   current_thread = 1;
   std::vector<std::uintptr_t> first;
   for (int i = 0; i < 160; ++i) { first.push_back(core.allocate(256 * KiB, 256, ptds1)); }
@@ -258,14 +264,7 @@ TEST_CASE("arena depot: per-thread streams' batches pass between threads through
     fake->set_blocking(handle);
   }
   bump_upstream up;
-  detail::arena_core::options o;
-  o.superblock_size = 1 * MiB;
-  o.max_small_size = 256 * KiB;  // four blocks a superblock
-  o.empty_superblocks_kept = 1;
-  o.max_size = 1024 * MiB;
-  o.max_free_bytes = 1024 * MiB;
-  o.minimum_growth = 4 * MiB;
-  detail::arena_core core{up, o, fake, &simulated_thread_key};
+  detail::arena_core core{up, core_options(1024 * MiB), fake, &simulated_thread_key};
   struct last_free {
     std::uintptr_t stream = 0;
     std::uint64_t clock = 0;
