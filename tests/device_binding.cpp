@@ -6,6 +6,7 @@
 
 #include <mrstack/current.hpp>
 #include <mrstack/spec.hpp>
+#include <mrstack/spec_registry.hpp>
 #include <mrstack/upstream/cuda_memory_resource.hpp>
 #include <mrstack/upstream/managed_memory_resource.hpp>
 #include <mrstack/upstream/pinned_host_memory_resource.hpp>
@@ -47,6 +48,41 @@ TEST_CASE("upstreams built for a device take that device; a spec's device= wins"
   CHECK(device_of<pinned_host_memory_resource>(build_for(2, "pinned_host")) == 2);
   CHECK(device_of<cuda_memory_resource>(build_for(3, "cuda(device=7)")) == 7);
   CHECK(device_of<cuda_memory_resource>(make_stack("cuda(device=4)")) == 4);
+}
+
+namespace {
+/// The device a `cuda` upstream made inside a layer's constructor takes, when it names none:
+/// the device that layer is built for.
+int probed_device = -2;
+
+void register_device_probe() {
+  if (find_resource("test_device_probe") != nullptr) { return; }
+  register_resource({"test_device_probe", "notes the device it is built for", upstream_rule::required, {},
+                     [](spec_arguments const&, resource_ptr upstream) -> resource_ptr {
+                       probed_device = cuda_memory_resource{}.device();
+                       return upstream;
+                     }});
+}
+
+int device_probed_in(resource_ptr (*build)()) {
+  register_device_probe();
+  probed_device = -2;
+  (void)build();
+  return probed_device;
+}
+}  // namespace
+
+TEST_CASE("layers above an upstream with device= are built on that device") {
+  // Built on the current device instead, a pool over cuda(device=1) made its events on
+  // device 0, and its event calls on device 1's streams failed into device-wide syncs.
+  CHECK(device_probed_in([] { return make_stack("test_device_probe > cuda(device=4)"); }) == 4);
+  CHECK(device_probed_in([] { return make_stack("test_device_probe > pool > cuda(device=2)"); }) == 2);
+  CHECK(device_probed_in([] { return build_for(3, "test_device_probe > cuda(device=7)"); }) == 7);
+  CHECK(device_probed_in([] { return build_for(3, "test_device_probe > cuda"); }) == 3);
+  CHECK(device_probed_in([] { return make_stack("test_device_probe > simulated"); }) ==
+        cuda_memory_resource{}.device());  // no device named: the current one (-1 without a runtime)
+  cuda_memory_resource after;
+  CHECK(after.device() == cuda_memory_resource{}.device());  // the mark ended with the build
 }
 
 TEST_CASE("the device mark ends with the build") {

@@ -149,19 +149,38 @@ class spec_builder {
 
   resource_ptr build(std::vector<spec_resource const*> const& entries, std::vector<spec_arguments> const& arguments) {
     resource_ptr upstream;
+    int layer_device = -1;  // the last `device=` below: the device of the memory the layers above serve
     for (std::size_t i = spec_.layers.size(); i-- > 0;) {
       auto const& layer = spec_.layers[i];
       resource_ptr const below = upstream;  // kept to name it if it refuses this layer
-      try {
-        upstream = entries[i]->make(arguments[i], std::move(upstream));
-      } catch (spec_error const&) {
-        throw;
-      } catch (logic_error const& e) {
-        refused(i, below.get(), e.what());
+      {
+        // A layer over `cuda(device=1)` is built on device 1, as if the whole stack were
+        // built for it: its events and streams belong there. Built on the current device
+        // instead, a pool's event calls failed on device 1's streams and it fell back to
+        // synchronizing the other device.
+        detail::device_scope on_device{layer_device};
+        detail::building_for marked{layer_device};
+        try {
+          upstream = entries[i]->make(arguments[i], std::move(upstream));
+        } catch (spec_error const&) {
+          throw;
+        } catch (logic_error const& e) {
+          refused(i, below.get(), e.what());
+        }
       }
       if (!upstream) { fail(layer.column, "the registry entry for " + layer.name + " built nothing (a bug in its entry)"); }
+      if (auto const device = explicit_device(*entries[i], arguments[i])) { layer_device = *device; }
     }
     return upstream;
+  }
+
+  /// The device a layer's own `device=` names, if it has that parameter and the spec gives it.
+  static std::optional<int> explicit_device(spec_resource const& entry, spec_arguments const& args) {
+    for (auto const& p : entry.parameters) {
+      if (p.name != "device" || p.type != param_type::count) { continue; }
+      if (auto const n = args.count("device")) { return static_cast<int>(*n); }
+    }
+    return std::nullopt;
   }
 
   /// Reports layer `i`'s constructor failing with a logic_error. Every message starts with
