@@ -91,7 +91,6 @@ void report_statistics(benchmark::State& state, mrstack::memory_resource* mr) {
   if (stats == nullptr) { return; }
   double const pairs = static_cast<double>(state.iterations()) * state.threads();
   state.counters["refills_per_pair"] = static_cast<double>(stats->refills()) / pairs;
-  state.counters["borrows_per_pair"] = static_cast<double>(stats->borrows()) / pairs;
   state.counters["peak_blocks"] = static_cast<double>(stats->allocations_counter().peak);
 }
 

@@ -20,14 +20,13 @@ statistics_resource_adaptor::statistics_resource_adaptor(resource_ptr upstream)
 statistics_resource_adaptor::~statistics_resource_adaptor() = default;
 
 void statistics_resource_adaptor::count_up(std::int64_t n, std::int64_t k) {
-  std::size_t const own = detail::this_thread_shard();
-  shard& s = shards_[own];
+  shard& s = shards_[detail::this_thread_shard()];
   {
     std::lock_guard lock{s.mutex};
-    if ((s.credit[bytes_q] >= n && s.credit[allocs_q] >= k) || borrow_locked(s, own, n, k)) {
+    if (s.credit[bytes_q] >= n && s.credit[allocs_q] >= k) {
       // Within the headroom this shard holds: current stays at or below the peak.
-      s.credit[bytes_q] = s.credit[bytes_q] - n;
-      s.credit[allocs_q] = s.credit[allocs_q] - k;
+      s.credit[bytes_q] -= n;
+      s.credit[allocs_q] -= k;
       s.delta[bytes_q] = saturating_add(s.delta[bytes_q], n);
       s.delta[allocs_q] = saturating_add(s.delta[allocs_q], k);
       s.total[bytes_q] = saturating_add(s.total[bytes_q], n);
@@ -36,34 +35,6 @@ void statistics_resource_adaptor::count_up(std::int64_t n, std::int64_t k) {
     }
   }
   count_up_slow(s, n, k);
-}
-
-bool statistics_resource_adaptor::borrow_locked(shard& s, std::size_t own, std::int64_t n, std::int64_t k) noexcept {
-  // Measured on 16-core H200 hosts: 16 threads allocating and freeing one block each
-  // counted a peak of 10-14 blocks, so some threads always lacked credit, and each of
-  // their refills (0.03-0.05 a pair) queued on the global lock, which bounded every
-  // thread. A borrow takes one shard's line for a moment instead, in parallel with others.
-  std::int64_t const want[2] = {std::max<std::int64_t>(n - s.credit[bytes_q], 0),
-                                std::max<std::int64_t>(k - s.credit[allocs_q], 0)};
-  auto const holds_enough = [&](shard const& t) {
-    return t.credit[bytes_q] >= want[bytes_q] && t.credit[allocs_q] >= want[allocs_q];
-  };
-  // Starting after its own shard, so borrowers spread over the lenders.
-  for (std::size_t step = 1; step < detail::counter_shards; ++step) {
-    shard& t = shards_[(own + step) % detail::counter_shards];
-    if (!holds_enough(t) || !t.mutex.try_lock()) { continue; }  // a peek first, then the lock
-    bool const lent = holds_enough(t);
-    if (lent) {
-      for (int q = 0; q < 2; ++q) {
-        t.credit[q] = t.credit[q] - want[q];
-        s.credit[q] = s.credit[q] + want[q];  // no overflow: at most n (or k) after the move
-      }
-      ++s.borrows;
-    }
-    t.mutex.unlock();
-    if (lent) { return true; }
-  }
-  return false;
 }
 
 void statistics_resource_adaptor::count_up_slow(shard& s, std::int64_t n, std::int64_t k) {
@@ -80,6 +51,10 @@ void statistics_resource_adaptor::count_up_slow(shard& s, std::int64_t n, std::i
   // (`refills()` counts it), and exactness forbids raising the peak while credit is left
   // anywhere. Taking other shards' spare credit first (beyond their thread's last
   // allocation) did not help at 16 threads on an H200 host: every shard held just its own need.
+  // Nor did borrowing what it lacks from one other shard with no global lock: the peak
+  // then rose only when no single shard could lend, so fewer blocks' credit went round
+  // (a counted peak of 7-9 blocks, 0.15-0.23 borrows a pair), and it ran at 0.13-0.21x
+  // the bare pool against this pass's 0.40-0.50x (docs/benchmarks.md, machine DQ).
   detail::shard_pass pass{shards_.get(), s};
   for (int q = 0; q < 2; ++q) {
     if (s.credit[q] >= need[q]) { continue; }
@@ -105,7 +80,7 @@ void statistics_resource_adaptor::count_up_slow(shard& s, std::int64_t n, std::i
     s.credit[q] = saturating_add(s.credit[q], move);
   }
   for (int q = 0; q < 2; ++q) {
-    s.credit[q] = s.credit[q] - need[q];
+    s.credit[q] -= need[q];
     s.delta[q] = saturating_add(s.delta[q], need[q]);
     s.total[q] = saturating_add(s.total[q], need[q]);
   }
@@ -233,14 +208,6 @@ statistics_resource_adaptor::counters statistics_resource_adaptor::reported_lock
 std::uint64_t statistics_resource_adaptor::refills() const {
   std::lock_guard global{mutex_};
   return refills_;
-}
-
-std::uint64_t statistics_resource_adaptor::borrows() const {
-  std::lock_guard global{mutex_};
-  all_shards_lock all{shards_.get()};
-  std::uint64_t sum = 0;
-  for (std::size_t i = 0; i < detail::counter_shards; ++i) { sum += shards_[i].borrows; }
-  return sum;
 }
 
 std::size_t statistics_resource_adaptor::scope_depth() const {

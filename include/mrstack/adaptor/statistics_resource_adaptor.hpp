@@ -22,12 +22,7 @@
 /// last merged, and a *headroom credit*. The innermost region's peak is kept exact this
 /// way: the headroom peak − current is split between a global pool and the shards'
 /// credits. An allocation that fits in its shard's credit cannot make a new peak, so it
-/// touches only its shard. One that does not first borrows what it lacks from one other
-/// shard that holds that much (peeked at without its lock, then taken under a try-lock,
-/// with its own shard held): credit moves between two locked shards, so the sum every
-/// read sees is unchanged, and no global lock is taken. Near a peak smaller than the
-/// number of threads the headroom passes from thread to thread this way. Only when no
-/// single shard holds enough does the allocation take the global lock, refill its credit
+/// touches only its shard. One that does not takes the global lock, refills its credit
 /// from the pool, and, if the pool is short, moves other shards' credit into it, shard by
 /// shard, until it is enough, keeping each shard it took locked until it is done (so none
 /// gets credit back behind it); when every shard was taken, pool + credit is exactly
@@ -50,7 +45,6 @@
 ///
 /// Thread-safe. `name()` is "statistics". `free_bytes_held`/`release` go to the upstream.
 #include <algorithm>
-#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -102,9 +96,6 @@ class statistics_resource_adaptor final : public memory_resource {
   /// to refill it (a diagnostic: in steady state this stops growing; a high rate means
   /// threads are passing a tight headroom between them).
   [[nodiscard]] std::uint64_t refills() const;
-  /// Allocations that found their credit short and borrowed it from another thread's
-  /// shard instead (no global lock; a diagnostic as `refills()`).
-  [[nodiscard]] std::uint64_t borrows() const;
 
   /// Opens a region with zeroed counters. Returns the enclosing region's counters as
   /// they stood at the push. Out of host memory for the region: `std::bad_alloc`, and no
@@ -119,24 +110,9 @@ class statistics_resource_adaptor final : public memory_resource {
  private:
   static constexpr int bytes_q = 0;   // quantity indices in the shards
   static constexpr int allocs_q = 1;
-  /// A count written only under its shard's lock but peeked at by other threads without
-  /// it (a borrower looking for credit): relaxed atomic loads and stores, which compile to
-  /// the plain ones.
-  class peekable_count {
-   public:
-    operator std::int64_t() const noexcept { return value_.load(std::memory_order_relaxed); }
-    peekable_count& operator=(std::int64_t v) noexcept {
-      value_.store(v, std::memory_order_relaxed);
-      return *this;
-    }
-
-   private:
-    std::atomic<std::int64_t> value_{0};
-  };
   struct alignas(64) shard {
     detail::shard_spin_lock mutex;
-    peekable_count credit[2];  // headroom this shard may use without the global lock
-    std::uint64_t borrows = 0;  // `borrows()`: this shard's thread borrowing credit
+    std::int64_t credit[2] = {0, 0};  // headroom this shard may use without the global lock
     std::int64_t delta[2] = {0, 0};   // change of the innermost region's current since the last merge
     std::int64_t total[2] = {0, 0};   // its total's growth since the last merge
     // Frees counted down and not yet accepted or refused by the upstream: the lifetime's
@@ -150,10 +126,6 @@ class statistics_resource_adaptor final : public memory_resource {
   /// Counts an allocation of `n` bytes (`k` = 1) as outstanding and in the totals.
   void count_up(std::int64_t n, std::int64_t k);
   void count_up_slow(shard& s, std::int64_t n, std::int64_t k);
-  /// With `s` (shard `own`) locked: moves what `s` lacks for `n` bytes and `k` allocations
-  /// from one other shard that holds it all, taken with a try-lock (so a holder of `s`
-  /// never waits). False, moving nothing, when none could give it.
-  bool borrow_locked(shard& s, std::size_t own, std::int64_t n, std::int64_t k) noexcept;
   /// Counts a free down (and as in flight until `settle_free` or `count_back_refused`);
   /// returns the shard it used and sets `frame` to the id of the region its count goes
   /// into. Null, counting nothing, when a counter would saturate (a size no block has):
