@@ -19,8 +19,11 @@ void throw_allocation_failure(cudaError_t status, std::size_t bytes, std::string
   info.resource = resource;
   std::size_t free_bytes = 0;
   std::size_t total_bytes = 0;
-  if (cudaMemGetInfo(&free_bytes, &total_bytes) == cudaSuccess) {
-    info.detail = "device has " + format_bytes(free_bytes) + " free of " + format_bytes(total_bytes);
+  int device = -1;
+  // The device the call ran on (its resource made it current): with several, which one is full.
+  if (cudaGetDevice(&device) == cudaSuccess && cudaMemGetInfo(&free_bytes, &total_bytes) == cudaSuccess) {
+    info.detail = "device " + std::to_string(device) + " has " + format_bytes(free_bytes) + " free of " +
+                  format_bytes(total_bytes);
   } else {
     (void)cudaGetLastError();
   }
@@ -82,7 +85,7 @@ context_api const& contexts() noexcept {
   return api;
 }
 
-constexpr int max_scoped_devices = 64;
+constexpr int max_scoped_devices = max_devices;
 std::array<std::atomic<CUcontext>, max_scoped_devices> primary_contexts{};
 std::mutex primary_contexts_mutex;
 
@@ -157,6 +160,28 @@ int resolve_device(int device) noexcept {
     return -1;
   }
   return current;
+}
+
+int checked_device(int device, char const* resource) {
+  std::string const who = std::string{resource} + ": device " + std::to_string(device);
+  if (device < -1) {
+    throw logic_error(who + " is not a device: give an ordinal (0 is the first device) or -1 for the current one");
+  }
+  if (device >= max_devices) {
+    throw logic_error(who + " is past the " + std::to_string(max_devices) + " devices mrstack serves (0 to " +
+                      std::to_string(max_devices - 1) + ")");
+  }
+  int const resolved = resolve_device(device);
+  if (resolved < 0) { return resolved; }
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    (void)cudaGetLastError();  // no runtime: nothing to check (our call's error, not the program's)
+  } else if (resolved >= count) {
+    throw logic_error(std::string{resource} + ": device " + std::to_string(resolved) +
+                      " does not exist: this machine has " + std::to_string(count) + " CUDA device" +
+                      (count == 1 ? "" : "s"));
+  }
+  return resolved;
 }
 
 // ---- peer access ------------------------------------------------------------------------------

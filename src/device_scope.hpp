@@ -51,6 +51,16 @@ class device_scope {
 /// which creates no context), or -1 without a usable CUDA runtime.
 int resolve_device(int device) noexcept;
 
+/// The devices mrstack serves: ordinals 0 to 63 (the spec's `device=` has the same bound).
+inline constexpr int max_devices = 64;
+
+/// `resolve_device(device)` for `resource`'s constructor, refusing what names no device:
+/// an ordinal below -1 (read as "current" before, silently), one at or past `max_devices`,
+/// or, where the CUDA runtime answers, one at or past this machine's device count. Each a
+/// `logic_error` that starts with `resource`'s name. Without a runtime any ordinal below
+/// the bound passes (nothing can be checked, and nothing is allocated there).
+int checked_device(int device, char const* resource);
+
 /// Marks the scope of building a stack for `device` on this thread (nests; -1 marks
 /// nothing), so resources made there without a device of their own take this one.
 class building_for {

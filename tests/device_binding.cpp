@@ -7,6 +7,7 @@
 #include <mrstack/current.hpp>
 #include <mrstack/spec.hpp>
 #include <mrstack/spec_registry.hpp>
+#include <mrstack/upstream/cuda_async_memory_resource.hpp>
 #include <mrstack/upstream/cuda_memory_resource.hpp>
 #include <mrstack/upstream/managed_memory_resource.hpp>
 #include <mrstack/upstream/pinned_host_memory_resource.hpp>
@@ -14,6 +15,7 @@
 #include <cuda_runtime_api.h>
 
 #include <memory>
+#include <optional>
 #include <string>
 
 using namespace mrstack;
@@ -31,6 +33,15 @@ int device_of(resource_ptr const& r) {
   auto const* typed = dynamic_cast<Resource const*>(r.get());
   REQUIRE(typed != nullptr);
   return typed->device();
+}
+
+int device_count() {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return -1;  // no runtime: no ordinal can be checked
+  }
+  return count;
 }
 
 bool have_device() {
@@ -110,7 +121,35 @@ TEST_CASE("memory of one device is not interchangeable with another's") {
 
 TEST_CASE("the registry's default for each device is bound to it") {
   for (int device : {0, 1, 9}) {
-    CHECK(device_of<cuda_memory_resource>(get_per_device_resource(device)) == device);
+    if (device_count() >= 0 && device >= device_count()) {
+      CHECK_THROWS_WITH(get_per_device_resource(device), Catch::Contains("does not exist"));
+    } else {
+      CHECK(device_of<cuda_memory_resource>(get_per_device_resource(device)) == device);
+    }
+  }
+}
+
+TEST_CASE("an ordinal that names no device is refused, naming the resource and the ordinal") {
+  // Below -1 was read as "the current device"; past 63 the device scopes refused it only at
+  // the first allocation; past the machine's count the first CUDA call failed.
+  CHECK_THROWS_WITH(cuda_memory_resource{-5}, Catch::Contains("cuda: device -5 is not a device"));
+  CHECK_THROWS_WITH(managed_memory_resource{-2}, Catch::Contains("managed: device -2 is not a device"));
+  CHECK_THROWS_WITH(pinned_host_memory_resource{-7}, Catch::Contains("pinned_host: device -7"));
+  CHECK_THROWS_WITH(cuda_async_memory_resource(0, std::nullopt, -3), Catch::Contains("cuda_async: device -3"));
+  CHECK_THROWS_WITH(cuda_memory_resource{64}, Catch::Contains("cuda: device 64 is past the 64 devices"));
+  CHECK_THROWS_AS(check_stack_spec(parse_stack_spec("cuda(device=64)")), spec_error);
+  CHECK_NOTHROW(check_stack_spec(parse_stack_spec("cuda(device=63)")));
+  int const count = device_count();
+  if (count < 0) {
+    CHECK(cuda_memory_resource{5}.device() == 5);  // nothing to check it against
+  } else {
+    CHECK_THROWS_WITH(cuda_memory_resource{count}, Catch::Contains("does not exist: this machine has"));
+    try {
+      (void)make_stack("pool > cuda(device=" + std::to_string(count) + ")");
+      FAIL("built a stack on a device that does not exist");
+    } catch (spec_error const& e) {
+      CHECK_THAT(std::string{e.what()}, Catch::Contains("does not exist"));
+    }
   }
 }
 

@@ -49,9 +49,9 @@ constexpr std::uint64_t max_pool_chunk_request = 512 * GiB;
 /// take at least 128 blocks at a time from below): use a pool for sizes that large.
 constexpr std::uint64_t max_block = GiB;
 /// Device ordinals are ints (-1 means "the current device"): an unbounded count would be
-/// cast to another device (2^32 to device 0, 2^32 - 1 to the current one), so the bound
-/// is far past any machine's device count but well inside int.
-constexpr std::uint64_t max_device = 1023;
+/// cast to another device (2^32 to device 0, 2^32 - 1 to the current one). The bound is
+/// the devices mrstack serves (device_scope.hpp), so a spec the checker passes builds.
+constexpr std::uint64_t max_device = detail::max_devices - 1;
 
 std::string bytes_text(std::uint64_t bytes) { return size_in_spec_units(bytes); }
 

@@ -13,7 +13,7 @@ namespace mrstack {
 cuda_async_memory_resource::cuda_async_memory_resource(std::size_t initial_pool_size,
                                                        std::optional<std::size_t> release_threshold, int device,
                                                        bool peer_access) {
-  device = detail::resolve_device(device);
+  device = detail::checked_device(device, "cuda_async");
   if (device < 0) { MRSTACK_CUDA_TRY(cudaGetDevice(&device)); }  // no runtime: say why
   device_ = device;
   detail::device_scope on_device{device_};

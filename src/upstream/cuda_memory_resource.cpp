@@ -6,7 +6,7 @@
 
 namespace mrstack {
 
-cuda_memory_resource::cuda_memory_resource(int device, bool peer_access) : device_{detail::resolve_device(device)} {
+cuda_memory_resource::cuda_memory_resource(int device, bool peer_access) : device_{detail::checked_device(device, "cuda")} {
   if (peer_access) {
     if (device_ < 0) { throw logic_error("cuda(peer_access=true): no CUDA device to give peers access to"); }
     peers_ = detail::enable_peer_access_to(device_);

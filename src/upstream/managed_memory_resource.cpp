@@ -6,7 +6,7 @@
 
 namespace mrstack {
 
-managed_memory_resource::managed_memory_resource(int device) : device_{detail::resolve_device(device)} {}
+managed_memory_resource::managed_memory_resource(int device) : device_{detail::checked_device(device, "managed")} {}
 
 void* managed_memory_resource::do_allocate(std::size_t bytes, std::size_t alignment, stream_view) {
   detail::require_upstream_alignment(alignment, default_alignment, "managed");

@@ -6,7 +6,7 @@
 
 namespace mrstack {
 
-pinned_host_memory_resource::pinned_host_memory_resource(int device) : device_{detail::resolve_device(device)} {}
+pinned_host_memory_resource::pinned_host_memory_resource(int device) : device_{detail::checked_device(device, "pinned_host")} {}
 
 void* pinned_host_memory_resource::do_allocate(std::size_t bytes, std::size_t alignment, stream_view) {
   // cudaHostAlloc returns page-aligned memory.

@@ -4,12 +4,15 @@
 
 #include <mrstack/current.hpp>
 #include <mrstack/device_buffer.hpp>
+#include <mrstack/spec.hpp>
 #include <mrstack/upstream/cuda_async_memory_resource.hpp>
 #include <mrstack/upstream/cuda_memory_resource.hpp>
 #include <mrstack/upstream/managed_memory_resource.hpp>
 #include <mrstack/upstream/pinned_host_memory_resource.hpp>
 
 #include <cstring>
+#include <optional>
+#include <string>
 #include <vector>
 
 using namespace mrstack;
@@ -43,6 +46,11 @@ void check_impossible_size(memory_resource& mr) {
   } catch (out_of_memory const& e) {
     CHECK(e.info().requested_bytes == huge);
     CHECK_THAT(e.what(), Catch::Contains(mr.name()) && Catch::Contains("1125899906842624 B"));
+    if (mr.kind() == memory_kind::device) {  // which device is full, for a program that uses several
+      int device = -1;
+      MRSTACK_CUDA_TRY(cudaGetDevice(&device));
+      CHECK_THAT(e.what(), Catch::Contains("device " + std::to_string(device) + " has "));
+    }
   }
   // The failure must not stick: the next allocation works.
   void* p = mr.allocate(1024);
@@ -128,4 +136,16 @@ TEST_CASE("the current device resource defaults to cuda and serves device_buffer
   CHECK(get_current_device_resource() == async);
   { device_buffer b2{4096, s}; CHECK(async->used_bytes() >= 4096); }
   set_current_device_resource(previous);
+}
+
+TEST_CASE("an ordinal past this machine's devices is refused when the upstream is made") {
+  int count = 0;
+  MRSTACK_CUDA_TRY(cudaGetDeviceCount(&count));
+  CHECK_THROWS_WITH(cuda_memory_resource{count}, Catch::Contains("cuda: device " + std::to_string(count) +
+                                                                 " does not exist: this machine has"));
+  CHECK_THROWS_WITH(managed_memory_resource{count}, Catch::Contains("does not exist"));
+  CHECK_THROWS_WITH(pinned_host_memory_resource{count}, Catch::Contains("does not exist"));
+  CHECK_THROWS_WITH(cuda_async_memory_resource(0, std::nullopt, count), Catch::Contains("does not exist"));
+  CHECK_THROWS_WITH(make_stack("pool > cuda(device=" + std::to_string(count) + ")"), Catch::Contains("does not exist"));
+  CHECK(cuda_memory_resource{count - 1}.device() == count - 1);
 }
