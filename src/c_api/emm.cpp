@@ -2,6 +2,7 @@
 // client tag of an EMM allocation rides in the adapter's slot so its free closes the right
 // books.
 #include "c_api_internal.hpp"
+#include "../device_scope.hpp"
 
 #include <cinttypes>
 #include <cstdio>
@@ -133,6 +134,7 @@ mrstack_status mrstack_emm_reset(mrstack_stack* handle, size_t* released) {
   if (!stack) { return MRSTACK_ERROR_INVALID_ARGUMENT; }
   if (released != nullptr) { *released = 0; }
   return guarded([&] {
+    mrstack::detail::device_scope on_device{stack->device};  // the frees run as mrstack_deallocate's do
     // A refused free still took its allocation out of the table, and the others went back
     // to the stack: every one's books close before the refusal is reported.
     std::exception_ptr refused;

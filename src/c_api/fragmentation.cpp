@@ -1,6 +1,7 @@
 // Fragmentation and release through the C ABI: `memory_resource::fragmentation()` copied
 // into plain C structs, and `memory_resource::release()`.
 #include "c_api_internal.hpp"
+#include "../device_scope.hpp"
 
 #include <algorithm>
 #include <cstring>
@@ -57,7 +58,11 @@ mrstack_status mrstack_get_fragmentation(mrstack_stack* handle, mrstack_fragment
 mrstack_status mrstack_stack_release(mrstack_stack* handle) {
   auto const stack = resolve_stack(handle, "mrstack_stack_release");
   if (!stack) { return MRSTACK_ERROR_INVALID_ARGUMENT; }
-  return guarded([&] { stack->top->release(); });
+  return guarded([&] {
+    // A pool's release may synchronize the legacy default stream, which is the current device's.
+    mrstack::detail::device_scope on_device{stack->device};
+    stack->top->release();
+  });
 }
 
 }  // extern "C"

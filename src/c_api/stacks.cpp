@@ -330,8 +330,16 @@ mrstack_status mrstack_stack_destroy(mrstack_stack* handle) {
   std::unique_ptr<mrstack_stack> stack{mrstack::c_api::retire_stack(handle, "mrstack_stack_destroy", &status)};
   if (!stack) { return status; }
   std::string leaks;
-  status = guarded([&] { leaks = mrstack::c_api::release_live_allocations(*stack); });
-  auto const destroyed = guarded([&] { stack.reset(); });
+  // The frees and the layers' destructors (which give memory back and synchronize) run on
+  // the stack's device, as its allocations did.
+  status = guarded([&] {
+    mrstack::detail::device_scope on_device{stack->device};
+    leaks = mrstack::c_api::release_live_allocations(*stack);
+  });
+  auto const destroyed = guarded([&] {
+    mrstack::detail::device_scope on_device{stack->device};
+    stack.reset();
+  });
   if (status == MRSTACK_SUCCESS && !leaks.empty()) {
     set_last_error("mrstack_stack_destroy: " + leaks, 0, MRSTACK_ERROR_LOGIC);
     return MRSTACK_ERROR_LOGIC;
