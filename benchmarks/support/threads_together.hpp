@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <exception>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -15,25 +16,43 @@ namespace mrstack::bench {
 
 /// Runs `prepare(t)` on each of `threads` new threads, then — once all are ready — `body(t)`
 /// on all at once. Returns the seconds from the start to the last thread's end, or -1 with
-/// `error` set to the first exception's message (the other threads still finish).
+/// `error` set to the first exception's message, from a preparation or a body (the other
+/// threads still finish; a thread whose preparation threw runs no body). No threads: -1.
 template <typename Prepare, typename Body>
 double run_threads_together(std::size_t threads, Prepare prepare, Body body, std::string& error) {
+  if (threads == 0) {
+    error = "no threads to run";
+    return -1;
+  }
+  using state_type = decltype(prepare(std::size_t{0}));
   std::atomic<std::size_t> ready{0};
   std::atomic<bool> go{false};
   std::atomic<bool> failed{false};
   std::mutex error_mutex;
+  auto const fail = [&](std::exception const& e) {
+    std::lock_guard lock{error_mutex};
+    if (!failed.exchange(true)) { error = e.what(); }
+  };
   std::vector<std::thread> workers;
   std::vector<std::chrono::steady_clock::time_point> ends(threads);
   for (std::size_t t = 0; t < threads; ++t) {
     workers.emplace_back([&, t] {
-      auto state = prepare(t);
+      // An exception leaving a thread ends the program: a preparation that throws (out of
+      // memory for its slots) is reported like a failing call instead.
+      std::optional<state_type> state;
+      try {
+        state.emplace(prepare(t));
+      } catch (std::exception const& e) {
+        fail(e);
+      }
       ready.fetch_add(1);
       while (!go.load(std::memory_order_acquire)) {}
-      try {
-        body(t, state);
-      } catch (std::exception const& e) {
-        std::lock_guard lock{error_mutex};
-        if (!failed.exchange(true)) { error = e.what(); }
+      if (state) {
+        try {
+          body(t, *state);
+        } catch (std::exception const& e) {
+          fail(e);
+        }
       }
       ends[t] = std::chrono::steady_clock::now();
     });
