@@ -10,7 +10,9 @@ neighbours, page cache — hit both alike). Per benchmark it keeps the fastest r
 new / old for both, then the geometric means. A benchmark that reported an error, or ran
 in only some rounds of a build, is named and makes the exit status 1 (it is left out of
 the table); one that every round of one build ran and none of the other (added or
-removed) is named only. Otherwise the exit status is 0, and the numbers are for reading.
+removed) is named only. A binary that cannot run, fails or prints no benchmark JSON ends
+the comparison with its name and status (exit status 1). Times are compared in ns, whatever
+unit each build reports. Otherwise the exit status is 0, and the numbers are for reading.
 
 Why not one long run of each: on shared GPU hosts, round-to-round spreads of up to 40%
 were seen in the same binary, wider than the effects this tool is for (a few percent).
@@ -23,20 +25,42 @@ import subprocess
 import sys
 
 
+NS_PER_UNIT = {"ns": 1.0, "us": 1e3, "ms": 1e6, "s": 1e9}
+
+
+class RunError(Exception):
+    """A binary that could not be run, failed, or printed no benchmark JSON."""
+
+
 def run_once(binary, filter_regex, min_time, failed):
-    """One run's real times by benchmark name; names that reported an error go to `failed`."""
+    """One run's real times in ns by benchmark name; names that reported an error go to `failed`."""
     command = [binary, "--benchmark_format=json", f"--benchmark_min_time={min_time}"]
     if filter_regex:
         command.append(f"--benchmark_filter={filter_regex}")
-    done = subprocess.run(command, capture_output=True, text=True, check=True)
+    try:
+        done = subprocess.run(command, capture_output=True, text=True)
+    except OSError as e:
+        raise RunError(f"{binary}: cannot run it: {e.strerror or e}") from None
+    if done.returncode != 0:
+        tail = done.stderr.strip().splitlines()[-3:]
+        raise RunError(f"{binary} exited with status {done.returncode}" + (": " + " | ".join(tail) if tail else ""))
+    try:
+        benchmarks = json.loads(done.stdout)["benchmarks"]
+    except (ValueError, KeyError, TypeError) as e:
+        raise RunError(f"{binary} printed no Google Benchmark JSON ({e})") from None
     times = {}
-    for b in json.loads(done.stdout)["benchmarks"]:
+    for b in benchmarks:
         if b.get("run_type", "iteration") != "iteration":
             continue
         if b.get("error_occurred"):
             failed.setdefault(b["name"], b.get("error_message", "error"))
-        else:
-            times[b["name"]] = b["real_time"]  # in the benchmark's own time unit, alike in both
+            continue
+        # In ns: a benchmark whose time unit differs between the builds (Unit() changed)
+        # would otherwise compare, say, microseconds with nanoseconds.
+        unit = b.get("time_unit", "ns")
+        if unit not in NS_PER_UNIT:
+            raise RunError(f"{binary}: benchmark {b['name']} has an unknown time unit {unit!r}")
+        times[b["name"]] = b["real_time"] * NS_PER_UNIT[unit]
     return times
 
 
@@ -64,7 +88,11 @@ def main(argv=None):
     failed = {"old": {}, "new": {}}
     for r in range(args.rounds):
         for which in ("old", "new"):
-            rounds[which].append(run_once(getattr(args, which), args.filter, args.min_time, failed[which]))
+            try:
+                rounds[which].append(run_once(getattr(args, which), args.filter, args.min_time, failed[which]))
+            except RunError as e:
+                print(f"compare-benchmarks: round {r + 1}, {which} build: {e}", file=sys.stderr)
+                return 1
         print(f"round {r + 1}/{args.rounds} done", file=sys.stderr, flush=True)
     every_round = rounds["old"] + rounds["new"]
     seen = set().union(*every_round, failed["old"], failed["new"])
@@ -85,7 +113,7 @@ def main(argv=None):
         return 1
     fastest, medians = [], []
     width = max(len(n) for n in names)
-    print(f"{'benchmark':<{width}}  {'old best':>10} {'new best':>10} {'best':>6} {'median':>7}")
+    print(f"{'benchmark':<{width}}  {'old ns':>10} {'new ns':>10} {'best':>6} {'median':>7}")
     for n in names:
         old = [t[n] for t in rounds["old"]]
         new = [t[n] for t in rounds["new"]]
