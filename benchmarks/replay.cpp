@@ -40,7 +40,14 @@ struct bench_config {
   bool per_thread = false;
 };
 
-/// Takes --log, --resource, --simulate and --warmup out of argv (both "--x value" and "--x=value").
+/// A flag of ours used wrongly: its message, for main to print (exit status 2).
+struct flag_error {
+  std::string what;
+};
+
+/// Takes --log, --resource, --simulate, --warmup and --per-thread out of argv (both
+/// "--x value" and "--x=value"). A value flag without a value, or with an empty one, is a
+/// flag_error: an empty --log had fallen back to the default log without a word.
 bench_config take_own_flags(int& argc, char** argv) {
   bench_config config;
   int kept = 1;
@@ -48,9 +55,15 @@ bench_config take_own_flags(int& argc, char** argv) {
     std::string const arg = argv[i];
     auto value_of = [&](char const* flag) -> std::optional<std::string> {
       std::string const f = flag;
-      if (arg == f && i + 1 < argc) { return std::string{argv[++i]}; }
-      if (arg.rfind(f + "=", 0) == 0) { return arg.substr(f.size() + 1); }
-      return std::nullopt;
+      std::optional<std::string> value;
+      if (arg == f) {
+        if (i + 1 == argc) { throw flag_error{f + " needs a value (" + f + " VALUE or " + f + "=VALUE)"}; }
+        value = argv[++i];
+      } else if (arg.rfind(f + "=", 0) == 0) {
+        value = arg.substr(f.size() + 1);
+      }
+      if (value && value->empty()) { throw flag_error{f + " has an empty value"}; }
+      return value;
     };
     if (auto v = value_of("--log")) {
       config.log_path = *v;
@@ -115,7 +128,13 @@ void replay_benchmark(benchmark::State& state, std::shared_ptr<mrstack::allocati
 }  // namespace
 
 int main(int argc, char** argv) {
-  bench_config const config = take_own_flags(argc, argv);
+  bench_config config;
+  try {
+    config = take_own_flags(argc, argv);
+  } catch (flag_error const& e) {
+    std::fprintf(stderr, "bench_replay: %s\n", e.what.c_str());
+    return 2;
+  }
   std::shared_ptr<mrstack::allocation_log const> log;
   try {
     log = std::make_shared<mrstack::allocation_log const>(mrstack::read_allocation_log(config.log_path));
