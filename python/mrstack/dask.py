@@ -24,6 +24,7 @@ worker's GPU as CUDA_VISIBLE_DEVICES names it (else the device ordinal). The plu
 soon as it is logged (the worker's stack lives until the process exits) and the file is
 a valid allocation log for ``mrstack-replay`` at any moment.
 """
+import numbers
 import os
 import re
 import time
@@ -37,6 +38,7 @@ __all__ = ["MrstackPlugin", "WorkerStatistics", "StatisticsTable", "statistics",
 
 PLUGIN_NAME = "mrstack"
 HOOKS = ("cupy", "numba", "torch")
+MAX_DEVICES = 64  # the devices mrstack serves (a spec's device= has the same bound)
 
 
 def _safe(text):
@@ -78,6 +80,11 @@ class MrstackPlugin(WorkerPlugin):
         unknown = [h for h in hooks if h not in HOOKS]
         if unknown:
             raise ValueError(f"mrstack.dask: unknown hooks {unknown}; choose from {', '.join(HOOKS)}")
+        # Checked here, on the client: int() had read 1.9 as device 1, True as 1 and "-3" as
+        # a negative ordinal that failed only on every worker at set-up.
+        if isinstance(device, bool) or not isinstance(device, numbers.Integral) or not 0 <= device < MAX_DEVICES:
+            raise ValueError(f"mrstack.dask: device must be a device ordinal, an int from 0 to {MAX_DEVICES - 1}, "
+                             f"not {device!r}")
         self.spec, self.hooks, self.log_file = spec, tuple(hooks), log_file
         self.device, self.build = int(device), bool(build)
         # Filled in on the worker by setup():

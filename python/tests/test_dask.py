@@ -2,6 +2,7 @@
 The plugin configures each worker, tasks allocate through mrstack, the client collects one
 statistics row per worker, and each worker's allocation log replays with mrstack-replay."""
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -42,6 +43,16 @@ def test_placeholders_name_the_worker_process_and_device(monkeypatch):
 def test_unknown_hooks_are_refused_on_the_client():
     with pytest.raises(ValueError, match="jax"):
         MrstackPlugin(SPEC, hooks=("cupy", "jax"))
+
+
+@pytest.mark.parametrize("device", [-1, 64, 1.9, True, "1", None])
+def test_a_device_that_is_not_an_ordinal_is_refused_on_the_client(device):
+    with pytest.raises(ValueError, match=f"device must be a device ordinal.*not {re.escape(repr(device))}"):
+        MrstackPlugin(SPEC, device=device)
+
+
+def test_a_device_ordinal_is_kept():
+    assert MrstackPlugin(SPEC, device=3).device == 3
 
 
 def test_a_log_file_name_with_a_backslash_or_quote_reaches_the_spec_as_it_is(tmp_path):
