@@ -13,14 +13,18 @@
 # test), and a built libmrstack_c.so: MRSTACK_LIBRARY, else MRSTACK_BUNDLE/libmrstack_c.so
 # (a bundle made by shared/tools/gpu-bundle from a release build; its tests/ are used too),
 # else the newest build/*/libmrstack_c.so.
-# NUMBA_SUITE names the numba-suite folder (default: shared/tools/numba-suite, then
-# /work/shared/tools/numba-suite); its sitecustomize (numpy >= 2.5 shim) goes on PYTHONPATH.
+# NUMBA_SUITE names the numba-suite folder (default: shared/tools/numba-suite in the
+# checkout); its sitecustomize (numpy >= 2.5 shim) goes on PYTHONPATH.
 # GPU_PYTHON_STEPS picks steps (default "cpp pytest suite bench"), to split the run over
 # two calls of at most 10 minutes each: for example "cpp pytest bench" (about 3 minutes)
 # and "suite" (about 4-5 minutes).
 # Exit status: 0 only when every step passed. Each step's last lines are printed; full logs
 # go to OUTDIR (default: $OUT if set, else ./gpu-python-out).
 set -u
+if [ $# -gt 1 ]; then
+  echo "gpu-python: one argument at most (OUTDIR), not $#: $*" >&2
+  exit 2
+fi
 # Paths given relative are the caller's: made absolute before the cd into the checkout.
 absolute() { case "$1" in ""|/*) printf '%s' "$1" ;; *) printf '%s/%s' "$PWD" "$1" ;; esac; }
 out_given="$(absolute "${1:-${OUT:-}}")"
@@ -58,7 +62,7 @@ suite="${NUMBA_SUITE:-}"
 if [ -n "$suite" ] && [ ! -x "$suite/run" ]; then
   echo "gpu-python: NUMBA_SUITE '$suite' has no executable 'run'" >&2; exit 2
 fi
-for candidate in "$suite" .gpu/numba-suite shared/tools/numba-suite /work/shared/tools/numba-suite; do
+for candidate in "$suite" shared/tools/numba-suite; do
   if [ -n "$candidate" ] && [ -x "$candidate/run" ]; then suite="$(cd "$candidate" && pwd)"; break; fi
 done
 export PYTHONPATH="$repo/python${suite:+:$suite}${PYTHONPATH:+:$PYTHONPATH}"
