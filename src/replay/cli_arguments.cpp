@@ -55,9 +55,11 @@ char const* const usage_text =
     "  --list-resources     every resource and parameter a spec can name\n"
     "  -h, --help           this text\n"
     "\n"
-    "Exit status: 0 every stack replayed the whole log, 1 an allocation failed (or a stack\n"
-    "broke, or served an allocation the log records as refused), 2 unusable input or\n"
-    "arguments.\n";
+    "Exit status: 0 every stack replayed the whole log (or --list-resources, --help, or\n"
+    "--write-csv wrote its file), 1 an allocation failed (or a stack broke, threw something\n"
+    "that is not a std::exception, or served an allocation the log records as refused;\n"
+    "with --shrink also when the shrunk log was written, since the stack still fails),\n"
+    "2 unusable input or arguments, or an output that could not be written.\n";
 
 namespace {
 
