@@ -32,6 +32,8 @@
 
 #include <spdlog/sinks/null_sink.h>
 
+#include "span_rate.hpp"
+
 #include <chrono>
 #include <cstdlib>
 #include <memory>
@@ -107,21 +109,17 @@ void allocate_free_pair(benchmark::State& state, Make make) {
   bool const per_thread = state.range(1) != 0;
   mrstack::stream_view const stream = per_thread ? mrstack::stream_view::per_thread() : mrstack::stream_view{};
   mrstack::memory_resource* mr = nullptr;
-  std::chrono::steady_clock::time_point start;
+  mrstack::bench::span_rate rate;
   for (auto _ : state) {
     if (mr == nullptr) {
       mr = shared_resource.get();
-      start = std::chrono::steady_clock::now();
+      rate.start();
     }
     void* p = mr->allocate(bytes, stream);
     benchmark::DoNotOptimize(p);
     mr->deallocate(p, bytes, stream);
   }
-  // The loop's end waits for every thread, so this thread's span reaches the last one's
-  // end. items_per_second divides by the threads' mean time without that wait: a thread
-  // that finished early counts less time than the run took, and the rate reads high.
-  double const span = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  state.counters["pairs_per_s"] = static_cast<double>(state.iterations()) / span;  // summed over threads
+  rate.report(state, "pairs_per_s");  // the aggregate rate to compare (items_per_second reads high)
   state.SetItemsProcessed(static_cast<std::int64_t>(state.iterations()));
   if (state.thread_index() == 0) {
     report_statistics(state, shared_resource.get());

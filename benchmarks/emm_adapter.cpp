@@ -6,6 +6,8 @@
 
 #include <mrstack/emm/adapter.hpp>
 
+#include "span_rate.hpp"
+
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -38,11 +40,18 @@ void BM_adapter_memalloc_free(benchmark::State& state) {
     shared_adapter = std::make_shared<mrstack::emm::adapter>(std::make_shared<fixed_address_resource>());
   }
   // Other threads wait for thread 0's setup at the start of the timed loop (Benchmark's barrier).
+  mrstack::bench::span_rate rate;
+  bool first = true;
   for (auto _ : state) {
+    if (first) {
+      rate.start();
+      first = false;
+    }
     auto m = shared_adapter->memalloc(256);
     benchmark::DoNotOptimize(m.token);
     benchmark::DoNotOptimize(shared_adapter->free(m.token));
   }
+  rate.report(state, "pairs_per_s");  // all threads' pairs over the run's span
   if (state.thread_index() == 0) { state.counters["outstanding_after"] = static_cast<double>(shared_adapter->outstanding_count()); }
 }
 
