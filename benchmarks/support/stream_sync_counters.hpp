@@ -8,8 +8,9 @@
 
 namespace mrstack::bench {
 
-/// Adds counters to `state`: cuda_syncs_per_call (event creates, records, stream waits and
-/// synchronizations per allocate-or-free call), records_per_call, waits_per_call,
+/// Adds counters to `state`: cuda_syncs_per_call (every stream-ordering call: event
+/// creates, records, stream waits, synchronizations and idle queries, per allocate-or-free
+/// call), records_per_call, waits_per_call,
 /// queries_per_call (is a stream idle?), ns_per_record and ns_per_query, and
 /// cuda_sync_share (the threads' time inside those calls over threads × wall time).
 inline void report_stream_sync(benchmark::State& state, stream_sync_profile const& before, double calls,
