@@ -11,6 +11,7 @@
 #include <mrstack/upstream/cuda_memory_resource.hpp>
 #include <mrstack/upstream/managed_memory_resource.hpp>
 #include <mrstack/upstream/pinned_host_memory_resource.hpp>
+#include <mrstack/upstream/vmm_memory_resource.hpp>
 
 #include <cuda_runtime_api.h>
 
@@ -137,6 +138,8 @@ TEST_CASE("an ordinal that names no device is refused, naming the resource and t
   CHECK_THROWS_WITH(pinned_host_memory_resource{-7}, Catch::Contains("pinned_host: device -7"));
   CHECK_THROWS_WITH(cuda_async_memory_resource(0, std::nullopt, -3), Catch::Contains("cuda_async: device -3"));
   CHECK_THROWS_WITH(cuda_memory_resource{64}, Catch::Contains("cuda: device 64 is past the 64 devices"));
+  CHECK_THROWS_WITH(vmm_memory_resource(0, vmm_memory_resource::default_map_granules, -4),
+                    Catch::Contains("vmm: device -4 is not a device"));  // before any driver call
   CHECK_THROWS_AS(check_stack_spec(parse_stack_spec("cuda(device=64)")), spec_error);
   CHECK_NOTHROW(check_stack_spec(parse_stack_spec("cuda(device=63)")));
   int const count = device_count();

@@ -97,6 +97,10 @@ struct vmm_memory_resource::driver {
 
   driver(std::size_t reserve_bytes, int requested_device, vmm_memory_resource::ipc_mode requested_ipc,
          bool peer_access) {
+    if (requested_device < -1) {  // read as "current" by resolve_device
+      throw logic_error("vmm: device " + std::to_string(requested_device) +
+                        " is not a device: give an ordinal (0 is the first device) or -1 for the current one");
+    }
     int count = 0;
     MRSTACK_CUDA_TRY(cudaGetDeviceCount(&count));  // also initializes the runtime and the driver
     ordinal = resolve_device(requested_device);
