@@ -320,7 +320,9 @@ void pool_memory_resource::with_shard_totals(
   // 53 of 80 requests, a hostile test). After many rounds it waits, in order.
   std::vector<std::unique_lock<detail::lean_mutex>> locks;
   std::vector<detail::pool_shard const*> locked;  // the shards summed: those locked here
+  std::unique_lock<detail::lean_mutex> global;
   for (int round = 0;; ++round) {
+    if (global.owns_lock()) { global.unlock(); }
     locks.clear();
     locked.clear();
     while (round < 4096 && drains_waiting_.load(std::memory_order_relaxed) != 0) { std::this_thread::yield(); }
@@ -336,7 +338,15 @@ void pool_memory_resource::with_shard_totals(
         locked.push_back(shard);
       }
     }
-    if (all) { break; }
+    if (all) {
+      // A shard made after the loop above looked may have taken its first slab from the
+      // global blocks before the global lock was had: read now, that slab counted as a
+      // used block (a whole slab of used bytes with no block live, found by a hostile
+      // test). Under the global lock no shard takes a slab, so one unlocked shard is
+      // enough to look again.
+      global = std::unique_lock{mutex_};
+      if (every_shard_in(locked)) { break; }
+    }
     std::this_thread::yield();
   }
   shard_totals t;
@@ -356,8 +366,17 @@ void pool_memory_resource::with_shard_totals(
     t.idle_queries += shard->core.owners().idle_queries();
     if (each_shard) { each_shard(shard->core); }
   }
-  std::lock_guard global{mutex_};
   read(t);
+}
+
+bool pool_memory_resource::every_shard_in(std::vector<detail::pool_shard const*> const& locked) const {
+  // Under the global lock: shards_ is set under it, and read only once sharded_ is set.
+  if (!sharded_.load(std::memory_order_acquire)) { return true; }
+  for (std::size_t i = 0; i < shards_->count(); ++i) {
+    detail::pool_shard const* shard = shards_->existing(i);
+    if (shard != nullptr && std::find(locked.begin(), locked.end(), shard) == locked.end()) { return false; }
+  }
+  return true;
 }
 
 std::string pool_memory_resource::check_shards() const {

@@ -281,6 +281,8 @@ class pool_memory_resource final : public memory_resource {
   /// if given, sees every shard's pool in the same snapshot.
   void with_shard_totals(std::function<void(shard_totals const&)> const& read,
                          std::function<void(detail::stream_ordered_pool const&)> const& each_shard = {}) const;
+  /// Under the global lock: true when every shard made so far is one of `locked`.
+  [[nodiscard]] bool every_shard_in(std::vector<detail::pool_shard const*> const& locked) const;
   [[nodiscard]] std::string check_shards() const;
   void fill_stats(statistics& st, shard_totals const& shards) const;
 
