@@ -1,6 +1,11 @@
 // pool_memory_resource's thread shards, cases found by reading the code against its
-// contract: statistics read while a shard is made and takes its first slab.
+// contract: statistics read while a shard is made and takes its first slab, and a free
+// in a shard that succeeds but whose give-back of free slabs then runs out of host memory.
 #include <catch2/catch.hpp>
+
+#include <host_allocation_failure.hpp>
+#include <phase_gate.hpp>
+#include <thread_stream_seam.hpp>
 
 #include <mrstack/suballoc/pool_memory_resource.hpp>
 #include <mrstack/upstream/simulated_memory_resource.hpp>
@@ -13,6 +18,13 @@
 #include <vector>
 
 using namespace mrstack;
+
+namespace {
+
+constexpr std::size_t KiB = 1024;
+constexpr std::size_t MiB = 1024 * KiB;
+
+}  // namespace
 
 TEST_CASE("pool shards review: statistics never count a new shard's first slab as used") {
   // A reader that looked at the shards before one existed, and took the global lock after
@@ -55,4 +67,49 @@ TEST_CASE("pool shards review: statistics never count a new shard's first slab a
   }
   INFO("statistics read with a used slab: " << wrong << " (used bytes up to " << worst << ")");
   CHECK(wrong == 0);
+}
+
+TEST_CASE("pool shards review: a free that went through is not reported as failed when the give-back after it runs out of host memory") {
+  MRSTACK_TEST_NEEDS_HOST_ALLOCATION_FAILURES();
+  // The mover's shard holds a wholly free slab of created stream a's memory, which a drain
+  // on c may not hand back: the shard awaits a call naming a. The next such call is this
+  // thread's free of the mover's last block, on a: the block is freed, and then the shard
+  // looks for slabs to give back, which needs host memory.
+  stream_view const a{reinterpret_cast<cudaStream_t>(0x100)};
+  stream_view const c{reinterpret_cast<cudaStream_t>(0x300)};
+  pool_options o;
+  o.shard_after_contentions = 0;
+  o.stream_sync = std::make_shared<test::thread_stream_seam>();
+  pool_memory_resource mr{std::make_shared<simulated_memory_resource>(), 0, std::nullopt, o};
+  mr.deallocate(mr.allocate(256, a), 256, a);  // the first thread
+  void* last = nullptr;
+  std::thread mover{[&] {
+    std::vector<void*> blocks;  // more than the first 4 MiB slab holds: two slabs
+    for (int i = 0; i < 100; ++i) { blocks.push_back(mr.allocate(64 * KiB, a)); }
+    last = blocks.back();
+    blocks.pop_back();
+    for (void* p : blocks) { mr.deallocate(p, 64 * KiB, a); }
+    // Once freed and taken again: the shard's books have room for the free below.
+    mr.deallocate(last, 64 * KiB, a);
+    last = mr.allocate(64 * KiB, a);
+  }};
+  mover.join();
+  void* big = mr.allocate(512 * MiB, c);  // its growth's drain awaits a for the free slab
+  std::size_t const used = mr.stats().used_bytes;
+  std::string error = "none";
+  test::fail_host_allocations_from = 1;
+  try {
+    mr.deallocate(last, 64 * KiB, a);
+  } catch (std::exception const& e) {
+    error = e.what();
+  }
+  test::fail_host_allocations_from = 0;
+  INFO("the free threw: " << error);
+  bool const freed = mr.stats().used_bytes == used - 64 * KiB;
+  // Either it was refused with nothing changed, or it went through and said so.
+  CHECK((error == "none") == freed);
+  if (!freed) { mr.deallocate(last, 64 * KiB, a); }
+  mr.deallocate(big, 512 * MiB, c);
+  CHECK(mr.stats().used_bytes == 0);
+  CHECK(mr.check_invariants() == "");
 }

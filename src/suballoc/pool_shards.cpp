@@ -63,7 +63,7 @@ void* pool_memory_resource::allocate_in_shard(std::size_t bytes, std::size_t siz
   std::uint16_t const index = shards_->index_of_this_thread();
   detail::pool_shard& shard = shards_->get(index);
   std::lock_guard lock{shard.mutex};
-  if (shard.should_give_back(s)) { return_slabs(collect_free_slabs(shard, s, false)); }
+  if (shard.should_give_back(s)) { give_back_free_slabs(shard, s); }
   if (std::uintptr_t const a = shard.core.allocate(size, alignment, s)) { return reinterpret_cast<void*>(a); }
   return refill_and_allocate(shard, index, bytes, size, alignment, s);
 }
@@ -184,12 +184,25 @@ void pool_memory_resource::deallocate_in_shard(detail::pool_shard& shard, void* 
   {
     std::lock_guard lock{shard.mutex};
     if (shard.core.deallocate(address, s, expected) != 0) {
-      if (shard.should_give_back(s)) { return_slabs(collect_free_slabs(shard, s, false)); }
+      if (shard.should_give_back(s)) { give_back_free_slabs(shard, s); }
       return;
     }
     actual = shard.core.blocks().live_size(address);
   }
   throw_bad_free(ptr, bytes, actual);
+}
+
+void pool_memory_resource::give_back_free_slabs(detail::pool_shard& shard, detail::stream_ref const& s) noexcept {
+  // Housekeeping on the way: a free that went through must not be reported as failed
+  // (out of host memory here, the block was freed and the call threw: a retry was refused
+  // as a double free), and an allocation the shard can serve must not fail for it. The
+  // walk decides every slab before one leaves (collect_free_slabs), so a failure leaves
+  // them all in the shard, which is asked to look again at its next call.
+  try {
+    return_slabs(collect_free_slabs(shard, s, false));
+  } catch (...) {
+    shard.asked_to_give_back.store(true, std::memory_order_relaxed);
+  }
 }
 
 std::size_t pool_memory_resource::drain_shards(detail::stream_ref const& caller, bool may_synchronize,

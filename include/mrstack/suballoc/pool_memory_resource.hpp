@@ -265,6 +265,9 @@ class pool_memory_resource final : public memory_resource {
   /// Removes `shard`'s wholly free slabs (the caller holds its lock) and lists them.
   std::vector<detail::slab_return> collect_free_slabs(detail::pool_shard& shard, detail::stream_ref const& caller,
                                                       bool may_synchronize);
+  /// At a call of `shard`'s own (its lock held): gives back the free slabs `s` may, and
+  /// nothing when that fails (then the shard looks again at its next call).
+  void give_back_free_slabs(detail::pool_shard& shard, detail::stream_ref const& s) noexcept;
   /// Unmaps the slabs and frees them into the global blocks, under the global lock.
   void return_slabs(std::vector<detail::slab_return> const& slabs);
   [[noreturn]] void throw_bad_free(void* ptr, std::size_t bytes, std::size_t actual) const;
