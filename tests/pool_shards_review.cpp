@@ -1,6 +1,7 @@
 // pool_memory_resource's thread shards, cases found by reading the code against its
 // contract: statistics read while a shard is made and takes its first slab, and a free
-// in a shard that succeeds but whose give-back of free slabs then runs out of host memory.
+// in a shard that succeeds but whose give-back of free slabs then runs out of host memory,
+// and a small block whose alignment would make it a large one in a shard.
 #include <catch2/catch.hpp>
 
 #include <host_allocation_failure.hpp>
@@ -112,4 +113,43 @@ TEST_CASE("pool shards review: a free that went through is not reported as faile
   mr.deallocate(big, 512 * MiB, c);
   CHECK(mr.stats().used_bytes == 0);
   CHECK(mr.check_invariants() == "");
+}
+
+TEST_CASE("pool shards review: a small block with a large alignment does not strand a slab in its shard") {
+  // Sharded, the block took a slab of its padded size (256 MiB) in its thread's shard;
+  // while that thread lived, nobody else could use the slab's free bytes, and the main
+  // thread ran out of memory at the maximum after 44 of its 100 MiB. Without shards the
+  // pool serves them from the padding.
+  constexpr std::size_t alignment = 256 * MiB;
+  for (std::size_t const shards : {std::size_t{0}, std::size_t{64}}) {
+    CAPTURE(shards);
+    pool_options o;
+    o.shard_after_contentions = 0;
+    o.thread_shards = shards;
+    pool_memory_resource mr{std::make_shared<simulated_memory_resource>(), 0, 300 * MiB, o};
+    mr.deallocate(mr.allocate(256), 256);  // the first thread
+    test::phase_gate gate;
+    void* aligned = nullptr;
+    std::thread holder{[&] {
+      aligned = mr.allocate(256, stream_view{}, alignment);
+      gate.advance(1);
+      gate.wait_for(2);  // alive, so its shard index stays its own
+    }};
+    gate.wait_for(1);
+    std::vector<void*> blocks;
+    std::string refused;
+    try {
+      while (blocks.size() < 1600) { blocks.push_back(mr.allocate(64 * KiB)); }
+    } catch (out_of_memory const& e) {
+      refused = e.what();
+    }
+    gate.advance(2);
+    holder.join();
+    INFO(refused);
+    CHECK(blocks.size() == 1600);
+    for (void* p : blocks) { mr.deallocate(p, 64 * KiB); }
+    mr.deallocate(aligned, 256, stream_view{}, alignment);
+    CHECK(mr.stats().used_bytes == 0);
+    CHECK(mr.check_invariants() == "");
+  }
 }

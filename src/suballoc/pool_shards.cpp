@@ -36,7 +36,13 @@ bool pool_memory_resource::second_thread_arrived() {
 
 void* pool_memory_resource::allocate_sharded(std::size_t bytes, std::size_t size, std::size_t alignment,
                                              detail::stream_ref const& s) {
-  if (size <= options_.shard_block_limit) { return allocate_in_shard(bytes, size, alignment, s); }
+  // Measured with the padding its alignment may need, as the slab it takes is: a 256 B
+  // block aligned to 256 MiB took a 256 MiB slab, whose free bytes only its thread could
+  // use while the block lived (another thread ran out of memory at the maximum with
+  // them free, where the unsharded pool served it from the padding).
+  if (size <= options_.shard_block_limit && alignment - granularity <= options_.shard_block_limit - size) {
+    return allocate_in_shard(bytes, size, alignment, s);
+  }
   return allocate_globally(bytes, size, alignment, s, nullptr);
 }
 

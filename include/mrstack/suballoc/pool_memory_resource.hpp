@@ -129,7 +129,8 @@ struct pool_options {
   /// structure, which holds the least memory. 0: from the second calling thread on.
   std::size_t shard_after_contentions = 256;
   /// Larger requests bypass the shards and go to the global blocks (under the one lock):
-  /// shards are for the many small blocks, whose calls are the ones a lock would slow.
+  /// shards are for the many small blocks, whose calls are the ones a lock would slow. A
+  /// request counts with the padding its alignment may need (alignment - 256 bytes).
   std::size_t shard_block_limit = std::size_t{1} << 20;
   /// The seam to CUDA events; null: CUDA over device/managed/pinned memory, no-ops over
   /// host and simulated memory (see suballoc/stream_sync.hpp).
