@@ -153,3 +153,42 @@ TEST_CASE("pool shards review: a small block with a large alignment does not str
     CHECK(mr.check_invariants() == "");
   }
 }
+
+TEST_CASE("pool shards review: when the shards cannot be made, a call goes on under the one lock") {
+  MRSTACK_TEST_NEEDS_HOST_ALLOCATION_FAILURES();
+  // Sharding is an optimization: with no host memory for the shard set, or for a thread's
+  // shard, the second thread's request was refused although the pool had 64 MiB free.
+  pool_options o;
+  o.shard_after_contentions = 0;
+  pool_memory_resource mr{std::make_shared<simulated_memory_resource>(), 64 * MiB, std::nullopt, o};
+  mr.deallocate(mr.allocate(256), 256);  // the first thread
+  auto allocate_without_host_memory = [&] {
+    std::string error = "none";
+    std::thread t{[&] {
+      test::fail_host_allocations_from = 512;  // the shard set and a shard are larger
+      try {
+        mr.deallocate(mr.allocate(256), 256);
+      } catch (std::exception const& e) {
+        error = e.what();
+      }
+      test::fail_host_allocations_from = 0;
+    }};
+    t.join();
+    return error;
+  };
+  CHECK(allocate_without_host_memory() == "none");  // no shard set
+  CHECK(mr.stats().thread_shards == 0);
+  test::phase_gate gate;
+  std::thread sharded{[&] {  // makes the shard set and its own shard, and stays alive
+    mr.deallocate(mr.allocate(256), 256);
+    gate.advance(1);
+    gate.wait_for(2);
+  }};
+  gate.wait_for(1);
+  CHECK(mr.stats().thread_shards == 1);
+  CHECK(allocate_without_host_memory() == "none");  // no shard of its own
+  gate.advance(2);
+  sharded.join();
+  CHECK(mr.stats().used_bytes == 0);
+  CHECK(mr.check_invariants() == "");
+}

@@ -30,8 +30,7 @@ bool pool_memory_resource::second_thread_arrived() {
   if (first == me) { return false; }
   if (first == 0 && first_thread_.compare_exchange_strong(first, me, std::memory_order_relaxed)) { return false; }
   if (first == me) { return false; }
-  start_sharding();
-  return true;
+  return start_sharding();
 }
 
 void* pool_memory_resource::allocate_sharded(std::size_t bytes, std::size_t size, std::size_t alignment,
@@ -52,22 +51,36 @@ bool pool_memory_resource::contended() {
   // through the contended lock for every contended free on the global blocks).
   if (sharded_.load(std::memory_order_acquire)) { return true; }
   if (contentions_.fetch_add(1, std::memory_order_relaxed) + 1 < options_.shard_after_contentions) { return false; }
-  start_sharding();
-  return true;
+  return start_sharding();
 }
 
-void pool_memory_resource::start_sharding() {
-  std::lock_guard lock{mutex_};
-  if (shards_) { return; }
-  shards_ = std::make_unique<detail::pool_shard_set>(options_.thread_shards, core_.owners().shared_sync(),
-                                                     options_.record_on_demand, options_.parks());
-  sharded_.store(true, std::memory_order_release);
+bool pool_memory_resource::start_sharding() noexcept {
+  // Sharding is an optimization: when the shards cannot be made (no host memory), the
+  // call goes on under the one lock. Thrown, it had failed a request the pool's free
+  // memory could serve, and a contended free with std::bad_alloc, the block not freed.
+  try {
+    std::lock_guard lock{mutex_};
+    if (shards_) { return true; }
+    shards_ = std::make_unique<detail::pool_shard_set>(options_.thread_shards, core_.owners().shared_sync(),
+                                                       options_.record_on_demand, options_.parks());
+    sharded_.store(true, std::memory_order_release);
+    return true;
+  } catch (...) {
+    return false;
+  }
 }
 
 void* pool_memory_resource::allocate_in_shard(std::size_t bytes, std::size_t size, std::size_t alignment,
                                               detail::stream_ref const& s) {
   std::uint16_t const index = shards_->index_of_this_thread();
-  detail::pool_shard& shard = shards_->get(index);
+  detail::pool_shard* made = nullptr;
+  try {
+    made = &shards_->get(index);
+  } catch (std::bad_alloc const&) {
+    // No host memory for the thread's shard: the global blocks serve it, as unsharded.
+    return allocate_globally(bytes, size, alignment, s, nullptr);
+  }
+  detail::pool_shard& shard = *made;
   std::lock_guard lock{shard.mutex};
   if (shard.should_give_back(s)) { give_back_free_slabs(shard, s); }
   if (std::uintptr_t const a = shard.core.allocate(size, alignment, s)) { return reinterpret_cast<void*>(a); }

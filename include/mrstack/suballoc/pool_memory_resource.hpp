@@ -240,7 +240,8 @@ class pool_memory_resource final : public memory_resource {
   void* allocate_sharded(std::size_t bytes, std::size_t size, std::size_t alignment, detail::stream_ref const& s);
   /// Counts a contended lock; true once sharding has started because of it.
   bool contended();
-  void start_sharding();
+  /// True once the shards are made; false (nothing changed) when they cannot be.
+  bool start_sharding() noexcept;
   void* allocate_in_shard(std::size_t bytes, std::size_t size, std::size_t alignment, detail::stream_ref const& s);
   void* refill_and_allocate(detail::pool_shard& shard, std::uint16_t index, std::size_t bytes, std::size_t size,
                             std::size_t alignment, detail::stream_ref const& s);
