@@ -1,7 +1,8 @@
-// pool_memory_resource's thread shards, cases found by reading the code against its
-// contract: statistics read while a shard is made and takes its first slab, and a free
-// in a shard that succeeds but whose give-back of free slabs then runs out of host memory,
-// and a small block whose alignment would make it a large one in a shard.
+// pool_memory_resource's thread shards, cases read off the code against its
+// contract: statistics read while a shard is made and takes its first slab; a free in a
+// shard that succeeds but whose give-back of free slabs then runs out of host memory; a
+// small block whose alignment would make it a large one in a shard; and shards that
+// cannot be made for want of host memory.
 #include <catch2/catch.hpp>
 
 #include <host_allocation_failure.hpp>
@@ -27,7 +28,7 @@ constexpr std::size_t MiB = 1024 * KiB;
 
 }  // namespace
 
-TEST_CASE("pool shards review: statistics never count a new shard's first slab as used") {
+TEST_CASE("pool shards: statistics never count a new shard's first slab as used") {
   // A reader that looked at the shards before one existed, and took the global lock after
   // that shard's thread had carved its first slab out of the global blocks, counted the
   // whole slab as a used block (and none of it as free).
@@ -70,7 +71,7 @@ TEST_CASE("pool shards review: statistics never count a new shard's first slab a
   CHECK(wrong == 0);
 }
 
-TEST_CASE("pool shards review: a free that went through is not reported as failed when the give-back after it runs out of host memory") {
+TEST_CASE("pool shards: a free that went through is not reported as failed when the give-back after it runs out of host memory") {
   MRSTACK_TEST_NEEDS_HOST_ALLOCATION_FAILURES();
   // The mover's shard holds a wholly free slab of created stream a's memory, which a drain
   // on c may not hand back: the shard awaits a call naming a. The next such call is this
@@ -115,7 +116,7 @@ TEST_CASE("pool shards review: a free that went through is not reported as faile
   CHECK(mr.check_invariants() == "");
 }
 
-TEST_CASE("pool shards review: a small block with a large alignment does not strand a slab in its shard") {
+TEST_CASE("pool shards: a small block with a large alignment does not strand a slab in its shard") {
   // Sharded, the block took a slab of its padded size (256 MiB) in its thread's shard;
   // while that thread lived, nobody else could use the slab's free bytes, and the main
   // thread ran out of memory at the maximum after 44 of its 100 MiB. Without shards the
@@ -154,7 +155,7 @@ TEST_CASE("pool shards review: a small block with a large alignment does not str
   }
 }
 
-TEST_CASE("pool shards review: when the shards cannot be made, a call goes on under the one lock") {
+TEST_CASE("pool shards: when the shards cannot be made, a call goes on under the one lock") {
   MRSTACK_TEST_NEEDS_HOST_ALLOCATION_FAILURES();
   // Sharding is an optimization: with no host memory for the shard set, or for a thread's
   // shard, the second thread's request was refused although the pool had 64 MiB free.
