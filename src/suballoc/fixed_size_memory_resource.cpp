@@ -193,8 +193,21 @@ void fixed_size_memory_resource::do_deallocate(void* ptr, std::size_t bytes, std
 
 fixed_size_memory_resource::thread_cache* fixed_size_memory_resource::cache_for_this_thread() {
   if (thread_cache* c = my_cache()) { return c; }
-  caches_.push_back(std::make_unique<thread_cache>(cache_capacity_));
-  if (!detail::set_this_thread_cache(ticket_, caches_.back().get())) {
+  // A cache is an optimization: with no host memory for one (or for the thread's table
+  // of caches) the call uses the shared stacks. Thrown, it had failed an allocation with
+  // free blocks in the stacks, and a free with the block left live, as std::bad_alloc.
+  try {
+    caches_.push_back(std::make_unique<thread_cache>(cache_capacity_));
+  } catch (std::bad_alloc const&) {
+    return nullptr;
+  }
+  bool recorded = false;
+  try {
+    recorded = detail::set_this_thread_cache(ticket_, caches_.back().get());
+  } catch (std::bad_alloc const&) {
+    recorded = false;
+  }
+  if (!recorded) {
     caches_.pop_back();
     return nullptr;
   }

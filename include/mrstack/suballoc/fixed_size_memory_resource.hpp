@@ -148,7 +148,8 @@ class fixed_size_memory_resource final : public memory_resource, private detail:
   static constexpr std::uint32_t max_cache_bypasses = 64;
   void* refill_and_allocate(std::size_t bytes, detail::stream_ref const& s);
   void spill_and_free(void* ptr, std::size_t bytes, detail::stream_ref const& s);
-  /// The calling thread's cache, created when missing; null when it can keep none (exiting).
+  /// The calling thread's cache, created when missing; null when it can keep none (exiting,
+  /// or no host memory for one).
   thread_cache* cache_for_this_thread();
   /// Moves all but `keep` of `c`'s blocks to the shared stacks; `named`: the stream the
   /// current call names (null: none), the only created stream that may be recorded on.
