@@ -53,6 +53,11 @@ def load_timeline(path):
         raise ReportError(f"{path}: {e.strerror or e}") from None
     except json.JSONDecodeError as e:
         raise ReportError(f"{path}: not JSON ({e})") from None
+    except UnicodeDecodeError as e:
+        # JSON is UTF-8; a file that is not (a log named .json, a damaged copy) is no timeline.
+        raise ReportError(f"{path}: not JSON: byte {e.start} is not UTF-8 ({e.reason})") from None
+    except RecursionError:
+        raise ReportError(f"{path}: not a timeline: its JSON nests too deep to read") from None
     check_timeline(timeline, path)
     return timeline
 
@@ -70,9 +75,12 @@ def _check_numbers(values, what, where, samples=None, none_allowed=False):
             raise ReportError(f"{where}: {what}[{k}] is {v!r}, not a number")
 
 
-def _check_records(records, what, where, fields, text_fields=()):
-    """`records`: absent, or a list of objects whose `fields` are numbers (or null) and
-    whose `text_fields` are present (the names the plots print)."""
+def _check_records(records, what, where, fields, text_fields=(), counts=(), strings=()):
+    """`records`: absent, or a list of objects whose `fields` are numbers (or null), whose
+    `counts` are numbers where present (the page formats them with thousands commas, or
+    adds them: null is no count), whose `strings` are text where present and not null (the
+    page escapes them as HTML) and which have every one of `text_fields` (the names the
+    plots print)."""
     if records is None:
         return
     if not isinstance(records, list):
@@ -80,12 +88,18 @@ def _check_records(records, what, where, fields, text_fields=()):
     for k, r in enumerate(records):
         if not isinstance(r, dict):
             raise ReportError(f"{where}: {what}[{k}] is {r!r}, not an object")
-        for field in fields:
-            if field in r and not (_is_number(r[field]) or r[field] is None):
-                raise ReportError(f"{where}: {what}[{k}].{field} is {r[field]!r}, not a number")
         for field in text_fields:
             if field not in r:
                 raise ReportError(f"{where}: {what}[{k}] has no \"{field}\"")
+        for field in fields:
+            if field in r and not (_is_number(r[field]) or r[field] is None):
+                raise ReportError(f"{where}: {what}[{k}].{field} is {r[field]!r}, not a number")
+        for field in counts:
+            if field in r and not _is_number(r[field]):
+                raise ReportError(f"{where}: {what}[{k}].{field} is {r[field]!r}, not a number")
+        for field in strings:
+            if r.get(field) is not None and not isinstance(r[field], str):
+                raise ReportError(f"{where}: {what}[{k}].{field} is {r[field]!r}, not a string")
 
 
 def check_timeline(timeline, where="timeline"):
@@ -114,19 +128,26 @@ def check_timeline(timeline, where="timeline"):
         failure = stack.get("failure")
         if failure is not None and not isinstance(failure, dict):
             raise ReportError(f"{where}: stack {name!r}: \"failure\" must be an object or null")
-        if failure is not None:
-            _check_records([failure], f"stack {name!r} failure", where, ("line", "event", "bytes"))
+        if failure:  # the plot marks a failure at its event; an empty object is no failure
+            _check_records([failure], f"stack {name!r} failure", where, ("line", "bytes"), ("event",), ("event",),
+                           ("message",))
             _check_records([failure.get("fragmentation") or {}], f"stack {name!r} failure fragmentation", where,
-                           ("held_bytes", "live_bytes", "free_bytes", "largest_free_block"))
+                           ("held_bytes", "live_bytes", "free_bytes", "largest_free_block"), (), ("free_blocks",),
+                           ("resource",))
     if timeline.get("capacity_bytes") is not None and not _is_number(timeline["capacity_bytes"]):
         raise ReportError(f"{where}: \"capacity_bytes\" is {timeline['capacity_bytes']!r}, not a number")
-    _check_records(timeline.get("size_histogram"), "size_histogram", where, ("min_bytes", "allocations"),
-                   ("min_bytes", "allocations"))
-    _check_records(timeline.get("threads"), "threads", where, ("allocations", "frees"), ("thread", "allocations", "frees"))
-    _check_records(timeline.get("streams"), "streams", where, ("allocations", "frees"), ("stream", "allocations", "frees"))
+    if "events" in timeline and not _is_number(timeline["events"]):
+        raise ReportError(f"{where}: \"events\" is {timeline['events']!r}, not a number")
+    _check_records(timeline.get("size_histogram"), "size_histogram", where, ("min_bytes",),
+                   ("min_bytes", "allocations"), ("allocations",))
+    _check_records(timeline.get("threads"), "threads", where, (), ("thread", "allocations", "frees"),
+                   ("allocations", "frees"))
+    _check_records(timeline.get("streams"), "streams", where, (), ("stream", "allocations", "frees"),
+                   ("allocations", "frees"))
+    # The verdict names stacks by "resource"; the table formats the counts with commas.
     _check_records(timeline.get("results"), "results", where,
-                   ("events", "failures", "ns_per_event", "ns_per_call", "peak_live_bytes", "peak_footprint_bytes",
-                    "footprint_ratio", "upstream_allocations", "leaks"))
+                   ("failures", "ns_per_event", "ns_per_call", "peak_live_bytes", "peak_footprint_bytes",
+                    "footprint_ratio", "leaks"), ("resource",), ("events", "upstream_allocations"), ("resource",))
 
 
 # ---- mrstack-replay ---------------------------------------------------------------------

@@ -96,6 +96,46 @@ def test_timelines_the_plots_cannot_draw_are_refused_naming_the_entry(tmp_path, 
     assert not (tmp_path / "r.html").exists()
 
 
+def _with_failure(t, **fields):
+    t["stacks"][0]["failure"] = {"line": 5, "event": 3, "bytes": 512, "message": "out of memory", **fields}
+
+
+@pytest.mark.parametrize("spoil, named", [
+    (lambda t: t["results"][0].pop("resource"), "results[0] has no \"resource\""),
+    (lambda t: t["results"][0].update(events=None), "results[0].events is None, not a number"),
+    (lambda t: t["results"][0].update(upstream_allocations=None), "results[0].upstream_allocations is None"),
+    (lambda t: t.update(events="3000"), "\"events\" is '3000', not a number"),
+    (lambda t: _with_failure(t, event=None), "failure[0].event is None, not a number"),
+    (lambda t: t["stacks"][0].update(failure={"line": 5}), "failure[0] has no \"event\""),
+    (lambda t: _with_failure(t, message=7), "failure[0].message is 7, not a string"),
+    (lambda t: _with_failure(t, fragmentation={"resource": 5}), "fragmentation[0].resource is 5, not a string"),
+    (lambda t: _with_failure(t, fragmentation={"resource": "pool", "free_blocks": "17"}),
+     "fragmentation[0].free_blocks is '17', not a number"),
+    (lambda t: t["size_histogram"][0].update(allocations=None), "size_histogram[0].allocations is None"),
+    (lambda t: t["threads"][0].update(allocations=None), "threads[0].allocations is None"),
+    (lambda t: t["streams"][1].update(frees=None), "streams[1].frees is None"),
+])
+def test_timelines_the_page_cannot_format_are_refused_naming_the_entry(tmp_path, spoil, named):
+    # Each passed the check (null was taken for a number, a missing name or event for an
+    # optional one) and then failed in the table, the verdict or a plot with a traceback.
+    bad = make_timeline(events=50, points=10)
+    spoil(bad)
+    done = run_report(write_json(tmp_path, bad), "-o", str(tmp_path / "r.html"))
+    assert done.returncode == 2 and named in done.stderr and "Traceback" not in done.stderr, done.stderr
+    assert not (tmp_path / "r.html").exists()
+
+
+@pytest.mark.parametrize("content, named", [
+    (b'{"format": "mrstack-timeline/1", "log": "\xff"}', "not JSON: byte 41 is not UTF-8"),
+    (b"[" * 100_000, "nests too deep"),
+])
+def test_a_timeline_file_that_is_no_json_is_an_error_not_a_traceback(tmp_path, content, named):
+    path = tmp_path / "timeline.json"
+    path.write_bytes(content)
+    done = run_report(str(path), "-o", str(tmp_path / "r.html"))
+    assert done.returncode == 2 and named in done.stderr and "Traceback" not in done.stderr, done.stderr
+
+
 def test_an_output_that_cannot_be_written_is_an_error_and_leaves_nothing_behind(tmp_path):
     timeline = write_json(tmp_path, make_timeline())
     folder = tmp_path / "a_folder"
