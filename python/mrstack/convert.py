@@ -180,6 +180,10 @@ def convert_torch_snapshot(snapshot, device=None):
         if not isinstance(entry, dict) or "action" not in entry:
             raise ConversionError(f"{where}: expected a dict with an 'action', found {entry!r:.80}")
         action = entry["action"]
+        # A trace's actions are strings; another value (unhashable, or not ordered with the
+        # others in the summary) had ended the conversion with a TypeError.
+        if not isinstance(action, str):
+            raise ConversionError(f"{where}: 'action' is {action!r:.80}, expected a string such as 'alloc'")
         if action in _IGNORED_TORCH_ACTIONS:
             out.ignored_entries += 1
             continue
@@ -235,6 +239,11 @@ def load_snapshot(path):
         raise ConversionError(
             f"{path}: reading it needs the Python module {e.name!r}; snapshots from "
             "torch.cuda.memory._dump_snapshot() are plain dicts and need none") from None
+    except (MemoryError, OverflowError) as e:
+        # A damaged length field: the pickle asks for more memory than there is, or can be.
+        raise ConversionError(
+            f"{path}: not a readable pickle ({type(e).__name__}: {e or 'a length past the memory'}); it is damaged "
+            "or not a file written by torch.cuda.memory._dump_snapshot()") from None
     except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError, ImportError) as e:
         raise ConversionError(
             f"{path}: not a readable pickle ({type(e).__name__}: {e}); expected a file written by "

@@ -114,6 +114,11 @@ def test_device_choice():
      r"device_traces\[0\]\[1\]: 'alloc' of 0x100, which entry 0 allocated and no entry freed since"),
     (snapshot([entry("alloc", addr=0x100, size=512), entry("free_requested", addr=0x100, size=1024)]),
      r"'free_requested' of 0x100 with size 1024, but entry 0 allocated it with 512"),
+    # An action that is no string: unhashable, it ended the conversion with a TypeError;
+    # beside a string one, the summary's sort of the unknown actions did.
+    (snapshot([entry("alloc", addr=0x100, size=512), entry(["alloc"])]),
+     r"device_traces\[0\]\[1\]: 'action' is \['alloc'\], expected a string"),
+    (snapshot([entry("weird"), entry(None)]), r"device_traces\[0\]\[1\]: 'action' is None, expected a string"),
 ])
 def test_bad_snapshots_are_clear_errors(snap, message):
     with pytest.raises(ConversionError, match=message):
@@ -210,6 +215,20 @@ def test_command_line_errors_exit_2_and_write_nothing(tmp_path, capsys):
         main(["torch", good])  # no -o
     assert usage.value.code == 2
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.pickle", "empty.pickle", "good.pickle", "junk.pickle"]
+
+
+@pytest.mark.parametrize("damage", [
+    b"\x80\x04\x95" + (1 << 63).to_bytes(8, "little") + b".",   # a frame longer than any file: OverflowError
+    b"\x80\x04\x8e" + (1 << 63).to_bytes(8, "little") + b".",   # bytes longer than memory can hold: OverflowError
+    b"\x80\x04\x8e" + (1 << 40).to_bytes(8, "little") + b".",   # a terabyte of bytes: MemoryError (or cut short)
+])
+def test_a_damaged_length_in_the_pickle_is_an_error_not_a_traceback(tmp_path, capsys, damage):
+    path = tmp_path / "damaged.pickle"
+    path.write_bytes(damage)
+    assert main(["torch", str(path), "-o", str(tmp_path / "log.csv")]) == 2
+    err = capsys.readouterr().err
+    assert f"{path}: not a readable pickle" in err, err
+    assert not (tmp_path / "log.csv").exists()
 
 
 def test_python_dash_m_runs_the_module(tmp_path):
