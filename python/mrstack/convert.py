@@ -55,6 +55,8 @@ to 512 bytes) is one segment, announced by a ``segment_alloc`` just
 before its first allocation. ``segments`` is the state at the end of the log: each
 segment with its live allocations as ``active_allocated`` blocks and the gaps between
 them as ``inactive`` ones. Frees without an allocation in the log are left out, counted.
+An allocation that overlaps a live block is an error naming both lines (mrstack-replay,
+which tracks pointers, not ranges, takes such a log; a snapshot's blocks cannot overlap).
 A 0-byte allocation (at a real pointer) is counted and paired with its free, but neither
 has a trace entry: there is no block to draw. Times are microseconds since the first
 event: from the Stamp column where the log has one (a binary log always has), else from
@@ -62,6 +64,7 @@ the Time column, a time of day taken past midnight when it goes back by more tha
 """
 
 import argparse
+import bisect
 import gzip
 import os
 import pickle
@@ -356,13 +359,43 @@ def _trace_times(events):
     return times
 
 
+class _LiveBlocks:
+    """The live blocks of each inferred segment, by address, so that an allocation that
+    overlaps a live block is refused: the snapshot's segments are tiled by their blocks,
+    which no two overlapping ones can do. mrstack's reader keeps pointers, not ranges, and
+    takes such a log (a lost free, or allocations from two layers of one stack logged into
+    one file); drawn, it had blocks on top of each other and inactive gaps inside live
+    blocks."""
+
+    def __init__(self, starts, source):
+        self.starts, self.source = starts, source
+        self.by_segment = {}  # segment index -> sorted addresses of its live blocks
+
+    def add(self, live, line, address, size):
+        """Books a live block; `live` maps address -> (size, stream, line) of every live one."""
+        blocks = self.by_segment.setdefault(bisect.bisect_right(self.starts, address) - 1, [])
+        i = bisect.bisect_left(blocks, address)
+        for other in blocks[max(i - 1, 0):i + 1]:  # live blocks never overlap: the neighbours suffice
+            other_size, _, other_line = live[other]
+            if other < address + size and address < other + other_size:
+                raise ConversionError(
+                    f"{self.source}:{line}: allocate of {_hex(address)} ({size} bytes) overlaps the block of "
+                    f"{other_size} bytes at {_hex(other)} that line {other_line} allocated and no line freed since: "
+                    "a memory snapshot cannot hold overlapping blocks (did the log lose a free, or mix two layers?)")
+        blocks.insert(i, address)
+
+    def remove(self, address):
+        blocks = self.by_segment[bisect.bisect_right(self.starts, address) - 1]
+        del blocks[bisect.bisect_left(blocks, address)]
+
+
 def _end_segments(segments, segment_stream, live, device):
     """The snapshot's segments at the end of the log: each with its live allocations as
     active_allocated blocks and the gaps as inactive ones (0-byte blocks have no place)."""
     snapshot_segments = []
     for k, (seg_start, seg_end) in enumerate(segments):
         blocks, cursor, active = [], seg_start, 0
-        for address in sorted(a for a, (size, _) in live.items() if size and seg_start <= a < seg_end):
+        for address in sorted(a for a, (size, *_) in live.items() if size and seg_start <= a < seg_end):
             size = live[address][0]
             if address > cursor:
                 blocks.append({"address": cursor, "size": address - cursor, "requested_size": 0,
@@ -383,17 +416,18 @@ def _end_segments(segments, segment_stream, live, device):
     return snapshot_segments
 
 
-def log_to_memory_viz(events, device=0, device_count=None):
+def log_to_memory_viz(events, device=0, device_count=None, source="<log>"):
     """The snapshot dict (``torch.cuda.memory._snapshot()`` layout) of a log's events
     (read_log_events'), with what was counted. A 0-byte allocation is counted and paired
-    with its free, but has no trace entry or block (the viewer draws none)."""
-    import bisect
+    with its free, but has no trace entry or block (the viewer draws none). An allocation
+    that overlaps a live block is a ConversionError naming `source` and both lines."""
     # Checked first: device_traces gets one list per device up to this one (a negative one
     # indexed an empty list; a huge one built billions of lists).
     if not 0 <= device <= MAX_TORCH_DEVICE:
         raise ConversionError(f"--device {device}: PyTorch's device indices are 0 to {MAX_TORCH_DEVICE}")
     segments = _infer_segments(events)
     starts = [start for start, _ in segments]
+    blocks = _LiveBlocks(starts, source)
     announced = set()
     segment_stream = {}
     trace, live = [], {}
@@ -404,8 +438,10 @@ def log_to_memory_viz(events, device=0, device_count=None):
             trace.append(dict(entry, action="oom", addr=0, device_free=0))
             failures += 1
         elif kind == "allocate":
-            live[address] = (size, stream)
             allocations += 1
+            if size:
+                blocks.add(live, line, address, size)
+            live[address] = (size, stream, line)
             if size == 0:
                 # Nothing to draw (no block, no segment), but it is live: its free pairs with
                 # it, not counted as a free without an allocation in the log.
@@ -418,7 +454,9 @@ def log_to_memory_viz(events, device=0, device_count=None):
                 trace.append(dict(entry, action="segment_alloc", addr=seg_start, size=seg_end - seg_start))
             trace.append(dict(entry, action="alloc"))
         elif address in live:
-            allocated, allocated_stream = live.pop(address)
+            allocated, allocated_stream, _ = live.pop(address)
+            if allocated:
+                blocks.remove(address)
             frees += 1
             for action in ("free_requested", "free_completed") if allocated else ():
                 trace.append(dict(entry, action=action, size=allocated, stream=allocated_stream))
@@ -442,7 +480,7 @@ def write_snapshot(snapshot, path):
 
 def _memory_viz_main(args):
     try:
-        conversion = log_to_memory_viz(read_log_events(args.log), args.device)
+        conversion = log_to_memory_viz(read_log_events(args.log), args.device, source=args.log)
         if conversion.allocations == 0 and conversion.failures == 0:
             raise ConversionError(f"{args.log}: the log has no allocations")
         write_snapshot(conversion.snapshot, args.output)

@@ -343,6 +343,40 @@ def test_a_second_allocation_of_a_live_pointer_is_an_error(tmp_path):
     assert [line for line, *_ in read_log_events(str(merged))] == [2, 4, 3]
 
 
+def test_an_allocation_overlapping_a_live_block_is_refused_naming_both_lines(tmp_path):
+    """mrstack's reader keeps pointers, not ranges, so it takes a log whose live blocks
+    overlap; the snapshot cannot hold them (its segments are tiled by their blocks): it
+    had a block on top of another and an inactive gap inside a live block."""
+    path = write_log(tmp_path / "overlap.csv", [
+        ("allocate", 0x10000, 1000, 0), ("allocate", 0x10010, 16, 0),   # inside the live block of line 2
+        ("free", 0x10010, 16, 0), ("free", 0x10000, 1000, 0)])
+    with pytest.raises(ConversionError, match=r"overlap.csv:3: allocate of 0x10010 \(16 bytes\) overlaps the block "
+                                              r"of 1000 bytes at 0x10000 that line 2 allocated"):
+        log_to_memory_viz(read_log_events(path), source=path)
+    below = write_log(tmp_path / "below.csv", [("allocate", 0x10010, 16, 0), ("allocate", 0x10000, 17, 0)])
+    with pytest.raises(ConversionError, match=r"below.csv:3: allocate of 0x10000 \(17 bytes\) overlaps the block "
+                                              r"of 16 bytes at 0x10010 that line 2"):
+        log_to_memory_viz(read_log_events(below), source=below)
+    # Touching blocks, a block where a freed one was, a 0-byte allocation inside a live
+    # block: no overlap, and the segment is tiled.
+    fine = write_log(tmp_path / "fine.csv", [
+        ("allocate", 0x10000, 16, 0), ("allocate", 0x10010, 16, 0), ("free", 0x10000, 16, 0),
+        ("allocate", 0x10008, 8, 0), ("allocate", 0x10014, 0, 0), ("allocate", 0x10020, 4, 0)])
+    snap = log_to_memory_viz(read_log_events(fine), source=fine).snapshot
+    check_layout(snap)
+    assert [(b["address"], b["size"], b["state"]) for b in snap["segments"][0]["blocks"]] == [
+        (0x10000, 8, "inactive"), (0x10008, 8, "active_allocated"), (0x10010, 16, "active_allocated"),
+        (0x10020, 4, "active_allocated")]
+
+
+def test_the_command_line_names_the_log_in_an_overlap(tmp_path):
+    path = write_log(tmp_path / "overlap.csv", [("allocate", 0x10000, 1000, 0), ("allocate", 0x10010, 16, 0)])
+    done = subprocess.run([sys.executable, "-m", "mrstack.convert", "memory-viz", path, "-o", str(tmp_path / "s.pickle")],
+                          capture_output=True, text=True, env={**os.environ, "PYTHONPATH": os.path.join(REPO, "python")})
+    assert done.returncode == 2 and f"{path}:3: allocate of 0x10010" in done.stderr, done.stderr
+    assert not (tmp_path / "s.pickle").exists()
+
+
 def test_a_free_of_the_wrong_size_or_a_second_free_is_refused_as_the_cpp_reader_does(tmp_path):
     """Both were taken silently (the size of the allocation used, the second free counted
     as one without an allocation); mrstack-replay refuses either log naming the lines."""
