@@ -58,12 +58,21 @@ def load_timeline(path):
         raise ReportError(f"{path}: not JSON: byte {e.start} is not UTF-8 ({e.reason})") from None
     except RecursionError:
         raise ReportError(f"{path}: not a timeline: its JSON nests too deep to read") from None
+    except ValueError as e:  # an integer of more digits than Python converts (sys.get_int_max_str_digits)
+        raise ReportError(f"{path}: not a timeline: {e}") from None
     check_timeline(timeline, path)
     return timeline
 
 
+def _shown(v):
+    """`v` for an error message: its repr, or the size of an integer too large to draw."""
+    return f"an integer of {v.bit_length()} bits (too large to draw)" if isinstance(v, int) and abs(v) >= 2**1023 else repr(v)
+
+
 def _is_number(v):
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
+    """A JSON number the page can draw: an integer within a float's range (a larger one
+    cannot be scaled or plotted), or a float."""
+    return isinstance(v, float) or (isinstance(v, int) and not isinstance(v, bool) and abs(v) < 2**1023)
 
 
 def _check_numbers(values, what, where, samples=None, none_allowed=False):
@@ -72,7 +81,7 @@ def _check_numbers(values, what, where, samples=None, none_allowed=False):
         raise ReportError(f"{where}: {what} must be a list{size}")
     for k, v in enumerate(values):
         if not (_is_number(v) or (none_allowed and v is None)):
-            raise ReportError(f"{where}: {what}[{k}] is {v!r}, not a number")
+            raise ReportError(f"{where}: {what}[{k}] is {_shown(v)}, not a number")
 
 
 def _check_records(records, what, where, fields, text_fields=(), counts=(), strings=()):
@@ -93,10 +102,10 @@ def _check_records(records, what, where, fields, text_fields=(), counts=(), stri
                 raise ReportError(f"{where}: {what}[{k}] has no \"{field}\"")
         for field in fields:
             if field in r and not (_is_number(r[field]) or r[field] is None):
-                raise ReportError(f"{where}: {what}[{k}].{field} is {r[field]!r}, not a number")
+                raise ReportError(f"{where}: {what}[{k}].{field} is {_shown(r[field])}, not a number")
         for field in counts:
             if field in r and not _is_number(r[field]):
-                raise ReportError(f"{where}: {what}[{k}].{field} is {r[field]!r}, not a number")
+                raise ReportError(f"{where}: {what}[{k}].{field} is {_shown(r[field])}, not a number")
         for field in strings:
             if r.get(field) is not None and not isinstance(r[field], str):
                 raise ReportError(f"{where}: {what}[{k}].{field} is {r[field]!r}, not a string")
@@ -135,9 +144,9 @@ def check_timeline(timeline, where="timeline"):
                            ("held_bytes", "live_bytes", "free_bytes", "largest_free_block"), (), ("free_blocks",),
                            ("resource",))
     if timeline.get("capacity_bytes") is not None and not _is_number(timeline["capacity_bytes"]):
-        raise ReportError(f"{where}: \"capacity_bytes\" is {timeline['capacity_bytes']!r}, not a number")
+        raise ReportError(f"{where}: \"capacity_bytes\" is {_shown(timeline['capacity_bytes'])}, not a number")
     if "events" in timeline and not _is_number(timeline["events"]):
-        raise ReportError(f"{where}: \"events\" is {timeline['events']!r}, not a number")
+        raise ReportError(f"{where}: \"events\" is {_shown(timeline['events'])}, not a number")
     _check_records(timeline.get("size_histogram"), "size_histogram", where, ("min_bytes",),
                    ("min_bytes", "allocations"), ("allocations",))
     _check_records(timeline.get("threads"), "threads", where, (), ("thread", "allocations", "frees"),
@@ -224,7 +233,9 @@ def _scaled(values, scale):
 
 def plot_footprint(timeline):
     plt = _pyplot()
-    x = timeline["sample_event"]
+    # Floats: matplotlib turns integers past 64 bits (or counts past int64) into arrays
+    # of objects, or C longs, and fails on them.
+    x = [float(e) for e in timeline["sample_event"]]
     peak = max([v for s in timeline["stacks"] for v in s["footprint_bytes"] if v is not None] +
                [v for v in timeline["live_bytes"] if v is not None] + [1])
     unit, scale = _byte_unit(peak)
@@ -238,7 +249,7 @@ def plot_footprint(timeline):
                 linewidth=1.2, label=f"{stack['resource']} footprint")
         failure = stack.get("failure")
         if failure:
-            ax.axvline(failure["event"], color="red", linestyle=":", linewidth=1)
+            ax.axvline(float(failure["event"]), color="red", linestyle=":", linewidth=1)
     if timeline.get("capacity_bytes"):
         ax.axhline(timeline["capacity_bytes"] / scale, color="black", linestyle="--", linewidth=1, label="capacity")
     ax.set_xlabel("event")
@@ -251,7 +262,9 @@ def plot_footprint(timeline):
 def plot_fragmentation(timeline):
     plt = _pyplot()
     stacks = timeline["stacks"]
-    x = timeline["sample_event"]
+    # Floats: matplotlib turns integers past 64 bits (or counts past int64) into arrays
+    # of objects, or C longs, and fails on them.
+    x = [float(e) for e in timeline["sample_event"]]
     fig, axes = plt.subplots(len(stacks), 1, figsize=(10, 2.2 * len(stacks) + 0.6), sharex=True, squeeze=False)
     for ax, stack in zip(axes[:, 0], stacks):
         peak = max([v for key in _SERIES[1:] for v in stack[key] if v is not None] + [1])
@@ -273,7 +286,7 @@ def plot_histogram(timeline):
     buckets = timeline.get("size_histogram") or []
     fig, ax = plt.subplots(figsize=(10, 3.2))
     labels = [_format_bytes(b["min_bytes"]) for b in buckets]
-    ax.bar(range(len(buckets)), [b["allocations"] for b in buckets], color="tab:green")
+    ax.bar(range(len(buckets)), [float(b["allocations"]) for b in buckets], color="tab:green")
     ax.set_xticks(range(len(buckets)), labels, rotation=60, ha="right", fontsize=7)
     counts = [b["allocations"] for b in buckets if b["allocations"] > 0]
     # A log scale only where the counts span orders of magnitude; it flattens anything else.
@@ -292,8 +305,8 @@ def plot_activity(timeline):
         rows = sorted(rows, key=lambda r: -r["allocations"])[:20]
         names = [str(r[kind]) for r in rows]
         positions = range(len(rows))
-        ax.bar([p - 0.2 for p in positions], [r["allocations"] for r in rows], width=0.4, label="allocations")
-        ax.bar([p + 0.2 for p in positions], [r["frees"] for r in rows], width=0.4, label="frees")
+        ax.bar([p - 0.2 for p in positions], [float(r["allocations"]) for r in rows], width=0.4, label="allocations")
+        ax.bar([p + 0.2 for p in positions], [float(r["frees"]) for r in rows], width=0.4, label="frees")
         ax.set_xticks(list(positions), names, rotation=45, ha="right", fontsize=7)
         ax.set_title(f"Per {kind}" + (" (the 20 busiest)" if len(timeline.get(kind + "s") or []) > 20 else ""))
         ax.legend(fontsize=7)

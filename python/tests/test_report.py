@@ -136,6 +136,31 @@ def test_a_timeline_file_that_is_no_json_is_an_error_not_a_traceback(tmp_path, c
     assert done.returncode == 2 and named in done.stderr and "Traceback" not in done.stderr, done.stderr
 
 
+@pytest.mark.parametrize("spoil, named", [
+    # Counts past int64 were C longs to matplotlib (OverflowError), sample events past
+    # 64 bits an array of objects (TypeError); numbers past a float's range could not be
+    # scaled at all. The first two now draw; the last are refused.
+    (lambda t: t["size_histogram"][0].update(allocations=2**64 - 1), None),
+    (lambda t: t["threads"][0].update(frees=2**64 - 1), None),
+    (lambda t: t["sample_event"].__setitem__(-1, 2**70), None),
+    (lambda t: t["live_bytes"].__setitem__(1, 10**400), "\"live_bytes\"[1] is an integer of 1329 bits (too large"),
+    (lambda t: t["results"][0].update(ns_per_call=10**400), "results[0].ns_per_call is an integer of 1329 bits"),
+])
+def test_huge_numbers_draw_or_are_refused_not_a_traceback(tmp_path, spoil, named):
+    timeline = make_timeline(events=50, points=10)
+    spoil(timeline)
+    done = run_report(write_json(tmp_path, timeline), "-o", str(tmp_path / "r.html"))
+    assert "Traceback" not in done.stderr, done.stderr
+    assert (done.returncode, named is None or named in done.stderr) == (0 if named is None else 2, True), done.stderr
+
+
+def test_an_integer_json_cannot_convert_is_refused(tmp_path):
+    path = tmp_path / "timeline.json"
+    path.write_text('{"format": "mrstack-timeline/1", "events": ' + "9" * 5000 + "}")
+    done = run_report(str(path), "-o", str(tmp_path / "r.html"))
+    assert done.returncode == 2 and "not a timeline: Exceeds the limit" in done.stderr, done.stderr
+
+
 def test_an_output_that_cannot_be_written_is_an_error_and_leaves_nothing_behind(tmp_path):
     timeline = write_json(tmp_path, make_timeline())
     folder = tmp_path / "a_folder"
