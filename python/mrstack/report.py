@@ -193,7 +193,10 @@ def run_replay(log, resources=(), replay=None, extra=()):
         for spec in resources:
             command += ["-r", spec]
         command += list(extra) + ["--timeline", path]
-        done = subprocess.run(command, capture_output=True, text=True)
+        try:
+            done = subprocess.run(command, capture_output=True, text=True)
+        except OSError as e:  # executable, but not a program this system runs (ENOEXEC, a bad interpreter)
+            raise ReportError(f"{binary}: cannot run it: {e.strerror or e}") from None
         if done.returncode not in (0, 1) or not os.path.isfile(path):
             raise ReportError(f"{' '.join(command)} exited {done.returncode}:\n{done.stderr.strip() or done.stdout.strip()}")
         return load_timeline(path)

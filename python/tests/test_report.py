@@ -233,6 +233,20 @@ def _replay_with_timeline():
     return binary if "--timeline" in helped.stdout + helped.stderr else None
 
 
+def test_a_replay_binary_that_cannot_run_is_named(tmp_path):
+    # Executable but no program (no ELF header, no #! line): exec fails with ENOEXEC,
+    # which subprocess raised as an OSError out of the report.
+    fake = tmp_path / "mrstack-replay"
+    fake.write_bytes(b"garbage, not a program")
+    fake.chmod(0o755)
+    log = tmp_path / "log.csv"
+    log.write_text("Thread,Time,Action,Pointer,Size,Stream\n1,0,allocate,0x1000,512,0\n")
+    done = run_report(str(log), "--replay", str(fake), "-o", str(tmp_path / "r.html"))
+    assert done.returncode == 2 and f"mrstack.report: {fake}: cannot run it: Exec format error" in done.stderr, \
+        done.stderr
+    assert not (tmp_path / "r.html").exists()
+
+
 def test_sample_log_report_through_the_real_replay(tmp_path):
     binary = _replay_with_timeline()
     if binary is None:
