@@ -367,7 +367,9 @@ class _EventChecks:
         self.path = path
         self.streams = set()
         self.live = {}   # address -> (line that allocated it, its size)
-        self.freed = {}  # address -> (line that allocated it, line that freed it), until allocated again
+        # address -> (line that allocated it, or None before the log, line that freed it),
+        # until allocated again
+        self.freed = {}
         self.live_bytes = 0
         self.total_bytes = 0
 
@@ -387,7 +389,8 @@ class _EventChecks:
         size is its allocation's. One difference, kept on purpose: a free of a pointer no
         earlier line allocated (a block allocated before recording began) is left out and
         counted by log_to_memory_viz, where mrstack-replay, which must replay every free,
-        refuses the log."""
+        refuses the log. Such a free is booked too: a second free of that pointer (with no
+        allocation between) is refused, as any second free is."""
         where = f"{self.path}:{line}"
         if kind == "allocate":
             if address in self.live:
@@ -410,8 +413,12 @@ class _EventChecks:
             self.freed[address] = (allocated_line, line)
         elif address in self.freed:
             allocated_line, freed_line = self.freed[address]
-            raise ConversionError(f"{where}: free of {hex_text(address)}, which is not live: line "
-                                  f"{allocated_line} allocated it and line {freed_line} already freed it")
+            allocated = (f"line {allocated_line} allocated it" if allocated_line is not None else
+                         "no line allocated it (a block allocated before the log began)")
+            raise ConversionError(f"{where}: free of {hex_text(address)}, which is not live: {allocated} and line "
+                                  f"{freed_line} already freed it")
+        else:
+            self.freed[address] = (None, line)  # left out by log_to_memory_viz, but freed once only
 
 
 def _check_pairs(path, events):

@@ -399,6 +399,24 @@ def test_a_free_of_the_wrong_size_or_a_second_free_is_refused_as_the_cpp_reader_
     assert "1 frees without an allocation in the log left out" in log_to_memory_viz(read_log_events(str(fine))).summary()
 
 
+def test_a_second_free_of_a_block_allocated_before_the_log_is_refused(tmp_path):
+    """A free of a pointer the log never allocated is left out and counted; a second one
+    of the same pointer, with no allocation between, was counted as well, silently: a
+    double free of the block, or a log that repeats rows."""
+    log = tmp_path / "twice.csv"
+    log.write_text("Thread,Time,Action,Pointer,Size,Stream\n1,0,free,0x9000,8,0\n1,0,allocate,0x1000,8,0\n"
+                   "1,0,free,0x9000,8,0\n")
+    with pytest.raises(ConversionError, match=re.escape(
+            "twice.csv:4: free of 0x9000, which is not live: no line allocated it (a block allocated before the log "
+            "began) and line 2 already freed it")):
+        read_log_events(str(log))
+    # Allocated again in the log after that free, it may be freed again.
+    again = tmp_path / "again.csv"
+    again.write_text("Thread,Time,Action,Pointer,Size,Stream\n1,0,free,0x9000,8,0\n1,0,allocate,0x9000,8,0\n"
+                     "1,0,free,0x9000,8,0\n")
+    assert [e[1] for e in read_log_events(str(again))] == ["free", "allocate", "free"]
+
+
 def test_a_thread_id_must_be_printable_utf8_as_the_cpp_reader_wants(tmp_path):
     """mrstack-replay refuses a Thread with a control character or bytes that are not
     UTF-8 (it writes thread ids back into JSON); the converter refuses the same logs,
