@@ -14,7 +14,8 @@ style sheet is inline, nothing is loaded from elsewhere. It shows live bytes aga
 stack's footprint over the log, each stack's free bytes held against its largest free
 block (how fragmented its free memory is), the allocation-size histogram, the activity of
 each thread and stream, the per-stack summary table with the verdict, and for every stack
-that refused a request: the log line, the request and the stack's fragmentation then.
+that refused a request: the log line, the request and the stack's fragmentation then, and
+for every stack that could not be built or broke: what stopped it.
 """
 
 import argparse
@@ -137,6 +138,8 @@ def check_timeline(timeline, where="timeline"):
         failure = stack.get("failure")
         if failure is not None and not isinstance(failure, dict):
             raise ReportError(f"{where}: stack {name!r}: \"failure\" must be an object or null")
+        if stack.get("error") is not None and not isinstance(stack["error"], str):
+            raise ReportError(f"{where}: stack {name!r}: \"error\" is {_shown(stack['error'])}, not a string")
         if failure:  # the plot marks a failure at its event; an empty object is no failure
             _check_records([failure], f"stack {name!r} failure", where, ("line", "bytes"), ("event",), ("event",),
                            ("message",))
@@ -389,26 +392,33 @@ def _summary_table(results):
 
 
 def _failure_section(timeline):
+    """Each stack's first refused request, and what stopped a stack that could not be built
+    or broke (its "error": without it the page showed a failed row and no reason)."""
     parts = []
     for stack in timeline["stacks"]:
-        failure = stack.get("failure")
-        if not failure:
-            continue
-        frag = failure.get("fragmentation") or {}
-        facts = [("log line", f"{failure.get('line'):,}" if failure.get("line") is not None else "–"),
-                 ("event", f"{failure.get('event'):,}" if failure.get("event") is not None else "–"),
-                 ("request", _format_bytes(failure.get("bytes")))]
-        if frag.get("resource"):
-            facts += [("answered by", frag["resource"]), ("held", _format_bytes(frag.get("held_bytes"))),
-                      ("live", _format_bytes(frag.get("live_bytes"))), ("free", _format_bytes(frag.get("free_bytes"))),
-                      ("largest free block", _format_bytes(frag.get("largest_free_block"))),
-                      ("free blocks", f"{frag.get('free_blocks', 0):,}")]
-        items = "".join(f"<dt>{html.escape(k)}</dt><dd>{html.escape(v)}</dd>" for k, v in facts)
-        parts.append(f"<div class=\"failure\"><h3>{html.escape(stack['resource'])} refused a request</h3>"
-                     f"<dl>{items}</dl><pre>{html.escape(failure.get('message') or '')}</pre></div>")
+        if stack.get("failure"):
+            parts.append(_refusal(stack["resource"], stack["failure"]))
+        if stack.get("error"):
+            parts.append(f"<div class=\"failure\"><h3>{html.escape(stack['resource'])} stopped</h3>"
+                         f"<pre>{html.escape(stack['error'])}</pre></div>")
     if not parts:
         return ""
     return "<h2 id=\"failures\">Failures</h2>" + "".join(parts)
+
+
+def _refusal(resource, failure):
+    frag = failure.get("fragmentation") or {}
+    facts = [("log line", f"{failure.get('line'):,}" if failure.get("line") is not None else "–"),
+             ("event", f"{failure.get('event'):,}" if failure.get("event") is not None else "–"),
+             ("request", _format_bytes(failure.get("bytes")))]
+    if frag.get("resource"):
+        facts += [("answered by", frag["resource"]), ("held", _format_bytes(frag.get("held_bytes"))),
+                  ("live", _format_bytes(frag.get("live_bytes"))), ("free", _format_bytes(frag.get("free_bytes"))),
+                  ("largest free block", _format_bytes(frag.get("largest_free_block"))),
+                  ("free blocks", f"{frag.get('free_blocks', 0):,}")]
+    items = "".join(f"<dt>{html.escape(k)}</dt><dd>{html.escape(v)}</dd>" for k, v in facts)
+    return (f"<div class=\"failure\"><h3>{html.escape(resource)} refused a request</h3>"
+            f"<dl>{items}</dl><pre>{html.escape(failure.get('message') or '')}</pre></div>")
 
 
 _STYLE = """
@@ -500,7 +510,7 @@ def main(argv=None):
     except ReportError as e:
         print(f"mrstack.report: {e}", file=sys.stderr)
         return 2
-    failed = [s["resource"] for s in timeline["stacks"] if s.get("failure")]
+    failed = [s["resource"] for s in timeline["stacks"] if s.get("failure") or s.get("error")]
     print(f"wrote {args.output}: {size / 1024:.0f} KiB, {len(timeline['stacks'])} stacks"
           + (f", failed: {', '.join(failed)}" if failed else "") + f" ({time.perf_counter() - started:.1f} s)")
     return 0

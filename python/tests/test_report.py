@@ -161,6 +161,24 @@ def test_an_integer_json_cannot_convert_is_refused(tmp_path):
     assert done.returncode == 2 and "not a timeline: Exceeds the limit" in done.stderr, done.stderr
 
 
+def test_a_stack_that_could_not_be_built_says_why(tmp_path):
+    """mrstack-replay writes what stopped a stack as its "error" (no failure, samples all
+    null); the page showed a failed row and no reason, the command line no failed stack."""
+    timeline = make_timeline(events=50, points=10)
+    why = "building the stack failed: out of memory: simulated could not allocate 2.00 GiB"
+    stack = timeline["stacks"][0]
+    for key in ("footprint_bytes", "free_held_bytes", "largest_free_block"):
+        stack[key] = [None] * len(stack[key])
+    stack["error"] = timeline["results"][0]["error"] = why
+    done = run_report(write_json(tmp_path, timeline), "-o", str(tmp_path / "r.html"))
+    assert done.returncode == 0 and "failed: pool > cuda" in done.stdout, done.stdout + done.stderr
+    page = (tmp_path / "r.html").read_text()
+    assert "pool &gt; cuda stopped" in page and why in page
+    stack["error"] = 5
+    done = run_report(write_json(tmp_path, timeline), "-o", str(tmp_path / "r2.html"))
+    assert done.returncode == 2 and "stack 'pool > cuda': \"error\" is 5, not a string" in done.stderr, done.stderr
+
+
 def test_an_output_that_cannot_be_written_is_an_error_and_leaves_nothing_behind(tmp_path):
     timeline = write_json(tmp_path, make_timeline())
     folder = tmp_path / "a_folder"
