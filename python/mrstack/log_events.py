@@ -42,12 +42,27 @@ def _parse_time_us(text):
     if not match:
         return None
     hours, minutes, seconds, fraction = match.groups()
-    whole = int(hours) if minutes is None else int(hours) * 3600 + int(minutes) * 60 + int(seconds)
+    whole = _digits_value(hours) if minutes is None else int(hours) * 3600 + int(minutes) * 60 + int(seconds)
     micro = 0
     if fraction:
+        # Half up at the seventh digit: the digits after it cannot change the microsecond
+        # (and int() refuses more than 4300 digits, which a 64 KiB line can hold).
+        fraction = fraction[:7]
         scale = 10 ** len(fraction)
         micro = (int(fraction) * 2_000_000 + scale) // (2 * scale)  # half up
     return whole * 1_000_000 + micro
+
+
+def _digits_value(digits):
+    """The value of a string of decimal digits, however long: the reader takes a number of
+    seconds of any length (a line may hold 64 KiB), where int() refuses more than 4300
+    digits (sys.get_int_max_str_digits) with a ValueError."""
+    digits = digits.lstrip("0") or "0"
+    value = 0
+    for at in range(0, len(digits), 4000):
+        chunk = digits[at:at + 4000]
+        value = value * 10 ** len(chunk) + int(chunk)
+    return value
 
 
 # The logging adaptor's binary records (include/mrstack/log/binary_log.hpp).
@@ -160,6 +175,12 @@ _ACTIONS = {"allocate": "allocate", "free": "free", "allocate failure": "failure
 _GZIP_MAGIC = b"\x1f\x8b"
 
 
+def _clip(text):
+    """A field as an error message quotes it: at most 80 characters, as the C++ reader's
+    (a field may be most of a 64 KiB line)."""
+    return repr(text) if len(text) <= 80 else repr(text[:80]) + "..."
+
+
 def _hex_field(text):
     """Hex with or without 0x (at most 16 digits), or glibc's (nil); None when malformed."""
     if text == "(nil)":
@@ -169,8 +190,13 @@ def _hex_field(text):
 
 
 def _decimal_field(text):
-    """Decimal digits only (no sign, no '_', no spaces inside), below 2^64; else None."""
-    return int(text) if _DECIMAL.fullmatch(text) and int(text) < 1 << 64 else None
+    """Decimal digits only (no sign, no '_', no spaces inside), below 2^64; else None.
+    Leading zeros are taken, as std::from_chars takes them, however many; more than 20
+    significant digits are past 2^64 (and int() refused them past 4300, a ValueError)."""
+    if not _DECIMAL.fullmatch(text):
+        return None
+    significant = text.lstrip("0")
+    return int(significant or "0") if len(significant) <= 20 and int(significant or "0") < 1 << 64 else None
 
 
 def _is_time(text):
@@ -272,8 +298,8 @@ def _checked_header(path, header):
     for i, name in enumerate(_COLUMNS):
         if i >= len(header) or header[i].lower() != name.lower():
             found = header[i] if i < len(header) else "nothing"
-            raise ConversionError(f"{path}:1: header column {i + 1} is {found!r}, expected {name!r}: the header must "
-                                  f"start with {HEADER}")
+            raise ConversionError(f"{path}:1: header column {i + 1} is {_clip(found)}, expected {name!r}: the header "
+                                  f"must start with {HEADER}")
     return len(header) > 6 and header[6].lower() == "stamp"
 
 
@@ -305,19 +331,20 @@ def _checked_event(path, number, row, stamp=None):
         raise ConversionError(f"{where}: bad Thread: byte 0x{bad:02x} is not printable UTF-8 text: expected a "
                               "thread id")
     if not _is_time(time_text):
-        raise ConversionError(f"{where}: bad Time {time_text!r}: expected a time of day such as 01:00:00.000123 "
+        raise ConversionError(f"{where}: bad Time {_clip(time_text)}: expected a time of day such as 01:00:00.000123 "
                               "(hours 0-23, minutes and seconds 0-59) or a number of seconds")
     kind = _ACTIONS.get(action)
     if kind is None:
-        raise ConversionError(f"{where}: unknown action {action!r} (expected allocate, free or allocate failure)")
+        raise ConversionError(f"{where}: unknown action {_clip(action)} (expected allocate, free or allocate failure)")
     address, size, stream = _hex_field(pointer), _decimal_field(size_text), _hex_field(stream_text)
     if address is None:
-        raise ConversionError(f"{where}: bad Pointer {pointer!r}: expected a hexadecimal address (with or without 0x)")
+        raise ConversionError(f"{where}: bad Pointer {_clip(pointer)}: expected a hexadecimal address (with or "
+                              "without 0x)")
     if size is None:
-        raise ConversionError(f"{where}: bad Size {size_text!r}: expected a number of bytes (decimal digits, "
+        raise ConversionError(f"{where}: bad Size {_clip(size_text)}: expected a number of bytes (decimal digits, "
                               "below 2^64)")
     if stream is None:
-        raise ConversionError(f"{where}: bad Stream {stream_text!r}: expected a hexadecimal stream handle")
+        raise ConversionError(f"{where}: bad Stream {_clip(stream_text)}: expected a hexadecimal stream handle")
     if kind == "failure" and size == 0:
         return None  # a refusal of nothing: no allocator refuses it, whatever its Pointer
     if kind != "failure" and address == 0:
@@ -443,7 +470,8 @@ def _in_stamp_order(path, rows):
             raise ConversionError(f"{path}:{number}: {len(fields)} fields, expected 7 ({HEADER},Stamp)")
         stamp = _decimal_field(fields[6])
         if stamp is None:
-            raise ConversionError(f"{path}:{number}: bad Stamp {fields[6]!r}: expected nanoseconds (decimal digits)")
+            raise ConversionError(f"{path}:{number}: bad Stamp {_clip(fields[6])}: expected nanoseconds (decimal "
+                                  "digits)")
         by_thread.setdefault(fields[0], []).append((stamp, fields[2] != "free", number, fields))
     for stamp, _, number, fields in heapq.merge(*by_thread.values(), key=lambda row: row[:3]):
         yield number, fields, stamp

@@ -289,3 +289,35 @@ def test_the_readers_limits_name_the_line(tmp_path, monkeypatch):
                                                                        for i in range(3)]]))):
         with pytest.raises(ConversionError, match=rf"{re.escape(name)}: .*larger than 100 bytes, the reader's limit"):
             read_log_events(str(write(tmp_path, name, content)))
+
+
+def test_numbers_of_thousands_of_digits_are_read_as_the_cpp_reader_reads_them(tmp_path):
+    """A 64 KiB line holds numbers past the 4300 digits Python's int() converts: a Size or
+    Stamp of 5000 digits, a Time of 5000 digits of seconds or of fraction raised
+    ValueError out of the reader. std::from_chars takes leading zeros however many, and
+    the Time column is only checked there."""
+    stamped = STAMPED.replace("\n", "")
+    logs = {
+        "size.csv": (HEADER + "1,0,allocate,0x1000," + "9" * 5000 + ",0\n",
+                     r"size.csv:2: bad Size '9{80}'\.\.\.: expected a number of bytes"),
+        "stamp.csv": (f"{stamped}\n1,0,allocate,0x1000,5,0," + "1" * 5000 + "\n",
+                      r"stamp.csv:2: bad Stamp '1{80}'\.\.\.: expected nanoseconds"),
+        "zeros.csv": (HEADER + "1,0,allocate,0x1000," + "0" * 5000 + "5,0\n", None),
+        "zero_stamp.csv": (f"{stamped}\n1,0,allocate,0x1000,5,0," + "0" * 5000 + "7\n", None),
+        "seconds.csv": (HEADER + "1," + "1" * 5000 + ",allocate,0x1000,5,0\n1,0.5,free,0x1000,5,0\n", None),
+        "fraction.csv": (HEADER + "1,0." + "4" * 6 + "5" + "9" * 5000 + ",allocate,0x1000,5,0\n", None),
+    }
+    for name, (text, error) in logs.items():
+        path = write(tmp_path, name, text)
+        if error is None:
+            events = read_log_events(str(path))
+            assert events[0][3] == 5, name
+        else:
+            with pytest.raises(ConversionError, match=error):
+                read_log_events(str(path))
+        if _replay() is not None:
+            assert_same_reading(path, tmp_path)
+    assert read_log_events(str(tmp_path / "zero_stamp.csv"))[0][5] == 0       # the Stamp 7 ns, in us
+    assert read_log_events(str(tmp_path / "seconds.csv"))[0][5] == (10**5000 - 1) // 9 * 1_000_000  # 5000 ones
+    assert read_log_events(str(tmp_path / "fraction.csv"))[0][5] == 444_445  # half up at the seventh digit
+    assert log_to_memory_viz(read_log_events(str(tmp_path / "seconds.csv"))).allocations == 1
