@@ -248,8 +248,10 @@ def plot_footprint(timeline):
     fig, ax = plt.subplots(figsize=(10, 4))
     # Samples are dense (up to a few thousand): straight lines between them draw the same
     # picture as steps with half the vertices, and the filled area is drawn as an image.
-    ax.fill_between(x, _scaled(timeline["live_bytes"], scale), color="0.8", label="live bytes (the log)",
-                    rasterized=True)
+    # A null sample is a gap (NaN): None made the array one of objects, which fill_between
+    # cannot test for finiteness.
+    live = [float("nan") if v is None else v for v in _scaled(timeline["live_bytes"], scale)]
+    ax.fill_between(x, live, color="0.8", label="live bytes (the log)", rasterized=True)
     for stack in timeline["stacks"]:
         ax.plot(x, [float("nan") if v is None else v for v in _scaled(stack["footprint_bytes"], scale)],
                 linewidth=1.2, label=f"{stack['resource']} footprint")

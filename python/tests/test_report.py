@@ -143,6 +143,8 @@ def test_a_timeline_file_that_is_no_json_is_an_error_not_a_traceback(tmp_path, c
     (lambda t: t["size_histogram"][0].update(allocations=2**64 - 1), None),
     (lambda t: t["threads"][0].update(frees=2**64 - 1), None),
     (lambda t: t["sample_event"].__setitem__(-1, 2**70), None),
+    # Null live bytes passed the check (and the peak's filter) and failed in fill_between.
+    (lambda t: t["live_bytes"].__setitem__(2, None), None),
     (lambda t: t["live_bytes"].__setitem__(1, 10**400), "\"live_bytes\"[1] is an integer of 1329 bits (too large"),
     (lambda t: t["results"][0].update(ns_per_call=10**400), "results[0].ns_per_call is an integer of 1329 bits"),
 ])
