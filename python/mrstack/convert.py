@@ -69,8 +69,8 @@ import gzip
 import os
 import pickle
 import sys
-import tempfile
 
+from ._files import write_atomically as _write_atomically
 from .log_events import HEADER, ConversionError, hex_text as _hex, read_log_events
 
 __all__ = ["ConversionError", "TorchConversion", "convert_torch_snapshot", "load_snapshot", "write_log",
@@ -268,27 +268,8 @@ def write_log(lines, path):
                 gz.write(text.encode())
         else:
             raw.write(text.encode())
-        raw.flush()
-        os.fsync(raw.fileno())
 
     _write_atomically(path, write)
-
-
-def _write_atomically(path, write):
-    """Calls write(file) on a temporary file beside `path`, then renames it to `path`; on
-    any failure the temporary file is removed and `path` is left as it was."""
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=os.path.basename(path) + ".", suffix=".tmp", dir=directory)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
 
 
 # ---- log -> PyTorch memory snapshot ---------------------------------------------------

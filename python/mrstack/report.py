@@ -32,6 +32,8 @@ import sys
 import tempfile
 import time
 
+from ._files import write_atomically
+
 __all__ = ["TIMELINE_FORMAT", "ReportError", "load_timeline", "render_html", "write_report", "find_replay",
            "run_replay", "main"]
 
@@ -463,19 +465,12 @@ def render_html(timeline, title=None):
 def write_report(timeline, output, title=None):
     """Writes the page to `output` whole or not at all (a temporary file beside it, renamed);
     ReportError when it cannot be written."""
-    text = render_html(timeline, title)
-    folder = os.path.dirname(os.path.abspath(output))
-    temporary = None
+    data = render_html(timeline, title).encode("utf-8")
     try:
-        with tempfile.NamedTemporaryFile("w", encoding="utf-8", dir=folder, delete=False, suffix=".tmp") as f:
-            temporary = f.name
-            f.write(text)
-        os.replace(temporary, output)
+        write_atomically(output, lambda f: f.write(data))
     except OSError as e:
-        if temporary is not None and os.path.exists(temporary):
-            os.unlink(temporary)
         raise ReportError(f"cannot write {output}: {e.strerror or e}") from None
-    return len(text.encode("utf-8"))
+    return len(data)
 
 
 def main(argv=None):

@@ -432,3 +432,35 @@ def test_a_thread_id_must_be_printable_utf8_as_the_cpp_reader_wants(tmp_path):
                      "wörker-1,0:00:00.1,free,0x10,64,0\n".encode())
     assert [e[1] for e in read_log_events(str(good))] == ["allocate", "free"]
 
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o027])
+def test_outputs_get_the_umask_mode_and_a_fifo_is_written_in_place(tmp_path, umask):
+    """The log, the snapshot and the report were written 0600 (mkstemp's mode: a report
+    no one else could open), and a FIFO, /dev/null or /dev/stdout given as -o was replaced
+    by a regular file (renamed over; as root, /dev/null itself), where mrstack-replay
+    writes such a file in place."""
+    import threading
+    from mrstack.convert import write_log, write_snapshot
+    from mrstack.report import write_report
+    from timeline_fixtures import make_timeline
+    pytest.importorskip("matplotlib", reason="the report draws with matplotlib")
+    old = os.umask(umask)
+    try:
+        write_log(["Thread,Time,Action,Pointer,Size,Stream"], str(tmp_path / "log.csv.gz"))
+        write_snapshot({"segments": []}, str(tmp_path / "snap.pickle"))
+        write_report(make_timeline(events=20, points=5), str(tmp_path / "report.html"))
+    finally:
+        os.umask(old)
+    for name in ("log.csv.gz", "snap.pickle", "report.html"):
+        assert os.stat(tmp_path / name).st_mode & 0o777 == 0o666 & ~umask, name
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    got = []
+    reader = threading.Thread(target=lambda: got.append(open(fifo, "rb").read()), daemon=True)
+    reader.start()
+    write_snapshot({"segments": [1]}, str(fifo))
+    reader.join(timeout=30)
+    assert pickle.loads(got[0]) == {"segments": [1]}
+    assert os.path.exists(fifo) and not os.path.isfile(fifo)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fifo", "log.csv.gz", "report.html", "snap.pickle"]
