@@ -137,12 +137,16 @@ def _binary_log_rows(path, data):
     if version != 1 or record_size != 32 or clock not in (0, 1):
         fail(8, f"version {version}, records of {record_size} bytes, clock {clock}: this reader reads "
                 "version 1, 32-byte records, clock 0 or 1")
-    records = list(_binary_records(path, data))
-    for at, kind, stamp, _, size, stream, _ in records:
+    # Each record checked as its block is read, as the C++ reader's first pass does: listed
+    # first, a damaged block after a bad thread record was named instead of the record.
+    records = []
+    for record in _binary_records(path, data):
+        at, kind, stamp, _, size, stream, _ = record
         if kind == 3 and clock == 0 and (stamp or size or stream):
             fail(at, "a thread record with a stamp, size or stream (its fields after the id must be 0)")
         if kind == 3 and clock == 1 and stamp:
             fail(at, "a thread record with a stamp (its stamp field must be 0)")
+        records.append(record)
     # Clock 1: stamps are time-stamp counter ticks; thread records carry (ticks, ns) points.
     scale = _tick_scale([(size, stream) for _, kind, _, _, size, stream, _ in records if kind == 3 and size]) \
         if clock == 1 else (lambda stamp: stamp)

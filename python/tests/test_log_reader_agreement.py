@@ -321,3 +321,16 @@ def test_numbers_of_thousands_of_digits_are_read_as_the_cpp_reader_reads_them(tm
     assert read_log_events(str(tmp_path / "seconds.csv"))[0][5] == (10**5000 - 1) // 9 * 1_000_000  # 5000 ones
     assert read_log_events(str(tmp_path / "fraction.csv"))[0][5] == 444_445  # half up at the seventh digit
     assert log_to_memory_viz(read_log_events(str(tmp_path / "seconds.csv"))).allocations == 1
+
+
+def test_a_bad_thread_record_is_named_before_a_damaged_block_after_it(tmp_path):
+    """The C++ reader checks each block, then its records, in file order; the Python one
+    read every block first, so it named a cut-short block at the end instead of the bad
+    thread record before it."""
+    path = write(tmp_path, "order.bin", binary_log([[(3, 5, 7, 0, 0), (0, 1, 0x1000, 16, 0)], [(3, 0, 7, 0, 0)]])[:-10])
+    with pytest.raises(ConversionError, match=r"order.bin: binary log, byte offset 40: a thread record with a stamp, "
+                                              r"size or stream"):
+        read_log_events(str(path))
+    if _replay() is not None:
+        cpp = cpp_reading(path, tmp_path)
+        assert cpp[0] == "error" and "byte offset 40: a thread record with a stamp" in cpp[2], cpp
