@@ -134,9 +134,13 @@ def _binary_log_rows(path, data):
     if len(data) < 32:
         fail(0, f"cut short: the file header takes 32 bytes, the log has {len(data)}")
     version, record_size, start_wall_ns, clock = struct.unpack_from("<IIqQ", data, 8)
-    if version != 1 or record_size != 32 or clock not in (0, 1):
-        fail(8, f"version {version}, records of {record_size} bytes, clock {clock}: this reader reads "
-                "version 1, 32-byte records, clock 0 or 1")
+    # Each field at its own offset, as the C++ reader names them.
+    if version != 1:
+        fail(8, f"format version {version}; this reader reads version 1")
+    if record_size != 32:
+        fail(12, f"records of {record_size} bytes; version 1 records are 32")
+    if clock not in (0, 1):
+        fail(24, f"clock {clock:#x}: expected 0 (nanoseconds) or 1 (time-stamp counter ticks)")
     # Each record checked as its block is read, as the C++ reader's first pass does: listed
     # first, a damaged block after a bad thread record was named instead of the record.
     records = []

@@ -334,3 +334,21 @@ def test_a_bad_thread_record_is_named_before_a_damaged_block_after_it(tmp_path):
     if _replay() is not None:
         cpp = cpp_reading(path, tmp_path)
         assert cpp[0] == "error" and "byte offset 40: a thread record with a stamp" in cpp[2], cpp
+
+
+@pytest.mark.parametrize("version, record_size, clock, named", [
+    (2, 32, 0, "byte offset 8: format version 2; this reader reads version 1"),
+    (1, 64, 0, "byte offset 12: records of 64 bytes; version 1 records are 32"),
+    (1, 32, 7, "byte offset 24: clock 0x7: expected 0 (nanoseconds) or 1 (time-stamp counter ticks)"),
+])
+def test_a_binary_header_field_is_named_at_its_offset(tmp_path, version, record_size, clock, named):
+    """The Python reader named byte offset 8 for any of the three, the C++ reader each
+    field's own."""
+    data = b"MRSTLOG\x01" + version.to_bytes(4, "little") + record_size.to_bytes(4, "little") + bytes(8) + \
+        clock.to_bytes(8, "little")
+    path = write(tmp_path, "header.bin", data)
+    with pytest.raises(ConversionError, match=re.escape(f"header.bin: binary log, {named}")):
+        read_log_events(str(path))
+    if _replay() is not None:
+        cpp = cpp_reading(path, tmp_path)
+        assert cpp[0] == "error" and named in cpp[2], cpp
