@@ -213,8 +213,11 @@ def _pyplot():
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    # text.parse_math off: the plots print thread and stream ids (any text the log holds)
+    # and stack specs; a pair of '$' in one was drawn as TeX math, and a malformed one
+    # ("$\\frac$") ended the report with matplotlib's ParseSyntaxException.
     plt.rcParams.update({"svg.fonttype": "none", "font.size": 9, "axes.grid": True, "grid.alpha": 0.3,
-                         "axes.spines.top": False, "axes.spines.right": False})
+                         "axes.spines.top": False, "axes.spines.right": False, "text.parse_math": False})
     return plt
 
 

@@ -181,6 +181,18 @@ def test_a_stack_that_could_not_be_built_says_why(tmp_path):
     assert done.returncode == 2 and "stack 'pool > cuda': \"error\" is 5, not a string" in done.stderr, done.stderr
 
 
+def test_thread_and_stream_ids_are_printed_as_written_not_as_tex(tmp_path):
+    """A thread id is any printable text; one with a pair of '$' was drawn as TeX math, and
+    a malformed one ended the report with matplotlib's parse error."""
+    timeline = make_timeline(events=50, points=10)
+    timeline["threads"][0]["thread"] = "$\\frac$"
+    timeline["streams"][0]["stream"] = "$x^2$"
+    done = run_report(write_json(tmp_path, timeline), "-o", str(tmp_path / "r.html"))
+    assert done.returncode == 0, done.stderr
+    page = (tmp_path / "r.html").read_text()
+    assert "$\\frac$" in page and "$x^2$" in page
+
+
 def test_an_output_that_cannot_be_written_is_an_error_and_leaves_nothing_behind(tmp_path):
     timeline = write_json(tmp_path, make_timeline())
     folder = tmp_path / "a_folder"
