@@ -60,6 +60,9 @@ def run_once(binary, filter_regex, min_time, failed):
         unit = b.get("time_unit", "ns")
         if unit not in NS_PER_UNIT:
             raise RunError(f"{binary}: benchmark {b['name']} has an unknown time unit {unit!r}")
+        if not b.get("real_time", 0) > 0:  # a ratio and its logarithm need a time
+            failed.setdefault(b["name"], f"real_time {b.get('real_time')!r} is not a positive time")
+            continue
         times[b["name"]] = b["real_time"] * NS_PER_UNIT[unit]
     return times
 

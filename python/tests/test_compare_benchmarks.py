@@ -67,3 +67,14 @@ def test_an_error_in_one_build_is_named_and_fails_the_comparison(tmp_path):
     done = compare(old, new)
     assert done.returncode == 1
     assert "NOT COMPARED BM_y: no CUDA device" in done.stdout
+
+
+def test_a_zero_time_is_named_not_divided_by(tmp_path):
+    # A real_time of 0 ended the tool with ZeroDivisionError (and log(0) in the mean).
+    old = printing(tmp_path, "old", [{"name": "BM_x", "real_time": 1.0, "time_unit": "ns"},
+                                     {"name": "BM_z", "real_time": 0.0, "time_unit": "ns"}])
+    new = printing(tmp_path, "new", [{"name": "BM_x", "real_time": 1.0, "time_unit": "ns"},
+                                     {"name": "BM_z", "real_time": 2.0, "time_unit": "ns"}])
+    done = compare(old, new)
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert "NOT COMPARED BM_z: real_time 0.0 is not a positive time" in done.stdout
