@@ -493,7 +493,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     started = time.perf_counter()
     try:
-        if args.input.endswith(".json"):
+        if args.input.lower().endswith(".json"):  # t.JSON had been replayed as a log
             if args.resource or args.capacity or args.simulate or args.timeline_points is not None:
                 raise ReportError("-r/--capacity/--simulate/--timeline-points apply to a log, not to a timeline")
             timeline = load_timeline(args.input)

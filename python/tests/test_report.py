@@ -52,6 +52,14 @@ def test_page_is_self_contained_with_every_plot_and_the_table(tmp_path):
     assert len(re.findall(r"<path ", text)) > 20
 
 
+def test_a_timeline_named_in_capitals_is_read_as_a_timeline(tmp_path):
+    # "t.JSON" was replayed as an allocation log, which failed on its first line.
+    out = tmp_path / "report.html"
+    done = run_report(write_json(tmp_path, make_timeline(), name="timeline.JSON"), "-o", str(out))
+    assert done.returncode == 0, done.stderr
+    assert "binning &gt; pool &gt; cuda" in out.read_text()
+
+
 def test_failure_section_names_line_request_and_fragmentation(tmp_path):
     timeline = make_timeline(fail_at=2000)
     html = report.render_html(timeline)
