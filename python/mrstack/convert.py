@@ -455,7 +455,13 @@ def log_to_memory_viz(events, device=0, device_count=None, source="<log>"):
 
 
 def write_snapshot(snapshot, path):
-    """Pickles `snapshot` to `path` atomically (as torch.cuda.memory._dump_snapshot does)."""
+    """Pickles `snapshot` to `path` atomically (as torch.cuda.memory._dump_snapshot does);
+    "-" writes it to standard output, as the torch conversion's "-" does (it had made a
+    file named "-")."""
+    if path == "-":
+        pickle.dump(snapshot, sys.stdout.buffer)
+        sys.stdout.buffer.flush()
+        return
     _write_atomically(path, lambda f: pickle.dump(snapshot, f))
 
 
@@ -495,7 +501,8 @@ def main(argv=None):
                     "device traces (alloc, free_requested, free_completed, segment_alloc, oom) and the segments "
                     "at the end of the log (inferred from the addresses).")
     viz_parser.add_argument("log", metavar="LOG.csv[.gz]")
-    viz_parser.add_argument("-o", "--output", required=True, metavar="SNAPSHOT.pickle")
+    viz_parser.add_argument("-o", "--output", required=True, metavar="SNAPSHOT.pickle",
+                            help="the snapshot to write (-: standard output)")
     viz_parser.add_argument("--device", type=int, default=0, metavar="N", help="the device the trace is for (default 0)")
     args = parser.parse_args(argv)
     if args.source == "memory-viz":

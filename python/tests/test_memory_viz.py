@@ -111,6 +111,16 @@ def test_sample_log_command_line(tmp_path):
     assert sum(e["action"] == "alloc" for e in snap["device_traces"][0]) == allocations
 
 
+def test_dash_writes_the_snapshot_to_standard_output(tmp_path):
+    # As the torch conversion's "-o -"; it had written a file named "-" in the folder.
+    done = subprocess.run([sys.executable, "-m", "mrstack.convert", "memory-viz", SAMPLE_LOG, "-o", "-"],
+                          capture_output=True, cwd=tmp_path,
+                          env={**os.environ, "PYTHONPATH": os.path.join(REPO, "python")})
+    assert done.returncode == 0, done.stderr
+    assert not (tmp_path / "-").exists()
+    check_layout(pickle.loads(done.stdout))
+
+
 def test_bad_logs_are_errors_naming_the_line(tmp_path):
     bad = tmp_path / "bad.csv"
     bad.write_text("Thread,Time,Action,Pointer,Size,Stream\n1,0:00:00.0,allocate,0x10,64,0\n1,0:00:00.1,grow,0x10,64,0\n")
