@@ -237,14 +237,20 @@ void arena_core::retire_emptied_orphans() {
 
 // ---- stream arenas ---------------------------------------------------------------------------------
 
-arena_core::stream_arena* arena_core::keyed_arena_for(stream_ref const& s) {
+arena_core::stream_arena* arena_core::keyed_arena_for(stream_ref const& s, bool create) {
   if (arena_cache_last.core_id == id_ && arena_cache_last.key == s.key) {
     return static_cast<stream_arena*>(arena_cache_last.arena);
   }
+  auto const made_or_found = [&]() -> stream_arena* {
+    if (create) { return create_arena(s); }
+    std::lock_guard lock{registry_mutex_};
+    std::uint32_t const found = arena_by_key_.find(s.key);
+    return found == address_map::npos ? nullptr : arenas_[found].get();
+  };
   if (s.thread_bound && exit_hook_done) [[unlikely]] {
     // After the hook: the arena the late_call of allocate or deallocate pinned, never cached.
     if (late_arena.core_id == id_ && late_arena.key == s.key) { return static_cast<stream_arena*>(late_arena.arena); }
-    return create_arena(s);
+    return made_or_found();
   }
   for (auto const& e : arena_cache) {
     if (e.core_id == id_ && e.key == s.key) {
@@ -252,6 +258,7 @@ arena_core::stream_arena* arena_core::keyed_arena_for(stream_ref const& s) {
       return static_cast<stream_arena*>(e.arena);
     }
   }
+  if (!create) { return made_or_found(); }
   stream_arena* a = create_arena(s);
   cache_entry const entry{id_, s.key, a};
   // Constructs this thread's hook (thread_local objects are built on first use).
@@ -586,11 +593,18 @@ bool arena_core::deallocate_now(std::uintptr_t p, std::size_t size, std::size_t 
   // Read without the lock: a superblock holding a live block stays with its arena.
   stream_arena* const owner = sb->arena.load(std::memory_order_acquire);
   if (owner == nullptr) { return false; }
-  if (owner->family != keyed_arena_for(s)) {
+  if (owner->family != keyed_arena_for(s, false)) {
     // Another stream's arena: its stream may reuse the block at once, so this stream's
     // work on it must be finished first. A stream being captured into a graph cannot be
     // synchronized (CUDA refuses and ends the capture): the block waits for its first
     // call after the capture instead, as the pool keeps such frees (docs/suballocators.md).
+    // A free to be refused is refused before: it neither synchronizes `s` nor makes an
+    // arena for it (a second stream in use turns on the depot's event records).
+    {
+      std::lock_guard lock{owner->mutex};
+      std::uint32_t index = 0;
+      if (!live_block(*sb, owner, p, index) || small_size(*sb, index) != size) { return false; }
+    }
     if (sync_->capturing(s.handle)) { return hold_back(*sb, owner, p, size, s); }
     sync_->synchronize(s.handle);
   }

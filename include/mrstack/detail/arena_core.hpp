@@ -309,8 +309,9 @@ class arena_core {
   bool deallocate_now(std::uintptr_t p, std::size_t size, std::size_t alignment, stream_ref const& s);
   /// The calling thread's arena on `s`: the stream's own, or its thread shard once it has them.
   stream_arena* arena_for(stream_ref const& s);
-  /// The arena `s`'s key maps to (through the thread's cache), not a thread shard.
-  stream_arena* keyed_arena_for(stream_ref const& s);
+  /// The arena `s`'s key maps to (through the thread's cache), not a thread shard; made
+  /// when `s` has none, unless `create` is false (then null).
+  stream_arena* keyed_arena_for(stream_ref const& s, bool create = true);
   // ---- thread shards (arena_thread_shards.cpp) ----
   /// `a`'s lock was found taken (held now): shards its stream past the threshold.
   void note_contention(stream_arena& a);

@@ -1,0 +1,39 @@
+// arena_memory_resource under misuse: a refused free changes nothing (no arena made for
+// the stream it named, no synchronization of it).
+#include <catch2/catch.hpp>
+
+#include <fake_stream_sync.hpp>
+
+#include <mrstack/suballoc/arena_memory_resource.hpp>
+#include <mrstack/upstream/simulated_memory_resource.hpp>
+
+
+using namespace mrstack;
+
+namespace {
+constexpr std::size_t KiB = 1024;
+constexpr std::size_t MiB = 1024 * KiB;
+stream_view on(std::uintptr_t s) { return stream_view{reinterpret_cast<cudaStream_t>(s)}; }
+}  // namespace
+
+TEST_CASE("arena misuse review: a double free named on another stream is refused and changes nothing") {
+  auto fake = std::make_shared<test::fake_stream_sync>();
+  arena_options o;
+  o.superblock_size = 1 * MiB;
+  o.max_small_size = 256 * KiB;
+  o.stream_sync = fake;
+  arena_memory_resource mr{std::make_shared<simulated_memory_resource>(), 64 * MiB, o};
+  void* p = mr.allocate(4 * KiB, on(0x1000));
+  void* q = mr.allocate(4 * KiB, on(0x1000));
+  mr.deallocate(p, 4 * KiB, on(0x1000));
+  std::size_t const calls = fake->calls();
+  auto const before = mr.stats();
+  CHECK_THROWS_AS(mr.deallocate(p, 4 * KiB, on(0x2000)), logic_error);        // double free
+  CHECK_THROWS_AS(mr.deallocate(q, 8 * KiB, on(0x2000)), logic_error);        // wrong size
+  CHECK_THROWS_AS(mr.deallocate(static_cast<char*>(q) + 256, 4 * KiB, on(0x2000)), logic_error);  // interior
+  auto const after = mr.stats();
+  CHECK(after.stream_arenas == before.stream_arenas);  // no arena for a stream that only misfreed
+  CHECK(fake->calls() == calls);                       // nor a synchronization of it
+  CHECK(mr.check_invariants() == "");
+  mr.deallocate(q, 4 * KiB, on(0x1000));
+}
