@@ -1,5 +1,6 @@
-// arena_memory_resource under misuse: a refused free changes nothing (no arena made for
-// the stream it named, no synchronization of it).
+// arena_memory_resource under misuse and thread exit: a refused free changes nothing (no
+// arena made for the stream it named, no synchronization of it), and the free superblocks
+// of an exited thread's arena go back once other threads free its last blocks.
 #include <catch2/catch.hpp>
 
 #include <fake_stream_sync.hpp>
@@ -7,6 +8,8 @@
 #include <mrstack/suballoc/arena_memory_resource.hpp>
 #include <mrstack/upstream/simulated_memory_resource.hpp>
 
+#include <thread>
+#include <vector>
 
 using namespace mrstack;
 
@@ -36,4 +39,31 @@ TEST_CASE("arena misuse review: a double free named on another stream is refused
   CHECK(fake->calls() == calls);                       // nor a synchronization of it
   CHECK(mr.check_invariants() == "");
   mr.deallocate(q, 4 * KiB, on(0x1000));
+}
+
+TEST_CASE("arena misuse review: an exited thread's superblocks go back when another thread frees its blocks") {
+  auto sim = std::make_shared<simulated_memory_resource>();
+  arena_options o;
+  o.superblock_size = 1 * MiB;
+  o.max_small_size = 256 * KiB;
+  o.max_free_bytes = 0;  // nothing free is kept outside the stream arenas
+  o.minimum_growth = 1 * MiB;
+  arena_memory_resource mr{sim, 64 * MiB, o};
+  std::vector<void*> blocks;
+  std::thread worker{[&] {
+    for (int i = 0; i < 40; ++i) { blocks.push_back(mr.allocate(256 * KiB, stream_view::per_thread())); }
+  }};
+  worker.join();
+  CHECK(mr.stats().superblocks_in_arenas == 10);
+  for (void* p : blocks) { mr.deallocate(p, 256 * KiB, stream_view{}); }
+  // Nobody allocates from the exited thread's arena again: it keeps nothing, and is
+  // retired by the free that emptied it (not at some other thread's exit).
+  auto const st = mr.stats();
+  CHECK(st.superblocks_in_arenas == 0);
+  CHECK(st.stream_arenas == 0);
+  CHECK(st.global_free_bytes == st.held_bytes);
+  CHECK(mr.check_invariants() == "");
+  // Its chunk is owned by the exited thread's stream: it goes back once synchronized.
+  mr.release();
+  CHECK(mr.held_bytes() == 0);
 }

@@ -204,6 +204,7 @@ void arena_core::thread_exiting(void* arena) noexcept {
         std::uint32_t const index = arena_by_key_.find(a->stream.key);
         if (std::find(orphaned_arenas_.begin(), orphaned_arenas_.end(), index) == orphaned_arenas_.end()) {
           orphaned_arenas_.push_back(index);
+          a->orphaned = true;
         }
       }
     }
@@ -211,28 +212,6 @@ void arena_core::thread_exiting(void* arena) noexcept {
   } catch (...) {
     // Best effort: exhaustion reclaims it later anyway.
   }
-}
-
-bool arena_core::retire_if_empty(stream_arena& a, stream_ref const& caller) {
-  reclaim_from(a, caller);
-  if (a.superblocks != 0 || !a.freed_in_capture.empty()) { return false; }
-  std::uint32_t const index = arena_by_key_.erase(a.stream.key);
-  if (index == address_map::npos) { return true; }  // retired already
-  retired_arenas_.reserve(arenas_.size());
-  a.retired = true;
-  retired_arenas_.push_back(index);
-  streams_in_use_.fetch_sub(1, std::memory_order_relaxed);
-  return true;
-}
-
-void arena_core::retire_emptied_orphans() {
-  std::erase_if(orphaned_arenas_, [&](std::uint32_t index) {
-    if (index >= arenas_.size()) { return true; }
-    stream_arena& o = *arenas_[index];
-    if (o.late_calls != 0) { return false; }  // its thread's late destructor uses it now
-    std::lock_guard lock{o.mutex};
-    return retire_if_empty(o, stream_ref{});  // its thread is gone: its stream is named by nobody
-  });
 }
 
 // ---- stream arenas ---------------------------------------------------------------------------------
@@ -284,6 +263,7 @@ arena_core::stream_arena* arena_core::find_or_create_arena_locked(stream_ref con
     a.stream = s;  // the rest as below: it was retired holding nothing (and never sharded)
     a.barrier_waited = 0;  // the old stream's waits order nothing on the new one
     a.retired = false;
+    a.orphaned = false;
     a.creator_shard = this_thread_shard();
     streams_in_use_.fetch_add(1, std::memory_order_relaxed);
     return &a;
@@ -348,7 +328,7 @@ void arena_core::push_block(stream_arena& a, superblock& sb, std::uint32_t index
   if (!sb.listed) { list_push(a, sb); }
   if (sb.free_count == sb.capacity) {
     bool const alone = a.lists[sb.cls] == &sb && sb.next == nullptr;
-    if (alone && a.empty < opts_.empty_superblocks_kept) {
+    if (alone && a.empty < opts_.empty_superblocks_kept && !a.orphaned) {
       ++a.empty;  // stays ready for its class
       return;
     }
@@ -356,8 +336,12 @@ void arena_core::push_block(stream_arena& a, superblock& sb, std::uint32_t index
     make_spare(a, sb);
     // Spares run up to twice the number kept, then the excess goes back in one trip to
     // the global lock: an arena whose blocks are all being freed (a thread winding down
-    // a phase) returns superblocks in batches, not one lock trip each.
-    if (a.spares.size() > spare_limit(a)) { surrender_spares(a, opts_.empty_superblocks_kept, caller); }
+    // a phase) returns superblocks in batches, not one lock trip each. An orphan keeps none.
+    if (a.orphaned) {
+      surrender_spares(a, 0, caller);
+    } else if (a.spares.size() > spare_limit(a)) {
+      surrender_spares(a, opts_.empty_superblocks_kept, caller);
+    }
   }
 }
 
@@ -512,6 +496,7 @@ void arena_core::end_late_call(stream_arena& a) noexcept {
       std::erase(orphaned_arenas_, index);  // the entry would name the arena once another stream has it
     } else if (std::find(orphaned_arenas_.begin(), orphaned_arenas_.end(), index) == orphaned_arenas_.end()) {
       orphaned_arenas_.push_back(index);  // blocks still out: retired once they are all back
+      a.orphaned = true;
     }
   } catch (...) {
     // Best effort, as at the thread's exit: exhaustion reclaims its superblocks anyway.
@@ -608,12 +593,17 @@ bool arena_core::deallocate_now(std::uintptr_t p, std::size_t size, std::size_t 
     if (sync_->capturing(s.handle)) { return hold_back(*sb, owner, p, size, s); }
     sync_->synchronize(s.handle);
   }
-  std::lock_guard lock{owner->mutex};
-  // Checked under the lock (the superblock is set up and reclassed under it): a foreign,
-  // double or wrong-size free is refused, never pushed.
-  std::uint32_t index = 0;
-  if (!live_block(*sb, owner, p, index) || small_size(*sb, index) != size) { return false; }
-  push_block(*owner, *sb, index, s);
+  bool emptied_orphan = false;
+  {
+    std::lock_guard lock{owner->mutex};
+    // Checked under the lock (the superblock is set up and reclassed under it): a foreign,
+    // double or wrong-size free is refused, never pushed.
+    std::uint32_t index = 0;
+    if (!live_block(*sb, owner, p, index) || small_size(*sb, index) != size) { return false; }
+    push_block(*owner, *sb, index, s);
+    emptied_orphan = owner->orphaned && owner->superblocks == 0;
+  }
+  if (emptied_orphan) { after_orphan_emptied(); }
   return true;
 }
 

@@ -89,6 +89,39 @@ bool arena_core::synchronize_everything() {
   return global_.synchronize_everything();
 }
 
+// ---- arenas of exited threads ----------------------------------------------------------------------
+
+bool arena_core::retire_if_empty(stream_arena& a, stream_ref const& caller) {
+  reclaim_from(a, caller);
+  if (a.superblocks != 0 || !a.freed_in_capture.empty()) { return false; }
+  std::uint32_t const index = arena_by_key_.erase(a.stream.key);
+  if (index == address_map::npos) { return true; }  // retired already
+  retired_arenas_.reserve(arenas_.size());
+  a.retired = true;
+  retired_arenas_.push_back(index);
+  streams_in_use_.fetch_sub(1, std::memory_order_relaxed);
+  return true;
+}
+
+void arena_core::retire_emptied_orphans() {
+  std::erase_if(orphaned_arenas_, [&](std::uint32_t index) {
+    if (index >= arenas_.size()) { return true; }
+    stream_arena& o = *arenas_[index];
+    if (o.late_calls != 0) { return false; }  // its thread's late destructor uses it now
+    std::lock_guard lock{o.mutex};
+    return retire_if_empty(o, stream_ref{});  // its thread is gone: its stream is named by nobody
+  });
+}
+
+void arena_core::after_orphan_emptied() noexcept {
+  try {
+    std::lock_guard registry{registry_mutex_};
+    retire_emptied_orphans();
+  } catch (...) {
+    // Best effort: the next thread's exit retires it.
+  }
+}
+
 // ---- the depot ------------------------------------------------------------------------------------
 
 stream_sync::handle arena_core::depot_event() {

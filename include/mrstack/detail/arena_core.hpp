@@ -279,6 +279,10 @@ class arena_core {
     // stream (create_arena), so a program that runs a thread per task does not pile up
     // arenas that every statistics call and every exhaustion walks.
     bool retired = false;
+    // Its thread exited while other threads still held its blocks: no allocation uses it
+    // again, so each superblock their frees empty goes back at once (push_block), and the
+    // free that empties it retires it (under its lock).
+    bool orphaned = false;
     // Calls from its thread after that thread's exit hook that use it now (late_call;
     // under the registry lock): it is not retired meanwhile.
     std::uint32_t late_calls = 0;
@@ -365,6 +369,9 @@ class arena_core {
   bool retire_if_empty(stream_arena& a, stream_ref const& caller);
   /// Retires the arenas of exited threads that have since emptied (registry locked).
   void retire_emptied_orphans();
+  /// After a free into `a` that left it an orphan holding nothing: retires it now, not
+  /// at some other thread's exit (best effort; the free has succeeded).
+  void after_orphan_emptied() noexcept;
   /// After memory went back to the global arena: past `max_free_bytes`, free granules
   /// (in place, unless a capture may hold free memory) or wholly free chunks go back.
   void after_global_free(stream_ref const& caller);
