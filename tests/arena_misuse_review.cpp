@@ -67,3 +67,23 @@ TEST_CASE("arena misuse review: an exited thread's superblocks go back when anot
   mr.release();
   CHECK(mr.held_bytes() == 0);
 }
+
+TEST_CASE("arena misuse review: while a stream holds blocks back, a large call on a new stream makes it no arena") {
+  auto fake = std::make_shared<test::fake_stream_sync>();
+  arena_options o;
+  o.superblock_size = 1 * MiB;
+  o.max_small_size = 256 * KiB;
+  o.stream_sync = fake;
+  arena_memory_resource mr{std::make_shared<simulated_memory_resource>(), 64 * MiB, o};
+  void* p = mr.allocate(4 * KiB, on(0x1000));
+  fake->begin_capture(0x2000);
+  mr.deallocate(p, 4 * KiB, on(0x2000));  // held back until 0x2000's capture ends
+  CHECK(mr.stats().stream_arenas == 2);
+  void* big = mr.allocate(2 * MiB, on(0x3000));  // a large block: no stream arena needed
+  mr.deallocate(big, 2 * MiB, on(0x3000));
+  CHECK(mr.stats().stream_arenas == 2);
+  fake->end_capture(0x2000);
+  void* q = mr.allocate(4 * KiB, on(0x2000));  // settles the held-back block
+  mr.deallocate(q, 4 * KiB, on(0x2000));
+  CHECK(mr.check_invariants() == "");
+}

@@ -73,7 +73,10 @@ arena_core::stream_arena* arena_core::thread_shard(stream_arena& family, shard_t
 void arena_core::settle_held_back_slow(stream_ref const& s) {
   // Every thread shard of the stream: the thread that held a block back may never call
   // on the stream again.
-  stream_arena* const own = keyed_arena_for(s);
+  // Only a stream with an arena can hold blocks back: a call on any other (a large block
+  // on a new stream) makes it none, nor counts it in use.
+  stream_arena* const own = keyed_arena_for(s, false);
+  if (own == nullptr) { return; }
   settle_arena(*own, s);
   shard_table const* const table = own->shards.load(std::memory_order_acquire);
   if (table == nullptr) { return; }
