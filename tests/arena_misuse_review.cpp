@@ -87,3 +87,41 @@ TEST_CASE("arena misuse review: while a stream holds blocks back, a large call o
   mr.deallocate(q, 4 * KiB, on(0x2000));
   CHECK(mr.check_invariants() == "");
 }
+
+TEST_CASE("arena misuse review: threads free exited threads' blocks while others exit", "[stress]") {
+  arena_options o;
+  o.superblock_size = 1 * MiB;
+  o.max_small_size = 64 * KiB;
+  o.empty_superblocks_kept = 1;
+  o.max_free_bytes = 2 * MiB;
+  o.minimum_growth = 2 * MiB;
+  arena_memory_resource mr{std::make_shared<simulated_memory_resource>(), 256 * MiB, o};
+  std::size_t const sizes[] = {256, 4 * KiB, 20 * KiB, 64 * KiB};
+  for (int round = 0; round < 20; ++round) {
+    std::vector<std::vector<std::pair<void*, std::size_t>>> left(4);
+    std::vector<std::thread> workers;
+    for (int w = 0; w < 4; ++w) {
+      workers.emplace_back([&, w] {
+        for (int i = 0; i < 60; ++i) {
+          std::size_t const size = sizes[(i + w) % 4];
+          left[w].emplace_back(mr.allocate(size, stream_view::per_thread()), size);
+        }
+      });
+    }
+    for (auto& t : workers) { t.join(); }
+    std::vector<std::thread> freers;
+    for (int w = 0; w < 4; ++w) {
+      freers.emplace_back([&, w] {
+        for (auto const& [p, size] : left[w]) { mr.deallocate(p, size, stream_view::per_thread()); }
+        void* mine = mr.allocate(4 * KiB, stream_view::per_thread());  // and exits, as the workers did
+        mr.deallocate(mine, 4 * KiB, stream_view::per_thread());
+      });
+    }
+    for (auto& t : freers) { t.join(); }
+  }
+  auto const st = mr.stats();
+  CHECK(st.small_live_bytes == 0);
+  CHECK(st.superblocks_in_arenas == 0);
+  CHECK(st.stream_arenas == 0);
+  CHECK(mr.check_invariants() == "");
+}
