@@ -328,8 +328,17 @@ void arena_core::push_block(stream_arena& a, superblock& sb, std::uint32_t index
   if (!sb.listed) { list_push(a, sb); }
   if (sb.free_count == sb.capacity) {
     bool const alone = a.lists[sb.cls] == &sb && sb.next == nullptr;
-    if (alone && a.empty < opts_.empty_superblocks_kept && !a.orphaned) {
+    // A spare needs room (make_spare must not allocate): past a hand-back that failed, the
+    // spares may have outgrown their reserve, and where no more can be had the superblock
+    // stays empty in its class list (a spare pushed there had ended the process).
+    bool room = a.spares.size() < a.spares.capacity();
+    try {
+      room = room || (a.spares.reserve(a.spares.size() + 1 + spare_limit(a)), true);
+    } catch (std::bad_alloc const&) {
+    }
+    if ((alone && a.empty < opts_.empty_superblocks_kept && !a.orphaned) || !room) {
       ++a.empty;  // stays ready for its class
+      a.over_bounds = a.over_bounds || !room;
       return;
     }
     list_remove(a, sb);
@@ -337,10 +346,14 @@ void arena_core::push_block(stream_arena& a, superblock& sb, std::uint32_t index
     // Spares run up to twice the number kept, then the excess goes back in one trip to
     // the global lock: an arena whose blocks are all being freed (a thread winding down
     // a phase) returns superblocks in batches, not one lock trip each. An orphan keeps none.
-    if (a.orphaned) {
-      surrender_spares(a, 0, caller);
-    } else if (a.spares.size() > spare_limit(a)) {
-      surrender_spares(a, opts_.empty_superblocks_kept, caller);
+    // The block is free by now: a hand-back refused for host memory (state unchanged, the
+    // spares kept for a later trip) does not fail the free, which a retry would repeat.
+    try {
+      if (a.orphaned || a.spares.size() > spare_limit(a)) {
+        surrender_spares(a, a.orphaned ? 0 : opts_.empty_superblocks_kept, caller);
+      }
+    } catch (std::bad_alloc const&) {
+      a.over_bounds = true;
     }
   }
 }

@@ -64,6 +64,7 @@ std::size_t arena_core::reclaim_from(stream_arena& a, stream_ref const& caller) 
   }
   std::size_t const returned = a.spares.size() * opts_.superblock_size;
   surrender_spares(a, 0, caller);
+  a.over_bounds = false;  // within them again: it holds no wholly free superblock
   return returned;
 }
 

@@ -283,6 +283,9 @@ class arena_core {
     // again, so each superblock their frees empty goes back at once (push_block), and the
     // free that empties it retires it (under its lock).
     bool orphaned = false;
+    // A hand-back failed for host memory: spares and empty superblocks may exceed their
+    // bounds until the next reclaim takes them all (under its lock).
+    bool over_bounds = false;
     // Calls from its thread after that thread's exit hook that use it now (late_call;
     // under the registry lock): it is not retired meanwhile.
     std::uint32_t late_calls = 0;
