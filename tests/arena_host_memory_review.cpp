@@ -53,3 +53,34 @@ TEST_CASE("arena host memory review: frees while host memory runs out free, and 
   CHECK(mr.held_bytes() == 0);
 #endif
 }
+
+TEST_CASE("arena host memory review: a large free that runs out of host memory giving its chunk back still frees") {
+#ifndef MRSTACK_TEST_HOST_ALLOCATIONS_CAN_FAIL
+  SKIP("host allocations cannot be made to fail here");
+#else
+  arena_options o;
+  o.superblock_size = 1 * MiB;
+  o.max_small_size = 256 * KiB;
+  o.max_free_bytes = 0;  // the free empties the chunk, which goes back at once
+  o.minimum_growth = 4 * MiB;
+  arena_memory_resource mr{std::make_shared<simulated_memory_resource>(), 64 * MiB, o};
+  void* p = mr.allocate(2 * MiB, stream_view{}, 4096);
+  bool threw = false;
+  test::fail_host_allocations_from = 1;
+  try {
+    mr.deallocate(p, 2 * MiB, stream_view{}, 4096);
+  } catch (std::bad_alloc const&) {
+    threw = true;
+  }
+  test::fail_host_allocations_from = 0;
+  CHECK_FALSE(threw);  // the block went back: the free succeeded
+  CHECK(mr.stats().large_live_bytes == 0);
+  CHECK(mr.check_invariants() == "");
+  // Nothing of the block is left behind (its alignment was once remembered past the free,
+  // refusing the next block there that is freed as handed out).
+  void* q = mr.allocate(2 * MiB, stream_view{});
+  CHECK_NOTHROW(mr.deallocate(q, 2 * MiB, stream_view{}));
+  mr.release();
+  CHECK(mr.held_bytes() == 0);
+#endif
+}

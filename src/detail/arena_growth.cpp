@@ -43,7 +43,13 @@ std::size_t arena_core::global_deallocate(std::uintptr_t address, stream_ref con
     emptied_seen_ = global_.blocks().chunks_emptied();
     note_maybe_empty(address);
   }
-  after_global_free(s);
+  // The block is free now: giving chunks back is housekeeping this free does not fail for
+  // (a bad_alloc there reported a free that had happened, and a large block's alignment
+  // was remembered past it, refusing the next block there). A later free retries.
+  try {
+    after_global_free(s);
+  } catch (std::bad_alloc const&) {
+  }
   return freed;
 }
 
