@@ -41,7 +41,8 @@
 ///   stays until destruction). Destruction returns every chunk to the upstream.
 /// - A foreign, double, wrong-size, wrong-alignment or interior free is a `logic_error`
 ///   naming the pointer, the size and alignment given and the block's size (or
-///   alignment) where one is live there, and nothing is freed (a large block's second
+///   alignment) where one is live there, and nothing is freed, nor the stream it names
+///   synchronized or given an arena (a large block's second
 ///   free too, after its range was carved into superblocks); so is a free whose alignment
 ///   is not a power of two or whose size exceeds `arena_size()`.
 /// - `out_of_memory` says "upstream refused" with the upstream's reason only when that

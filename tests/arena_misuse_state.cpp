@@ -19,7 +19,7 @@ constexpr std::size_t MiB = 1024 * KiB;
 stream_view on(std::uintptr_t s) { return stream_view{reinterpret_cast<cudaStream_t>(s)}; }
 }  // namespace
 
-TEST_CASE("arena misuse review: a double free named on another stream is refused and changes nothing") {
+TEST_CASE("arena misuse: a double free named on another stream is refused and changes nothing") {
   auto fake = std::make_shared<test::fake_stream_sync>();
   arena_options o;
   o.superblock_size = 1 * MiB;
@@ -41,7 +41,7 @@ TEST_CASE("arena misuse review: a double free named on another stream is refused
   mr.deallocate(q, 4 * KiB, on(0x1000));
 }
 
-TEST_CASE("arena misuse review: an exited thread's superblocks go back when another thread frees its blocks") {
+TEST_CASE("arena misuse: an exited thread's superblocks go back when another thread frees its blocks") {
   auto sim = std::make_shared<simulated_memory_resource>();
   arena_options o;
   o.superblock_size = 1 * MiB;
@@ -68,7 +68,7 @@ TEST_CASE("arena misuse review: an exited thread's superblocks go back when anot
   CHECK(mr.held_bytes() == 0);
 }
 
-TEST_CASE("arena misuse review: while a stream holds blocks back, a large call on a new stream makes it no arena") {
+TEST_CASE("arena misuse: while a stream holds blocks back, a large call on a new stream makes it no arena") {
   auto fake = std::make_shared<test::fake_stream_sync>();
   arena_options o;
   o.superblock_size = 1 * MiB;
@@ -88,7 +88,7 @@ TEST_CASE("arena misuse review: while a stream holds blocks back, a large call o
   CHECK(mr.check_invariants() == "");
 }
 
-TEST_CASE("arena misuse review: threads free exited threads' blocks while others exit", "[stress]") {
+TEST_CASE("arena misuse: threads free exited threads' blocks while others exit", "[stress]") {
   arena_options o;
   o.superblock_size = 1 * MiB;
   o.max_small_size = 64 * KiB;

@@ -18,7 +18,7 @@ constexpr std::size_t KiB = 1024;
 constexpr std::size_t MiB = 1024 * KiB;
 }  // namespace
 
-TEST_CASE("arena host memory review: frees while host memory runs out free, and later frees do not end the process") {
+TEST_CASE("arena host memory: frees while host memory runs out free, and later frees do not end the process") {
 #ifndef MRSTACK_TEST_HOST_ALLOCATIONS_CAN_FAIL
   SKIP("host allocations cannot be made to fail here");
 #else
@@ -54,7 +54,7 @@ TEST_CASE("arena host memory review: frees while host memory runs out free, and 
 #endif
 }
 
-TEST_CASE("arena host memory review: a large free that runs out of host memory giving its chunk back still frees") {
+TEST_CASE("arena host memory: a large free that runs out of host memory giving its chunk back still frees") {
 #ifndef MRSTACK_TEST_HOST_ALLOCATIONS_CAN_FAIL
   SKIP("host allocations cannot be made to fail here");
 #else
