@@ -8,6 +8,7 @@
 #include <mrstack/suballoc/arena_memory_resource.hpp>
 #include <mrstack/upstream/simulated_memory_resource.hpp>
 
+#include <atomic>
 #include <thread>
 #include <vector>
 
@@ -123,5 +124,48 @@ TEST_CASE("arena misuse: threads free exited threads' blocks while others exit",
   CHECK(st.small_live_bytes == 0);
   CHECK(st.superblocks_in_arenas == 0);
   CHECK(st.stream_arenas == 0);
+  CHECK(mr.check_invariants() == "");
+}
+
+TEST_CASE("arena misuse: threads that only free, on streams with no arena, beside threads that allocate", "[stress]") {
+  arena_options o;
+  o.superblock_size = 1 * MiB;
+  o.max_small_size = 64 * KiB;
+  o.empty_superblocks_kept = 1;
+  arena_memory_resource mr{std::make_shared<simulated_memory_resource>(), 256 * MiB, o};
+  constexpr int rounds = 200;
+  std::vector<std::vector<void*>> handed(rounds);
+  std::vector<std::atomic<bool>> ready(rounds);
+  std::atomic<int> refused{0};
+  std::thread producer{[&] {
+    for (int r = 0; r < rounds; ++r) {
+      for (int i = 0; i < 16; ++i) { handed[r].push_back(mr.allocate(4 * KiB, stream_view::per_thread())); }
+      ready[r].store(true, std::memory_order_release);
+    }
+  }};
+  std::vector<std::thread> freers;
+  for (int f = 0; f < 2; ++f) {
+    freers.emplace_back([&, f] {
+      for (int r = f; r < rounds; r += 2) {
+        while (!ready[r].load(std::memory_order_acquire)) { std::this_thread::yield(); }
+        for (void* p : handed[r]) { mr.deallocate(p, 4 * KiB, stream_view::per_thread()); }
+      }
+    });
+  }
+  producer.join();
+  for (auto& t : freers) { t.join(); }
+  // Second frees, once nothing can hand those addresses out again meanwhile.
+  for (auto const& round : handed) {
+    for (void* p : round) {
+      try {
+        mr.deallocate(p, 4 * KiB, stream_view{});
+      } catch (logic_error const&) {
+        refused.fetch_add(1, std::memory_order_relaxed);
+      }
+    }
+  }
+  CHECK(refused.load() == rounds * 16);
+  CHECK(mr.stats().stream_arenas == 0);  // the free-only threads made none; the producer's retired
+  CHECK(mr.stats().small_live_bytes == 0);
   CHECK(mr.check_invariants() == "");
 }
