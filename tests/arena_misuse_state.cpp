@@ -9,6 +9,7 @@
 #include <mrstack/upstream/simulated_memory_resource.hpp>
 
 #include <atomic>
+#include <memory>
 #include <thread>
 #include <vector>
 
@@ -18,15 +19,20 @@ namespace {
 constexpr std::size_t KiB = 1024;
 constexpr std::size_t MiB = 1024 * KiB;
 stream_view on(std::uintptr_t s) { return stream_view{reinterpret_cast<cudaStream_t>(s)}; }
-}  // namespace
 
-TEST_CASE("arena misuse: a double free named on another stream is refused and changes nothing") {
-  auto fake = std::make_shared<test::fake_stream_sync>();
+/// Small blocks up to 256 KiB in 1 MiB superblocks, stream sync through `fake`.
+arena_options faked_options(std::shared_ptr<test::fake_stream_sync> const& fake) {
   arena_options o;
   o.superblock_size = 1 * MiB;
   o.max_small_size = 256 * KiB;
   o.stream_sync = fake;
-  arena_memory_resource mr{std::make_shared<simulated_memory_resource>(), 64 * MiB, o};
+  return o;
+}
+}  // namespace
+
+TEST_CASE("arena misuse: a double free named on another stream is refused and changes nothing") {
+  auto fake = std::make_shared<test::fake_stream_sync>();
+  arena_memory_resource mr{std::make_shared<simulated_memory_resource>(), 64 * MiB, faked_options(fake)};
   void* p = mr.allocate(4 * KiB, on(0x1000));
   void* q = mr.allocate(4 * KiB, on(0x1000));
   mr.deallocate(p, 4 * KiB, on(0x1000));
@@ -71,11 +77,7 @@ TEST_CASE("arena misuse: an exited thread's superblocks go back when another thr
 
 TEST_CASE("arena misuse: while a stream holds blocks back, a large call on a new stream makes it no arena") {
   auto fake = std::make_shared<test::fake_stream_sync>();
-  arena_options o;
-  o.superblock_size = 1 * MiB;
-  o.max_small_size = 256 * KiB;
-  o.stream_sync = fake;
-  arena_memory_resource mr{std::make_shared<simulated_memory_resource>(), 64 * MiB, o};
+  arena_memory_resource mr{std::make_shared<simulated_memory_resource>(), 64 * MiB, faked_options(fake)};
   void* p = mr.allocate(4 * KiB, on(0x1000));
   fake->begin_capture(0x2000);
   mr.deallocate(p, 4 * KiB, on(0x2000));  // held back until 0x2000's capture ends
