@@ -220,16 +220,10 @@ arena_core::stream_arena* arena_core::keyed_arena_for(stream_ref const& s, bool 
   if (arena_cache_last.core_id == id_ && arena_cache_last.key == s.key) {
     return static_cast<stream_arena*>(arena_cache_last.arena);
   }
-  auto const made_or_found = [&]() -> stream_arena* {
-    if (create) { return create_arena(s); }
-    std::lock_guard lock{registry_mutex_};
-    std::uint32_t const found = arena_by_key_.find(s.key);
-    return found == address_map::npos ? nullptr : arenas_[found].get();
-  };
   if (s.thread_bound && exit_hook_done) [[unlikely]] {
     // After the hook: the arena the late_call of allocate or deallocate pinned, never cached.
     if (late_arena.core_id == id_ && late_arena.key == s.key) { return static_cast<stream_arena*>(late_arena.arena); }
-    return made_or_found();
+    return create ? create_arena(s) : find_arena(s);
   }
   for (auto const& e : arena_cache) {
     if (e.core_id == id_ && e.key == s.key) {
@@ -237,8 +231,10 @@ arena_core::stream_arena* arena_core::keyed_arena_for(stream_ref const& s, bool 
       return static_cast<stream_arena*>(e.arena);
     }
   }
-  if (!create) { return made_or_found(); }
-  stream_arena* a = create_arena(s);
+  // Cached when found as when made: a thread that only frees on a stream whose arena
+  // another thread made takes the registry lock once, not at every free.
+  stream_arena* a = create ? create_arena(s) : find_arena(s);
+  if (a == nullptr) { return nullptr; }
   cache_entry const entry{id_, s.key, a};
   // Constructs this thread's hook (thread_local objects are built on first use).
   if (s.thread_bound && !exit_hook_done) { exit_hook.remember(entry); }
@@ -249,6 +245,12 @@ arena_core::stream_arena* arena_core::keyed_arena_for(stream_ref const& s, bool 
 arena_core::stream_arena* arena_core::create_arena(stream_ref const& s) {
   std::lock_guard lock{registry_mutex_};
   return find_or_create_arena_locked(s);
+}
+
+arena_core::stream_arena* arena_core::find_arena(stream_ref const& s) {
+  std::lock_guard lock{registry_mutex_};
+  std::uint32_t const found = arena_by_key_.find(s.key);
+  return found == address_map::npos ? nullptr : arenas_[found].get();
 }
 
 arena_core::stream_arena* arena_core::find_or_create_arena_locked(stream_ref const& s) {

@@ -335,6 +335,8 @@ class arena_core {
   /// Settles what `a` holds back for `s` (see settle_held_back).
   void settle_arena(stream_arena& a, stream_ref const& s);
   stream_arena* create_arena(stream_ref const& s);
+  /// `s`'s arena by key, or null (registry locked here; nothing made).
+  stream_arena* find_arena(stream_ref const& s);
   /// `s`'s arena by key, else a retired one or a new one for it (registry locked).
   stream_arena* find_or_create_arena_locked(stream_ref const& s);
   /// A call on the calling thread's default stream after its exit hook ran (from a
