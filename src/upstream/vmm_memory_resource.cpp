@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "cuda_util.hpp"  // peers_of
+#include "device_scope.hpp"
 #include "vmm_driver.hpp"
 #include "vmm_ipc_registry.hpp"
 
@@ -97,17 +98,11 @@ struct vmm_memory_resource::driver {
 
   driver(std::size_t reserve_bytes, int requested_device, vmm_memory_resource::ipc_mode requested_ipc,
          bool peer_access) {
-    if (requested_device < -1) {  // read as "current" by resolve_device
-      throw logic_error("vmm: device " + std::to_string(requested_device) +
-                        " is not a device: give an ordinal (0 is the first device) or -1 for the current one");
-    }
-    int count = 0;
+    // What names no device is refused as by every upstream (before any driver call for an
+    // ordinal below -1, which resolve_device had read as "current").
+    ordinal = detail::checked_device(requested_device, "vmm");
+    int count = 0;  // asked for its error: without a runtime, checked_device could check nothing
     MRSTACK_CUDA_TRY(cudaGetDeviceCount(&count));  // also initializes the runtime and the driver
-    ordinal = resolve_device(requested_device);
-    if (ordinal >= count) {
-      throw logic_error("vmm: device " + std::to_string(ordinal) + " does not exist (" + std::to_string(count) +
-                        " devices)");
-    }
     auto const& d = api();
     MRSTACK_CU_TRY(d.init(0), "cuInit(0)");
     MRSTACK_CU_TRY(d.device_get(&device, ordinal), "cuDeviceGet(" + std::to_string(ordinal) + ")");
