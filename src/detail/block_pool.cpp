@@ -186,6 +186,10 @@ chunk_id block_pool::add_chunk(std::uintptr_t base, std::size_t size, owner_id o
     free_chunk_slots_.pop_back();
   } else {
     try {
+      // Room on the free-slot stack for every slot there is: remove_chunk cannot fail.
+      if (free_chunk_slots_.capacity() < chunks_.size() + 1) {
+        free_chunk_slots_.reserve(std::max(chunks_.size() + 1, 2 * free_chunk_slots_.capacity()));
+      }
       chunks_.emplace_back();
     } catch (...) {
       delete_node(b);
@@ -205,6 +209,17 @@ chunk_id block_pool::add_chunk(std::uintptr_t base, std::size_t size, owner_id o
   total_bytes_ += size;
   ++chunk_count_;
   return c;
+}
+
+void block_pool::reserve_add_chunk(std::size_t size, owner_id owner) {
+  make_room(index_of(owner), class_of(size / granularity), 1);
+  if (free_nodes_.empty()) { delete_node(new_node()); }  // a spare node; delete_node has room
+  if (free_chunk_slots_.empty()) {
+    if (free_chunk_slots_.capacity() < chunks_.size() + 1) {
+      free_chunk_slots_.reserve(std::max(chunks_.size() + 1, 2 * free_chunk_slots_.capacity()));
+    }
+    if (chunks_.capacity() < chunks_.size() + 1) { chunks_.reserve(std::max(chunks_.size() + 1, 2 * chunks_.capacity())); }
+  }
 }
 
 void block_pool::extend_chunk(chunk_id c, std::size_t bytes, owner_id owner) {
@@ -260,7 +275,7 @@ bool block_pool::remove_chunk(chunk_id c) {
   }
   total_bytes_ -= rec.size;
   rec = chunk_record{};
-  free_chunk_slots_.push_back(c);
+  free_chunk_slots_.push_back(c);  // never reallocates: add_chunk made room for every slot
   --chunk_count_;
   return true;
 }
@@ -443,6 +458,16 @@ std::size_t block_pool::deallocate(std::uintptr_t address, owner_id owner, std::
   live_bytes_ -= size;
   if (--chunks_[chunk].live_blocks == 0) { ++chunks_emptied_; }
   return size;
+}
+
+bool block_pool::reserve_deallocate(std::uintptr_t address, owner_id owner) {
+  std::uint32_t const b = live_.find(address, starts_at(address));
+  if (b == npos || at(b).state != state_live) { return false; }
+  // The same merge deallocate makes (make_room_for_merge's rules cover its plain and
+  // same-owner cases too: a block of its own class, or its same-owner neighbours'), and
+  // the same index: the room it makes is the room deallocate needs.
+  make_room_for_merge(b, owner, owner);
+  return true;
 }
 
 MRSTACK_HOT_INLINE void block_pool::absorb_freed(std::uint32_t b, bool into_prev, bool with_next,

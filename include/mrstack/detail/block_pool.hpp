@@ -104,9 +104,17 @@ class block_pool {
   /// Adds [base, base + size) as a new chunk, wholly free and owned by `owner`.
   /// `base` and `size` must be multiples of `granularity`, size > 0.
   chunk_id add_chunk(std::uintptr_t base, std::size_t size, owner_id owner);
+  /// Makes the room `add_chunk(base, size, owner)` needs (a node, a chunk slot, an entry
+  /// in `owner`'s class of `size`), so that it cannot throw as long as nothing else
+  /// changes the pool first: a caller that takes a range from elsewhere (a pool's slab)
+  /// makes sure of its place before the range leaves its source. Throws std::bad_alloc
+  /// (or std::length_error at the node limit) with nothing changed but capacity.
+  void reserve_add_chunk(std::size_t size, owner_id owner);
   /// Appends `bytes` (a multiple of `granularity`) at the end of `chunk`, owned by `owner`.
   void extend_chunk(chunk_id chunk, std::size_t bytes, owner_id owner);
-  /// Removes a chunk that has no live block. Returns false (and changes nothing) when it has one.
+  /// Removes a chunk that has no live block. Returns false (and changes nothing) when it
+  /// has one. Never runs out of host memory (add_chunk made room for the freed slot): a
+  /// caller can take a chunk out once it has made sure of its next home.
   bool remove_chunk(chunk_id chunk);
 
   struct chunk_info {
@@ -150,6 +158,14 @@ class block_pool {
   /// what it is): misuse is refused before anything moves. Throws std::bad_alloc, the
   /// block still live and nothing changed, when host memory for its class array runs out.
   std::size_t deallocate(std::uintptr_t address, owner_id owner, std::size_t expected_size = any_size);
+  /// Makes the room in `owner`'s books that `deallocate(address, owner)` of the live block
+  /// at `address` will need (its index, one entry in the class array of the block it
+  /// merges into), so that this free cannot throw as long as nothing else changes the pool
+  /// first. Throws std::bad_alloc with nothing changed but capacity. False when no live
+  /// block starts there (that free would be refused). For a caller that must not have a
+  /// block leave its hands before its free is certain (a pool's slab on its way back
+  /// from a thread shard).
+  bool reserve_deallocate(std::uintptr_t address, owner_id owner);
   /// Starts loading what `deallocate(address, ...)` reads first (its address-table slot).
   void prefetch_deallocate(std::uintptr_t address) const noexcept { live_.prefetch(address); }
   /// Size of the live block at `address`, or 0.

@@ -60,6 +60,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <initializer_list>
 #include <memory>
 #include <thread>
 #include <vector>
@@ -484,6 +485,28 @@ class stream_ordered_pool {
     if (size != 0 && owners_.note_free(o, s, size, park_above())) { park(o, s, before); }
     return size;
   }
+  /// Makes room for `deallocate_reserved(address, s, o)` (block_pool::reserve_deallocate);
+  /// returns the owner `o` it reserved for. Throws std::bad_alloc having given nothing
+  /// up; false (and `o` unset) when no live block starts at `address`.
+  bool reserve_deallocate(std::uintptr_t address, stream_ref const& s, owner_id& o) {
+    owner_id const owner = owner_of(s);
+    if (!blocks_.reserve_deallocate(address, owner)) { return false; }
+    o = owner;
+    return true;
+  }
+  /// As `deallocate`, after `reserve_deallocate` with nothing changed since: it cannot
+  /// fail. The park a free may call for is made where host memory allows: a park cut
+  /// short leaves the memory its stream's own (what it recorded, if anything, covers it),
+  /// never the block unfreed.
+  std::size_t deallocate_reserved(std::uintptr_t address, stream_ref const& s, owner_id o) noexcept {
+    std::size_t const size = blocks_.deallocate(address, o);  // room was made: does not throw
+    if (size == 0) { return 0; }
+    try {
+      if (owners_.note_free(o, s, size, park_above())) { park(o, s); }
+    } catch (...) {  // a record or a parked slot that could not be made: the memory stays o's
+    }
+    return size;
+  }
   /// Frees the live block at `address` into stream `s`'s memory for a call that does not
   /// name `s` (an arena handing back another stream's superblocks; `s` may be destroyed):
   /// nothing is asked of or recorded on `s`, and the memory counts as freed since its
@@ -518,6 +541,14 @@ class stream_ordered_pool {
     owners_.note_acquired(o, s);
     owners_.note_contention();  // the pool grew: memory is short
     return c;
+  }
+
+  /// Makes room for `add_chunk(base, size, s)` of each size in `sizes`, one at a time
+  /// (block_pool::reserve_add_chunk): it cannot fail then, as long as nothing else
+  /// changes this pool first.
+  void reserve_add_chunk(std::initializer_list<std::size_t> sizes, stream_ref const& s) {
+    owner_id const o = owner_of(s);
+    for (std::size_t size : sizes) { blocks_.reserve_add_chunk(size, o); }
   }
 
   /// Grows chunk `c` in place by `bytes` mapped for stream `s` (see block_pool::extend_chunk).
