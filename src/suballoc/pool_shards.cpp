@@ -98,6 +98,16 @@ void* pool_memory_resource::refill_and_allocate(detail::pool_shard& shard, std::
   std::size_t const least = std::min(detail::align_up(options_.minimum_growth, slab_alignment), max_slab_growth);
   std::size_t const slab = std::max(
       needed, std::clamp(detail::align_down(held / options_.growth_divisor, slab_alignment), least, max_slab_growth));
+  // The shard's room for the slab first: a slab taken and then refused by the shard
+  // must go back to the global blocks, whose free may itself want host memory (and the
+  // slab, in neither, was lost). Reserved, add_chunk below cannot fail: nothing else
+  // changes the shard while its lock is held. No host memory for the shard's books: the
+  // global blocks serve the request, as for a shard that could not be made.
+  try {
+    shard.core.reserve_add_chunk({slab, needed}, s);
+  } catch (std::bad_alloc const&) {
+    return allocate_globally(bytes, size, alignment, s, &shard);
+  }
   std::uintptr_t base = take_slab(slab, s, &shard, index);
   std::size_t taken = slab;
   if (base == 0 && slab > needed) {
@@ -109,8 +119,8 @@ void* pool_memory_resource::refill_and_allocate(detail::pool_shard& shard, std::
   }
   try {
     shard.core.add_chunk(base, taken, s);
-  } catch (...) {
-    return_slabs({detail::slab_return{base, taken, s}});
+  } catch (...) {  // not for want of host memory (reserved above)
+    return_slabs(nullptr, {detail::slab_return{base, taken, s}});
     throw;
   }
   std::uintptr_t const a = shard.core.allocate(size, alignment, s);
@@ -215,10 +225,11 @@ void pool_memory_resource::give_back_free_slabs(detail::pool_shard& shard, detai
   // Housekeeping on the way: a free that went through must not be reported as failed
   // (out of host memory here, the block was freed and the call threw: a retry was refused
   // as a double free), and an allocation the shard can serve must not fail for it. The
-  // walk decides every slab before one leaves (collect_free_slabs), so a failure leaves
-  // them all in the shard, which is asked to look again at its next call.
+  // walk decides every slab before one leaves (collect_free_slabs), and a slab leaves
+  // only once its free into the global blocks cannot fail (return_slabs), so a failure
+  // leaves the slabs not yet back in the shard, which is asked to look again at its next call.
   try {
-    return_slabs(collect_free_slabs(shard, s, false));
+    return_slabs(&shard, collect_free_slabs(shard, s, false));
   } catch (...) {
     shard.asked_to_give_back.store(true, std::memory_order_relaxed);
   }
@@ -238,8 +249,8 @@ std::size_t pool_memory_resource::drain_shards(detail::stream_ref const& caller,
     // Returned before the shard's lock goes (shard, then global): a slab is never out of
     // its shard and still a live global block when another thread looks.
     std::vector<detail::slab_return> const slabs = collect_free_slabs(*shard, caller, may_synchronize);
+    return_slabs(shard, slabs);  // throws only with the slabs not returned still the shard's
     for (auto const& slab : slabs) { bytes += slab.size; }
-    return_slabs(slabs);
   }
   return bytes;
 }
@@ -279,7 +290,8 @@ std::vector<detail::slab_return> pool_memory_resource::collect_free_slabs(detail
   });
   // Every slab is decided before any leaves the shard: deciding allocates (the streams
   // holding a slab, the streams awaited), and a slab removed before a later decision
-  // threw would be lost, neither the shard's nor the global blocks'.
+  // threw would be lost, neither the shard's nor the global blocks'. None leaves here:
+  // return_slabs takes each out once its free into the global blocks is certain.
   struct going_back {
     detail::chunk_id chunk;
     detail::stream_ref stream;
@@ -314,28 +326,42 @@ std::vector<detail::slab_return> pool_memory_resource::collect_free_slabs(detail
   }
   shard.holder_changes_at_walk = shard.core.holder_changes();  // after return_stream's synchronizations
   std::vector<detail::slab_return> slabs;
-  slabs.reserve(going.size());  // no allocation between a slab's removal and its return
+  slabs.reserve(going.size());
   for (auto const& g : going) {
     auto const info = shard.core.blocks().chunk(g.chunk);
-    shard.core.blocks().remove_chunk(g.chunk);
-    slabs.push_back({info.base, info.size, g.stream, g.freed_in_capture});  // still mapped to the shard: see return_slabs
+    slabs.push_back({info.base, info.size, g.stream, g.freed_in_capture, g.chunk});
   }
   return slabs;
 }
 
-void pool_memory_resource::return_slabs(std::vector<detail::slab_return> const& slabs) {
+void pool_memory_resource::return_slabs(detail::pool_shard* shard, std::vector<detail::slab_return> const& slabs) {
   if (slabs.empty()) { return; }
   std::lock_guard lock{mutex_};
   for (auto const& slab : slabs) {
-    // Unmapped only now, under the global lock: until the slab is a free global block, a
-    // free of its address must reach the shard (which refuses it), not the global blocks,
-    // where the slab is still a live block of that size.
-    shards_->slabs.set(slab.base, slab.size, 0);
-    if (core_.deallocate(slab.base, slab.stream, slab.size) == 0) {
-      throw logic_error("pool: a slab at " + format_hex(reinterpret_cast<void*>(slab.base)) +
-                        " is not a live global block (internal error)");
+    // The global blocks' free of a slab may need host memory (its owner's index, an entry
+    // in the class array of the block it merges into). Made before the slab leaves the
+    // shard: out of host memory then, this slab and those after it are still the shard's
+    // chunks, mapped to it, and the shard gives them back at a later call. Taken out
+    // first and freed after, a failed free had left the slab a live global block that
+    // no shard held, its memory lost until the pool was destroyed. Nothing changes the
+    // global blocks between the reservation and the free (the global lock is held).
+    detail::owner_id owner = 0;
+    try {
+      if (!core_.reserve_deallocate(slab.base, slab.stream, owner)) {
+        throw logic_error("pool: a slab at " + format_hex(reinterpret_cast<void*>(slab.base)) +
+                          " is not a live global block (internal error)");
+      }
+    } catch (std::bad_alloc const&) {
+      if (shard != nullptr) { shard->asked_to_give_back.store(true, std::memory_order_relaxed); }
+      throw;
     }
-    if (slab.freed_in_capture) { core_.owners().mark_freed_in_capture(core_.owner_of(slab.stream)); }
+    // From here nothing fails. Unmapped only now, under the global lock: until the slab
+    // is a free global block, a free of its address must reach the shard (which refuses
+    // it), not the global blocks, where the slab is still a live block of that size.
+    if (shard != nullptr) { (void)shard->core.blocks().remove_chunk(slab.chunk); }  // no live block: collected so
+    shards_->slabs.assign(slab.base, slab.size, 0);  // mapped by map_slab: its levels exist
+    (void)core_.deallocate_reserved(slab.base, slab.stream, owner);
+    if (slab.freed_in_capture) { core_.owners().mark_freed_in_capture(owner); }
   }
   // No stream is named for all the slabs: the legacy one stands in (asking about it while
   // a blocking stream is being captured answers "capturing", and nothing is released).

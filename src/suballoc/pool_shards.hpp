@@ -58,6 +58,7 @@ struct slab_return {
   std::size_t size;
   stream_ref stream;
   bool freed_in_capture = false;  // a capture may hold its free memory: the global blocks keep the mark
+  chunk_id chunk = block_pool::npos;  // its chunk in the shard it leaves; npos: in none
 };
 
 /// Adds the free memory of `core`, stream by stream, to `info` (the pool's global

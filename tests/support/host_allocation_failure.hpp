@@ -17,16 +17,28 @@
 namespace mrstack::test {
 
 inline thread_local std::size_t fail_host_allocations_from = 0;
+/// `host_allocations_left = n` (n >= 0): the next n host allocations on the thread that
+/// set it succeed, and every one after them fails (-1: off). A test sweeps n to run a
+/// call out of host memory at each of its allocations in turn.
+inline thread_local long host_allocations_left = -1;
+
+/// True when this host allocation must fail (the two settings above).
+inline bool host_allocation_fails(std::size_t n) {
+  if (fail_host_allocations_from != 0 && n >= fail_host_allocations_from) { return true; }
+  if (host_allocations_left == 0) { return true; }
+  if (host_allocations_left > 0) { --host_allocations_left; }
+  return false;
+}
 
 inline void* host_allocate(std::size_t n) {
-  if (fail_host_allocations_from != 0 && n >= fail_host_allocations_from) { throw std::bad_alloc{}; }
+  if (host_allocation_fails(n)) { throw std::bad_alloc{}; }
   if (void* p = std::malloc(n == 0 ? 1 : n)) { return p; }
   throw std::bad_alloc{};
 }
 
 /// For types aligned past the default (alignas(64) queues and slots).
 inline void* host_allocate_aligned(std::size_t n, std::align_val_t alignment) {
-  if (fail_host_allocations_from != 0 && n >= fail_host_allocations_from) { throw std::bad_alloc{}; }
+  if (host_allocation_fails(n)) { throw std::bad_alloc{}; }
   auto const a = static_cast<std::size_t>(alignment);
   if (void* p = std::aligned_alloc(a, (n + a - 1) / a * a + (n == 0 ? a : 0))) { return p; }
   throw std::bad_alloc{};

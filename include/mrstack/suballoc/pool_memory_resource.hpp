@@ -264,14 +264,18 @@ class pool_memory_resource final : public memory_resource {
   /// Takes `shard`'s lock for a drain: tried, except in the last drain before out-of-memory.
   bool lock_for_drain(detail::pool_shard& shard, std::unique_lock<detail::lean_mutex>& lock, bool last_drain,
                              detail::pool_shard const* held);
-  /// Removes `shard`'s wholly free slabs (the caller holds its lock) and lists them.
+  /// Lists `shard`'s wholly free slabs that may go back now (the caller holds its lock);
+  /// they stay its chunks until return_slabs moves them.
   std::vector<detail::slab_return> collect_free_slabs(detail::pool_shard& shard, detail::stream_ref const& caller,
                                                       bool may_synchronize);
   /// At a call of `shard`'s own (its lock held): gives back the free slabs `s` may, and
   /// nothing when that fails (then the shard looks again at its next call).
   void give_back_free_slabs(detail::pool_shard& shard, detail::stream_ref const& s) noexcept;
-  /// Unmaps the slabs and frees them into the global blocks, under the global lock.
-  void return_slabs(std::vector<detail::slab_return> const& slabs);
+  /// Moves the slabs out of `shard` (null: slabs in no shard) and frees them into the
+  /// global blocks, under the global lock, one by one; each leaves the shard only once
+  /// room for its free is made. Throws std::bad_alloc when that room cannot be had: the
+  /// slabs not yet moved stay the shard's (it is asked to look again), none is lost.
+  void return_slabs(detail::pool_shard* shard, std::vector<detail::slab_return> const& slabs);
   [[noreturn]] void throw_bad_free(void* ptr, std::size_t bytes, std::size_t actual) const;
   /// Sums over the shards.
   struct shard_totals {
