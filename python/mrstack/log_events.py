@@ -373,7 +373,19 @@ def read_log_events(path):
     format) reads as its CSV rows. The rows are read and checked as mrstack's C++ reader
     reads them (header names without case, a byte order mark skipped, fields split at
     every comma and trimmed, numbers strict), each row's checks and those of the events
-    before it (see _EventChecks) in that order, so an error names the line it names."""
+    before it (see _EventChecks) in that order, so an error names the line it names.
+    A CSV log is read in blocks by mrstack._log_scan, which gives the same events; a log
+    it does not read that way (any error, a binary log) is read row by row, here."""
+    from . import _log_scan
+    try:
+        return _log_scan.read_events(path)
+    except _log_scan.Unusual:
+        return _read_row_by_row(path)
+
+
+def _read_row_by_row(path):
+    """read_log_events, one row at a time: the reference the block reader keeps to, and
+    the reader of every log it gives up on (all errors are worded here)."""
     rows = _log_rows(path)
     number, header = next(rows, (None, None))
     if number is None:
