@@ -65,7 +65,7 @@ def read_events(path):
             size = os.fstat(f.fileno()).st_size
             if not os.path.isfile(path) or size > _rows.MAX_TEXT_BYTES + 4096:
                 raise Unusual("not a regular file, or too large")
-            first = f.read(BLOCK_BYTES)
+            first = f.read(max(BLOCK_BYTES, len(_GZIP_MAGIC)))
             blocks = _inflated(f, first) if first.startswith(_GZIP_MAGIC) else _plain(f, first)
             reader = _Reader(path)
             return reader.read(_pieces(blocks))
