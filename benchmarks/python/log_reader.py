@@ -44,7 +44,7 @@ def generate(rows, threads, streams, seed=1):
     valid in any order that keeps each thread's rows in order."""
     rng = random.Random(seed)
     live = [[] for _ in range(threads)]
-    next_address = [0x7F0000000000 + (t << 36) for t in range(threads)]
+    next_address = [0x7F0000000000 + (t << 44) for t in range(threads)]  # 16 TiB apart: never meeting
     stream_ids = [0] + [0x5500000000 + 0x100 * s for s in range(1, streams)]
     out, stamp = [], 3_600_000_000_000  # one in the morning
     for _ in range(rows):
