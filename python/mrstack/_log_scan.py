@@ -17,6 +17,7 @@ import itertools
 import operator
 import os
 import re
+import stat
 import zlib
 from array import array
 
@@ -62,8 +63,8 @@ def read_events(path):
         raise Unusual("limits this module does not keep")
     try:
         with open(path, "rb") as f:
-            size = os.fstat(f.fileno()).st_size
-            if not os.path.isfile(path) or size > _rows.MAX_TEXT_BYTES + 4096:
+            status = os.fstat(f.fileno())
+            if not stat.S_ISREG(status.st_mode) or status.st_size > _rows.MAX_TEXT_BYTES + 4096:
                 raise Unusual("not a regular file, or too large")
             first = f.read(max(BLOCK_BYTES, len(_GZIP_MAGIC)))
             blocks = _inflated(f, first) if first.startswith(_GZIP_MAGIC) else _plain(f, first)
