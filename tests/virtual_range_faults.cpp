@@ -222,6 +222,14 @@ TEST_CASE("virtual_range faults: vmm names a map_granules of 0 before any driver
   CHECK_THROWS_WITH(vmm_memory_resource(0, 0), Catch::Contains("vmm: map_granules must be at least 1"));
 }
 
+TEST_CASE("virtual_range faults: vmm's device_granularity refuses what names no device before any driver call") {
+  // An ordinal below -1 was read as "the current device", and answered for that one.
+  CHECK_THROWS_AS(vmm_memory_resource::device_granularity(-2), logic_error);
+  CHECK_THROWS_WITH(vmm_memory_resource::device_granularity(-2),
+                    Catch::Contains("vmm::device_granularity: device -2 is not a device"));
+  CHECK_THROWS_WITH(vmm_memory_resource::device_granularity(64), Catch::Contains("device 64 is past the 64 devices"));
+}
+
 TEST_CASE("virtual_range faults: a pool's in-place release whose first unmap fails still decommits every other stretch") {
   // Three free stretches between live blocks: a release withdraws each as a hole and
   // decommits them one by one. The first decommit fails; stopping there had left the

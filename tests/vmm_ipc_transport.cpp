@@ -220,3 +220,15 @@ TEST_CASE("vmm IPC transport: an answer that does not match the handle, or lies 
   CHECK_NOTHROW(vmm_ipc::fetch_export(large, fine));
   for (std::uint64_t run : {21, 22, 23, 24}) { test_registry().forget_run(run); }
 }
+
+TEST_CASE("vmm IPC transport: open refuses what names no device before asking the exporter") {
+  // An ordinal below -1 was read as "the current device" once the exporter had answered.
+  pipe_pair pipe;
+  std::vector<virtual_range_resource::mapped_run> runs{{0, 2 * MiB, 31}};
+  auto const h =
+      test_registry().add_export_with(runs, 0, MiB, 0, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, dup_of(pipe.write_end));
+  CHECK_THROWS_AS(vmm_ipc::open(h, -2), logic_error);
+  CHECK_THROWS_WITH(vmm_ipc::open(h, -2), Catch::Contains("vmm IPC open: device -2 is not a device"));
+  CHECK_THROWS_WITH(vmm_ipc::open(h, 64), Catch::Contains("vmm IPC open: device 64 is past the 64 devices"));
+  test_registry().forget_run(31);
+}

@@ -1,6 +1,8 @@
 // The CUDA driver entry points behind vmm and its IPC (see vmm_driver.hpp).
 #include "vmm_driver.hpp"
 
+#include "device_scope.hpp"  // checked_device
+
 namespace mrstack::vmm_driver {
 
 namespace {
@@ -73,9 +75,10 @@ void throw_driver_error(CUresult result, std::string const& call, char const* fi
   throw cuda_error(static_cast<cudaError_t>(result), what.c_str(), file, line);
 }
 
-int resolve_device(int device) {
-  if (device >= 0) { return device; }
-  int current = 0;
+int resolve_device(int device, char const* who) {
+  int const checked = detail::checked_device(device, who);
+  if (checked >= 0) { return checked; }
+  int current = 0;  // -1 without a runtime: cudaGetDevice says why
   MRSTACK_CUDA_TRY(cudaGetDevice(&current));
   return current;
 }

@@ -45,8 +45,10 @@ std::string describe(CUresult result);
 
 [[noreturn]] void throw_driver_error(CUresult result, std::string const& call, char const* file, int line);
 
-/// `device` when >= 0, else the current device.
-int resolve_device(int device);
+/// `device` when >= 0, else the current device; `who` names the caller in the errors. What
+/// names no device (below -1, at or past the device count) is a `logic_error` before any
+/// driver call (detail::checked_device), not read as "current" or left to the driver.
+int resolve_device(int device, char const* who);
 
 /// Read-write access to device memory for `device` (first) and each of `peers`.
 std::vector<CUmemAccessDesc> read_write_access(int device, std::vector<int> const& peers);

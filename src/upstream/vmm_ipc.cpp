@@ -480,10 +480,12 @@ void fetch_export(std::array<unsigned char, 64> const& h, fetched_export& out) {
 }
 
 void* open(handle const& h, int device) {
+  (void)fields_of(h);  // bytes that are no handle say so first
+  // Before the exporter is asked: a bad ordinal is the caller's error, not worth its descriptors.
+  int const ordinal = resolve_device(device, "vmm IPC open");
   fetched_export got;
   fetch_export(h, got);
   auto const& d = api();
-  int const ordinal = resolve_device(device);
   opened_block b;
   MRSTACK_CU_TRY(d.init(0), "cuInit(0)");
   MRSTACK_CU_TRY(d.device_get(&b.device, ordinal), "cuDeviceGet(" + std::to_string(ordinal) + ")");

@@ -235,7 +235,7 @@ std::array<unsigned char, 64> vmm_memory_resource::export_ipc(void const* ptr, s
 }
 
 std::size_t vmm_memory_resource::device_granularity(int device) {
-  int const ordinal = resolve_device(device);
+  int const ordinal = resolve_device(device, "vmm::device_granularity");
   auto const& d = api();
   MRSTACK_CU_TRY(d.init(0), "cuInit(0)");
   CUmemAllocationProp const prop = device_memory_properties(ordinal, CU_MEM_HANDLE_TYPE_NONE);
