@@ -444,9 +444,19 @@ void fetch_export(std::array<unsigned char, 64> const& h, fetched_export& out) {
   }
   request const req{f.export_id};
   reply_header header{};
-  if (!send_all(s, &req, sizeof req, nullptr, 0) || !receive(s, &header, sizeof header, out.fds)) {
+  // Descriptors belong to the batches only: one carried with the header went first in
+  // out.fds, and open() imported it for the first run, every later one shifted by one.
+  std::vector<int> stray;
+  bool const answered = send_all(s, &req, sizeof req, nullptr, 0) && receive(s, &header, sizeof header, stray);
+  for (int fd : stray) { ::close(fd); }
+  if (!answered) {
     throw logic_error("vmm IPC: the exporting process " + std::to_string(f.pid) + " did not answer on " + name +
                       " (within " + std::to_string(answer_timeout_s) + " s)");
+  }
+  if (!stray.empty()) {
+    throw logic_error("vmm IPC: process " + std::to_string(f.pid) + " sent " + std::to_string(stray.size()) +
+                      " file descriptors with its answer's header for export " + std::to_string(f.export_id) +
+                      " (they come only with the allocations)");
   }
   if (header.status != 0) {
     header.message[sizeof header.message - 1] = '\0';
