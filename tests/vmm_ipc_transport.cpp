@@ -265,56 +265,80 @@ bool send_with_fd(int socket_fd, void const* data, std::size_t bytes, int fd) {
   return sendmsg(socket_fd, &msg, MSG_NOSIGNAL) == static_cast<ssize_t>(bytes);
 }
 
+// An exporter that answers one open of export 1 (one run of 2 MiB, a 1 MiB block) as told:
+// with `type` in the handle and the answer, and a descriptor with the header if `stray_fd`.
+struct fake_exporter {
+  static constexpr std::uint64_t nonce = 0x5eedf00dULL;
+  vmm_ipc::handle h{};
+  int listener = -1;
+  pipe_pair stray, run;
+  std::thread answering;
+
+  fake_exporter(std::uint32_t type, bool stray_fd) {
+    std::uint32_t const pid = static_cast<std::uint32_t>(getpid());
+    unsigned char const magic[8] = {'M', 'R', 'S', 'V', 'M', 'M', 1, 0};
+    std::uint64_t const id = 1, block_bytes = MiB, run_bytes = 2 * MiB;
+    std::uint32_t const one_run = 1;
+    std::memcpy(h.data(), magic, sizeof magic);
+    std::memcpy(h.data() + 8, &pid, 4);
+    std::memcpy(h.data() + 12, &type, 4);
+    std::memcpy(h.data() + 16, &id, 8);
+    std::memcpy(h.data() + 32, &block_bytes, 8);
+    std::memcpy(h.data() + 44, &one_run, 4);
+    std::memcpy(h.data() + 48, &run_bytes, 8);
+    std::memcpy(h.data() + 56, &nonce, 8);
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    int const n = std::snprintf(addr.sun_path + 1, sizeof addr.sun_path - 1, "mrstack-vmm-ipc-%u-%016llx", pid,
+                                static_cast<unsigned long long>(nonce));
+    listener = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+    REQUIRE(listener >= 0);
+    REQUIRE(bind(listener, reinterpret_cast<sockaddr*>(&addr),
+                 static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + static_cast<std::size_t>(n))) == 0);
+    REQUIRE(listen(listener, 1) == 0);
+    answering = std::thread{[this, type, stray_fd, block_bytes, run_bytes] {
+      int const c = accept(listener, nullptr, nullptr);
+      std::uint64_t request = 0;
+      (void)recv(c, &request, sizeof request, 0);
+      wire_header header{};
+      header.runs = 1;
+      header.type = type;
+      header.block_bytes = block_bytes;
+      wire_batch batch{};
+      batch.count = 1;
+      batch.bytes[0] = run_bytes;
+      if (stray_fd) {
+        (void)send_with_fd(c, &header, sizeof header, stray.read_end);
+      } else {
+        (void)send(c, &header, sizeof header, MSG_NOSIGNAL);
+      }
+      (void)send_with_fd(c, &batch, sizeof batch, run.write_end);
+      char end = 0;
+      (void)recv(c, &end, 1, 0);  // until the opener hangs up
+      ::close(c);
+    }};
+  }
+  ~fake_exporter() {
+    answering.join();
+    ::close(listener);
+  }
+};
+
 }  // namespace
 
 TEST_CASE("vmm IPC transport: descriptors sent with the answer's header are refused, not taken for the runs'") {
   // The opener kept them first in line: open() imported the header's descriptor for the
   // first run (another allocation, mapped and handed out as this block).
-  std::uint64_t const nonce = 0x5eedf00dULL;
-  std::uint32_t const pid = static_cast<std::uint32_t>(getpid());
-  vmm_ipc::handle h{};
-  unsigned char const magic[8] = {'M', 'R', 'S', 'V', 'M', 'M', 1, 0};
-  std::uint32_t const type = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
-  std::uint64_t const id = 1, block_bytes = MiB, run_bytes = 2 * MiB;
-  std::uint32_t const one_run = 1;
-  std::memcpy(h.data(), magic, sizeof magic);
-  std::memcpy(h.data() + 8, &pid, 4);
-  std::memcpy(h.data() + 12, &type, 4);
-  std::memcpy(h.data() + 16, &id, 8);
-  std::memcpy(h.data() + 32, &block_bytes, 8);
-  std::memcpy(h.data() + 44, &one_run, 4);
-  std::memcpy(h.data() + 48, &run_bytes, 8);
-  std::memcpy(h.data() + 56, &nonce, 8);
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  int const n = std::snprintf(addr.sun_path + 1, sizeof addr.sun_path - 1, "mrstack-vmm-ipc-%u-%016llx", pid,
-                              static_cast<unsigned long long>(nonce));
-  int const listener = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
-  REQUIRE(listener >= 0);
-  REQUIRE(bind(listener, reinterpret_cast<sockaddr*>(&addr),
-               static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + static_cast<std::size_t>(n))) == 0);
-  REQUIRE(listen(listener, 1) == 0);
-  pipe_pair stray, run;
-  std::thread exporter{[&] {
-    int const c = accept(listener, nullptr, nullptr);
-    std::uint64_t request = 0;
-    (void)recv(c, &request, sizeof request, 0);
-    wire_header header{};
-    header.runs = 1;
-    header.type = type;
-    header.block_bytes = block_bytes;
-    wire_batch batch{};
-    batch.count = 1;
-    batch.bytes[0] = run_bytes;
-    (void)send_with_fd(c, &header, sizeof header, stray.read_end);
-    (void)send_with_fd(c, &batch, sizeof batch, run.write_end);
-    char end = 0;
-    (void)recv(c, &end, 1, 0);  // until the opener hangs up
-    ::close(c);
-  }};
+  fake_exporter exporter{CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, true};
   vmm_ipc::fetched_export got;
-  CHECK_THROWS_WITH(vmm_ipc::fetch_export(h, got), Catch::Contains("file descriptors with its answer's header"));
+  CHECK_THROWS_WITH(vmm_ipc::fetch_export(exporter.h, got), Catch::Contains("file descriptors with its answer's header"));
   CHECK(got.fds.size() == got.bytes.size());
-  exporter.join();
-  ::close(listener);
+}
+
+TEST_CASE("vmm IPC transport: an answer of a handle type neither fd nor fabric is refused") {
+  // open() took every type but fabric for fd: with none sent, it read the first run's
+  // descriptor past the end of an empty vector.
+  fake_exporter exporter{CU_MEM_HANDLE_TYPE_NONE, false};
+  vmm_ipc::fetched_export got;
+  CHECK_THROWS_WITH(vmm_ipc::fetch_export(exporter.h, got), Catch::Contains("handle type 0 is neither fd nor fabric"));
 }

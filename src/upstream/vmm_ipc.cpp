@@ -464,6 +464,11 @@ void fetch_export(std::array<unsigned char, 64> const& h, fetched_export& out) {
                       ": " + header.message);
   }
   check_answer(f, header);
+  if (header.type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR && header.type != CU_MEM_HANDLE_TYPE_FABRIC) {
+    throw logic_error("vmm IPC: export " + std::to_string(f.export_id) + " of process " + std::to_string(f.pid) +
+                      ": handle type " + std::to_string(header.type) +
+                      " is neither fd nor fabric (the handle is damaged)");
+  }
   out.type = static_cast<CUmemAllocationHandleType>(header.type);
   out.device = header.device;
   out.block_offset = header.block_offset;
