@@ -401,24 +401,29 @@ void* virtual_range_resource::do_allocate(std::size_t bytes, std::size_t alignme
     std::size_t const lead = misaligned == 0 ? 0 : align - misaligned;
     if (lead > it->second || it->second - lead < span) { continue; }
     std::size_t const start = it->first + lead;
-    std::size_t const block = it->first;
-    std::size_t const block_size = it->second;
-    free_addresses_.erase(it);
-    if (lead > 0) { free_addresses_.emplace(block, lead); }
-    if (block_size - lead > span) { free_addresses_.emplace(start + span, block_size - lead - span); }
+    std::size_t const tail = it->second - lead - span;
+    // Every node this needs is made before anything changes, and the free stretch is
+    // split only once the granules are committed: a failure anywhere (the heap, the
+    // backend) leaves the books as they were, with no addresses lost and no granules
+    // committed for a block nobody holds.
+    decltype(free_addresses_) remainders;
+    if (lead > 0) { remainders.emplace(it->first, lead); }
+    if (tail > 0) { remainders.emplace(start + span, tail); }
+    auto const block = live_.emplace(start, live_block{bytes, std::max(alignment, default_alignment)}).first;
     try {
       map_.commit(start / granularity_, (start + span) / granularity_, backend_);
     } catch (out_of_memory const& e) {
-      insert_free_addresses(start, span);
+      live_.erase(block);
       sync_counters();
       refuse_for_caller(e, name_, bytes, mapped_bytes(), "mapping " + format_bytes(span) + " for " + request);
     } catch (...) {
-      insert_free_addresses(start, span);
+      live_.erase(block);
       sync_counters();
       throw;
     }
+    free_addresses_.erase(it);
+    free_addresses_.merge(remainders);
     sync_counters();
-    live_.emplace(start, live_block{bytes, std::max(alignment, default_alignment)});
     return reinterpret_cast<void*>(base_ + start);
   }
   return refuse("found no free stretch of " + format_bytes(span) + " aligned to " + std::to_string(align) +
@@ -442,10 +447,13 @@ void virtual_range_resource::do_deallocate(void* ptr, std::size_t bytes, std::si
   }
   std::size_t const offset = it->first;
   std::size_t const span = detail::align_up(bytes, granularity_);
+  // The addresses' node is made first: once the granules are gone, giving the addresses
+  // back cannot fail (were it made after, a full heap lost them for the resource's life).
+  auto addresses = free_node(offset, span);
   if (asleep_.load(std::memory_order_relaxed)) {
     (void)forget_asleep(offset / granularity_, (offset + span) / granularity_);
     live_.erase(it);
-    insert_free_addresses(offset, span);
+    detail::insert_coalesced(free_addresses_, std::move(addresses));
     return;
   }
   try {
@@ -455,17 +463,19 @@ void virtual_range_resource::do_deallocate(void* ptr, std::size_t bytes, std::si
     // mapped, and the next commit over it reuses it. So the addresses go back like any
     // free's (kept out, they were lost for the resource's life, unmapped granules too).
     live_.erase(it);
-    insert_free_addresses(offset, span);
+    detail::insert_coalesced(free_addresses_, std::move(addresses));
     sync_counters();
     throw;
   }
   live_.erase(it);
   sync_counters();
-  insert_free_addresses(offset, span);
+  detail::insert_coalesced(free_addresses_, std::move(addresses));
 }
 
-void virtual_range_resource::insert_free_addresses(std::size_t offset, std::size_t bytes) {
-  detail::insert_coalesced(free_addresses_, offset, bytes);
+std::map<std::size_t, std::size_t>::node_type virtual_range_resource::free_node(std::size_t offset, std::size_t bytes) {
+  std::map<std::size_t, std::size_t> one;
+  one.emplace(offset, bytes);
+  return one.extract(one.begin());
 }
 
 // ---- sleep and wake ------------------------------------------------------------------------

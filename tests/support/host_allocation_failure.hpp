@@ -5,7 +5,9 @@
 //
 // `test::fail_host_allocations_from = n` makes every host allocation of n bytes or more
 // on the thread that set it throw std::bad_alloc (0: none fail). Set it back to 0 before
-// any check that allocates (Catch2's own messages do).
+// any check that allocates (Catch2's own messages do). `test::fail_host_allocation_in = n`
+// makes the n-th host allocation from now on that thread throw (0: the next; -1: none), so
+// a test can fail each allocation of an operation in turn.
 //
 // AddressSanitizer keeps an operator new of its own (it reports memory from it freed here
 // as a mismatch): under it nothing is replaced, MRSTACK_TEST_HOST_ALLOCATIONS_CAN_FAIL
@@ -21,9 +23,14 @@ inline thread_local std::size_t fail_host_allocations_from = 0;
 /// set it succeed, and every one after them fails (-1: off). A test sweeps n to run a
 /// call out of host memory at each of its allocations in turn.
 inline thread_local long host_allocations_left = -1;
+/// `fail_host_allocation_in = n` (n >= 0): the n-th host allocation from now on this
+/// thread fails (0: the next), and only that one (-1: off): a test fails each allocation
+/// of an operation in turn while the rest of it goes on.
+inline thread_local long fail_host_allocation_in = -1;
 
-/// True when this host allocation must fail (the two settings above).
-inline bool host_allocation_fails(std::size_t n) {
+/// True when this host allocation must fail (the settings above).
+inline bool host_allocation_fails(std::size_t n) noexcept {
+  if (fail_host_allocation_in >= 0 && fail_host_allocation_in-- == 0) { return true; }
   if (fail_host_allocations_from != 0 && n >= fail_host_allocations_from) { return true; }
   if (host_allocations_left == 0) { return true; }
   if (host_allocations_left > 0) { --host_allocations_left; }

@@ -23,6 +23,8 @@
 ///   can; a run the backend fails to unmap stays recorded as mapped with nothing committed
 ///   (the next decommit over it retries, a commit revives it). The first error is rethrown
 ///   once all of that is done, so one failure never strands committed granules nobody owns.
+/// A full heap is no exception to that: `commit` makes its records before it maps
+/// anything, and `decommit` allocates nothing.
 #include <algorithm>
 #include <bit>
 #include <cstddef>
@@ -160,19 +162,24 @@ class granule_map {
         g = end;
       }
     }
+    // The new runs' records are made before anything is mapped: recorded after, a full
+    // heap left physical memory mapped that the books did not know.
+    std::map<std::size_t, run> fresh;
+    for (auto const& p : pieces) { fresh.emplace(p.first, run{p.count, p.count, 0}); }
     // Before anything is mapped, so a failure here leaves nothing to undo (enabling access
     // twice is harmless when a later step fails and the commit is retried).
     for (std::size_t run_first : needs_access) {
       backend.enable_access(run_first * granularity_, runs_.at(run_first).count * granularity_);
     }
     map_pieces(pieces, backend);  // all or nothing; nothing below throws
-    for (std::size_t run_first : needs_access) { runs_.at(run_first).needs_access = false; }
+    for (std::size_t run_first : needs_access) { runs_.find(run_first)->second.needs_access = false; }
     for (auto const& p : pieces) {
-      runs_.emplace(p.first, run{p.count, p.count, p.handle});
+      fresh.find(p.first)->second.handle = p.handle;
       for (std::size_t x = p.first; x < p.first + p.count; ++x) { set_bit(x); }
       mapped_count_ += p.count;
       committed_count_ += p.count;
     }
+    runs_.merge(fresh);  // moves the nodes: allocates nothing
     for (std::size_t x : revived) {
       set_bit(x);
       ++find_run(x)->second.committed;
@@ -191,11 +198,11 @@ class granule_map {
   std::size_t decommit(std::size_t first, std::size_t last, granule_backend& backend) {
     check_bounds(first, last, "decommit");
     if (first == last) { return 0; }
+    // Allocates nothing: a full heap halfway (a list of the runs to free, once) left
+    // granules committed that the caller counts as given back, owned by nobody.
     std::size_t released = 0;
-    std::vector<std::size_t> freed;  // first granules of runs left with nothing committed
-    auto it = runs_.upper_bound(first);
-    if (it != runs_.begin()) { --it; }
-    for (; it != runs_.end() && it->first < last; ++it) {
+    bool any_freed = false;  // a run touched here is left with nothing committed
+    for (auto it = first_run_touching(first); it != runs_.end() && it->first < last; ++it) {
       run& r = it->second;
       std::size_t const lo = std::max(first, it->first);
       std::size_t const hi = std::min(last, it->first + r.count);
@@ -207,9 +214,9 @@ class granule_map {
           ++released;
         }
       }
-      if (r.committed == 0 && lo < hi) { freed.push_back(it->first); }
+      any_freed = any_freed || (r.committed == 0 && lo < hi);
     }
-    if (!freed.empty()) { unmap_runs(freed, backend); }
+    if (any_freed) { unmap_freed_runs(first, last, backend); }
     return released;
   }
 
@@ -326,27 +333,40 @@ class granule_map {
     }
   }
 
-  /// Unmaps the runs starting at `firsts` (each with nothing committed), after one
+  /// Unmaps every run touching [first, last) with nothing committed, after one
   /// before_unmap. If that wait fails nothing is unmapped (in-flight work may still use
   /// the memory); a run the backend fails to unmap stays recorded. Every run is tried;
   /// the first error is rethrown after the last.
-  void unmap_runs(std::vector<std::size_t> const& firsts, granule_backend& backend) {
+  void unmap_freed_runs(std::size_t first, std::size_t last, granule_backend& backend) {
     backend.before_unmap();
     std::exception_ptr first_error;
-    for (std::size_t g : firsts) {
-      auto const it = runs_.find(g);
+    auto it = first_run_touching(first);
+    while (it != runs_.end() && it->first < last) {
+      run const& r = it->second;
+      if (r.committed != 0 || std::max(first, it->first) >= std::min(last, it->first + r.count)) {
+        ++it;
+        continue;
+      }
       try {
-        backend.unmap(g * granularity_, it->second.count * granularity_, it->second.handle);
+        backend.unmap(it->first * granularity_, r.count * granularity_, r.handle);
       } catch (unmapped_with_error const& e) {
         if (!first_error) { first_error = e.cause() ? e.cause() : std::current_exception(); }
       } catch (...) {
         if (!first_error) { first_error = std::current_exception(); }
+        ++it;
         continue;  // still mapped: it stays recorded
       }
-      mapped_count_ -= it->second.count;
-      runs_.erase(it);
+      mapped_count_ -= r.count;
+      it = runs_.erase(it);
     }
     if (first_error) { std::rethrow_exception(first_error); }
+  }
+
+  /// The first run that may touch granule `first` onwards (the one holding it, or the next).
+  [[nodiscard]] std::map<std::size_t, run>::iterator first_run_touching(std::size_t first) {
+    auto it = runs_.upper_bound(first);
+    if (it != runs_.begin()) { --it; }
+    return it;
   }
 
   [[nodiscard]] std::map<std::size_t, run>::const_iterator find_run(std::size_t g) const {

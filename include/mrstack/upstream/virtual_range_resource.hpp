@@ -148,7 +148,8 @@ class virtual_range_resource : public memory_resource, public virtual_range {
 
   [[nodiscard]] std::size_t offset_of(void const* ptr, std::size_t bytes, char const* op) const;
   void sync_counters() noexcept;
-  void insert_free_addresses(std::size_t offset, std::size_t bytes);
+  // A node of free_addresses_ for [offset, offset + bytes), made ahead of the change it records.
+  static std::map<std::size_t, std::size_t>::node_type free_node(std::size_t offset, std::size_t bytes);
   // While asleep: forgets granules [first, last) (they are not mapped back); returns how many were asleep.
   std::size_t forget_asleep(std::size_t first, std::size_t last);
   void refuse_while_asleep(char const* op) const;
