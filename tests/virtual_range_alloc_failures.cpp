@@ -113,3 +113,25 @@ TEST_CASE("virtual_range allocation failures: a deallocate between two free stre
         r.deallocate(c, G);
       });
 }
+
+TEST_CASE("virtual_range allocation failures: a sleep with contents kept, and its wake") {
+  // Two blocks, two stretches to save and to record as asleep.
+  void* a = nullptr;
+  void* b = nullptr;
+  auto setup = [&](simulated_vmm_memory_resource& r) {
+    a = r.allocate(3 * G);
+    b = r.allocate(G);
+  };
+  auto cleanup = [&](simulated_vmm_memory_resource& r) {
+    if (r.asleep()) { r.wake(); }
+    r.deallocate(a, 3 * G);
+    r.deallocate(b, G);
+  };
+  for_every_failure(setup, [&](simulated_vmm_memory_resource& r) { r.sleep(true); }, cleanup);
+  for_every_failure(
+      [&](simulated_vmm_memory_resource& r) {
+        setup(r);
+        r.sleep(true);
+      },
+      [&](simulated_vmm_memory_resource& r) { r.wake(); }, cleanup);
+}

@@ -502,9 +502,12 @@ void virtual_range_resource::sleep(bool keep_contents) {
     byte_stretches.emplace_back(first * granularity_, (last - first) * granularity_);
     granules += last - first;
   }
+  // Made before the contents are saved: made after, a full heap left some stretches
+  // recorded as asleep while awake, and the saved contents to no sleep (on vmm a pinned
+  // buffer the next sleep replaced without freeing).
+  std::map<std::size_t, std::size_t> asleep(granule_stretches.begin(), granule_stretches.end());
   if (keep_contents) { backend_.save_contents(byte_stretches); }  // all or nothing: still awake if it throws
-  asleep_granules_.clear();
-  for (auto const& [first, last] : granule_stretches) { asleep_granules_.emplace(first, last); }
+  asleep_granules_.swap(asleep);
   contents_kept_ = keep_contents;
   asleep_bytes_.store(granules * granularity_, std::memory_order_relaxed);
   asleep_.store(true, std::memory_order_release);
