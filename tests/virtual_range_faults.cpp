@@ -9,6 +9,7 @@
 
 #include <fake_stream_sync.hpp>
 
+#include <limits>
 #include <map>
 #include <memory>
 #include <stdexcept>
@@ -220,6 +221,13 @@ TEST_CASE("virtual_range faults: a commit whose access change and wait fail roll
 TEST_CASE("virtual_range faults: vmm names a map_granules of 0 before any driver call") {
   CHECK_THROWS_AS(vmm_memory_resource(0, 0), logic_error);
   CHECK_THROWS_WITH(vmm_memory_resource(0, 0), Catch::Contains("vmm: map_granules must be at least 1"));
+}
+
+TEST_CASE("virtual_range faults: vmm names a reserve no address space holds before any driver call") {
+  // Rounded up to the granularity it wrapped around, and the driver refused a reserve of 0 B.
+  std::size_t const huge = std::numeric_limits<std::size_t>::max() - 4096;
+  CHECK_THROWS_AS(vmm_memory_resource(huge), logic_error);
+  CHECK_THROWS_WITH(vmm_memory_resource(huge), Catch::Contains("vmm: a reserve of " + std::to_string(huge) + " B"));
 }
 
 TEST_CASE("virtual_range faults: vmm's device_granularity refuses what names no device before any driver call") {

@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <cstdio>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <string>
@@ -179,6 +180,12 @@ std::unique_ptr<vmm_memory_resource::driver> make_driver(std::size_t reserve_byt
                                                          bool peer_access) {
   if (map_granules == 0) {
     throw logic_error("vmm: map_granules must be at least 1 (granules per physical allocation; got 0)");
+  }
+  // Rounded up to the granularity, a reserve this large wrapped around to a few bytes or 0
+  // (the driver then refused "cuMemAddressReserve(0 B)", naming nothing the caller gave).
+  if (reserve_bytes > std::numeric_limits<std::size_t>::max() / 2) {
+    throw logic_error("vmm: a reserve of " + std::to_string(reserve_bytes) +
+                      " B is more than any address space holds (0 reserves twice the device's memory)");
   }
   return std::make_unique<vmm_memory_resource::driver>(reserve_bytes, device, ipc, peer_access);
 }

@@ -59,8 +59,9 @@ class vmm_memory_resource final : public virtual_range_resource, private detail:
   static ipc_mode parse_ipc_mode(std::string_view text);
   static char const* to_string(ipc_mode mode) noexcept;
 
-  /// `reserve_bytes` 0: twice the device's total memory. `map_granules` at least 1 (0 is a
-  /// `logic_error` naming it, before any driver call). `device` -1: the current device.
+  /// `reserve_bytes` 0: twice the device's total memory; past half the address space a
+  /// `logic_error` naming it. `map_granules` at least 1 (0 is a `logic_error` naming it).
+  /// Both are checked before any driver call. `device` -1: the current device.
   /// `peer_access`: every device that can access this one (cudaDeviceCanAccessPeer) may
   /// read and write the memory too (see the contract).
   explicit vmm_memory_resource(std::size_t reserve_bytes = 0, std::size_t map_granules = default_map_granules,
