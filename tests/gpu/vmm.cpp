@@ -73,6 +73,19 @@ TEST_CASE("vmm: reserves twice the device, at the driver's granularity") {
   CHECK(vmm.device() == current);
 }
 
+TEST_CASE("vmm: device_granularity answers for the current device, and refuses one past the count") {
+  // Past the count the driver refused cuMemGetAllocationGranularity with an invalid device.
+  int current = -1;
+  int count = 0;
+  MRSTACK_CUDA_TRY(cudaGetDevice(&current));
+  MRSTACK_CUDA_TRY(cudaGetDeviceCount(&count));
+  CHECK(vmm_memory_resource::device_granularity(-1) == vmm_memory_resource::device_granularity(current));
+  if (count < 64) {
+    CHECK_THROWS_AS(vmm_memory_resource::device_granularity(count), logic_error);
+    CHECK_THROWS_WITH(vmm_memory_resource::device_granularity(count), Catch::Contains("does not exist"));
+  }
+}
+
 TEST_CASE("vmm: as a plain upstream, memory is usable, holds data, and goes back to the driver") {
   std::size_t const before = device_free();
   {
