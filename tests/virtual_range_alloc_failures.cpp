@@ -135,3 +135,22 @@ TEST_CASE("virtual_range allocation failures: a sleep with contents kept, and it
       },
       [&](simulated_vmm_memory_resource& r) { r.wake(); }, cleanup);
 }
+
+TEST_CASE("virtual_range allocation failures: a decommit while asleep that splits an asleep stretch") {
+  // The stretch was erased before its two remainders were recorded: a full heap between
+  // forgot granules still committed for the claimant (wake would not map them back).
+  for_every_failure(
+      [&](simulated_vmm_memory_resource& r) {
+        r.claim("test");
+        (void)r.commit(r.range_base(), 3 * G);  // one run, one stretch [0, 3)
+        r.sleep(true);
+      },
+      [&](simulated_vmm_memory_resource& r) { (void)r.decommit(r.range_base() + G, G); },
+      [&](simulated_vmm_memory_resource& r) {
+        r.wake();
+        CHECK(r.committed_bytes() >= 2 * G);  // the granules not decommitted are back
+        CHECK(r.is_committed(r.range_base(), G));
+        CHECK(r.is_committed(r.range_base() + 2 * G, G));
+        r.unclaim();
+      });
+}

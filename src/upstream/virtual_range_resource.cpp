@@ -557,9 +557,18 @@ void virtual_range_resource::wake() {
 }
 
 std::size_t virtual_range_resource::forget_asleep(std::size_t first, std::size_t last) {
-  std::size_t forgotten = 0;
   auto it = asleep_granules_.upper_bound(first);
   if (it != asleep_granules_.begin()) { --it; }
+  // Only a stretch reaching past [first, last) on both sides needs one record more (its
+  // two remainders); it is made before anything changes. Every other case edits records
+  // in place: a full heap midway had forgotten granules still committed for their owner.
+  if (it != asleep_granules_.end() && it->first < first && last < it->second) {
+    asleep_granules_.emplace(last, it->second);
+    it->second = first;
+    asleep_bytes_.fetch_sub((last - first) * granularity_, std::memory_order_relaxed);
+    return last - first;
+  }
+  std::size_t forgotten = 0;
   while (it != asleep_granules_.end() && it->first < last) {
     std::size_t const lo = std::max(first, it->first);
     std::size_t const hi = std::min(last, it->second);
@@ -567,12 +576,18 @@ std::size_t virtual_range_resource::forget_asleep(std::size_t first, std::size_t
       ++it;
       continue;
     }
-    std::size_t const stretch_first = it->first;
-    std::size_t const stretch_last = it->second;
     forgotten += hi - lo;
-    it = asleep_granules_.erase(it);
-    if (stretch_first < lo) { asleep_granules_.emplace(stretch_first, lo); }
-    if (hi < stretch_last) { it = asleep_granules_.emplace(hi, stretch_last).first; }
+    if (it->first < lo) {  // keeps its head
+      it->second = lo;
+      ++it;
+    } else if (hi < it->second) {  // keeps its tail: the record moves there (the last one touched)
+      auto tail = asleep_granules_.extract(it);
+      tail.key() = hi;
+      asleep_granules_.insert(std::move(tail));
+      break;
+    } else {
+      it = asleep_granules_.erase(it);
+    }
   }
   asleep_bytes_.fetch_sub(forgotten * granularity_, std::memory_order_relaxed);
   return forgotten;
