@@ -154,3 +154,18 @@ TEST_CASE("virtual_range allocation failures: a decommit while asleep that split
         r.unclaim();
       });
 }
+
+TEST_CASE("virtual_range allocation failures: a claim") {
+  // It marked the range claimed, then copied the claimant's name: a full heap between left
+  // a claim nobody held (the claimant's constructor failed), refusing allocate for good.
+  bool claimed = false;
+  for_every_failure(
+      [&](simulated_vmm_memory_resource&) { claimed = false; },
+      [&](simulated_vmm_memory_resource& r) {
+        r.claim("a pool whose name is longer than any small-string buffer holds");
+        claimed = true;
+      },
+      [&](simulated_vmm_memory_resource& r) {
+        if (claimed) { r.unclaim(); }
+      });
+}

@@ -234,8 +234,8 @@ void virtual_range_resource::claim(std::string_view claimant) {
     throw logic_error(name_ + ": cannot be claimed by " + std::string{claimant} + " while " +
                       std::to_string(live_.size()) + " allocations from it are outstanding");
   }
+  claimant_ = claimant;  // first: when copying the name throws, the range stays unclaimed
   claimed_ = true;
-  claimant_ = claimant;
 }
 
 void virtual_range_resource::unclaim() noexcept {
