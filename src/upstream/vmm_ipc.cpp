@@ -208,7 +208,12 @@ std::array<unsigned char, 64> export_registry::add_export_with(
     e.bytes = r.bytes;
     void* out = type == CU_MEM_HANDLE_TYPE_FABRIC ? static_cast<void*>(&e.fabric) : static_cast<void*>(&e.fd);
     export_run(out, r.handle);
-    runs_.emplace(r.handle, e);
+    try {
+      runs_.emplace(r.handle, e);
+    } catch (...) {  // out of host memory: the descriptor, not yet the registry's, would stay open for good
+      if (e.fd >= 0) { ::close(e.fd); }
+      throw;
+    }
   }
   auto const key = std::make_tuple(runs.front().handle, block_offset, block_bytes);
   std::uint64_t id = 0;
@@ -517,6 +522,9 @@ void* open(handle const& h, int device) {
     for (auto const n : got.bytes) { b.bytes += n; }
     MRSTACK_CU_TRY(d.mem_address_reserve(&b.base, b.bytes, granularity, 0, 0),
                    "cuMemAddressReserve(" + format_bytes(b.bytes) + ")");
+    // Room first: a run mapped and then not recorded (push_back out of host memory) would
+    // escape tear_down.
+    b.runs.reserve(got.bytes.size());
     std::size_t at = 0;
     for (std::size_t i = 0; i < got.bytes.size(); ++i) {
       CUmemGenericAllocationHandle imported = 0;
@@ -543,7 +551,12 @@ void* open(handle const& h, int device) {
   }
   auto const address = static_cast<std::uintptr_t>(b.base) + got.block_offset;
   std::lock_guard lock{opened().mutex};
-  opened().blocks.emplace(address, std::move(b));
+  try {
+    opened().blocks.emplace(address, std::move(b));
+  } catch (...) {  // out of host memory for the table: unmapped, not left mapped and unknown to close()
+    tear_down(b);
+    throw;
+  }
   return reinterpret_cast<void*>(address);
 }
 
