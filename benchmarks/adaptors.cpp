@@ -88,10 +88,10 @@ resource_ptr shared_resource;
 /// thread found its headroom credit short (refills per pair, all threads' pairs), and the
 /// peak it counted, in blocks. At a peak of k blocks only k threads at once can allocate
 /// without a refill (see docs/adaptors.md), so the two explain its scaling.
-void report_statistics(benchmark::State& state, mrstack::memory_resource* mr) {
+void report_statistics(benchmark::State& state, mrstack::memory_resource* mr, double pairs_per_iteration = 1) {
   auto const* stats = dynamic_cast<mrstack::statistics_resource_adaptor const*>(mr);
   if (stats == nullptr) { return; }
-  double const pairs = static_cast<double>(state.iterations()) * state.threads();
+  double const pairs = static_cast<double>(state.iterations()) * state.threads() * pairs_per_iteration;
   state.counters["refills_per_pair"] = static_cast<double>(stats->refills()) / pairs;
   state.counters["peak_blocks"] = static_cast<double>(stats->allocations_counter().peak);
 }
@@ -127,8 +127,56 @@ void allocate_free_pair(benchmark::State& state, Make make) {
   }
 }
 
+/// As allocate_free_pair, but each iteration allocates `batch` blocks, then frees them
+/// (last first): each thread's live blocks rise and fall, as a program's do from step to
+/// step, where allocate_free_pair keeps every thread at one block or none. The threads'
+/// steps do not line up, so the total live rises to its peak only now and then. Counts
+/// `batch` pairs an iteration.
+template <typename Make>
+void allocate_free_batches(benchmark::State& state, Make make) {
+  constexpr std::size_t batch = 16;
+  if (!base_available(state)) { return; }
+  if (state.thread_index() == 0) {
+    shared_resource = make(make_base());
+    state.SetLabel(mrstack::describe_stack(*shared_resource) + " (base " + base_name() + ", batches of 16)");
+  }
+  auto const bytes = static_cast<std::size_t>(state.range(0));
+  mrstack::stream_view const stream = state.range(1) != 0 ? mrstack::stream_view::per_thread() : mrstack::stream_view{};
+  mrstack::memory_resource* mr = nullptr;
+  mrstack::bench::span_rate rate;
+  void* live[batch];
+  for (auto _ : state) {
+    if (mr == nullptr) {
+      mr = shared_resource.get();
+      rate.start();
+    }
+    for (auto& p : live) { p = mr->allocate(bytes, stream); }
+    benchmark::DoNotOptimize(live);
+    for (std::size_t i = batch; i-- > 0;) { mr->deallocate(live[i], bytes, stream); }
+  }
+  rate.report(state, "pairs_per_s", batch);
+  state.SetItemsProcessed(static_cast<std::int64_t>(state.iterations() * batch));
+  if (state.thread_index() == 0) {
+    report_statistics(state, shared_resource.get(), batch);
+    shared_resource.reset();
+  }
+}
+
 void BM_bare(benchmark::State& s) {
   allocate_free_pair(s, [](resource_ptr base) { return base; });
+}
+void BM_bare_batches(benchmark::State& s) {
+  allocate_free_batches(s, [](resource_ptr base) { return base; });
+}
+void BM_statistics_batches(benchmark::State& s) {
+  allocate_free_batches(s, [](resource_ptr base) {
+    return std::make_shared<mrstack::statistics_resource_adaptor>(std::move(base));
+  });
+}
+void BM_limiting_batches(benchmark::State& s) {
+  allocate_free_batches(s, [](resource_ptr base) {
+    return std::make_shared<mrstack::limiting_resource_adaptor>(std::move(base), std::size_t{1} << 40);
+  });
 }
 void BM_logging_sync(benchmark::State& s) {
   allocate_free_pair(s, [](resource_ptr base) {
@@ -287,4 +335,8 @@ MRSTACK_ADAPTOR_SCALING(BM_logging_binary);
 BENCHMARK(BM_logging_per_thread_null_sink)->Args({1 << 10, 1})->Threads(1)->Threads(16)->UseRealTime();
 BENCHMARK(BM_logging_binary_null_sink)->Args({1 << 10, 1})->Threads(1)->Threads(16)->UseRealTime();
 MRSTACK_ADAPTOR_SCALING(BM_tracking);
+// Live blocks that rise and fall: the counting adaptors where the peak is not held steady.
+BENCHMARK(BM_bare_batches)->Args({1 << 10, 1})->Threads(1)->Threads(16)->UseRealTime();
+BENCHMARK(BM_statistics_batches)->Args({1 << 10, 1})->Threads(1)->Threads(16)->UseRealTime();
+BENCHMARK(BM_limiting_batches)->Args({1 << 10, 1})->Threads(1)->Threads(16)->UseRealTime();
 BENCHMARK_MAIN();

@@ -17,10 +17,11 @@ class span_rate {
  public:
   /// Call in the first iteration (the start barrier is behind every thread by then).
   void start() noexcept { start_ = std::chrono::steady_clock::now(); }
-  /// Call after the loop: sets `name` to this thread's iterations over its span.
-  void report(benchmark::State& state, std::string const& name) const {
+  /// Call after the loop: sets `name` to this thread's iterations (times `per_iteration`,
+  /// for an iteration that makes several) over its span.
+  void report(benchmark::State& state, std::string const& name, double per_iteration = 1) const {
     double const span = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
-    state.counters[name] = static_cast<double>(state.iterations()) / span;  // summed over the threads
+    state.counters[name] = static_cast<double>(state.iterations()) * per_iteration / span;  // summed over the threads
   }
 
  private:
