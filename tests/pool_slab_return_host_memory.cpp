@@ -60,6 +60,28 @@ std::string what_is_lost(pool_memory_resource& mr, simulated_memory_resource con
   return lost;
 }
 
+/// Runs `scenario(k, mr, misreported)` on a fresh sharded pool whose first thread has
+/// called, for k = 0..159 host allocations left; then no run may have lost memory (see
+/// what_is_lost) and none may have misreported a call.
+template <typename Scenario>
+void check_each_allocation_failing(Scenario&& scenario) {
+  int lost = 0;
+  int misreported = 0;
+  std::string first_loss;
+  for (long k = 0; k < 160; ++k) {
+    auto upstream = std::make_shared<simulated_memory_resource>();
+    pool_memory_resource mr{upstream, 0, std::nullopt, sharded_options()};
+    mr.deallocate(mr.allocate(256, a), 256, a);  // the first thread
+    scenario(k, mr, misreported);
+    if (std::string const why = what_is_lost(mr, *upstream); !why.empty()) {
+      if (lost++ == 0) { first_loss = "with " + std::to_string(k) + " host allocations left: " + why; }
+    }
+  }
+  INFO("first loss " << first_loss);
+  CHECK(lost == 0);
+  CHECK(misreported == 0);
+}
+
 }  // namespace
 
 TEST_CASE("pool slabs: a give-back out of host memory loses no slab, at any of its allocations") {
@@ -68,13 +90,7 @@ TEST_CASE("pool slabs: a give-back out of host memory loses no slab, at any of i
   // a's memory, the second with one live block; a drain on c may not hand them back, so
   // the shard awaits a call naming a. This thread's free of that last block, on a, is
   // such a call: the block is freed, then both slabs go back to the global blocks.
-  int lost = 0;
-  int misreported = 0;
-  std::string first_loss;
-  for (long k = 0; k < 160; ++k) {
-    auto upstream = std::make_shared<simulated_memory_resource>();
-    pool_memory_resource mr{upstream, 0, std::nullopt, sharded_options()};
-    mr.deallocate(mr.allocate(256, a), 256, a);  // the first thread
+  check_each_allocation_failing([](long k, pool_memory_resource& mr, int& misreported) {
     void* last = nullptr;
     std::thread mover{[&] {
       std::vector<void*> blocks;  // more than the first 4 MiB slab holds: two slabs
@@ -93,13 +109,7 @@ TEST_CASE("pool slabs: a give-back out of host memory loses no slab, at any of i
       }
     }
     mr.deallocate(big, 512 * MiB, c);
-    if (std::string const why = what_is_lost(mr, *upstream); !why.empty()) {
-      if (lost++ == 0) { first_loss = "with " + std::to_string(k) + " host allocations left: " + why; }
-    }
-  }
-  INFO("first loss " << first_loss);
-  CHECK(lost == 0);
-  CHECK(misreported == 0);
+  });
 }
 
 TEST_CASE("pool slabs: a refill out of host memory loses no slab, at any of its allocations") {
@@ -107,13 +117,7 @@ TEST_CASE("pool slabs: a refill out of host memory loses no slab, at any of its 
   // A shard's thread fills its first 4 MiB slab, then asks for a block that needs a
   // second slab: taking it from the global blocks and making it the shard's chunk both
   // need host memory.
-  int lost = 0;
-  int misreported = 0;
-  std::string first_loss;
-  for (long k = 0; k < 160; ++k) {
-    auto upstream = std::make_shared<simulated_memory_resource>();
-    pool_memory_resource mr{upstream, 0, std::nullopt, sharded_options()};
-    mr.deallocate(mr.allocate(256, a), 256, a);  // the first thread
+  check_each_allocation_failing([](long k, pool_memory_resource& mr, int& misreported) {
     std::thread mover{[&] {
       std::vector<void*> blocks;
       for (int i = 0; i < 4; ++i) { blocks.push_back(mr.allocate(MiB, a)); }
@@ -125,11 +129,5 @@ TEST_CASE("pool slabs: a refill out of host memory loses no slab, at any of its 
       for (void* b : blocks) { mr.deallocate(b, MiB, a); }
     }};
     mover.join();
-    if (std::string const why = what_is_lost(mr, *upstream); !why.empty()) {
-      if (lost++ == 0) { first_loss = "with " + std::to_string(k) + " host allocations left: " + why; }
-    }
-  }
-  INFO("first loss " << first_loss);
-  CHECK(lost == 0);
-  CHECK(misreported == 0);
+  });
 }
