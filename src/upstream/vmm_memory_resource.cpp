@@ -261,10 +261,19 @@ std::uint64_t vmm_memory_resource::map(std::size_t offset, std::size_t bytes) {
       driver_->ipc != ipc_mode::none) {
     // Some virtualized systems report file-descriptor export but refuse to create such
     // memory: ipc=auto then makes memory that cannot be shared rather than none at all
-    // (export_ipc says so). ipc=fd keeps the driver's error.
-    driver_->ipc = ipc_mode::none;
-    driver_->properties.requestedHandleTypes = CU_MEM_HANDLE_TYPE_NONE;
-    created = d.mem_create(&handle, bytes, &driver_->properties, 0);
+    // (export_ipc says so). ipc=fd keeps the driver's error. Only when memory without the
+    // export can be made was the export at fault: otherwise (a bad device, a size the
+    // driver refuses either way) the mode stays, and the first error is the one reported.
+    CUmemAllocationProp plain = driver_->properties;
+    plain.requestedHandleTypes = CU_MEM_HANDLE_TYPE_NONE;
+    CUresult const retried = d.mem_create(&handle, bytes, &plain, 0);
+    if (retried == CUDA_SUCCESS) {
+      driver_->properties = plain;
+      driver_->ipc = ipc_mode::none;
+      created = CUDA_SUCCESS;
+    } else if (retried == CUDA_ERROR_OUT_OF_MEMORY) {
+      created = retried;
+    }
   }
   if (created == CUDA_ERROR_OUT_OF_MEMORY) {
     allocation_failure info;
