@@ -96,18 +96,6 @@ std::uint64_t read_ticks() noexcept {
 #endif
 }
 
-/// The counter read without waiting for earlier instructions (`rdtsc`): it may run ahead
-/// of them, never behind a later store, which leaves the core only after the read
-/// retired. So it serves a free, whose stamp needs only to come before the stores that
-/// hand its block on, and costs less than the ordered read (docs/adaptors.md).
-std::uint64_t read_ticks_unordered() noexcept {
-#if defined(__x86_64__)
-  return __builtin_ia32_rdtsc();
-#else
-  return 0;
-#endif
-}
-
 /// The counter and the monotonic clock read together: the ticks halfway between two
 /// counter reads around the clock's. The reader draws its tick-to-ns line through these
 /// points, so one read across a preemption or an interrupt (its ns milliseconds off its
@@ -268,18 +256,12 @@ log_thread_buffers::buffer* log_thread_buffers::adopt_or_make() noexcept {
 }
 
 void log_thread_buffers::push(log_record& record) noexcept {
-  // Nearly always the first slot's: checked here, the search and the mode's test inlined
-  // below, as a record costs only tens of ns in all.
-  buffer* b = hot_cache[0].owner == id_ ? hot_cache[0].b : this_thread_buffer();
+  buffer* b = this_thread_buffer();
   if (b == nullptr) [[unlikely]] {
     write_alone(record);
     return;
   }
-  if (binary_) {
-    append_binary(*b, record);
-  } else {
-    append_row(*b, record);
-  }
+  append_row(*b, record);
   b->committed.store(b->used, std::memory_order_release);
   if (write_each_row_) {  // auto_flush: in the file before the call returns
     drain(*b);
@@ -288,6 +270,10 @@ void log_thread_buffers::push(log_record& record) noexcept {
 }
 
 void log_thread_buffers::append_row(buffer& b, log_record& record) noexcept {
+  if (binary_) {
+    append_binary(b, record);
+    return;
+  }
   if (b.text.size() - b.used < max_row_length + 24) { drain(b); }
   // A free is stamped before it is forwarded and the allocation that reuses its memory
   // after the upstream returned it: sorted by stamp (frees first at a tie), the file is a
@@ -299,7 +285,7 @@ void log_thread_buffers::append_row(buffer& b, log_record& record) noexcept {
   b.used = static_cast<std::size_t>(out - b.text.data());
 }
 
-[[gnu::always_inline]] inline void log_thread_buffers::append_binary(buffer& b, log_record const& record) noexcept {
+void log_thread_buffers::append_binary(buffer& b, log_record const& record) noexcept {
   if (b.text.size() - b.used < 2 * binary_log::record_bytes) { drain(b); }
   auto append = [&b](binary_log::record const& r) {
     std::memcpy(b.text.data() + b.used, &r, sizeof r);
@@ -315,16 +301,7 @@ void log_thread_buffers::append_row(buffer& b, log_record& record) noexcept {
     append(thread_record(*b.out, record.thread));
     b.thread = record.thread;
   }
-  std::uint64_t stamp = 0;
-  if (ticks_ && record.action == static_cast<std::uint8_t>(binary_log::kind::free)) {
-    // Read early, it could come before this thread's last stamp: raised to it, so a
-    // thread's stamps still rise (its rows keep their order at a tie).
-    stamp = std::max(read_ticks_unordered() - start_ticks_, b.last_stamp);
-  } else {
-    stamp = stamp_now();
-  }
-  b.last_stamp = stamp;
-  append(event_record(record, stamp));
+  append(event_record(record, stamp_now()));
 }
 
 void drain(log_thread_buffers::buffer& b) noexcept {

@@ -91,7 +91,6 @@ class log_thread_buffers {
     std::size_t used = 0;        // bytes appended
     std::size_t thread = 0;      // binary: the thread of the records it appends now
     bool thread_named = false;   // binary: `thread` is set (a record has been appended)
-    std::uint64_t last_stamp = 0;  // binary: the stamp of the record appended last
     std::atomic<std::size_t> committed{0};  // `used` as published to consumers
     std::atomic<bool> orphaned{false};      // its thread exited: another may adopt it
     // The consumers', under `consumer`.
@@ -107,7 +106,7 @@ class log_thread_buffers {
   buffer* adopt_or_make() noexcept;
   /// The owner's rows: appended without a lock.
   void append_row(buffer& b, log_record& record) noexcept;
-  inline void append_binary(buffer& b, log_record const& record) noexcept;  // in push, the hot path
+  void append_binary(buffer& b, log_record const& record) noexcept;
   /// A row from a thread past its exit hook: written at once, on its own.
   void write_alone(log_record& record) noexcept;
   [[nodiscard]] std::uint64_t stamp_now() const noexcept;
