@@ -482,7 +482,7 @@ class stream_ordered_pool {
     blocks_.prefetch_deallocate(address);  // its cache miss overlaps finding the owner
     owner_id const o = owner_of(s);
     std::size_t const size = blocks_.deallocate(address, o, expected_size);
-    if (size != 0 && owners_.note_free(o, s, size, park_above())) { park(o, s, before); }
+    if (size != 0) { note_freed(o, s, size, before); }
     return size;
   }
   /// Makes room for `deallocate_reserved(address, s, o)` (block_pool::reserve_deallocate);
@@ -500,11 +500,7 @@ class stream_ordered_pool {
   /// never the block unfreed.
   std::size_t deallocate_reserved(std::uintptr_t address, stream_ref const& s, owner_id o) noexcept {
     std::size_t const size = blocks_.deallocate(address, o);  // room was made: does not throw
-    if (size == 0) { return 0; }
-    try {
-      if (owners_.note_free(o, s, size, park_above())) { park(o, s); }
-    } catch (...) {  // a record or a parked slot that could not be made: the memory stays o's
-    }
+    if (size != 0) { note_freed(o, s, size); }
     return size;
   }
   /// Frees the live block at `address` into stream `s`'s memory for a call that does not
@@ -650,6 +646,18 @@ class stream_ordered_pool {
     owner_id p = owners_.park_if_idle(o, s, before);
     if (p == 0) { p = owners_.park(o, s, before != nullptr && before->event != 0 ? &before->event : nullptr); }
     if (p != 0) { blocks_.transfer(o, p); }
+  }
+  /// Books a free of `size` bytes whose block is back, and makes the park it calls for. A
+  /// free must not fail then (its caller, told it failed, frees again and is refused, and
+  /// in between the block may be handed out to another): out of host memory (a parked
+  /// slot, its class arrays) or with a failed record, the park is cut short, and what it
+  /// did not move stays `o`'s own, which its record, if any, covers (block_pool::transfer
+  /// leaves every block indexed once).
+  void note_freed(owner_id o, stream_ref const& s, std::size_t size, prepark* before = nullptr) noexcept {
+    try {
+      if (owners_.note_free(o, s, size, park_above())) { park(o, s, before); }
+    } catch (...) {
+    }
   }
   /// Freed bytes since its last record above which a stream parks (see park_policy).
   [[nodiscard]] std::size_t park_above() const noexcept {
