@@ -144,21 +144,46 @@ class in_place_growth {
     withdrawn_.clear();
     std::size_t const g = granularity_;
     std::uintptr_t const base = base_;
-    core.withdraw_free_ranges([&](std::uintptr_t address, std::size_t size, auto) {
+    auto const whole_granules = [&](std::uintptr_t address, std::size_t size) {
       std::uintptr_t const lo = align_up(address, g);
       std::uintptr_t const hi = align_down(address + size, g);
-      if (address < base || hi <= lo) { return typename Core::range{0, 0}; }
-      withdrawn_.emplace_back(lo - base, hi - lo);
-      return typename Core::range{lo - address, hi - lo};
+      return address < base || hi <= lo ? std::pair<std::size_t, std::size_t>{0, 0}
+                                        : std::pair<std::size_t, std::size_t>{lo - base, hi - lo};
+    };
+    // Every hole's record (a node of holes_) and its place in withdrawn_ are made before any
+    // range leaves the core, and each moves into holes_ as its range is withdrawn: out of
+    // host memory (here, or in the core's withdraw), no range is left withdrawn and
+    // unrecorded, neither free nor a hole, its granules committed for good.
+    std::map<std::size_t, std::size_t> planned;
+    core.for_each_free_block([&](std::uintptr_t address, std::size_t size, auto) {
+      if (auto const [offset, length] = whole_granules(address, size); length != 0) { planned.emplace(offset, length); }
     });
-    std::size_t given_back = 0;
-    for (auto const& [offset, length] : withdrawn_) {
-      holes_.emplace(offset, length);  // a hole even if the decommit below fails: commit is idempotent
-      hole_bytes_ += length;
+    withdrawn_.reserve(planned.size());
+    std::optional<std::size_t> last;  // the hole recorded last: its withdraw may still fail
+    std::exception_ptr first_error;
+    try {
+      core.withdraw_free_ranges([&](std::uintptr_t address, std::size_t size, auto) {
+        auto const [offset, length] = whole_granules(address, size);
+        auto const it = length == 0 ? planned.end() : planned.find(offset);
+        if (it == planned.end() || it->second != length) { return typename Core::range{0, 0}; }
+        holes_.insert(planned.extract(it));  // a hole even if the decommit below fails: commit is idempotent
+        hole_bytes_ += length;
+        withdrawn_.emplace_back(offset, length);  // reserved: no allocation
+        last = offset;
+        return typename Core::range{offset + base - address, length};
+      });
+    } catch (...) {
+      first_error = std::current_exception();
+      // The core refused the last range after it was recorded: it is free there still.
+      if (last) {
+        holes_.erase(*last);
+        hole_bytes_ -= withdrawn_.back().second;
+        withdrawn_.pop_back();
+      }
     }
+    std::size_t given_back = 0;
     // Every hole is tried: one whose decommit fails is a hole all the same (above), and
     // stopping there left the later ones committed. The first error is reported.
-    std::exception_ptr first_error;
     for (auto const& [offset, length] : withdrawn_) {
       try {
         given_back += range_.decommit(reinterpret_cast<void*>(base_ + offset), length);
