@@ -67,9 +67,8 @@
 ///   (layout: log/binary_log.hpp). The logging thread formats nothing, and the file is
 ///   under half the CSV's size. Where the kernel keeps time by the CPU's time-stamp
 ///   counter (x86-64, clocksource `tsc`, a CPU with `rdtscp`) the stamps are its ticks,
-///   read with `rdtscp` for an allocation (ordered after earlier loads, as the monotonic
-///   clock's read is) and `rdtsc` for a free (it needs only to precede the stores that hand
-///   its block on), and turned into nanoseconds by the reader; MRSTACK_LOG_CLOCK=steady asks for the monotonic clock (any
+///   read with `rdtscp` (ordered after earlier loads, as the monotonic clock's read is) and turned into
+///   nanoseconds by the reader; MRSTACK_LOG_CLOCK=steady asks for the monotonic clock (any
 ///   other non-empty value is a `logic_error`). mrstack's log reader (so `mrstack-replay`, which also
 ///   writes the CSV out with `--write-csv`) reads it as the CSV this adaptor would have
 ///   written in per-thread order. The sinks are handed raw bytes with no newline added:
