@@ -300,7 +300,7 @@ void pool_memory_resource::do_deallocate(void* ptr, std::size_t bytes, std::size
       }
     }
     if (core_.deallocate(address, s, expected, event.get()) != 0) {
-      if (growth_) { release_after_free(s); }
+      if (growth_) { growth_->after_deallocate(core_, s); }
       if (std::size_t const above = core_.park_certain_above();
           above != park_certain_above_.load(std::memory_order_relaxed)) {
         park_certain_above_.store(above, std::memory_order_release);

@@ -365,18 +365,7 @@ void pool_memory_resource::return_slabs(detail::pool_shard* shard, std::vector<d
   }
   // No stream is named for all the slabs: the legacy one stands in (asking about it while
   // a blocking stream is being captured answers "capturing", and nothing is released).
-  if (growth_) { release_after_free(detail::stream_ref{}); }
-}
-
-void pool_memory_resource::release_after_free(detail::stream_ref const& s) noexcept {
-  // The free went through: what the release past the threshold meets (no host memory for
-  // its holes, a decommit the driver refuses) must not make the call report a failure (its
-  // caller would free again and be refused). The granules stay committed; a later free
-  // past the threshold, or release(), tries again.
-  try {
-    growth_->after_deallocate(core_, s);
-  } catch (...) {
-  }
+  if (growth_) { growth_->after_deallocate(core_, detail::stream_ref{}); }
 }
 
 void pool_memory_resource::with_shard_totals(

@@ -159,7 +159,6 @@ class in_place_growth {
       if (auto const [offset, length] = whole_granules(address, size); length != 0) { planned.emplace(offset, length); }
     });
     withdrawn_.reserve(planned.size());
-    std::optional<std::size_t> last;  // the hole recorded last: its withdraw may still fail
     std::exception_ptr first_error;
     try {
       core.withdraw_free_ranges([&](std::uintptr_t address, std::size_t size, auto) {
@@ -169,14 +168,14 @@ class in_place_growth {
         holes_.insert(planned.extract(it));  // a hole even if the decommit below fails: commit is idempotent
         hole_bytes_ += length;
         withdrawn_.emplace_back(offset, length);  // reserved: no allocation
-        last = offset;
         return typename Core::range{offset + base - address, length};
       });
     } catch (...) {
       first_error = std::current_exception();
-      // The core refused the last range after it was recorded: it is free there still.
-      if (last) {
-        holes_.erase(*last);
+      // Only the core's withdraw throws, right after its range was recorded (the last in
+      // withdrawn_): that range is free there still.
+      if (!withdrawn_.empty()) {
+        holes_.erase(withdrawn_.back().first);
         hole_bytes_ -= withdrawn_.back().second;
         withdrawn_.pop_back();
       }

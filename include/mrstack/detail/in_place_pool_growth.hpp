@@ -103,11 +103,17 @@ class in_place_pool_growth {
   /// while a capture may hold free memory (see stream_ordered_pool::
   /// capture_may_hold_free_memory; `caller` is the stream the current call names): the
   /// release would synchronize every stream and decommit what the graph still uses. A
-  /// later free releases, or `release()`.
-  void after_deallocate(stream_ordered_pool& pool, stream_ref const& caller) {
+  /// later free releases, or `release()`. Never fails: the free that calls it went
+  /// through, and a free reported as failed is made again and refused (a double free), so
+  /// what the release meets (no host memory for its holes, a decommit the driver refuses)
+  /// leaves the granules committed for a later free past the threshold, or `release()`.
+  void after_deallocate(stream_ordered_pool& pool, stream_ref const& caller) noexcept {
     if (!policy_.past_threshold(pool.blocks().free_bytes()) || pool.capture_may_hold_free_memory(caller)) { return; }
     stream_ordered_growth_view view{pool, std::nullopt};
-    policy_.after_deallocate(view);
+    try {
+      policy_.after_deallocate(view);
+    } catch (...) {
+    }
   }
 
   /// Bytes of physical memory committed for the pool (its footprint).

@@ -276,9 +276,6 @@ class pool_memory_resource final : public memory_resource {
   /// room for its free is made. Throws std::bad_alloc when that room cannot be had: the
   /// slabs not yet moved stay the shard's (it is asked to look again), none is lost.
   void return_slabs(detail::pool_shard* shard, std::vector<detail::slab_return> const& slabs);
-  /// After a free into the global blocks: the release its threshold calls for, whose
-  /// failure the free (done by then) does not report.
-  void release_after_free(detail::stream_ref const& s) noexcept;
   [[noreturn]] void throw_bad_free(void* ptr, std::size_t bytes, std::size_t actual) const;
   /// Sums over the shards.
   struct shard_totals {
