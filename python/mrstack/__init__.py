@@ -18,13 +18,13 @@ import operator
 import threading
 
 from . import _lib
-from ._lib import (CudaError, FastPath, LibraryNotFoundError, MrstackError, OutOfMemoryError, SpecError,
-                   StateError, library_path)
+from ._lib import (CudaError, FastPath, InvalidArgumentError, LibraryNotFoundError, MrstackError, OutOfMemoryError,
+                   SpecError, StateError, library_path)
 
 __all__ = [
     "configure", "configured_spec", "statistics", "reset_peaks", "device_stack", "Stack",
     "Statistics", "ClientStatistics", "Fragmentation", "StreamFragmentation", "release", "MrstackError", "SpecError", "OutOfMemoryError",
-    "CudaError", "StateError", "LibraryNotFoundError", "library_path", "CLIENTS", "fastpath", "FastPath",
+    "CudaError", "StateError", "InvalidArgumentError", "LibraryNotFoundError", "library_path", "CLIENTS", "fastpath", "FastPath",
     "stream_sync_counts",
 ]
 

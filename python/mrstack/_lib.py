@@ -75,6 +75,11 @@ class OutOfMemoryError(MrstackError, MemoryError):
     """The stack could not satisfy a request; the message names sizes and free memory."""
 
 
+class InvalidArgumentError(MrstackError, ValueError):
+    """An argument the C ABI refused (MRSTACK_ERROR_INVALID_ARGUMENT): a null or foreign
+    pointer, a device out of range; the message names the argument and why."""
+
+
 class CudaError(MrstackError):
     """A CUDA call failed inside mrstack."""
 
@@ -175,7 +180,7 @@ _STATUS_NAMES = {
 }
 # How the C ABI starts a spec error of a device stack built from the environment.
 _ENVIRONMENT_SPEC_PREFIX = "MRSTACK_RESOURCE: "
-_STATUS_CLASSES = {ERROR_OUT_OF_MEMORY: OutOfMemoryError, ERROR_CUDA: CudaError, ERROR_STATE: StateError}
+_STATUS_CLASSES = {ERROR_INVALID_ARGUMENT: InvalidArgumentError, ERROR_OUT_OF_MEMORY: OutOfMemoryError, ERROR_CUDA: CudaError, ERROR_STATE: StateError}
 
 
 class Library:

@@ -80,6 +80,7 @@ def test_null_arguments_are_refused_with_a_message_naming_the_call(lib):
     with pytest.raises(mrstack.MrstackError) as caught:
         lib.check(dll.mrstack_device_stack(-2, ctypes.byref(out)))
     assert caught.value.status == "MRSTACK_ERROR_INVALID_ARGUMENT"
+    assert isinstance(caught.value, mrstack.InvalidArgumentError) and isinstance(caught.value, ValueError)
     assert "-2" in str(caught.value)
 
 
