@@ -280,7 +280,9 @@ MRSTACK_C_EXPORT mrstack_status mrstack_torch_bind_c10(const char* libc10_path);
 /* Tensor.record_stream for mrstack: the free of `ptr` (by mrstack_torch_free) makes its
  * stream wait for the work enqueued on `stream` up to now, before the block is reused.
  * `ptr` must be a block mrstack_torch_alloc returned and not yet freed (a storage's base,
- * not a view's data pointer): the event is kept, keyed by `ptr`, until that free. */
+ * not a view's data pointer): the event is kept, keyed by `ptr`, until that free. Any other
+ * pointer (never handed out, into a block, already freed) is MRSTACK_ERROR_INVALID_ARGUMENT,
+ * checked before any CUDA call, with nothing kept. Recording twice keeps both events. */
 MRSTACK_C_EXPORT mrstack_status mrstack_torch_record_stream(void* ptr, void* stream);
 typedef struct mrstack_torch_stats {
   uint64_t num_ooms;             /* PyTorch allocations the device's stack refused */

@@ -239,7 +239,10 @@ def record_stream(tensor, stream):
     allocator): the block under `tensor` is not reused before the work enqueued on
     `stream` up to now is done. Its free makes the freeing stream wait for that work.
     A tensor not on a CUDA device is refused (ValueError): its memory is not mrstack's,
-    so no free would ever consume the event kept for it."""
+    so no free would ever consume the event kept for it. So is one whose storage is not a
+    block PyTorch holds from mrstack now (`mrstack.InvalidArgumentError`, a ValueError,
+    naming the pointer): allocated before `install()` or by another allocator, or freed.
+    Recording twice is fine: the free waits for both."""
     device = getattr(tensor, "device", None)
     kind = getattr(device, "type", "cuda")
     if kind != "cuda":

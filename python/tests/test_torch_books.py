@@ -163,20 +163,121 @@ def test_install_resolves_the_entry_points_and_binds_c10(run_python):
     assert done.stdout.split() == ["ok"]
 
 
+def test_record_stream_refuses_what_is_not_a_live_block_before_any_cuda_call(run_python):
+    # It took any pointer: the event of a foreign, interior or freed pointer sat in the map
+    # forever, or made the free of a later block at that address wait for unrelated work.
+    # Checked before the CUDA calls, so without a device the refusal is this, not a CUDA error.
+    done = run_python("""
+        import mrstack
+        from mrstack import _lib
+        mrstack.configure("pool(initial=4MiB) > simulated(capacity=64MiB)")
+        lib = _lib.library()
+        d = lib.dll
+        a = d.mrstack_torch_alloc(1 << 20, 0, None)
+        assert a
+        for bad, named in ((0x1000, "0x1000"), (a + 256, hex(a + 256))):
+            assert d.mrstack_torch_record_stream(bad, None) == _lib.ERROR_INVALID_ARGUMENT, named
+            message = lib.last_error()
+            assert message.startswith("mrstack_torch_record_stream: " + named + " is not a block PyTorch holds"), message
+            assert "no event was kept" in message, message
+        # A live block gets past the check: recorded with a driver, a CUDA error without one.
+        status = d.mrstack_torch_record_stream(a, None)
+        assert status in (_lib.SUCCESS, _lib.ERROR_CUDA), (status, lib.last_error())
+        d.mrstack_torch_free(a, 1 << 20, 0, None)
+        assert mrstack.statistics(0).clients["torch"].live_bytes == 0
+        assert d.mrstack_torch_record_stream(a, None) == _lib.ERROR_INVALID_ARGUMENT   # after its free
+        assert hex(a) + " is not a block PyTorch holds" in lib.last_error()
+        print("ok")
+    """)
+    assert done.stdout.split() == ["ok"]
+
+
+def test_record_stream_knows_every_live_block_through_many_allocations_and_frees(run_python):
+    # The live-block books grow, and lose entries in any order; each free must forget its
+    # block and no other.
+    done = run_python("""
+        import random
+        import mrstack
+        from mrstack import _lib
+        mrstack.configure("pool(initial=64MiB) > simulated(capacity=256MiB)")
+        lib = _lib.library()
+        d = lib.dll
+        rng = random.Random(7)
+        sizes = {}
+        for _ in range(3):
+            for _ in range(700):
+                size = 256 * rng.randint(1, 64)
+                sizes[d.mrstack_torch_alloc(size, 0, None)] = size
+            for ptr in rng.sample(sorted(sizes), len(sizes) // 2):
+                d.mrstack_torch_free(ptr, sizes.pop(ptr), 0, None)
+                assert d.mrstack_torch_record_stream(ptr, None) == _lib.ERROR_INVALID_ARGUMENT, hex(ptr)
+                for live in rng.sample(sorted(sizes), 3):
+                    assert d.mrstack_torch_record_stream(live, None) != _lib.ERROR_INVALID_ARGUMENT, hex(live)
+        assert mrstack.statistics(0).clients["torch"].live_bytes == sum(sizes.values())
+        for ptr, size in sizes.items():
+            d.mrstack_torch_free(ptr, size, 0, None)
+        assert mrstack.statistics(0).clients["torch"].live_bytes == 0
+        print("ok")
+    """)
+    assert done.stdout.split() == ["ok"]
+
+
+def test_a_free_of_what_pytorch_does_not_hold_changes_nothing(run_python):
+    # A pointer torch_alloc never handed out, one into a block, or a block freed for another
+    # device than its own is refused before the books or the stack are touched, keeping the
+    # block's recorded events for its right free, which still works.
+    done = run_python("""
+        import mrstack
+        from mrstack import _lib
+        mrstack.configure("pool(initial=4MiB) > simulated(capacity=64MiB)")
+        lib = _lib.library()
+        d = lib.dll
+        first = d.mrstack_torch_alloc(1 << 20, 0, None)
+        a = d.mrstack_torch_alloc(1 << 20, 0, None)
+        other = mrstack.device_stack(0).allocate(1 << 20, client="torch")   # not through PyTorch's entry
+        refusals = [(a + 256, 0), (other, 0)]
+        # Device 1's stack (simulated: it needs no second device, but a machine with one real
+        # device refuses to make device 1 current) hands out its first block where device 0's
+        # first is, not where `a` is.
+        b = d.mrstack_torch_alloc(2 << 20, 1, None)
+        if b:
+            refusals.append((a, 1))
+        for ptr, device in refusals:
+            d.mrstack_torch_free(ptr, 1 << 20, device, None)
+            message = lib.last_error()
+            assert hex(ptr) in message and f"not a block PyTorch holds from device {device}" in message, message
+        assert mrstack.statistics(0).clients["torch"].live_bytes == 3 << 20
+        for ptr in (first, a):
+            d.mrstack_torch_free(ptr, 1 << 20, 0, None)
+        mrstack.device_stack(0).deallocate(other, 1 << 20, client="torch")
+        assert mrstack.statistics(0).clients["torch"].live_bytes == 0
+        if b:
+            assert mrstack.statistics(1).clients["torch"].live_bytes == 2 << 20
+            d.mrstack_torch_free(b, 2 << 20, 1, None)
+            assert mrstack.statistics(1).clients["torch"].live_bytes == 0
+        print("ok")
+    """)
+    assert done.stdout.split() == ["ok"]
+
+
 def test_record_stream_reaches_the_library_and_fails_clearly_without_a_device(run_python):
     done = run_python("""
         import mrstack, mrstack.torch as mt
 
+        mrstack.configure("simulated")
+        from mrstack import _lib
+        block = _lib.library().dll.mrstack_torch_alloc(4096, 0, None)
+
         class Storage:
             def data_ptr(self):
-                return 0x1000
+                return block
 
         class Tensor:                      # what record_stream uses of a torch.Tensor
             def untyped_storage(self):
                 return Storage()
 
         class Stream:
-            cuda_stream = 0x2000
+            cuda_stream = 0                # the legacy default stream
 
         class CpuTensor(Tensor):
             class device:
@@ -200,3 +301,27 @@ def test_record_stream_reaches_the_library_and_fails_clearly_without_a_device(ru
             print("recorded")              # a machine with a driver records the event
     """)
     assert done.stdout.split()[-1] in ("refused", "recorded")
+
+
+def test_record_stream_of_a_tensor_mrstack_did_not_allocate_raises_a_value_error(run_python):
+    done = run_python("""
+        import pytest
+        import mrstack, mrstack.torch as mt
+        mrstack.configure("simulated")
+
+        class Tensor:                      # what record_stream uses of a torch.Tensor
+            def __init__(self, ptr):
+                self.ptr = ptr
+            def untyped_storage(self):
+                return self
+            def data_ptr(self):
+                return self.ptr
+
+        with pytest.raises(mrstack.InvalidArgumentError) as caught:
+            mt.record_stream(Tensor(0x1000), None)
+        assert isinstance(caught.value, ValueError) and caught.value.status == "MRSTACK_ERROR_INVALID_ARGUMENT"
+        message = str(caught.value)
+        assert message.startswith("mrstack.torch.record_stream: mrstack_torch_record_stream: 0x1000 is not a block"), message
+        print("ok")
+    """)
+    assert done.stdout.split() == ["ok"]

@@ -14,7 +14,8 @@
 // Python, so mrstack_torch_record_stream is mrstack's own: it records an event on the
 // using stream, and the block's free makes its own stream wait for that event before
 // the block goes back to the stack, so the block is not handed out while the using
-// stream may still touch it.
+// stream may still touch it. It refuses (MRSTACK_ERROR_INVALID_ARGUMENT) a pointer that
+// is not a live block PyTorch holds, before any CUDA call: see the live-block books below.
 #include "c_api_internal.hpp"
 #include "../device_scope.hpp"
 
@@ -23,8 +24,10 @@
 #include <dlfcn.h>
 #include <link.h>
 
+#include <algorithm>
 #include <array>
 #include <atomic>
+#include <bit>
 #include <cstdio>
 #include <filesystem>
 #include <memory>
@@ -164,16 +167,100 @@ std::array<torch_books, max_torch_devices>& books() {
   return *all;
 }
 
-// Blocks some other stream still uses: address -> events their free must wait for.
-struct pending_uses {
-  std::mutex mutex;
-  std::unordered_map<void*, std::vector<cudaEvent_t>> events;
-  std::atomic<std::size_t> count{0};  // events.size(): the free path skips the lock when 0
+// The blocks PyTorch holds from mrstack, with the device whose stack served each, and the
+// events (mrstack_torch_record_stream) a block's free must wait for. record_stream needs
+// to know that a pointer is a live block: an event kept for anything else is never
+// consumed (a leak), or is consumed by the free of an unrelated block handed out later at
+// that address, which then waits for work that has nothing to do with it. No layer of a
+// stack can answer "is this a live block" (the resource interface has no such query, and
+// a bare `cuda` layer keeps no books), so these books are kept here, for PyTorch's blocks
+// only, as cheaply as they can be: one of 64 shards picked by the address, each a lock and
+// an open-addressing table of (address, device) that allocates only when it grows (no
+// node per block), so an allocation and its free each add one uncontended lock and a probe
+// or two. The free uses them too: it refuses a pointer they do not hold on that device
+// before the stack or the counters are touched, so a block's events also survive a free
+// for the wrong device. An address may be live on two devices at once: stacks over
+// simulated memory hand out the same addresses (real devices share one address space).
+struct live_entry {
+  void* ptr = nullptr;  // nullptr: an empty slot (no live block is at address 0)
+  int device = -1;
 };
 
-pending_uses& uses() {
-  static auto* all = new pending_uses;
-  return *all;
+struct recorded_uses {
+  int device;
+  std::vector<cudaEvent_t> events;
+};
+using use_map = std::unordered_multimap<void*, recorded_uses>;
+
+struct alignas(64) block_shard {
+  std::mutex mutex;
+  std::vector<live_entry> table;  // linear probing, a power of two (2^bits) at most half full
+  unsigned bits = 0;
+  std::size_t live = 0;
+  use_map uses;                   // only for blocks record_stream was called on
+
+  static std::uint64_t hash(void const* ptr) noexcept {
+    // Blocks are 256-byte aligned. A product's high bits depend on all of the address (its
+    // low bits only on the address's low bits, all zero for large aligned blocks): the top
+    // 6 pick the shard, the next `bits` the slot.
+    return (reinterpret_cast<std::uintptr_t>(ptr) >> 8) * 0x9E3779B97F4A7C15ULL;
+  }
+  std::size_t home(void const* ptr) const noexcept {
+    return static_cast<std::size_t>((hash(ptr) << 6) >> (64 - bits));
+  }
+  std::size_t find(void const* ptr, int device) const noexcept {
+    if (table.empty()) { return npos; }
+    for (std::size_t i = home(ptr);; i = (i + 1) & (table.size() - 1)) {
+      if (table[i].ptr == nullptr) { return npos; }
+      if (table[i].ptr == ptr && (device < 0 || table[i].device == device)) { return i; }
+    }
+  }
+  /// How many devices' blocks start at `ptr` (more than one only over simulated memory).
+  std::size_t count(void const* ptr) const noexcept {
+    std::size_t n = 0;
+    if (table.empty()) { return 0; }
+    for (std::size_t i = home(ptr); table[i].ptr != nullptr; i = (i + 1) & (table.size() - 1)) {
+      n += table[i].ptr == ptr ? 1 : 0;
+    }
+    return n;
+  }
+  void insert(live_entry entry) {  // throws std::bad_alloc only when the table must grow
+    if (2 * (live + 1) > table.size()) { grow(); }
+    std::size_t i = home(entry.ptr);
+    while (table[i].ptr != nullptr) { i = (i + 1) & (table.size() - 1); }
+    table[i] = entry;
+    ++live;
+  }
+  void erase(std::size_t i) noexcept {  // backward shift: no tombstones slow later probes
+    std::size_t const mask = table.size() - 1;
+    for (std::size_t j = (i + 1) & mask; table[j].ptr != nullptr; j = (j + 1) & mask) {
+      std::size_t const k = home(table[j].ptr);
+      // table[j] moves to the hole unless its home lies cyclically in (i, j].
+      if (i <= j ? (k <= i || k > j) : (k <= i && k > j)) {
+        table[i] = table[j];
+        i = j;
+      }
+    }
+    table[i] = live_entry{};
+    --live;
+  }
+  void grow() {
+    std::vector<live_entry> old(std::max<std::size_t>(64, 2 * table.size()));
+    old.swap(table);
+    bits = static_cast<unsigned>(std::countr_zero(table.size()));
+    live = 0;
+    for (live_entry const& entry : old) {
+      if (entry.ptr != nullptr) { insert(entry); }
+    }
+  }
+  static constexpr std::size_t npos = static_cast<std::size_t>(-1);
+};
+
+constexpr std::size_t block_shard_count = 64;
+
+block_shard& shard_of(void const* ptr) noexcept {
+  static auto* all = new std::array<block_shard, block_shard_count>;  // outlives every free at exit
+  return (*all)[block_shard::hash(ptr) >> 58];
 }
 
 torch_books* books_of(int device) noexcept {
@@ -229,29 +316,28 @@ void* allocate_for_torch(std::size_t size, int device, void* stream) {
     throw;
   }
   if (ptr != nullptr) {
+    try {
+      block_shard& shard = shard_of(ptr);
+      std::lock_guard lock{shard.mutex};
+      shard.insert(live_entry{ptr, device});
+    } catch (...) {  // out of host memory for the entry: PyTorch does not get the block
+      stack->top->deallocate(ptr, size, mrstack::stream_view{static_cast<cudaStream_t>(stream)});
+      throw;
+    }
     stack->count_allocation(MRSTACK_CLIENT_TORCH, size);
     if (auto* b = books_of(device)) { sample_reserved(*stack, *b); }
   }
   return ptr;
 }
 
-// Makes `stream` wait for every use of `ptr` recorded on other streams, then forgets them.
-void wait_for_recorded_uses(void* ptr, void* stream) {
-  auto& pending = uses();
-  if (pending.count.load(std::memory_order_acquire) == 0) { return; }
-  std::vector<cudaEvent_t> events;
-  {
-    std::lock_guard lock{pending.mutex};
-    auto found = pending.events.find(ptr);
-    if (found == pending.events.end()) { return; }
-    events = std::move(found->second);
-    pending.events.erase(found);
-    pending.count.store(pending.events.size(), std::memory_order_release);
-  }
+// Makes `stream` wait for every use of the block recorded on other streams, and destroys
+// the events: each is used once, by this free, whatever the free's outcome.
+void wait_for_recorded_uses(std::vector<cudaEvent_t>& events, void* stream) noexcept {
   for (cudaEvent_t event : events) {
     (void)cudaStreamWaitEvent(static_cast<cudaStream_t>(stream), event, 0);
     (void)cudaEventDestroy(event);  // the wait is enqueued: destroying the event now is allowed
   }
+  events.clear();
 }
 
 }  // namespace
@@ -311,9 +397,48 @@ void mrstack_torch_free(void* ptr, size_t size, int device, void* stream) {
     std::fprintf(stderr, "mrstack: %s\n", mrstack_last_error());
     return;
   }
+  // The block leaves the live books first, so a record_stream racing this free finds it
+  // gone; its events leave as a node handle, which goes back without allocating when the
+  // free is refused below (the table has room: the block's own slot was just freed).
+  block_shard& shard = shard_of(ptr);
+  bool held = false;
+  use_map::node_type uses;
+  {
+    std::lock_guard lock{shard.mutex};
+    if (std::size_t const slot = shard.find(ptr, device); slot != block_shard::npos) {
+      held = true;
+      shard.erase(slot);
+      if (!shard.uses.empty()) {
+        auto [first, last] = shard.uses.equal_range(ptr);
+        while (first != last && first->second.device != device) { ++first; }
+        if (first != last) { uses = shard.uses.extract(first); }
+      }
+    }
+  }
+  std::vector<cudaEvent_t> no_events;
+  std::vector<cudaEvent_t>& events = uses.empty() ? no_events : uses.mapped().events;
+  auto keep = [&]() noexcept {
+    try {
+      std::lock_guard lock{shard.mutex};
+      shard.insert(live_entry{ptr, device});
+      if (!uses.empty() && !uses.mapped().events.empty()) { shard.uses.insert(std::move(uses)); }
+    } catch (...) {  // no memory to grow a table: the events at least are not leaked
+      for (cudaEvent_t event : events) { (void)cudaEventDestroy(event); }
+    }
+  };
+  if (!held) {
+    mrstack::c_api::set_last_error("mrstack_torch_free: " + mrstack::format_hex(ptr) + " (" +
+                                       std::to_string(size) + " bytes) is not a block PyTorch holds from device " +
+                                       std::to_string(device) + "'s stack (never handed out there, or already " +
+                                       "freed); nothing was freed",
+                                   0, MRSTACK_ERROR_LOGIC);
+    std::fprintf(stderr, "mrstack: %s\n", mrstack_last_error());
+    return;
+  }
   // The books first, as mrstack_deallocate does: a size they cannot cover is refused
   // before the memory goes back, rather than wrapping the torch client's counters.
   if (!stack->try_count_free(MRSTACK_CLIENT_TORCH, size)) {
+    keep();  // with its events: the block's right free still waits for them
     mrstack::c_api::set_last_error("mrstack_torch_free: a free of " + std::to_string(size) + " bytes on device " +
                                        std::to_string(device) + ", more than PyTorch holds there (" +
                                        std::to_string(stack->clients[MRSTACK_CLIENT_TORCH].live_bytes.load()) +
@@ -324,10 +449,13 @@ void mrstack_torch_free(void* ptr, size_t size, int device, void* stream) {
   }
   try {
     mrstack::detail::device_scope on_device{device};
-    wait_for_recorded_uses(ptr, stream);
+    wait_for_recorded_uses(events, stream);
     stack->top->deallocate(ptr, size, mrstack::stream_view{static_cast<cudaStream_t>(stream)});
   } catch (...) {
     stack->uncount_free(MRSTACK_CLIENT_TORCH, size);  // the stack kept it
+    // Still PyTorch's block. Its events were waited for and destroyed, or (the device could
+    // not be made current) are still there for the free that succeeds.
+    keep();
     (void)mrstack::c_api::status_from_current_exception();
     std::fprintf(stderr, "mrstack: PyTorch's free of %zu bytes on device %d failed: %s\n", size, device,
                  mrstack_last_error());
@@ -339,20 +467,48 @@ mrstack_status mrstack_torch_record_stream(void* ptr, void* stream) {
     mrstack::c_api::set_last_error("mrstack_torch_record_stream: the pointer is null");
     return MRSTACK_ERROR_INVALID_ARGUMENT;
   }
-  return mrstack::c_api::guarded([&] {
-    cudaEvent_t event = nullptr;
-    cudaError_t status = cudaEventCreateWithFlags(&event, cudaEventDisableTiming);
-    if (status != cudaSuccess) { throw mrstack::cuda_error(status, "cudaEventCreateWithFlags", __FILE__, __LINE__); }
-    status = cudaEventRecord(event, static_cast<cudaStream_t>(stream));
-    if (status != cudaSuccess) {
-      (void)cudaEventDestroy(event);
-      throw mrstack::cuda_error(status, "cudaEventRecord", __FILE__, __LINE__);
+  // The pointer is checked before any CUDA call, and again when the event is stored: the
+  // event is made and recorded outside the lock, so that allocations meeting this shard
+  // do not wait for the driver, and a free in between must not leave it behind.
+  block_shard& shard = shard_of(ptr);
+  auto refuse = [&](std::string why) {
+    mrstack::c_api::set_last_error("mrstack_torch_record_stream: " + mrstack::format_hex(ptr) + " " + why +
+                                   "; no event was kept");
+    return MRSTACK_ERROR_INVALID_ARGUMENT;
+  };
+  auto refuse_unless_one_block = [&](std::size_t live) {
+    if (live == 0) {
+      return refuse("is not a block PyTorch holds from mrstack: a pointer mrstack_torch_alloc never handed out, "
+                    "one into a block (a view's data pointer: pass its storage's base), or a block already freed");
     }
-    auto& pending = uses();
-    std::lock_guard lock{pending.mutex};
-    pending.events[ptr].push_back(event);
-    pending.count.store(pending.events.size(), std::memory_order_release);
+    return refuse("is a live block of " + std::to_string(live) + " devices' stacks at once (stacks over simulated "
+                  "memory share addresses), so which block's free should wait is unknown");
+  };
+  {
+    std::lock_guard lock{shard.mutex};
+    if (std::size_t const live = shard.count(ptr); live != 1) { return refuse_unless_one_block(live); }
+  }
+  cudaEvent_t event = nullptr;
+  mrstack_status const recorded = mrstack::c_api::guarded([&] {
+    cudaError_t status = cudaEventCreateWithFlags(&event, cudaEventDisableTiming);
+    if (status != cudaSuccess) {
+      event = nullptr;
+      throw mrstack::cuda_error(status, "cudaEventCreateWithFlags", __FILE__, __LINE__);
+    }
+    status = cudaEventRecord(event, static_cast<cudaStream_t>(stream));
+    if (status != cudaSuccess) { throw mrstack::cuda_error(status, "cudaEventRecord", __FILE__, __LINE__); }
+    std::lock_guard lock{shard.mutex};
+    if (shard.count(ptr) != 1) { return; }  // refused below, with the lock released
+    int const device = shard.table[shard.find(ptr, -1)].device;
+    auto [first, last] = shard.uses.equal_range(ptr);
+    while (first != last && first->second.device != device) { ++first; }
+    if (first == last) { first = shard.uses.emplace(ptr, recorded_uses{device, {}}); }
+    first->second.events.push_back(event);
+    event = nullptr;  // the block's free destroys it
   });
+  if (event == nullptr) { return recorded; }
+  (void)cudaEventDestroy(event);  // not kept: recording failed, or the block is gone
+  return recorded != MRSTACK_SUCCESS ? recorded : refuse("was freed while its event was recorded");
 }
 
 mrstack_status mrstack_torch_statistics(int device, mrstack_torch_stats* out) {

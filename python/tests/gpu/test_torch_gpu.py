@@ -128,6 +128,43 @@ def test_without_record_stream_the_hazard_is_real(run_python):
     assert words[words.index("intact") + 1] == "False", done.stdout
 
 
+def test_record_stream_refuses_a_pointer_that_is_not_a_live_block(run_python):
+    """A view records on its storage's block, twice is fine; a pointer into the block, one
+    mrstack handed out to another client, and the block after its free are refused, naming
+    the pointer, and keep no event."""
+    done = scenario(run_python, """
+class Storage:                         # a tensor whose storage starts at `ptr`
+    def __init__(self, ptr):
+        self.ptr = ptr
+    def untyped_storage(self):
+        return self
+    def data_ptr(self):
+        return self.ptr
+
+side = torch.cuda.Stream()
+x = torch.ones(1 << 20, dtype=torch.uint8, device="cuda")
+mt.record_stream(x[4096:], side)       # the storage's base, not the view's pointer
+mt.record_stream(x, side)
+base = x.untyped_storage().data_ptr()
+other = mrstack.device_stack(0).allocate(4096)
+del x
+refused = []
+for ptr in (base + 256, other, base):  # into a block, not PyTorch's, freed
+    try:
+        mt.record_stream(Storage(ptr), side)
+    except mrstack.InvalidArgumentError as e:
+        assert hex(ptr) in str(e) and "not a block PyTorch holds" in str(e), e
+        refused.append(ptr)
+mrstack.device_stack(0).deallocate(other, 4096)
+y = torch.zeros(1 << 20, dtype=torch.uint8, device="cuda")   # the free consumed x's events
+torch.cuda.synchronize()
+print("refused", len(refused), "intact", bool((y == 0).all()))
+""")
+    words = done.stdout.split()
+    assert words[words.index("refused") + 1] == "3", done.stdout
+    assert words[words.index("intact") + 1] == "True", done.stdout
+
+
 MODEL = """
 model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.GELU(), torch.nn.Linear(512, 64)).cuda()
 x = torch.randn(128, 256, device="cuda")
