@@ -1,28 +1,117 @@
-// vmm IPC's exporting side when the heap runs out: a run's shareable descriptor, once
-// made, is either the registry's (closed when its run is unmapped) or closed at once —
-// never left open for the process's life.
+// vmm IPC's exporting side when the heap or the descriptor table runs out: a run's
+// shareable descriptor, once made, is either the registry's (closed when its run is
+// unmapped) or closed at once — never left open for the process's life — and the server's
+// answer is either sent whole or refused with a reason, its duplicates closed either way.
 #include <catch2/catch.hpp>
 
 #include <mrstack/upstream/vmm_ipc.hpp>
 
 #include "../src/upstream/vmm_ipc_registry.hpp"
 
+#include <dirent.h>
 #include <fcntl.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
 #include <new>
+#include <string>
 #include <vector>
 
 #include <host_allocation_failure.hpp>
 
 using namespace mrstack;
 
+namespace {
+
+constexpr std::size_t MiB = std::size_t{1} << 20;
+
+// One registry for the whole test program (its server's socket is named by the process).
+vmm_ipc::export_registry& test_registry() {
+  static auto* const instance = new vmm_ipc::export_registry{};  // its server thread outlives the tests
+  return *instance;
+}
+
+// The open descriptors' numbers (the directory's own left out).
+std::vector<int> open_descriptors() {
+  std::vector<int> fds;
+  DIR* dir = opendir("/proc/self/fd");
+  REQUIRE(dir != nullptr);
+  while (dirent const* entry = readdir(dir)) {
+    if (entry->d_name[0] != '.') { fds.push_back(std::atoi(entry->d_name)); }
+  }
+  fds.erase(std::find(fds.begin(), fds.end(), dirfd(dir)));
+  closedir(dir);
+  std::sort(fds.begin(), fds.end());
+  return fds;
+}
+
+// What an opener receives from the server (the wire of src/upstream/vmm_ipc.cpp).
+struct served {
+  bool answered = false;
+  std::uint32_t status = 0;
+  std::string message;
+  std::size_t descriptors = 0;  // received with the batches (each closed at once)
+};
+
+// Serves one request for export `h` on this thread (where the host allocation settings
+// apply), `fail_in` its host allocation to fail (-1: none); `used_failure` says whether
+// that allocation came.
+served ask(vmm_ipc::handle const& h, long fail_in, bool& used_failure) {
+  int pair[2];
+  REQUIRE(socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, pair) == 0);
+  REQUIRE(send(pair[0], h.data() + 16, 8, MSG_NOSIGNAL) == 8);  // the request: the export id
+  test::fail_host_allocation_in = fail_in;
+  test_registry().serve(pair[1]);
+  used_failure = fail_in >= 0 && test::fail_host_allocation_in < 0;
+  test::fail_host_allocation_in = -1;
+  ::close(pair[1]);
+  served out;
+  struct {
+    std::uint32_t status, runs, type;
+    std::int32_t device;
+    std::uint64_t block_offset, block_bytes;
+    char message[224];
+  } header{};
+  out.answered = recv(pair[0], &header, sizeof header, 0) == static_cast<ssize_t>(sizeof header);
+  out.status = header.status;
+  header.message[sizeof header.message - 1] = '\0';
+  out.message = header.message;
+  for (;;) {  // the batches, until the server hung up
+    char batch[8 + 64 * 8 + 64 * 64];
+    iovec iov{batch, sizeof batch};
+    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * 64)];
+    msghdr msg{};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof control;
+    if (recvmsg(pair[0], &msg, MSG_CMSG_CLOEXEC) <= 0) { break; }
+    for (cmsghdr* cm = CMSG_FIRSTHDR(&msg); cm != nullptr; cm = CMSG_NXTHDR(&msg, cm)) {
+      std::size_t const n = (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+      for (std::size_t k = 0; k < n; ++k) {
+        int fd = -1;
+        std::memcpy(&fd, CMSG_DATA(cm) + k * sizeof fd, sizeof fd);
+        ::close(fd);
+        ++out.descriptors;
+      }
+    }
+  }
+  ::close(pair[0]);
+  return out;
+}
+
+}  // namespace
+
 TEST_CASE("vmm IPC export: out of host memory, a run's shareable descriptor is closed, not leaked") {
   MRSTACK_TEST_NEEDS_HOST_ALLOCATION_FAILURES();
   int ends[2];
   REQUIRE(pipe2(ends, O_CLOEXEC) == 0);
-  auto* const registry = new vmm_ipc::export_registry{};  // its server thread outlives the test
-  constexpr std::size_t MiB = std::size_t{1} << 20;
+  auto* const registry = &test_registry();
   int made = -1;
   auto const exporter = [&](void* out, std::uint64_t) {
     made = fcntl(ends[1], F_DUPFD_CLOEXEC, 0);
@@ -52,6 +141,73 @@ TEST_CASE("vmm IPC export: out of host memory, a run's shareable descriptor is c
     CHECK(fcntl(made, F_GETFD) == -1);
   }
   CHECK(ran_through);
+  ::close(ends[0]);
+  ::close(ends[1]);
+}
+
+TEST_CASE("vmm IPC server: out of host memory, an answer is refused with a reason, no descriptor left open") {
+  MRSTACK_TEST_NEEDS_HOST_ALLOCATION_FAILURES();
+  int ends[2];
+  REQUIRE(pipe2(ends, O_CLOEXEC) == 0);
+  auto const h = test_registry().add_export_with(
+      {{0, MiB, 201}, {MiB, MiB, 202}, {2 * MiB, MiB, 203}}, 0, 3 * MiB, 0, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+      [&](void* out, std::uint64_t) { *static_cast<int*>(out) = fcntl(ends[1], F_DUPFD_CLOEXEC, 0); });
+  std::size_t const descriptors = open_descriptors().size();
+  bool ran_through = false;
+  for (long n = 0; n < 64 && !ran_through; ++n) {
+    INFO("host allocation " << n << " fails");
+    bool failed = false;
+    served const got = ask(h, n, failed);
+    ran_through = !failed;
+    if (got.answered && got.status == 0) {
+      CHECK(got.descriptors == 3);
+    } else if (got.answered) {
+      CHECK(got.message.find("out of host memory") != std::string::npos);
+      CHECK(got.descriptors == 0);
+    }
+    CHECK(open_descriptors().size() == descriptors);  // the answer's duplicates closed
+  }
+  CHECK(ran_through);
+  for (std::uint64_t run : {201, 202, 203}) { test_registry().forget_run(run); }
+  ::close(ends[0]);
+  ::close(ends[1]);
+}
+
+TEST_CASE("vmm IPC server: a descriptor it cannot duplicate refuses the answer and closes the ones made") {
+  // The answer is sent without the registry's lock, so it carries duplicates: with the
+  // process's descriptor table full the second run's cannot be made.
+  int ends[2];
+  REQUIRE(pipe2(ends, O_CLOEXEC) == 0);
+  auto const h = test_registry().add_export_with(
+      {{0, MiB, 301}, {MiB, MiB, 302}}, 0, 2 * MiB, 0, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+      [&](void* out, std::uint64_t) { *static_cast<int*>(out) = fcntl(ends[1], F_DUPFD_CLOEXEC, 0); });
+  std::vector<int> const before = open_descriptors();
+  rlimit const saved = [] {
+    rlimit r{};
+    REQUIRE(getrlimit(RLIMIT_NOFILE, &r) == 0);
+    return r;
+  }();
+  // The table full but for one number (the request's socket pair takes two).
+  rlimit lowered = saved;
+  lowered.rlim_cur = static_cast<rlim_t>(*std::max_element(before.begin(), before.end())) + 4;
+  std::vector<int> fillers;
+  fillers.reserve(64);
+  REQUIRE(setrlimit(RLIMIT_NOFILE, &lowered) == 0);
+  for (int fd; (fd = ::open("/dev/null", O_RDONLY | O_CLOEXEC)) >= 0;) { fillers.push_back(fd); }
+  for (int k = 0; k < 3 && !fillers.empty(); ++k) {
+    ::close(fillers.back());
+    fillers.pop_back();
+  }
+  bool failed = false;
+  served const got = ask(h, -1, failed);
+  for (int fd : fillers) { ::close(fd); }
+  REQUIRE(setrlimit(RLIMIT_NOFILE, &saved) == 0);
+  CHECK(got.answered);
+  CHECK(got.status != 0);
+  CHECK(got.message.find("cannot duplicate the descriptor of physical allocation 1 of 2") != std::string::npos);
+  CHECK(got.descriptors == 0);
+  CHECK(open_descriptors() == before);  // the first run's duplicate closed
+  for (std::uint64_t run : {301, 302}) { test_registry().forget_run(run); }
   ::close(ends[0]);
   ::close(ends[1]);
 }

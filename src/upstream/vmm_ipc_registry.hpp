@@ -50,7 +50,11 @@ class export_registry {
     int device = 0;
     CUmemAllocationHandleType type{};
   };
+  struct answer;  // what one opener is sent (vmm_ipc.cpp)
   void ensure_server();  // mutex_ held
+  /// Copies export `export_id`'s answer (duplicating its descriptors) into `out` under the
+  /// lock, or makes `out` a refusal saying why.
+  void take_answer(std::uint64_t export_id, answer& out) noexcept;
 
   std::mutex mutex_;
   std::map<std::uint64_t, exported_run> runs_;        // run handle -> its shareable handle
