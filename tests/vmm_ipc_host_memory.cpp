@@ -211,3 +211,69 @@ TEST_CASE("vmm IPC server: a descriptor it cannot duplicate refuses the answer a
   ::close(ends[0]);
   ::close(ends[1]);
 }
+
+TEST_CASE("vmm IPC opener: out of host memory for the descriptors received, it closes them, not leaks them") {
+  MRSTACK_TEST_NEEDS_HOST_ALLOCATION_FAILURES();
+  // Before, receive() appended a batch's descriptors to the opener's list, and when that
+  // growth failed the descriptors the message carried stayed open for the process's life.
+  int ends[2];
+  REQUIRE(pipe2(ends, O_CLOEXEC) == 0);
+  std::vector<virtual_range_resource::mapped_run> runs;
+  for (std::uint64_t i = 0; i < 100; ++i) { runs.push_back({i * MiB, MiB, 500 + i}); }  // two batches
+  auto const h = test_registry().add_export_with(
+      runs, 0, 100 * MiB, 0, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+      [&](void* out, std::uint64_t) { *static_cast<int*>(out) = fcntl(ends[1], F_DUPFD_CLOEXEC, 0); });
+  std::vector<int> const before = open_descriptors();
+  bool ran_through = false;
+  for (long n = 0; n < 256 && !ran_through; ++n) {
+    INFO("host allocation " << n << " of the opener fails");
+    bool out_of_memory = false;
+    {
+      vmm_ipc::fetched_export got;
+      test::fail_host_allocation_in = n;
+      try {
+        vmm_ipc::fetch_export(h, got);
+      } catch (std::bad_alloc const&) {
+        out_of_memory = true;
+      }
+      test::fail_host_allocation_in = -1;
+      if (!out_of_memory) { CHECK(got.fds.size() == 100); }
+    }  // got closes what it holds
+    ran_through = !out_of_memory;
+    CHECK(open_descriptors() == before);
+  }
+  CHECK(ran_through);
+  for (auto const& run : runs) { test_registry().forget_run(run.handle); }
+  ::close(ends[0]);
+  ::close(ends[1]);
+}
+
+TEST_CASE("vmm IPC server: a cut-short request that carries descriptors has them closed") {
+  // A request carries no descriptor; the server closed what one carried only when the
+  // request was whole, so a peer could leave descriptors open in the exporter.
+  int ends[2];
+  REQUIRE(pipe2(ends, O_CLOEXEC) == 0);
+  int pair[2];
+  REQUIRE(socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, pair) == 0);
+  std::vector<int> const before = open_descriptors();
+  char four[4] = {};
+  iovec iov{four, sizeof four};
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control;
+  msg.msg_controllen = sizeof control;
+  cmsghdr* cm = CMSG_FIRSTHDR(&msg);
+  cm->cmsg_level = SOL_SOCKET;
+  cm->cmsg_type = SCM_RIGHTS;
+  cm->cmsg_len = CMSG_LEN(sizeof(int));
+  std::memcpy(CMSG_DATA(cm), &ends[0], sizeof(int));
+  REQUIRE(sendmsg(pair[0], &msg, MSG_NOSIGNAL) == static_cast<ssize_t>(sizeof four));
+  test_registry().serve(pair[1]);  // a request of 4 bytes, not 8: no answer
+  CHECK(open_descriptors() == before);
+  ::close(pair[0]);
+  ::close(pair[1]);
+  ::close(ends[0]);
+  ::close(ends[1]);
+}

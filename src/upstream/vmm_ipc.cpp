@@ -137,7 +137,9 @@ bool send_all(int fd, void const* data, std::size_t bytes, int const* fds, std::
   return sent == static_cast<ssize_t>(bytes);
 }
 
-// Receives one message into `data`; appends the descriptors it carries to `fds`.
+// Receives one message into `data`; appends the descriptors it carries to `fds`. Out of
+// host memory to store them, it closes every descriptor the message carried (they were
+// this process's the moment recvmsg returned) and throws std::bad_alloc.
 bool receive(int fd, void* data, std::size_t bytes, std::vector<int>& fds) {
   iovec iov{data, bytes};
   msghdr msg{};
@@ -148,12 +150,27 @@ bool receive(int fd, void* data, std::size_t bytes, std::vector<int>& fds) {
   msg.msg_controllen = sizeof control;
   ssize_t got = 0;
   do { got = recvmsg(fd, &msg, MSG_CMSG_CLOEXEC); } while (got < 0 && errno == EINTR);
+  std::size_t const stored_before = fds.size();
+  bool out_of_memory = false;
   for (cmsghdr* cm = CMSG_FIRSTHDR(&msg); cm != nullptr; cm = CMSG_NXTHDR(&msg, cm)) {
     if (cm->cmsg_level == SOL_SOCKET && cm->cmsg_type == SCM_RIGHTS) {
       std::size_t const n = (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int);
       int const* carried = reinterpret_cast<int const*>(CMSG_DATA(cm));
-      fds.insert(fds.end(), carried, carried + n);
+      if (!out_of_memory) {
+        try {
+          fds.insert(fds.end(), carried, carried + n);  // all or none: ints, and only the growth can throw
+          continue;
+        } catch (std::bad_alloc const&) {
+          out_of_memory = true;
+        }
+      }
+      for (std::size_t k = 0; k < n; ++k) { ::close(carried[k]); }
     }
+  }
+  if (out_of_memory) {
+    for (std::size_t k = stored_before; k < fds.size(); ++k) { ::close(fds[k]); }
+    fds.resize(stored_before);
+    throw std::bad_alloc{};
   }
   return got == static_cast<ssize_t>(bytes) && (msg.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) == 0;
 }
@@ -383,8 +400,9 @@ void export_registry::serve(int connection) noexcept {
     } catch (std::bad_alloc const&) {
       return;  // the opener is told it got no answer
     }
-    if (!receive(connection, &req, sizeof req, unexpected)) { return; }
-    for (int fd : unexpected) { ::close(fd); }
+    bool const received = receive(connection, &req, sizeof req, unexpected);
+    for (int fd : unexpected) { ::close(fd); }  // a request carries none: even a cut-short one's are closed
+    if (!received) { return; }
     take_answer(req.export_id, a);
   }
   // The registry's lock is released: sending may wait up to the peer timeout a message.
