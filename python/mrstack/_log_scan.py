@@ -34,6 +34,10 @@ class Unusual(Exception):
     """The log is not one this module reads; the row-by-row reader reads it."""
 
 
+class BinaryLog(Unusual):
+    """The log is a binary log (mrstack._binary_scan reads those)."""
+
+
 # One row as the row-by-row reader takes it without a doubt: a printable ASCII Thread, a
 # time of day with at most six decimals or a number of seconds, a known action, hex
 # pointer and stream (0x or not, at most 16 digits, or (nil)), a size below 10^19, no
@@ -119,14 +123,15 @@ def _pieces(blocks):
     carry, size, first = b"", 0, True
     for block in blocks:
         size += len(block)
+        # A binary log is told before its NUL bytes are (its magic holds none).
+        if first and (carry + block).startswith(_rows._BINARY_MAGIC):
+            raise BinaryLog("a binary log")
         if size > _rows.MAX_TEXT_BYTES or b"\0" in block:
             raise Unusual("too large, or binary data")
         if first:
             carry += block
             if len(carry) < len(_rows._BINARY_MAGIC):
                 continue
-            if carry.startswith(_rows._BINARY_MAGIC):
-                raise Unusual("a binary log")
             block, carry, first = carry[3:] if carry.startswith(_BOM) else carry, b"", False
         end = block.rfind(b"\n") + 1
         if end == 0:
@@ -310,45 +315,49 @@ class _Reader:
             size = shared.setdefault(size, size) if len(shared) < 1 << 16 else size
             yield numbers[index], names[kind], address, size, handles[index], stamp // 1000
 
-    # ---- the checks of _EventChecks, on every event in order ---------------------------
-
     def _check(self, produced, events):
-        """Appends each event to `events` after _EventChecks' checks (Unusual where one
-        fails). A log's total allocated bytes are never below its live bytes, so the total
-        alone is held to 2^64 - 1. The pointers freed and not allocated since are only
-        needed for a free of a pointer that is not live: they are found then, from the
-        events so far, and kept up to date from there on. A free's event shares its
-        allocation's address."""
-        streams, live, freed = set(), {}, None
-        total, most, most_streams = 0, (1 << 64) - 1, _rows.MAX_STREAMS
-        append = events.append
-        for event in produced:
-            line, kind, address, size, stream, _ = event
-            if stream not in streams:
-                if len(streams) == most_streams:
-                    raise Unusual("too many streams")
-                streams.add(stream)
-            if kind == "allocate":
-                if address in live or total + size > most:
-                    raise Unusual("a live pointer allocated, or too many bytes")
-                total += size
-                live[address] = event
-                if freed is not None:
-                    freed.discard(address)
-            elif kind == "free":
-                allocation = live.pop(address, None)
-                if allocation is not None:
-                    if allocation[3] != size:
-                        raise Unusual("a free of another size")
-                    event = (line, kind, allocation[2], size, stream, event[5])
-                else:
-                    if freed is None:
-                        freed = _freed(events)
-                    if address in freed:
-                        raise Unusual("a second free")
-                if freed is not None:
-                    freed.add(address)
-            append(event)
+        check_events(produced, events)
+
+
+# ---- the checks of _EventChecks, on every event in order ---------------------------------
+
+def check_events(produced, events):
+    """Appends each event to `events` after _EventChecks' checks (Unusual where one
+    fails). A log's total allocated bytes are never below its live bytes, so the total
+    alone is held to 2^64 - 1. The pointers freed and not allocated since are only
+    needed for a free of a pointer that is not live: they are found then, from the
+    events so far, and kept up to date from there on. A free's event shares its
+    allocation's address."""
+    streams, live, freed = set(), {}, None
+    total, most, most_streams = 0, (1 << 64) - 1, _rows.MAX_STREAMS
+    append = events.append
+    for event in produced:
+        line, kind, address, size, stream, _ = event
+        if stream not in streams:
+            if len(streams) == most_streams:
+                raise Unusual("too many streams")
+            streams.add(stream)
+        if kind == "allocate":
+            if address in live or total + size > most:
+                raise Unusual("a live pointer allocated, or too many bytes")
+            total += size
+            live[address] = event
+            if freed is not None:
+                freed.discard(address)
+        elif kind == "free":
+            allocation = live.pop(address, None)
+            if allocation is not None:
+                if allocation[3] != size:
+                    raise Unusual("a free of another size")
+                event = (line, kind, allocation[2], size, stream, event[5])
+            else:
+                if freed is None:
+                    freed = _freed(events)
+                if address in freed:
+                    raise Unusual("a second free")
+            if freed is not None:
+                freed.add(address)
+        append(event)
 
 
 def _freed(events):

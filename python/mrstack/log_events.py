@@ -96,10 +96,7 @@ def _tick_scale(points):
     kept one's and its ns at least that one's (of equal ticks the smallest ns: points
     running backwards are left out). Integers, floored, then at most 2^62 - 1: a damaged
     point's rate gave times no record can hold (and Python's localtime an OverflowError)."""
-    kept = [(0, 0)]
-    for ticks, ns in sorted(points):
-        if ticks > kept[-1][0] and ns >= kept[-1][1]:
-            kept.append((ticks, ns))
+    kept = _kept_points(points)
     kept_ticks = [ticks for ticks, _ in kept]
 
     def scale(ticks):
@@ -109,6 +106,15 @@ def _tick_scale(points):
         (a_ticks, a_ns), (b_ticks, b_ns) = (kept[0], kept[-1]) if i == len(kept) else (kept[i - 1], kept[i])
         return min(a_ns + (ticks - a_ticks) * (b_ns - a_ns) // (b_ticks - a_ticks), _STAMP_MAX)
     return scale
+
+
+def _kept_points(points):
+    """The points _tick_scale converts through, (0, 0) first, in order of ticks."""
+    kept = [(0, 0)]
+    for ticks, ns in sorted(points):
+        if ticks > kept[-1][0] and ns >= kept[-1][1]:
+            kept.append((ticks, ns))
+    return kept
 
 
 def _clock_text(wall_ns):
@@ -256,6 +262,24 @@ def _log_rows(path):
     CSV text (a byte order mark skipped). Bytes that are not UTF-8 are kept as surrogate
     escapes: only the Thread column must be UTF-8 (checked where a row is read), as in
     the C++ reader. Raises ConversionError naming the file."""
+    data = _log_bytes(path)
+    if data.startswith(_BINARY_MAGIC):
+        return enumerate(_binary_log_rows(path, data), start=1)
+    if len(data) > MAX_TEXT_BYTES:
+        raise _too_big(path)
+    nul = data.find(b"\0")
+    if nul >= 0:
+        line = data.count(b"\n", 0, nul) + 1
+        raise ConversionError(f"{path}:{line}: a NUL byte at byte offset {nul} of "
+                              "the text: the log holds binary data, expected CSV text (or gzip-compressed CSV)")
+    if not data:
+        return iter(())
+    return _text_rows(path, data.decode("utf-8-sig", "surrogateescape"))
+
+
+def _log_bytes(path):
+    """A log file's bytes, gunzipped when they start as gzip does; ConversionError naming
+    the file when it cannot be read or is past MAX_TEXT_BYTES."""
     try:
         with open(path, "rb") as f:
             data = f.read(MAX_TEXT_BYTES + 4097)
@@ -270,18 +294,7 @@ def _log_rows(path):
     # gzip file named .csv, or a plain one named .gz, is read there, so it is here).
     if data.startswith(_GZIP_MAGIC):
         data = _gunzip(path, data)
-    if data.startswith(_BINARY_MAGIC):
-        return enumerate(_binary_log_rows(path, data), start=1)
-    if len(data) > MAX_TEXT_BYTES:
-        raise _too_big(path)
-    nul = data.find(b"\0")
-    if nul >= 0:
-        line = data.count(b"\n", 0, nul) + 1
-        raise ConversionError(f"{path}:{line}: a NUL byte at byte offset {nul} of "
-                              "the text: the log holds binary data, expected CSV text (or gzip-compressed CSV)")
-    if not data:
-        return iter(())
-    return _text_rows(path, data.decode("utf-8-sig", "surrogateescape"))
+    return data
 
 
 def _text_rows(path, text):
