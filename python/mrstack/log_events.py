@@ -387,13 +387,20 @@ def read_log_events(path):
     reads them (header names without case, a byte order mark skipped, fields split at
     every comma and trimmed, numbers strict), each row's checks and those of the events
     before it (see _EventChecks) in that order, so an error names the line it names.
-    A CSV log is read in blocks by mrstack._log_scan, which gives the same events; a log
-    it does not read that way (any error, a binary log) is read row by row, here."""
-    from . import _log_scan
+    A CSV log is read in blocks by mrstack._log_scan, a binary log a column at a time by
+    mrstack._binary_scan; both give the same events, and a log either gives up on (any
+    error) is read row by row, here."""
+    from . import _binary_scan, _log_scan
     try:
         return _log_scan.read_events(path)
+    except _log_scan.BinaryLog:
+        try:
+            return _binary_scan.read_events(path)
+        except _log_scan.Unusual:
+            pass
     except _log_scan.Unusual:
-        return _read_row_by_row(path)
+        pass
+    return _read_row_by_row(path)
 
 
 def _read_row_by_row(path):
