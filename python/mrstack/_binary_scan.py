@@ -95,9 +95,11 @@ def _runs(data, words, clock):
 
 
 class _RunScale:
-    """log_events._tick_scale, a run of ticks at a time: a run within one stretch between
-    kept points (as one thread's run between two of its points mostly is) is converted in
-    one comprehension, any other tick by _tick_scale itself."""
+    """log_events._tick_scale, a run of ticks at a time: a run's ticks within one stretch
+    between kept points are converted in one comprehension. A run that rises (as one
+    thread's ticks do) is cut where it passes a kept point (one of each block that other
+    threads wrote meanwhile); the ticks of a run that does not are converted by
+    _tick_scale itself, one at a time."""
 
     def __init__(self, points):
         self.kept = _rows._kept_points(points)
@@ -108,13 +110,29 @@ class _RunScale:
         kept = self.kept
         if len(kept) == 1:
             return [0] * len(ticks)
-        i = bisect.bisect_right(self.kept_ticks, min(ticks))
-        if i != bisect.bisect_right(self.kept_ticks, max(ticks)):
+        kept_ticks = self.kept_ticks
+        i, last = bisect.bisect_right(kept_ticks, min(ticks)), bisect.bisect_right(kept_ticks, max(ticks))
+        if i == last:
+            return self._stretch(i, ticks)
+        if not all(map(operator.le, ticks, itertools.islice(ticks, 1, None))):
             return list(map(self.one, ticks))
+        stamps, at = [], 0
+        for stretch in range(i, last + 1):
+            # The ticks below the stretch's end point (all that are left, in the last).
+            end = len(ticks) if stretch == last else bisect.bisect_left(ticks, kept_ticks[stretch], at)
+            if end > at:
+                stamps += self._stretch(stretch, ticks[at:end])
+            at = end
+        return stamps
+
+    def _stretch(self, i, ticks):
+        """The ns of ticks that bisect_right puts at `i` in the kept ticks: between kept
+        points i - 1 and i, or past the last at the rate from (0, 0) to it."""
+        kept = self.kept
         (a_ticks, a_ns), (b_ticks, b_ns) = (kept[0], kept[-1]) if i == len(kept) else (kept[i - 1], kept[i])
         rise, run = b_ns - a_ns, b_ticks - a_ticks
         stamps = [a_ns + (t - a_ticks) * rise // run for t in ticks]
-        # The scale never falls, so only a run's last ticks can pass 2^62 - 1.
+        # A damaged point's rate gives more than a record holds: clamped as _tick_scale does.
         if max(stamps) > _rows._STAMP_MAX:
             stamps = [min(stamp, _rows._STAMP_MAX) for stamp in stamps]
         return stamps
@@ -156,7 +174,7 @@ def _merged(words, runs, scale):
 def _events(order, columns):
     """Each key's event as _checked_event makes it; Unusual for a row it refuses."""
     firsts, pointers, sizes, streams = columns
-    mask, names, shared_sizes, shared_streams = (1 << _ROW_BITS) - 1, _KIND_NAMES, {}, {}
+    mask, names, shared_sizes, shared_streams, most = (1 << _ROW_BITS) - 1, _KIND_NAMES, {}, {}, 1 << 16
     for key in order:
         index = key & mask
         kind, address, size = firsts[index] >> 62, pointers[index], sizes[index]
@@ -165,8 +183,17 @@ def _events(order, columns):
                 continue                      # a no-op row, skipped
             if kind != 1:
                 raise Unusual("a null pointer")
-        # Equal sizes and streams share one int, as the CSV reader's events do.
-        size = shared_sizes.setdefault(size, size) if len(shared_sizes) < 1 << 16 else size
+        # Equal sizes and streams share one int (up to `most` of each), as the CSV
+        # reader's events do.
+        shared = shared_sizes.get(size)
+        if shared is not None:
+            size = shared
+        elif len(shared_sizes) < most:
+            shared_sizes[size] = size
         stream = streams[index]
-        stream = shared_streams.setdefault(stream, stream) if len(shared_streams) < 1 << 16 else stream
+        shared = shared_streams.get(stream)
+        if shared is not None:
+            stream = shared
+        elif len(shared_streams) < most:
+            shared_streams[stream] = stream
         yield index + 2, names[kind], address, size, stream, (key >> (_ROW_BITS + 1)) // 1000

@@ -236,15 +236,19 @@ def test_a_time_zone_with_leap_seconds_is_read_row_by_row(tmp_path, monkeypatch)
 
 
 def test_runs_of_ticks_convert_as_tick_scale():
-    """A run in one stretch, across stretches, past the last point, clamped at 2^62 - 1."""
+    """A run in one stretch, rising or not across stretches, on a kept point, past the
+    last point, clamped at 2^62 - 1."""
     rng = random.Random(3)
-    for _ in range(200):
-        points = [(rng.randrange(1, 10**6), rng.randrange(0, 10**6)) for _ in range(rng.randrange(0, 5))]
+    for _ in range(1000):
+        points = [(rng.randrange(1, 10**6), rng.randrange(0, 10**6)) for _ in range(rng.randrange(0, 30))]
         if rng.random() < 0.1:
             points.append((1, (1 << 64) - 1))
         one, runs = log_events._tick_scale(points), _binary_scan._RunScale(points)
         start = rng.randrange(0, 2 * 10**6)
-        ticks = [start + rng.randrange(0, rng.choice((10, 10**5))) for _ in range(rng.randrange(1, 50))]
+        ticks = [start + rng.randrange(0, rng.choice((10, 10**5, 10**6))) for _ in range(rng.randrange(1, 50))]
+        ticks += rng.sample([t for t, _ in points], min(len(points), 3))
         if rng.random() < 0.1:
             ticks.append(STAMP_MAX)
+        if rng.random() < 0.6:
+            ticks.sort()
         assert runs(ticks) == [one(t) for t in ticks]
