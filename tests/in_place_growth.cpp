@@ -14,6 +14,9 @@
 #include <memory>
 #include <random>
 #include <set>
+#include <stdexcept>
+#include <string_view>
+#include <vector>
 
 using namespace mrstack;
 using mrstack::test::reference_core;
@@ -360,5 +363,88 @@ TEST_CASE("in_place_growth: randomized traffic, releases and thresholds, many se
     CHECK(pool.vmm.committed_bytes() == 0);
     CHECK(pool.vmm.mapped_bytes() == 0);
     pool.check_consistent();
+  }
+}
+
+namespace {
+
+// A virtual range whose decommit the "driver" refuses on demand, leaving the granules
+// committed (all of them, or all but the first), while range_.committed_bytes() keeps
+// telling the truth.
+class refusing_range final : public virtual_range {
+ public:
+  enum class refusal { none, all, all_but_first };
+  refusal refuse = refusal::none;
+
+  explicit refusing_range(virtual_range& inner) : inner_{inner} {}
+  [[nodiscard]] std::byte* range_base() const noexcept override { return inner_.range_base(); }
+  [[nodiscard]] std::size_t range_bytes() const noexcept override { return inner_.range_bytes(); }
+  [[nodiscard]] std::size_t granularity() const noexcept override { return inner_.granularity(); }
+  void claim(std::string_view claimant) override { inner_.claim(claimant); }
+  void unclaim() noexcept override { inner_.unclaim(); }
+  std::size_t commit(void* ptr, std::size_t bytes) override { return inner_.commit(ptr, bytes); }
+  std::size_t decommit(void* ptr, std::size_t bytes) override {
+    if (refuse == refusal::all_but_first && bytes > G) { (void)inner_.decommit(ptr, G); }
+    if (refuse != refusal::none) { throw std::runtime_error("injected: the driver refused the decommit"); }
+    return inner_.decommit(ptr, bytes);
+  }
+  [[nodiscard]] std::size_t committed_bytes() const noexcept override { return inner_.committed_bytes(); }
+  [[nodiscard]] std::size_t mapped_bytes() const noexcept override { return inner_.mapped_bytes(); }
+  [[nodiscard]] bool owns(void const* ptr) const noexcept override { return inner_.owns(ptr); }
+
+ private:
+  virtual_range& inner_;
+};
+
+}  // namespace
+
+TEST_CASE("in_place_growth: a hole whose decommit failed is not counted twice against the maximum") {
+  // The granules of a hole whose decommit failed stayed committed (and counted) while the
+  // books called them a hole: reusing it committed and counted them again, so the pool
+  // reported out of memory below its maximum.
+  for (auto const refusal : {refusing_range::refusal::all, refusing_range::refusal::all_but_first}) {
+    INFO("refusal " << static_cast<int>(refusal));
+    simulated_vmm_memory_resource vmm{64 * G, G};
+    refusing_range range{vmm};
+    detail::in_place_growth_options options;
+    options.maximum_bytes = 4 * G;
+    reference_core core;
+    detail::in_place_growth<reference_core> growth{range, "pool", options};
+    growth.start(core, 0);
+    auto const allocate = [&](std::size_t bytes) {
+      std::uintptr_t p = core.allocate(bytes, 256, 0);
+      if (p == 0) {
+        growth.grow(core, bytes, 256, 0);
+        p = core.allocate(bytes, 256, 0);
+      }
+      REQUIRE(p != 0);
+      REQUIRE(vmm.is_accessible(reinterpret_cast<void*>(p), bytes));
+      return p;
+    };
+    std::vector<std::uintptr_t> blocks;
+    for (int i = 0; i < 4; ++i) { blocks.push_back(allocate(G)); }
+    CHECK(vmm.committed_bytes() == 4 * G);
+    core.deallocate(blocks[1], 0);
+    core.deallocate(blocks[2], 0);
+    range.refuse = refusal;
+    CHECK_THROWS_WITH(growth.release(core), Catch::Contains("refused"));
+    range.refuse = refusing_range::refusal::none;
+    CHECK(vmm.committed_bytes() == 4 * G);  // nothing given back: the books say so too
+    CHECK(growth.hole_bytes() + vmm.committed_bytes() == 4 * G);
+    CHECK(core.free_bytes() == 2 * G);
+    // The pool reaches its maximum exactly, and not beyond.
+    blocks[1] = allocate(G);
+    blocks[2] = allocate(G);
+    CHECK(vmm.committed_bytes() == 4 * G);
+    CHECK_THROWS_AS(growth.grow(core, G, 256, 0), detail::growth_failure);
+    CHECK(vmm.committed_bytes() == 4 * G);
+    // A later release gives the granules back.
+    core.deallocate(blocks[1], 0);
+    core.deallocate(blocks[2], 0);
+    CHECK(growth.release(core) == 2 * G);
+    CHECK(vmm.committed_bytes() == 2 * G);
+    CHECK(growth.hole_bytes() == 2 * G);
+    core.deallocate(blocks[0], 0);
+    core.deallocate(blocks[3], 0);
   }
 }

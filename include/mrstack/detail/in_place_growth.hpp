@@ -11,7 +11,9 @@
 ///
 /// Release: `release(core)` withdraws every whole granule lying inside a free block from
 /// the core (it becomes a *hole*: never handed out, not counted free) and decommits it.
-/// Afterwards the committed granules are exactly those a live block touches. Holes are
+/// Afterwards the committed granules are exactly those a live block touches. A range whose
+/// decommit fails with granules of it still committed goes back to the core as free memory
+/// instead, for a later release (as a hole its reuse counted them twice). Holes are
 /// reused before the frontier moves: `grow` takes the smallest stretch of adjacent holes
 /// that fits (committing only the part it needs and withdrawing the rest again), else the
 /// holes that end at the frontier plus an extension, else an extension alone. So a long
@@ -44,6 +46,7 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -161,13 +164,13 @@ class in_place_growth {
     withdrawn_.reserve(planned.size());
     std::exception_ptr first_error;
     try {
-      core.withdraw_free_ranges([&](std::uintptr_t address, std::size_t size, auto) {
+      core.withdraw_free_ranges([&](std::uintptr_t address, std::size_t size, auto owner) {
         auto const [offset, length] = whole_granules(address, size);
         auto const it = length == 0 ? planned.end() : planned.find(offset);
         if (it == planned.end() || it->second != length) { return typename Core::range{0, 0}; }
-        holes_.insert(planned.extract(it));  // a hole even if the decommit below fails: commit is idempotent
+        holes_.insert(planned.extract(it));  // until its decommit fails (keep_committed)
         hole_bytes_ += length;
-        withdrawn_.emplace_back(offset, length);  // reserved: no allocation
+        withdrawn_.push_back({offset, length, owner});  // reserved: no allocation
         return typename Core::range{offset + base - address, length};
       });
     } catch (...) {
@@ -175,19 +178,22 @@ class in_place_growth {
       // Only the core's withdraw throws, right after its range was recorded (the last in
       // withdrawn_): that range is free there still.
       if (!withdrawn_.empty()) {
-        holes_.erase(withdrawn_.back().first);
-        hole_bytes_ -= withdrawn_.back().second;
+        holes_.erase(withdrawn_.back().offset);
+        hole_bytes_ -= withdrawn_.back().length;
         withdrawn_.pop_back();
       }
     }
     std::size_t given_back = 0;
-    // Every hole is tried: one whose decommit fails is a hole all the same (above), and
-    // stopping there left the later ones committed. The first error is reported.
-    for (auto const& [offset, length] : withdrawn_) {
+    // Every hole is tried: stopping at one whose decommit fails left the later ones
+    // committed. The first error is reported.
+    for (auto const& hole : withdrawn_) {
+      std::size_t const committed_before = range_.committed_bytes();
       try {
-        given_back += range_.decommit(reinterpret_cast<void*>(base_ + offset), length);
+        given_back += range_.decommit(reinterpret_cast<void*>(base_ + hole.offset), hole.length);
       } catch (...) {
         if (!first_error) { first_error = std::current_exception(); }
+        std::size_t const gone = committed_before - std::min(committed_before, range_.committed_bytes());
+        if (gone < hole.length) { keep_committed(core, hole, gone); }
       }
     }
     unreleasable_ = core.free_bytes();
@@ -224,6 +230,30 @@ class in_place_growth {
     std::size_t start;
     std::size_t bytes;
   };
+  using owner_type = std::remove_cvref_t<decltype(Core::synchronized)>;
+  struct withdrawn_range {
+    std::size_t offset;
+    std::size_t length;
+    owner_type owner;  // of the free block it came from
+  };
+
+  /// A hole whose decommit failed with granules of it still committed (the driver refused):
+  /// range_.committed_bytes() counts them, and as a hole its reuse commits and counts them
+  /// again, so the pool ran out below its maximum. It goes back to the core as free memory
+  /// of the owner it had, whole (re-committing what the decommit did give back, no more
+  /// than this release took off the committed bytes), for a later release to try again.
+  /// Should that fail too it stays a hole: its reuse then counts it whole against the
+  /// maximum, which refuses early but never commits past it.
+  void keep_committed(Core& core, withdrawn_range const& hole, std::size_t decommitted) noexcept {
+    try {
+      if (decommitted != 0) { range_.commit(reinterpret_cast<void*>(base_ + hole.offset), hole.length); }
+      if (core.restore(base_ + hole.offset, hole.owner) != 0) {
+        holes_.erase(hole.offset);
+        hole_bytes_ -= hole.length;
+      }
+    } catch (...) {
+    }
+  }
 
   /// Where the frontier may go: the reserved range, but no further than the core's one
   /// chunk can hold (block_pool: 1 TiB - 256 B, one granule less than simulated_vmm's
@@ -399,7 +429,7 @@ class in_place_growth {
   std::map<std::size_t, std::size_t> holes_;   // offset -> bytes, one entry per core hole (not merged)
   std::size_t hole_bytes_ = 0;
   std::size_t unreleasable_ = 0;               // free bytes the last release left in the core
-  std::vector<std::pair<std::size_t, std::size_t>> withdrawn_;  // scratch for release
+  std::vector<withdrawn_range> withdrawn_;  // scratch for release
   std::size_t grows_ = 0;
   std::size_t releases_ = 0;
 };
