@@ -1,7 +1,8 @@
 #pragma once
 // Makes host allocations fail on purpose, so a test can run a resource's books (tables,
 // stacks, caches) out of host memory at a chosen point. It replaces the global operator
-// new and delete: include it in exactly ONE source file of a test program.
+// new and delete (and, on demand, calloc): include it in exactly ONE source file of a test
+// program.
 //
 // `test::fail_host_allocations_from = n` makes every host allocation of n bytes or more
 // on the thread that set it throw std::bad_alloc (0: none fail). Set it back to 0 before
@@ -12,6 +13,7 @@
 // AddressSanitizer keeps an operator new of its own (it reports memory from it freed here
 // as a mismatch): under it nothing is replaced, MRSTACK_TEST_HOST_ALLOCATIONS_CAN_FAIL
 // stays undefined, and the cases that need failures skip themselves.
+#include <cerrno>
 #include <cstddef>
 #include <cstdlib>
 #include <new>
@@ -27,6 +29,11 @@ inline thread_local long host_allocations_left = -1;
 /// thread fails (0: the next), and only that one (-1: off): a test fails each allocation
 /// of an operation in turn while the rest of it goes on.
 inline thread_local long fail_host_allocation_in = -1;
+
+/// `callocs_can_fail = true`: std::calloc (the levels of a page map) is a host allocation
+/// under the settings above too, on the thread that set it. Off by default: the settings
+/// above were written for operator new alone, and calloc serves the C library as well.
+inline thread_local bool callocs_can_fail = false;
 
 /// True when this host allocation must fail (the settings above).
 inline bool host_allocation_fails(std::size_t n) noexcept {
@@ -75,6 +82,15 @@ void operator delete(void* p, std::align_val_t) noexcept { std::free(p); }
 void operator delete[](void* p, std::align_val_t) noexcept { std::free(p); }
 void operator delete(void* p, std::size_t, std::align_val_t) noexcept { std::free(p); }
 void operator delete[](void* p, std::size_t, std::align_val_t) noexcept { std::free(p); }
+// glibc's own calloc under another name: the one below only decides whether to fail.
+extern "C" void* __libc_calloc(std::size_t count, std::size_t size);
+extern "C" void* calloc(std::size_t count, std::size_t size) noexcept {
+  if (mrstack::test::callocs_can_fail && mrstack::test::host_allocation_fails(count * size)) {
+    errno = ENOMEM;
+    return nullptr;
+  }
+  return __libc_calloc(count, size);
+}
 #endif
 
 // Opens a test case that needs host allocations to fail: skips it (with a warning) where
