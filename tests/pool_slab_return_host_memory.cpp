@@ -131,3 +131,81 @@ TEST_CASE("pool slabs: a refill out of host memory loses no slab, at any of its 
     mover.join();
   });
 }
+
+TEST_CASE("pool slabs: a slab the page map cannot be written for goes back, at any host allocation") {
+  MRSTACK_TEST_NEEDS_HOST_ALLOCATION_FAILURES();
+  // A shard's second slab lies past a 200 GiB block, in 2 MiB pages no level of the page
+  // map covered yet: mapping it to the shard calloc'ed a level. Out of host memory there,
+  // the slab went back to the global blocks, and that free wanted host memory too (the
+  // slab came from the initial chunk's synchronized memory and went back as stream a's,
+  // which had no free memory there): failing, it left the slab a live global block that
+  // no shard held.
+  constexpr std::size_t GiB = 1024 * MiB;
+  int lost = 0;
+  int misreported = 0;
+  std::string first_loss;
+  for (long k = 0; k < 40; ++k) {
+    auto upstream = std::make_shared<simulated_memory_resource>();
+    pool_memory_resource mr{upstream, 201 * GiB, std::nullopt, sharded_options()};
+    void* first = mr.allocate(256, c);  // the first thread, on another stream than a
+    void* big = nullptr;
+    std::thread mover{[&] {
+      std::vector<void*> blocks;
+      for (int i = 0; i < 4; ++i) { blocks.push_back(mr.allocate(MiB, a)); }  // the first slab, full
+      std::thread other{[&] { big = mr.allocate(200 * GiB, a); }};
+      other.join();
+      std::size_t const used = mr.stats().used_bytes;
+      void* p = nullptr;
+      test::callocs_can_fail = true;
+      bool const threw = threw_with_allocations_left(k, [&] { p = mr.allocate(MiB, a); });
+      test::callocs_can_fail = false;
+      if (threw != (mr.stats().used_bytes == used)) { ++misreported; }
+      if (!threw) { blocks.push_back(p); }
+      for (void* b : blocks) { mr.deallocate(b, MiB, a); }
+    }};
+    mover.join();
+    mr.deallocate(big, 200 * GiB, a);
+    mr.deallocate(first, 256, c);
+    if (std::string const why = what_is_lost(mr, *upstream); !why.empty()) {
+      if (lost++ == 0) { first_loss = "with " + std::to_string(k) + " host allocations left: " + why; }
+    }
+  }
+  INFO("first loss " << first_loss);
+  CHECK(lost == 0);
+  CHECK(misreported == 0);
+}
+
+TEST_CASE("pool slabs: a sharded pool's chunk whose page-map levels cannot be made goes back") {
+  MRSTACK_TEST_NEEDS_HOST_ALLOCATION_FAILURES();
+  // Sharded, a chunk the pool grows gets its page-map levels before it joins the global
+  // blocks (a slab taken from it is then mapped without host memory): out of host memory
+  // for them, the chunk goes back to the upstream and the request fails whole.
+  constexpr std::size_t GiB = 1024 * MiB;
+  int leaked = 0;
+  int failed = 0;
+  for (long k = 0; k < 24; ++k) {
+    auto upstream = std::make_shared<simulated_memory_resource>();
+    pool_memory_resource mr{upstream, 0, std::nullopt, sharded_options()};
+    mr.deallocate(mr.allocate(256, a), 256, a);  // the first thread
+    std::thread second{[&] {
+      mr.deallocate(mr.allocate(256, a), 256, a);  // sharded from here
+      std::size_t const footprint = upstream->footprint();
+      void* p = nullptr;
+      test::callocs_can_fail = true;
+      bool const threw = threw_with_allocations_left(k, [&] { p = mr.allocate(300 * GiB, a); });
+      test::callocs_can_fail = false;
+      if (threw) {
+        ++failed;
+        // (Growth may give free chunks back first: the footprint may drop.)
+        if (upstream->footprint() > footprint || !mr.check_invariants().empty()) { ++leaked; }
+      } else {
+        mr.deallocate(p, 300 * GiB, a);
+      }
+    }};
+    second.join();
+    mr.release();
+    if (upstream->footprint() != 0) { ++leaked; }
+  }
+  CHECK(failed > 0);
+  CHECK(leaked == 0);
+}

@@ -401,11 +401,14 @@ bool pool_memory_resource::grow(std::size_t needed, detail::stream_ref const& s,
       }
       std::size_t const held = core_.blocks().total_bytes();
       try {
+        // Sharded: a slab may be taken from the chunk, and mapping it must not fail.
+        if (shards_) { reserve_slab_pages(*shards_, reinterpret_cast<std::uintptr_t>(base), chunk); }
         core_.add_chunk(reinterpret_cast<std::uintptr_t>(base), chunk, s);
       } catch (...) {
-        // Refused by the block metadata (its node limit, host memory), which then changed
-        // nothing: the chunk goes back rather than leak. (A failure after the chunk was
-        // added, recording an event, leaves it with the pool, which returns it later.)
+        // Refused by the block metadata (its node limit, host memory) or the page map,
+        // which then changed nothing: the chunk goes back rather than leak. (A failure
+        // after the chunk was added, recording an event, leaves it with the pool, which
+        // returns it later.)
         if (core_.blocks().total_bytes() == held) { upstream_->deallocate(base, chunk, to_stream_view(s), granularity); }
         throw;
       }

@@ -61,8 +61,10 @@ bool pool_memory_resource::start_sharding() noexcept {
   try {
     std::lock_guard lock{mutex_};
     if (shards_) { return true; }
-    shards_ = std::make_unique<detail::pool_shard_set>(options_.thread_shards, core_.owners().shared_sync(),
-                                                       options_.record_on_demand, options_.parks());
+    auto shards = std::make_unique<detail::pool_shard_set>(options_.thread_shards, core_.owners().shared_sync(),
+                                                           options_.record_on_demand, options_.parks());
+    reserve_slab_pages(*shards, 0, 0);
+    shards_ = std::move(shards);
     sharded_.store(true, std::memory_order_release);
     return true;
   } catch (...) {
@@ -166,13 +168,35 @@ std::uintptr_t pool_memory_resource::map_slab(std::uintptr_t base, std::size_t b
   // Mapped while the global lock is still held: from the moment the slab is a live global
   // block, a free of its address must reach the shard (which refuses it until the slab is
   // its chunk), never the global blocks, which would take it as the slab's own free.
+  // Only entries are written: the levels of every address the global blocks hold were
+  // made before (reserve_slab_pages). Made here, a level that could not be had sent the
+  // slab back to the global blocks, and that free could want host memory too (a slab of
+  // synchronized memory freed as its stream's): failing, the slab was lost, a live global
+  // block no shard held. Reserving that free instead would not do: the reservation
+  // itself needs host memory once the slab is taken.
   try {
     shards_->slabs.set(base, bytes, static_cast<std::uint16_t>(index + 1));
-  } catch (...) {
+  } catch (...) {  // the levels are there: not reached
     (void)core_.deallocate(base, s, bytes);
     throw;
   }
   return base;
+}
+
+void pool_memory_resource::reserve_slab_pages(detail::pool_shard_set& shards, std::uintptr_t base,
+                                              std::size_t bytes) const {
+  if (bytes != 0) {
+    shards.slabs.reserve(base, bytes);
+  } else if (growth_) {
+    // The one chunk grows in place up to the end of the range it may use.
+    virtual_range const& range = growth_->policy().range();
+    shards.slabs.reserve(reinterpret_cast<std::uintptr_t>(range.range_base()),
+                         std::min(range.range_bytes(), detail::block_pool::max_chunk_size));
+  } else {
+    core_.blocks().for_each_chunk([&](detail::chunk_id, detail::block_pool::chunk_info const& info) {
+      shards.slabs.reserve(info.base, info.size);
+    });
+  }
 }
 
 void* pool_memory_resource::allocate_globally(std::size_t bytes, std::size_t size, std::size_t alignment,

@@ -251,6 +251,10 @@ class pool_memory_resource final : public memory_resource {
                            std::uint16_t index);
   /// Maps a slab just taken to shard `index` (under the global lock); on failure frees it.
   std::uintptr_t map_slab(std::uintptr_t base, std::size_t bytes, std::uint16_t index, detail::stream_ref const& s);
+  /// Makes `shards`' page-map levels for [base, base + bytes), or (bytes 0) for every
+  /// address the global blocks hold or may grow to, so that mapping a slab cannot fail.
+  /// Under the global lock; throws std::bad_alloc with the entries unchanged.
+  void reserve_slab_pages(detail::pool_shard_set& shards, std::uintptr_t base, std::size_t bytes) const;
   /// The global path of a sharded pool: drains the shards before growing and before
   /// reporting out of memory.
   void* allocate_globally(std::size_t bytes, std::size_t size, std::size_t alignment, detail::stream_ref const& s,
