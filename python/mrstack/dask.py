@@ -39,6 +39,8 @@ __all__ = ["MrstackPlugin", "WorkerStatistics", "StatisticsTable", "statistics",
 PLUGIN_NAME = "mrstack"
 HOOKS = ("cupy", "numba", "torch")
 MAX_DEVICES = 64  # the devices mrstack serves (a spec's device= has the same bound)
+# In a worker: spec a plugin configured with its logging layer -> the spec under that layer.
+_logged_from = {}
 
 
 def _safe(text):
@@ -89,6 +91,7 @@ class MrstackPlugin(WorkerPlugin):
         self.device, self.build = int(device), bool(build)
         # Filled in on the worker by setup():
         self.worker_spec = None
+        self._base_spec = None  # worker_spec without the logging layer
         self.worker_log_file = None
         self.setup_seconds = None
 
@@ -96,8 +99,13 @@ class MrstackPlugin(WorkerPlugin):
         spec = self.spec if self.spec is not None else os.environ.get("MRSTACK_RESOURCE") or None
         if spec is None and self.log_file is not None:
             spec = mrstack.configured_spec()
+            # Set up again in the same worker (the plugin registered a second time): the
+            # configured spec is then the one this module made, logging layer included, and
+            # wrapping it again would log every event twice (or, once built, be refused).
+            spec = _logged_from.get(spec, spec)
         if spec is not None:
             spec = expand_placeholders(spec, worker_name, self.device)
+        self._base_spec = spec
         if self.log_file is not None:
             self.worker_log_file = os.path.abspath(expand_placeholders(self.log_file, worker_name, self.device))
             quoted = self.worker_log_file.replace("\\", "\\\\").replace('"', '\\"')  # the spec's escapes
@@ -109,6 +117,8 @@ class MrstackPlugin(WorkerPlugin):
         self.worker_spec = self._spec_for(worker.name)
         if self.worker_spec is not None:
             mrstack.configure(self.worker_spec)
+            if self.log_file is not None:
+                _logged_from[self.worker_spec] = self._base_spec
         # The hooks go in before any task runs, so CuPy, Numba and PyTorch allocate through
         # mrstack from their first allocation on (PyTorch's allocator must be swapped before
         # PyTorch initializes CUDA).

@@ -66,6 +66,29 @@ def test_a_log_file_name_with_a_backslash_or_quote_reaches_the_spec_as_it_is(tmp
     assert path.exists() and path.read_text().startswith("Thread,Time,Action")
 
 
+def test_a_plugin_set_up_twice_in_one_worker_logs_each_event_once(run_python, tmp_path):
+    # Registered a second time (client.register_plugin again), the plugin is set up again in
+    # the same worker process; without a spec of its own it builds on the configured spec,
+    # which then already carries its logging layer: a second one logged every event twice,
+    # and once the stack was built the longer spec was refused.
+    done = run_python(f"""
+        import mrstack, mrstack.dask
+
+        class Worker:
+            name = "w1"
+
+        mrstack.configure({SPEC!r})
+        for build in (False, True, True):
+            mrstack.dask.MrstackPlugin(log_file={str(tmp_path / "log-{worker}.csv")!r}, build=build).setup(Worker())
+            print(mrstack.configured_spec())
+        print(mrstack.device_stack(0).describe())
+    """)
+    specs = done.stdout.splitlines()
+    assert specs[0].count("logging(") == 1 and specs[0].endswith(SPEC), specs[0]
+    assert specs[1:3] == [specs[0]] * 2, specs
+    assert specs[3] == "logging > pool > simulated", specs[3]
+
+
 # Runs on a worker: allocates `count` blocks of `mib` MiB from the worker's device stack,
 # frees all but one, and keeps that one (the statistics must show it live).
 _kept = []
