@@ -28,6 +28,7 @@ _MemoryPointer = _cupy.cuda.MemoryPointer
 _get_current_stream = _cupy.cuda.get_current_stream
 _get_device_id = _cupy.cuda.runtime.getDevice
 _CLIENT_CUPY = _lib.CLIENT_CUPY
+_SIZE_MAX = 2**64 - 1
 
 
 class _Allocation:
@@ -79,6 +80,8 @@ def allocator(nbytes):
             lib = _lib.library()
             _raise_refusal(lib, lib.dll.mrstack_last_error_status(), nbytes, device)
         return _MemoryPointer(_UnownedMemory(owner.ptr, nbytes, owner, device), 0)
+    if not 0 <= nbytes <= _SIZE_MAX:  # ctypes would pass its low 64 bits: 2**64 + 8 as 8
+        raise ValueError(f"mrstack.cupy: allocate({nbytes!r}): the size is outside [0, 2**64 - 1]")
     lib = _lib.library()
     out = ctypes.c_void_p()
     status = lib.dll.mrstack_allocate(stack, nbytes, stream or None, _CLIENT_CUPY, ctypes.byref(out))

@@ -51,6 +51,7 @@ _CUdeviceptr = _driver.binding.CUdeviceptr
 _CUipcMemHandle = _driver.binding.CUipcMemHandle
 _MemoryPointer = _driver.MemoryPointer
 _CLIENT_NUMBA = _lib.CLIENT_NUMBA
+_SIZE_MAX = 2**64 - 1
 
 
 def _device_ordinal(device):
@@ -116,6 +117,8 @@ class MrstackNumbaMemoryManager(_cuda.HostOnlyCUDAMemoryManager):
             if finalizer is None:
                 raise self._allocation_error(size)
             return _MemoryPointer(self._ctx, _CUdeviceptr(finalizer.ptr), size, finalizer=finalizer)
+        if not 0 <= size <= _SIZE_MAX:  # ctypes would pass its low 64 bits: 2**64 + 8 as 8
+            raise ValueError(f"mrstack.numba: memalloc({size!r}): the size is outside [0, 2**64 - 1]")
         allocation = self._memalloc_pair(stack, size, _CLIENT_NUMBA)
         token = allocation.token
         if not token:

@@ -172,7 +172,7 @@ PLUGIN_SEQUENCE = """
         print("ERROR", json.dumps(error(1 << 62)))  # its message shows what the stack holds
     step("after defer")
     print("ERROR", json.dumps(error(1 << 62)))      # the stack refuses
-    print("ERROR", json.dumps(error(-1)))           # wraps to 2**64-1 in both paths
+    print("ERROR", json.dumps(error(-1)))           # outside size_t: refused by both paths alike
     step("after refusals")
     mgr.reset()
     step("reset")
@@ -202,14 +202,15 @@ def test_both_paths_leave_the_same_books_tokens_and_errors(run_python, fastpath_
     assert fast_lines == slow_lines
     errors = [json.loads(line[6:]) for line in fast_lines if line.startswith("ERROR ")]
     assert len(errors) == 3
-    for kind, message, status in errors:
+    for kind, message, status in errors[:2]:
         assert kind == "mrstack._lib.OutOfMemoryError" and status == "MRSTACK_ERROR_OUT_OF_MEMORY"
         assert message.startswith("mrstack.numba: memalloc(") and "limiting could not allocate" in message
+    assert errors[2] == ["builtins.ValueError", "mrstack.numba: memalloc(-1): the size is outside [0, 2**64 - 1]", None]
     # Under defer_cleanup the dropped 256 bytes are still in the stack (the limiting layer
     # counts them in use); after it they are back.
     live_after = 4096 + (1 << 20)
     assert f"in use 1.00 MiB ({live_after + 256} B)" in errors[0][1], errors[0][1]
-    assert f"in use 1.00 MiB ({live_after} B)" in errors[1][1] and "memalloc(-1)" in errors[2][1]
+    assert f"in use 1.00 MiB ({live_after} B)" in errors[1][1]
     steps = {json.loads(line[5:])[0]: json.loads(line[5:]) for line in fast_lines if line.startswith("STEP ")}
     numba = 1  # client index
     assert steps["allocated"][4][numba] == [256 + 1000 + live_after, 256 + 1000 + live_after, 5, 5]
@@ -256,6 +257,11 @@ CUPY_STAND_IN = """
     except OutOfMemoryError as e:
         cause = e.__cause__
         print("ERROR", json.dumps([type(cause).__name__, str(cause)]))
+    for size in (2**64 + 8, -1):     # cut to 64 bits, 2**64 + 8 had allocated 8 bytes
+        try:
+            mrstack.cupy.allocator(size)
+        except ValueError as e:
+            print("RANGE", e)
     books("refused")
     del held
     books("end")
@@ -279,6 +285,8 @@ def test_cupy_allocator_takes_either_path_alike(run_python, fastpath_path):
     assert steps["end"] == [0, 4196, 0, 2]
     error = json.loads(next(line[6:] for line in outputs["1"] if line.startswith("ERROR ")))
     assert error[0] == "OutOfMemoryError" and error[1].startswith("mrstack.cupy: allocating 1073741824 bytes")
+    assert [line for line in outputs["1"] if line.startswith("RANGE ")] == [
+        f"RANGE mrstack.cupy: allocate({size}): the size is outside [0, 2**64 - 1]" for size in (2**64 + 8, -1)]
 
 
 # ---- choosing the path -------------------------------------------------------------------

@@ -215,6 +215,24 @@ def run_python(run_python):
     return run
 
 
+def test_a_size_outside_size_t_is_refused_not_cut_to_its_low_64_bits(run_plugin):
+    # Converted as ctypes converts a c_size_t, 2**64 + 8 asked the stack for 8 bytes and
+    # Numba got a MemoryPointer of 2**64 + 8 (2**64: a null pointer of 2**64 bytes), as
+    # cuda.device_array(2**61 + 1, np.float64) does, with no error.
+    run_plugin(FAKE_CONTEXT + """
+    import numpy as np
+    for size in (2**64, 2**64 + 8, 2**65 + 4096, -1, -(2**64) + 8, np.int64(-8)):
+        try:
+            mem = mgr.memalloc(size)
+        except ValueError as e:
+            assert str(e) == f"mrstack.numba: memalloc({size!r}): the size is outside [0, 2**64 - 1]", e
+        else:
+            raise AssertionError(f"memalloc({size}) gave {mem.device_pointer_value} of {mem.size} bytes")
+    assert numba_books().allocations == 0 and mrstack.statistics(0).emm_outstanding == 0
+    assert mgr.memalloc(np.uint64(4096)).size == 4096   # numpy sizes still go
+    """, env={"MRSTACK_RESOURCE": "system"})
+
+
 @pytest.fixture(params=["fast path", "ctypes"])
 def run_plugin(request, run_python):
     """run_python, once requiring the compiled fast path (MRSTACK_FASTPATH=1) and once

@@ -22,9 +22,10 @@
  * - Failure raises nothing here: memalloc/allocate return None and the caller builds the
  *   exception from the C ABI's per-thread message and status, exactly as the ctypes path
  *   does, so both paths raise the same exception with the same text.
- * - Arguments convert as ctypes converts them for the same C types (a size wraps modulo
- *   2**64, so -1 asks for 2**64-1 bytes and is refused by the stack, not by us), so the two
- *   paths agree on every input.
+ * - Arguments convert as ctypes converts them for the same C types, so the two paths agree
+ *   on every input; but a size outside [0, 2**64 - 1] raises ValueError here, as the
+ *   Python side raises it before a ctypes call: cut to its low 64 bits, 2**64 + 8 would ask
+ *   for 8 bytes while the caller's object (Numba's MemoryPointer) says 2**64 + 8.
  *
  * It is C, not C++, and lives in src/python/ (not src/, whose *.cpp go into libmrstack,
  * nor python/mrstack/, which holds what pip copies verbatim): CMake builds it next to
@@ -70,10 +71,20 @@ static int stack_argument(PyObject* value, mrstack_stack** out) {
   return 0;
 }
 
-/* size_t: ctypes' c_size_t keeps the low 64 bits of any integer (__index__ included). */
-static int size_argument(PyObject* value, size_t* out) {
-  unsigned long long v = PyLong_AsUnsignedLongLongMask(value);
-  if (v == (unsigned long long)-1 && PyErr_Occurred()) { return -1; }
+/* size_t: any integer (__index__ included) from 0 to 2**64 - 1; else ValueError, saying
+ * "<what>(<size>): ...", the text the Python side raises on the ctypes path. */
+static int size_argument(PyObject* value, char const* what, size_t* out) {
+  PyObject* index = PyNumber_Index(value);
+  if (index == NULL) { return -1; }
+  unsigned long long v = PyLong_AsUnsignedLongLong(index);
+  Py_DECREF(index);
+  if (v == (unsigned long long)-1 && PyErr_Occurred()) {
+    if (PyErr_ExceptionMatches(PyExc_OverflowError)) {
+      PyErr_Clear();
+      PyErr_Format(PyExc_ValueError, "%s(%R): the size is outside [0, 2**64 - 1]", what, value);
+    }
+    return -1;
+  }
   *out = (size_t)v;
   return 0;
 }
@@ -217,7 +228,7 @@ static PyObject* fastpath_memalloc(PyObject* module, PyObject* const* args, Py_s
   size_t size;
   int client;
   if (check_arguments("memalloc", nargs, 3) < 0 || check_bound() < 0 || stack_argument(args[0], &stack) < 0 ||
-      size_argument(args[1], &size) < 0 || int_argument(args[2], &client) < 0) {
+      size_argument(args[1], "mrstack.numba: memalloc", &size) < 0 || int_argument(args[2], &client) < 0) {
     return NULL;
   }
   /* Made before the allocation: were it to fail afterwards, the memory would leak until
@@ -318,7 +329,7 @@ static PyObject* fastpath_allocate(PyObject* module, PyObject* const* args, Py_s
   void* stream;
   int client;
   if (check_arguments("allocate", nargs, 4) < 0 || check_bound() < 0 || stack_argument(args[0], &stack) < 0 ||
-      size_argument(args[1], &size) < 0 || pointer_argument(args[2], &stream) < 0 ||
+      size_argument(args[1], "mrstack.cupy: allocate", &size) < 0 || pointer_argument(args[2], &stream) < 0 ||
       int_argument(args[3], &client) < 0) {
     return NULL;
   }
