@@ -29,6 +29,7 @@ clearly when it is too late.
 
 import ctypes
 import os
+import re
 
 from . import _lib
 from ._lib import MrstackError
@@ -131,6 +132,13 @@ def _device_index(device):
     if device is None:
         import torch
         return torch.cuda.current_device() if torch.cuda.is_initialized() else 0
+    if isinstance(device, str):  # "cuda" or "cuda:1", as torch.cuda's functions take it
+        match = re.fullmatch(r"cuda(?::([0-9]+))?", device)
+        if match is None:
+            raise ValueError(f"mrstack.torch: {device!r} is not a CUDA device (\"cuda\" or \"cuda:N\")")
+        device = None if match[1] is None else int(match[1])
+    elif getattr(device, "type", "cuda") != "cuda":  # a torch.device of another kind: not mrstack's memory
+        raise ValueError(f"mrstack.torch: {device!r} is not a CUDA device")
     index = getattr(device, "index", device)  # torch.device("cuda:1") or 1
     if index is None:
         import torch

@@ -77,6 +77,33 @@ def test_a_device_index_out_of_range_is_refused_not_truncated(run_python):
     """)
 
 
+def test_a_device_may_be_named_as_torch_names_it(run_python):
+    # torch.cuda.memory_stats("cuda:1") is PyTorch's; here a str's own .index method was taken
+    # for the device ("must be an int, not builtin_function_or_method"), and a CPU device
+    # (index None) answered for the current CUDA device.
+    run_python("""
+        import re
+        import pytest
+        import mrstack, mrstack.torch as mt
+        mrstack.configure("simulated")
+        stack = mrstack.device_stack(0)
+        p = stack.allocate(4096, client="torch")
+
+        class Device:                      # what mrstack.torch reads of a torch.device
+            def __init__(self, type, index):
+                self.type, self.index = type, index
+
+        for device in ("cuda:0", Device("cuda", 0)):
+            assert mt.memory_allocated(device) == 4096, device
+            assert mt.fragmentation(device) == mrstack.statistics(0).fragmentation
+        for device in ("cpu", "cuda:x", "cuda:-1", " cuda:0", Device("cpu", None), Device("meta", 0)):
+            for call in (mt.memory_stats, mt.fragmentation, mt.reset_peak_memory_stats, mt.empty_cache):
+                with pytest.raises(ValueError, match=re.escape(f"mrstack.torch: {device!r} is not a CUDA device")):
+                    call(device)
+        stack.deallocate(p, 4096, client="torch")
+    """)
+
+
 def test_record_stream_needs_a_pointer(run_python):
     done = run_python("""
         import mrstack
