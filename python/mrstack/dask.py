@@ -87,6 +87,10 @@ class MrstackPlugin(WorkerPlugin):
         if isinstance(device, bool) or not isinstance(device, numbers.Integral) or not 0 <= device < MAX_DEVICES:
             raise ValueError(f"mrstack.dask: device must be a device ordinal, an int from 0 to {MAX_DEVICES - 1}, "
                              f"not {device!r}")
+        # Checked here too: str() on the worker made b"pool > cuda" the spec "b'pool > cuda'",
+        # which failed on every worker with a parser error about a quote.
+        if spec is not None and not isinstance(spec, str):
+            raise TypeError(f"mrstack.dask: spec must be a str or None, not {type(spec).__name__} ({spec!r:.60})")
         self.spec, self.hooks, self.log_file = spec, tuple(hooks), log_file
         self.device, self.build = int(device), bool(build)
         # Filled in on the worker by setup():

@@ -51,6 +51,12 @@ def test_a_device_that_is_not_an_ordinal_is_refused_on_the_client(device):
         MrstackPlugin(SPEC, device=device)
 
 
+@pytest.mark.parametrize("spec", [b"pool > cuda", 123, ["pool > cuda"]])
+def test_a_spec_that_is_not_a_str_is_refused_on_the_client(spec):
+    with pytest.raises(TypeError, match=f"spec must be a str or None, not {type(spec).__name__}"):
+        MrstackPlugin(spec)
+
+
 def test_a_device_ordinal_is_kept():
     assert MrstackPlugin(SPEC, device=3).device == 3
 
