@@ -56,13 +56,18 @@ def _device(device, what):
 
 def _spec_bytes(spec, what):
     """A spec as the C ABI takes it: a str without NUL (C would read only up to the first
-    NUL and silently drop the rest)."""
+    NUL and silently drop the rest), in UTF-8; a file name that is not UTF-8 (held by Python
+    as lone surrogates, as os.fsdecode gives it) goes as its own bytes."""
     if not isinstance(spec, str):
         raise TypeError(f"{what}: the spec must be a str, not {type(spec).__name__} ({spec!r:.60})")
     if "\0" in spec:
         raise ValueError(f"{what}: the spec {spec!r:.80} holds a NUL character (at {spec.index(chr(0))}); "
                          "the C ABI would read only what comes before it")
-    return spec.encode()
+    try:
+        return spec.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError as e:
+        raise ValueError(f"{what}: the spec {spec!r:.80} holds the lone surrogate {spec[e.start]!r} (at {e.start}), "
+                         "which is no character and no byte of a file name") from None
 
 
 def _client_id(client):

@@ -2,6 +2,7 @@
 message and become the package's exceptions; spec errors carry the parser's message and
 column; the per-client books add up; the process-wide configuration rules hold."""
 import ctypes
+import os
 import threading
 
 import pytest
@@ -356,6 +357,19 @@ def test_a_spec_must_be_a_str_without_nul(lib):
             mrstack.Stack(wrong)
     with pytest.raises(TypeError, match="mrstack.configure: the spec must be a str, not bytes"):
         mrstack.configure(b"system")
+
+
+def test_a_spec_naming_a_file_whose_name_is_not_utf8_reaches_that_file(lib, tmp_path):
+    # Python holds such a name (os.listdir, os.fsdecode) with its bytes as lone surrogates,
+    # which str.encode() refused with a UnicodeEncodeError naming no mrstack call.
+    name = os.fsdecode(os.fsencode(str(tmp_path)) + b"/log-\xff.csv")
+    with mrstack.Stack(f'logging(file="{name}") > system') as stack:
+        stack.deallocate(stack.allocate(64), 64)
+    assert os.listdir(tmp_path) == ["log-\udcff.csv"]
+    assert (tmp_path / "log-\udcff.csv").read_text().startswith("Thread,Time,Action")
+    # A surrogate no file name holds is refused, naming the call and where it is.
+    with pytest.raises(ValueError, match=r"mrstack.Stack: the spec .* holds the lone surrogate '\\ud800' \(at 6\)"):
+        mrstack.Stack("system\ud800")
 
 
 def test_integers_out_of_range_or_of_other_types_are_refused_not_wrapped(lib):
