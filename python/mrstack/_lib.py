@@ -279,7 +279,9 @@ class Library:
             if spec is not None and column > 0:
                 byte_column = column
                 past_end = max(0, byte_column - 1 - len(spec))
-                column = len(spec[:byte_column - 1].decode("utf-8", "replace")) + past_end + 1
+                # surrogateescape: each byte that is not UTF-8 is one character of the str, as
+                # Python holds a file name (or an environment variable) that is not UTF-8.
+                column = len(spec[:byte_column - 1].decode("utf-8", "surrogateescape")) + past_end + 1
                 # The message says the column too: in the same characters, or the two disagree.
                 message = message.replace(f"at column {byte_column}:", f"at column {column}:", 1)
             return SpecError(message, column)

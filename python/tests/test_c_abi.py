@@ -367,6 +367,13 @@ def test_a_spec_naming_a_file_whose_name_is_not_utf8_reaches_that_file(lib, tmp_
         stack.deallocate(stack.allocate(64), 64)
     assert os.listdir(tmp_path) == ["log-\udcff.csv"]
     assert (tmp_path / "log-\udcff.csv").read_text().startswith("Thread,Time,Action")
+    # A spec error's column counts such a name's bytes as the str's characters: a cut UTF-8
+    # sequence is two surrogates, which decoding with "replace" had counted as one.
+    spec = 'logging(file="/tmp/\udce2\udc82") > nonsense_layer'
+    with pytest.raises(mrstack.SpecError) as caught:
+        mrstack.Stack(spec)
+    assert caught.value.column == spec.index("nonsense_layer") + 1
+    assert f"at column {spec.index('nonsense_layer') + 1}:" in str(caught.value)
     # A surrogate no file name holds is refused, naming the call and where it is.
     with pytest.raises(ValueError, match=r"mrstack.Stack: the spec .* holds the lone surrogate '\\ud800' \(at 6\)"):
         mrstack.Stack("system\ud800")
