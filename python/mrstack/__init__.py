@@ -206,17 +206,21 @@ class Stack:
     @property
     def handle(self):
         """The C ABI's `mrstack_stack*`, as an int."""
-        if self._handle is None:
-            raise MrstackError("the stack was closed")
-        return self._handle
+        return self._live("handle")
+
+    def _live(self, what):
+        handle = self._handle
+        if handle is None:
+            raise StateError(f"mrstack.Stack.{what}: the stack was closed (Stack.close)", "MRSTACK_ERROR_STATE")
+        return handle
 
     def describe(self):
         """The layers as a spec names them: "pool > cuda"."""
         lib = self._lib
         length = ctypes.c_size_t()
-        lib.check(lib.dll.mrstack_stack_describe(self.handle, None, 0, ctypes.byref(length)))
+        lib.check(lib.dll.mrstack_stack_describe(self._live("describe"), None, 0, ctypes.byref(length)))
         buffer = ctypes.create_string_buffer(length.value + 1)
-        lib.check(lib.dll.mrstack_stack_describe(self.handle, buffer, len(buffer), None))
+        lib.check(lib.dll.mrstack_stack_describe(self._live("describe"), buffer, len(buffer), None))
         return buffer.value.decode()
 
     def allocate(self, nbytes, stream=0, client="other"):
@@ -224,7 +228,7 @@ class Stack:
         nbytes = _integer(nbytes, "mrstack.Stack.allocate: nbytes", 0, _U64)
         stream = _integer(stream or 0, "mrstack.Stack.allocate: stream", 0, _U64)
         out = ctypes.c_void_p()
-        self._lib.check(self._lib.dll.mrstack_allocate(self.handle, nbytes, stream or None,
+        self._lib.check(self._lib.dll.mrstack_allocate(self._live("allocate"), nbytes, stream or None,
                                                        _client_id(client), ctypes.byref(out)))
         return out.value or 0
 
@@ -233,25 +237,25 @@ class Stack:
         ptr = _integer(ptr or 0, "mrstack.Stack.deallocate: ptr", 0, _U64)
         nbytes = _integer(nbytes, "mrstack.Stack.deallocate: nbytes", 0, _U64)
         stream = _integer(stream or 0, "mrstack.Stack.deallocate: stream", 0, _U64)
-        self._lib.check(self._lib.dll.mrstack_deallocate(self.handle, ptr or None, nbytes, stream or None,
+        self._lib.check(self._lib.dll.mrstack_deallocate(self._live("deallocate"), ptr or None, nbytes, stream or None,
                                                          _client_id(client)))
 
     def statistics(self):
         raw = _lib._Statistics()
-        self._lib.check(self._lib.dll.mrstack_get_statistics(self.handle, ctypes.byref(raw)))
+        self._lib.check(self._lib.dll.mrstack_get_statistics(self._live("statistics"), ctypes.byref(raw)))
         return _statistics_from(raw, self.describe(), self.fragmentation())
 
     def fragmentation(self):
         """A `Fragmentation`: held, live and free bytes, the largest free block, the number
         of free blocks and the per-stream shares, all from one query of the stack."""
         lib, raw = self._lib, _lib._Fragmentation()
-        lib.check(lib.dll.mrstack_get_fragmentation(self.handle, ctypes.byref(raw), None, 0))
+        lib.check(lib.dll.mrstack_get_fragmentation(self._live("fragmentation"), ctypes.byref(raw), None, 0))
         streams = ()
         while raw.stream_count:
             # The shares can change between two queries: ask again until they fit.
             capacity = int(raw.stream_count) + 4
             shares = (_lib._FragmentationStream * capacity)()
-            lib.check(lib.dll.mrstack_get_fragmentation(self.handle, ctypes.byref(raw), shares, capacity))
+            lib.check(lib.dll.mrstack_get_fragmentation(self._live("fragmentation"), ctypes.byref(raw), shares, capacity))
             if raw.stream_count <= capacity:
                 streams = tuple(StreamFragmentation(s.stream, s.free_bytes, s.largest_free_block, s.free_blocks,
                                                     bool(s.thread_bound)) for s in shares[:raw.stream_count])
@@ -262,10 +266,10 @@ class Stack:
     def release(self):
         """Gives the free memory the stack holds back to the device where its layers can
         (a pool's free chunks), as `torch.cuda.empty_cache()` does for PyTorch's allocator."""
-        self._lib.check(self._lib.dll.mrstack_stack_release(self.handle))
+        self._lib.check(self._lib.dll.mrstack_stack_release(self._live("release")))
 
     def reset_peaks(self):
-        self._lib.check(self._lib.dll.mrstack_reset_peaks(self.handle))
+        self._lib.check(self._lib.dll.mrstack_reset_peaks(self._live("reset_peaks")))
 
     def sleep(self, keep_contents=True):
         """Gives back the physical memory of the stack's vmm layer, keeping every address
@@ -274,19 +278,19 @@ class Stack:
         `wake`. Until `wake`, allocating from the stack raises, frees work, and nothing may
         touch its memory. A stack without a vmm layer raises. See docs/vmm.md."""
         from . import _vmm
-        _vmm.sleep(self.handle, keep_contents)
+        _vmm.sleep(self._live("sleep"), keep_contents)
 
     def wake(self):
         """Maps physical memory back behind every address `sleep` kept (contents restored
         if kept)."""
         from . import _vmm
-        _vmm.wake(self.handle)
+        _vmm.wake(self._live("wake"))
 
     @property
     def asleep(self):
         """True between `sleep` and `wake`."""
         from . import _vmm
-        return _vmm.is_asleep(self.handle)
+        return _vmm.is_asleep(self._live("asleep"))
 
     def close(self):
         """Destroys a private stack (freeing what Numba-style allocations it still holds).
@@ -305,7 +309,10 @@ class Stack:
 
     def __repr__(self):
         kind = "private" if self._owned else "device"
-        state = self.describe() if self._handle is not None else "closed"
+        try:
+            state = self.describe()
+        except MrstackError:  # closed, here or by another thread since, or by another wrapper
+            state = "closed"
         return f"<mrstack.Stack {kind} device={self.device}: {state}>"
 
 

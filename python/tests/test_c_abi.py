@@ -178,6 +178,25 @@ def test_closed_stack_is_refused(lib):
     stack.close()  # twice is fine
     with pytest.raises(mrstack.MrstackError, match="closed"):
         stack.allocate(16)
+    # A StateError naming the call: "the stack was closed" said neither what nor where.
+    for name, call in (("allocate", lambda: stack.allocate(16)), ("deallocate", lambda: stack.deallocate(1, 16)),
+                       ("describe", stack.describe), ("statistics", stack.statistics),
+                       ("fragmentation", stack.fragmentation), ("release", stack.release),
+                       ("reset_peaks", stack.reset_peaks), ("sleep", stack.sleep), ("wake", stack.wake),
+                       ("asleep", lambda: stack.asleep), ("handle", lambda: stack.handle)):
+        with pytest.raises(mrstack.StateError, match=rf"^mrstack\.Stack\.{name}: the stack was closed") as caught:
+            call()
+        assert caught.value.status == "MRSTACK_ERROR_STATE"
+    assert repr(stack) == "<mrstack.Stack private device=0: closed>"
+
+
+def test_repr_of_a_stack_closed_under_it_says_closed(lib):
+    # repr() read the handle, then described the stack: closed in between (by another thread,
+    # or through a copy of the object), repr itself raised.
+    import copy
+    stack = mrstack.Stack("system")
+    copy.copy(stack).close()
+    assert repr(stack) == "<mrstack.Stack private device=0: closed>"
 
 
 def test_two_threads_closing_one_stack_both_return(lib):
