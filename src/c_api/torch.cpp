@@ -19,15 +19,15 @@
 #include "c_api_internal.hpp"
 #include "../device_scope.hpp"
 
+#include <mrstack/detail/live_block_table.hpp>
+
 #include <cuda_runtime_api.h>
 #include <cxxabi.h>
 #include <dlfcn.h>
 #include <link.h>
 
-#include <algorithm>
 #include <array>
 #include <atomic>
-#include <bit>
 #include <cstdio>
 #include <filesystem>
 #include <memory>
@@ -176,15 +176,13 @@ std::array<torch_books, max_torch_devices>& books() {
 // a bare `cuda` layer keeps no books), so these books are kept here, for PyTorch's blocks
 // only, as cheaply as they can be: one of 64 shards picked by the address, each a lock and
 // an open-addressing table of (address, device) that allocates only when it grows (no
-// node per block), so an allocation and its free each add one uncontended lock and a probe
-// or two. The free uses them too: it refuses a pointer they do not hold on that device
+// node per block; detail/live_block_table.hpp), so an allocation and its free each add
+// one uncontended lock and a probe or two. The free uses them too: it refuses a pointer they do not hold on that device
 // before the stack or the counters are touched, so a block's events also survive a free
 // for the wrong device. An address may be live on two devices at once: stacks over
 // simulated memory hand out the same addresses (real devices share one address space).
-struct live_entry {
-  void* ptr = nullptr;  // nullptr: an empty slot (no live block is at address 0)
-  int device = -1;
-};
+using mrstack::detail::live_block;
+using mrstack::detail::live_block_table;
 
 struct recorded_uses {
   int device;
@@ -194,73 +192,15 @@ using use_map = std::unordered_multimap<void*, recorded_uses>;
 
 struct alignas(64) block_shard {
   std::mutex mutex;
-  std::vector<live_entry> table;  // linear probing, a power of two (2^bits) at most half full
-  unsigned bits = 0;
-  std::size_t live = 0;
-  use_map uses;                   // only for blocks record_stream was called on
-
-  static std::uint64_t hash(void const* ptr) noexcept {
-    // Blocks are 256-byte aligned. A product's high bits depend on all of the address (its
-    // low bits only on the address's low bits, all zero for large aligned blocks): the top
-    // 6 pick the shard, the next `bits` the slot.
-    return (reinterpret_cast<std::uintptr_t>(ptr) >> 8) * 0x9E3779B97F4A7C15ULL;
-  }
-  std::size_t home(void const* ptr) const noexcept {
-    return static_cast<std::size_t>((hash(ptr) << 6) >> (64 - bits));
-  }
-  std::size_t find(void const* ptr, int device) const noexcept {
-    if (table.empty()) { return npos; }
-    for (std::size_t i = home(ptr);; i = (i + 1) & (table.size() - 1)) {
-      if (table[i].ptr == nullptr) { return npos; }
-      if (table[i].ptr == ptr && (device < 0 || table[i].device == device)) { return i; }
-    }
-  }
-  /// How many devices' blocks start at `ptr` (more than one only over simulated memory).
-  std::size_t count(void const* ptr) const noexcept {
-    std::size_t n = 0;
-    if (table.empty()) { return 0; }
-    for (std::size_t i = home(ptr); table[i].ptr != nullptr; i = (i + 1) & (table.size() - 1)) {
-      n += table[i].ptr == ptr ? 1 : 0;
-    }
-    return n;
-  }
-  void insert(live_entry entry) {  // throws std::bad_alloc only when the table must grow
-    if (2 * (live + 1) > table.size()) { grow(); }
-    std::size_t i = home(entry.ptr);
-    while (table[i].ptr != nullptr) { i = (i + 1) & (table.size() - 1); }
-    table[i] = entry;
-    ++live;
-  }
-  void erase(std::size_t i) noexcept {  // backward shift: no tombstones slow later probes
-    std::size_t const mask = table.size() - 1;
-    for (std::size_t j = (i + 1) & mask; table[j].ptr != nullptr; j = (j + 1) & mask) {
-      std::size_t const k = home(table[j].ptr);
-      // table[j] moves to the hole unless its home lies cyclically in (i, j].
-      if (i <= j ? (k <= i || k > j) : (k <= i && k > j)) {
-        table[i] = table[j];
-        i = j;
-      }
-    }
-    table[i] = live_entry{};
-    --live;
-  }
-  void grow() {
-    std::vector<live_entry> old(std::max<std::size_t>(64, 2 * table.size()));
-    old.swap(table);
-    bits = static_cast<unsigned>(std::countr_zero(table.size()));
-    live = 0;
-    for (live_entry const& entry : old) {
-      if (entry.ptr != nullptr) { insert(entry); }
-    }
-  }
-  static constexpr std::size_t npos = static_cast<std::size_t>(-1);
+  live_block_table table;
+  use_map uses;  // only for blocks record_stream was called on
 };
 
-constexpr std::size_t block_shard_count = 64;
+constexpr std::size_t block_shard_count = std::size_t{1} << live_block_table::shard_bits;
 
 block_shard& shard_of(void const* ptr) noexcept {
   static auto* all = new std::array<block_shard, block_shard_count>;  // outlives every free at exit
-  return (*all)[block_shard::hash(ptr) >> 58];
+  return (*all)[live_block_table::hash(ptr) >> (64 - live_block_table::shard_bits)];
 }
 
 torch_books* books_of(int device) noexcept {
@@ -319,7 +259,7 @@ void* allocate_for_torch(std::size_t size, int device, void* stream) {
     try {
       block_shard& shard = shard_of(ptr);
       std::lock_guard lock{shard.mutex};
-      shard.insert(live_entry{ptr, device});
+      shard.table.insert(live_block{ptr, device});
     } catch (...) {  // out of host memory for the entry: PyTorch does not get the block
       stack->top->deallocate(ptr, size, mrstack::stream_view{static_cast<cudaStream_t>(stream)});
       throw;
@@ -405,9 +345,9 @@ void mrstack_torch_free(void* ptr, size_t size, int device, void* stream) {
   use_map::node_type uses;
   {
     std::lock_guard lock{shard.mutex};
-    if (std::size_t const slot = shard.find(ptr, device); slot != block_shard::npos) {
+    if (std::size_t const slot = shard.table.find(ptr, device); slot != live_block_table::npos) {
       held = true;
-      shard.erase(slot);
+      shard.table.erase(slot);
       if (!shard.uses.empty()) {
         auto [first, last] = shard.uses.equal_range(ptr);
         while (first != last && first->second.device != device) { ++first; }
@@ -420,7 +360,7 @@ void mrstack_torch_free(void* ptr, size_t size, int device, void* stream) {
   auto keep = [&]() noexcept {
     try {
       std::lock_guard lock{shard.mutex};
-      shard.insert(live_entry{ptr, device});
+      shard.table.insert(live_block{ptr, device});
       if (!uses.empty() && !uses.mapped().events.empty()) { shard.uses.insert(std::move(uses)); }
     } catch (...) {  // no memory to grow a table: the events at least are not leaked
       for (cudaEvent_t event : events) { (void)cudaEventDestroy(event); }
@@ -486,7 +426,7 @@ mrstack_status mrstack_torch_record_stream(void* ptr, void* stream) {
   };
   {
     std::lock_guard lock{shard.mutex};
-    if (std::size_t const live = shard.count(ptr); live != 1) { return refuse_unless_one_block(live); }
+    if (std::size_t const live = shard.table.count(ptr); live != 1) { return refuse_unless_one_block(live); }
   }
   cudaEvent_t event = nullptr;
   mrstack_status const recorded = mrstack::c_api::guarded([&] {
@@ -498,8 +438,8 @@ mrstack_status mrstack_torch_record_stream(void* ptr, void* stream) {
     status = cudaEventRecord(event, static_cast<cudaStream_t>(stream));
     if (status != cudaSuccess) { throw mrstack::cuda_error(status, "cudaEventRecord", __FILE__, __LINE__); }
     std::lock_guard lock{shard.mutex};
-    if (shard.count(ptr) != 1) { return; }  // refused below, with the lock released
-    int const device = shard.table[shard.find(ptr, -1)].device;
+    if (shard.table.count(ptr) != 1) { return; }  // refused below, with the lock released
+    int const device = shard.table[shard.table.find(ptr, -1)].device;
     auto [first, last] = shard.uses.equal_range(ptr);
     while (first != last && first->second.device != device) { ++first; }
     if (first == last) { first = shard.uses.emplace(ptr, recorded_uses{device, {}}); }

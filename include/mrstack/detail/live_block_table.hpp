@@ -1,0 +1,111 @@
+#pragma once
+/// `live_block_table`: the blocks PyTorch holds from mrstack's device stacks, as the torch
+/// entry points of the C ABI keep them (src/c_api/torch.cpp: one table per shard, under
+/// the shard's lock). CUDA-free; not thread-safe.
+///
+/// An open-addressing table of (address, device) with linear probing and
+/// backward-shift deletion (no tombstones), at most half full after an insert, that
+/// allocates only when it grows. Unlike `pointer_map`, one address may be in it more
+/// than once, for different devices: stacks over simulated memory hand out the same
+/// addresses. An address of 0 marks an empty slot (no live block is at address 0).
+#include <algorithm>
+#include <bit>
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+namespace mrstack::detail {
+
+struct live_block {
+  void* ptr = nullptr;
+  int device = -1;
+};
+
+class live_block_table {
+ public:
+  static constexpr std::size_t npos = static_cast<std::size_t>(-1);
+
+  /// Blocks are 256-byte aligned. A product's high bits depend on all of the address (its
+  /// low bits only on the address's low bits, all zero for large aligned blocks): the top
+  /// `shard_bits` pick the caller's shard, the next bits the slot.
+  static std::uint64_t hash(void const* ptr) noexcept {
+    return (reinterpret_cast<std::uintptr_t>(ptr) >> 8) * 0x9E3779B97F4A7C15ULL;
+  }
+  static constexpr unsigned shard_bits = 6;
+
+  [[nodiscard]] std::size_t size() const noexcept { return live_; }
+  [[nodiscard]] std::size_t capacity() const noexcept { return table_.size(); }
+  [[nodiscard]] live_block const& operator[](std::size_t slot) const noexcept { return table_[slot]; }
+
+  /// The slot a probe for `ptr` starts at (capacity() > 0).
+  [[nodiscard]] std::size_t home(void const* ptr) const noexcept {
+    return static_cast<std::size_t>((hash(ptr) << shard_bits) >> (64 - bits_));
+  }
+
+  /// The slot of `ptr`'s block on `device` (any device when `device` < 0), or npos.
+  [[nodiscard]] std::size_t find(void const* ptr, int device) const noexcept {
+    if (table_.empty()) { return npos; }
+    for (std::size_t i = home(ptr); table_[i].ptr != nullptr; i = next(i)) {
+      if (table_[i].ptr == ptr && (device < 0 || table_[i].device == device)) { return i; }
+    }
+    return npos;
+  }
+
+  /// How many devices' blocks start at `ptr` (more than one only over simulated memory).
+  [[nodiscard]] std::size_t count(void const* ptr) const noexcept {
+    std::size_t n = 0;
+    if (table_.empty()) { return 0; }
+    for (std::size_t i = home(ptr); table_[i].ptr != nullptr; i = next(i)) { n += table_[i].ptr == ptr ? 1 : 0; }
+    return n;
+  }
+
+  /// Adds a block. Throws std::bad_alloc, the table unchanged, only when it must grow and
+  /// cannot.
+  void insert(live_block const& block) {
+    if (2 * (live_ + 1) > table_.size()) { grow(); }
+    place(block);
+  }
+
+  /// Removes the block in `slot` (from `find`). Backward shift: later members of the probe
+  /// run move into the hole, so no lookup ever steps over a dead slot.
+  void erase(std::size_t slot) noexcept {
+    std::size_t hole = slot;
+    for (std::size_t j = next(hole); table_[j].ptr != nullptr; j = next(j)) {
+      std::size_t const k = home(table_[j].ptr);
+      // table_[j] moves to the hole unless its home lies cyclically in (hole, j].
+      if (hole <= j ? (k <= hole || k > j) : (k <= hole && k > j)) {
+        table_[hole] = table_[j];
+        hole = j;
+      }
+    }
+    table_[hole] = live_block{};
+    --live_;
+  }
+
+ private:
+  [[nodiscard]] std::size_t next(std::size_t i) const noexcept { return (i + 1) & (table_.size() - 1); }
+
+  void place(live_block const& block) noexcept {  // a slot is empty: the callers see to it
+    std::size_t i = home(block.ptr);
+    while (table_[i].ptr != nullptr) { i = next(i); }
+    table_[i] = block;
+    ++live_;
+  }
+
+  void grow() {
+    // The new array first: when it cannot be had, the table is left as it was.
+    std::vector<live_block> old(std::max<std::size_t>(64, 2 * table_.size()));
+    old.swap(table_);
+    bits_ = static_cast<unsigned>(std::countr_zero(table_.size()));
+    live_ = 0;
+    for (live_block const& block : old) {
+      if (block.ptr != nullptr) { place(block); }
+    }
+  }
+
+  std::vector<live_block> table_;  // a power of two (2^bits_) long, or empty before the first insert
+  unsigned bits_ = 0;
+  std::size_t live_ = 0;
+};
+
+}  // namespace mrstack::detail

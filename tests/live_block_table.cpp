@@ -1,0 +1,124 @@
+// detail::live_block_table against a std::set of (address, device): random inserts, erases
+// and look-ups over addresses that share a hash (the low 8 bits are not hashed), that are
+// live on two devices at once, whose probe runs wrap around the table's end, and over
+// enough blocks to grow the table many times.
+#include <catch2/catch.hpp>
+
+#include <mrstack/detail/live_block_table.hpp>
+
+#include <cstdint>
+#include <iterator>
+#include <random>
+#include <set>
+#include <utility>
+
+using mrstack::detail::live_block;
+using mrstack::detail::live_block_table;
+
+namespace {
+
+using key = std::pair<std::uintptr_t, int>;
+
+void* as_ptr(std::uintptr_t address) { return reinterpret_cast<void*>(address); }
+
+/// Every slot holds a block of the model, found where it is, and every block of the model
+/// is found; the table is a power of two at most half full.
+void check_whole(live_block_table const& table, std::set<key> const& model) {
+  REQUIRE(table.size() == model.size());
+  REQUIRE(2 * table.size() <= table.capacity());
+  REQUIRE((table.capacity() & (table.capacity() - 1)) == 0);
+  std::size_t occupied = 0;
+  for (std::size_t i = 0; i < table.capacity(); ++i) {
+    live_block const& b = table[i];
+    if (b.ptr == nullptr) { continue; }
+    ++occupied;
+    REQUIRE(model.count(key{reinterpret_cast<std::uintptr_t>(b.ptr), b.device}) == 1);
+    REQUIRE(table.find(b.ptr, b.device) == i);
+  }
+  REQUIRE(occupied == model.size());
+  for (auto const& [address, device] : model) { REQUIRE(table.find(as_ptr(address), device) != live_block_table::npos); }
+}
+
+std::size_t model_count(std::set<key> const& model, std::uintptr_t address) {
+  auto const first = model.lower_bound(key{address, -1});
+  auto const last = model.lower_bound(key{address + 1, -1});
+  return static_cast<std::size_t>(std::distance(first, last));
+}
+
+}  // namespace
+
+TEST_CASE("live_block_table: agrees with a set of (address, device) over random operations") {
+  std::uint64_t const seed = GENERATE(1, 2, 3, 4, 5);
+  std::size_t const blocks = GENERATE(std::size_t{40}, std::size_t{3000});
+  INFO("seed " << seed << ", up to " << blocks << " blocks");
+  std::mt19937_64 rng{seed};
+  live_block_table table;
+  std::set<key> model;
+  std::uintptr_t const base = std::uintptr_t{0x7f00'0000'0000};
+  auto address = [&]() -> std::uintptr_t {
+    switch (rng() % 4) {
+      case 0: return base + (rng() % 16) * 256 + rng() % 256;  // one hash for 256 addresses: one home
+      case 1:  // a probe run from the table's last slots wraps around to its first
+        if (table.capacity() != 0) {
+          for (int tries = 0; tries < 4096; ++tries) {
+            std::uintptr_t const a = base + (1 + rng() % (1u << 24)) * 256;
+            if (table.home(as_ptr(a)) + 2 >= table.capacity()) { return a; }
+          }
+        }
+        [[fallthrough]];
+      default: return base + (1 + rng() % (blocks * 4)) * 256;
+    }
+  };
+  for (int step = 0; step < 60000; ++step) {
+    std::uintptr_t const a = address();
+    int const device = static_cast<int>(rng() % 2);  // simulated stacks of two devices share addresses
+    bool const live = model.count(key{a, device}) == 1;
+    switch (rng() % 5) {
+      case 0:
+      case 1:
+        if (!live && model.size() < blocks) {
+          table.insert(live_block{as_ptr(a), device});
+          model.insert(key{a, device});
+        }
+        break;
+      case 2: {  // erase a block of the model (a random one: the look-up address is mostly not live)
+        if (model.empty()) { break; }
+        auto it = model.lower_bound(key{a, device});
+        if (it == model.end()) { it = model.begin(); }
+        std::size_t const slot = table.find(as_ptr(it->first), it->second);
+        REQUIRE(slot != live_block_table::npos);
+        table.erase(slot);
+        model.erase(it);
+        REQUIRE(table.find(as_ptr(a), device) == (model.count(key{a, device}) ? table.find(as_ptr(a), device)
+                                                                               : live_block_table::npos));
+        break;
+      }
+      default: {
+        std::size_t const slot = table.find(as_ptr(a), device);
+        REQUIRE((slot != live_block_table::npos) == live);
+        if (live) { REQUIRE((table[slot].ptr == as_ptr(a) && table[slot].device == device)); }
+        REQUIRE(table.count(as_ptr(a)) == model_count(model, a));
+        REQUIRE((table.find(as_ptr(a), -1) != live_block_table::npos) == (model_count(model, a) != 0));
+      }
+    }
+    REQUIRE(table.size() == model.size());
+    if (step % 997 == 0) { check_whole(table, model); }
+  }
+  check_whole(table, model);
+  while (!model.empty()) {  // emptied again, every erase finding what is left
+    auto it = model.begin();
+    std::advance(it, static_cast<std::ptrdiff_t>(rng() % model.size()));
+    table.erase(table.find(as_ptr(it->first), it->second));
+    model.erase(it);
+    if (model.size() % 64 == 0) { check_whole(table, model); }
+  }
+  REQUIRE(table.size() == 0);
+}
+
+TEST_CASE("live_block_table: an empty table finds nothing and counts nothing") {
+  live_block_table table;
+  REQUIRE(table.find(as_ptr(0x1000), 0) == live_block_table::npos);
+  REQUIRE(table.find(as_ptr(0x1000), -1) == live_block_table::npos);
+  REQUIRE(table.count(as_ptr(0x1000)) == 0);
+  REQUIRE(table.capacity() == 0);
+}
