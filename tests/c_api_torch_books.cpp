@@ -1,0 +1,202 @@
+// The torch entry points' live-block books (mrstack_torch_alloc / _free / _record_stream)
+// over device stacks of simulated memory, where devices 0 and 1 hand out the same
+// addresses: many threads allocating, freeing and recording at once, a free racing a
+// record_stream on the same block, and host memory running out while the books grow.
+// Without a CUDA driver a record_stream that passes the books' check fails at its first
+// CUDA call (MRSTACK_ERROR_CUDA); with one it records on the legacy stream (the frees
+// then wait for it). What matters here is that the books stay right.
+#include <catch2/catch.hpp>
+
+#include <mrstack/c_api.h>
+
+#include "host_allocation_failure.hpp"
+
+#include <atomic>
+#include <cstdint>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace {
+
+void configure_once() {
+  static bool const done = [] {
+    REQUIRE(mrstack_configure("pool(initial=4MiB) > simulated(capacity=1GiB)") == MRSTACK_SUCCESS);
+    return true;
+  }();
+  (void)done;
+}
+
+std::uint64_t torch_live_bytes(int device) {
+  mrstack_stack* stack = nullptr;
+  REQUIRE(mrstack_device_stack(device, &stack) == MRSTACK_SUCCESS);
+  mrstack_statistics out{};
+  REQUIRE(mrstack_get_statistics(stack, &out) == MRSTACK_SUCCESS);
+  return out.clients[MRSTACK_CLIENT_TORCH].live_bytes;
+}
+
+/// What the device stack's pool has handed out and not had back: all PyTorch's (no other
+/// client uses these stacks).
+std::uint64_t pool_live_bytes(int device) {
+  mrstack_stack* stack = nullptr;
+  REQUIRE(mrstack_device_stack(device, &stack) == MRSTACK_SUCCESS);
+  mrstack_fragmentation out{};
+  REQUIRE(mrstack_get_fragmentation(stack, &out, nullptr, 0) == MRSTACK_SUCCESS);
+  return out.live_bytes;
+}
+
+/// 2 where device 1's stack serves (simulated memory needs no second device, but a machine
+/// with one real device refuses to make device 1 current), else 1.
+int usable_devices() {
+  static int const devices = [] {
+    void* p = mrstack_torch_alloc(256, 1, nullptr);
+    if (p == nullptr) { return 1; }
+    mrstack_torch_free(p, 256, 1, nullptr);
+    return 2;
+  }();
+  return devices;
+}
+
+struct block {
+  void* ptr;
+  std::size_t size;
+  int device;
+};
+
+char* bytes(void* p) { return static_cast<char*>(p); }
+
+}  // namespace
+
+TEST_CASE("torch books: threads allocating, freeing and recording at once keep them right") {
+  configure_once();
+  int const devices = usable_devices();
+  constexpr int threads = 4;
+  std::atomic<int> failures{0};
+  std::vector<std::thread> workers;
+  for (int t = 0; t < threads; ++t) {
+    workers.emplace_back([t, devices, &failures] {
+      std::mt19937_64 rng{static_cast<std::uint64_t>(t) + 1};
+      std::vector<block> mine;
+      auto fail = [&] { failures.fetch_add(1); };
+      for (int step = 0; step < 6000; ++step) {
+        auto const op = rng() % 8;
+        if (op < 3 || mine.empty()) {
+          std::size_t const size = std::size_t{256} << (rng() % 8);
+          int const device = static_cast<int>(rng() % static_cast<unsigned>(devices));
+          void* p = mrstack_torch_alloc(size, device, nullptr);
+          if (p == nullptr) { fail(); continue; }
+          mine.push_back(block{p, size, device});
+        } else if (op < 6) {
+          std::size_t const i = rng() % mine.size();
+          block const b = mine[i];
+          mine[i] = mine.back();
+          mine.pop_back();
+          mrstack_torch_free(b.ptr, b.size, b.device, nullptr);
+        } else if (op == 6) {
+          // One of mine: the check passes (CUDA then fails without a driver), unless the
+          // other device's stack has a live block at the same address too.
+          block const& b = mine[rng() % mine.size()];
+          int const status = mrstack_torch_record_stream(b.ptr, nullptr);
+          bool const shared = status == MRSTACK_ERROR_INVALID_ARGUMENT &&
+                              std::string{mrstack_last_error()}.find("devices' stacks at once") != std::string::npos;
+          if (!(status == MRSTACK_SUCCESS || status == MRSTACK_ERROR_CUDA || shared)) { fail(); }
+          // Into one of mine: refused, unless the other device has a block starting there.
+          if (b.size > 256) {
+            int const into = mrstack_torch_record_stream(bytes(b.ptr) + 256, nullptr);
+            if (into != MRSTACK_ERROR_INVALID_ARGUMENT && into != MRSTACK_ERROR_CUDA && into != MRSTACK_SUCCESS) {
+              fail();
+            }
+          }
+        } else if (step % 64 == 7) {
+          // Refused frees, which must change nothing: a device that holds nothing (no stack, or
+          // one PyTorch never used), into a block.
+          block const& b = mine[rng() % mine.size()];
+          mrstack_torch_free(b.ptr, b.size, 2, nullptr);
+          if (b.size > 256) { mrstack_torch_free(bytes(b.ptr) + 256, b.size - 256, b.device, nullptr); }
+        }
+      }
+      for (block const& b : mine) { mrstack_torch_free(b.ptr, b.size, b.device, nullptr); }
+    });
+  }
+  for (auto& w : workers) { w.join(); }
+  CHECK(failures.load() == 0);
+  for (int device = 0; device < devices; ++device) {
+    CHECK(torch_live_bytes(device) == 0);
+    CHECK(pool_live_bytes(device) == 0);
+  }
+  // Nothing is live: every pointer handed out is refused now.
+  void* p = mrstack_torch_alloc(4096, 0, nullptr);
+  REQUIRE(p != nullptr);
+  mrstack_torch_free(p, 4096, 0, nullptr);
+  CHECK(mrstack_torch_record_stream(p, nullptr) == MRSTACK_ERROR_INVALID_ARGUMENT);
+}
+
+TEST_CASE("torch books: a free racing a record_stream on the same block") {
+  configure_once();
+  constexpr int rounds = 3000;
+  std::atomic<void*> published{nullptr};
+  std::atomic<int> round{0};
+  std::atomic<int> bad{0};
+  std::thread recorder{[&] {
+    for (int r = 0; r < rounds; ++r) {
+      void* p = nullptr;
+      while ((p = published.load(std::memory_order_acquire)) == nullptr && round.load() == r) {}
+      for (int i = 0; i < 4 && p != nullptr; ++i) {
+        int const status = mrstack_torch_record_stream(p, nullptr);
+        if (status != MRSTACK_SUCCESS && status != MRSTACK_ERROR_CUDA && status != MRSTACK_ERROR_INVALID_ARGUMENT) {
+          bad.fetch_add(1);
+        }
+      }
+      while (round.load() == r) {}
+    }
+  }};
+  for (int r = 0; r < rounds; ++r) {
+    void* p = mrstack_torch_alloc(1024, 0, nullptr);
+    REQUIRE(p != nullptr);
+    published.store(p, std::memory_order_release);
+    mrstack_torch_free(p, 1024, 0, nullptr);
+    published.store(nullptr, std::memory_order_release);
+    round.fetch_add(1);
+  }
+  recorder.join();
+  CHECK(bad.load() == 0);
+  CHECK(torch_live_bytes(0) == 0);
+}
+
+TEST_CASE("torch books: no host memory to grow them fails the allocation and gives the block back") {
+  MRSTACK_TEST_NEEDS_HOST_ALLOCATION_FAILURES();
+  configure_once();
+  std::uint64_t const live_before = torch_live_bytes(0);
+  // Enough blocks that every shard's table grows; each allocation is run out of host memory
+  // at each of its host allocations in turn (the pool's bookkeeping, the table's growth)
+  // before it is let through.
+  std::vector<void*> held;
+  int refusals = 0;
+  int refused_by_books = 0;
+  for (int i = 0; i < 64 * 48; ++i) {
+    void* p = nullptr;
+    for (long n = 0; p == nullptr; ++n) {
+      mrstack::test::fail_host_allocation_in = n;
+      p = mrstack_torch_alloc(256, 0, nullptr);
+      bool const failed_inside = mrstack::test::fail_host_allocation_in < 0;
+      mrstack::test::fail_host_allocation_in = -1;
+      if (p != nullptr) { break; }
+      REQUIRE(failed_inside);
+      ++refusals;
+      std::string const why = mrstack_last_error();
+      INFO(why);
+      REQUIRE(mrstack_last_error_status() == MRSTACK_ERROR_OUT_OF_MEMORY);
+      refused_by_books += why.find("pool") == std::string::npos ? 1 : 0;
+      // Nothing of the refused allocation stays: the pool has back what PyTorch does not hold.
+      REQUIRE(torch_live_bytes(0) == live_before + held.size() * 256);
+      REQUIRE(pool_live_bytes(0) == torch_live_bytes(0));
+    }
+    held.push_back(p);
+  }
+  CHECK(refusals > 0);
+  CHECK(refused_by_books > 0);  // some allocation met a table that had to grow
+  for (void* p : held) { mrstack_torch_free(p, 256, 0, nullptr); }
+  CHECK(torch_live_bytes(0) == live_before);
+  CHECK(pool_live_bytes(0) == live_before);
+}
