@@ -1,16 +1,20 @@
 // detail::live_block_table against a std::set of (address, device): random inserts, erases
 // and look-ups over addresses that share a hash (the low 8 bits are not hashed), that are
 // live on two devices at once, whose probe runs wrap around the table's end, and over
-// enough blocks to grow the table many times.
+// enough blocks to grow the table many times; and a block a refused free took out goes
+// back without host memory, however full other threads made the table meanwhile.
 #include <catch2/catch.hpp>
 
 #include <mrstack/detail/live_block_table.hpp>
+
+#include "host_allocation_failure.hpp"
 
 #include <cstdint>
 #include <iterator>
 #include <random>
 #include <set>
 #include <utility>
+#include <vector>
 
 using mrstack::detail::live_block;
 using mrstack::detail::live_block_table;
@@ -121,4 +125,49 @@ TEST_CASE("live_block_table: an empty table finds nothing and counts nothing") {
   REQUIRE(table.find(as_ptr(0x1000), -1) == live_block_table::npos);
   REQUIRE(table.count(as_ptr(0x1000)) == 0);
   REQUIRE(table.capacity() == 0);
+}
+
+TEST_CASE("live_block_table: a block taken out goes back without host memory, the table refilled meanwhile") {
+  MRSTACK_TEST_NEEDS_HOST_ALLOCATION_FAILURES();
+  std::size_t const taken = GENERATE(std::size_t{1}, std::size_t{8}, std::size_t{31});
+  INFO(taken << " frees refused at once");
+  live_block_table table;
+  std::set<key> model;
+  std::uintptr_t next = 0x7f00'0000'0000;
+  auto add = [&] {
+    next += 256;
+    table.insert(live_block{as_ptr(next), 0});
+    model.insert(key{next, 0});
+  };
+  while (2 * (table.size() + 1) <= 64) { add(); }  // half full: the next insert would grow
+  REQUIRE(table.capacity() == 64);
+  // `taken` frees take their blocks out; other threads' allocations fill the room again.
+  std::vector<live_block> out;
+  for (std::size_t i = 0; i < taken; ++i) {
+    auto it = model.begin();
+    std::advance(it, static_cast<std::ptrdiff_t>(i * 3 % model.size()));
+    std::size_t const slot = table.find(as_ptr(it->first), 0);
+    out.push_back(table[slot]);
+    table.erase(slot);
+    model.erase(it);
+  }
+  for (std::size_t i = 0; i < taken; ++i) { add(); }
+  REQUIRE(table.capacity() == 64);
+  // The frees are refused: their blocks go back, with no host memory to be had.
+  mrstack::test::fail_host_allocations_from = 1;
+  bool threw = false;
+  try {
+    for (live_block const& b : out) { table.put_back(b); }
+  } catch (std::bad_alloc const&) {
+    threw = true;
+  }
+  mrstack::test::fail_host_allocations_from = 0;
+  REQUIRE_FALSE(threw);
+  for (live_block const& b : out) { model.insert(key{reinterpret_cast<std::uintptr_t>(b.ptr), b.device}); }
+  REQUIRE(table.size() == model.size());
+  for (auto const& [address, device] : model) { REQUIRE(table.find(as_ptr(address), device) != live_block_table::npos); }
+  // Over half full until the next insert, which grows it back under half.
+  add();
+  check_whole(table, model);
+  REQUIRE(table.capacity() == 128);
 }

@@ -270,14 +270,30 @@ void* allocate_for_torch(std::size_t size, int device, void* stream) {
   return ptr;
 }
 
+/// The events record_stream kept for `ptr`'s block on `device` (under the shard's lock).
+use_map::iterator recorded_uses_of(use_map& uses, void* ptr, int device) {
+  auto [first, last] = uses.equal_range(ptr);
+  while (first != last && first->second.device != device) { ++first; }
+  return first == last ? uses.end() : first;
+}
+
 // Makes `stream` wait for every use of the block recorded on other streams, and destroys
-// the events: each is used once, by this free, whatever the free's outcome.
-void wait_for_recorded_uses(std::vector<cudaEvent_t>& events, void* stream) noexcept {
+// the events: each is used once, by this free, whatever the free's outcome. They are taken
+// from the books only now, when the free goes ahead: a refused free leaves them where
+// they are (putting a node back into an unordered map may allocate, to rehash).
+void wait_for_recorded_uses(block_shard& shard, void* ptr, int device, void* stream) noexcept {
+  std::vector<cudaEvent_t> events;
+  {
+    std::lock_guard lock{shard.mutex};
+    if (auto found = recorded_uses_of(shard.uses, ptr, device); found != shard.uses.end()) {
+      events = std::move(found->second.events);
+      shard.uses.erase(found);
+    }
+  }
   for (cudaEvent_t event : events) {
     (void)cudaStreamWaitEvent(static_cast<cudaStream_t>(stream), event, 0);
     (void)cudaEventDestroy(event);  // the wait is enqueued: destroying the event now is allowed
   }
-  events.clear();
 }
 
 }  // namespace
@@ -338,32 +354,26 @@ void mrstack_torch_free(void* ptr, size_t size, int device, void* stream) {
     return;
   }
   // The block leaves the live books first, so a record_stream racing this free finds it
-  // gone; its events leave as a node handle, which goes back without allocating when the
-  // free is refused below (the table has room: the block's own slot was just freed).
+  // gone. A free refused below puts it back (`put_back` needs no host memory), its events
+  // untouched: only a free that goes ahead takes them.
   block_shard& shard = shard_of(ptr);
   bool held = false;
-  use_map::node_type uses;
+  bool recorded = false;  // record_stream kept events for it
   {
     std::lock_guard lock{shard.mutex};
     if (std::size_t const slot = shard.table.find(ptr, device); slot != live_block_table::npos) {
       held = true;
       shard.table.erase(slot);
-      if (!shard.uses.empty()) {
-        auto [first, last] = shard.uses.equal_range(ptr);
-        while (first != last && first->second.device != device) { ++first; }
-        if (first != last) { uses = shard.uses.extract(first); }
-      }
+      recorded = !shard.uses.empty() && recorded_uses_of(shard.uses, ptr, device) != shard.uses.end();
     }
   }
-  std::vector<cudaEvent_t> no_events;
-  std::vector<cudaEvent_t>& events = uses.empty() ? no_events : uses.mapped().events;
   auto keep = [&]() noexcept {
+    std::lock_guard lock{shard.mutex};
     try {
-      std::lock_guard lock{shard.mutex};
-      shard.table.insert(live_block{ptr, device});
-      if (!uses.empty() && !uses.mapped().events.empty()) { shard.uses.insert(std::move(uses)); }
-    } catch (...) {  // no memory to grow a table: the events at least are not leaked
-      for (cudaEvent_t event : events) { (void)cudaEventDestroy(event); }
+      shard.table.put_back(live_block{ptr, device});
+    } catch (...) {  // more refused frees at once than half a table, and no host memory
+      std::fprintf(stderr, "mrstack: mrstack_torch_free: no host memory to keep %p (device %d) in the books: "
+                   "its right free will be refused\n", ptr, device);
     }
   };
   if (!held) {
@@ -378,7 +388,7 @@ void mrstack_torch_free(void* ptr, size_t size, int device, void* stream) {
   // The books first, as mrstack_deallocate does: a size they cannot cover is refused
   // before the memory goes back, rather than wrapping the torch client's counters.
   if (!stack->try_count_free(MRSTACK_CLIENT_TORCH, size)) {
-    keep();  // with its events: the block's right free still waits for them
+    keep();  // its events stay: the block's right free still waits for them
     mrstack::c_api::set_last_error("mrstack_torch_free: a free of " + std::to_string(size) + " bytes on device " +
                                        std::to_string(device) + ", more than PyTorch holds there (" +
                                        std::to_string(stack->clients[MRSTACK_CLIENT_TORCH].live_bytes.load()) +
@@ -389,12 +399,12 @@ void mrstack_torch_free(void* ptr, size_t size, int device, void* stream) {
   }
   try {
     mrstack::detail::device_scope on_device{device};
-    wait_for_recorded_uses(events, stream);
+    if (recorded) { wait_for_recorded_uses(shard, ptr, device, stream); }
     stack->top->deallocate(ptr, size, mrstack::stream_view{static_cast<cudaStream_t>(stream)});
   } catch (...) {
     stack->uncount_free(MRSTACK_CLIENT_TORCH, size);  // the stack kept it
     // Still PyTorch's block. Its events were waited for and destroyed, or (the device could
-    // not be made current) are still there for the free that succeeds.
+    // not be made current) are still in the books for the free that succeeds.
     keep();
     (void)mrstack::c_api::status_from_current_exception();
     std::fprintf(stderr, "mrstack: PyTorch's free of %zu bytes on device %d failed: %s\n", size, device,
@@ -440,10 +450,9 @@ mrstack_status mrstack_torch_record_stream(void* ptr, void* stream) {
     std::lock_guard lock{shard.mutex};
     if (shard.table.count(ptr) != 1) { return; }  // refused below, with the lock released
     int const device = shard.table[shard.table.find(ptr, -1)].device;
-    auto [first, last] = shard.uses.equal_range(ptr);
-    while (first != last && first->second.device != device) { ++first; }
-    if (first == last) { first = shard.uses.emplace(ptr, recorded_uses{device, {}}); }
-    first->second.events.push_back(event);
+    auto found = recorded_uses_of(shard.uses, ptr, device);
+    if (found == shard.uses.end()) { found = shard.uses.emplace(ptr, recorded_uses{device, {}}); }
+    found->second.events.push_back(event);
     event = nullptr;  // the block's free destroys it
   });
   if (event == nullptr) { return recorded; }

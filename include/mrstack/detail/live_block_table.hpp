@@ -66,6 +66,18 @@ class live_block_table {
     place(block);
   }
 
+  /// Adds back a block a free took out (`erase`) and then could not free. It grows the
+  /// table only when no slot would stay empty, so the undo needs no host memory even when
+  /// other threads filled the table meanwhile (on failure the block would be lost from the
+  /// books, and its right free refused). The table may be more than half full until the
+  /// next insert grows it. Only more undos at once than half its capacity (32 or more),
+  /// with no insert between, make it grow, and then it may throw std::bad_alloc as
+  /// `insert` does.
+  void put_back(live_block const& block) {
+    if (live_ + 1 >= table_.size()) { grow(); }
+    place(block);
+  }
+
   /// Removes the block in `slot` (from `find`). Backward shift: later members of the probe
   /// run move into the hole, so no lookup ever steps over a dead slot.
   void erase(std::size_t slot) noexcept {
