@@ -287,6 +287,32 @@ def test_a_free_of_what_pytorch_does_not_hold_changes_nothing(run_python):
     assert done.stdout.split() == ["ok"]
 
 
+def test_a_refused_free_names_the_pointer_and_where_the_block_is(run_python):
+    # The counters' refusal named the size and the device but not the pointer; a free for the
+    # wrong device did not say which device's stack holds the block.
+    done = run_python("""
+        import mrstack
+        from mrstack import _lib
+        mrstack.configure("pool(initial=4MiB) > simulated(capacity=64MiB)")
+        lib = _lib.library()
+        d = lib.dll
+        a = d.mrstack_torch_alloc(1 << 20, 0, None)
+        d.mrstack_torch_free(a, 3 << 20, 0, None)   # more than PyTorch holds: the counters refuse
+        message = lib.last_error()
+        assert message.startswith(f"mrstack_torch_free: {hex(a)} (3145728 bytes) on device 0: more than PyTorch "
+                                  "holds there (1048576 bytes)"), message
+        assert mrstack.device_stack(2) is not None
+        d.mrstack_torch_free(a, 1 << 20, 2, None)   # device 2's stack holds nothing
+        message = lib.last_error()
+        assert f"{hex(a)} (1048576 bytes) is not a block PyTorch holds from device 2's stack" in message, message
+        assert "it is a live block of device 0's" in message, message
+        d.mrstack_torch_free(a, 1 << 20, 0, None)
+        assert mrstack.statistics(0).clients["torch"].live_bytes == 0
+        print("ok")
+    """)
+    assert done.stdout.split() == ["ok"]
+
+
 def test_record_stream_reaches_the_library_and_fails_clearly_without_a_device(run_python):
     done = run_python("""
         import mrstack, mrstack.torch as mt

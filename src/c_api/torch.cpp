@@ -359,12 +359,15 @@ void mrstack_torch_free(void* ptr, size_t size, int device, void* stream) {
   block_shard& shard = shard_of(ptr);
   bool held = false;
   bool recorded = false;  // record_stream kept events for it
+  int held_by = -1;       // not held on `device`: a device whose stack holds a block there, for the message
   {
     std::lock_guard lock{shard.mutex};
     if (std::size_t const slot = shard.table.find(ptr, device); slot != live_block_table::npos) {
       held = true;
       shard.table.erase(slot);
       recorded = !shard.uses.empty() && recorded_uses_of(shard.uses, ptr, device) != shard.uses.end();
+    } else if (std::size_t const other = shard.table.find(ptr, -1); other != live_block_table::npos) {
+      held_by = shard.table[other].device;
     }
   }
   auto keep = [&]() noexcept {
@@ -377,10 +380,12 @@ void mrstack_torch_free(void* ptr, size_t size, int device, void* stream) {
     }
   };
   if (!held) {
+    std::string const elsewhere =
+        held_by >= 0 ? "; it is a live block of device " + std::to_string(held_by) + "'s stack" : std::string{};
     mrstack::c_api::set_last_error("mrstack_torch_free: " + mrstack::format_hex(ptr) + " (" +
                                        std::to_string(size) + " bytes) is not a block PyTorch holds from device " +
                                        std::to_string(device) + "'s stack (never handed out there, or already " +
-                                       "freed); nothing was freed",
+                                       "freed)" + elsewhere + "; nothing was freed",
                                    0, MRSTACK_ERROR_LOGIC);
     std::fprintf(stderr, "mrstack: %s\n", mrstack_last_error());
     return;
@@ -389,8 +394,9 @@ void mrstack_torch_free(void* ptr, size_t size, int device, void* stream) {
   // before the memory goes back, rather than wrapping the torch client's counters.
   if (!stack->try_count_free(MRSTACK_CLIENT_TORCH, size)) {
     keep();  // its events stay: the block's right free still waits for them
-    mrstack::c_api::set_last_error("mrstack_torch_free: a free of " + std::to_string(size) + " bytes on device " +
-                                       std::to_string(device) + ", more than PyTorch holds there (" +
+    mrstack::c_api::set_last_error("mrstack_torch_free: " + mrstack::format_hex(ptr) + " (" + std::to_string(size) +
+                                       " bytes) on device " + std::to_string(device) +
+                                       ": more than PyTorch holds there (" +
                                        std::to_string(stack->clients[MRSTACK_CLIENT_TORCH].live_bytes.load()) +
                                        " bytes): not an allocation of mrstack_torch_alloc of this size; nothing was freed",
                                    0, MRSTACK_ERROR_LOGIC);
@@ -407,7 +413,7 @@ void mrstack_torch_free(void* ptr, size_t size, int device, void* stream) {
     // not be made current) are still in the books for the free that succeeds.
     keep();
     (void)mrstack::c_api::status_from_current_exception();
-    std::fprintf(stderr, "mrstack: PyTorch's free of %zu bytes on device %d failed: %s\n", size, device,
+    std::fprintf(stderr, "mrstack: PyTorch's free of %p (%zu bytes) on device %d failed: %s\n", ptr, size, device,
                  mrstack_last_error());
   }
 }
