@@ -25,11 +25,18 @@ class live_block_table {
  public:
   static constexpr std::size_t npos = static_cast<std::size_t>(-1);
 
-  /// Blocks are 256-byte aligned. A product's high bits depend on all of the address (its
-  /// low bits only on the address's low bits, all zero for large aligned blocks): the top
-  /// `shard_bits` pick the caller's shard, the next bits the slot.
+  /// Blocks are 256-byte aligned, so the low 8 bits are dropped; the rest goes through a
+  /// full 64-bit mixer (MurmurHash3's finalizer): the top `shard_bits` pick the caller's
+  /// shard, the next bits the slot. One multiply was not enough: its high bits depend on
+  /// all of the address, but a pool's addresses repeat a pattern of block sizes, and
+  /// addresses a Fibonacci number of 256-byte steps apart landed in the same shard a few
+  /// slots apart, every block with partners: probe runs ten times as long as for random
+  /// addresses (a displacement of 2.3 slots against 0.22 for 10000 blocks).
   static std::uint64_t hash(void const* ptr) noexcept {
-    return (reinterpret_cast<std::uintptr_t>(ptr) >> 8) * 0x9E3779B97F4A7C15ULL;
+    std::uint64_t h = reinterpret_cast<std::uintptr_t>(ptr) >> 8;
+    h = (h ^ (h >> 33)) * 0xFF51AFD7ED558CCDULL;
+    h = (h ^ (h >> 33)) * 0xC4CEB9FE1A85EC53ULL;
+    return h ^ (h >> 33);
   }
   static constexpr unsigned shard_bits = 6;
 
