@@ -313,6 +313,30 @@ def test_a_refused_free_names_the_pointer_and_where_the_block_is(run_python):
     assert done.stdout.split() == ["ok"]
 
 
+def test_a_free_the_stack_refuses_keeps_the_block_in_the_books(run_python):
+    # The free takes the block out of the books before the stack has it; when the stack
+    # refuses (here the pool: another size than the block's), the block is PyTorch's still.
+    done = run_python("""
+        import mrstack
+        from mrstack import _lib
+        mrstack.configure("pool(initial=4MiB) > simulated(capacity=64MiB)")
+        lib = _lib.library()
+        d = lib.dll
+        a = d.mrstack_torch_alloc(1 << 20, 0, None)
+        b = d.mrstack_torch_alloc(1 << 20, 0, None)
+        d.mrstack_torch_free(a, 2 << 20, 0, None)   # the counters cover it, the pool refuses it
+        assert "pool: deallocate of " + hex(a) in lib.last_error(), lib.last_error()
+        assert mrstack.statistics(0).clients["torch"].live_bytes == 2 << 20
+        assert d.mrstack_torch_record_stream(a, None) in (_lib.SUCCESS, _lib.ERROR_CUDA), lib.last_error()
+        for p in (a, b):
+            d.mrstack_torch_free(p, 1 << 20, 0, None)
+        assert mrstack.statistics(0).clients["torch"].live_bytes == 0
+        assert d.mrstack_torch_record_stream(a, None) == _lib.ERROR_INVALID_ARGUMENT
+        print("ok")
+    """)
+    assert done.stdout.split() == ["ok"]
+
+
 def test_record_stream_reaches_the_library_and_fails_clearly_without_a_device(run_python):
     done = run_python("""
         import mrstack, mrstack.torch as mt
