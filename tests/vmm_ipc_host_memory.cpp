@@ -277,3 +277,55 @@ TEST_CASE("vmm IPC server: a cut-short request that carries descriptors has them
   ::close(ends[0]);
   ::close(ends[1]);
 }
+
+TEST_CASE("vmm IPC server: a peer that stays silent past the timeout has no descriptor of this process closed") {
+  // recvmsg that fails (the peer's timeout, a reset) leaves the message's control buffer as
+  // it was: uninitialized stack, where an earlier request's descriptors left their numbers.
+  // Read as received descriptors, they were closed again — numbers the process had reused.
+  int ends[2];
+  REQUIRE(pipe2(ends, O_CLOEXEC) == 0);
+  auto const h = test_registry().add_export_with(
+      {{0, MiB, 601}}, 0, MiB, 0, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+      [&](void* out, std::uint64_t) { *static_cast<int*>(out) = fcntl(ends[1], F_DUPFD_CLOEXEC, 0); });
+  for (int round = 0; round < 2; ++round) {
+    INFO("round " << round);
+    int pair[2];
+    REQUIRE(socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, pair) == 0);
+    // A peer's request that carries three descriptors (the server closes them) ...
+    alignas(cmsghdr) char control[CMSG_SPACE(3 * sizeof(int))] = {};
+    int const carried[3] = {ends[0], ends[0], ends[0]};
+    iovec iov{const_cast<unsigned char*>(h.data() + 16), 8};
+    msghdr msg{};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof control;
+    cmsghdr* cm = CMSG_FIRSTHDR(&msg);
+    cm->cmsg_level = SOL_SOCKET;
+    cm->cmsg_type = SCM_RIGHTS;
+    cm->cmsg_len = CMSG_LEN(sizeof carried);
+    std::memcpy(CMSG_DATA(cm), carried, sizeof carried);
+    REQUIRE(sendmsg(pair[0], &msg, MSG_NOSIGNAL) == 8);
+    std::vector<int> const before = open_descriptors();
+    test_registry().serve(pair[1]);
+    CHECK(open_descriptors() == before);
+    ::close(pair[0]);
+    ::close(pair[1]);
+    // ... then a silent one's connection, and descriptors in the numbers those had.
+    REQUIRE(socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, pair) == 0);
+    std::vector<int> reused;
+    for (int k = 0; k < 8; ++k) { reused.push_back(fcntl(ends[0], F_DUPFD_CLOEXEC, 0)); }
+    timeval const brief{0, 20000};
+    REQUIRE(setsockopt(pair[1], SOL_SOCKET, SO_RCVTIMEO, &brief, sizeof brief) == 0);
+    test_registry().serve(pair[1]);  // no request comes: recvmsg times out
+    for (int fd : reused) {
+      CHECK(fcntl(fd, F_GETFD) != -1);
+      ::close(fd);
+    }
+    ::close(pair[0]);
+    ::close(pair[1]);
+  }
+  test_registry().forget_run(601);
+  ::close(ends[0]);
+  ::close(ends[1]);
+}

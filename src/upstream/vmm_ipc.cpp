@@ -150,6 +150,9 @@ bool receive(int fd, void* data, std::size_t bytes, std::vector<int>& fds) {
   msg.msg_controllen = sizeof control;
   ssize_t got = 0;
   do { got = recvmsg(fd, &msg, MSG_CMSG_CLOEXEC); } while (got < 0 && errno == EINTR);
+  // Failed (a timeout, a reset), recvmsg leaves msg_controllen as set above, over the
+  // uninitialized buffer: numbers there (an earlier message's) are no descriptors of this one.
+  if (got < 0) { return false; }
   std::size_t const stored_before = fds.size();
   bool out_of_memory = false;
   for (cmsghdr* cm = CMSG_FIRSTHDR(&msg); cm != nullptr; cm = CMSG_NXTHDR(&msg, cm)) {
