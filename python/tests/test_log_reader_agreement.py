@@ -352,3 +352,30 @@ def test_a_binary_header_field_is_named_at_its_offset(tmp_path, version, record_
     if _replay() is not None:
         cpp = cpp_reading(path, tmp_path)
         assert cpp[0] == "error" and named in cpp[2], cpp
+
+
+def test_binary_logs_cut_or_damaged_are_refused_as_the_cpp_reader_refuses_them(tmp_path):
+    """A small binary log (tick clock, two threads sharing a block) cut at every word and
+    each of its words replaced by an edge value: read_log_events, through its column
+    reader, takes the logs mrstack-replay takes, with as many events. The one difference
+    is kept on purpose: a free of a pointer no row allocated, which log_to_memory_viz
+    counts and a replay cannot replay."""
+    if _replay() is None:
+        pytest.skip("mrstack-replay is not built (cmake --build --preset release --target mrstack-replay)")
+    data = binary_log([[(3, 0, 7, 1000, 300), (0, 500, 0x1000, 16, 0x10), (1, 600, 0, 32, 0)],
+                       [(3, 0, 8, 3000, 1000), (2, 900, 0x1000, 16, 0), (3, 0, 7, 2000, 1500),
+                        (0, 2900, 0x2000, 1, 0)]], start_wall_ns=1_700_000_000 * 10**9, clock=1)
+    variants = [data[:end] for end in range(0, len(data) + 1, 8)]
+    for at in range(32, len(data), 8):
+        variants += [data[:at] + word.to_bytes(8, "little") + data[at + 8:]
+                     for word in (0, (1 << 62) - 1, 3 << 62, (1 << 64) - 1)]
+    taken = 0
+    for variant in variants:
+        path = write(tmp_path, "variant.bin", variant)
+        cpp, python = cpp_reading(path, tmp_path), python_reading(path)
+        if python[0] == "events" and cpp[0] == "error" and "which no row stamped before it allocated" in cpp[2]:
+            continue
+        assert cpp[0] == python[0] and (cpp[0] == "error" or cpp[1] == python[1]), \
+            f"{variant.hex()}:\n C++: {cpp}\n Python: {python}"
+        taken += python[0] == "events"
+    assert taken > 20
