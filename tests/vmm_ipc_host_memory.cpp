@@ -12,6 +12,7 @@
 #include <fcntl.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -339,6 +340,69 @@ TEST_CASE("vmm IPC server: a peer that stays silent past the timeout has no desc
     ::close(pair[1]);
   }
   test_registry().forget_run(601);
+  ::close(ends[0]);
+  ::close(ends[1]);
+}
+
+TEST_CASE("vmm IPC server: no descriptor free when it accepts the next opener does not stop it") {
+  // accept4 failing with EMFILE (this process out of descriptors for a moment) ended the
+  // server thread: every later opener waited out its timeout and was told the exporter did
+  // not answer, for the rest of the process's life.
+  int ends[2];
+  REQUIRE(pipe2(ends, O_CLOEXEC) == 0);
+  auto const h = test_registry().add_export_with(  // the server runs from the first export on
+      {{0, MiB, 701}}, 0, MiB, 0, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+      [&](void* out, std::uint64_t) { *static_cast<int*>(out) = fcntl(ends[1], F_DUPFD_CLOEXEC, 0); });
+  // The server's abstract socket, named by the handle's pid and nonce.
+  std::uint32_t pid = 0;
+  std::uint64_t nonce = 0;
+  std::memcpy(&pid, h.data() + 8, sizeof pid);
+  std::memcpy(&nonce, h.data() + 56, sizeof nonce);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  int const name = std::snprintf(addr.sun_path + 1, sizeof addr.sun_path - 1, "mrstack-vmm-ipc-%u-%016llx", pid,
+                                 static_cast<unsigned long long>(nonce));
+  auto const addr_len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + static_cast<std::size_t>(name));
+  // Asks for export 0, which no handle names (refused in the header alone): whether the
+  // refusal came within 5 s. `connected` runs before the request is sent, `answered` after
+  // the answer came.
+  auto const refused = [&](auto connected, auto answered) {
+    int const s = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+    REQUIRE(s >= 0);
+    timeval const patience{5, 0};
+    REQUIRE(setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &patience, sizeof patience) == 0);
+    REQUIRE(connect(s, reinterpret_cast<sockaddr*>(&addr), addr_len) == 0);
+    connected();
+    std::uint64_t const none = 0;
+    REQUIRE(send(s, &none, sizeof none, MSG_NOSIGNAL) == static_cast<ssize_t>(sizeof none));
+    struct {
+      std::uint32_t status, runs, type;
+      std::int32_t device;
+      std::uint64_t block_offset, block_bytes;
+      char message[224];
+    } header{};
+    bool const got = recv(s, &header, sizeof header, 0) == static_cast<ssize_t>(sizeof header);
+    answered();
+    ::close(s);
+    header.message[sizeof header.message - 1] = '\0';
+    return got && std::string{header.message}.find("there is no export 0") != std::string::npos;
+  };
+  rlimit const saved = [] {
+    rlimit r{};
+    REQUIRE(getrlimit(RLIMIT_NOFILE, &r) == 0);
+    return r;
+  }();
+  // No number free when the server, having answered, waits for the next opener (a blocked
+  // accept4 takes its number before it waits: the limit is lowered once it accepted).
+  rlimit none = saved;
+  none.rlim_cur = 0;
+  CHECK(refused([&] { REQUIRE(setrlimit(RLIMIT_NOFILE, &none) == 0); },
+                [&] {
+                  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+                  REQUIRE(setrlimit(RLIMIT_NOFILE, &saved) == 0);
+                }));
+  CHECK(refused([] {}, [] {}));  // the server still answers
+  test_registry().forget_run(701);
   ::close(ends[0]);
   ::close(ends[1]);
 }

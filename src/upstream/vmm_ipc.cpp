@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstdarg>
 #include <cstdio>
 #include <cstring>
@@ -305,6 +306,12 @@ void export_registry::ensure_server() {
       int const connection = accept4(listener, nullptr, nullptr, SOCK_CLOEXEC);
       if (connection < 0) {
         if (errno == EINTR || errno == ECONNABORTED) { continue; }
+        // Out of descriptors or kernel memory for a moment (the opener stays queued): a
+        // return here left every later opener unanswered for the process's life.
+        if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(50));
+          continue;
+        }
         return;
       }
       set_timeouts(connection, peer_timeout_s);
