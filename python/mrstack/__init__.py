@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import ctypes
 import operator
 import threading
+import warnings
 
 from . import _lib
 from ._lib import (CudaError, FastPath, InvalidArgumentError, LibraryNotFoundError, MrstackError, OutOfMemoryError,
@@ -306,6 +307,19 @@ class Stack:
 
     def __exit__(self, *exc):
         self.close()
+
+    def __del__(self):
+        # A private stack never closed holds its memory, and whatever its pool took from
+        # the device, for the process's life. Destroying it here could free blocks whose
+        # addresses the program still uses, so it is said instead, as Python says of a
+        # file never closed (shown under `python -X dev`, `-W default` and pytest).
+        if getattr(self, "_owned", False) and getattr(self, "_handle", None) is not None:
+            try:
+                warnings.warn(f"mrstack.Stack: a private stack (device {self.device}) was never closed: it keeps "
+                              "its memory until the process ends (close it, or use `with`)", ResourceWarning,
+                              source=self)
+            except Exception:  # interpreter shutdown: the warnings machinery may be gone
+                pass
 
     def __repr__(self):
         kind = "private" if self._owned else "device"

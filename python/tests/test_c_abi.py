@@ -434,3 +434,23 @@ def test_a_device_that_can_have_no_stack_is_refused_not_reported_empty(lib):
                 call(device)
         with pytest.raises(TypeError, match=f"mrstack.{name}: device must be an int, not str"):
             call("0")
+
+
+def test_a_private_stack_never_closed_says_so_when_collected(lib):
+    # It kept its memory for the process's life without a word.
+    import gc
+    import warnings
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        stack = mrstack.Stack("system")
+        del stack
+        gc.collect()
+        with mrstack.Stack("system"):    # closed: nothing said
+            pass
+        mrstack.Stack("system").close()
+        gc.collect()
+        mrstack.device_stack(0)          # the process's own: never the caller's to close
+        gc.collect()
+    said = [w for w in caught if issubclass(w.category, ResourceWarning)]
+    assert len(said) == 1, [str(w.message) for w in caught]
+    assert "was never closed" in str(said[0].message)
