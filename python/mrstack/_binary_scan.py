@@ -15,7 +15,6 @@ words the error. The only errors raised here are those of reading the file
 (log_events._log_bytes), which the row-by-row reader raises first with the same words.
 """
 import bisect
-import heapq
 import itertools
 import operator
 import struct
@@ -24,7 +23,7 @@ import time
 from array import array
 
 from . import log_events as _rows
-from ._log_scan import Unusual, check_events
+from ._log_scan import Unusual, check_events, merged_keys
 
 _BLOCK_MAGIC = 0x4B4C4252
 _THREAD = 3 << 62                      # a thread record's first word is at least this
@@ -160,15 +159,7 @@ def _merged(words, runs, scale):
                 keys += [(s << 1 | (w >> 62 != 2)) << _ROW_BITS | i
                          for i, (s, w) in enumerate(zip(stamps, chunk), index)]
             index += len(chunk)
-    key_runs = list(threads.values())
-    threads.clear()
-    if all(all(map(operator.le, keys, itertools.islice(keys, 1, None))) for keys in key_runs):
-        order = list(itertools.chain.from_iterable(key_runs))
-        key_runs.clear()
-        order.sort()
-    else:
-        order = heapq.merge(*key_runs)
-    return _events(order, (firsts, pointers, sizes, streams))
+    return _events(merged_keys(threads), (firsts, pointers, sizes, streams))
 
 
 def _events(order, columns):

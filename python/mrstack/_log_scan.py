@@ -289,14 +289,7 @@ class _Reader:
         _in_stamp_order merges them: heapq.merge by the same keys, or, when every thread's
         keys already rise, one sort, which gives the same order)."""
         kinds, addresses, sizes, handles, numbers = columns
-        runs = list(threads.values())
-        threads.clear()
-        if all(all(map(operator.le, keys, itertools.islice(keys, 1, None))) for keys in runs):
-            order = list(itertools.chain.from_iterable(runs))
-            runs.clear()
-            order.sort()
-        else:
-            order = heapq.merge(*runs)
+        order = merged_keys(threads)
         mask, names, path, shared = (1 << _ROW_BITS) - 1, _KIND_NAMES, self.path, self.sizes
         for key in order:
             index, stamp = key & mask, key >> (_ROW_BITS + 1)
@@ -320,6 +313,20 @@ class _Reader:
 
 
 # ---- the checks of _EventChecks, on every event in order ---------------------------------
+
+def merged_keys(threads):
+    """Every thread's keys (a dict of lists, each in its thread's file order; emptied
+    here), merged in key order: one sort when each thread's keys already rise, which
+    gives the same order as heapq.merge, else heapq.merge (an iterator)."""
+    runs = list(threads.values())
+    threads.clear()
+    if all(all(map(operator.le, keys, itertools.islice(keys, 1, None))) for keys in runs):
+        order = list(itertools.chain.from_iterable(runs))
+        runs.clear()
+        order.sort()
+        return order
+    return heapq.merge(*runs)
+
 
 def check_events(produced, events):
     """Appends each event to `events` after _EventChecks' checks (Unusual where one
