@@ -8,7 +8,6 @@
 
 #include "../src/upstream/vmm_ipc_registry.hpp"
 
-#include <dirent.h>
 #include <fcntl.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
@@ -26,6 +25,7 @@
 #include <vector>
 
 #include <host_allocation_failure.hpp>
+#include <vmm_ipc_peer.hpp>
 
 using namespace mrstack;
 
@@ -39,27 +39,13 @@ vmm_ipc::export_registry& test_registry() {
   return *instance;
 }
 
-// The open descriptors' numbers (the directory's own left out).
-std::vector<int> open_descriptors() {
-  std::vector<int> fds;
-  DIR* dir = opendir("/proc/self/fd");
-  REQUIRE(dir != nullptr);
-  while (dirent const* entry = readdir(dir)) {
-    if (entry->d_name[0] != '.') { fds.push_back(std::atoi(entry->d_name)); }
-  }
-  fds.erase(std::find(fds.begin(), fds.end(), dirfd(dir)));
-  closedir(dir);
-  std::sort(fds.begin(), fds.end());
-  return fds;
-}
-
 // The open descriptors once they are `expected`, or after a second: the server thread
 // closes its answer's duplicates after the last send, which the opener may outrun.
 std::vector<int> settled_descriptors(std::vector<int> const& expected) {
-  std::vector<int> now = open_descriptors();
+  std::vector<int> now = test::open_descriptors();
   for (int wait = 0; wait < 100 && now != expected; ++wait) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    now = open_descriptors();
+    now = test::open_descriptors();
   }
   return now;
 }
@@ -166,7 +152,7 @@ TEST_CASE("vmm IPC server: out of host memory, an answer is refused with a reaso
   auto const h = test_registry().add_export_with(
       {{0, MiB, 201}, {MiB, MiB, 202}, {2 * MiB, MiB, 203}}, 0, 3 * MiB, 0, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
       [&](void* out, std::uint64_t) { *static_cast<int*>(out) = fcntl(ends[1], F_DUPFD_CLOEXEC, 0); });
-  std::size_t const descriptors = open_descriptors().size();
+  std::size_t const descriptors = test::open_descriptors().size();
   bool ran_through = false;
   for (long n = 0; n < 64 && !ran_through; ++n) {
     INFO("host allocation " << n << " fails");
@@ -179,7 +165,7 @@ TEST_CASE("vmm IPC server: out of host memory, an answer is refused with a reaso
       CHECK(got.message.find("out of host memory") != std::string::npos);
       CHECK(got.descriptors == 0);
     }
-    CHECK(open_descriptors().size() == descriptors);  // the answer's duplicates closed
+    CHECK(test::open_descriptors().size() == descriptors);  // the answer's duplicates closed
   }
   CHECK(ran_through);
   for (std::uint64_t run : {201, 202, 203}) { test_registry().forget_run(run); }
@@ -195,7 +181,7 @@ TEST_CASE("vmm IPC server: a descriptor it cannot duplicate refuses the answer a
   auto const h = test_registry().add_export_with(
       {{0, MiB, 301}, {MiB, MiB, 302}}, 0, 2 * MiB, 0, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
       [&](void* out, std::uint64_t) { *static_cast<int*>(out) = fcntl(ends[1], F_DUPFD_CLOEXEC, 0); });
-  std::vector<int> const before = open_descriptors();
+  std::vector<int> const before = test::open_descriptors();
   rlimit const saved = [] {
     rlimit r{};
     REQUIRE(getrlimit(RLIMIT_NOFILE, &r) == 0);
@@ -220,7 +206,7 @@ TEST_CASE("vmm IPC server: a descriptor it cannot duplicate refuses the answer a
   CHECK(got.status != 0);
   CHECK(got.message.find("cannot duplicate the descriptor of physical allocation 1 of 2") != std::string::npos);
   CHECK(got.descriptors == 0);
-  CHECK(open_descriptors() == before);  // the first run's duplicate closed
+  CHECK(test::open_descriptors() == before);  // the first run's duplicate closed
   for (std::uint64_t run : {301, 302}) { test_registry().forget_run(run); }
   ::close(ends[0]);
   ::close(ends[1]);
@@ -237,7 +223,7 @@ TEST_CASE("vmm IPC opener: out of host memory for the descriptors received, it c
   auto const h = test_registry().add_export_with(
       runs, 0, 100 * MiB, 0, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
       [&](void* out, std::uint64_t) { *static_cast<int*>(out) = fcntl(ends[1], F_DUPFD_CLOEXEC, 0); });
-  std::vector<int> const before = open_descriptors();
+  std::vector<int> const before = test::open_descriptors();
   bool ran_through = false;
   for (long n = 0; n < 256 && !ran_through; ++n) {
     INFO("host allocation " << n << " of the opener fails");
@@ -269,7 +255,7 @@ TEST_CASE("vmm IPC server: a cut-short request that carries descriptors has them
   REQUIRE(pipe2(ends, O_CLOEXEC) == 0);
   int pair[2];
   REQUIRE(socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, pair) == 0);
-  std::vector<int> const before = open_descriptors();
+  std::vector<int> const before = test::open_descriptors();
   char four[4] = {};
   iovec iov{four, sizeof four};
   alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
@@ -285,7 +271,7 @@ TEST_CASE("vmm IPC server: a cut-short request that carries descriptors has them
   std::memcpy(CMSG_DATA(cm), &ends[0], sizeof(int));
   REQUIRE(sendmsg(pair[0], &msg, MSG_NOSIGNAL) == static_cast<ssize_t>(sizeof four));
   test_registry().serve(pair[1]);  // a request of 4 bytes, not 8: no answer
-  CHECK(open_descriptors() == before);
+  CHECK(test::open_descriptors() == before);
   ::close(pair[0]);
   ::close(pair[1]);
   ::close(ends[0]);
@@ -320,9 +306,9 @@ TEST_CASE("vmm IPC server: a peer that stays silent past the timeout has no desc
     cm->cmsg_len = CMSG_LEN(sizeof carried);
     std::memcpy(CMSG_DATA(cm), carried, sizeof carried);
     REQUIRE(sendmsg(pair[0], &msg, MSG_NOSIGNAL) == 8);
-    std::vector<int> const before = open_descriptors();
+    std::vector<int> const before = test::open_descriptors();
     test_registry().serve(pair[1]);
-    CHECK(open_descriptors() == before);
+    CHECK(test::open_descriptors() == before);
     ::close(pair[0]);
     ::close(pair[1]);
     // ... then a silent one's connection, and descriptors in the numbers those had.
@@ -353,16 +339,8 @@ TEST_CASE("vmm IPC server: no descriptor free when it accepts the next opener do
   auto const h = test_registry().add_export_with(  // the server runs from the first export on
       {{0, MiB, 701}}, 0, MiB, 0, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
       [&](void* out, std::uint64_t) { *static_cast<int*>(out) = fcntl(ends[1], F_DUPFD_CLOEXEC, 0); });
-  // The server's abstract socket, named by the handle's pid and nonce.
-  std::uint32_t pid = 0;
-  std::uint64_t nonce = 0;
-  std::memcpy(&pid, h.data() + 8, sizeof pid);
-  std::memcpy(&nonce, h.data() + 56, sizeof nonce);
   sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  int const name = std::snprintf(addr.sun_path + 1, sizeof addr.sun_path - 1, "mrstack-vmm-ipc-%u-%016llx", pid,
-                                 static_cast<unsigned long long>(nonce));
-  auto const addr_len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + static_cast<std::size_t>(name));
+  socklen_t const addr_len = test::exporter_address(h, addr);
   // Asks for export 0, which no handle names (refused in the header alone): whether the
   // refusal came within 5 s. `connected` runs before the request is sent, `answered` after
   // the answer came.

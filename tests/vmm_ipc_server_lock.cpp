@@ -9,7 +9,8 @@
 
 #include "../src/upstream/vmm_ipc_registry.hpp"
 
-#include <dirent.h>
+#include <vmm_ipc_peer.hpp>
+
 #include <fcntl.h>
 #include <poll.h>
 #include <sys/resource.h>
@@ -44,15 +45,6 @@ struct wire_batch {
   CUmemFabricHandle fabric[64];
 };
 
-std::size_t open_descriptors() {
-  std::size_t n = 0;
-  DIR* dir = opendir("/proc/self/fd");
-  REQUIRE(dir != nullptr);
-  while (dirent const* entry = readdir(dir)) { n += entry->d_name[0] != '.'; }
-  closedir(dir);
-  return n - 1;  // the directory's own
-}
-
 // How many answer batches a fresh connection's socket holds before a send waits (the
 // kernel's send buffer: its size and accounting vary by host).
 std::size_t batches_a_socket_holds() {
@@ -66,24 +58,6 @@ std::size_t batches_a_socket_holds() {
   ::close(pair[0]);
   ::close(pair[1]);
   return held;
-}
-
-int connect_to_exporter(vmm_ipc::handle const& h) {
-  std::uint32_t pid = 0;
-  std::uint64_t nonce = 0;
-  std::memcpy(&pid, h.data() + 8, sizeof pid);
-  std::memcpy(&nonce, h.data() + 56, sizeof nonce);
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  int const n = std::snprintf(addr.sun_path + 1, sizeof addr.sun_path - 1, "mrstack-vmm-ipc-%u-%016llx", pid,
-                              static_cast<unsigned long long>(nonce));
-  int const s = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
-  REQUIRE(s >= 0);
-  REQUIRE(connect(s, reinterpret_cast<sockaddr*>(&addr),
-                  static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + static_cast<std::size_t>(n))) == 0);
-  timeval const limit{30, 0};
-  (void)setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &limit, sizeof limit);
-  return s;
 }
 
 // Receives one batch; returns how many of its descriptors are the file `same`
@@ -143,13 +117,13 @@ TEST_CASE("vmm IPC server: an opener that does not read holds up no export or un
   // The server started (its listening socket open for good) before the count.
   (void)registry->add_export_with({{0, 2 * MiB, 1}}, 0, MiB, 0, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, dup_of_pipe);
   registry->forget_run(1);
-  std::size_t const descriptors_before = open_descriptors();
+  std::size_t const descriptors_before = test::open_descriptors().size();
   std::vector<virtual_range_resource::mapped_run> block;
   for (std::size_t i = 0; i < runs; ++i) { block.push_back({i * 2 * MiB, 2 * MiB, 1000 + i}); }
   auto const h = registry->add_export_with(block, 0, runs * 2 * MiB, 0, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
                                            dup_of_pipe);
 
-  int const opener = connect_to_exporter(h);
+  int const opener = test::connect_to_exporter(h, 30);
   std::uint64_t export_id = 0;
   std::memcpy(&export_id, h.data() + 16, sizeof export_id);
   REQUIRE(send(opener, &export_id, sizeof export_id, MSG_NOSIGNAL) == static_cast<ssize_t>(sizeof export_id));
@@ -188,10 +162,10 @@ TEST_CASE("vmm IPC server: an opener that does not read holds up no export or un
   for (int fd : others) { ::close(fd); }
   // The server's duplicates are closed once it is done with the connection.
   auto const deadline = std::chrono::steady_clock::now() + std::chrono::seconds{10};
-  while (open_descriptors() != descriptors_before && std::chrono::steady_clock::now() < deadline) {
+  while (test::open_descriptors().size() != descriptors_before && std::chrono::steady_clock::now() < deadline) {
     std::this_thread::sleep_for(std::chrono::milliseconds{10});
   }
-  CHECK(open_descriptors() == descriptors_before);
+  CHECK(test::open_descriptors().size() == descriptors_before);
   ::close(ends[0]);
   ::close(ends[1]);
 }

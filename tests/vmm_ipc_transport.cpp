@@ -9,6 +9,8 @@
 
 #include "../src/upstream/vmm_ipc_registry.hpp"
 
+#include <vmm_ipc_peer.hpp>
+
 #include <fcntl.h>
 #include <sys/socket.h>
 #include <sys/un.h>
@@ -51,23 +53,6 @@ struct pipe_pair {
 // A run exporter handing out duplicates of one pipe end (the exporter's "physical memory").
 vmm_ipc::export_registry::run_exporter dup_of(int fd) {
   return [fd](void* out, std::uint64_t) { *static_cast<int*>(out) = fcntl(fd, F_DUPFD_CLOEXEC, 0); };
-}
-
-// A socket connected to the exporter's server named by `h` (its pid and nonce).
-int connect_to_exporter(vmm_ipc::handle const& h) {
-  std::uint32_t pid = 0;
-  std::uint64_t nonce = 0;
-  std::memcpy(&pid, h.data() + 8, sizeof pid);
-  std::memcpy(&nonce, h.data() + 56, sizeof nonce);
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  int const n = std::snprintf(addr.sun_path + 1, sizeof addr.sun_path - 1, "mrstack-vmm-ipc-%u-%016llx", pid,
-                              static_cast<unsigned long long>(nonce));
-  int const s = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
-  REQUIRE(s >= 0);
-  REQUIRE(connect(s, reinterpret_cast<sockaddr*>(&addr),
-                  static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + static_cast<std::size_t>(n))) == 0);
-  return s;
 }
 
 }  // namespace
@@ -170,7 +155,7 @@ TEST_CASE("vmm IPC transport: a peer that connects and never asks does not stall
   std::vector<virtual_range_resource::mapped_run> runs{{0, 2 * MiB, 9}};
   auto const h =
       test_registry().add_export_with(runs, 0, MiB, 0, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, dup_of(pipe.write_end));
-  int const silent = connect_to_exporter(h);  // accepted first, then says nothing
+  int const silent = test::connect_to_exporter(h);  // accepted first, then says nothing
   std::promise<std::size_t> answer;
   auto received = answer.get_future();
   std::thread opener{[&] {
@@ -288,13 +273,10 @@ struct fake_exporter {
     std::memcpy(h.data() + 48, &run_bytes, 8);
     std::memcpy(h.data() + 56, &nonce, 8);
     sockaddr_un addr{};
-    addr.sun_family = AF_UNIX;
-    int const n = std::snprintf(addr.sun_path + 1, sizeof addr.sun_path - 1, "mrstack-vmm-ipc-%u-%016llx", pid,
-                                static_cast<unsigned long long>(nonce));
+    socklen_t const addr_len = test::exporter_address(pid, nonce, addr);
     listener = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
     REQUIRE(listener >= 0);
-    REQUIRE(bind(listener, reinterpret_cast<sockaddr*>(&addr),
-                 static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + static_cast<std::size_t>(n))) == 0);
+    REQUIRE(bind(listener, reinterpret_cast<sockaddr*>(&addr), addr_len) == 0);
     REQUIRE(listen(listener, 1) == 0);
     answering = std::thread{[this, type, stray_fd, block_bytes, run_bytes] {
       int const c = accept(listener, nullptr, nullptr);
