@@ -1,5 +1,24 @@
-"""Logs built by hand for the Python tests."""
+"""Logs built by hand for the Python tests, and the reference reader's answer."""
 import struct
+
+from mrstack import log_events
+from mrstack.convert import ConversionError
+
+
+def write(tmp_path, name, content):
+    """Writes `content` (bytes, or str kept byte for byte) to tmp_path/name; its path."""
+    path = tmp_path / name
+    path.write_bytes(content.encode("utf-8", "surrogateescape") if isinstance(content, str) else content)
+    return str(path)
+
+
+def row_by_row(path):
+    """("events", the events) or ("error", the message) from the row-by-row reader, which
+    the fast readers must match exactly."""
+    try:
+        return "events", log_events._read_row_by_row(path)
+    except ConversionError as e:
+        return "error", str(e)
 
 
 def binary_log(blocks, start_wall_ns=0, clock=0):

@@ -12,23 +12,10 @@ import pytest
 
 from mrstack import _binary_scan, _log_scan, log_events
 from mrstack.convert import ConversionError, read_log_events
-from log_fixtures import binary_log
+from log_fixtures import binary_log, row_by_row, write
 
 STAMP_MAX = (1 << 62) - 1
 READ = {}   # (clock, valid) -> how many of the random logs
-
-
-def write(tmp_path, name, content):
-    path = tmp_path / name
-    path.write_bytes(content)
-    return str(path)
-
-
-def row_by_row(path):
-    try:
-        return "events", log_events._read_row_by_row(path)
-    except ConversionError as e:
-        return "error", str(e)
 
 
 def fast(path):

@@ -9,23 +9,10 @@ import pytest
 
 from mrstack import _log_scan, log_events
 from mrstack.convert import ConversionError, read_log_events
-from log_fixtures import binary_log
+from log_fixtures import binary_log, row_by_row, write
 
 PLAIN = "Thread,Time,Action,Pointer,Size,Stream\n"
 STAMPED = "Thread,Time,Action,Pointer,Size,Stream,Stamp\n"
-
-
-def write(tmp_path, name, content):
-    path = tmp_path / name
-    path.write_bytes(content.encode("utf-8", "surrogateescape") if isinstance(content, str) else content)
-    return str(path)
-
-
-def row_by_row(path):
-    try:
-        return "events", log_events._read_row_by_row(path)
-    except ConversionError as e:
-        return "error", str(e)
 
 
 def assert_read_alike(path):
