@@ -144,6 +144,8 @@ class in_place_growth {
     // the core waits for that before their granules are unmapped or handed to another stream.
     core.before_release();
     ++releases_;
+    std::exception_ptr first_error;
+    std::size_t given_back = stale_holes_ ? decommit_stale_holes(first_error) : 0;
     withdrawn_.clear();
     std::size_t const g = granularity_;
     std::uintptr_t const base = base_;
@@ -162,7 +164,6 @@ class in_place_growth {
       if (auto const [offset, length] = whole_granules(address, size); length != 0) { planned.emplace(offset, length); }
     });
     withdrawn_.reserve(planned.size());
-    std::exception_ptr first_error;
     try {
       core.withdraw_free_ranges([&](std::uintptr_t address, std::size_t size, auto owner) {
         auto const [offset, length] = whole_granules(address, size);
@@ -183,7 +184,6 @@ class in_place_growth {
         withdrawn_.pop_back();
       }
     }
-    std::size_t given_back = 0;
     // Every hole is tried: stopping at one whose decommit fails left the later ones
     // committed. The first error is reported.
     for (auto const& hole : withdrawn_) {
@@ -242,17 +242,42 @@ class in_place_growth {
   /// again, so the pool ran out below its maximum. It goes back to the core as free memory
   /// of the owner it had, whole (re-committing what the decommit did give back, no more
   /// than this release took off the committed bytes), for a later release to try again.
-  /// Should that fail too it stays a hole: its reuse then counts it whole against the
-  /// maximum, which refuses early but never commits past it.
+  /// Should that fail too it stays a hole with granules committed (stale_holes_): its
+  /// reuse counts it whole against the maximum, which refuses early but never commits past
+  /// it, and the next release decommits it again (decommit_stale_holes).
   void keep_committed(Core& core, withdrawn_range const& hole, std::size_t decommitted) noexcept {
     try {
       if (decommitted != 0) { range_.commit(reinterpret_cast<void*>(base_ + hole.offset), hole.length); }
       if (core.restore(base_ + hole.offset, hole.owner) != 0) {
         holes_.erase(hole.offset);
         hole_bytes_ -= hole.length;
+        return;
       }
     } catch (...) {
     }
+    stale_holes_ = true;
+  }
+
+  /// Some hole may hold committed granules (keep_committed could not make it free memory
+  /// again). Left so, they stayed committed for as long as the hole was not reused: no
+  /// later release gave them back, even once the driver decommitted again, and a grow that
+  /// needed them refused below the maximum. So every release decommits the holes again
+  /// until all of them succeed (a granule not committed is skipped: holes lose nothing);
+  /// a reuse in between may have moved the committed granules into another hole, which is
+  /// why all of them are tried. The first error is reported.
+  std::size_t decommit_stale_holes(std::exception_ptr& first_error) {
+    std::size_t given_back = 0;
+    bool all_decommitted = true;
+    for (auto const& [offset, length] : holes_) {
+      try {
+        given_back += range_.decommit(reinterpret_cast<void*>(base_ + offset), length);
+      } catch (...) {
+        all_decommitted = false;
+        if (!first_error) { first_error = std::current_exception(); }
+      }
+    }
+    stale_holes_ = !all_decommitted;
+    return given_back;
   }
 
   /// Where the frontier may go: the reserved range, but no further than the core's one
@@ -428,6 +453,7 @@ class in_place_growth {
   std::size_t frontier_ = 0;                   // offset of the chunk's end
   std::map<std::size_t, std::size_t> holes_;   // offset -> bytes, one entry per core hole (not merged)
   std::size_t hole_bytes_ = 0;
+  bool stale_holes_ = false;                   // some hole may hold committed granules (keep_committed)
   std::size_t unreleasable_ = 0;               // free bytes the last release left in the core
   std::vector<withdrawn_range> withdrawn_;  // scratch for release
   std::size_t grows_ = 0;

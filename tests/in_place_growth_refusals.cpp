@@ -1,0 +1,191 @@
+// in_place_growth over a virtual range whose driver refuses on demand: a decommit that
+// gives back any subset of its granules and then fails, and the re-commit of what it gave
+// back failing too, over random traffic, releases and grows. After every step the books
+// must match the range: the granules committed are exactly those the core's free and live
+// blocks touch (plus, only after a failed re-commit, granules inside holes, which the next
+// release with the driver well gives back), holes are what the core holds withdrawn, the
+// maximum is never passed, and a request is refused only when committing it would pass
+// the maximum.
+#include <catch2/catch.hpp>
+
+#include <mrstack/detail/in_place_growth.hpp>
+#include <mrstack/upstream/simulated_vmm_memory_resource.hpp>
+
+#include <reference_core.hpp>
+
+#include <limits>
+#include <map>
+#include <new>
+#include <random>
+#include <set>
+#include <stdexcept>
+#include <string_view>
+
+using namespace mrstack;
+using mrstack::test::reference_core;
+
+namespace {
+
+constexpr std::size_t MiB = std::size_t{1} << 20;
+constexpr std::size_t G = 2 * MiB;
+
+// Decommit, when refusing, gives back a random subset of the granules asked for (one by
+// one, so any position) and then throws; commit, when refusing, commits nothing (the
+// contract's all-or-nothing) and throws out_of_memory.
+class flaky_range final : public virtual_range {
+ public:
+  double decommit_refusal = 0;  // chance that one decommit is refused
+  double commit_refusal = 0;    // chance that a commit right after a refused decommit is refused
+  std::size_t refused_decommits = 0;
+  std::size_t refused_recommits = 0;
+
+  flaky_range(virtual_range& inner, unsigned seed) : inner_{inner}, rng_{seed} {}
+  [[nodiscard]] std::byte* range_base() const noexcept override { return inner_.range_base(); }
+  [[nodiscard]] std::size_t range_bytes() const noexcept override { return inner_.range_bytes(); }
+  [[nodiscard]] std::size_t granularity() const noexcept override { return inner_.granularity(); }
+  void claim(std::string_view claimant) override { inner_.claim(claimant); }
+  void unclaim() noexcept override { inner_.unclaim(); }
+  std::size_t commit(void* ptr, std::size_t bytes) override {
+    bool const after_refusal = just_refused_;
+    just_refused_ = false;
+    if (after_refusal && chance(commit_refusal)) {
+      ++refused_recommits;
+      throw std::bad_alloc();
+    }
+    return inner_.commit(ptr, bytes);
+  }
+  std::size_t decommit(void* ptr, std::size_t bytes) override {
+    just_refused_ = false;
+    if (!chance(decommit_refusal)) { return inner_.decommit(ptr, bytes); }
+    auto* const p = static_cast<std::byte*>(ptr);
+    for (std::size_t at = 0; at + G <= bytes; at += G) {
+      if (chance(0.5)) { (void)inner_.decommit(p + at, G); }
+    }
+    ++refused_decommits;
+    just_refused_ = true;
+    throw std::runtime_error("injected: the driver refused the decommit");
+  }
+  [[nodiscard]] std::size_t committed_bytes() const noexcept override { return inner_.committed_bytes(); }
+  [[nodiscard]] std::size_t mapped_bytes() const noexcept override { return inner_.mapped_bytes(); }
+  [[nodiscard]] bool owns(void const* ptr) const noexcept override { return inner_.owns(ptr); }
+
+ private:
+  bool chance(double p) { return p > 0 && std::uniform_real_distribution<double>{0, 1}(rng_) < p; }
+
+  virtual_range& inner_;
+  std::mt19937_64 rng_;
+  bool just_refused_ = false;
+};
+
+struct flaky_pool {
+  simulated_vmm_memory_resource vmm;
+  flaky_range range;
+  reference_core core;
+  detail::in_place_growth<reference_core> growth;
+  std::map<std::uintptr_t, std::size_t> live;
+
+  // Odd seeds map four granules per physical allocation (granule_map.hpp).
+  flaky_pool(unsigned seed, detail::in_place_growth_options const& options)
+      : vmm{256 * G, G, std::numeric_limits<std::size_t>::max(), seed % 2 == 0 ? 1u : 4u},
+        range{vmm, seed},
+        growth{range, "flaky_pool", options} {
+    growth.start(core, 0);
+  }
+  ~flaky_pool() {
+    for (auto const& [p, n] : live) { core.deallocate(p, 0); }
+  }
+
+  [[nodiscard]] std::size_t granule(std::uintptr_t address) const {
+    return (address - reinterpret_cast<std::uintptr_t>(vmm.range_base())) / G;
+  }
+
+  // The model: every granule a free or live block touches must be committed (the core may
+  // hand it out); a granule wholly inside a hole is committed only after a failed re-commit.
+  void check(bool recommit_failed) const {
+    INFO(core.check());
+    REQUIRE(core.check().empty());
+    REQUIRE(core.withdrawn_bytes() == growth.hole_bytes());
+    REQUIRE(core.total_bytes() == growth.frontier_bytes());
+    REQUIRE(vmm.committed_bytes() <= growth.maximum_bytes());
+    std::set<std::size_t> needed;
+    std::size_t withdrawn_blocks = 0;
+    for (auto const& [a, b] : core.blocks()) {
+      if (b.st == reference_core::state::withdrawn) {
+        ++withdrawn_blocks;
+        continue;
+      }
+      for (std::size_t g = granule(a); g <= granule(a + b.size - 1); ++g) { needed.insert(g); }
+    }
+    REQUIRE(withdrawn_blocks == growth.hole_count());  // one hole per withdrawn block, none free
+    for (std::size_t g : needed) { REQUIRE(vmm.is_committed(vmm.range_base() + g * G, G)); }
+    if (!recommit_failed) { REQUIRE(vmm.committed_bytes() == needed.size() * G); }
+    vmm.check_invariants();
+  }
+};
+
+}  // namespace
+
+TEST_CASE("in_place_growth: random refused decommits and re-commits keep the books exact") {
+  for (unsigned seed = 1; seed <= 60; ++seed) {
+    INFO("seed " << seed);
+    std::mt19937_64 rng{seed};
+    detail::in_place_growth_options options;
+    options.maximum_bytes = (8 + seed % 24) * G;
+    flaky_pool pool{seed, options};
+    pool.range.decommit_refusal = 0.4;
+    pool.range.commit_refusal = seed % 3 == 0 ? 0.5 : 0.0;
+    std::vector<std::uintptr_t> order;
+    for (int step = 0; step < 400; ++step) {
+      int const op = static_cast<int>(rng() % 10);
+      if (op < 5) {
+        std::size_t const size = (1 + rng() % (3 * G / 256)) * 256;
+        std::size_t const alignment = rng() % 8 == 0 ? G : 256;
+        std::uintptr_t p = pool.core.allocate(size, alignment, 0);
+        if (p == 0) {
+          std::size_t const refused_before = pool.range.refused_decommits;
+          try {
+            pool.growth.grow(pool.core, size, alignment, 0);
+            p = pool.core.allocate(size, alignment, 0);
+            REQUIRE(p != 0);
+          } catch (detail::growth_failure const&) {
+            // Refused: committing a fresh stretch for it would pass the maximum. (Granules
+            // a failed re-commit left in holes refuse early only while the driver still
+            // refuses: the release in grow decommits them.)
+            if (pool.range.refused_decommits == refused_before) {
+              std::size_t const slack = alignment > 256 ? alignment : 0;
+              CHECK(pool.vmm.committed_bytes() + detail::align_up(size + slack, G) > options.maximum_bytes);
+            }
+          } catch (std::runtime_error const& e) {
+            REQUIRE(std::string_view{e.what()}.find("injected") != std::string_view::npos);  // its release
+          }
+        }
+        if (p != 0) {
+          REQUIRE(pool.vmm.is_accessible(reinterpret_cast<void*>(p), size));
+          pool.live.emplace(p, size);
+          order.push_back(p);
+        }
+      } else if (op < 9 && !order.empty()) {
+        std::size_t const i = rng() % order.size();
+        std::uintptr_t const p = order[i];
+        order[i] = order.back();
+        order.pop_back();
+        REQUIRE(pool.core.deallocate(p, 0) == pool.live.at(p));
+        pool.live.erase(p);
+      } else {
+        try {
+          (void)pool.growth.release(pool.core);
+        } catch (std::runtime_error const& e) {
+          REQUIRE(std::string_view{e.what()}.find("injected") != std::string_view::npos);
+        }
+      }
+      pool.check(pool.range.refused_recommits != 0);
+    }
+    // With the driver well again, one release gives back every granule no live block
+    // touches, those left committed in holes by a failed re-commit too.
+    pool.range.decommit_refusal = 0;
+    pool.range.commit_refusal = 0;
+    (void)pool.growth.release(pool.core);
+    pool.check(false);
+    CHECK(pool.range.refused_decommits > 0);
+  }
+}
