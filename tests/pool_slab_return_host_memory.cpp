@@ -134,6 +134,7 @@ TEST_CASE("pool slabs: a refill out of host memory loses no slab, at any of its 
 
 TEST_CASE("pool slabs: a slab the page map cannot be written for goes back, at any host allocation") {
   MRSTACK_TEST_NEEDS_HOST_ALLOCATION_FAILURES();
+  MRSTACK_TEST_NEEDS_CALLOC_FAILURES();
   // A shard's second slab lies past a 200 GiB block, in 2 MiB pages no level of the page
   // map covered yet: mapping it to the shard calloc'ed a level. Out of host memory there,
   // the slab went back to the global blocks, and that free wanted host memory too (the
@@ -177,6 +178,7 @@ TEST_CASE("pool slabs: a slab the page map cannot be written for goes back, at a
 
 TEST_CASE("pool slabs: a sharded pool's chunk whose page-map levels cannot be made goes back") {
   MRSTACK_TEST_NEEDS_HOST_ALLOCATION_FAILURES();
+  MRSTACK_TEST_NEEDS_CALLOC_FAILURES();
   // Sharded, a chunk the pool grows gets its page-map levels before it joins the global
   // blocks (a slab taken from it is then mapped without host memory): out of host memory
   // for them, the chunk goes back to the upstream and the request fails whole.

@@ -33,6 +33,8 @@ inline thread_local long fail_host_allocation_in = -1;
 /// `callocs_can_fail = true`: std::calloc (the levels of a page map) is a host allocation
 /// under the settings above too, on the thread that set it. Off by default: the settings
 /// above were written for operator new alone, and calloc serves the C library as well.
+/// Without effect under a sanitizer with an allocator of its own (below): a test that
+/// needs it opens with MRSTACK_TEST_NEEDS_CALLOC_FAILURES().
 inline thread_local bool callocs_can_fail = false;
 
 /// True when this host allocation must fail (the settings above).
@@ -68,6 +70,20 @@ inline void* host_allocate_aligned(std::size_t n, std::align_val_t alignment) {
 #endif
 #endif
 
+// ThreadSanitizer (MemorySanitizer, LeakSanitizer) serves malloc and free from an
+// allocator of its own, reached through calloc too: a calloc replaced here would hand
+// out glibc's memory, whose free() that allocator rejects (tsan: "CHECK failed:
+// sanitizer_allocator_secondary.h"), in every program including this header. Under them
+// calloc is left alone (operator new, built on malloc, is safe) and callocs_can_fail
+// does nothing.
+#if defined(__SANITIZE_THREAD__)
+#define MRSTACK_TEST_UNDER_ALLOCATING_SANITIZER 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer) || __has_feature(memory_sanitizer) || __has_feature(leak_sanitizer)
+#define MRSTACK_TEST_UNDER_ALLOCATING_SANITIZER 1
+#endif
+#endif
+
 #if !defined(MRSTACK_TEST_UNDER_ASAN)
 #define MRSTACK_TEST_HOST_ALLOCATIONS_CAN_FAIL 1
 void* operator new(std::size_t n) { return mrstack::test::host_allocate(n); }
@@ -82,6 +98,8 @@ void operator delete(void* p, std::align_val_t) noexcept { std::free(p); }
 void operator delete[](void* p, std::align_val_t) noexcept { std::free(p); }
 void operator delete(void* p, std::size_t, std::align_val_t) noexcept { std::free(p); }
 void operator delete[](void* p, std::size_t, std::align_val_t) noexcept { std::free(p); }
+#if !defined(MRSTACK_TEST_UNDER_ALLOCATING_SANITIZER)
+#define MRSTACK_TEST_CALLOCS_CAN_FAIL 1
 // glibc's own calloc under another name: the one below only decides whether to fail.
 extern "C" void* __libc_calloc(std::size_t count, std::size_t size);
 extern "C" void* calloc(std::size_t count, std::size_t size) noexcept {
@@ -91,6 +109,7 @@ extern "C" void* calloc(std::size_t count, std::size_t size) noexcept {
   }
   return __libc_calloc(count, size);
 }
+#endif
 #endif
 
 // Opens a test case that needs host allocations to fail: skips it (with a warning) where
@@ -102,5 +121,17 @@ extern "C" void* calloc(std::size_t count, std::size_t size) noexcept {
   do {                                                                                      \
     WARN("skipped: under AddressSanitizer host allocations cannot be made to fail here"); \
     return;                                                                                 \
+  } while (false)
+#endif
+
+// Opens a test case that needs callocs to fail (callocs_can_fail): skips it where they
+// cannot be made to (above).
+#if defined(MRSTACK_TEST_CALLOCS_CAN_FAIL)
+#define MRSTACK_TEST_NEEDS_CALLOC_FAILURES() (void)0
+#else
+#define MRSTACK_TEST_NEEDS_CALLOC_FAILURES()                                                    \
+  do {                                                                                         \
+    WARN("skipped: under this sanitizer (or AddressSanitizer) callocs cannot be made to fail"); \
+    return;                                                                                    \
   } while (false)
 #endif
