@@ -375,6 +375,7 @@ class refusing_range final : public virtual_range {
  public:
   enum class refusal { none, all, all_but_first };
   refusal refuse = refusal::none;
+  std::uintptr_t only_at = 0;  // refuse only a decommit starting here (0: any)
 
   explicit refusing_range(virtual_range& inner) : inner_{inner} {}
   [[nodiscard]] std::byte* range_base() const noexcept override { return inner_.range_base(); }
@@ -384,6 +385,7 @@ class refusing_range final : public virtual_range {
   void unclaim() noexcept override { inner_.unclaim(); }
   std::size_t commit(void* ptr, std::size_t bytes) override { return inner_.commit(ptr, bytes); }
   std::size_t decommit(void* ptr, std::size_t bytes) override {
+    if (only_at != 0 && reinterpret_cast<std::uintptr_t>(ptr) != only_at) { return inner_.decommit(ptr, bytes); }
     if (refuse == refusal::all_but_first && bytes > G) { (void)inner_.decommit(ptr, G); }
     if (refuse != refusal::none) { throw std::runtime_error("injected: the driver refused the decommit"); }
     return inner_.decommit(ptr, bytes);
@@ -447,4 +449,50 @@ TEST_CASE("in_place_growth: a hole whose decommit failed is not counted twice ag
     core.deallocate(blocks[0], 0);
     core.deallocate(blocks[3], 0);
   }
+}
+
+TEST_CASE("in_place_growth: a grow whose release fails at one hole still uses the holes it gave back") {
+  // The release a grow makes when it is out of room threw the first refused decommit out
+  // of the grow, though the other holes had been given back and the request now fit.
+  simulated_vmm_memory_resource vmm{64 * G, G};
+  refusing_range range{vmm};
+  detail::in_place_growth_options options;
+  options.maximum_bytes = 5 * G;
+  reference_core core;
+  detail::in_place_growth<reference_core> growth{range, "pool", options};
+  growth.start(core, 0);
+  auto const allocate = [&](std::size_t bytes) {
+    std::uintptr_t p = core.allocate(bytes, 256, 0);
+    if (p == 0) {
+      growth.grow(core, bytes, 256, 0);
+      p = core.allocate(bytes, 256, 0);
+    }
+    REQUIRE(p != 0);
+    REQUIRE(vmm.is_accessible(reinterpret_cast<void*>(p), bytes));
+    return p;
+  };
+  std::vector<std::uintptr_t> blocks;
+  for (int i = 0; i < 4; ++i) { blocks.push_back(allocate(G)); }
+  core.deallocate(blocks[0], 0);  // two free granules apart: 2 granules in one piece need the frontier,
+  core.deallocate(blocks[2], 0);  // and 4 committed + 2 passes the maximum of 5 until one goes back
+  range.refuse = refusing_range::refusal::all;
+  range.only_at = blocks[2];
+  std::uintptr_t const two = allocate(2 * G);  // threw the injected refusal before
+  range.refuse = refusing_range::refusal::none;
+  CHECK(vmm.committed_bytes() == 5 * G);
+  CHECK(growth.release_count() == 1);
+  // When even the second plan fails, both reasons are given.
+  range.refuse = refusing_range::refusal::all;
+  try {
+    growth.grow(core, 4 * G, 256, 0);
+    FAIL("grew past the maximum");
+  } catch (detail::growth_failure const& e) {
+    CHECK_THAT(e.what(), Catch::Contains("maximum") && Catch::Contains("releasing the free granules first failed") &&
+                             Catch::Contains("injected"));
+  }
+  range.refuse = refusing_range::refusal::none;
+  CHECK(vmm.committed_bytes() <= 5 * G);
+  core.deallocate(two, 0);
+  core.deallocate(blocks[1], 0);
+  core.deallocate(blocks[3], 0);
 }

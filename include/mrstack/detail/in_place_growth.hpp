@@ -126,14 +126,23 @@ class in_place_growth {
     } catch (std::bad_alloc const&) {
       // Out of memory, maximum or addresses: the pool's free granules may be the answer.
     }
-    release(core);
+    // A release that failed (a decommit the driver refused) may still have given other
+    // holes back: its error ended the grow before, with the room it made unused. So plan
+    // again either way, and should that fail too, say why the release failed as well.
+    std::string release_failure;
+    try {
+      release(core);
+    } catch (std::exception const& e) {
+      release_failure = std::string{" (releasing the free granules first failed: "} + e.what() + ")";
+    }
     try {
       plan_and_commit(core, bytes, alignment, owner);
-    } catch (growth_failure const&) {
-      throw;
+    } catch (growth_failure const& e) {
+      if (release_failure.empty()) { throw; }
+      throw growth_failure(e.message + release_failure, e.committed_bytes);
     } catch (std::bad_alloc const& e) {
       fail("no physical memory for " + std::to_string(bytes) + " B even after releasing every free granule (" +
-           std::to_string(range_.committed_bytes()) + " B committed): " + e.what());
+           std::to_string(range_.committed_bytes()) + " B committed): " + e.what() + release_failure);
     }
   }
 
