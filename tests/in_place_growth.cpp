@@ -398,6 +398,19 @@ class refusing_range final : public virtual_range {
   virtual_range& inner_;
 };
 
+// Allocates from `core` as the pool does, growing it on a miss; the block must be backed.
+std::uintptr_t allocate_growing(reference_core& core, detail::in_place_growth<reference_core>& growth,
+                                simulated_vmm_memory_resource& vmm, std::size_t bytes) {
+  std::uintptr_t p = core.allocate(bytes, 256, 0);
+  if (p == 0) {
+    growth.grow(core, bytes, 256, 0);
+    p = core.allocate(bytes, 256, 0);
+  }
+  REQUIRE(p != 0);
+  REQUIRE(vmm.is_accessible(reinterpret_cast<void*>(p), bytes));
+  return p;
+}
+
 }  // namespace
 
 TEST_CASE("in_place_growth: a hole whose decommit failed is not counted twice against the maximum") {
@@ -413,16 +426,7 @@ TEST_CASE("in_place_growth: a hole whose decommit failed is not counted twice ag
     reference_core core;
     detail::in_place_growth<reference_core> growth{range, "pool", options};
     growth.start(core, 0);
-    auto const allocate = [&](std::size_t bytes) {
-      std::uintptr_t p = core.allocate(bytes, 256, 0);
-      if (p == 0) {
-        growth.grow(core, bytes, 256, 0);
-        p = core.allocate(bytes, 256, 0);
-      }
-      REQUIRE(p != 0);
-      REQUIRE(vmm.is_accessible(reinterpret_cast<void*>(p), bytes));
-      return p;
-    };
+    auto const allocate = [&](std::size_t bytes) { return allocate_growing(core, growth, vmm, bytes); };
     std::vector<std::uintptr_t> blocks;
     for (int i = 0; i < 4; ++i) { blocks.push_back(allocate(G)); }
     CHECK(vmm.committed_bytes() == 4 * G);
@@ -461,16 +465,7 @@ TEST_CASE("in_place_growth: a grow whose release fails at one hole still uses th
   reference_core core;
   detail::in_place_growth<reference_core> growth{range, "pool", options};
   growth.start(core, 0);
-  auto const allocate = [&](std::size_t bytes) {
-    std::uintptr_t p = core.allocate(bytes, 256, 0);
-    if (p == 0) {
-      growth.grow(core, bytes, 256, 0);
-      p = core.allocate(bytes, 256, 0);
-    }
-    REQUIRE(p != 0);
-    REQUIRE(vmm.is_accessible(reinterpret_cast<void*>(p), bytes));
-    return p;
-  };
+  auto const allocate = [&](std::size_t bytes) { return allocate_growing(core, growth, vmm, bytes); };
   std::vector<std::uintptr_t> blocks;
   for (int i = 0; i < 4; ++i) { blocks.push_back(allocate(G)); }
   core.deallocate(blocks[0], 0);  // two free granules apart: 2 granules in one piece need the frontier,

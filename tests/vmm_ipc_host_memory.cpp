@@ -71,12 +71,7 @@ served ask(vmm_ipc::handle const& h, long fail_in, bool& used_failure) {
   test::fail_host_allocation_in = -1;
   ::close(pair[1]);
   served out;
-  struct {
-    std::uint32_t status, runs, type;
-    std::int32_t device;
-    std::uint64_t block_offset, block_bytes;
-    char message[224];
-  } header{};
+  test::wire_header header{};
   out.answered = recv(pair[0], &header, sizeof header, 0) == static_cast<ssize_t>(sizeof header);
   out.status = header.status;
   header.message[sizeof header.message - 1] = '\0';
@@ -151,7 +146,7 @@ TEST_CASE("vmm IPC server: out of host memory, an answer is refused with a reaso
   REQUIRE(pipe2(ends, O_CLOEXEC) == 0);
   auto const h = test_registry().add_export_with(
       {{0, MiB, 201}, {MiB, MiB, 202}, {2 * MiB, MiB, 203}}, 0, 3 * MiB, 0, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
-      [&](void* out, std::uint64_t) { *static_cast<int*>(out) = fcntl(ends[1], F_DUPFD_CLOEXEC, 0); });
+      test::dup_of(ends[1]));
   std::size_t const descriptors = test::open_descriptors().size();
   bool ran_through = false;
   for (long n = 0; n < 64 && !ran_through; ++n) {
@@ -180,7 +175,7 @@ TEST_CASE("vmm IPC server: a descriptor it cannot duplicate refuses the answer a
   REQUIRE(pipe2(ends, O_CLOEXEC) == 0);
   auto const h = test_registry().add_export_with(
       {{0, MiB, 301}, {MiB, MiB, 302}}, 0, 2 * MiB, 0, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
-      [&](void* out, std::uint64_t) { *static_cast<int*>(out) = fcntl(ends[1], F_DUPFD_CLOEXEC, 0); });
+      test::dup_of(ends[1]));
   std::vector<int> const before = test::open_descriptors();
   rlimit const saved = [] {
     rlimit r{};
@@ -222,7 +217,7 @@ TEST_CASE("vmm IPC opener: out of host memory for the descriptors received, it c
   for (std::uint64_t i = 0; i < 100; ++i) { runs.push_back({i * MiB, MiB, 500 + i}); }  // two batches
   auto const h = test_registry().add_export_with(
       runs, 0, 100 * MiB, 0, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
-      [&](void* out, std::uint64_t) { *static_cast<int*>(out) = fcntl(ends[1], F_DUPFD_CLOEXEC, 0); });
+      test::dup_of(ends[1]));
   std::vector<int> const before = test::open_descriptors();
   bool ran_through = false;
   for (long n = 0; n < 256 && !ran_through; ++n) {
@@ -256,20 +251,8 @@ TEST_CASE("vmm IPC server: a cut-short request that carries descriptors has them
   int pair[2];
   REQUIRE(socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, pair) == 0);
   std::vector<int> const before = test::open_descriptors();
-  char four[4] = {};
-  iovec iov{four, sizeof four};
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-  msghdr msg{};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  msg.msg_control = control;
-  msg.msg_controllen = sizeof control;
-  cmsghdr* cm = CMSG_FIRSTHDR(&msg);
-  cm->cmsg_level = SOL_SOCKET;
-  cm->cmsg_type = SCM_RIGHTS;
-  cm->cmsg_len = CMSG_LEN(sizeof(int));
-  std::memcpy(CMSG_DATA(cm), &ends[0], sizeof(int));
-  REQUIRE(sendmsg(pair[0], &msg, MSG_NOSIGNAL) == static_cast<ssize_t>(sizeof four));
+  char const four[4] = {};
+  REQUIRE(test::send_with_fd(pair[0], four, sizeof four, ends[0]));
   test_registry().serve(pair[1]);  // a request of 4 bytes, not 8: no answer
   CHECK(test::open_descriptors() == before);
   ::close(pair[0]);
@@ -286,7 +269,7 @@ TEST_CASE("vmm IPC server: a peer that stays silent past the timeout has no desc
   REQUIRE(pipe2(ends, O_CLOEXEC) == 0);
   auto const h = test_registry().add_export_with(
       {{0, MiB, 601}}, 0, MiB, 0, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
-      [&](void* out, std::uint64_t) { *static_cast<int*>(out) = fcntl(ends[1], F_DUPFD_CLOEXEC, 0); });
+      test::dup_of(ends[1]));
   for (int round = 0; round < 2; ++round) {
     INFO("round " << round);
     int pair[2];
@@ -338,7 +321,7 @@ TEST_CASE("vmm IPC server: no descriptor free when it accepts the next opener do
   REQUIRE(pipe2(ends, O_CLOEXEC) == 0);
   auto const h = test_registry().add_export_with(  // the server runs from the first export on
       {{0, MiB, 701}}, 0, MiB, 0, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
-      [&](void* out, std::uint64_t) { *static_cast<int*>(out) = fcntl(ends[1], F_DUPFD_CLOEXEC, 0); });
+      test::dup_of(ends[1]));
   sockaddr_un addr{};
   socklen_t const addr_len = test::exporter_address(h, addr);
   // Asks for export 0, which no handle names (refused in the header alone): whether the
@@ -353,12 +336,7 @@ TEST_CASE("vmm IPC server: no descriptor free when it accepts the next opener do
     connected();
     std::uint64_t const none = 0;
     REQUIRE(send(s, &none, sizeof none, MSG_NOSIGNAL) == static_cast<ssize_t>(sizeof none));
-    struct {
-      std::uint32_t status, runs, type;
-      std::int32_t device;
-      std::uint64_t block_offset, block_bytes;
-      char message[224];
-    } header{};
+    test::wire_header header{};
     bool const got = recv(s, &header, sizeof header, 0) == static_cast<ssize_t>(sizeof header);
     answered();
     ::close(s);

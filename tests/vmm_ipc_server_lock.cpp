@@ -32,25 +32,12 @@ namespace {
 
 constexpr std::size_t MiB = std::size_t{1} << 20;
 
-// The opener's view of the wire (src/upstream/vmm_ipc.cpp).
-struct wire_header {
-  std::uint32_t status, runs, type;
-  std::int32_t device;
-  std::uint64_t block_offset, block_bytes;
-  char message[224];
-};
-struct wire_batch {
-  std::uint32_t count, reserved;
-  std::uint64_t bytes[64];
-  CUmemFabricHandle fabric[64];
-};
-
 // How many answer batches a fresh connection's socket holds before a send waits (the
 // kernel's send buffer: its size and accounting vary by host).
 std::size_t batches_a_socket_holds() {
   int pair[2];
   REQUIRE(socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, pair) == 0);
-  wire_batch const batch{};
+  test::wire_batch const batch{};
   std::size_t held = 0;
   while (send(pair[0], &batch, sizeof batch, MSG_DONTWAIT | MSG_NOSIGNAL) == static_cast<ssize_t>(sizeof batch)) {
     ++held;
@@ -63,7 +50,7 @@ std::size_t batches_a_socket_holds() {
 // Receives one batch; returns how many of its descriptors are the file `same`
 // (fstat's device and inode), closing each. -1 when the answer ended early.
 long receive_batch(int s, struct stat const& same, std::uint32_t& count) {
-  wire_batch batch{};
+  test::wire_batch batch{};
   iovec iov{&batch, sizeof batch};
   msghdr msg{};
   msg.msg_iov = &iov;
@@ -111,9 +98,7 @@ TEST_CASE("vmm IPC server: an opener that does not read holds up no export or un
   struct stat exported_file{};
   REQUIRE(fstat(ends[1], &exported_file) == 0);
   auto* const registry = new vmm_ipc::export_registry{};  // its server thread outlives the test
-  auto const dup_of_pipe = [&](void* out, std::uint64_t) {
-    *static_cast<int*>(out) = fcntl(ends[1], F_DUPFD_CLOEXEC, 0);
-  };
+  auto const dup_of_pipe = test::dup_of(ends[1]);
   // The server started (its listening socket open for good) before the count.
   (void)registry->add_export_with({{0, 2 * MiB, 1}}, 0, MiB, 0, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, dup_of_pipe);
   registry->forget_run(1);
@@ -143,7 +128,7 @@ TEST_CASE("vmm IPC server: an opener that does not read holds up no export or un
   // descriptors by number would now send these, or fail.
   std::vector<int> others;
   for (std::size_t i = 0; i < runs; ++i) { others.push_back(::open("/dev/null", O_RDONLY | O_CLOEXEC)); }
-  wire_header header{};
+  test::wire_header header{};
   REQUIRE(recv(opener, &header, sizeof header, 0) == static_cast<ssize_t>(sizeof header));
   CHECK(header.status == 0);
   CHECK(header.runs == runs);

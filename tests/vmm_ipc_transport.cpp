@@ -51,10 +51,6 @@ struct pipe_pair {
 };
 
 // A run exporter handing out duplicates of one pipe end (the exporter's "physical memory").
-vmm_ipc::export_registry::run_exporter dup_of(int fd) {
-  return [fd](void* out, std::uint64_t) { *static_cast<int*>(out) = fcntl(fd, F_DUPFD_CLOEXEC, 0); };
-}
-
 }  // namespace
 
 TEST_CASE("vmm IPC transport: an opener receives the runs' descriptors, which reach the exporter's objects") {
@@ -154,7 +150,7 @@ TEST_CASE("vmm IPC transport: a peer that connects and never asks does not stall
   pipe_pair pipe;
   std::vector<virtual_range_resource::mapped_run> runs{{0, 2 * MiB, 9}};
   auto const h =
-      test_registry().add_export_with(runs, 0, MiB, 0, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, dup_of(pipe.write_end));
+      test_registry().add_export_with(runs, 0, MiB, 0, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, test::dup_of(pipe.write_end));
   int const silent = test::connect_to_exporter(h);  // accepted first, then says nothing
   std::promise<std::size_t> answer;
   auto received = answer.get_future();
@@ -180,9 +176,9 @@ TEST_CASE("vmm IPC transport: an answer that does not match the handle, or lies 
   std::vector<virtual_range_resource::mapped_run> one{{0, 2 * MiB, 21}};
   std::vector<virtual_range_resource::mapped_run> two{{0, 2 * MiB, 22}, {2 * MiB, 2 * MiB, 23}};
   auto const small = test_registry().add_export_with(one, 256, MiB, 0, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
-                                                     dup_of(pipe.write_end));
+                                                     test::dup_of(pipe.write_end));
   auto const large = test_registry().add_export_with(two, 0, 3 * MiB, 0, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
-                                                     dup_of(pipe.write_end));
+                                                     test::dup_of(pipe.write_end));
   // A handle whose export id was damaged into another export's: the opener would map
   // another block (of another size) and hand it out as this one.
   auto damaged = small;
@@ -198,7 +194,7 @@ TEST_CASE("vmm IPC transport: an answer that does not match the handle, or lies 
   // the mapping it makes.
   std::vector<virtual_range_resource::mapped_run> three{{0, 2 * MiB, 24}};
   auto const outside = test_registry().add_export_with(three, 3 * MiB, MiB, 0, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
-                                                       dup_of(pipe.write_end));
+                                                       test::dup_of(pipe.write_end));
   vmm_ipc::fetched_export got_outside;
   CHECK_THROWS_WITH(vmm_ipc::fetch_export(outside, got_outside), Catch::Contains("outside the"));
   vmm_ipc::fetched_export fine;
@@ -211,7 +207,7 @@ TEST_CASE("vmm IPC transport: open refuses what names no device before asking th
   pipe_pair pipe;
   std::vector<virtual_range_resource::mapped_run> runs{{0, 2 * MiB, 31}};
   auto const h =
-      test_registry().add_export_with(runs, 0, MiB, 0, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, dup_of(pipe.write_end));
+      test_registry().add_export_with(runs, 0, MiB, 0, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, test::dup_of(pipe.write_end));
   CHECK_THROWS_AS(vmm_ipc::open(h, -2), logic_error);
   CHECK_THROWS_WITH(vmm_ipc::open(h, -2), Catch::Contains("vmm IPC open: device -2 is not a device"));
   CHECK_THROWS_WITH(vmm_ipc::open(h, 64), Catch::Contains("vmm IPC open: device 64 is past the 64 devices"));
@@ -219,36 +215,6 @@ TEST_CASE("vmm IPC transport: open refuses what names no device before asking th
 }
 
 namespace {
-
-// The opener's view of the wire (src/upstream/vmm_ipc.cpp): a fake exporter speaks it
-// here to send what mrstack's own server never does.
-struct wire_header {
-  std::uint32_t status, runs, type;
-  std::int32_t device;
-  std::uint64_t block_offset, block_bytes;
-  char message[224];
-};
-struct wire_batch {
-  std::uint32_t count, reserved;
-  std::uint64_t bytes[64];
-  CUmemFabricHandle fabric[64];
-};
-
-bool send_with_fd(int socket_fd, void const* data, std::size_t bytes, int fd) {
-  iovec iov{const_cast<void*>(data), bytes};
-  msghdr msg{};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))];
-  msg.msg_control = control;
-  msg.msg_controllen = sizeof control;
-  cmsghdr* cm = CMSG_FIRSTHDR(&msg);
-  cm->cmsg_level = SOL_SOCKET;
-  cm->cmsg_type = SCM_RIGHTS;
-  cm->cmsg_len = CMSG_LEN(sizeof(int));
-  std::memcpy(CMSG_DATA(cm), &fd, sizeof fd);
-  return sendmsg(socket_fd, &msg, MSG_NOSIGNAL) == static_cast<ssize_t>(bytes);
-}
 
 // An exporter that answers one open of export 1 (one run of 2 MiB, a 1 MiB block) as told:
 // with `type` in the handle and the answer, and a descriptor with the header if `stray_fd`.
@@ -282,19 +248,19 @@ struct fake_exporter {
       int const c = accept(listener, nullptr, nullptr);
       std::uint64_t request = 0;
       (void)recv(c, &request, sizeof request, 0);
-      wire_header header{};
+      test::wire_header header{};
       header.runs = 1;
       header.type = type;
       header.block_bytes = block_bytes;
-      wire_batch batch{};
+      test::wire_batch batch{};
       batch.count = 1;
       batch.bytes[0] = run_bytes;
       if (stray_fd) {
-        (void)send_with_fd(c, &header, sizeof header, stray.read_end);
+        (void)test::send_with_fd(c, &header, sizeof header, stray.read_end);
       } else {
         (void)send(c, &header, sizeof header, MSG_NOSIGNAL);
       }
-      (void)send_with_fd(c, &batch, sizeof batch, run.write_end);
+      (void)test::send_with_fd(c, &batch, sizeof batch, run.write_end);
       char end = 0;
       (void)recv(c, &end, 1, 0);  // until the opener hangs up
       ::close(c);

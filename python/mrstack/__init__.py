@@ -35,7 +35,7 @@ CLIENTS = _lib.CLIENT_NAMES
 # The C ABI keeps the stacks of devices 0 to 63 (src/c_api/stacks.cpp); a size, an address or
 # a stream is 64 bits.
 _MAX_DEVICES = 64
-_U64 = 2**64 - 1
+_U64 = _lib.SIZE_MAX
 
 
 def _integer(value, what, low, high):

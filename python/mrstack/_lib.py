@@ -29,6 +29,7 @@ LIBRARY_NAME = "libmrstack_c.so"
 FASTPATH_NAME = "_fastpath.abi3.so"
 # METH_FASTCALL joined the limited API in 3.10, the version the extension is built for.
 FASTPATH_MIN_PYTHON = (3, 10)
+SIZE_MAX = 2**64 - 1  # the largest size_t: ctypes passes only the low 64 bits of a larger int
 
 # mrstack_status (c_api.h)
 SUCCESS = 0

@@ -28,7 +28,7 @@ _MemoryPointer = _cupy.cuda.MemoryPointer
 _get_current_stream = _cupy.cuda.get_current_stream
 _get_device_id = _cupy.cuda.runtime.getDevice
 _CLIENT_CUPY = _lib.CLIENT_CUPY
-_SIZE_MAX = 2**64 - 1
+_SIZE_MAX = _lib.SIZE_MAX
 
 
 class _Allocation:

@@ -51,7 +51,7 @@ _CUdeviceptr = _driver.binding.CUdeviceptr
 _CUipcMemHandle = _driver.binding.CUipcMemHandle
 _MemoryPointer = _driver.MemoryPointer
 _CLIENT_NUMBA = _lib.CLIENT_NUMBA
-_SIZE_MAX = 2**64 - 1
+_SIZE_MAX = _lib.SIZE_MAX
 
 
 def _device_ordinal(device):

@@ -1,12 +1,16 @@
 #pragma once
 // The other side of vmm IPC's wire, for the tests that talk to an exporter's server
 // directly (src/upstream/vmm_ipc.cpp): the name of its socket, a connection to it, and
-// this process's open descriptors (to see that none is left open).
+// this process's open descriptors (to see that none is left open); the wire as an opener
+// sees it, and the pieces a fake exporter needs.
 #include <catch2/catch.hpp>
 
 #include <mrstack/upstream/vmm_ipc.hpp>
 
+#include "../../src/upstream/vmm_ipc_registry.hpp"
+
 #include <dirent.h>
+#include <fcntl.h>
 #include <sys/socket.h>
 #include <sys/time.h>
 #include <sys/un.h>
@@ -21,6 +25,42 @@
 #include <vector>
 
 namespace mrstack::test {
+
+// The opener's view of the wire (src/upstream/vmm_ipc.cpp).
+struct wire_header {
+  std::uint32_t status, runs, type;
+  std::int32_t device;
+  std::uint64_t block_offset, block_bytes;
+  char message[224];
+};
+struct wire_batch {
+  std::uint32_t count, reserved;
+  std::uint64_t bytes[64];
+  CUmemFabricHandle fabric[64];
+};
+
+/// Sends `bytes` of `data` as one message carrying descriptor `fd`; whether all went.
+inline bool send_with_fd(int socket_fd, void const* data, std::size_t bytes, int fd) {
+  iovec iov{const_cast<void*>(data), bytes};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+  msg.msg_control = control;
+  msg.msg_controllen = sizeof control;
+  cmsghdr* cm = CMSG_FIRSTHDR(&msg);
+  cm->cmsg_level = SOL_SOCKET;
+  cm->cmsg_type = SCM_RIGHTS;
+  cm->cmsg_len = CMSG_LEN(sizeof(int));
+  std::memcpy(CMSG_DATA(cm), &fd, sizeof fd);
+  return sendmsg(socket_fd, &msg, MSG_NOSIGNAL) == static_cast<ssize_t>(bytes);
+}
+
+/// A run exporter that makes each run's shareable descriptor a duplicate of `fd` (a pipe
+/// standing in for the driver's handle).
+inline vmm_ipc::export_registry::run_exporter dup_of(int fd) {
+  return [fd](void* out, std::uint64_t) { *static_cast<int*>(out) = fcntl(fd, F_DUPFD_CLOEXEC, 0); };
+}
 
 /// The abstract Unix socket on which process `pid` serves with `nonce` (what a handle
 /// carries at bytes 8 and 56); returns the address's length.
