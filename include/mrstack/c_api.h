@@ -282,7 +282,9 @@ MRSTACK_C_EXPORT mrstack_status mrstack_torch_bind_c10(const char* libc10_path);
  * `ptr` must be a block mrstack_torch_alloc returned and not yet freed (a storage's base,
  * not a view's data pointer): the event is kept, keyed by `ptr`, until that free. Any other
  * pointer (never handed out, into a block, already freed) is MRSTACK_ERROR_INVALID_ARGUMENT,
- * checked before any CUDA call, with nothing kept. Recording twice keeps both events. */
+ * checked before any CUDA call, with nothing kept. Recording twice keeps both events.
+ * `stream` may belong to another device than the block: the event is made on the
+ * stream's device (a null or per-thread default stream: the current device's). */
 MRSTACK_C_EXPORT mrstack_status mrstack_torch_record_stream(void* ptr, void* stream);
 typedef struct mrstack_torch_stats {
   uint64_t num_ooms;             /* PyTorch allocations the device's stack refused */

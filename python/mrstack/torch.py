@@ -27,6 +27,7 @@ PyTorch can swap its allocator only before it initializes CUDA; `install()` says
 clearly when it is too late.
 """
 
+import contextlib
 import ctypes
 import os
 import re
@@ -250,7 +251,8 @@ def record_stream(tensor, stream):
     so no free would ever consume the event kept for it. So is one whose storage is not a
     block PyTorch holds from mrstack now (`mrstack.InvalidArgumentError`, a ValueError,
     naming the pointer): allocated before `install()` or by another allocator, or freed.
-    Recording twice is fine: the free waits for both."""
+    Recording twice is fine: the free waits for both. `stream` may be on another device
+    than the tensor: the event is made on the stream's device."""
     device = getattr(tensor, "device", None)
     kind = getattr(device, "type", "cuda")
     if kind != "cuda":
@@ -259,4 +261,11 @@ def record_stream(tensor, stream):
     lib = _lib.library()
     ptr = tensor.untyped_storage().data_ptr()
     handle = getattr(stream, "cuda_stream", stream)
-    lib.check(lib.dll.mrstack_torch_record_stream(ptr or None, handle or None), "mrstack.torch.record_stream")
+    # A torch.cuda.Stream's device is made current for the call: the library reads a default
+    # stream's handle (0 on every device) as the current device's. A raw handle is taken as is.
+    on_stream_device = contextlib.nullcontext()
+    if getattr(stream, "device_index", None) is not None:
+        import torch
+        on_stream_device = torch.cuda.device(stream.device_index)
+    with on_stream_device:
+        lib.check(lib.dll.mrstack_torch_record_stream(ptr or None, handle or None), "mrstack.torch.record_stream")

@@ -372,7 +372,8 @@ def test_record_stream_reaches_the_library_and_fails_clearly_without_a_device(ru
         try:
             mt.record_stream(Tensor(), Stream())
         except mrstack.MrstackError as e:
-            assert "cudaEventCreateWithFlags" in str(e) and "record_stream" in str(e), e
+            # The stream's device is asked first: the event is made there.
+            assert "cudaStreamGetDevice" in str(e) and "record_stream" in str(e), e
             print("refused")
         else:
             print("recorded")              # a machine with a driver records the event

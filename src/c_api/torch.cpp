@@ -12,9 +12,10 @@
 //
 // Streams: PyTorch gives its pluggable allocator no record_stream hook reachable from
 // Python, so mrstack_torch_record_stream is mrstack's own: it records an event on the
-// using stream, and the block's free makes its own stream wait for that event before
-// the block goes back to the stack, so the block is not handed out while the using
-// stream may still touch it. It refuses (MRSTACK_ERROR_INVALID_ARGUMENT) a pointer that
+// using stream (made on that stream's device, which may be another than the block's),
+// and the block's free makes its own stream wait for that event before the block goes
+// back to the stack, so the block is not handed out while the using stream may still
+// touch it. It refuses (MRSTACK_ERROR_INVALID_ARGUMENT) a pointer that
 // is not a live block PyTorch holds, before any CUDA call: see the live-block books below.
 #include "c_api_internal.hpp"
 #include "../device_scope.hpp"
@@ -301,6 +302,27 @@ void wait_for_recorded_uses(block_shard& shard, void* ptr, int device, void* str
   }
 }
 
+// Creates `event` and records it on `stream`, on the stream's device: CUDA refuses to
+// record an event of one device on a stream of another, and the stream may belong to
+// another device than the block or the calling thread's current one (PyTorch's own
+// allocator takes such a use too). The block's free then makes its own stream wait for
+// the event across devices, which cudaStreamWaitEvent allows. A null (legacy) or
+// per-thread default stream is the current device's. `event` is left null when it could
+// not be created; otherwise the caller owns it, recorded or not (cuda_error).
+void record_on_its_device(cudaEvent_t& event, void* stream) {
+  int stream_device = -1;
+  cudaError_t status = cudaStreamGetDevice(static_cast<cudaStream_t>(stream), &stream_device);
+  if (status != cudaSuccess) { throw mrstack::cuda_error(status, "cudaStreamGetDevice", __FILE__, __LINE__); }
+  mrstack::detail::device_scope on_stream_device{stream_device};
+  status = cudaEventCreateWithFlags(&event, cudaEventDisableTiming);
+  if (status != cudaSuccess) {
+    event = nullptr;
+    throw mrstack::cuda_error(status, "cudaEventCreateWithFlags", __FILE__, __LINE__);
+  }
+  status = cudaEventRecord(event, static_cast<cudaStream_t>(stream));
+  if (status != cudaSuccess) { throw mrstack::cuda_error(status, "cudaEventRecord", __FILE__, __LINE__); }
+}
+
 }  // namespace
 
 extern "C" {
@@ -451,13 +473,7 @@ mrstack_status mrstack_torch_record_stream(void* ptr, void* stream) {
   }
   cudaEvent_t event = nullptr;
   mrstack_status const recorded = mrstack::c_api::guarded([&] {
-    cudaError_t status = cudaEventCreateWithFlags(&event, cudaEventDisableTiming);
-    if (status != cudaSuccess) {
-      event = nullptr;
-      throw mrstack::cuda_error(status, "cudaEventCreateWithFlags", __FILE__, __LINE__);
-    }
-    status = cudaEventRecord(event, static_cast<cudaStream_t>(stream));
-    if (status != cudaSuccess) { throw mrstack::cuda_error(status, "cudaEventRecord", __FILE__, __LINE__); }
+    record_on_its_device(event, stream);
     std::lock_guard lock{shard.mutex};
     if (shard.table.count(ptr) != 1) { return; }  // refused below, with the lock released
     int const device = shard.table[shard.table.find(ptr, -1)].device;

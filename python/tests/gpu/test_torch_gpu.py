@@ -165,6 +165,39 @@ print("refused", len(refused), "intact", bool((y == 0).all()))
     assert words[words.index("intact") + 1] == "True", done.stdout
 
 
+def test_record_stream_on_a_stream_of_another_device(run_python):
+    """A block of device 0 used on a stream of device 1, as PyTorch's own allocator allows:
+    the event is made on device 1, and the block's free on device 0's stream waits for it.
+    The legacy default stream of device 1 (handle 0, as on every device) too."""
+    code = "import sys, torch; sys.exit(0 if torch.cuda.device_count() >= 2 else 1)"
+    if subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=300).returncode != 0:
+        pytest.skip("needs two CUDA devices")
+    done = scenario(run_python, """
+import time
+for device in (0, 1):                  # the sleep kernel loaded on both devices first
+    with torch.cuda.device(device):
+        torch.cuda._sleep(1000)
+        torch.cuda.synchronize()
+main = torch.cuda.Stream(device=0)
+side = torch.cuda.Stream(device=1)
+with torch.cuda.stream(main):
+    x = torch.ones(1 << 20, device="cuda:0")
+    with torch.cuda.stream(side):      # device 1 current: the stand-in for a use of x there
+        torch.cuda._sleep(2_000_000_000)   # about a second
+    mt.record_stream(x, side)
+    mt.record_stream(x, torch.cuda.default_stream(1))
+    del x                              # freed on main: main waits for side's sleep
+    z = torch.zeros(1 << 20, device="cuda:0")
+    start = time.monotonic()
+    main.synchronize()
+    waited = time.monotonic() - start
+torch.cuda.synchronize(1)
+print("waited", waited > 0.3, round(waited, 3))
+""")
+    words = done.stdout.split()
+    assert words[words.index("waited") + 1] == "True", done.stdout
+
+
 MODEL = """
 model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.GELU(), torch.nn.Linear(512, 64)).cuda()
 x = torch.randn(128, 256, device="cuda")
