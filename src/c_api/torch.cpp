@@ -248,6 +248,41 @@ void refuse_during_capture(std::size_t size, int device, void* stream) {
       "captured region allocates nothing (see docs/python.md)");
 }
 
+// The live-block books could not grow for a block the stack served: a bad_alloc (so the
+// C status is MRSTACK_ERROR_OUT_OF_MEMORY, and PyTorch raises RuntimeError, not
+// torch.OutOfMemoryError: device memory was there) whose message says it was the books,
+// not the stack. Its text is made without allocating: host memory just ran out.
+class books_out_of_host_memory : public std::bad_alloc {
+ public:
+  books_out_of_host_memory(std::size_t size, int device) noexcept {
+    std::snprintf(message_.data(), message_.size(),
+                  "mrstack_torch_alloc: out of host memory for the live-block books of device %d, which could not "
+                  "grow to hold a block of %zu bytes; the block went back to the stack",
+                  device, size);
+  }
+  [[nodiscard]] char const* what() const noexcept override { return message_.data(); }
+
+ private:
+  std::array<char, 224> message_{};
+};
+
+/// status_from_current_exception, but a books_out_of_host_memory keeps its own words (not
+/// prefixed with a second "out of host memory").
+mrstack_status status_of_torch_failure() noexcept {
+  try {
+    throw;
+  } catch (books_out_of_host_memory const& e) {
+    try {
+      mrstack::c_api::set_last_error(e.what(), 0, MRSTACK_ERROR_OUT_OF_MEMORY);
+    } catch (...) {  // no host memory for the message's copy either
+      mrstack::c_api::set_last_error({}, 0, MRSTACK_ERROR_OUT_OF_MEMORY);
+    }
+    return MRSTACK_ERROR_OUT_OF_MEMORY;
+  } catch (...) {
+    return mrstack::c_api::status_from_current_exception();
+  }
+}
+
 void* allocate_for_torch(std::size_t size, int device, void* stream) {
   mrstack_stack* stack = mrstack::c_api::built_device_stack(device);
   if (stack == nullptr) { stack = &mrstack::c_api::device_stack(device); }
@@ -266,9 +301,9 @@ void* allocate_for_torch(std::size_t size, int device, void* stream) {
       block_shard& shard = shard_of(ptr);
       std::lock_guard lock{shard.mutex};
       shard.table.insert(live_block{ptr, device});
-    } catch (...) {  // out of host memory for the entry: PyTorch does not get the block
+    } catch (...) {  // out of host memory for the entry (insert throws nothing else): PyTorch does not get the block
       stack->top->deallocate(ptr, size, mrstack::stream_view{static_cast<cudaStream_t>(stream)});
-      throw;
+      throw books_out_of_host_memory{size, device};
     }
     stack->count_allocation(MRSTACK_CLIENT_TORCH, size);
     if (auto* b = books_of(device)) { sample_reserved(*stack, *b); }
@@ -331,7 +366,7 @@ void* mrstack_torch_alloc(size_t size, int device, void* stream) {
   try {
     return allocate_for_torch(size, device, stream);
   } catch (...) {
-    (void)mrstack::c_api::status_from_current_exception();
+    (void)status_of_torch_failure();
     // PyTorch does not check for NULL: say why here, where it can still be seen.
     std::fprintf(stderr, "mrstack: PyTorch's allocation of %zu bytes on device %d failed: %s\n", size, device,
                  mrstack_last_error());
@@ -349,7 +384,7 @@ void* mrstack_torch_alloc_raising(size_t size, int device, void* stream) {
     }
     throw;  // into PyTorch's C++ caller, which raises RuntimeError with the message
   } catch (...) {
-    (void)mrstack::c_api::status_from_current_exception();
+    (void)status_of_torch_failure();
     throw;
   }
 }
