@@ -5,6 +5,7 @@
 // for the driver's shareable handles.
 #include <catch2/catch.hpp>
 
+#include <mrstack/detail/format.hpp>
 #include <mrstack/upstream/vmm_ipc.hpp>
 
 #include "../src/upstream/vmm_ipc_registry.hpp"
@@ -21,6 +22,7 @@
 #include <cstdio>
 #include <cstring>
 #include <future>
+#include <string>
 #include <thread>
 
 using namespace mrstack;
@@ -122,6 +124,64 @@ TEST_CASE("vmm IPC transport: fabric handles travel as bytes") {
   CHECK(got.fabric[1].data[63] == 78);
   test_registry().forget_run(77);
   test_registry().forget_run(78);
+}
+
+TEST_CASE("vmm IPC transport: a physical allocation exported as one handle type is refused as the other, saying so") {
+  // The second export reused the run's first shareable handle: asked for fabric after fd,
+  // the same block got the fd export's id under a fabric handle (its open: "does not match
+  // the handle ... damaged") and another block a fabric handle of zeros; asked for fd after
+  // fabric, descriptor -1 (its open: "cannot duplicate the descriptor").
+  pipe_pair pipe;
+  void const* const block = reinterpret_cast<void const*>(std::uintptr_t{0x7f3a00200000});
+  std::vector<virtual_range_resource::mapped_run> fd_runs{{0, 2 * MiB, 41}, {2 * MiB, 2 * MiB, 42}};
+  std::vector<virtual_range_resource::mapped_run> fabric_runs{{0, 2 * MiB, 43}};
+  std::size_t exported = 0;
+  auto const counted = [&](void* out, std::uint64_t run) {
+    ++exported;
+    std::memset(out, static_cast<int>(run), sizeof(CUmemFabricHandle));
+  };
+  auto const as_fd = test_registry().add_export_with(fd_runs, 0, 4 * MiB, 0, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+                                                     test::dup_of(pipe.write_end));
+  auto const as_fabric = test_registry().add_export_with(fabric_runs, 0, MiB, 0, CU_MEM_HANDLE_TYPE_FABRIC, counted);
+  exported = 0;
+
+  // The same block, and another one over the second run and a new one: each names the
+  // block, both types and what to do instead, and nothing is exported.
+  auto const refusal = [&](std::vector<virtual_range_resource::mapped_run> const& runs, std::size_t offset,
+                           std::size_t bytes, CUmemAllocationHandleType type) -> std::string {
+    try {
+      (void)test_registry().add_export_with(runs, offset, bytes, 0, type, counted, block);
+    } catch (logic_error const& e) {
+      return e.what();
+    }
+    return "no refusal";
+  };
+  std::string const named = "export of " + format_hex(block);
+  std::vector<virtual_range_resource::mapped_run> straddling{{2 * MiB, 2 * MiB, 42}, {4 * MiB, 2 * MiB, 44}};
+  for (auto const& message : {refusal(fd_runs, 0, 4 * MiB, CU_MEM_HANDLE_TYPE_FABRIC),
+                              refusal(straddling, MiB, 2 * MiB, CU_MEM_HANDLE_TYPE_FABRIC)}) {
+    CHECK_THAT(message, Catch::Contains(named + " as fabric handles (ipc=fabric) refused"));
+    CHECK_THAT(message, Catch::Contains("physical allocation 0 of 2 was exported as POSIX file descriptors (ipc=fd)"));
+    CHECK_THAT(message, Catch::Contains("allocate the block from a vmm(ipc=fabric)"));
+  }
+  std::string const reverse = refusal(fabric_runs, 0, MiB, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+  CHECK_THAT(reverse, Catch::Contains(named + " as POSIX file descriptors (ipc=fd) refused"));
+  CHECK_THAT(reverse, Catch::Contains("physical allocation 0 of 1 was exported as fabric handles (ipc=fabric)"));
+  CHECK_THAT(reverse, Catch::Contains("allocate the block from a vmm(ipc=fd)"));
+  // Without an address (the registry's callers in tests) the block is "a block".
+  CHECK_THROWS_WITH(test_registry().add_export_with(fd_runs, 0, MiB, 0, CU_MEM_HANDLE_TYPE_FABRIC, counted),
+                    Catch::Contains("export of a block as fabric handles"));
+  CHECK(exported == 0);
+
+  // The first exports are untouched.
+  vmm_ipc::fetched_export fds;
+  vmm_ipc::fetch_export(as_fd, fds);
+  CHECK(fds.fds.size() == 2);
+  vmm_ipc::fetched_export fabric;
+  vmm_ipc::fetch_export(as_fabric, fabric);
+  REQUIRE(fabric.fabric.size() == 1);
+  CHECK(fabric.fabric[0].data[0] == 43);
+  for (std::uint64_t run : {41, 42, 43, 44}) { test_registry().forget_run(run); }
 }
 
 TEST_CASE("vmm IPC transport: bytes that are no handle, or a handle of a gone process, are refused clearly") {

@@ -102,6 +102,21 @@ char const* type_name(std::uint32_t type) {
   return type == CU_MEM_HANDLE_TYPE_FABRIC ? "fabric" : type == CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR ? "fd" : "?";
 }
 
+char const* type_long_name(std::uint32_t type) {
+  return type == CU_MEM_HANDLE_TYPE_FABRIC ? "fabric handles" : "POSIX file descriptors";
+}
+
+// Why the block at `ptr` cannot be exported as `asked`: its run `run` of `runs` was
+// exported as `had` already.
+std::string mixed_types(void const* ptr, std::uint32_t asked, std::uint32_t had, std::size_t run, std::size_t runs) {
+  return "vmm IPC: export of " + (ptr != nullptr ? format_hex(ptr) : std::string{"a block"}) + " as " +
+         type_long_name(asked) + " (ipc=" + type_name(asked) + ") refused: its physical allocation " +
+         std::to_string(run) + " of " + std::to_string(runs) + " was exported as " + type_long_name(had) +
+         " (ipc=" + type_name(had) + ") already, and a physical allocation is shared with one handle type only; "
+         "share it as " + type_name(had) + " (through an export of its vmm), or allocate the block from a vmm(ipc=" +
+         type_name(asked) + ") to share it as " + type_name(asked);
+}
+
 handle_fields fields_of(handle const& h) {
   handle_fields f{};
   std::memcpy(&f, h.data(), sizeof f);
@@ -209,20 +224,32 @@ export_registry& registry() {
   return *instance;
 }
 
-std::array<unsigned char, 64> export_registry::add_export(std::vector<virtual_range_resource::mapped_run> const& runs,
+std::array<unsigned char, 64> export_registry::add_export(void const* ptr,
+                                                          std::vector<virtual_range_resource::mapped_run> const& runs,
                                                           std::size_t block_offset, std::size_t block_bytes,
                                                           int device, CUmemAllocationHandleType type) {
-  return add_export_with(runs, block_offset, block_bytes, device, type, [type](void* out, std::uint64_t run_handle) {
+  auto const export_run = [type](void* out, std::uint64_t run_handle) {
     MRSTACK_CU_TRY(api().mem_export_to_shareable_handle(out, run_handle, type, 0),
                    std::string{"cuMemExportToShareableHandle("} + type_name(type) + ")");
-  });
+  };
+  return add_export_with(runs, block_offset, block_bytes, device, type, export_run, ptr);
 }
 
 std::array<unsigned char, 64> export_registry::add_export_with(
     std::vector<virtual_range_resource::mapped_run> const& runs, std::size_t block_offset, std::size_t block_bytes,
-    int device, CUmemAllocationHandleType type, run_exporter const& export_run) {
+    int device, CUmemAllocationHandleType type, run_exporter const& export_run, void const* ptr) {
   if (runs.empty()) { throw logic_error("vmm IPC: an export needs at least one physical allocation"); }
   std::lock_guard lock{mutex_};
+  // A run keeps the one shareable handle it was first exported as. Reused under the other
+  // type, the export succeeded and its open failed far from the cause: answered with a
+  // handle never made (a fabric handle of zeros, descriptor -1) or, for the same block,
+  // the earlier export's type ("does not match the handle").
+  for (std::size_t i = 0; i < runs.size(); ++i) {
+    auto const known = runs_.find(runs[i].handle);
+    if (known != runs_.end() && known->second.type != type) {
+      throw logic_error(mixed_types(ptr, type, known->second.type, i, runs.size()));
+    }
+  }
   ensure_server();
   std::size_t run_bytes = 0;
   for (auto const& r : runs) {
@@ -230,6 +257,7 @@ std::array<unsigned char, 64> export_registry::add_export_with(
     if (runs_.count(r.handle) != 0) { continue; }
     exported_run e;
     e.bytes = r.bytes;
+    e.type = type;
     void* out = type == CU_MEM_HANDLE_TYPE_FABRIC ? static_cast<void*>(&e.fabric) : static_cast<void*>(&e.fd);
     export_run(out, r.handle);
     try {

@@ -18,18 +18,20 @@ namespace mrstack::vmm_ipc {
 
 class export_registry {
  public:
-  /// Exports the runs behind a block (call with the runs' owner locked and its context
-  /// current) and returns the block's 64-byte handle.
-  std::array<unsigned char, 64> add_export(std::vector<virtual_range_resource::mapped_run> const& runs,
+  /// Exports the runs behind the block at `ptr` (call with the runs' owner locked and its
+  /// context current) and returns the block's 64-byte handle.
+  std::array<unsigned char, 64> add_export(void const* ptr, std::vector<virtual_range_resource::mapped_run> const& runs,
                                            std::size_t block_offset, std::size_t block_bytes, int device,
                                            CUmemAllocationHandleType type);
   /// The same, with `export_run(out, run handle)` making a run's shareable handle (an int
   /// file descriptor or a CUmemFabricHandle at `out`) instead of the driver: tests drive
-  /// the transport with pipes on a machine without a GPU.
+  /// the transport with pipes on a machine without a GPU. `ptr` only names the block in
+  /// messages (tests that need no name leave it out).
   using run_exporter = std::function<void(void* out, std::uint64_t run_handle)>;
   std::array<unsigned char, 64> add_export_with(std::vector<virtual_range_resource::mapped_run> const& runs,
                                                 std::size_t block_offset, std::size_t block_bytes, int device,
-                                                CUmemAllocationHandleType type, run_exporter const& export_run);
+                                                CUmemAllocationHandleType type, run_exporter const& export_run,
+                                                void const* ptr = nullptr);
   /// The run `handle` is being unmapped: its shareable handle is closed and every export
   /// that uses it ends.
   void forget_run(std::uint64_t handle) noexcept;
@@ -40,6 +42,7 @@ class export_registry {
  private:
   struct exported_run {
     std::size_t bytes = 0;
+    CUmemAllocationHandleType type{};  // what it was exported as: the only type it is shared as
     int fd = -1;
     CUmemFabricHandle fabric{};
   };

@@ -236,7 +236,7 @@ std::array<unsigned char, 64> vmm_memory_resource::export_ipc(void const* ptr, s
     scoped_context const ctx{driver_->context};
     std::size_t const first_offset = runs.front().offset;
     auto const block_offset = reinterpret_cast<std::uintptr_t>(ptr) - driver_->base - first_offset;
-    out = vmm_ipc::registry().add_export(runs, block_offset, bytes, driver_->ordinal, handle_type_of(mode));
+    out = vmm_ipc::registry().add_export(ptr, runs, block_offset, bytes, driver_->ordinal, handle_type_of(mode));
   });
   return out;
 }
