@@ -19,9 +19,7 @@ constexpr std::size_t MiB = 1024 * KiB;
 }  // namespace
 
 TEST_CASE("arena host memory: frees while host memory runs out free, and later frees do not end the process") {
-#ifndef MRSTACK_TEST_HOST_ALLOCATIONS_CAN_FAIL
-  SKIP("host allocations cannot be made to fail here");
-#else
+  MRSTACK_TEST_NEEDS_HOST_ALLOCATION_FAILURES();
   arena_options o;
   o.superblock_size = 1 * MiB;
   o.max_small_size = 256 * KiB;  // four blocks a superblock
@@ -51,13 +49,10 @@ TEST_CASE("arena host memory: frees while host memory runs out free, and later f
   mr.release();  // with host memory again, everything the frees kept goes back
   CHECK(mr.stats().superblocks_in_arenas == 0);
   CHECK(mr.held_bytes() == 0);
-#endif
 }
 
 TEST_CASE("arena host memory: a large free that runs out of host memory giving its chunk back still frees") {
-#ifndef MRSTACK_TEST_HOST_ALLOCATIONS_CAN_FAIL
-  SKIP("host allocations cannot be made to fail here");
-#else
+  MRSTACK_TEST_NEEDS_HOST_ALLOCATION_FAILURES();
   arena_options o;
   o.superblock_size = 1 * MiB;
   o.max_small_size = 256 * KiB;
@@ -82,5 +77,4 @@ TEST_CASE("arena host memory: a large free that runs out of host memory giving i
   CHECK_NOTHROW(mr.deallocate(q, 2 * MiB, stream_view{}));
   mr.release();
   CHECK(mr.held_bytes() == 0);
-#endif
 }
