@@ -11,8 +11,11 @@
 // a test can fail each allocation of an operation in turn.
 //
 // AddressSanitizer keeps an operator new of its own (it reports memory from it freed here
-// as a mismatch): under it nothing is replaced, MRSTACK_TEST_HOST_ALLOCATIONS_CAN_FAIL
-// stays undefined, and the cases that need failures skip themselves.
+// as a mismatch), and clang links the runtimes of ThreadSanitizer, MemorySanitizer and
+// LeakSanitizer whole into the program, their operator new and delete with them (a
+// second definition here fails the link): under them nothing is replaced,
+// MRSTACK_TEST_HOST_ALLOCATIONS_CAN_FAIL stays undefined, and the cases that need
+// failures skip themselves, saying why.
 #include <cerrno>
 #include <cstddef>
 #include <cstdlib>
@@ -84,7 +87,18 @@ inline void* host_allocate_aligned(std::size_t n, std::align_val_t alignment) {
 #endif
 #endif
 
-#if !defined(MRSTACK_TEST_UNDER_ASAN)
+// gcc's ThreadSanitizer runtime is a shared library: the operator new below replaces its
+// own the usual way, so only clang's are left alone.
+#if defined(__clang__) && defined(MRSTACK_TEST_UNDER_ALLOCATING_SANITIZER)
+#define MRSTACK_TEST_SANITIZER_DEFINES_NEW 1
+#endif
+
+#if defined(MRSTACK_TEST_UNDER_ASAN)
+#define MRSTACK_TEST_NO_HOST_ALLOCATION_FAILURES_BECAUSE "AddressSanitizer keeps an operator new of its own"
+#elif defined(MRSTACK_TEST_SANITIZER_DEFINES_NEW)
+#define MRSTACK_TEST_NO_HOST_ALLOCATION_FAILURES_BECAUSE \
+  "clang's ThreadSanitizer (MemorySanitizer, LeakSanitizer) runtime defines operator new and delete"
+#else
 #define MRSTACK_TEST_HOST_ALLOCATIONS_CAN_FAIL 1
 void* operator new(std::size_t n) { return mrstack::test::host_allocate(n); }
 void* operator new[](std::size_t n) { return mrstack::test::host_allocate(n); }
@@ -117,10 +131,10 @@ extern "C" void* calloc(std::size_t count, std::size_t size) noexcept {
 #if defined(MRSTACK_TEST_HOST_ALLOCATIONS_CAN_FAIL)
 #define MRSTACK_TEST_NEEDS_HOST_ALLOCATION_FAILURES() (void)0
 #else
-#define MRSTACK_TEST_NEEDS_HOST_ALLOCATION_FAILURES()                                       \
-  do {                                                                                      \
-    WARN("skipped: under AddressSanitizer host allocations cannot be made to fail here"); \
-    return;                                                                                 \
+#define MRSTACK_TEST_NEEDS_HOST_ALLOCATION_FAILURES()                                                    \
+  do {                                                                                                   \
+    WARN("skipped: host allocations cannot be made to fail here: " MRSTACK_TEST_NO_HOST_ALLOCATION_FAILURES_BECAUSE); \
+    return;                                                                                              \
   } while (false)
 #endif
 
