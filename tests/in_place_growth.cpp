@@ -10,6 +10,7 @@
 
 #include <reference_core.hpp>
 
+#include <limits>
 #include <map>
 #include <memory>
 #include <random>
@@ -490,4 +491,77 @@ TEST_CASE("in_place_growth: a grow whose release fails at one hole still uses th
   core.deallocate(two, 0);
   core.deallocate(blocks[1], 0);
   core.deallocate(blocks[3], 0);
+}
+
+TEST_CASE("in_place_growth: a hole as large as an aligned request is reused without room for padding") {
+  // Holes start on granule boundaries, so a block aligned to a divisor of the granule needs
+  // no padding there: counting a whole alignment more asked a hole one granule larger,
+  // committed that granule for nothing, and with the range used up refused the request.
+  grown_pool pool{3 * G};
+  std::vector<std::uintptr_t> blocks;
+  for (int i = 0; i < 3; ++i) { blocks.push_back(pool.allocate(G)); }
+  pool.deallocate(blocks[1]);
+  (void)pool.growth.release(pool.core);
+  CHECK(pool.growth.hole_bytes() == G);
+  std::uintptr_t const aligned = pool.allocate(G, 4096);  // refused before: "range exhausted"
+  CHECK(aligned == blocks[1]);
+  CHECK(pool.vmm.committed_bytes() == 3 * G);
+  pool.check_consistent();
+  pool.deallocate(aligned);
+  (void)pool.growth.release(pool.core);
+  // A hole run with room for one granule after the padding an alignment past the granule
+  // needs commits that granule and the padding's, no more.
+  pool.deallocate(blocks[0]);
+  pool.deallocate(blocks[2]);
+  (void)pool.growth.release(pool.core);
+  CHECK(pool.vmm.committed_bytes() == 0);
+  std::uintptr_t const far = pool.allocate(G, 2 * G);
+  CHECK(far % (2 * G) == 0);
+  CHECK(pool.vmm.committed_bytes() == far - pool.base() + G);  // was 3 granules, whatever the padding
+  pool.check_consistent();
+  pool.deallocate(far);
+}
+
+TEST_CASE("in_place_growth: near the maximum the frontier is used when the holes that fit would pass it") {
+  // The free block at the chunk's end holds part of a request, so the frontier can need
+  // fewer granules than a stretch of holes that fits: trying the holes alone refused a
+  // request that fitted under the maximum.
+  detail::in_place_growth_options options;
+  options.maximum_bytes = 5 * G;
+  grown_pool pool{1024 * G, std::numeric_limits<std::size_t>::max(), options};
+  std::uintptr_t const a = pool.allocate(G);
+  std::uintptr_t const b = pool.allocate(2 * G);
+  std::uintptr_t const s = pool.allocate(G / 4);
+  std::uintptr_t const f = pool.allocate(5 * G / 4);
+  CHECK(pool.vmm.committed_bytes() == 5 * G);
+  pool.deallocate(b);
+  (void)pool.growth.release(pool.core);
+  pool.deallocate(f);                                    // free at the end: [3.25, 5) granules
+  std::uintptr_t const u = pool.allocate(9 * G / 4);    // past the 2-granule hole: the frontier
+  CHECK(u == s + G / 4);
+  CHECK(pool.vmm.committed_bytes() == 4 * G);
+  CHECK(pool.growth.hole_bytes() == 2 * G);
+  std::uintptr_t const r = pool.allocate(3 * G / 2);    // the hole: 6 granules; the frontier: 5
+  CHECK(r == u + 9 * G / 4);
+  CHECK(pool.vmm.committed_bytes() == 5 * G);
+  pool.check_consistent();
+  pool.deallocate(a);
+  pool.deallocate(s);
+  pool.deallocate(u);
+  pool.deallocate(r);
+}
+
+TEST_CASE("in_place_growth: a growth step stops at the maximum instead of refusing") {
+  // A step past the maximum refused a request whose own granules fitted under it.
+  detail::in_place_growth_options options;
+  options.maximum_bytes = 3 * G;
+  options.growth_step = 4 * G;
+  grown_pool pool{1024 * G, std::numeric_limits<std::size_t>::max(), options};
+  std::uintptr_t const a = pool.allocate(G);
+  CHECK(pool.vmm.committed_bytes() == 3 * G);  // the step, as far as the maximum allows
+  std::uintptr_t const b = pool.allocate(2 * G);
+  CHECK(pool.growth.grow_count() == 1);
+  pool.check_consistent();
+  pool.deallocate(a);
+  pool.deallocate(b);
 }

@@ -16,7 +16,8 @@
 /// instead, for a later release (as a hole its reuse counted them twice). Holes are
 /// reused before the frontier moves: `grow` takes the smallest stretch of adjacent holes
 /// that fits (committing only the part it needs and withdrawing the rest again), else the
-/// holes that end at the frontier plus an extension, else an extension alone. So a long
+/// holes that end at the frontier plus an extension, else an extension alone (the frontier
+/// also when the holes would pass the maximum and it would not). So a long
 /// run of grow/release cycles reuses addresses instead of walking off the range's end.
 /// When is release called:
 /// - on demand (the pool's `release()`);
@@ -61,7 +62,8 @@ struct in_place_growth_options {
   /// The pool never commits more than this (rounded down to granules).
   std::size_t maximum_bytes = std::numeric_limits<std::size_t>::max();
   /// Least bytes one extension of the frontier commits (fewer, larger commits when a
-  /// workload grows in small steps). 0: exactly the granules a request needs.
+  /// workload grows in small steps; less where the maximum is nearer). 0: exactly the
+  /// granules a request needs.
   std::size_t growth_step = 0;
   /// `after_deallocate` releases when free bytes exceed this (see above). max: never.
   std::size_t release_threshold = std::numeric_limits<std::size_t>::max();
@@ -238,6 +240,7 @@ class in_place_growth {
   struct hole_run {
     std::size_t start;
     std::size_t bytes;
+    std::size_t need = 0;  // best_hole_run: the granules the request commits from its start
   };
   using owner_type = std::remove_cvref_t<decltype(Core::synchronized)>;
   struct withdrawn_range {
@@ -326,14 +329,26 @@ class in_place_growth {
     return start;
   }
 
-  /// The smallest stretch of adjacent holes holding `need` bytes (lowest address on ties).
-  [[nodiscard]] std::optional<hole_run> best_hole_run(std::size_t need) const {
+  /// The granules a block of `bytes` aligned to `alignment` needs from a stretch of holes
+  /// starting at `start`: the padding up to its first aligned address, then the block.
+  /// Holes start on granule boundaries, so an alignment dividing the granule needs none
+  /// (counting a whole alignment asked a hole one granule larger than the request: a
+  /// granule committed for nothing, or, with the range used up, a refusal).
+  [[nodiscard]] std::size_t need_at(std::size_t start, std::size_t bytes, std::size_t alignment) const noexcept {
+    std::uintptr_t const at = base_ + start;
+    return align_up(align_up(at, std::max(alignment, Core::granularity)) - at + bytes, granularity_);
+  }
+
+  /// The smallest stretch of adjacent holes holding a block of `bytes` aligned to
+  /// `alignment` (lowest address on ties); its `need` is what it must commit.
+  [[nodiscard]] std::optional<hole_run> best_hole_run(std::size_t bytes, std::size_t alignment) const {
     std::optional<hole_run> best;
     for (auto it = holes_.begin(); it != holes_.end();) {
       std::size_t const start = it->first;
       std::size_t end = it->first + it->second;
       for (++it; it != holes_.end() && it->first == end; ++it) { end += it->second; }
-      if (end - start >= need && (!best || end - start < best->bytes)) { best = hole_run{start, end - start}; }
+      std::size_t const need = need_at(start, bytes, alignment);
+      if (end - start >= need && (!best || end - start < best->bytes)) { best = hole_run{start, end - start, need}; }
     }
     return best;
   }
@@ -343,10 +358,9 @@ class in_place_growth {
   /// and leaves the core and the range as they were.
   template <typename Owner>
   void plan_and_commit(Core& core, std::size_t bytes, std::size_t alignment, Owner owner) {
-    std::size_t const slack = alignment > Core::granularity ? alignment : 0;
-    std::size_t const need = align_up(bytes + slack, granularity_);
-    if (auto const run = best_hole_run(need)) {
-      reuse_holes(core, *run, need, owner);
+    auto const run = best_hole_run(bytes, alignment);
+    if (run && fits_maximum(run->need)) {
+      reuse_holes(core, *run, run->need, owner);
       return;
     }
     std::size_t const start = growth_start();
@@ -369,22 +383,51 @@ class in_place_growth {
     });
     std::uintptr_t const block_end = align_up(block_start, std::max(alignment, Core::granularity)) + bytes;
     std::size_t const target = align_up(block_end - base_, granularity_);
-    if (start < frontier_ && target < frontier_) {
+    bool const inside_holes = start < frontier_ && target < frontier_;
+    std::size_t const extension = target > frontier_ ? target - frontier_ : 0;
+    // A stretch of holes that fits but would pass the maximum: the frontier can need fewer
+    // granules (the free block at the chunk's end holds part of the request), so it is
+    // used when it stays under the maximum. Refusing on the holes alone refused a request
+    // the frontier had room for. Else the holes are tried, and refused by the maximum.
+    bool const frontier_fits = extension <= range_bytes_ - frontier_ &&
+                               fits_maximum(inside_holes ? (target > start ? target - start : 0)
+                                                         : frontier_ + extension - start);
+    if (run && !frontier_fits) {
+      reuse_holes(core, *run, run->need, owner);
+      return;
+    }
+    if (inside_holes) {
       // The request ends inside the holes at the frontier (the free block before them
       // holds the rest): commit them only as far as it reaches, as any stretch of holes.
       // All of them were committed, the rest for nothing (tests/in_place_growth.cpp).
       reuse_holes(core, hole_run{start, frontier_ - start}, target > start ? target - start : 0, grow_owner);
       return;
     }
-    std::size_t extension = target > frontier_ ? target - frontier_ : 0;
     if (extension > range_bytes_ - frontier_) {
       fail(limit_text() + " is exhausted at " + std::to_string(frontier_) + " B (" + std::to_string(hole_bytes_) +
            " B of it in released holes too small for " + std::to_string(bytes) + " B)");
     }
-    if (extension > 0) { extension = std::min(std::max(extension, step_), range_bytes_ - frontier_); }
-    commit_checked(start, frontier_ + extension - start);
+    std::size_t const grown = stepped(extension, start);
+    commit_checked(start, frontier_ + grown - start);
     restore_holes(core, start, frontier_, grow_owner);
-    append(core, extension, grow_owner);
+    append(core, grown, grow_owner);
+  }
+
+  /// Whether committing `bytes` more (none of them committed yet) stays within the maximum.
+  [[nodiscard]] bool fits_maximum(std::size_t bytes) const noexcept {
+    std::size_t const committed = range_.committed_bytes();
+    return committed <= maximum_ && bytes <= maximum_ - committed;
+  }
+
+  /// An extension of the frontier by `extension` bytes (with the holes from `start` to the
+  /// frontier committed too), raised to the growth step as far as the range and the maximum
+  /// allow: a step past the maximum refused a request whose own granules fitted under it.
+  [[nodiscard]] std::size_t stepped(std::size_t extension, std::size_t start) const noexcept {
+    if (extension == 0 || extension >= step_) { return extension; }
+    std::size_t room = range_bytes_ - frontier_;
+    std::size_t const committed = range_.committed_bytes() + (frontier_ - start);
+    if (committed <= maximum_) { room = std::min(room, align_down(maximum_ - committed, granularity_)); }
+    return std::max(extension, std::min(step_, room));
   }
 
   template <typename Owner>
