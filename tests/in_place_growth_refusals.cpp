@@ -5,7 +5,9 @@
 // blocks touch (plus, only after a failed re-commit, granules inside holes, which the next
 // release with the driver well gives back), holes are what the core holds withdrawn, the
 // maximum is never passed, and a request is refused only when committing it would pass
-// the maximum.
+// the maximum. A second case adds a core whose books refuse (out of host memory) in the
+// middle of a grow or a release: no granule is left committed in no block, and none free
+// without memory behind it.
 #include <catch2/catch.hpp>
 
 #include <mrstack/detail/in_place_growth.hpp>
@@ -187,5 +189,129 @@ TEST_CASE("in_place_growth: random refused decommits and re-commits keep the boo
     (void)pool.growth.release(pool.core);
     pool.check(false);
     CHECK(pool.range.refused_decommits > 0);
+  }
+}
+
+namespace {
+
+// reference_core whose books refuse on demand (std::bad_alloc, as block_pool out of host
+// memory): extend_chunk and restore refuse before changing anything, a withdraw refuses one
+// block's range after the ranges before it went (block_pool withdraws block by block).
+class refusing_core : public reference_core {
+ public:
+  double refusal = 0;  // chance that one call (one block of a withdraw) is refused
+  std::size_t refused = 0;
+
+  explicit refusing_core(unsigned seed) : rng_{seed} {}
+  void extend_chunk(int chunk, std::size_t bytes, int owner) {
+    refuse_maybe();
+    reference_core::extend_chunk(chunk, bytes, owner);
+  }
+  std::size_t restore(std::uintptr_t address, int owner) {
+    refuse_maybe();
+    return reference_core::restore(address, owner);
+  }
+  template <typename Choose>
+  std::size_t withdraw_free_ranges(Choose&& choose) {
+    return reference_core::withdraw_free_ranges([&](std::uintptr_t address, std::size_t size, int owner) {
+      range const r = choose(address, size, owner);
+      if (r.length != 0) { refuse_maybe(); }  // as block_pool: right after its range was chosen
+      return r;
+    });
+  }
+
+ private:
+  void refuse_maybe() {
+    if (refusal > 0 && std::uniform_real_distribution<double>{0, 1}(rng_) < refusal) {
+      ++refused;
+      throw std::bad_alloc();
+    }
+  }
+  std::mt19937_64 rng_;
+};
+
+}  // namespace
+
+TEST_CASE("in_place_growth: a core out of host memory during a grow or release leaves no granule lost or unbacked") {
+  // A grow commits first and then gives the granules to the core; a core that refused then
+  // left them committed in no block, or free in the core without memory behind them.
+  for (unsigned seed = 1; seed <= 60; ++seed) {
+    INFO("seed " << seed);
+    std::mt19937_64 rng{seed};
+    simulated_vmm_memory_resource vmm{256 * G, G};
+    flaky_range range{vmm, seed};
+    refusing_core core{seed};
+    detail::in_place_growth_options options;
+    options.maximum_bytes = (8 + seed % 24) * G;
+    detail::in_place_growth<refusing_core> growth{range, "refusing_core", options};
+    growth.start(core, 0);
+    range.decommit_refusal = seed % 2 == 0 ? 0.3 : 0.0;
+    core.refusal = 0.15;
+    std::map<std::uintptr_t, std::size_t> live;
+    std::vector<std::uintptr_t> order;
+    bool passed_maximum = false;
+    auto const granule = [&](std::uintptr_t a) { return (a - reinterpret_cast<std::uintptr_t>(vmm.range_base())) / G; };
+    for (int step = 0; step < 300; ++step) {
+      int const op = static_cast<int>(rng() % 10);
+      std::size_t const refused_before = core.refused;
+      bool release_failed = false;
+      if (op < 5) {
+        std::size_t const size = (1 + rng() % (3 * G / 256)) * 256;
+        std::uintptr_t p = core.allocate(size, 256, 0);
+        if (p == 0) {
+          try {
+            growth.grow(core, size, 256, 0);
+            p = core.allocate(size, 256, 0);
+          } catch (std::bad_alloc const&) {
+          }
+        }
+        if (p != 0) {
+          REQUIRE(vmm.is_accessible(reinterpret_cast<void*>(p), size));
+          live.emplace(p, size);
+          order.push_back(p);
+        }
+      } else if (op < 9 && !order.empty()) {
+        std::size_t const i = rng() % order.size();
+        REQUIRE(core.deallocate(order[i], 0) == live.at(order[i]));
+        live.erase(order[i]);
+        order[i] = order.back();
+        order.pop_back();
+      } else {
+        try {
+          (void)growth.release(core);
+        } catch (std::exception const&) {
+          release_failed = true;
+        }
+      }
+      INFO("step " << step);
+      INFO(core.check());
+      REQUIRE(core.check().empty());
+      REQUIRE(core.withdrawn_bytes() == growth.hole_bytes());
+      REQUIRE(core.total_bytes() == growth.frontier_bytes());
+      // A hole the core refused to split again after a grow restored it has memory behind
+      // it, past the maximum if need be, until the next release withdraws it.
+      if (core.refused != refused_before && vmm.committed_bytes() > growth.maximum_bytes()) { passed_maximum = true; }
+      if (op == 9 && !release_failed) { passed_maximum = false; }
+      REQUIRE((vmm.committed_bytes() <= growth.maximum_bytes() || passed_maximum));
+      // Every granule a free or live block touches is committed (the core may hand it out).
+      std::set<std::size_t> needed;
+      for (auto const& [a, b] : core.blocks()) {
+        if (b.st == reference_core::state::withdrawn) { continue; }
+        for (std::size_t g = granule(a); g <= granule(a + b.size - 1); ++g) { needed.insert(g); }
+      }
+      for (std::size_t g : needed) { REQUIRE(vmm.is_committed(vmm.range_base() + g * G, G)); }
+    }
+    // With the driver and the host well again, one release leaves committed exactly the
+    // granules live blocks touch: none was lost past the frontier or in a hole.
+    range.decommit_refusal = 0;
+    core.refusal = 0;
+    (void)growth.release(core);
+    std::set<std::size_t> touched;
+    for (auto const& [p, n] : live) {
+      for (std::size_t g = granule(p); g <= granule(p + n - 1); ++g) { touched.insert(g); }
+    }
+    CHECK(vmm.committed_bytes() == touched.size() * G);
+    CHECK(core.refused > 0);
+    for (auto const& [p, n] : live) { core.deallocate(p, 0); }
   }
 }

@@ -157,6 +157,7 @@ class in_place_growth {
     ++releases_;
     std::exception_ptr first_error;
     std::size_t given_back = stale_holes_ ? decommit_stale_holes(first_error) : 0;
+    if (stale_end_ > frontier_) { given_back += decommit_stale_extension(first_error); }
     withdrawn_.clear();
     std::size_t const g = granularity_;
     std::uintptr_t const base = base_;
@@ -292,6 +293,19 @@ class in_place_growth {
     return given_back;
   }
 
+  /// Granules past the frontier a grow committed and could not give to the core nor
+  /// decommit (stale_end_): no block holds them, so only this gives them back.
+  std::size_t decommit_stale_extension(std::exception_ptr& first_error) {
+    try {
+      std::size_t const given_back = range_.decommit(reinterpret_cast<void*>(base_ + frontier_), stale_end_ - frontier_);
+      stale_end_ = 0;
+      return given_back;
+    } catch (...) {
+      if (!first_error) { first_error = std::current_exception(); }
+      return 0;
+    }
+  }
+
   /// Where the frontier may go: the reserved range, but no further than the core's one
   /// chunk can hold (block_pool: 1 TiB - 256 B, one granule less than simulated_vmm's
   /// default reserve). Past it, growth committed granules and then failed to append them:
@@ -409,8 +423,20 @@ class in_place_growth {
     }
     std::size_t const grown = stepped(extension, start);
     commit_checked(start, frontier_ + grown - start);
-    restore_holes(core, start, frontier_, grow_owner);
-    append(core, grown, grow_owner);
+    try {
+      restore_holes(core, start, frontier_, grow_owner);
+      append(core, grown, grow_owner);
+    } catch (...) {
+      // The core refused (out of host memory): what it did not take is decommitted again.
+      // Left committed, the extension lay in no block, which no release gave back.
+      give_back_holes(start, frontier_);
+      try {
+        if (grown != 0) { (void)range_.decommit(reinterpret_cast<void*>(base_ + frontier_), grown); }
+      } catch (...) {
+        stale_end_ = std::max(stale_end_, frontier_ + grown);
+      }
+      throw;
+    }
   }
 
   /// Whether committing `bytes` more (none of them committed yet) stays within the maximum.
@@ -430,21 +456,56 @@ class in_place_growth {
     return std::max(extension, std::min(step_, room));
   }
 
+  /// Commits the first `need` bytes of `run` and gives the holes there to the core. Only
+  /// the holes the request reaches are restored; of the last, what lies past `need` is
+  /// withdrawn again. Restoring every hole of the run and withdrawing the rest left, when
+  /// the core refused that withdraw (out of host memory), free memory in the core with no
+  /// memory behind it; a refused restore left committed granules in holes.
   template <typename Owner>
   void reuse_holes(Core& core, hole_run run, std::size_t need, Owner owner) {
+    std::size_t const end = run.start + need;
+    std::size_t rest_end = end;  // the end of the hole the request ends inside, if any
+    if (auto it = holes_.lower_bound(end); need != 0 && it != holes_.begin()) {
+      --it;
+      rest_end = std::max(end, it->first + it->second);
+    }
+    std::map<std::size_t, std::size_t> rest;  // its record, made before anything changes
+    if (rest_end > end) { rest.emplace(end, rest_end - end); }
     commit_checked(run.start, need);
-    restore_holes(core, run.start, run.start + run.bytes, owner);
-    if (run.bytes > need) {
-      // The restored stretch is free in the core, but only its first `need` bytes are
-      // committed: withdraw the rest again before anyone can allocate it.
-      std::uintptr_t const lo = base_ + run.start + need;
-      std::uintptr_t const hi = base_ + run.start + run.bytes;
+    try {
+      restore_holes(core, run.start, end, owner);
+    } catch (...) {
+      give_back_holes(run.start, end);
+      throw;
+    }
+    if (rest_end == end) { return; }
+    std::uintptr_t const lo = base_ + end;
+    std::uintptr_t const hi = base_ + rest_end;
+    try {
       core.withdraw_free_ranges([&](std::uintptr_t address, std::size_t size, auto) {
         if (address <= lo && hi <= address + size) { return typename Core::range{lo - address, hi - lo}; }
         return typename Core::range{0, 0};
       });
-      holes_.emplace(run.start + need, run.bytes - need);
-      hole_bytes_ += run.bytes - need;
+    } catch (...) {
+      // The core may hand [lo, hi) out now: it must have memory behind it, past the
+      // maximum if need be (by less than one hole, until a release gives it back).
+      range_.commit(reinterpret_cast<void*>(lo), hi - lo);
+      throw;
+    }
+    holes_.insert(rest.extract(rest.begin()));
+    hole_bytes_ += rest_end - end;
+  }
+
+  /// A grow committed [lo, hi) and then the core refused part of it (out of host memory):
+  /// the granules of the holes there that it did not restore are decommitted again, or
+  /// left to the next release (stale_holes_) should the driver refuse.
+  void give_back_holes(std::size_t lo, std::size_t hi) noexcept {
+    for (auto it = holes_.lower_bound(lo); it != holes_.end() && it->first < hi; ++it) {
+      try {
+        (void)range_.decommit(reinterpret_cast<void*>(base_ + it->first), std::min(hi, it->first + it->second) - it->first);
+      } catch (...) {
+        stale_holes_ = true;
+      }
     }
   }
 
@@ -506,6 +567,7 @@ class in_place_growth {
   std::map<std::size_t, std::size_t> holes_;   // offset -> bytes, one entry per core hole (not merged)
   std::size_t hole_bytes_ = 0;
   bool stale_holes_ = false;                   // some hole may hold committed granules (keep_committed)
+  std::size_t stale_end_ = 0;                  // granules past the frontier up to here may be committed
   std::size_t unreleasable_ = 0;               // free bytes the last release left in the core
   std::vector<withdrawn_range> withdrawn_;  // scratch for release
   std::size_t grows_ = 0;
