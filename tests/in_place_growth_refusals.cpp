@@ -315,3 +315,29 @@ TEST_CASE("in_place_growth: a core out of host memory during a grow or release l
     for (auto const& [p, n] : live) { core.deallocate(p, 0); }
   }
 }
+
+TEST_CASE("in_place_growth: a grow whose core has no host memory says so") {
+  // It said "no physical memory for ... B even after releasing every free granule (...):
+  // std::bad_alloc", blaming the device for the host.
+  simulated_vmm_memory_resource vmm{64 * G, G};
+  refusing_core core{1};
+  detail::in_place_growth<refusing_core> growth{vmm, "refusing_core", {}};
+  growth.start(core, 0);
+  REQUIRE(core.allocate(G, 256, 0) == 0);
+  growth.grow(core, G, 256, 0);  // adds the chunk: nothing the core refuses
+  std::uintptr_t const p = core.allocate(G, 256, 0);
+  REQUIRE(p != 0);
+  core.refusal = 1;
+  try {
+    growth.grow(core, 3 * G, 256, 0);
+    FAIL("grew with no host memory");
+  } catch (detail::growth_failure const& e) {
+    core.refusal = 0;
+    CHECK_THAT(e.what(), Catch::Contains("no host memory for the 6291456 B a grow committed") &&
+                             !Catch::Contains("physical"));
+  }
+  core.refusal = 0;
+  CHECK(vmm.committed_bytes() == G);  // the extension went back
+  CHECK(core.total_bytes() == G);
+  core.deallocate(p, 0);
+}

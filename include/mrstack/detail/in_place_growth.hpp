@@ -435,7 +435,7 @@ class in_place_growth {
       } catch (...) {
         stale_end_ = std::max(stale_end_, frontier_ + grown);
       }
-      throw;
+      rethrow_core_refusal(frontier_ + grown - start);
     }
   }
 
@@ -476,7 +476,7 @@ class in_place_growth {
       restore_holes(core, run.start, end, owner);
     } catch (...) {
       give_back_holes(run.start, end);
-      throw;
+      rethrow_core_refusal(need);
     }
     if (rest_end == end) { return; }
     std::uintptr_t const lo = base_ + end;
@@ -490,10 +490,24 @@ class in_place_growth {
       // The core may hand [lo, hi) out now: it must have memory behind it, past the
       // maximum if need be (by less than one hole, until a release gives it back).
       range_.commit(reinterpret_cast<void*>(lo), hi - lo);
-      throw;
+      rethrow_core_refusal(need);
     }
     holes_.insert(rest.extract(rest.begin()));
     hole_bytes_ += rest_end - end;
+  }
+
+  /// Called in a handler for what the core threw while taking `bytes` a grow committed:
+  /// out of host memory, says so. As it was, the grow's message blamed the device ("no
+  /// physical memory for ...: std::bad_alloc").
+  [[noreturn]] void rethrow_core_refusal(std::size_t bytes) const {
+    try {
+      throw;
+    } catch (growth_failure const&) {
+      throw;
+    } catch (std::bad_alloc const& e) {
+      fail("the pool's books had no host memory for the " + std::to_string(bytes) + " B a grow committed (" +
+           e.what() + ")");
+    }
   }
 
   /// A grow committed [lo, hi) and then the core refused part of it (out of host memory):
