@@ -33,13 +33,17 @@ constexpr std::size_t G = 2 * MiB;
 
 // Decommit, when refusing, gives back a random subset of the granules asked for (one by
 // one, so any position) and then throws; commit, when refusing, commits nothing (the
-// contract's all-or-nothing) and throws out_of_memory.
+// contract's all-or-nothing) and throws out_of_memory. Any commit may be refused (a
+// grow's first plan or its plan after the release), or only the re-commit right after a
+// refused decommit.
 class flaky_range final : public virtual_range {
  public:
   double decommit_refusal = 0;  // chance that one decommit is refused
   double commit_refusal = 0;    // chance that a commit right after a refused decommit is refused
+  double any_commit_refusal = 0;  // chance that any other commit is refused
   std::size_t refused_decommits = 0;
   std::size_t refused_recommits = 0;
+  std::size_t refused_commits = 0;
 
   flaky_range(virtual_range& inner, unsigned seed) : inner_{inner}, rng_{seed} {}
   [[nodiscard]] std::byte* range_base() const noexcept override { return inner_.range_base(); }
@@ -52,6 +56,10 @@ class flaky_range final : public virtual_range {
     just_refused_ = false;
     if (after_refusal && chance(commit_refusal)) {
       ++refused_recommits;
+      throw std::bad_alloc();
+    }
+    if (!after_refusal && chance(any_commit_refusal)) {  // a grow's, its retry's too
+      ++refused_commits;
       throw std::bad_alloc();
     }
     return inner_.commit(ptr, bytes);
@@ -136,6 +144,7 @@ TEST_CASE("in_place_growth: random refused decommits and re-commits keep the boo
     flaky_pool pool{seed, options};
     pool.range.decommit_refusal = 0.4;
     pool.range.commit_refusal = seed % 3 == 0 ? 0.5 : 0.0;
+    pool.range.any_commit_refusal = seed % 4 == 1 ? 0.2 : 0.0;
     std::vector<std::uintptr_t> order;
     for (int step = 0; step < 400; ++step) {
       int const op = static_cast<int>(rng() % 10);
@@ -144,7 +153,7 @@ TEST_CASE("in_place_growth: random refused decommits and re-commits keep the boo
         std::size_t const alignment = rng() % 8 == 0 ? G : 256;
         std::uintptr_t p = pool.core.allocate(size, alignment, 0);
         if (p == 0) {
-          std::size_t const refused_before = pool.range.refused_decommits;
+          std::size_t const refused_before = pool.range.refused_decommits + pool.range.refused_commits;
           try {
             pool.growth.grow(pool.core, size, alignment, 0);
             p = pool.core.allocate(size, alignment, 0);
@@ -153,7 +162,7 @@ TEST_CASE("in_place_growth: random refused decommits and re-commits keep the boo
             // Refused: committing a fresh stretch for it would pass the maximum. (Granules
             // a failed re-commit left in holes refuse early only while the driver still
             // refuses: the release in grow decommits them.)
-            if (pool.range.refused_decommits == refused_before) {
+            if (pool.range.refused_decommits + pool.range.refused_commits == refused_before) {
               std::size_t const slack = alignment > 256 ? alignment : 0;
               CHECK(pool.vmm.committed_bytes() + detail::align_up(size + slack, G) > options.maximum_bytes);
             }
@@ -186,6 +195,7 @@ TEST_CASE("in_place_growth: random refused decommits and re-commits keep the boo
     // touches, those left committed in holes by a failed re-commit too.
     pool.range.decommit_refusal = 0;
     pool.range.commit_refusal = 0;
+    pool.range.any_commit_refusal = 0;
     (void)pool.growth.release(pool.core);
     pool.check(false);
     CHECK(pool.range.refused_decommits > 0);
