@@ -60,12 +60,30 @@ def expand_placeholders(text, worker_name, device=0, pid=None):
             .replace("{device}", _safe(_visible_device(device))))
 
 
+def _hooks_argument(hooks):
+    """`hooks` as a tuple of names. Checked on the client: None failed with "'NoneType' object
+    is not iterable", 3 alike, and ["cupy", 1] with a ValueError calling 1 an unknown hook."""
+    if hooks is None:
+        return ()
+    if isinstance(hooks, str):
+        return (hooks,)
+    accepted = 'a hook name ("cupy", "numba" or "torch"), a list, tuple or set of them, or None for none'
+    if not isinstance(hooks, (list, tuple, set, frozenset)):
+        raise TypeError(f"mrstack.dask: hooks must be {accepted}, not {type(hooks).__name__} ({hooks!r:.60})")
+    for hook in hooks:
+        if not isinstance(hook, str):
+            raise TypeError(f"mrstack.dask: hooks must be {accepted}; it holds {hook!r:.60}, "
+                            f"a {type(hook).__name__}")
+    return tuple(hooks)
+
+
 class MrstackPlugin(WorkerPlugin):
     """Configures mrstack on each worker when the worker starts (or, registered on a running
     cluster with ``client.register_plugin``, at once on every worker).
 
     spec      the stack spec; None: the worker's MRSTACK_RESOURCE, else mrstack's default
-    hooks     the libraries to route through mrstack: any of "cupy", "numba", "torch"
+    hooks     the libraries to route through mrstack: one of "cupy", "numba", "torch", or a
+              list, tuple or set of them; None or () for none (the default)
     log_file  a CSV allocation log per worker (placeholders: see the module's doc)
     device    the device whose stack the worker uses and reports (default 0)
     build     build the stack at set-up, so the first task does not pay for it (default True)
@@ -77,8 +95,7 @@ class MrstackPlugin(WorkerPlugin):
     name = PLUGIN_NAME
 
     def __init__(self, spec=None, hooks=(), log_file=None, device=0, build=True):
-        if isinstance(hooks, str):
-            hooks = (hooks,)
+        hooks = _hooks_argument(hooks)
         unknown = [h for h in hooks if h not in HOOKS]
         if unknown:
             raise ValueError(f"mrstack.dask: unknown hooks {unknown}; choose from {', '.join(HOOKS)}")

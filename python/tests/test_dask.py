@@ -45,6 +45,20 @@ def test_unknown_hooks_are_refused_on_the_client():
         MrstackPlugin(SPEC, hooks=("cupy", "jax"))
 
 
+@pytest.mark.parametrize("hooks", [3, b"cupy", {"cupy": 1}, ["cupy", 1], ("numba", None)])
+def test_hooks_of_a_wrong_type_are_refused_on_the_client_naming_the_argument(hooks):
+    # 3 gave "'int' object is not iterable", and ["cupy", 1] a ValueError calling 1 a hook.
+    with pytest.raises(TypeError, match=r'mrstack\.dask: hooks must be a hook name \("cupy", "numba" or "torch"\), '
+                                        r"a list, tuple or set of them, or None for none"):
+        MrstackPlugin(SPEC, hooks=hooks)
+
+
+@pytest.mark.parametrize("hooks, kept", [(None, ()), ((), ()), ([], ()), ("cupy", ("cupy",)),
+                                         (["numba", "torch"], ("numba", "torch")), ({"cupy"}, ("cupy",))])
+def test_hooks_may_be_none_one_name_or_a_collection_of_names(hooks, kept):
+    assert MrstackPlugin(SPEC, hooks=hooks).hooks == kept
+
+
 @pytest.mark.parametrize("device", [-1, 64, 1.9, True, "1", None])
 def test_a_device_that_is_not_an_ordinal_is_refused_on_the_client(device):
     with pytest.raises(ValueError, match=f"device must be a device ordinal.*not {re.escape(repr(device))}"):
