@@ -5,6 +5,17 @@ import stat
 import tempfile
 
 
+def checked_path(path, what):
+    """`path` if it names a file (str, bytes or os.PathLike), else a TypeError naming `what`
+    (the function and argument). An int is refused before open() sees it: open() takes it
+    for a file descriptor, so read_log_events(3) read, and then closed, whatever the process
+    had open as descriptor 3."""
+    if isinstance(path, (str, bytes, os.PathLike)):
+        return path
+    raise TypeError(f"{what} must be a file name (str, bytes or os.PathLike), not {type(path).__name__} "
+                    f"({path!r:.60})")
+
+
 def write_atomically(path, write):
     """Calls write(binary file) for `path`. A regular file (or none yet) is written as a
     temporary file beside it, renamed over it, so no reader sees half of it and a failure

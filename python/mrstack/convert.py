@@ -66,11 +66,12 @@ the Time column, a time of day taken past midnight when it goes back by more tha
 import argparse
 import bisect
 import gzip
+import numbers
 import os
 import pickle
 import sys
 
-from ._files import write_atomically as _write_atomically
+from ._files import checked_path as _checked_path, write_atomically as _write_atomically
 from .log_events import HEADER, ConversionError, hex_text as _hex, read_log_events
 
 __all__ = ["ConversionError", "TorchConversion", "convert_torch_snapshot", "load_snapshot", "write_log",
@@ -138,6 +139,14 @@ def _int_field(entry, key, where, action, required=True, default=0, unsigned64=F
     return value
 
 
+def _checked_device(device, what):
+    """`device` as an int: True had been taken for device 1, and "0", 1.5 or None had ended
+    in a TypeError from a comparison or an index, naming no argument."""
+    if isinstance(device, bool) or not isinstance(device, numbers.Integral):
+        raise TypeError(f"{what} must be an int device index, not {type(device).__name__} ({device!r:.60})")
+    return int(device)
+
+
 def _choose_device(traces, device):
     with_entries = [(d, len(t)) for d, t in enumerate(traces) if len(t) > 0]
     if device is not None:
@@ -169,6 +178,8 @@ def convert_torch_snapshot(snapshot, device=None):
         raise ConversionError(
             "the snapshot has no 'device_traces': record them with torch.cuda.memory._record_memory_history() "
             "before the work, then take the snapshot")
+    if device is not None:
+        device = _checked_device(device, "convert_torch_snapshot: device")
     traces = snapshot["device_traces"]
     if not isinstance(traces, (list, tuple)) or not all(isinstance(t, (list, tuple)) for t in traces):
         raise ConversionError("'device_traces' must be a list with one list of trace entries per device")
@@ -229,6 +240,7 @@ def convert_torch_snapshot(snapshot, device=None):
 
 def load_snapshot(path):
     """Reads a pickled snapshot (as torch.cuda.memory._dump_snapshot writes it)."""
+    _checked_path(path, "load_snapshot: path")
     try:
         with open(path, "rb") as f:
             return pickle.load(f)
@@ -257,6 +269,7 @@ def write_log(lines, path):
     """Writes the log atomically: a temporary file beside `path`, then a rename, so no
     reader ever sees half a log and a failure leaves none. A name ending in .gz is
     gzip-compressed; "-" writes to standard output."""
+    path = os.fsdecode(_checked_path(path, "write_log: path"))  # a pathlib.Path had no .endswith
     text = "\n".join(lines) + "\n"
     if path == "-":
         sys.stdout.write(text)
@@ -403,9 +416,16 @@ def log_to_memory_viz(events, device=0, device_count=None, source="<log>"):
     with its free, but has no trace entry or block (the viewer draws none). An allocation
     that overlaps a live block is a ConversionError naming `source` and both lines."""
     # Checked first: device_traces gets one list per device up to this one (a negative one
-    # indexed an empty list; a huge one built billions of lists).
+    # indexed an empty list; a huge one built billions of lists). device_count alike: a
+    # negative one was ignored, and 10**9 built a billion lists.
+    device = _checked_device(device, "log_to_memory_viz: device")
     if not 0 <= device <= MAX_TORCH_DEVICE:
         raise ConversionError(f"--device {device}: PyTorch's device indices are 0 to {MAX_TORCH_DEVICE}")
+    if device_count is not None:
+        device_count = _checked_device(device_count, "log_to_memory_viz: device_count")
+        if not 0 <= device_count <= MAX_TORCH_DEVICE + 1:
+            raise ValueError(f"log_to_memory_viz: device_count {device_count} is outside 0 to {MAX_TORCH_DEVICE + 1} "
+                             f"(PyTorch's device indices are 0 to {MAX_TORCH_DEVICE})")
     segments = _infer_segments(events)
     starts = [start for start, _ in segments]
     blocks = _LiveBlocks(starts, source)
@@ -458,6 +478,7 @@ def write_snapshot(snapshot, path):
     """Pickles `snapshot` to `path` atomically (as torch.cuda.memory._dump_snapshot does);
     "-" writes it to standard output, as the torch conversion's "-" does (it had made a
     file named "-")."""
+    path = os.fsdecode(_checked_path(path, "write_snapshot: path"))
     if path == "-":
         pickle.dump(snapshot, sys.stdout.buffer)
         sys.stdout.buffer.flush()
@@ -508,7 +529,11 @@ def main(argv=None):
     if args.source == "memory-viz":
         return _memory_viz_main(args)
     try:
-        conversion = convert_torch_snapshot(load_snapshot(args.snapshot), args.device)
+        snapshot = load_snapshot(args.snapshot)
+        try:
+            conversion = convert_torch_snapshot(snapshot, args.device)
+        except ConversionError as e:  # its errors name the entry, not the file holding it
+            raise ConversionError(f"{args.snapshot}: {e}") from None
         if conversion.events == 0 and conversion.failures == 0:
             raise ConversionError(
                 f"{args.snapshot}: device {conversion.device}'s trace has no alloc or free_requested entries")

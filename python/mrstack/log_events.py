@@ -391,6 +391,8 @@ def read_log_events(path):
     mrstack._binary_scan; both give the same events, and a log either gives up on (any
     error) is read row by row, here."""
     from . import _binary_scan, _log_scan
+    from ._files import checked_path
+    checked_path(path, "read_log_events: path")
     try:
         return _log_scan.read_events(path)
     except _log_scan.BinaryLog:

@@ -271,3 +271,63 @@ def test_the_converted_log_replays(tmp_path):
     done = subprocess.run([tool, str(log), "--simulate", "-r", "cuda"], capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stdout + done.stderr
     assert f"{out.events:,} events" in done.stdout
+
+
+def test_an_error_inside_the_snapshot_names_the_file_holding_it(tmp_path, capsys):
+    # The file was left out: "error: the snapshot is a list" said nothing of which file.
+    listed = write_pickle(tmp_path / "listed.pickle", [1, 2])
+    assert main(["torch", listed, "-o", str(tmp_path / "log.csv")]) == 2
+    assert capsys.readouterr().err == f"python -m mrstack.convert: error: {listed}: the snapshot is a list, " \
+                                      "expected the dict torch.cuda.memory._snapshot() returns\n"
+    bad = write_pickle(tmp_path / "bad.pickle", snapshot([entry("alloc", addr=0x100, size=-5)]))
+    assert main(["torch", bad, "-o", str(tmp_path / "log.csv")]) == 2
+    assert f"error: {bad}: device_traces[0][0]: 'size' of the 'alloc' entry is -5" in capsys.readouterr().err
+    assert not (tmp_path / "log.csv").exists()
+
+
+@pytest.mark.parametrize("path", ["an open descriptor", None, 1.5, ["log.csv"]])
+def test_a_path_that_is_not_a_file_name_is_refused_before_anything_is_opened(tmp_path, path):
+    # An int was taken for a file descriptor: read_log_events(fd) read whatever the process
+    # had open there, and closed it.
+    from mrstack.convert import load_snapshot, read_log_events, write_log, write_snapshot
+    with open(tmp_path / "held.csv", "w") as held:
+        held.write(HEADER + "\n1,1.0,allocate,0x100,512,0\n")
+        held.flush()
+        if path == "an open descriptor":
+            path = held.fileno()
+        for call, name in ((lambda: read_log_events(path), "read_log_events: path"),
+                           (lambda: load_snapshot(path), "load_snapshot: path"),
+                           (lambda: write_log([HEADER], path), "write_log: path"),
+                           (lambda: write_snapshot({}, path), "write_snapshot: path")):
+            with pytest.raises(TypeError, match=f"^{name} must be a file name \\(str, bytes or os.PathLike\\), "
+                                                f"not {type(path).__name__}"):
+                call()
+        os.fstat(held.fileno())  # still open
+
+
+def test_write_log_takes_a_pathlib_path(tmp_path):
+    # It called path.endswith: AttributeError for a pathlib.Path, which write_snapshot took.
+    from mrstack.convert import write_log
+    write_log([HEADER], tmp_path / "log.csv.gz")
+    assert gzip.decompress((tmp_path / "log.csv.gz").read_bytes()).decode() == HEADER + "\n"
+
+
+@pytest.mark.parametrize("device", [True, "0", 1.5, None])
+def test_a_device_that_is_not_an_int_is_refused_naming_the_argument(device):
+    from mrstack.convert import log_to_memory_viz
+    with pytest.raises(TypeError, match=f"^log_to_memory_viz: device must be an int device index, "
+                                        f"not {type(device).__name__}"):
+        log_to_memory_viz([], device)
+    if device is not None:  # None is convert_torch_snapshot's "the only device with entries"
+        with pytest.raises(TypeError, match=f"^convert_torch_snapshot: device must be an int device index, "
+                                            f"not {type(device).__name__}"):
+            convert_torch_snapshot(snapshot([entry("alloc", addr=0x100, size=512)]), device)
+
+
+@pytest.mark.parametrize("count", [-3, 129, 10**6])
+def test_a_device_count_outside_pytorchs_devices_is_refused(count):
+    # -3 was ignored, and 10**6 built a million empty traces (10**9: a billion, until memory ran out).
+    from mrstack.convert import log_to_memory_viz
+    with pytest.raises(ValueError, match=f"^log_to_memory_viz: device_count {count} is outside 0 to 128"):
+        log_to_memory_viz([], 0, device_count=count)
+    assert len(log_to_memory_viz([], 0, device_count=128).snapshot["device_traces"]) == 128
