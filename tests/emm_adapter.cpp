@@ -14,6 +14,7 @@
 
 #include <atomic>
 #include <cstring>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <random>
@@ -218,6 +219,37 @@ TEST_CASE("emm adapter: default memory info of a host stack is the host's physic
   CHECK(info.total > 0);
   CHECK(info.free > 0);
   CHECK(info.free <= info.total);
+}
+
+TEST_CASE("emm adapter: memory info over a simulated bottom is the simulated device's, not the host's") {
+  constexpr std::size_t capacity = std::size_t{64} << 20;
+  auto sim = std::make_shared<simulated_memory_resource>(capacity);
+  auto pool = std::make_shared<pool_memory_resource>(sim, std::size_t{4} << 20);
+  adapter a{pool};
+  // As cudaMemGetInfo for a real device: total the capacity, free what it has not handed
+  // out, plus what the stack holds free (the pool's initial chunk).
+  CHECK(a.get_memory_info().total == capacity);
+  CHECK(a.get_memory_info().free == capacity);
+  auto m = a.memalloc(std::size_t{1} << 20);
+  CHECK(a.get_memory_info().free == capacity - (std::size_t{1} << 20));
+  REQUIRE(a.free(m.token).has_value());
+  pool->release();
+  CHECK(sim->footprint() == 0);
+  CHECK(a.get_memory_info().free == capacity);
+
+  auto vmm = std::make_shared<simulated_vmm_memory_resource>(std::size_t{1} << 30, std::size_t{2} << 20, capacity);
+  adapter v{vmm};
+  auto n = v.memalloc(std::size_t{3} << 20);
+  REQUIRE(vmm->mapped_bytes() >= (std::size_t{3} << 20));
+  CHECK(v.get_memory_info().total == capacity);
+  CHECK(v.get_memory_info().free == capacity - vmm->mapped_bytes() + vmm->free_bytes_held());
+  REQUIRE(v.free(n.token).has_value());
+
+  adapter unlimited{std::make_shared<simulated_memory_resource>()};
+  auto u = unlimited.memalloc(4096);
+  CHECK(unlimited.get_memory_info().total == std::numeric_limits<std::size_t>::max());
+  CHECK(unlimited.get_memory_info().free == std::numeric_limits<std::size_t>::max() - 4096);
+  REQUIRE(unlimited.free(u.token).has_value());
 }
 
 TEST_CASE("emm adapter: get_ipc_handle refuses host memory with a clear message") {

@@ -19,7 +19,8 @@ The plugin follows Numba's interface (numba-cuda 0.30) to the letter:
   address is handed out again, and an old finalizer running late must not free it. The
   allocation and the finalizer go through the compiled fast path when it is there
   (`mrstack.fastpath()`), else through ctypes; both behave alike.
-- ``get_memory_info`` counts what the stack holds free as free; ``get_ipc_handle``
+- ``get_memory_info`` counts what the stack holds free as free (over a ``simulated`` or
+  ``simulated_vmm`` bottom, of the device it plays: its capacity); ``get_ipc_handle``
   returns Numba's ``IpcHandle`` for the upstream allocation containing the memory, with
   the offset into it; ``reset`` frees every outstanding allocation; ``defer_cleanup``
   holds frees back until the outermost block ends.

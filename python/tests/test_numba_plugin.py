@@ -197,6 +197,22 @@ def test_memory_info_and_ipc_refusal_on_host_memory(run_plugin):
     """)
 
 
+def test_memory_info_over_a_simulated_device_is_that_device_not_the_host(run_plugin):
+    # It was the host's physical memory: a 1 GiB simulated device reported the machine's RAM,
+    # and Numba sized its batches of deferred frees by it.
+    run_plugin(FAKE_CONTEXT + """
+    GIB, MIB = 1 << 30, 1 << 20
+    info = mgr.get_memory_info()
+    assert info == cuda.MemoryInfo(free=GIB, total=GIB), info   # the pool's chunk is held free
+    assert mgr.deallocations.memory_capacity == GIB
+    mem = mgr.memalloc(MIB)
+    assert mgr.get_memory_info() == cuda.MemoryInfo(free=GIB - MIB, total=GIB)
+    del mem
+    gc.collect()
+    assert mgr.get_memory_info().free == GIB
+    """, env={"MRSTACK_RESOURCE": "pool(initial=4MiB) > simulated(capacity=1GiB)"})
+
+
 def test_bad_spec_in_environment_raises_spec_error_at_initialize(run_python):
     done = run_python(FAKE_CONTEXT.replace("mgr.initialize()\n    mgr.initialize()   # idempotent", "") + """
     try:

@@ -6,12 +6,15 @@
 #include <cstring>
 #include <cstdio>
 #include <exception>
+#include <optional>
 #include <string>
 
 #include <cuda.h>            // driver types only: the functions are reached through the runtime
 #include <cudaTypedefs.h>    // PFN_* signatures of the driver entry points
 #include <unistd.h>
 
+#include <mrstack/upstream/simulated_memory_resource.hpp>
+#include <mrstack/upstream/simulated_vmm_memory_resource.hpp>
 #include <mrstack/upstream/virtual_range.hpp>
 #include <mrstack/upstream/virtual_range_resource.hpp>
 #include <mrstack/upstream/vmm_ipc.hpp>
@@ -69,6 +72,30 @@ driver_api const& driver() {
                      static_cast<int>(code));
 }
 
+/// A `simulated` or `simulated_vmm` bottom plays a device of its capacity, so it answers as
+/// cudaMemGetInfo answers for a real device: total is the capacity, free what the device has
+/// not handed out (the capacity less the footprint, or less the mapped bytes). The host's
+/// memory, the answer for the other address-only stacks, says nothing about that device (and
+/// Numba sizes its batches of deferred frees by the total). Unlimited (no capacity): SIZE_MAX.
+std::optional<memory_info> simulated_memory_info(memory_resource& stack) {
+  memory_resource& bottom = bottom_of_stack(stack);
+  std::size_t capacity = 0;
+  std::size_t held = 0;
+  if (auto const* sim = dynamic_cast<simulated_memory_resource const*>(&bottom)) {
+    capacity = sim->capacity();
+    held = sim->footprint();
+  } else if (auto const* vmm = dynamic_cast<simulated_vmm_memory_resource const*>(&bottom)) {
+    capacity = vmm->capacity();
+    held = vmm->mapped_bytes();
+  } else {
+    return std::nullopt;
+  }
+  memory_info info;
+  info.total = capacity;
+  info.free = capacity - std::min(held, capacity);
+  return info;
+}
+
 memory_info default_memory_info(int device, memory_kind kind) {
   if (kind == memory_kind::device || kind == memory_kind::managed) {
     detail::device_scope scope{device};
@@ -76,7 +103,8 @@ memory_info default_memory_info(int device, memory_kind kind) {
     MRSTACK_CUDA_TRY(cudaMemGetInfo(&info.free, &info.total));
     return info;
   }
-  // Host memory (system, pinned_host) and address-only stacks: the host's physical memory.
+  // Host memory (system, pinned_host) and address-only stacks other than the simulated
+  // ones (simulated_memory_info): the host's physical memory.
   long const page = sysconf(_SC_PAGESIZE);
   long const pages = sysconf(_SC_PHYS_PAGES);
   long const available = sysconf(_SC_AVPHYS_PAGES);
@@ -197,7 +225,10 @@ bool adapter::issued(std::uint64_t token) const {
 
 memory_info adapter::get_memory_info() const {
   memory_kind const kind = stack_->kind();
+  std::optional<memory_info> simulated;
+  if (options_.query_memory == nullptr) { simulated = simulated_memory_info(*stack_); }
   memory_info info = options_.query_memory != nullptr ? options_.query_memory(options_.device, kind)
+                     : simulated                      ? *simulated
                                                       : default_memory_info(options_.device, kind);
   // What the stack holds free is free to whoever asks through this stack, though the
   // driver counts it as used.

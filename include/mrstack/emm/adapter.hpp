@@ -116,7 +116,9 @@ class adapter {
     int device = 0;          ///< the device ordinal this adapter serves (reported, and used for memory info)
     stream_view stream{};    ///< the stream allocations and frees are ordered on
     /// Where (free, total) come from before the stack's held-free bytes are added. Null:
-    /// cudaMemGetInfo for device and managed stacks, the host's physical memory otherwise.
+    /// cudaMemGetInfo for device and managed stacks; over a `simulated` or `simulated_vmm`
+    /// bottom, its capacity and what it has not handed out (the device it plays); the
+    /// host's physical memory otherwise.
     memory_info (*query_memory)(int device, memory_kind kind) = nullptr;
     /// Called with `on_issued_context`, under the adapter's lock, as each allocation enters
     /// the token table: books kept beside the adapter (the C ABI's per-client counts) add it
