@@ -194,7 +194,8 @@ def run_replay(log, resources=(), replay=None, extra=()):
     binary = find_replay(replay)
     with tempfile.TemporaryDirectory(prefix="mrstack-report-") as folder:
         path = os.path.join(folder, "timeline.json")
-        command = [binary, log]
+        # mrstack-replay has no "--": a log named "-x.csv" was read as an unknown option.
+        command = [binary, os.path.join(".", log) if log.startswith("-") else log]
         for spec in resources:
             command += ["-r", spec]
         command += list(extra) + ["--timeline", path]
@@ -203,7 +204,12 @@ def run_replay(log, resources=(), replay=None, extra=()):
         except OSError as e:  # executable, but not a program this system runs (ENOEXEC, a bad interpreter)
             raise ReportError(f"{binary}: cannot run it: {e.strerror or e}") from None
         if done.returncode not in (0, 1) or not os.path.isfile(path):
-            raise ReportError(f"{' '.join(command)} exited {done.returncode}:\n{done.stderr.strip() or done.stdout.strip()}")
+            # Said whole: an exit without output had ended the message with ":" and an
+            # empty line, and an exit of 0 looked like success.
+            said = done.stderr.strip() or done.stdout.strip()
+            missing = "" if os.path.isfile(path) else " without writing the timeline"
+            raise ReportError(f"{' '.join(command)} exited {done.returncode}{missing}" +
+                              (f":\n{said}" if said else " (it printed nothing)"))
         return load_timeline(path)
 
 

@@ -394,3 +394,30 @@ def test_verdict_is_the_real_replays_sentence(tmp_path):
     assert done.returncode == 0, done.stderr
     printed = next(line for line in done.stdout.splitlines() if line.startswith("verdict: "))
     assert report.verdict(json.loads(timeline.read_text())["results"]) == printed[len("verdict: "):]
+
+
+def test_a_log_whose_name_starts_with_a_dash_reaches_the_replay_as_a_file(tmp_path, monkeypatch):
+    # mrstack-replay has no "--": "-log.csv" was passed as is and read as an unknown option.
+    fake = _fake_replay(tmp_path, make_timeline())
+    monkeypatch.setenv("MRSTACK_REPLAY", fake)
+    monkeypatch.chdir(tmp_path)
+    done = run_report("-o", str(tmp_path / "r.html"), "--", "-log.csv")
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "args.txt").read_text().split("\n")[0] == os.path.join(".", "-log.csv")
+
+
+@pytest.mark.parametrize("program, said", [("exit 1", "exited 1 without writing the timeline (it printed nothing)"),
+                                           ("exit 0", "exited 0 without writing the timeline (it printed nothing)"),
+                                           ("echo broke >&2; exit 3",
+                                            "exited 3 without writing the timeline:\nbroke")])
+def test_a_replay_that_writes_no_timeline_is_said_whole(tmp_path, program, said):
+    # The message ended with ":" and an empty line when the replay printed nothing, and an
+    # exit of 0 without a timeline read like success.
+    fake = tmp_path / "mrstack-replay"
+    fake.write_text(f"#!/bin/sh\n{program}\n")
+    fake.chmod(0o755)
+    done = run_report("log.csv", "--replay", str(fake), "-o", str(tmp_path / "r.html"))
+    assert done.returncode == 2
+    assert done.stderr.startswith(f"mrstack.report: {fake} log.csv --timeline "), done.stderr
+    assert done.stderr.endswith(f" {said}\n"), done.stderr
+    assert not (tmp_path / "r.html").exists()
