@@ -16,6 +16,15 @@ def checked_path(path, what):
                     f"({path!r:.60})")
 
 
+def is_same_file(a, b):
+    """Whether the names `a` and `b` reach one existing file (through links and other
+    spellings of the path too)."""
+    try:
+        return os.path.samefile(a, b)
+    except (OSError, ValueError):  # one of them does not exist (or names nothing openable)
+        return False
+
+
 def write_atomically(path, write):
     """Calls write(binary file) for `path`. A regular file (or none yet) is written as a
     temporary file beside it, renamed over it, so no reader sees half of it and a failure

@@ -71,7 +71,8 @@ import os
 import pickle
 import sys
 
-from ._files import checked_path as _checked_path, write_atomically as _write_atomically
+from ._files import checked_path as _checked_path, is_same_file as _is_same_file
+from ._files import write_atomically as _write_atomically
 from .log_events import HEADER, ConversionError, hex_text as _hex, read_log_events
 
 __all__ = ["ConversionError", "TorchConversion", "convert_torch_snapshot", "load_snapshot", "write_log",
@@ -526,6 +527,12 @@ def main(argv=None):
                             help="the snapshot to write (-: standard output)")
     viz_parser.add_argument("--device", type=int, default=0, metavar="N", help="the device the trace is for (default 0)")
     args = parser.parse_args(argv)
+    source = args.log if args.source == "memory-viz" else args.snapshot
+    if args.output != "-" and _is_same_file(source, args.output):
+        # The input was read whole and then replaced: a log became a pickle, or the reverse.
+        print(f"python -m mrstack.convert: error: -o {args.output} is the input itself: give the output its own path",
+              file=sys.stderr)
+        return 2
     if args.source == "memory-viz":
         return _memory_viz_main(args)
     try:

@@ -32,7 +32,7 @@ import sys
 import tempfile
 import time
 
-from ._files import write_atomically
+from ._files import is_same_file, write_atomically
 
 __all__ = ["TIMELINE_FORMAT", "ReportError", "load_timeline", "render_html", "write_report", "find_replay",
            "run_replay", "main"]
@@ -499,6 +499,8 @@ def main(argv=None):
     args = parser.parse_args(argv)
     started = time.perf_counter()
     try:
+        if is_same_file(args.input, args.output):  # the page had replaced the log or timeline
+            raise ReportError(f"-o {args.output} is the input itself: give the page its own path")
         if args.input.lower().endswith(".json"):  # t.JSON had been replayed as a log
             if args.resource or args.capacity or args.simulate or args.timeline_points is not None:
                 raise ReportError("-r/--capacity/--simulate/--timeline-points apply to a log, not to a timeline")

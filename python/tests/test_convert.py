@@ -331,3 +331,20 @@ def test_a_device_count_outside_pytorchs_devices_is_refused(count):
     with pytest.raises(ValueError, match=f"^log_to_memory_viz: device_count {count} is outside 0 to 128"):
         log_to_memory_viz([], 0, device_count=count)
     assert len(log_to_memory_viz([], 0, device_count=128).snapshot["device_traces"]) == 128
+
+
+@pytest.mark.parametrize("source", ["memory-viz", "torch"])
+def test_an_output_that_is_the_input_is_refused_and_the_input_kept(tmp_path, capsys, source):
+    # The input was read whole and then replaced: a log became a pickle, a snapshot a log.
+    if source == "torch":
+        given = write_pickle(tmp_path / "snap.pickle", snapshot([entry("alloc", addr=0x100, size=512)]))
+    else:
+        given = str(tmp_path / "log.csv")
+        pathlib.Path(given).write_text(f"{HEADER}\n1,1.0,allocate,0x100,512,0\n")
+    before = pathlib.Path(given).read_bytes()
+    (tmp_path / "sub").mkdir()
+    spelled = str(tmp_path / "sub" / ".." / os.path.basename(given))  # another spelling of the same file
+    assert main([source, given, "-o", spelled]) == 2
+    assert capsys.readouterr().err == (f"python -m mrstack.convert: error: -o {spelled} is the input itself: give the "
+                                       "output its own path\n")
+    assert pathlib.Path(given).read_bytes() == before

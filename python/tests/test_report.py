@@ -421,3 +421,14 @@ def test_a_replay_that_writes_no_timeline_is_said_whole(tmp_path, program, said)
     assert done.stderr.startswith(f"mrstack.report: {fake} log.csv --timeline "), done.stderr
     assert done.stderr.endswith(f" {said}\n"), done.stderr
     assert not (tmp_path / "r.html").exists()
+
+
+def test_an_output_that_is_the_input_is_refused_and_the_input_kept(tmp_path):
+    # The page replaced the timeline (or the log) it was made from.
+    given = write_json(tmp_path, make_timeline())
+    before = open(given, "rb").read()
+    done = run_report(given, "-o", os.path.join(tmp_path, ".", os.path.basename(given)))
+    assert done.returncode == 2
+    assert done.stderr.startswith("mrstack.report: -o ") and done.stderr.endswith(
+        " is the input itself: give the page its own path\n"), done.stderr
+    assert open(given, "rb").read() == before
