@@ -8,7 +8,9 @@ MAX_STREAMS), and an error names the file and the line (or a binary log's byte o
 """
 import bisect
 import heapq
+import os
 import re
+import stat
 import struct
 import time
 import zlib
@@ -277,16 +279,48 @@ def _log_rows(path):
     return _text_rows(path, data.decode("utf-8-sig", "surrogateescape"))
 
 
+def _no_memory(path):
+    return ConversionError(f"{path}: the log does not fit in this process's memory (its text may be up to "
+                           f"{MAX_TEXT_BYTES} bytes, the reader's limit)")
+
+
+def _stream_bytes(f):
+    """What a pipe or device holds, up to MAX_TEXT_BYTES + 4097 bytes, read a block at a
+    time: plain text stops at its first NUL (the error _log_rows reports), so /dev/zero or
+    /dev/urandom is refused at once, where 4 GiB of it had been read first (or the reading
+    ended in a MemoryError)."""
+    blocks, size = [], 0
+    while size <= MAX_TEXT_BYTES + 4096:
+        block = f.read(min(1 << 20, MAX_TEXT_BYTES + 4097 - size))
+        if not block:
+            break
+        blocks.append(block)
+        size += len(block)
+        first = blocks[0]
+        if not first.startswith(_GZIP_MAGIC) and not first.startswith(_BINARY_MAGIC[:len(first)]) and b"\0" in block:
+            break
+    return b"".join(blocks)
+
+
 def _log_bytes(path):
     """A log file's bytes, gunzipped when they start as gzip does; ConversionError naming
     the file when it cannot be read or is past MAX_TEXT_BYTES."""
     try:
         with open(path, "rb") as f:
-            data = f.read(MAX_TEXT_BYTES + 4097)
+            status = os.fstat(f.fileno())
+            if stat.S_ISREG(status.st_mode):
+                # Past the limit by its size: it had been read, 4 GiB of it, only to be refused.
+                if status.st_size > MAX_TEXT_BYTES + 4096:
+                    raise _too_big(path)
+                data = f.read(MAX_TEXT_BYTES + 4097)
+            else:
+                data = _stream_bytes(f)
     except FileNotFoundError:
         raise ConversionError(f"{path}: no such file") from None
     except OSError as e:
         raise ConversionError(f"{path}: cannot read it ({e})") from None
+    except MemoryError:
+        raise _no_memory(path) from None
     # The compressed form is never larger than its text by more than gzip's headers.
     if len(data) > MAX_TEXT_BYTES + 4096:
         raise _too_big(path)
@@ -394,15 +428,18 @@ def read_log_events(path):
     from ._files import checked_path
     checked_path(path, "read_log_events: path")
     try:
-        return _log_scan.read_events(path)
-    except _log_scan.BinaryLog:
         try:
-            return _binary_scan.read_events(path)
+            return _log_scan.read_events(path)
+        except _log_scan.BinaryLog:
+            try:
+                return _binary_scan.read_events(path)
+            except _log_scan.Unusual:
+                pass
         except _log_scan.Unusual:
             pass
-    except _log_scan.Unusual:
-        pass
-    return _read_row_by_row(path)
+        return _read_row_by_row(path)
+    except MemoryError:  # a log within the limits, but not within this machine's memory
+        raise _no_memory(path) from None
 
 
 def _read_row_by_row(path):

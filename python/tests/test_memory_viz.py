@@ -474,3 +474,47 @@ def test_outputs_get_the_umask_mode_and_a_fifo_is_written_in_place(tmp_path, uma
     assert pickle.loads(got[0]) == {"segments": [1]}
     assert os.path.exists(fifo) and not os.path.isfile(fifo)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["fifo", "log.csv.gz", "report.html", "snap.pickle"]
+
+
+def _convert_in_two_gib(tmp_path, log):
+    """python -m mrstack.convert memory-viz `log`, its address space held to 2 GiB (as on a
+    small machine) and its run to 60 s."""
+    limit = ("import resource, runpy, sys; resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30)); "
+             "sys.argv = ['mrstack.convert'] + sys.argv[1:]; runpy.run_module('mrstack.convert', run_name='__main__')")
+    env = dict(os.environ, PYTHONPATH=os.path.join(os.path.dirname(__file__), "..") + os.pathsep +
+               os.environ.get("PYTHONPATH", ""))
+    return subprocess.run([sys.executable, "-c", limit, "memory-viz", str(log), "-o", str(tmp_path / "snap.pickle")],
+                          capture_output=True, text=True, env=env, timeout=60)
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/zero"), reason="no /dev/zero")
+def test_a_device_of_endless_binary_data_is_refused_at_its_first_nul(tmp_path):
+    # A pipe or device was read 4 GiB at once: /dev/zero held the memory (or ended in a
+    # MemoryError traceback) before the NUL at byte 0 was found.
+    done = _convert_in_two_gib(tmp_path, "/dev/zero")
+    assert done.returncode == 2, done.stderr
+    assert done.stderr == ("python -m mrstack.convert: error: /dev/zero:1: a NUL byte at byte offset 0 of the text: "
+                           "the log holds binary data, expected CSV text (or gzip-compressed CSV)\n")
+    assert not (tmp_path / "snap.pickle").exists()
+
+
+def test_a_file_past_the_limit_is_refused_by_its_size_unread(tmp_path):
+    # It was read, 4 GiB of it, only to be refused (a sparse file: no disk is used).
+    from mrstack.log_events import MAX_TEXT_BYTES
+    log = tmp_path / "huge.csv"
+    with open(log, "wb") as f:
+        f.truncate(MAX_TEXT_BYTES + 8192)
+    done = _convert_in_two_gib(tmp_path, log)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr == (f"python -m mrstack.convert: error: {log}: the log's text is larger than {MAX_TEXT_BYTES} "
+                           "bytes, the reader's limit\n")
+
+
+def test_a_log_that_does_not_fit_in_memory_is_an_error_naming_it(monkeypatch, tmp_path):
+    from mrstack import _log_scan
+
+    def no_memory(path):
+        raise MemoryError
+    monkeypatch.setattr(_log_scan, "read_events", no_memory)
+    with pytest.raises(ConversionError, match=r"^big\.csv: the log does not fit in this process's memory"):
+        read_log_events("big.csv")
