@@ -279,7 +279,11 @@ class Stack:
         `wake`. Until `wake`, allocating from the stack raises, frees work, and nothing may
         touch its memory. A stack without a vmm layer raises. See docs/vmm.md."""
         from . import _vmm
-        _vmm.sleep(self._live("sleep"), keep_contents)
+        # Checked: its truth had been taken, so keep_contents="no" (or None) was read as yes (or no).
+        if keep_contents not in (True, False):  # numpy's bools, 0 and 1 pass
+            raise TypeError(f"mrstack.Stack.sleep: keep_contents must be True or False, not "
+                            f"{type(keep_contents).__name__} ({keep_contents!r:.60})")
+        _vmm.sleep(self._live("sleep"), bool(keep_contents))
 
     def wake(self):
         """Maps physical memory back behind every address `sleep` kept (contents restored

@@ -15,6 +15,16 @@ def lib(library_path):
     return _vmm.library()
 
 
+@pytest.mark.parametrize("keep", ["no", "false", None, 2, [], 0.5])
+def test_sleep_refuses_a_keep_contents_that_is_not_a_bool_and_stays_awake(lib, keep):
+    # Its truth had been taken: "no" and "false" kept the contents, None dropped them.
+    with mrstack.Stack(SPEC) as stack:
+        with pytest.raises(TypeError, match=r"^mrstack\.Stack\.sleep: keep_contents must be True or False, "
+                                            f"not {type(keep).__name__}"):
+            stack.sleep(keep_contents=keep)
+        assert not stack.asleep
+
+
 def test_sleep_keeps_addresses_refuses_allocation_and_wakes(lib):
     with mrstack.Stack(SPEC) as stack:
         blocks = [(stack.allocate(n), n) for n in (1 << 20, 3 << 20, 5000, 64 << 20)]
