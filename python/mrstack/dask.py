@@ -84,9 +84,11 @@ class MrstackPlugin(WorkerPlugin):
     spec      the stack spec; None: the worker's MRSTACK_RESOURCE, else mrstack's default
     hooks     the libraries to route through mrstack: one of "cupy", "numba", "torch", or a
               list, tuple or set of them; None or () for none (the default)
-    log_file  a CSV allocation log per worker (placeholders: see the module's doc)
+    log_file  a CSV allocation log per worker: a str or os.PathLike (placeholders: see the
+              module's doc)
     device    the device whose stack the worker uses and reports (default 0)
-    build     build the stack at set-up, so the first task does not pay for it (default True)
+    build     build the stack at set-up, so the first task does not pay for it (True, the
+              default, or False)
 
     Set-up fails on the worker (and Dask reports it) for a bad spec, an unknown hook, or a
     worker whose stacks were already built from another spec.
@@ -108,6 +110,17 @@ class MrstackPlugin(WorkerPlugin):
         # which failed on every worker with a parser error about a quote.
         if spec is not None and not isinstance(spec, str):
             raise TypeError(f"mrstack.dask: spec must be a str or None, not {type(spec).__name__} ({spec!r:.60})")
+        # log_file and build too: str() had made b"/logs/a.csv" a file named "b'/logs/a.csv'"
+        # and 3 a file named "3" in the worker's directory, "" the directory itself, and
+        # build="no" read as yes.
+        if log_file is not None:
+            if isinstance(log_file, os.PathLike):
+                log_file = os.fspath(log_file)
+            if not isinstance(log_file, str) or not log_file:
+                raise TypeError(f"mrstack.dask: log_file must be a file name (a non-empty str or os.PathLike) or "
+                                f"None, not {type(log_file).__name__} ({log_file!r:.60})")
+        if build not in (True, False):
+            raise TypeError(f"mrstack.dask: build must be True or False, not {type(build).__name__} ({build!r:.60})")
         self.spec, self.hooks, self.log_file = spec, tuple(hooks), log_file
         self.device, self.build = int(device), bool(build)
         # Filled in on the worker by setup():

@@ -59,6 +59,26 @@ def test_hooks_may_be_none_one_name_or_a_collection_of_names(hooks, kept):
     assert MrstackPlugin(SPEC, hooks=hooks).hooks == kept
 
 
+@pytest.mark.parametrize("log_file", [b"/tmp/a.csv", 3, "", ["a.csv"]])
+def test_a_log_file_that_is_not_a_file_name_is_refused_on_the_client(log_file):
+    # str() made b"/tmp/a.csv" a file named "b'/tmp/a.csv'", 3 a file named "3", and "" the
+    # worker's directory.
+    with pytest.raises(TypeError, match=r"^mrstack\.dask: log_file must be a file name \(a non-empty str or "
+                                        f"os.PathLike\\) or None, not {type(log_file).__name__}"):
+        MrstackPlugin(SPEC, log_file=log_file)
+
+
+def test_a_log_file_may_be_a_pathlib_path(tmp_path):
+    assert MrstackPlugin(SPEC, log_file=tmp_path / "a.csv").log_file == str(tmp_path / "a.csv")
+
+
+@pytest.mark.parametrize("build", ["no", None, 2])
+def test_a_build_that_is_not_a_bool_is_refused_on_the_client(build):
+    # Its truth was taken: build="no" built the stack.
+    with pytest.raises(TypeError, match=f"^mrstack\\.dask: build must be True or False, not {type(build).__name__}"):
+        MrstackPlugin(SPEC, build=build)
+
+
 @pytest.mark.parametrize("device", [-1, 64, 1.9, True, "1", None])
 def test_a_device_that_is_not_an_ordinal_is_refused_on_the_client(device):
     with pytest.raises(ValueError, match=f"device must be a device ordinal.*not {re.escape(repr(device))}"):
