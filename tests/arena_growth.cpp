@@ -262,7 +262,8 @@ enum class take_outcome { grew, waited, inconclusive };
 
 /// B asks for memory only A holds, unparked (A freed less than the park minimum since its
 /// last park), while another thread keeps calling on A. Inconclusive when the driver made
-/// so many calls before B asked that A had freed past the minimum and parked by itself.
+/// so many calls before B asked that A had freed past the minimum and parked by itself, or
+/// none while B asked.
 take_outcome b_takes_from_a_driven_stream() {
   auto sim = std::make_shared<simulated_memory_resource>();
   arena_options o;
@@ -288,6 +289,9 @@ take_outcome b_takes_from_a_driven_stream() {
   std::size_t const before = mr.stats().upstream_allocations;
   int const calls_before = calls;
   void* p = mr.allocate(3 * MiB, b);  // only A's unparked memory can serve it without growth
+  // The driver made no call while B asked: descheduled for B's whole bounded wait, which
+  // then grows by design (seen on a loaded 2-core VM, 40 tries in a row).
+  bool const driver_stalled = calls == calls_before;
   stop = true;
   driver.join();
   // Chunks taken, not bytes held: a growth that finds A parked by the time the upstream
@@ -297,7 +301,7 @@ take_outcome b_takes_from_a_driven_stream() {
   mr.deallocate(held_by_b, 2 * MiB, b);
   CHECK(mr.check_invariants() == "");
   constexpr int self_park_calls = (1 << 20) / 256;  // the 1 MiB left below the minimum
-  if (calls_before >= self_park_calls) { return take_outcome::inconclusive; }
+  if (calls_before >= self_park_calls || driver_stalled) { return take_outcome::inconclusive; }
   return grew ? take_outcome::grew : take_outcome::waited;
 }
 
