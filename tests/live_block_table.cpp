@@ -2,7 +2,8 @@
 // and look-ups over addresses that share a hash (the low 8 bits are not hashed), that are
 // live on two devices at once, whose probe runs wrap around the table's end, and over
 // enough blocks to grow the table many times; and a block a refused free took out goes
-// back without host memory, however full other threads made the table meanwhile.
+// back without host memory, however full other threads made the table meanwhile; and a
+// block handed out again at a freed block's address is told from it by its generation.
 #include <catch2/catch.hpp>
 
 #include <mrstack/detail/live_block_table.hpp>
@@ -196,4 +197,31 @@ TEST_CASE("live_block_table: a pool's addresses probe as short as random ones") 
   displacement /= static_cast<double>(blocks.size());
   INFO("average slots from home: " << displacement);
   CHECK(displacement < 0.5);  // random addresses: about 0.2 at these loads
+}
+
+TEST_CASE("live_block_table: a block at a freed block's address has another generation") {
+  live_block_table table;
+  void* const p = as_ptr(0x7d00'0000'0000);
+  std::uint32_t const first = table.insert(live_block{p, 0, 12345});  // the caller's generation is ignored
+  REQUIRE(first != 12345);
+  REQUIRE(table[table.find(p, 0)].generation == first);
+  std::uint32_t const other_device = table.insert(live_block{p, 1});
+  CHECK(other_device != first);
+  // Freed, and another block handed out at the same address on the same device.
+  table.erase(table.find(p, 0));
+  std::uint32_t const second = table.insert(live_block{p, 0});
+  CHECK(second != first);
+  CHECK(table[table.find(p, 0)].generation == second);
+  // A refused free puts its block back as it was: the same block, the same generation.
+  std::size_t const slot = table.find(p, 0);
+  live_block const taken = table[slot];
+  table.erase(slot);
+  table.put_back(taken);
+  CHECK(table[table.find(p, 0)].generation == second);
+  // Growing the table moves the entries whole.
+  std::uintptr_t next = 0x7c00'0000'0000;
+  for (int i = 0; i < 200; ++i) { table.insert(live_block{as_ptr(next += 256), 0}); }
+  REQUIRE(table.capacity() > 64);
+  CHECK(table[table.find(p, 0)].generation == second);
+  CHECK(table[table.find(p, 1)].generation == other_device);
 }

@@ -8,6 +8,12 @@
 /// allocates only when it grows. Unlike `pointer_map`, one address may be in it more
 /// than once, for different devices: stacks over simulated memory hand out the same
 /// addresses. An address of 0 marks an empty slot (no live block is at address 0).
+///
+/// Each insert stamps its entry with the table's next generation, so a caller that let the
+/// lock go between two looks at an address can tell the block it saw from a block handed
+/// out later at the same address (record_stream records its event between two such looks).
+/// The generation fills the entry's padding and the counter the table's, so it costs no
+/// memory and no cache line.
 #include <algorithm>
 #include <bit>
 #include <cstddef>
@@ -19,7 +25,9 @@ namespace mrstack::detail {
 struct live_block {
   void* ptr = nullptr;
   int device = -1;
+  std::uint32_t generation = 0;  // set by `insert`; 2^32 inserts into one table before one repeats
 };
+static_assert(sizeof(live_block) == 16, "the generation must fit the entry's padding");
 
 class live_block_table {
  public:
@@ -66,14 +74,18 @@ class live_block_table {
     return n;
   }
 
-  /// Adds a block. Throws std::bad_alloc, the table unchanged, only when it must grow and
-  /// cannot.
-  void insert(live_block const& block) {
+  /// Adds a block, stamped with the next generation (its `generation` is ignored), and
+  /// returns that generation. Throws std::bad_alloc, the table unchanged, only when it must
+  /// grow and cannot.
+  std::uint32_t insert(live_block block) {
     if (2 * (live_ + 1) > table_.size()) { grow(); }
+    block.generation = ++generations_;
     place(block);
+    return block.generation;
   }
 
-  /// Adds back a block a free took out (`erase`) and then could not free. It grows the
+  /// Adds back a block a free took out (`erase`) and then could not free, with the
+  /// generation it had: it is the same block. It grows the
   /// table only when no slot would stay empty, so the undo needs no host memory even when
   /// other threads filled the table meanwhile (on failure the block would be lost from the
   /// books, and its right free refused). The table may be more than half full until the
@@ -124,6 +136,7 @@ class live_block_table {
 
   std::vector<live_block> table_;  // a power of two (2^bits_) long, or empty before the first insert
   unsigned bits_ = 0;
+  std::uint32_t generations_ = 0;  // the last generation `insert` stamped
   std::size_t live_ = 0;
 };
 
