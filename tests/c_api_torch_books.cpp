@@ -4,7 +4,9 @@
 // record_stream on the same block, and host memory running out while the books grow.
 // Without a CUDA driver a record_stream that passes the books' check fails at its first
 // CUDA call (MRSTACK_ERROR_CUDA); with one it records on the legacy stream (the frees
-// then wait for it). What matters here is that the books stay right.
+// then wait for it). What matters here is that the books stay right. Stand-in events
+// (mrstack_torch_set_event_hooks_for_tests) take record_stream past its CUDA calls on any
+// host.
 #include <catch2/catch.hpp>
 
 #include <mrstack/c_api.h>
@@ -13,9 +15,11 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <random>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -65,6 +69,37 @@ struct block {
 };
 
 char* bytes(void* p) { return static_cast<char*>(p); }
+
+/// Stand-in events for one thread's test case at a time: numbered, and never allocating
+/// (a case runs record_stream out of host memory). `during_record` runs where the event is
+/// recorded, with no lock held.
+class stand_in_events {
+ public:
+  explicit stand_in_events(std::function<void(void*)> during_record = {}) {
+    during_record_ = std::move(during_record);
+    made_ = destroyed_ = 0;
+    mrstack_torch_set_event_hooks_for_tests(&hooks);
+  }
+  stand_in_events(stand_in_events const&) = delete;
+  stand_in_events& operator=(stand_in_events const&) = delete;
+  ~stand_in_events() {
+    mrstack_torch_set_event_hooks_for_tests(nullptr);
+    during_record_ = {};
+  }
+  [[nodiscard]] std::uintptr_t made() const { return made_; }
+  [[nodiscard]] std::uintptr_t destroyed() const { return destroyed_; }
+
+ private:
+  static void* record(void* ptr, void*) {
+    if (during_record_) { during_record_(ptr); }
+    return reinterpret_cast<void*>(++made_);
+  }
+  static void destroy(void*) { ++destroyed_; }  // called from noexcept code: no REQUIRE here
+  static constexpr mrstack_torch_event_hooks hooks{&record, &destroy};
+  static inline std::function<void(void*)> during_record_;
+  static inline std::uintptr_t made_ = 0;
+  static inline std::uintptr_t destroyed_ = 0;
+};
 
 }  // namespace
 
@@ -203,4 +238,17 @@ TEST_CASE("torch books: no host memory to grow them fails the allocation and giv
   for (void* p : held) { mrstack_torch_free(p, 256, 0, nullptr); }
   CHECK(torch_live_bytes(0) == live_before);
   CHECK(pool_live_bytes(0) == live_before);
+}
+
+TEST_CASE("torch books: a recorded event is kept for its block and destroyed by the block's free") {
+  configure_once();
+  stand_in_events events;
+  void* p = mrstack_torch_alloc(1024, 0, nullptr);
+  REQUIRE(p != nullptr);
+  CHECK(mrstack_torch_record_stream(p, nullptr) == MRSTACK_SUCCESS);
+  CHECK(mrstack_torch_record_stream(p, nullptr) == MRSTACK_SUCCESS);
+  CHECK(events.made() == 2);
+  CHECK(events.destroyed() == 0);
+  mrstack_torch_free(p, 1024, 0, nullptr);
+  CHECK(events.destroyed() == 2);
 }

@@ -293,6 +293,18 @@ typedef struct mrstack_torch_stats {
 MRSTACK_C_EXPORT mrstack_status mrstack_torch_statistics(int device, mrstack_torch_stats* out);
 /* Sets the reserved peak to `reserved_now` (the footprint now) and starts peak sampling over. */
 MRSTACK_C_EXPORT mrstack_status mrstack_torch_reset_peak(int device, uint64_t reserved_now);
+/* For tests, so record_stream's books can be exercised on hosts without a CUDA driver;
+ * never set in production. While `hooks` is set (NULL: unset; the struct must outlive the
+ * setting), mrstack_torch_record_stream calls `record` in place of making an event and
+ * recording it on `stream`, after it found `ptr` live and with no lock held (a test can
+ * free the block there and allocate another at its address), and keeps what `record`
+ * returns (NULL: recording failed, MRSTACK_ERROR_CUDA). Every event made so then goes to
+ * `destroy` in place of cudaEventDestroy, and a free waits for none. */
+typedef struct mrstack_torch_event_hooks {
+  void* (*record)(void* ptr, void* stream);
+  void (*destroy)(void* event);
+} mrstack_torch_event_hooks;
+MRSTACK_C_EXPORT void mrstack_torch_set_event_hooks_for_tests(const mrstack_torch_event_hooks* hooks);
 
 /* ---- CUDA stream-ordering calls -------------------------------------------------------- */
 /* The CUDA calls the suballocators of this process have made to order memory between

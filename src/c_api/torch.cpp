@@ -192,6 +192,18 @@ struct recorded_uses {
 };
 using use_map = std::unordered_multimap<void*, recorded_uses>;
 
+// mrstack_torch_set_event_hooks_for_tests: null in production. Read once per
+// record_stream, and once per free of a block record_stream was called on.
+std::atomic<mrstack_torch_event_hooks const*> event_hooks{nullptr};
+
+void destroy_event(cudaEvent_t event, mrstack_torch_event_hooks const* hooks) noexcept {
+  if (hooks != nullptr) {
+    hooks->destroy(event);
+  } else {
+    (void)cudaEventDestroy(event);
+  }
+}
+
 struct alignas(64) block_shard {
   // A spin lock whose unlock is a plain store: each allocation and each free takes one
   // shard's lock once, and on the H200 hosts' Xeons every locked instruction costs about
@@ -331,9 +343,10 @@ void wait_for_recorded_uses(block_shard& shard, void* ptr, int device, void* str
       shard.uses.erase(found);
     }
   }
+  mrstack_torch_event_hooks const* const hooks = events.empty() ? nullptr : event_hooks.load(std::memory_order_relaxed);
   for (cudaEvent_t event : events) {
-    (void)cudaStreamWaitEvent(static_cast<cudaStream_t>(stream), event, 0);
-    (void)cudaEventDestroy(event);  // the wait is enqueued: destroying the event now is allowed
+    if (hooks == nullptr) { (void)cudaStreamWaitEvent(static_cast<cudaStream_t>(stream), event, 0); }
+    destroy_event(event, hooks);  // the wait is enqueued: destroying the event now is allowed
   }
 }
 
@@ -343,8 +356,14 @@ void wait_for_recorded_uses(block_shard& shard, void* ptr, int device, void* str
 // allocator takes such a use too). The block's free then makes its own stream wait for
 // the event across devices, which cudaStreamWaitEvent allows. A null (legacy) or
 // per-thread default stream is the current device's. `event` is left null when it could
-// not be created; otherwise the caller owns it, recorded or not (cuda_error).
-void record_on_its_device(cudaEvent_t& event, void* stream) {
+// not be created; otherwise the caller owns it, recorded or not (cuda_error). With the
+// tests' hooks set, their `record` stands in for all of it.
+void record_on_its_device(cudaEvent_t& event, void* ptr, void* stream, mrstack_torch_event_hooks const* hooks) {
+  if (hooks != nullptr) {
+    event = static_cast<cudaEvent_t>(hooks->record(ptr, stream));
+    if (event == nullptr) { throw mrstack::cuda_error(cudaErrorUnknown, "the test's record hook", __FILE__, __LINE__); }
+    return;
+  }
   int stream_device = -1;
   cudaError_t status = cudaStreamGetDevice(static_cast<cudaStream_t>(stream), &stream_device);
   if (status != cudaSuccess) { throw mrstack::cuda_error(status, "cudaStreamGetDevice", __FILE__, __LINE__); }
@@ -506,9 +525,10 @@ mrstack_status mrstack_torch_record_stream(void* ptr, void* stream) {
     std::lock_guard lock{shard.mutex};
     if (std::size_t const live = shard.table.count(ptr); live != 1) { return refuse_unless_one_block(live); }
   }
+  mrstack_torch_event_hooks const* const hooks = event_hooks.load(std::memory_order_relaxed);
   cudaEvent_t event = nullptr;
   mrstack_status const recorded = mrstack::c_api::guarded([&] {
-    record_on_its_device(event, stream);
+    record_on_its_device(event, ptr, stream, hooks);
     std::lock_guard lock{shard.mutex};
     if (shard.table.count(ptr) != 1) { return; }  // refused below, with the lock released
     int const device = shard.table[shard.table.find(ptr, -1)].device;
@@ -518,8 +538,12 @@ mrstack_status mrstack_torch_record_stream(void* ptr, void* stream) {
     event = nullptr;  // the block's free destroys it
   });
   if (event == nullptr) { return recorded; }
-  (void)cudaEventDestroy(event);  // not kept: recording failed, or the block is gone
+  destroy_event(event, hooks);  // not kept: recording failed, or the block is gone
   return recorded != MRSTACK_SUCCESS ? recorded : refuse("was freed while its event was recorded");
+}
+
+void mrstack_torch_set_event_hooks_for_tests(mrstack_torch_event_hooks const* hooks) {
+  event_hooks.store(hooks, std::memory_order_relaxed);
 }
 
 mrstack_status mrstack_torch_statistics(int device, mrstack_torch_stats* out) {
