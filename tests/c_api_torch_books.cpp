@@ -6,7 +6,7 @@
 // CUDA call (MRSTACK_ERROR_CUDA); with one it records on the legacy stream (the frees
 // then wait for it). What matters here is that the books stay right. Stand-in events
 // (mrstack_torch_set_event_hooks_for_tests) take record_stream past its CUDA calls on any
-// host.
+// host: a block freed and another handed out at its address while the event is recorded.
 #include <catch2/catch.hpp>
 
 #include <mrstack/c_api.h>
@@ -15,6 +15,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <cstdio>
 #include <functional>
 #include <random>
 #include <string>
@@ -69,6 +70,12 @@ struct block {
 };
 
 char* bytes(void* p) { return static_cast<char*>(p); }
+
+std::string hex(void const* p) {
+  char text[24];
+  std::snprintf(text, sizeof text, "0x%llx", static_cast<unsigned long long>(reinterpret_cast<std::uintptr_t>(p)));
+  return text;
+}
 
 /// Stand-in events for one thread's test case at a time: numbered, and never allocating
 /// (a case runs record_stream out of host memory). `during_record` runs where the event is
@@ -251,4 +258,40 @@ TEST_CASE("torch books: a recorded event is kept for its block and destroyed by 
   CHECK(events.destroyed() == 0);
   mrstack_torch_free(p, 1024, 0, nullptr);
   CHECK(events.destroyed() == 2);
+}
+
+TEST_CASE("torch books: record_stream keeps no event for a block handed out at its address while recording") {
+  configure_once();
+  std::uint64_t const live_before = torch_live_bytes(0);
+  void* const p = mrstack_torch_alloc(1024, 0, nullptr);
+  REQUIRE(p != nullptr);
+  // Another thread (misuse, but a real race) frees the block while its event is recorded,
+  // and an allocation gets the same address: that new block's free must not wait for the
+  // event, which belongs to work on the old one.
+  void* again = nullptr;
+  std::vector<void*> others;
+  stand_in_events events{[&](void* ptr) {
+    mrstack_torch_free(ptr, 1024, 0, nullptr);
+    for (int i = 0; i < 64 && again != ptr; ++i) {
+      void* q = mrstack_torch_alloc(1024, 0, nullptr);
+      if (q == ptr) {
+        again = q;
+      } else if (q != nullptr) {
+        others.push_back(q);
+      }
+    }
+  }};
+  int const status = mrstack_torch_record_stream(p, nullptr);
+  std::string const why = mrstack_last_error();
+  for (void* q : others) { mrstack_torch_free(q, 1024, 0, nullptr); }
+  REQUIRE(again == p);
+  INFO(why);
+  CHECK(status == MRSTACK_ERROR_INVALID_ARGUMENT);
+  CHECK(why == "mrstack_torch_record_stream: " + hex(p) +
+                   " was freed while its event was recorded; no event was kept");
+  CHECK(events.made() == 1);
+  CHECK(events.destroyed() == 1);  // refused, and destroyed at once
+  mrstack_torch_free(again, 1024, 0, nullptr);
+  CHECK(events.destroyed() == 1);  // the new block kept nothing
+  CHECK(torch_live_bytes(0) == live_before);
 }

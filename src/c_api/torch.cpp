@@ -439,12 +439,14 @@ void mrstack_torch_free(void* ptr, size_t size, int device, void* stream) {
   // untouched: only a free that goes ahead takes them.
   block_shard& shard = shard_of(ptr);
   bool held = false;
+  live_block taken{};     // its entry, generation and all: a refused free puts the same block back
   bool recorded = false;  // record_stream kept events for it
   int held_by = -1;       // not held on `device`: a device whose stack holds a block there, for the message
   {
     std::lock_guard lock{shard.mutex};
     if (std::size_t const slot = shard.table.find(ptr, device); slot != live_block_table::npos) {
       held = true;
+      taken = shard.table[slot];
       shard.table.erase(slot);
       recorded = !shard.uses.empty() && recorded_uses_of(shard.uses, ptr, device) != shard.uses.end();
     } else if (std::size_t const other = shard.table.find(ptr, -1); other != live_block_table::npos) {
@@ -454,7 +456,7 @@ void mrstack_torch_free(void* ptr, size_t size, int device, void* stream) {
   auto keep = [&]() noexcept {
     std::lock_guard lock{shard.mutex};
     try {
-      shard.table.put_back(live_block{ptr, device});
+      shard.table.put_back(taken);
     } catch (...) {  // more refused frees at once than half a table, and no host memory
       std::fprintf(stderr, "mrstack: mrstack_torch_free: no host memory to keep %p (device %d) in the books: "
                    "its right free will be refused\n", ptr, device);
@@ -506,7 +508,10 @@ mrstack_status mrstack_torch_record_stream(void* ptr, void* stream) {
   }
   // The pointer is checked before any CUDA call, and again when the event is stored: the
   // event is made and recorded outside the lock, so that allocations meeting this shard
-  // do not wait for the driver, and a free in between must not leave it behind.
+  // do not wait for the driver, and a free in between must not leave it behind. The
+  // second look wants the very entry of the first, by its generation: a block handed out
+  // at the same address meanwhile (a free and an allocation on other threads) is another
+  // block, whose free must not wait for work recorded for the first.
   block_shard& shard = shard_of(ptr);
   auto refuse = [&](std::string why) {
     mrstack::c_api::set_last_error("mrstack_torch_record_stream: " + mrstack::format_hex(ptr) + " " + why +
@@ -521,17 +526,22 @@ mrstack_status mrstack_torch_record_stream(void* ptr, void* stream) {
     return refuse("is a live block of " + std::to_string(live) + " devices' stacks at once (stacks over simulated "
                   "memory share addresses), so which block's free should wait is unknown");
   };
+  live_block seen{};
   {
     std::lock_guard lock{shard.mutex};
     if (std::size_t const live = shard.table.count(ptr); live != 1) { return refuse_unless_one_block(live); }
+    seen = shard.table[shard.table.find(ptr, -1)];
   }
   mrstack_torch_event_hooks const* const hooks = event_hooks.load(std::memory_order_relaxed);
   cudaEvent_t event = nullptr;
   mrstack_status const recorded = mrstack::c_api::guarded([&] {
     record_on_its_device(event, ptr, stream, hooks);
     std::lock_guard lock{shard.mutex};
-    if (shard.table.count(ptr) != 1) { return; }  // refused below, with the lock released
-    int const device = shard.table[shard.table.find(ptr, -1)].device;
+    std::size_t const slot = shard.table.find(ptr, seen.device);
+    if (slot == live_block_table::npos || shard.table[slot].generation != seen.generation) {
+      return;  // refused below, with the lock released
+    }
+    int const device = seen.device;
     auto found = recorded_uses_of(shard.uses, ptr, device);
     if (found == shard.uses.end()) { found = shard.uses.emplace(ptr, recorded_uses{device, {}}); }
     found->second.events.push_back(event);
