@@ -6,7 +6,8 @@
 // CUDA call (MRSTACK_ERROR_CUDA); with one it records on the legacy stream (the frees
 // then wait for it). What matters here is that the books stay right. Stand-in events
 // (mrstack_torch_set_event_hooks_for_tests) take record_stream past its CUDA calls on any
-// host: a block freed and another handed out at its address while the event is recorded.
+// host: a block freed and another handed out at its address while the event is recorded,
+// and host memory running out for the events a block keeps.
 #include <catch2/catch.hpp>
 
 #include <mrstack/c_api.h>
@@ -294,4 +295,34 @@ TEST_CASE("torch books: record_stream keeps no event for a block handed out at i
   mrstack_torch_free(again, 1024, 0, nullptr);
   CHECK(events.destroyed() == 1);  // the new block kept nothing
   CHECK(torch_live_bytes(0) == live_before);
+}
+
+TEST_CASE("torch books: no host memory for a block's recorded uses keeps no event and says so") {
+  MRSTACK_TEST_NEEDS_HOST_ALLOCATION_FAILURES();
+  configure_once();
+  stand_in_events events;
+  void* const p = mrstack_torch_alloc(1024, 0, nullptr);
+  REQUIRE(p != nullptr);
+  // The block's first event (its vector, a node of the map, maybe the map's buckets), then
+  // a second (the vector grows): each host allocation fails in turn before one goes through.
+  int refusals = 0;
+  for (std::uintptr_t kept = 0; kept < 2; ++kept) {
+    for (long n = 0;; ++n) {
+      mrstack::test::fail_host_allocation_in = n;
+      int const status = mrstack_torch_record_stream(p, nullptr);
+      bool const failed_inside = mrstack::test::fail_host_allocation_in < 0;
+      mrstack::test::fail_host_allocation_in = -1;
+      if (status == MRSTACK_SUCCESS) { break; }
+      REQUIRE(failed_inside);
+      ++refusals;
+      REQUIRE(status == MRSTACK_ERROR_OUT_OF_MEMORY);
+      REQUIRE(std::string{mrstack_last_error()} == "mrstack_torch_record_stream: out of host memory for the recorded "
+                                                   "uses of block " + hex(p) + " of device 0; no event was kept");
+      REQUIRE(events.destroyed() == events.made() - kept);  // the refused one is gone already
+    }
+  }
+  CHECK(refusals >= 2);
+  CHECK(events.made() == events.destroyed() + 2);
+  mrstack_torch_free(p, 1024, 0, nullptr);  // waits for the two kept, and for nothing else
+  CHECK(events.destroyed() == events.made());
 }

@@ -260,21 +260,34 @@ void refuse_during_capture(std::size_t size, int device, void* stream) {
       "captured region allocates nothing (see docs/python.md)");
 }
 
-// The live-block books could not grow for a block the stack served: a bad_alloc (so the
-// C status is MRSTACK_ERROR_OUT_OF_MEMORY, and PyTorch raises RuntimeError, not
-// torch.OutOfMemoryError: device memory was there) whose message says it was the books,
-// not the stack. Its text is made without allocating: host memory just ran out.
+// The books could not grow: a bad_alloc (so the C status is MRSTACK_ERROR_OUT_OF_MEMORY,
+// and PyTorch raises RuntimeError, not torch.OutOfMemoryError: device memory was there)
+// whose message says which books ran out, not the stack. Its text is made without
+// allocating: host memory just ran out.
 class books_out_of_host_memory : public std::bad_alloc {
  public:
-  books_out_of_host_memory(std::size_t size, int device) noexcept {
-    std::snprintf(message_.data(), message_.size(),
+  /// The live-block books, for a block the stack served.
+  static books_out_of_host_memory for_block(std::size_t size, int device) noexcept {
+    books_out_of_host_memory e;
+    std::snprintf(e.message_.data(), e.message_.size(),
                   "mrstack_torch_alloc: out of host memory for the live-block books of device %d, which could not "
                   "grow to hold a block of %zu bytes; the block went back to the stack",
                   device, size);
+    return e;
+  }
+  /// The events record_stream keeps for a block, for one more.
+  static books_out_of_host_memory for_recorded_use(void const* ptr, int device) noexcept {
+    books_out_of_host_memory e;
+    std::snprintf(e.message_.data(), e.message_.size(),
+                  "mrstack_torch_record_stream: out of host memory for the recorded uses of block 0x%llx of "
+                  "device %d; no event was kept",
+                  static_cast<unsigned long long>(reinterpret_cast<std::uintptr_t>(ptr)), device);
+    return e;
   }
   [[nodiscard]] char const* what() const noexcept override { return message_.data(); }
 
  private:
+  books_out_of_host_memory() noexcept = default;
   std::array<char, 224> message_{};
 };
 
@@ -315,7 +328,7 @@ void* allocate_for_torch(std::size_t size, int device, void* stream) {
       shard.table.insert(live_block{ptr, device});
     } catch (...) {  // out of host memory for the entry (insert throws nothing else): PyTorch does not get the block
       stack->top->deallocate(ptr, size, mrstack::stream_view{static_cast<cudaStream_t>(stream)});
-      throw books_out_of_host_memory{size, device};
+      throw books_out_of_host_memory::for_block(size, device);
     }
     stack->count_allocation(MRSTACK_CLIENT_TORCH, size);
     if (auto* b = books_of(device)) { sample_reserved(*stack, *b); }
@@ -328,6 +341,22 @@ use_map::iterator recorded_uses_of(use_map& uses, void* ptr, int device) {
   auto [first, last] = uses.equal_range(ptr);
   while (first != last && first->second.device != device) { ++first; }
   return first == last ? uses.end() : first;
+}
+
+/// Keeps `event` for `ptr`'s block on `device` (under the shard's lock). Out of host memory
+/// it throws, keeping nothing: a block's first event goes into its vector before a node
+/// for them goes into the map, and each step happens whole or not at all (an entry with no
+/// event would make the block's free look for uses it never had).
+void keep_recorded_use(use_map& uses, void* ptr, int device, cudaEvent_t event) {
+  try {
+    if (auto found = recorded_uses_of(uses, ptr, device); found != uses.end()) {
+      found->second.events.push_back(event);
+    } else {
+      uses.emplace(ptr, recorded_uses{device, std::vector<cudaEvent_t>{event}});
+    }
+  } catch (std::bad_alloc const&) {
+    throw books_out_of_host_memory::for_recorded_use(ptr, device);
+  }
 }
 
 // Makes `stream` wait for every use of the block recorded on other streams, and destroys
@@ -534,21 +563,20 @@ mrstack_status mrstack_torch_record_stream(void* ptr, void* stream) {
   }
   mrstack_torch_event_hooks const* const hooks = event_hooks.load(std::memory_order_relaxed);
   cudaEvent_t event = nullptr;
-  mrstack_status const recorded = mrstack::c_api::guarded([&] {
+  mrstack_status recorded = MRSTACK_SUCCESS;
+  try {
     record_on_its_device(event, ptr, stream, hooks);
     std::lock_guard lock{shard.mutex};
     std::size_t const slot = shard.table.find(ptr, seen.device);
-    if (slot == live_block_table::npos || shard.table[slot].generation != seen.generation) {
-      return;  // refused below, with the lock released
-    }
-    int const device = seen.device;
-    auto found = recorded_uses_of(shard.uses, ptr, device);
-    if (found == shard.uses.end()) { found = shard.uses.emplace(ptr, recorded_uses{device, {}}); }
-    found->second.events.push_back(event);
-    event = nullptr;  // the block's free destroys it
-  });
+    if (slot != live_block_table::npos && shard.table[slot].generation == seen.generation) {
+      keep_recorded_use(shard.uses, ptr, seen.device, event);
+      event = nullptr;  // the block's free destroys it
+    }  // else refused below, with the lock released
+  } catch (...) {
+    recorded = status_of_torch_failure();
+  }
   if (event == nullptr) { return recorded; }
-  destroy_event(event, hooks);  // not kept: recording failed, or the block is gone
+  destroy_event(event, hooks);  // not kept: recording failed, no host memory to keep it, or the block is gone
   return recorded != MRSTACK_SUCCESS ? recorded : refuse("was freed while its event was recorded");
 }
 
