@@ -38,17 +38,9 @@ _MAX_DEVICES = 64
 _U64 = _lib.SIZE_MAX
 
 
-def _integer(value, what, low, high):
-    """`value` as an int in [low, high], else TypeError / ValueError naming `what`: ctypes
-    would pass it on silently changed (the low bits of 2**64 bytes are 0, of device 2**32
-    device 0; a float is cut to an int, a str passes its own address)."""
-    try:
-        number = operator.index(value)
-    except TypeError:
-        raise TypeError(f"{what} must be an int, not {type(value).__name__} ({value!r:.60})") from None
-    if not low <= number <= high:
-        raise ValueError(f"{what} is {number}, outside [{low}, {high}]")
-    return number
+# One check for every integer argument of the package (_lib.checked_integer): a bool, a
+# float or a str is refused with a TypeError naming the argument, never converted.
+_integer = _lib.checked_integer
 
 
 def _device(device, what):
@@ -227,7 +219,7 @@ class Stack:
     def allocate(self, nbytes, stream=0, client="other"):
         """Allocates `nbytes` usable on `stream` (a cudaStream_t as an int); returns the address."""
         nbytes = _integer(nbytes, "mrstack.Stack.allocate: nbytes", 0, _U64)
-        stream = _integer(stream or 0, "mrstack.Stack.allocate: stream", 0, _U64)
+        stream = _integer(0 if stream is None else stream, "mrstack.Stack.allocate: stream", 0, _U64)
         out = ctypes.c_void_p()
         self._lib.check(self._lib.dll.mrstack_allocate(self._live("allocate"), nbytes, stream or None,
                                                        _client_id(client), ctypes.byref(out)))
@@ -235,9 +227,9 @@ class Stack:
 
     def deallocate(self, ptr, nbytes, stream=0, client="other"):
         """Frees what `allocate` returned, with the same size and client."""
-        ptr = _integer(ptr or 0, "mrstack.Stack.deallocate: ptr", 0, _U64)
+        ptr = _integer(0 if ptr is None else ptr, "mrstack.Stack.deallocate: ptr", 0, _U64)
         nbytes = _integer(nbytes, "mrstack.Stack.deallocate: nbytes", 0, _U64)
-        stream = _integer(stream or 0, "mrstack.Stack.deallocate: stream", 0, _U64)
+        stream = _integer(0 if stream is None else stream, "mrstack.Stack.deallocate: stream", 0, _U64)
         self._lib.check(self._lib.dll.mrstack_deallocate(self._live("deallocate"), ptr or None, nbytes, stream or None,
                                                          _client_id(client)))
 

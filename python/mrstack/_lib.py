@@ -20,6 +20,7 @@ import ctypes
 import glob
 import importlib.machinery
 import importlib.util
+import operator
 import os
 import sys
 import threading
@@ -49,6 +50,43 @@ CLIENT_TORCH = 3
 CLIENT_NAMES = ("other", "numba", "cupy", "torch")
 C_API_VERSION = 1
 IPC_HANDLE_BYTES = 64
+
+
+def index(value, what):
+    """`value` as an int, through ``__index__`` (numpy's integers pass), else TypeError naming
+    `what`. A bool is refused though it is an int: ``allocate(True)`` had asked for 1 byte
+    and ``device=True`` had meant device 1. A float or a str has no ``__index__``; ctypes
+    would cut the one and pass the other's address."""
+    if value.__class__ is not bool:
+        try:
+            return operator.index(value)
+        except TypeError:
+            pass
+    raise TypeError(f"{what} must be an int, not {type(value).__name__} ({value!r:.60})")
+
+
+def checked_integer(value, what, low, high):
+    """`value` as an int in [low, high], else TypeError (see `index`) or ValueError naming
+    `what`: ctypes would pass it on silently changed (the low bits of 2**64 bytes are 0, of
+    device 2**32 device 0)."""
+    number = index(value, what)
+    if not low <= number <= high:
+        raise ValueError(f"{what} is {number}, outside [{low}, {high}]")
+    return number
+
+
+def checked_size(value, what):
+    """The size of an allocation on the hot path (Numba's memalloc, CuPy's allocator), with
+    the texts the compiled fast path raises (src/python/fastpath.c, size_argument), so that
+    both paths refuse alike: "<what>(<size>): ...". Callers test ``size.__class__ is int``
+    and the range inline first and call this only for anything else."""
+    try:
+        number = index(value, what)
+    except TypeError:
+        raise TypeError(f"{what}({value!r}): the size must be an int, not {type(value).__name__}") from None
+    if not 0 <= number <= SIZE_MAX:
+        raise ValueError(f"{what}({value!r}): the size is outside [0, 2**64 - 1]")
+    return number
 
 
 class MrstackError(RuntimeError):

@@ -80,8 +80,10 @@ def allocator(nbytes):
             lib = _lib.library()
             _raise_refusal(lib, lib.dll.mrstack_last_error_status(), nbytes, device)
         return _MemoryPointer(_UnownedMemory(owner.ptr, nbytes, owner, device), 0)
-    if not 0 <= nbytes <= _SIZE_MAX:  # ctypes would pass its low 64 bits: 2**64 + 8 as 8
-        raise ValueError(f"mrstack.cupy: allocate({nbytes!r}): the size is outside [0, 2**64 - 1]")
+    # ctypes would pass the low 64 bits of a larger int (2**64 + 8 as 8) and True as 1:
+    # anything but an int in range goes through the full check (numpy's integers pass it).
+    if nbytes.__class__ is not int or not 0 <= nbytes <= _SIZE_MAX:
+        _lib.checked_size(nbytes, "mrstack.cupy: allocate")
     lib = _lib.library()
     out = ctypes.c_void_p()
     status = lib.dll.mrstack_allocate(stack, nbytes, stream or None, _CLIENT_CUPY, ctypes.byref(out))

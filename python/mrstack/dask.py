@@ -24,7 +24,6 @@ worker's GPU as CUDA_VISIBLE_DEVICES names it (else the device ordinal). The plu
 soon as it is logged (the worker's stack lives until the process exits) and the file is
 a valid allocation log for ``mrstack-replay`` at any moment.
 """
-import numbers
 import os
 import re
 import time
@@ -33,6 +32,7 @@ from dataclasses import asdict, dataclass
 from distributed.diagnostics.plugin import WorkerPlugin
 
 import mrstack
+from mrstack import _lib
 
 __all__ = ["MrstackPlugin", "WorkerStatistics", "StatisticsTable", "statistics", "log_files", "expand_placeholders"]
 
@@ -102,10 +102,9 @@ class MrstackPlugin(WorkerPlugin):
         if unknown:
             raise ValueError(f"mrstack.dask: unknown hooks {unknown}; choose from {', '.join(HOOKS)}")
         # Checked here, on the client: int() had read 1.9 as device 1, True as 1 and "-3" as
-        # a negative ordinal that failed only on every worker at set-up.
-        if isinstance(device, bool) or not isinstance(device, numbers.Integral) or not 0 <= device < MAX_DEVICES:
-            raise ValueError(f"mrstack.dask: device must be a device ordinal, an int from 0 to {MAX_DEVICES - 1}, "
-                             f"not {device!r}")
+        # a negative ordinal that failed only on every worker at set-up. A bool, a float or a
+        # str is a TypeError, an ordinal out of range a ValueError, as everywhere in mrstack.
+        device = _lib.checked_integer(device, "mrstack.dask: device", 0, MAX_DEVICES - 1)
         # Checked here too: str() on the worker made b"pool > cuda" the spec "b'pool > cuda'",
         # which failed on every worker with a parser error about a quote.
         if spec is not None and not isinstance(spec, str):
@@ -122,7 +121,7 @@ class MrstackPlugin(WorkerPlugin):
         if build not in (True, False):
             raise TypeError(f"mrstack.dask: build must be True or False, not {type(build).__name__} ({build!r:.60})")
         self.spec, self.hooks, self.log_file = spec, tuple(hooks), log_file
-        self.device, self.build = int(device), bool(build)
+        self.device, self.build = device, bool(build)
         # Filled in on the worker by setup():
         self.worker_spec = None
         self._base_spec = None  # worker_spec without the logging layer

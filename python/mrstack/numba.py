@@ -118,8 +118,10 @@ class MrstackNumbaMemoryManager(_cuda.HostOnlyCUDAMemoryManager):
             if finalizer is None:
                 raise self._allocation_error(size)
             return _MemoryPointer(self._ctx, _CUdeviceptr(finalizer.ptr), size, finalizer=finalizer)
-        if not 0 <= size <= _SIZE_MAX:  # ctypes would pass its low 64 bits: 2**64 + 8 as 8
-            raise ValueError(f"mrstack.numba: memalloc({size!r}): the size is outside [0, 2**64 - 1]")
+        # ctypes would pass the low 64 bits of a larger int (2**64 + 8 as 8) and True as 1:
+        # anything but an int in range goes through the full check (numpy's integers pass it).
+        if size.__class__ is not int or not 0 <= size <= _SIZE_MAX:
+            _lib.checked_size(size, "mrstack.numba: memalloc")
         allocation = self._memalloc_pair(stack, size, _CLIENT_NUMBA)
         token = allocation.token
         if not token:

@@ -3,6 +3,7 @@ message and become the package's exceptions; spec errors carry the parser's mess
 column; the per-client books add up; the process-wide configuration rules hold."""
 import ctypes
 import os
+import re
 import threading
 
 import pytest
@@ -434,6 +435,46 @@ def test_a_device_that_can_have_no_stack_is_refused_not_reported_empty(lib):
                 call(device)
         with pytest.raises(TypeError, match=f"mrstack.{name}: device must be an int, not str"):
             call("0")
+
+
+def test_a_bool_is_refused_wherever_an_integer_is_taken(lib):
+    # A bool is an int subclass: allocate(True) had been a 1-byte allocation, device=True
+    # device 1, stream=False the default stream; refused, naming the argument, and nothing
+    # allocated or built.
+    with mrstack.Stack("tracking > simulated") as stack:
+        for value in (True, False):
+            with pytest.raises(TypeError, match=rf"^mrstack.Stack.allocate: nbytes must be an int, not bool \({value}\)"):
+                stack.allocate(value)
+            with pytest.raises(TypeError, match="^mrstack.Stack.allocate: stream must be an int, not bool"):
+                stack.allocate(16, stream=value)
+        p = stack.allocate(16)
+        with pytest.raises(TypeError, match="^mrstack.Stack.deallocate: nbytes must be an int, not bool"):
+            stack.deallocate(p, True)
+        with pytest.raises(TypeError, match="^mrstack.Stack.deallocate: ptr must be an int, not bool"):
+            stack.deallocate(True, 16)
+        with pytest.raises(TypeError, match="^mrstack.Stack.deallocate: stream must be an int, not bool"):
+            stack.deallocate(p, 16, stream=False)
+        assert stack.statistics().live_bytes == 16 and stack.statistics().clients["other"].allocations == 1
+        stack.deallocate(p, 16, stream=None)  # None is still the default stream
+    with pytest.raises(TypeError, match=r"^mrstack.Stack: device must be an int, not bool \(True\)"):
+        mrstack.Stack("simulated", device=True)
+    for call, name in ((mrstack.device_stack, "device_stack"), (mrstack.statistics, "statistics"),
+                       (mrstack.reset_peaks, "reset_peaks"), (mrstack.release, "release")):
+        with pytest.raises(TypeError, match=f"^mrstack.{name}: device must be an int, not bool"):
+            call(True)
+
+
+def test_the_shared_integer_check_takes_numpy_integers_and_refuses_the_rest():
+    np = pytest.importorskip("numpy")
+    assert _lib.checked_integer(np.int64(7), "n", 0, 10) == 7 and type(_lib.checked_integer(np.int64(7), "n", 0, 10)) is int
+    assert _lib.checked_size(np.uint64(2**64 - 1), "f") == 2**64 - 1
+    for value in (True, np.bool_(True), 1.0, np.float64(1.0), "1", None, b"1"):
+        with pytest.raises(TypeError, match=f"^n must be an int, not {type(value).__name__}"):
+            _lib.checked_integer(value, "n", 0, 10)
+        with pytest.raises(TypeError, match=rf"^f\({re.escape(repr(value))}\): the size must be an int, not {type(value).__name__}$"):
+            _lib.checked_size(value, "f")
+    with pytest.raises(ValueError, match=r"^f\(-1\): the size is outside \[0, 2\*\*64 - 1\]$"):
+        _lib.checked_size(-1, "f")
 
 
 def test_a_private_stack_never_closed_says_so_when_collected(lib):

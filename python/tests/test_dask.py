@@ -79,9 +79,17 @@ def test_a_build_that_is_not_a_bool_is_refused_on_the_client(build):
         MrstackPlugin(SPEC, build=build)
 
 
-@pytest.mark.parametrize("device", [-1, 64, 1.9, True, "1", None])
-def test_a_device_that_is_not_an_ordinal_is_refused_on_the_client(device):
-    with pytest.raises(ValueError, match=f"device must be a device ordinal.*not {re.escape(repr(device))}"):
+@pytest.mark.parametrize("device", [-1, 64])
+def test_a_device_out_of_range_is_refused_on_the_client(device):
+    with pytest.raises(ValueError, match=f"^mrstack\\.dask: device is {device}, outside \\[0, 63\\]"):
+        MrstackPlugin(SPEC, device=device)
+
+
+@pytest.mark.parametrize("device", [1.9, True, False, "1", None])
+def test_a_device_that_is_not_an_int_is_refused_on_the_client(device):
+    # A bool is an int to Python but no ordinal: device=True had been device 1.
+    with pytest.raises(TypeError, match=f"^mrstack\\.dask: device must be an int, not {type(device).__name__} "
+                                        f"\\({re.escape(repr(device))}\\)"):
         MrstackPlugin(SPEC, device=device)
 
 

@@ -6,6 +6,7 @@ choice of path: MRSTACK_FASTPATH, a missing or broken extension falling back to 
 with the reason, a library of another C ABI version refused."""
 import json
 import os
+import re
 import shutil
 
 import pytest
@@ -117,6 +118,17 @@ def test_bad_calls_raise_type_errors(fast):
         fast.memalloc(1, 2)
     with pytest.raises(TypeError):
         fast.memalloc("not a stack", 16, CLIENT_NUMBA)
+    with mrstack.Stack("tracking > system") as stack:
+        # A bool is an int to PyNumber_Index: True had allocated 1 byte. Refused, as a float
+        # or a str, with the text the ctypes path raises, and nothing allocated.
+        for size in (True, False, 1.5, "16", None):
+            text = rf"\({re.escape(repr(size))}\): the size must be an int, not {type(size).__name__}$"
+            with pytest.raises(TypeError, match="^mrstack.numba: memalloc" + text):
+                fast.memalloc(stack.handle, size, CLIENT_NUMBA)
+            with pytest.raises(TypeError, match="^mrstack.cupy: allocate" + text):
+                fast.allocate(stack.handle, size, None, CLIENT_CUPY)
+        assert stack.statistics().clients["numba"].allocations == 0
+        assert stack.statistics().clients["cupy"].allocations == 0
     with pytest.raises(TypeError):
         fast.Finalizer()                    # only memalloc makes them: no token from Python
     with pytest.raises(TypeError):
@@ -173,6 +185,8 @@ PLUGIN_SEQUENCE = """
     step("after defer")
     print("ERROR", json.dumps(error(1 << 62)))      # the stack refuses
     print("ERROR", json.dumps(error(-1)))           # outside size_t: refused by both paths alike
+    for size in (True, 1.5, "16"):                  # True had allocated 1 byte on both paths
+        print("ERROR", json.dumps(error(size)))
     step("after refusals")
     mgr.reset()
     step("reset")
@@ -201,11 +215,13 @@ def test_both_paths_leave_the_same_books_tokens_and_errors(run_python, fastpath_
     assert slow_path == {"active": False, "reason": "MRSTACK_FASTPATH=0", "loaded": False}
     assert fast_lines == slow_lines
     errors = [json.loads(line[6:]) for line in fast_lines if line.startswith("ERROR ")]
-    assert len(errors) == 3
+    assert len(errors) == 6
     for kind, message, status in errors[:2]:
         assert kind == "mrstack._lib.OutOfMemoryError" and status == "MRSTACK_ERROR_OUT_OF_MEMORY"
         assert message.startswith("mrstack.numba: memalloc(") and "limiting could not allocate" in message
     assert errors[2] == ["builtins.ValueError", "mrstack.numba: memalloc(-1): the size is outside [0, 2**64 - 1]", None]
+    assert errors[3:] == [["builtins.TypeError", f"mrstack.numba: memalloc({size!r}): the size must be an int, not {kind}",
+                           None] for size, kind in ((True, "bool"), (1.5, "float"), ("16", "str"))]
     # Under defer_cleanup the dropped 256 bytes are still in the stack (the limiting layer
     # counts them in use); after it they are back.
     live_after = 4096 + (1 << 20)
@@ -262,6 +278,11 @@ CUPY_STAND_IN = """
             mrstack.cupy.allocator(size)
         except ValueError as e:
             print("RANGE", e)
+    for size in (True, False, 1.5, "16"):     # True had allocated 1 byte
+        try:
+            mrstack.cupy.allocator(size)
+        except TypeError as e:
+            print("TYPE", e)
     books("refused")
     del held
     books("end")
@@ -287,6 +308,9 @@ def test_cupy_allocator_takes_either_path_alike(run_python, fastpath_path):
     assert error[0] == "OutOfMemoryError" and error[1].startswith("mrstack.cupy: allocating 1073741824 bytes")
     assert [line for line in outputs["1"] if line.startswith("RANGE ")] == [
         f"RANGE mrstack.cupy: allocate({size}): the size is outside [0, 2**64 - 1]" for size in (2**64 + 8, -1)]
+    assert [line for line in outputs["1"] if line.startswith("TYPE ")] == [
+        f"TYPE mrstack.cupy: allocate({size!r}): the size must be an int, not {type(size).__name__}"
+        for size in (True, False, 1.5, "16")]
 
 
 # ---- choosing the path -------------------------------------------------------------------

@@ -73,6 +73,9 @@ def test_a_device_index_out_of_range_is_refused_not_truncated(run_python):
                 call(2**32)
             with pytest.raises(TypeError, match="mrstack.torch: device must be an int, not float"):
                 call(1.9)
+            # A bool is an int subclass: memory_stats(True) had answered for device 1.
+            with pytest.raises(TypeError, match=re.escape("mrstack.torch: device must be an int, not bool (True)")):
+                call(True)
         stack.deallocate(p, 4096, client="torch")
     """)
 

@@ -23,9 +23,10 @@
  *   exception from the C ABI's per-thread message and status, exactly as the ctypes path
  *   does, so both paths raise the same exception with the same text.
  * - Arguments convert as ctypes converts them for the same C types, so the two paths agree
- *   on every input; but a size outside [0, 2**64 - 1] raises ValueError here, as the
- *   Python side raises it before a ctypes call: cut to its low 64 bits, 2**64 + 8 would ask
- *   for 8 bytes while the caller's object (Numba's MemoryPointer) says 2**64 + 8.
+ *   on every input; but a size outside [0, 2**64 - 1] raises ValueError here, and a bool
+ *   or a non-integer TypeError, as the Python side raises them before a ctypes call: cut
+ *   to its low 64 bits, 2**64 + 8 would ask for 8 bytes while the caller's object (Numba's
+ *   MemoryPointer) says 2**64 + 8, and True would ask for 1.
  *
  * It is C, not C++, and lives in src/python/ (not src/, whose *.cpp go into libmrstack,
  * nor python/mrstack/, which holds what pip copies verbatim): CMake builds it next to
@@ -71,11 +72,32 @@ static int stack_argument(PyObject* value, mrstack_stack** out) {
   return 0;
 }
 
-/* size_t: any integer (__index__ included) from 0 to 2**64 - 1; else ValueError, saying
- * "<what>(<size>): ...", the text the Python side raises on the ctypes path. */
+/* The TypeError for a size that is no integer, or a bool (an int to ctypes and to
+ * PyNumber_Index: allocate(True) had asked for 1 byte), with mrstack._lib.checked_size's text. */
+static void size_type_error(PyObject* value, char const* what) {
+  PyObject* name = PyObject_GetAttrString((PyObject*)Py_TYPE(value), "__name__");
+  if (name != NULL) {
+    PyErr_Format(PyExc_TypeError, "%s(%R): the size must be an int, not %U", what, value, name);
+    Py_DECREF(name);
+  }
+}
+
+/* size_t: any integer but a bool (__index__ included) from 0 to 2**64 - 1; else TypeError
+ * or ValueError, saying "<what>(<size>): ...", the texts mrstack._lib.checked_size raises
+ * on the ctypes path. */
 static int size_argument(PyObject* value, char const* what, size_t* out) {
+  if (PyBool_Check(value)) {
+    size_type_error(value, what);
+    return -1;
+  }
   PyObject* index = PyNumber_Index(value);
-  if (index == NULL) { return -1; }
+  if (index == NULL) {
+    if (PyErr_ExceptionMatches(PyExc_TypeError)) {
+      PyErr_Clear();
+      size_type_error(value, what);
+    }
+    return -1;
+  }
   unsigned long long v = PyLong_AsUnsignedLongLong(index);
   Py_DECREF(index);
   if (v == (unsigned long long)-1 && PyErr_Occurred()) {
