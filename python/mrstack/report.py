@@ -27,11 +27,13 @@ import math
 import os
 import re
 import shutil
+import stat
 import subprocess
 import sys
 import tempfile
 import time
 
+from . import log_events as _log_events
 from ._files import is_same_file, write_atomically
 
 __all__ = ["TIMELINE_FORMAT", "ReportError", "load_timeline", "render_html", "write_report", "find_replay",
@@ -47,13 +49,33 @@ class ReportError(Exception):
 
 # ---- input ------------------------------------------------------------------------------
 
+def _timeline_bytes(path):
+    """The bytes of the timeline file, at most the log reader's limit (MAX_TEXT_BYTES: a
+    timeline is far smaller than the log it samples). A pipe or a device (/dev/zero named
+    timeline.json) is read as the log reader reads one, a block at a time up to the limit
+    and stopping at a NUL, where json.load had read it whole: forever, or until memory ran out."""
+    limit = _log_events.MAX_TEXT_BYTES
+    with open(path, "rb") as f:
+        status = os.fstat(f.fileno())
+        if stat.S_ISREG(status.st_mode):
+            data = b"" if status.st_size > limit else f.read(limit + 1)
+            size = max(status.st_size, len(data))
+        else:
+            data = _log_events._stream_bytes(f)
+            size = len(data)
+    if size > limit:
+        raise ReportError(f"{path}: not a timeline: larger than {limit} bytes, the reader's limit")
+    return data
+
+
 def load_timeline(path):
     """The timeline at `path`, checked against the schema the report relies on."""
     try:
-        with open(path, encoding="utf-8") as f:
-            timeline = json.load(f)
+        timeline = json.loads(_timeline_bytes(path).decode("utf-8"))
     except OSError as e:
         raise ReportError(f"{path}: {e.strerror or e}") from None
+    except MemoryError:
+        raise ReportError(f"{path}: not a timeline: it does not fit in this process's memory") from None
     except json.JSONDecodeError as e:
         raise ReportError(f"{path}: not JSON ({e})") from None
     except UnicodeDecodeError as e:

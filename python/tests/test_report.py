@@ -164,6 +164,57 @@ def test_huge_numbers_draw_or_are_refused_not_a_traceback(tmp_path, spoil, named
     assert (done.returncode, named is None or named in done.stderr) == (0 if named is None else 2, True), done.stderr
 
 
+def test_a_device_named_json_is_refused_at_once_not_read_forever(tmp_path):
+    # json.load read /dev/zero whole: until memory ran out (here, under a 1 GiB address
+    # space, a MemoryError traceback). Now it is read as the log reader reads a device, a
+    # block at a time, stopping at the first NUL.
+    (tmp_path / "zero.json").symlink_to("/dev/zero")
+    done = subprocess.run([sys.executable, "-c", f"""if True:
+        import resource, sys
+        resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))
+        from mrstack import report
+        try:
+            report.load_timeline({str(tmp_path / "zero.json")!r})
+        except report.ReportError as e:
+            print("REFUSED", e)
+        """], capture_output=True, text=True, timeout=60,
+        env={**os.environ, "PYTHONPATH": os.path.join(REPO, "python")})
+    assert done.stdout.startswith(f"REFUSED {tmp_path / 'zero.json'}: not JSON"), (done.stdout, done.stderr[-2000:])
+
+
+def test_a_fifo_past_the_limit_is_refused_without_reading_it_all(tmp_path, monkeypatch):
+    # A pipe had no size limit at all; it now has the log reader's (made small here).
+    import threading
+    monkeypatch.setattr(report._log_events, "MAX_TEXT_BYTES", 1 << 20)
+    path = tmp_path / "timeline.json"
+    os.mkfifo(path)
+    written = []
+
+    def writer():
+        try:
+            with open(path, "wb") as f:
+                for _ in range(8):
+                    f.write(b" " * (1 << 20))   # JSON whitespace: no NUL to stop at
+                    written.append(1)
+        except BrokenPipeError:                 # the reader stopped at its limit and closed
+            pass
+
+    thread = threading.Thread(target=writer, daemon=True)
+    thread.start()
+    with pytest.raises(report.ReportError, match=f"^{re.escape(str(path))}: not a timeline: larger than 1048576 bytes"):
+        report.load_timeline(str(path))
+    thread.join(30)
+    assert not thread.is_alive() and len(written) < 8
+
+
+def test_a_regular_file_past_the_limit_is_refused_by_its_size(tmp_path, monkeypatch):
+    monkeypatch.setattr(report._log_events, "MAX_TEXT_BYTES", 1000)
+    path = write_json(tmp_path, make_timeline(events=50, points=10))
+    assert os.path.getsize(path) > 1000
+    with pytest.raises(report.ReportError, match="not a timeline: larger than 1000 bytes, the reader's limit"):
+        report.load_timeline(path)
+
+
 def test_an_integer_json_cannot_convert_is_refused(tmp_path):
     path = tmp_path / "timeline.json"
     path.write_text('{"format": "mrstack-timeline/1", "events": ' + "9" * 5000 + "}")
