@@ -480,11 +480,24 @@ def write_snapshot(snapshot, path):
     "-" writes it to standard output, as the torch conversion's "-" does (it had made a
     file named "-")."""
     path = os.fsdecode(_checked_path(path, "write_snapshot: path"))
+    # Pickled whole before anything is written: pickle.dump stopped half way through an
+    # object it cannot pickle, with pickle's own error naming no file, and standard output,
+    # a pipe or a device (written in place) had already taken the first part.
+    where = "standard output" if path == "-" else path
+    try:
+        data = pickle.dumps(snapshot)
+    except MemoryError:
+        raise
+    except RecursionError:
+        raise ConversionError(f"{where}: cannot write the snapshot: it nests too deep to pickle") from None
+    except Exception as e:  # PicklingError, TypeError, AttributeError: whatever an object's __reduce__ raises
+        raise ConversionError(f"{where}: cannot write the snapshot: it cannot be pickled "
+                              f"({type(e).__name__}: {e})") from e
     if path == "-":
-        pickle.dump(snapshot, sys.stdout.buffer)
+        sys.stdout.buffer.write(data)
         sys.stdout.buffer.flush()
         return
-    _write_atomically(path, lambda f: pickle.dump(snapshot, f))
+    _write_atomically(path, lambda f: f.write(data))
 
 
 def _memory_viz_main(args):

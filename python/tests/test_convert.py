@@ -9,8 +9,10 @@ import os
 import pathlib
 import pickle
 import random
+import re
 import shutil
 import subprocess
+import sys
 
 import pytest
 
@@ -303,6 +305,38 @@ def test_a_path_that_is_not_a_file_name_is_refused_before_anything_is_opened(tmp
                                                 f"not {type(path).__name__}"):
                 call()
         os.fstat(held.fileno())  # still open
+
+
+def test_a_snapshot_that_cannot_be_pickled_is_an_error_naming_the_file_and_nothing_is_written(tmp_path):
+    # pickle's own TypeError came out, naming no file.
+    import threading
+    from mrstack.convert import write_snapshot
+    old = tmp_path / "snap.pickle"
+    old.write_bytes(b"the previous snapshot")
+    for name in ("snap.pickle", "new.pickle"):
+        path = str(tmp_path / name)
+        with pytest.raises(ConversionError, match=f"^{re.escape(path)}: cannot write the snapshot: it cannot be "
+                                                  r"pickled \(TypeError: cannot pickle '_thread.lock' object\)$"):
+            write_snapshot({"segments": list(range(100_000)), "lock": threading.Lock()}, path)
+    assert old.read_bytes() == b"the previous snapshot"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["snap.pickle"]  # no new file, no temporary one
+
+
+def test_a_snapshot_that_cannot_be_pickled_writes_nothing_to_standard_output():
+    # Standard output (and a pipe or device) is written in place: it had taken the first
+    # part of the pickle, a damaged snapshot for whatever read it.
+    done = subprocess.run([sys.executable, "-c", """if True:
+        import threading
+        from mrstack.convert import ConversionError, write_snapshot
+        try:
+            write_snapshot({"segments": list(range(100_000)), "lock": threading.Lock()}, "-")
+        except ConversionError as e:
+            print("REFUSED", e, file=sys.stderr)
+        """.replace("import threading", "import sys, threading")], capture_output=True, timeout=60,
+        env={**os.environ, "PYTHONPATH": str(REPO / "python")})
+    assert done.stdout == b""
+    assert done.stderr.decode().startswith("REFUSED standard output: cannot write the snapshot: it cannot be pickled"), \
+        done.stderr.decode()[-2000:]
 
 
 def test_write_log_takes_a_pathlib_path(tmp_path):
