@@ -137,6 +137,11 @@ def _device_index(device):
         match = re.fullmatch(r"cuda(?::([0-9]+))?", device)
         if match is None:
             raise ValueError(f"mrstack.torch: {device!r} is not a CUDA device (\"cuda\" or \"cuda:N\")")
+        if match[1] is not None and len(match[1].lstrip("0")) > 20:
+            # int() refuses past 4300 digits with a ValueError naming no argument; an ordinal
+            # of more than 20 digits is out of range whatever it is.
+            raise ValueError(f"mrstack.torch: {device[:30]!r}...: a device ordinal of {len(match[1])} digits, "
+                             "outside [0, 63]")
         device = None if match[1] is None else int(match[1])
     elif getattr(device, "type", "cuda") != "cuda":  # a torch.device of another kind: not mrstack's memory
         raise ValueError(f"mrstack.torch: {device!r} is not a CUDA device")
@@ -258,9 +263,14 @@ def record_stream(tensor, stream):
     if kind != "cuda":
         raise ValueError(f"mrstack.torch.record_stream: the tensor is on {device}, not a CUDA device; "
                          "only CUDA tensors allocated through mrstack have a block whose free can wait")
-    lib = _lib.library()
-    ptr = tensor.untyped_storage().data_ptr()
+    ptr = _lib.checked_integer(tensor.untyped_storage().data_ptr(), "mrstack.torch.record_stream: the tensor's data_ptr()",
+                               0, _lib.SIZE_MAX)
     handle = getattr(stream, "cuda_stream", stream)
+    # Checked, not left to ctypes: its c_void_p passes a str's or bytes' own address as the
+    # stream handle (a CUDA call on a stream that is no stream), True as 1 and 2**64 cut.
+    handle = _lib.checked_integer(0 if handle is None else handle, "mrstack.torch.record_stream: stream", 0,
+                                  _lib.SIZE_MAX)
+    lib = _lib.library()
     # A torch.cuda.Stream's device is made current for the call: the library reads a default
     # stream's handle (0 on every device) as the current device's. A raw handle is taken as is.
     on_stream_device = contextlib.nullcontext()

@@ -99,6 +99,11 @@ def test_a_device_may_be_named_as_torch_names_it(run_python):
         for device in ("cuda:0", Device("cuda", 0)):
             assert mt.memory_allocated(device) == 4096, device
             assert mt.fragmentation(device) == mrstack.statistics(0).fragmentation
+        # int() refused an ordinal of 5000 digits with a ValueError that named no argument.
+        for call in (mt.memory_stats, mt.fragmentation, mt.empty_cache):
+            with pytest.raises(ValueError, match=r"^mrstack.torch: 'cuda:9{25}'\\.\\.\\.: a device ordinal of 5000 digits, outside \\[0, 63\\]"):
+                call("cuda:" + "9" * 5000)
+        assert mt.memory_allocated("cuda:" + "0" * 30) == 4096
         for device in ("cpu", "cuda:x", "cuda:-1", " cuda:0", Device("cpu", None), Device("meta", 0)):
             for call in (mt.memory_stats, mt.fragmentation, mt.reset_peak_memory_stats, mt.empty_cache):
                 with pytest.raises(ValueError, match=re.escape(f"mrstack.torch: {device!r} is not a CUDA device")):
@@ -382,6 +387,45 @@ def test_record_stream_reaches_the_library_and_fails_clearly_without_a_device(ru
             print("recorded")              # a machine with a driver records the event
     """)
     assert done.stdout.split()[-1] in ("refused", "recorded")
+
+
+def test_record_stream_refuses_a_stream_or_pointer_that_is_no_integer(run_python):
+    # ctypes' c_void_p passed a str's own address as the stream handle (a CUDA call on a
+    # stream that is no stream), True as stream 1 and 2**64 + 1 as 1.
+    done = run_python("""
+        import re
+        import pytest
+        import mrstack, mrstack.torch as mt
+        mrstack.configure("simulated")
+        from mrstack import _lib
+        block = _lib.library().dll.mrstack_torch_alloc(4096, 0, None)
+
+        class Tensor:                      # what record_stream uses of a torch.Tensor
+            def __init__(self, ptr):
+                self.ptr = ptr
+            def untyped_storage(self):
+                return self
+            def data_ptr(self):
+                return self.ptr
+
+        class Stream:
+            def __init__(self, handle):
+                self.cuda_stream = handle
+
+        for stream in ("abc", b"abc", True, 1.5, Stream("abc"), Stream(False)):
+            handle = getattr(stream, "cuda_stream", stream)
+            with pytest.raises(TypeError, match=f"^mrstack.torch.record_stream: stream must be an int, not "
+                                                f"{type(handle).__name__}"):
+                mt.record_stream(Tensor(block), stream)
+        for stream in (-1, 2**64 + 1, Stream(-1)):
+            with pytest.raises(ValueError, match=r"^mrstack.torch.record_stream: stream is .*, outside \\[0, "):
+                mt.record_stream(Tensor(block), stream)
+        with pytest.raises(TypeError, match=r"^mrstack.torch.record_stream: the tensor's data_ptr\\(\\) must be an int, "
+                                            "not str"):
+            mt.record_stream(Tensor("0x1000"), None)
+        print("ok")
+    """)
+    assert done.stdout.split() == ["ok"]
 
 
 def test_record_stream_of_a_tensor_mrstack_did_not_allocate_raises_a_value_error(run_python):
