@@ -50,7 +50,7 @@ std::vector<int> settled_descriptors(std::vector<int> const& expected) {
   return now;
 }
 
-// What an opener receives from the server (the wire of src/upstream/vmm_ipc.cpp).
+// What an opener receives from the server (the wire of src/upstream/vmm_ipc_wire.hpp).
 struct served {
   bool answered = false;
   std::uint32_t status = 0;

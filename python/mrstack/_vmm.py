@@ -7,7 +7,7 @@ import threading
 from . import _lib
 
 IPC_HANDLE_VMM = 1  # MRSTACK_IPC_HANDLE_VMM: mrstack_ipc_handle.reserved for a vmm IPC handle
-_MAGIC = b"MRSVMM\x01\x00"  # the first bytes of every vmm IPC handle (src/upstream/vmm_ipc.cpp)
+_MAGIC = b"MRSVMM\x01\x00"  # the first bytes of every vmm IPC handle (src/upstream/vmm_ipc_wire.hpp)
 
 _declared = set()
 _lock = threading.Lock()

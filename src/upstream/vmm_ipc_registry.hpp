@@ -53,7 +53,7 @@ class export_registry {
     int device = 0;
     CUmemAllocationHandleType type{};
   };
-  struct answer;  // what one opener is sent (vmm_ipc.cpp)
+  struct answer;  // what one opener is sent (vmm_ipc_server.cpp)
   void ensure_server();  // mutex_ held
   /// Copies export `export_id`'s answer (duplicating its descriptors) into `out` under the
   /// lock, or makes `out` a refusal saying why.

@@ -1,6 +1,6 @@
 #pragma once
 // The other side of vmm IPC's wire, for the tests that talk to an exporter's server
-// directly (src/upstream/vmm_ipc.cpp): the name of its socket, a connection to it, and
+// directly (src/upstream/vmm_ipc_server.cpp): the name of its socket, a connection to it, and
 // this process's open descriptors (to see that none is left open); the wire as an opener
 // sees it, and the pieces a fake exporter needs.
 #include <catch2/catch.hpp>
@@ -26,7 +26,7 @@
 
 namespace mrstack::test {
 
-// The opener's view of the wire (src/upstream/vmm_ipc.cpp).
+// The opener's view of the wire (src/upstream/vmm_ipc_wire.hpp).
 struct wire_header {
   std::uint32_t status, runs, type;
   std::int32_t device;
