@@ -184,6 +184,29 @@ TEST_CASE("vmm IPC transport: a physical allocation exported as one handle type 
   for (std::uint64_t run : {41, 42, 43, 44}) { test_registry().forget_run(run); }
 }
 
+TEST_CASE("vmm IPC transport: an export as a handle type neither fd nor fabric is refused and nothing is exported") {
+  // The registry took any type: the run was exported into its descriptor slot and recorded
+  // under that type, the handle made, and the refusal of a later fd export over it said the
+  // run "was exported as POSIX file descriptors (ipc=?)" — the type asked for, not the one it had.
+  void const* const block = reinterpret_cast<void const*>(std::uintptr_t{0x7f3a00400000});
+  std::vector<virtual_range_resource::mapped_run> runs{{0, 2 * MiB, 61}};
+  std::size_t exported = 0;
+  auto const counted = [&](void* out, std::uint64_t) {
+    ++exported;
+    *static_cast<int*>(out) = -1;
+  };
+  CHECK_THROWS_WITH(test_registry().add_export_with(runs, 0, MiB, 0, CU_MEM_HANDLE_TYPE_NONE, counted, block),
+                    Catch::Contains("vmm IPC: export of " + format_hex(block) + " as handle type 0 refused") &&
+                        Catch::Contains("only POSIX file descriptors (ipc=fd) and fabric handles (ipc=fabric)"));
+  CHECK(exported == 0);
+  // Nothing was recorded: the run exports as fd.
+  pipe_pair pipe;
+  auto const h = test_registry().add_export_with(runs, 0, MiB, 0, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+                                                 test::dup_of(pipe.write_end), block);
+  CHECK(vmm_ipc::describe(h).handle_type == "fd");
+  test_registry().forget_run(61);
+}
+
 TEST_CASE("vmm IPC transport: bytes that are no handle, or a handle of a gone process, are refused clearly") {
   vmm_ipc::handle junk{};
   CHECK_FALSE(vmm_ipc::is_handle(junk.data(), junk.size()));

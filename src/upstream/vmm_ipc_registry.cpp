@@ -1,6 +1,7 @@
 // vmm IPC's export registry (see vmm_ipc_registry.hpp): which runs are exported, as what
 // handle type, and which blocks over them have export ids. Apart from the server that
 // answers from it (vmm_ipc_server.cpp): this is what an export and an unmap change.
+#include <mrstack/detail/format.hpp>
 #include <mrstack/error.hpp>
 
 #include <unistd.h>
@@ -38,6 +39,14 @@ std::array<unsigned char, 64> export_registry::add_export_with(
     std::vector<virtual_range_resource::mapped_run> const& runs, std::size_t block_offset, std::size_t block_bytes,
     int device, CUmemAllocationHandleType type, run_exporter const& export_run, void const* ptr) {
   if (runs.empty()) { throw logic_error("vmm IPC: an export needs at least one physical allocation"); }
+  // Any other type was exported into the descriptor slot and recorded as the run's type:
+  // its handle opened as "damaged", and a later export over the run was refused naming
+  // the type asked for as the one the run had.
+  if (type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR && type != CU_MEM_HANDLE_TYPE_FABRIC) {
+    throw logic_error("vmm IPC: export of " + (ptr != nullptr ? format_hex(ptr) : std::string{"a block"}) +
+                      " as handle type " + std::to_string(static_cast<unsigned>(type)) +
+                      " refused: only POSIX file descriptors (ipc=fd) and fabric handles (ipc=fabric) are shared");
+  }
   std::lock_guard lock{mutex_};
   // A run keeps the one shareable handle it was first exported as. Reused under the other
   // type, the export succeeded and its open failed far from the cause: answered with a
