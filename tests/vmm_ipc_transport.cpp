@@ -17,6 +17,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <cstdio>
@@ -182,6 +183,64 @@ TEST_CASE("vmm IPC transport: a physical allocation exported as one handle type 
   REQUIRE(fabric.fabric.size() == 1);
   CHECK(fabric.fabric[0].data[0] == 43);
   for (std::uint64_t run : {41, 42, 43, 44}) { test_registry().forget_run(run); }
+}
+
+TEST_CASE("vmm IPC transport: the handle type binds a run only until it is unmapped") {
+  // Unmapped, a run leaves the registry (forget_run comes before cuMemRelease), and the
+  // driver may hand its handle to a new run, of another vmm and another type: that run is
+  // exported as its own type, not refused as the old one's.
+  pipe_pair pipe;
+  std::vector<virtual_range_resource::mapped_run> runs{{0, 2 * MiB, 62}};
+  auto const as_fd = test_registry().add_export_with(runs, 0, MiB, 0, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+                                                     test::dup_of(pipe.write_end));
+  test_registry().forget_run(62);
+  auto const as_fabric = test_registry().add_export_with(runs, 0, MiB, 0, CU_MEM_HANDLE_TYPE_FABRIC,
+                                                         [](void* out, std::uint64_t) {
+                                                           std::memset(out, 62, sizeof(CUmemFabricHandle));
+                                                         });
+  CHECK(vmm_ipc::describe(as_fabric).handle_type == "fabric");
+  vmm_ipc::fetched_export got;
+  vmm_ipc::fetch_export(as_fabric, got);
+  REQUIRE(got.fabric.size() == 1);
+  CHECK(got.fabric[0].data[0] == 62);
+  vmm_ipc::fetched_export ended;
+  CHECK_THROWS_WITH(vmm_ipc::fetch_export(as_fd, ended), Catch::Contains("has ended"));
+  test_registry().forget_run(62);
+}
+
+TEST_CASE("vmm IPC transport: two threads exporting one run as both types: one wins, the other exports nothing") {
+  // The check and the export are under one lock: neither type slips in between.
+  pipe_pair pipe;
+  for (std::uint64_t run = 2000; run < 2100; ++run) {
+    std::vector<virtual_range_resource::mapped_run> const runs{{0, 2 * MiB, run}};
+    std::atomic<int> exported_as_fabric{0};
+    auto const as = [&](CUmemAllocationHandleType type) {
+      return std::async(std::launch::async, [&, type] {
+        try {
+          if (type == CU_MEM_HANDLE_TYPE_FABRIC) {
+            (void)test_registry().add_export_with(runs, 0, MiB, 0, type, [&](void*, std::uint64_t) {
+              ++exported_as_fabric;
+            });
+          } else {
+            (void)test_registry().add_export_with(runs, 0, MiB, 0, type, test::dup_of(pipe.write_end));
+          }
+          return std::string{"exported"};
+        } catch (logic_error const& e) {
+          return std::string{e.what()};
+        }
+      });
+    };
+    auto fd = as(CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+    auto fabric = as(CU_MEM_HANDLE_TYPE_FABRIC);
+    std::string const fd_said = fd.get();
+    std::string const fabric_said = fabric.get();
+    INFO("run " << run << ": fd: " << fd_said << "; fabric: " << fabric_said);
+    REQUIRE((fd_said == "exported") != (fabric_said == "exported"));
+    std::string const& refused = fd_said == "exported" ? fabric_said : fd_said;
+    REQUIRE_THAT(refused, Catch::Contains("a physical allocation is shared with one handle type only"));
+    REQUIRE(exported_as_fabric == (fabric_said == "exported" ? 1 : 0));
+    test_registry().forget_run(run);
+  }
 }
 
 TEST_CASE("vmm IPC transport: an export as a handle type neither fd nor fabric is refused and nothing is exported") {
