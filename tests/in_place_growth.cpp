@@ -565,3 +565,48 @@ TEST_CASE("in_place_growth: a growth step stops at the maximum instead of refusi
   pool.deallocate(a);
   pool.deallocate(b);
 }
+
+namespace {
+
+// A core whose withdraw fails a consistency check (std::logic_error: a bug's symptom) at
+// the range of the block at `bad_address`, right after choosing it, as block_pool's own
+// checks do.
+class inconsistent_core : public reference_core {
+ public:
+  std::uintptr_t bad_address = 0;
+  template <typename Choose>
+  std::size_t withdraw_free_ranges(Choose&& choose) {
+    return reference_core::withdraw_free_ranges([&](std::uintptr_t address, std::size_t size, int owner) {
+      range const r = choose(address, size, owner);
+      if (r.length != 0 && address == bad_address) { throw std::logic_error("injected: the core's books disagree"); }
+      return r;
+    });
+  }
+};
+
+}  // namespace
+
+TEST_CASE("in_place_growth: a logic error in the release a grow makes propagates") {
+  // The grow's release caught every exception and planned again: when that plan succeeded,
+  // the core's logic_error (its books are wrong) was dropped without a word.
+  simulated_vmm_memory_resource vmm{64 * G, G};
+  inconsistent_core core;
+  detail::in_place_growth_options options;
+  options.maximum_bytes = 8 * G;
+  detail::in_place_growth<inconsistent_core> growth{vmm, "inconsistent_core", options};
+  growth.start(core, 0);
+  growth.grow(core, 8 * G, 256, 0);
+  std::uintptr_t const x = core.allocate(4 * G, 256, 0);
+  std::uintptr_t const y = core.allocate(2 * G, 256, 0);
+  std::uintptr_t const z = core.allocate(2 * G, 256, 0);
+  REQUIRE((x != 0 && y != 0 && z != 0));
+  core.deallocate(x, 0);
+  core.deallocate(z, 0);
+  core.bad_address = z;  // x is released, z is not: the frontier then has room for 6 granules
+  CHECK_THROWS_WITH(growth.grow(core, 6 * G, 256, 0), Catch::Contains("injected: the core's books disagree"));
+  CHECK(core.check().empty());
+  CHECK(core.withdrawn_bytes() == growth.hole_bytes());
+  CHECK(vmm.committed_bytes() == 4 * G);  // x given back, nothing committed for the grow
+  core.bad_address = 0;
+  core.deallocate(y, 0);
+}
