@@ -566,6 +566,48 @@ TEST_CASE("in_place_growth: a growth step stops at the maximum instead of refusi
   pool.deallocate(b);
 }
 
+TEST_CASE("in_place_growth: out of physical memory the frontier is used when it needs fewer granules than the holes") {
+  // As at the maximum: the free block at the chunk's end holds part of the request, so the
+  // frontier can need fewer granules than the holes that fit. With the device full, trying
+  // the holes alone (before and after the release) refused a request the device had room for.
+  grown_pool pool{1024 * G, 5 * G};
+  std::uintptr_t const a = pool.allocate(G);
+  std::uintptr_t const b = pool.allocate(2 * G);
+  std::uintptr_t const s = pool.allocate(G / 4);
+  std::uintptr_t const f = pool.allocate(5 * G / 4);
+  CHECK(pool.vmm.committed_bytes() == 5 * G);
+  pool.deallocate(b);
+  (void)pool.growth.release(pool.core);
+  pool.deallocate(f);
+  std::uintptr_t const u = pool.allocate(9 * G / 4);
+  CHECK(pool.vmm.committed_bytes() == 4 * G);
+  CHECK(pool.growth.hole_bytes() == 2 * G);
+  std::uintptr_t const r = pool.allocate(3 * G / 2);  // the hole: 6 granules; the frontier: 5
+  CHECK(r == u + 9 * G / 4);
+  CHECK(pool.vmm.committed_bytes() == 5 * G);
+  CHECK(pool.growth.hole_bytes() == 2 * G);
+  pool.check_consistent();
+  pool.deallocate(a);
+  pool.deallocate(s);
+  pool.deallocate(u);
+  pool.deallocate(r);
+}
+
+TEST_CASE("in_place_growth: out of physical memory a growth step shrinks to what the request needs") {
+  // The step is a preference: a device with room for the request's granules but not the
+  // step's refused the request, before and after the release.
+  detail::in_place_growth_options options;
+  options.growth_step = 4 * G;
+  grown_pool pool{1024 * G, 3 * G, options};
+  std::uintptr_t const a = pool.allocate(G);
+  CHECK(pool.vmm.committed_bytes() == G);  // the step did not fit the device
+  std::uintptr_t const b = pool.allocate(2 * G);
+  CHECK(pool.vmm.committed_bytes() == 3 * G);
+  pool.check_consistent();
+  pool.deallocate(a);
+  pool.deallocate(b);
+}
+
 namespace {
 
 // A core whose withdraw fails a consistency check (std::logic_error: a bug's symptom) at

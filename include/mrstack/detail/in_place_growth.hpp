@@ -17,8 +17,9 @@
 /// reused before the frontier moves: `grow` takes the smallest stretch of adjacent holes
 /// that fits (committing only the part it needs and withdrawing the rest again), else the
 /// holes that end at the frontier plus an extension, else an extension alone (the frontier
-/// also when the holes would pass the maximum and it would not). So a long
-/// run of grow/release cycles reuses addresses instead of walking off the range's end.
+/// also when the holes would pass the maximum and it would not, or the device has no room
+/// for their granules). So a long run of grow/release cycles reuses addresses instead of
+/// walking off the range's end.
 /// When is release called:
 /// - on demand (the pool's `release()`);
 /// - `after_deallocate`: when the core's free bytes exceed `release_threshold` above what
@@ -375,9 +376,12 @@ class in_place_growth {
   template <typename Owner>
   void plan_and_commit(Core& core, std::size_t bytes, std::size_t alignment, Owner owner) {
     auto const run = best_hole_run(bytes, alignment);
+    // The device refused the holes' granules (nothing changed): the frontier is tried, as
+    // it may need fewer. Refusing there, the grow refused (before and after its release) a
+    // request the device had room for.
+    std::exception_ptr holes_refused;
     if (run && fits_maximum(run->need)) {
-      reuse_holes(core, *run, run->need, owner);
-      return;
+      if (try_reuse_holes(core, *run, owner, holes_refused)) { return; }
     }
     std::size_t const start = growth_start();
     std::uintptr_t block_start = base_ + start;
@@ -409,6 +413,7 @@ class in_place_growth {
                                fits_maximum(inside_holes ? (target > start ? target - start : 0)
                                                          : frontier_ + extension - start);
     if (run && !frontier_fits) {
+      if (holes_refused) { std::rethrow_exception(holes_refused); }
       reuse_holes(core, *run, run->need, owner);
       return;
     }
@@ -423,8 +428,7 @@ class in_place_growth {
       fail(limit_text() + " is exhausted at " + std::to_string(frontier_) + " B (" + std::to_string(hole_bytes_) +
            " B of it in released holes too small for " + std::to_string(bytes) + " B)");
     }
-    std::size_t const grown = stepped(extension, start);
-    commit_checked(start, frontier_ + grown - start);
+    std::size_t const grown = commit_stepped(start, extension);
     try {
       restore_holes(core, start, frontier_, grow_owner);
       append(core, grown, grow_owner);
@@ -439,6 +443,40 @@ class in_place_growth {
       }
       rethrow_core_refusal(frontier_ + grown - start);
     }
+  }
+
+  /// reuse_holes, unless the device refuses the granules the holes need (out of physical
+  /// memory, nothing changed): then false, with its error in `refused`.
+  template <typename Owner>
+  bool try_reuse_holes(Core& core, hole_run const& run, Owner owner, std::exception_ptr& refused) {
+    try {
+      commit_checked(run.start, run.need);
+    } catch (growth_failure const&) {
+      throw;
+    } catch (std::bad_alloc const&) {
+      refused = std::current_exception();
+      return false;
+    }
+    reuse_holes(core, run, run.need, owner, /*committed=*/true);
+    return true;
+  }
+
+  /// Commits the holes from `start` to the frontier and an extension of it by at least
+  /// `extension` bytes, raised to the growth step (stepped); returns the extension
+  /// committed. The step is a preference: where the device has no room for it, only the
+  /// extension is committed (the step refused a request the device had room for).
+  std::size_t commit_stepped(std::size_t start, std::size_t extension) {
+    std::size_t const grown = stepped(extension, start);
+    try {
+      commit_checked(start, frontier_ + grown - start);
+      return grown;
+    } catch (growth_failure const&) {
+      throw;
+    } catch (std::bad_alloc const&) {
+      if (grown == extension) { throw; }
+    }
+    commit_checked(start, frontier_ + extension - start);
+    return extension;
   }
 
   /// Whether committing `bytes` more (none of them committed yet) stays within the maximum.
@@ -464,7 +502,7 @@ class in_place_growth {
   /// the core refused that withdraw (out of host memory), free memory in the core with no
   /// memory behind it; a refused restore left committed granules in holes.
   template <typename Owner>
-  void reuse_holes(Core& core, hole_run run, std::size_t need, Owner owner) {
+  void reuse_holes(Core& core, hole_run run, std::size_t need, Owner owner, bool committed = false) {
     std::size_t const end = run.start + need;
     std::size_t rest_end = end;  // the end of the hole the request ends inside, if any
     if (auto it = holes_.lower_bound(end); need != 0 && it != holes_.begin()) {
@@ -473,7 +511,7 @@ class in_place_growth {
     }
     std::map<std::size_t, std::size_t> rest;  // its record, made before anything changes
     if (rest_end > end) { rest.emplace(end, rest_end - end); }
-    commit_checked(run.start, need);
+    if (!committed) { commit_checked(run.start, need); }
     try {
       restore_holes(core, run.start, end, owner);
     } catch (...) {
