@@ -210,6 +210,7 @@ namespace {
 class refusing_core : public reference_core {
  public:
   double refusal = 0;  // chance that one call (one block of a withdraw) is refused
+  bool refuse_withdraws = false;  // every withdraw refused, restores not
   std::size_t refused = 0;
 
   explicit refusing_core(unsigned seed) : rng_{seed} {}
@@ -225,6 +226,10 @@ class refusing_core : public reference_core {
   std::size_t withdraw_free_ranges(Choose&& choose) {
     return reference_core::withdraw_free_ranges([&](std::uintptr_t address, std::size_t size, int owner) {
       range const r = choose(address, size, owner);
+      if (r.length != 0 && refuse_withdraws) {
+        ++refused;
+        throw std::bad_alloc();
+      }
       if (r.length != 0) { refuse_maybe(); }  // as block_pool: right after its range was chosen
       return r;
     });
@@ -350,4 +355,43 @@ TEST_CASE("in_place_growth: a grow whose core has no host memory says so") {
   CHECK(vmm.committed_bytes() == G);  // the extension went back
   CHECK(core.total_bytes() == G);
   core.deallocate(p, 0);
+}
+
+TEST_CASE("in_place_growth: a hole's rest the core cannot take back passes the maximum by at most itself, and says so") {
+  // The rest of a reused hole the core refused to withdraw again is free memory there, so it
+  // is committed even past the maximum. The grows refused meanwhile said only that
+  // committing more "would pass the maximum", though the pool held more than it already.
+  simulated_vmm_memory_resource vmm{64 * G, G};
+  refusing_core core{1};
+  detail::in_place_growth_options options;
+  options.maximum_bytes = 7 * G;
+  detail::in_place_growth<refusing_core> growth{vmm, "refusing_core", options};
+  growth.start(core, 0);
+  growth.grow(core, 5 * G, 256, 0);
+  std::uintptr_t const w = core.allocate(G, 256, 0);
+  std::uintptr_t x = core.allocate(3 * G, 256, 0);
+  std::uintptr_t const s = core.allocate(G, 256, 0);
+  core.deallocate(x, 0);
+  (void)growth.release(core);        // a 3-granule hole between w and s
+  growth.grow(core, 4 * G, 256, 0);  // too large for the hole: the frontier
+  std::uintptr_t const y = core.allocate(4 * G, 256, 0);
+  REQUIRE((w != 0 && s != 0 && y != 0));
+  REQUIRE(vmm.committed_bytes() == 6 * G);
+  core.refuse_withdraws = true;  // the hole's first granule is reused; its rest is not withdrawn
+  CHECK_THROWS_WITH(growth.grow(core, G / 2, 256, 0),
+                    Catch::Contains("the pool is 4194304 B past its maximum of 14680064 B (18874368 B committed"));
+  CHECK(vmm.committed_bytes() == 9 * G);  // past it by the rest, no more
+  CHECK(core.check().empty());
+  CHECK(core.withdrawn_bytes() == growth.hole_bytes());
+  core.refuse_withdraws = false;
+  x = core.allocate(3 * G, 256, 0);  // the hole's granules, all backed
+  REQUIRE(x == w + G);
+  REQUIRE(vmm.is_accessible(reinterpret_cast<void*>(x), 3 * G));
+  CHECK_THROWS_WITH(growth.grow(core, G, 256, 0), Catch::Contains("past its maximum"));  // nothing more meanwhile
+  core.deallocate(x, 0);
+  (void)growth.release(core);
+  CHECK(vmm.committed_bytes() == 6 * G);  // back under the maximum
+  core.deallocate(w, 0);
+  core.deallocate(s, 0);
+  core.deallocate(y, 0);
 }

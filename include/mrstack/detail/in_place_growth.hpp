@@ -528,7 +528,11 @@ class in_place_growth {
       });
     } catch (...) {
       // The core may hand [lo, hi) out now: it must have memory behind it, past the
-      // maximum if need be (by less than one hole, until a release gives it back).
+      // maximum if need be. No order of commit, restore and withdraw avoids that (each
+      // step of the core may refuse), and refusing up front a stretch whose rest would not
+      // fit refused requests that fit whenever the core had host memory. So the pool
+      // passes its maximum by at most this rest, until that memory is free and released;
+      // every grow refused meanwhile says so (commit_checked).
       range_.commit(reinterpret_cast<void*>(lo), hi - lo);
       rethrow_core_refusal(need);
     }
@@ -582,9 +586,17 @@ class in_place_growth {
   /// unless that would pass the maximum. Throws out_of_memory (a std::bad_alloc) or
   /// growth_failure; commits nothing then.
   void commit_checked(std::size_t offset, std::size_t bytes) {
-    if (range_.committed_bytes() + bytes > maximum_) {
+    std::size_t const committed = range_.committed_bytes();
+    if (committed > maximum_) {
+      // Only the rest of a hole the core could not take back (reuse_holes) puts it there.
+      fail("the pool is " + std::to_string(committed - maximum_) + " B past its maximum of " +
+           std::to_string(maximum_) + " B (" + std::to_string(committed) +
+           " B committed: the rest of a reused hole its books had no host memory to take back, until it is free "
+           "and released)");
+    }
+    if (committed + bytes > maximum_) {
       fail("committing " + std::to_string(bytes) + " B more would pass the maximum of " + std::to_string(maximum_) +
-           " B (" + std::to_string(range_.committed_bytes()) + " B committed)");
+           " B (" + std::to_string(committed) + " B committed)");
     }
     range_.commit(reinterpret_cast<void*>(base_ + offset), bytes);
   }
