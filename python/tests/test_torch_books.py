@@ -7,10 +7,22 @@ import importlib.util
 import os
 import shutil
 import subprocess
+import textwrap
 
 import pytest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+
+# What record_stream uses of a torch.Tensor whose storage starts at `ptr` (for snippets).
+TENSOR_STAND_IN = """
+class Tensor:
+    def __init__(self, ptr):
+        self.ptr = ptr
+    def untyped_storage(self):
+        return self
+    def data_ptr(self):
+        return self.ptr
+"""
 
 
 def test_books_under_pytorch_names(run_python):
@@ -392,21 +404,13 @@ def test_record_stream_reaches_the_library_and_fails_clearly_without_a_device(ru
 def test_record_stream_refuses_a_stream_or_pointer_that_is_no_integer(run_python):
     # ctypes' c_void_p passed a str's own address as the stream handle (a CUDA call on a
     # stream that is no stream), True as stream 1 and 2**64 + 1 as 1.
-    done = run_python("""
+    done = run_python(TENSOR_STAND_IN + textwrap.dedent("""
         import re
         import pytest
         import mrstack, mrstack.torch as mt
         mrstack.configure("simulated")
         from mrstack import _lib
         block = _lib.library().dll.mrstack_torch_alloc(4096, 0, None)
-
-        class Tensor:                      # what record_stream uses of a torch.Tensor
-            def __init__(self, ptr):
-                self.ptr = ptr
-            def untyped_storage(self):
-                return self
-            def data_ptr(self):
-                return self.ptr
 
         class Stream:
             def __init__(self, handle):
@@ -424,23 +428,15 @@ def test_record_stream_refuses_a_stream_or_pointer_that_is_no_integer(run_python
                                             "not str"):
             mt.record_stream(Tensor("0x1000"), None)
         print("ok")
-    """)
+    """))
     assert done.stdout.split() == ["ok"]
 
 
 def test_record_stream_of_a_tensor_mrstack_did_not_allocate_raises_a_value_error(run_python):
-    done = run_python("""
+    done = run_python(TENSOR_STAND_IN + textwrap.dedent("""
         import pytest
         import mrstack, mrstack.torch as mt
         mrstack.configure("simulated")
-
-        class Tensor:                      # what record_stream uses of a torch.Tensor
-            def __init__(self, ptr):
-                self.ptr = ptr
-            def untyped_storage(self):
-                return self
-            def data_ptr(self):
-                return self.ptr
 
         with pytest.raises(mrstack.InvalidArgumentError) as caught:
             mt.record_stream(Tensor(0x1000), None)
@@ -448,5 +444,5 @@ def test_record_stream_of_a_tensor_mrstack_did_not_allocate_raises_a_value_error
         message = str(caught.value)
         assert message.startswith("mrstack.torch.record_stream: mrstack_torch_record_stream: 0x1000 is not a block"), message
         print("ok")
-    """)
+    """))
     assert done.stdout.split() == ["ok"]
