@@ -137,12 +137,14 @@ def _device_index(device):
         match = re.fullmatch(r"cuda(?::([0-9]+))?", device)
         if match is None:
             raise ValueError(f"mrstack.torch: {device!r} is not a CUDA device (\"cuda\" or \"cuda:N\")")
-        if match[1] is not None and len(match[1].lstrip("0")) > 20:
+        digits = None if match[1] is None else match[1].lstrip("0") or "0"
+        if digits is not None and len(digits) > 20:
             # int() refuses past 4300 digits with a ValueError naming no argument; an ordinal
             # of more than 20 digits is out of range whatever it is.
             raise ValueError(f"mrstack.torch: {device[:30]!r}...: a device ordinal of {len(match[1])} digits, "
                              "outside [0, 63]")
-        device = None if match[1] is None else int(match[1])
+        # The digits without their leading zeros: int() counts those too against its limit.
+        device = None if digits is None else int(digits)
     elif getattr(device, "type", "cuda") != "cuda":  # a torch.device of another kind: not mrstack's memory
         raise ValueError(f"mrstack.torch: {device!r} is not a CUDA device")
     index = getattr(device, "index", device)  # torch.device("cuda:1") or 1

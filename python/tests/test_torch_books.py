@@ -116,6 +116,11 @@ def test_a_device_may_be_named_as_torch_names_it(run_python):
             with pytest.raises(ValueError, match=r"^mrstack.torch: 'cuda:9{25}'\\.\\.\\.: a device ordinal of 5000 digits, outside \\[0, 63\\]"):
                 call("cuda:" + "9" * 5000)
         assert mt.memory_allocated("cuda:" + "0" * 30) == 4096
+        # Leading zeros are no digits of the ordinal, but int() counted them: 'cuda:' with
+        # 5000 zeros ended in its digit-limit ValueError too.
+        assert mt.memory_allocated("cuda:" + "0" * 5000) == 4096
+        with pytest.raises(ValueError, match=re.escape("mrstack.torch: device is 65, outside [0, 63]")):
+            mt.memory_allocated("cuda:" + "0" * 5000 + "65")
         for device in ("cpu", "cuda:x", "cuda:-1", " cuda:0", Device("cpu", None), Device("meta", 0)):
             for call in (mt.memory_stats, mt.fragmentation, mt.reset_peak_memory_stats, mt.empty_cache):
                 with pytest.raises(ValueError, match=re.escape(f"mrstack.torch: {device!r} is not a CUDA device")):
