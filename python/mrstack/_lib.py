@@ -56,8 +56,9 @@ def index(value, what):
     """`value` as an int, through ``__index__`` (numpy's integers pass), else TypeError naming
     `what`. A bool is refused though it is an int: ``allocate(True)`` had asked for 1 byte
     and ``device=True`` had meant device 1. A float or a str has no ``__index__``; ctypes
-    would cut the one and pass the other's address."""
-    if value.__class__ is not bool:
+    would cut the one and pass the other's address. The type, not ``__class__``, which an
+    object may fake (unittest.mock's spec=bool): the compiled fast path and ctypes see the type."""
+    if type(value) is not bool:
         try:
             return operator.index(value)
         except TypeError:

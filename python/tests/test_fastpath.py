@@ -34,6 +34,22 @@ def test_this_process_takes_the_extension_next_to_the_library(fast, fastpath_pat
     assert "fast path" in str(state) and fastpath_path in str(state)
 
 
+def test_both_paths_tell_a_bool_by_its_type_not_its_class_attribute(fast):
+    # An object may answer bool to __class__ (unittest.mock's spec=bool does) and be no bool:
+    # the extension looks at its type and took it, the ctypes path's check refused it.
+    class Impostor:
+        __class__ = property(lambda self: bool)
+
+        def __index__(self):
+            return 16
+
+    assert _lib.checked_size(Impostor(), "mrstack.numba: memalloc") == 16
+    assert _lib.checked_integer(Impostor(), "n", 0, 16) == 16
+    with mrstack.Stack("tracking > system") as stack:
+        assert fast.memalloc(stack.handle, Impostor(), CLIENT_NUMBA) is not None
+        assert stack.statistics().clients["numba"].allocations == 1
+
+
 def test_memalloc_and_finalizer_free_exactly_once(fast):
     import ctypes
     with mrstack.Stack("pool(initial=1MiB) > system") as stack:
