@@ -326,3 +326,58 @@ TEST_CASE("torch books: no host memory for a block's recorded uses keeps no even
   mrstack_torch_free(p, 1024, 0, nullptr);  // waits for the two kept, and for nothing else
   CHECK(events.destroyed() == events.made());
 }
+
+TEST_CASE("torch books: a free refused while the event is recorded leaves the block and keeps the event") {
+  configure_once();
+  void* const p = mrstack_torch_alloc(1024, 0, nullptr);
+  REQUIRE(p != nullptr);
+  // Refused frees take the block out of the books and put it back: the same block, so the
+  // event recorded for it meanwhile is kept for it.
+  stand_in_events events{[](void* ptr) {
+    mrstack_torch_free(ptr, std::size_t{1} << 50, 0, nullptr);  // more than PyTorch holds
+    mrstack_torch_free(ptr, 1024, 2, nullptr);                  // a device that holds nothing
+  }};
+  CHECK(mrstack_torch_record_stream(p, nullptr) == MRSTACK_SUCCESS);
+  CHECK(events.made() == 1);
+  CHECK(events.destroyed() == 0);
+  mrstack_torch_free(p, 1024, 0, nullptr);
+  CHECK(events.destroyed() == 1);
+}
+
+TEST_CASE("torch books: two record_streams and a free racing keep each event for its own block") {
+  configure_once();
+  std::uint64_t const live_before = torch_live_bytes(0);
+  void* const p = mrstack_torch_alloc(1024, 0, nullptr);
+  REQUIRE(p != nullptr);
+  // While the first record_stream records, a second one records for the same block, then
+  // the block is freed and one at its address handed out: the second's event is the old
+  // block's, consumed by its free; the first finds another block and keeps nothing.
+  int inner = -1;
+  void* again = nullptr;
+  std::vector<void*> others;
+  stand_in_events events{[&](void* ptr) {
+    if (inner != -1) { return; }  // the second record_stream's own recording
+    inner = MRSTACK_ERROR_UNKNOWN;
+    inner = mrstack_torch_record_stream(ptr, nullptr);
+    mrstack_torch_free(ptr, 1024, 0, nullptr);
+    for (int i = 0; i < 64 && again != ptr; ++i) {
+      void* q = mrstack_torch_alloc(1024, 0, nullptr);
+      if (q == ptr) {
+        again = q;
+      } else if (q != nullptr) {
+        others.push_back(q);
+      }
+    }
+  }};
+  int const outer = mrstack_torch_record_stream(p, nullptr);
+  for (void* q : others) { mrstack_torch_free(q, 1024, 0, nullptr); }
+  REQUIRE(again == p);
+  CHECK(inner == MRSTACK_SUCCESS);
+  CHECK(outer == MRSTACK_ERROR_INVALID_ARGUMENT);
+  CHECK(events.made() == 2);
+  CHECK(events.destroyed() == 2);  // the inner one by the old block's free, the outer one refused
+  mrstack_torch_free(again, 1024, 0, nullptr);
+  CHECK(events.destroyed() == 2);
+  CHECK(torch_live_bytes(0) == live_before);
+}
+
