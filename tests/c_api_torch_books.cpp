@@ -94,8 +94,9 @@ class stand_in_events {
     mrstack_torch_set_event_hooks_for_tests(nullptr);
     during_record_ = {};
   }
-  [[nodiscard]] std::uintptr_t made() const { return made_; }
-  [[nodiscard]] std::uintptr_t destroyed() const { return destroyed_; }
+  // Static: still readable once the hooks are unset.
+  [[nodiscard]] static std::uintptr_t made() { return made_; }
+  [[nodiscard]] static std::uintptr_t destroyed() { return destroyed_; }
 
  private:
   static void* record(void* ptr, void*) {
@@ -381,3 +382,18 @@ TEST_CASE("torch books: two record_streams and a free racing keep each event for
   CHECK(torch_live_bytes(0) == live_before);
 }
 
+TEST_CASE("torch books: an event made through the hooks goes to their destroy after they are unset") {
+  configure_once();
+  void* const p = mrstack_torch_alloc(1024, 0, nullptr);
+  REQUIRE(p != nullptr);
+  {
+    stand_in_events events;
+    REQUIRE(mrstack_torch_record_stream(p, nullptr) == MRSTACK_SUCCESS);
+  }
+  // The free comes after the hooks are unset (a test that ends early leaves its blocks to a
+  // later free): cudaStreamWaitEvent and cudaEventDestroy on a stand-in, no event at all,
+  // had been called on a GPU host.
+  mrstack_torch_free(p, 1024, 0, nullptr);
+  CHECK(stand_in_events::made() == 1);
+  CHECK(stand_in_events::destroyed() == 1);
+}

@@ -299,7 +299,9 @@ MRSTACK_C_EXPORT mrstack_status mrstack_torch_reset_peak(int device, uint64_t re
  * recording it on `stream`, after it found `ptr` live and with no lock held (a test can
  * free the block there and allocate another at its address), and keeps what `record`
  * returns (NULL: recording failed, MRSTACK_ERROR_CUDA). Every event made so then goes to
- * `destroy` in place of cudaEventDestroy, and a free waits for none. */
+ * `destroy` in place of cudaEventDestroy, also when its block is freed after the hooks
+ * were unset (so they must outlive every block recorded through them), and a free waits
+ * for none. */
 typedef struct mrstack_torch_event_hooks {
   void* (*record)(void* ptr, void* stream);
   void (*destroy)(void* event);

@@ -186,15 +186,20 @@ std::array<torch_books, max_torch_devices>& books() {
 using mrstack::detail::live_block;
 using mrstack::detail::live_block_table;
 
+// mrstack_torch_set_event_hooks_for_tests: null in production. Read once per record_stream;
+// an event kept for a block remembers the hooks that made it, so that its free hands a
+// stand-in to the hooks' destroy (not to CUDA) even after a test unset them.
+std::atomic<mrstack_torch_event_hooks const*> event_hooks{nullptr};
+
+struct kept_event {
+  cudaEvent_t event;
+  mrstack_torch_event_hooks const* hooks;  // null: a CUDA event
+};
 struct recorded_uses {
   int device;
-  std::vector<cudaEvent_t> events;
+  std::vector<kept_event> events;
 };
 using use_map = std::unordered_multimap<void*, recorded_uses>;
-
-// mrstack_torch_set_event_hooks_for_tests: null in production. Read once per
-// record_stream, and once per free of a block record_stream was called on.
-std::atomic<mrstack_torch_event_hooks const*> event_hooks{nullptr};
 
 void destroy_event(cudaEvent_t event, mrstack_torch_event_hooks const* hooks) noexcept {
   if (hooks != nullptr) {
@@ -347,12 +352,12 @@ use_map::iterator recorded_uses_of(use_map& uses, void* ptr, int device) {
 /// it throws, keeping nothing: a block's first event goes into its vector before a node
 /// for them goes into the map, and each step happens whole or not at all (an entry with no
 /// event would make the block's free look for uses it never had).
-void keep_recorded_use(use_map& uses, void* ptr, int device, cudaEvent_t event) {
+void keep_recorded_use(use_map& uses, void* ptr, int device, kept_event event) {
   try {
     if (auto found = recorded_uses_of(uses, ptr, device); found != uses.end()) {
       found->second.events.push_back(event);
     } else {
-      uses.emplace(ptr, recorded_uses{device, std::vector<cudaEvent_t>{event}});
+      uses.emplace(ptr, recorded_uses{device, std::vector<kept_event>{event}});
     }
   } catch (std::bad_alloc const&) {
     throw books_out_of_host_memory::for_recorded_use(ptr, device);
@@ -364,7 +369,7 @@ void keep_recorded_use(use_map& uses, void* ptr, int device, cudaEvent_t event) 
 // from the books only now, when the free goes ahead: a refused free leaves them where
 // they are (putting a node back into an unordered map may allocate, to rehash).
 void wait_for_recorded_uses(block_shard& shard, void* ptr, int device, void* stream) noexcept {
-  std::vector<cudaEvent_t> events;
+  std::vector<kept_event> events;
   {
     std::lock_guard lock{shard.mutex};
     if (auto found = recorded_uses_of(shard.uses, ptr, device); found != shard.uses.end()) {
@@ -372,10 +377,9 @@ void wait_for_recorded_uses(block_shard& shard, void* ptr, int device, void* str
       shard.uses.erase(found);
     }
   }
-  mrstack_torch_event_hooks const* const hooks = events.empty() ? nullptr : event_hooks.load(std::memory_order_relaxed);
-  for (cudaEvent_t event : events) {
-    if (hooks == nullptr) { (void)cudaStreamWaitEvent(static_cast<cudaStream_t>(stream), event, 0); }
-    destroy_event(event, hooks);  // the wait is enqueued: destroying the event now is allowed
+  for (kept_event const& kept : events) {
+    if (kept.hooks == nullptr) { (void)cudaStreamWaitEvent(static_cast<cudaStream_t>(stream), kept.event, 0); }
+    destroy_event(kept.event, kept.hooks);  // the wait is enqueued: destroying the event now is allowed
   }
 }
 
@@ -569,7 +573,7 @@ mrstack_status mrstack_torch_record_stream(void* ptr, void* stream) {
     std::lock_guard lock{shard.mutex};
     std::size_t const slot = shard.table.find(ptr, seen.device);
     if (slot != live_block_table::npos && shard.table[slot].generation == seen.generation) {
-      keep_recorded_use(shard.uses, ptr, seen.device, event);
+      keep_recorded_use(shard.uses, ptr, seen.device, kept_event{event, hooks});
       event = nullptr;  // the block's free destroys it
     }  // else refused below, with the lock released
   } catch (...) {
