@@ -9,7 +9,9 @@
 #include <array>
 #include <atomic>
 #include <cstdint>
+#include <new>
 #include <string>
+#include <string_view>
 
 struct mrstack_stack {
   mrstack_stack(mrstack::resource_ptr stack, int device, bool process_wide);
@@ -46,9 +48,25 @@ struct mrstack_stack {
 namespace mrstack::c_api {
 
 /// Records `message` (a spec column, 0 for none, and the status the failing call returns)
-/// as this thread's last error.
-void set_last_error(std::string message, std::size_t column = 0,
+/// as this thread's last error. A view, copied inside: out of host memory the status is
+/// still set and the message left empty (a string argument made at the call had thrown
+/// out of noexcept callers such as status_from_current_exception).
+void set_last_error(std::string_view message, std::size_t column = 0,
                     int status = MRSTACK_ERROR_INVALID_ARGUMENT) noexcept;
+
+/// Host memory ran out for books the C ABI keeps (the torch entry points' live blocks and
+/// recorded uses): a std::bad_alloc whose message, written into `text()` without
+/// allocating, says which books. status_from_current_exception reports it as it is
+/// (MRSTACK_ERROR_OUT_OF_MEMORY), where a bare bad_alloc reads "out of host memory:
+/// std::bad_alloc".
+class books_out_of_host_memory : public std::bad_alloc {
+ public:
+  [[nodiscard]] char const* what() const noexcept override { return text_.data(); }
+  [[nodiscard]] std::array<char, 224>& text() noexcept { return text_; }
+
+ private:
+  std::array<char, 224> text_{};
+};
 
 /// Turns the exception being handled into a status and this thread's last error. Call
 /// only inside a catch block.

@@ -20,10 +20,10 @@ struct last_error {
 thread_local last_error tls_last_error;
 }  // namespace
 
-void set_last_error(std::string message, std::size_t column, int status) noexcept {
+void set_last_error(std::string_view message, std::size_t column, int status) noexcept {
   tls_last_error.status = status;
   try {
-    tls_last_error.message = std::move(message);
+    tls_last_error.message.assign(message);
   } catch (...) {
     tls_last_error.message.clear();  // out of memory while reporting: keep what can be kept
   }
@@ -39,8 +39,15 @@ mrstack_status status_from_current_exception() noexcept {
   } catch (out_of_memory const& e) {
     set_last_error(e.what(), 0, MRSTACK_ERROR_OUT_OF_MEMORY);
     return MRSTACK_ERROR_OUT_OF_MEMORY;
+  } catch (books_out_of_host_memory const& e) {
+    set_last_error(e.what(), 0, MRSTACK_ERROR_OUT_OF_MEMORY);
+    return MRSTACK_ERROR_OUT_OF_MEMORY;
   } catch (std::bad_alloc const& e) {
-    set_last_error(std::string{"out of host memory: "} + e.what(), 0, MRSTACK_ERROR_OUT_OF_MEMORY);
+    try {
+      set_last_error(std::string{"out of host memory: "} + e.what(), 0, MRSTACK_ERROR_OUT_OF_MEMORY);
+    } catch (...) {  // none for the message either: the words that need no copy
+      set_last_error("out of host memory", 0, MRSTACK_ERROR_OUT_OF_MEMORY);
+    }
     return MRSTACK_ERROR_OUT_OF_MEMORY;
   } catch (cuda_error const& e) {
     set_last_error(e.what(), 0, MRSTACK_ERROR_CUDA);

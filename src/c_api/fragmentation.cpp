@@ -14,7 +14,7 @@ using mrstack::c_api::set_last_error;
 namespace {
 
 mrstack_status invalid(std::string message) {
-  set_last_error(std::move(message));
+  set_last_error(message);
   return MRSTACK_ERROR_INVALID_ARGUMENT;
 }
 

@@ -158,7 +158,7 @@ stack_spec parse_expanded(std::string_view text) {
 }
 
 mrstack_status invalid(std::string message) {
-  set_last_error(std::move(message));
+  set_last_error(message);
   return MRSTACK_ERROR_INVALID_ARGUMENT;
 }
 
@@ -275,7 +275,7 @@ mrstack_status mrstack_configure(const char* spec) {
   });
   if (status != MRSTACK_SUCCESS) { return status; }
   if (!conflict.empty()) {
-    set_last_error(std::move(conflict), 0, MRSTACK_ERROR_STATE);
+    set_last_error(conflict, 0, MRSTACK_ERROR_STATE);
     return MRSTACK_ERROR_STATE;
   }
   return MRSTACK_SUCCESS;

@@ -267,50 +267,27 @@ void refuse_during_capture(std::size_t size, int device, void* stream) {
 
 // The books could not grow: a bad_alloc (so the C status is MRSTACK_ERROR_OUT_OF_MEMORY,
 // and PyTorch raises RuntimeError, not torch.OutOfMemoryError: device memory was there)
-// whose message says which books ran out, not the stack. Its text is made without
-// allocating: host memory just ran out.
-class books_out_of_host_memory : public std::bad_alloc {
- public:
-  /// The live-block books, for a block the stack served.
-  static books_out_of_host_memory for_block(std::size_t size, int device) noexcept {
-    books_out_of_host_memory e;
-    std::snprintf(e.message_.data(), e.message_.size(),
-                  "mrstack_torch_alloc: out of host memory for the live-block books of device %d, which could not "
-                  "grow to hold a block of %zu bytes; the block went back to the stack",
-                  device, size);
-    return e;
-  }
-  /// The events record_stream keeps for a block, for one more.
-  static books_out_of_host_memory for_recorded_use(void const* ptr, int device) noexcept {
-    books_out_of_host_memory e;
-    std::snprintf(e.message_.data(), e.message_.size(),
-                  "mrstack_torch_record_stream: out of host memory for the recorded uses of block 0x%llx of "
-                  "device %d; no event was kept",
-                  static_cast<unsigned long long>(reinterpret_cast<std::uintptr_t>(ptr)), device);
-    return e;
-  }
-  [[nodiscard]] char const* what() const noexcept override { return message_.data(); }
+// whose message, made without allocating, says which books ran out, not the stack.
+using mrstack::c_api::books_out_of_host_memory;
 
- private:
-  books_out_of_host_memory() noexcept = default;
-  std::array<char, 224> message_{};
-};
+/// The live-block books, for a block the stack served.
+books_out_of_host_memory live_books_out_of_host_memory(std::size_t size, int device) noexcept {
+  books_out_of_host_memory e;
+  std::snprintf(e.text().data(), e.text().size(),
+                "mrstack_torch_alloc: out of host memory for the live-block books of device %d, which could not "
+                "grow to hold a block of %zu bytes; the block went back to the stack",
+                device, size);
+  return e;
+}
 
-/// status_from_current_exception, but a books_out_of_host_memory keeps its own words (not
-/// prefixed with a second "out of host memory").
-mrstack_status status_of_torch_failure() noexcept {
-  try {
-    throw;
-  } catch (books_out_of_host_memory const& e) {
-    try {
-      mrstack::c_api::set_last_error(e.what(), 0, MRSTACK_ERROR_OUT_OF_MEMORY);
-    } catch (...) {  // no host memory for the message's copy either
-      mrstack::c_api::set_last_error({}, 0, MRSTACK_ERROR_OUT_OF_MEMORY);
-    }
-    return MRSTACK_ERROR_OUT_OF_MEMORY;
-  } catch (...) {
-    return mrstack::c_api::status_from_current_exception();
-  }
+/// The events record_stream keeps for a block, for one more.
+books_out_of_host_memory uses_out_of_host_memory(void const* ptr, int device) noexcept {
+  books_out_of_host_memory e;
+  std::snprintf(e.text().data(), e.text().size(),
+                "mrstack_torch_record_stream: out of host memory for the recorded uses of block 0x%llx of "
+                "device %d; no event was kept",
+                static_cast<unsigned long long>(reinterpret_cast<std::uintptr_t>(ptr)), device);
+  return e;
 }
 
 void* allocate_for_torch(std::size_t size, int device, void* stream) {
@@ -333,7 +310,7 @@ void* allocate_for_torch(std::size_t size, int device, void* stream) {
       shard.table.insert(live_block{ptr, device});
     } catch (...) {  // out of host memory for the entry (insert throws nothing else): PyTorch does not get the block
       stack->top->deallocate(ptr, size, mrstack::stream_view{static_cast<cudaStream_t>(stream)});
-      throw books_out_of_host_memory::for_block(size, device);
+      throw live_books_out_of_host_memory(size, device);
     }
     stack->count_allocation(MRSTACK_CLIENT_TORCH, size);
     if (auto* b = books_of(device)) { sample_reserved(*stack, *b); }
@@ -360,7 +337,7 @@ void keep_recorded_use(use_map& uses, void* ptr, int device, kept_event event) {
       uses.emplace(ptr, recorded_uses{device, std::vector<kept_event>{event}});
     }
   } catch (std::bad_alloc const&) {
-    throw books_out_of_host_memory::for_recorded_use(ptr, device);
+    throw uses_out_of_host_memory(ptr, device);
   }
 }
 
@@ -418,7 +395,7 @@ void* mrstack_torch_alloc(size_t size, int device, void* stream) {
   try {
     return allocate_for_torch(size, device, stream);
   } catch (...) {
-    (void)status_of_torch_failure();
+    (void)mrstack::c_api::status_from_current_exception();
     // PyTorch does not check for NULL: say why here, where it can still be seen.
     std::fprintf(stderr, "mrstack: PyTorch's allocation of %zu bytes on device %d failed: %s\n", size, device,
                  mrstack_last_error());
@@ -436,7 +413,7 @@ void* mrstack_torch_alloc_raising(size_t size, int device, void* stream) {
     }
     throw;  // into PyTorch's C++ caller, which raises RuntimeError with the message
   } catch (...) {
-    (void)status_of_torch_failure();
+    (void)mrstack::c_api::status_from_current_exception();
     throw;
   }
 }
@@ -577,7 +554,7 @@ mrstack_status mrstack_torch_record_stream(void* ptr, void* stream) {
       event = nullptr;  // the block's free destroys it
     }  // else refused below, with the lock released
   } catch (...) {
-    recorded = status_of_torch_failure();
+    recorded = mrstack::c_api::status_from_current_exception();
   }
   if (event == nullptr) { return recorded; }
   destroy_event(event, hooks);  // not kept: recording failed, no host memory to keep it, or the block is gone
