@@ -80,7 +80,8 @@ def checked_size(value, what):
     """The size of an allocation on the hot path (Numba's memalloc, CuPy's allocator), with
     the texts the compiled fast path raises (src/python/fastpath.c, size_argument), so that
     both paths refuse alike: "<what>(<size>): ...". Callers test ``size.__class__ is int``
-    and the range inline first and call this only for anything else."""
+    and the range inline first and call this only for anything else, passing on the int
+    it returns."""
     try:
         number = index(value, what)
     except TypeError:

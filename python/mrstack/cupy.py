@@ -83,7 +83,7 @@ def allocator(nbytes):
     # ctypes would pass the low 64 bits of a larger int (2**64 + 8 as 8) and True as 1:
     # anything but an int in range goes through the full check (numpy's integers pass it).
     if nbytes.__class__ is not int or not 0 <= nbytes <= _SIZE_MAX:
-        _lib.checked_size(nbytes, "mrstack.cupy: allocate")
+        nbytes = _lib.checked_size(nbytes, "mrstack.cupy: allocate")  # the int checked is the one passed on
     lib = _lib.library()
     out = ctypes.c_void_p()
     status = lib.dll.mrstack_allocate(stack, nbytes, stream or None, _CLIENT_CUPY, ctypes.byref(out))

@@ -121,7 +121,7 @@ class MrstackNumbaMemoryManager(_cuda.HostOnlyCUDAMemoryManager):
         # ctypes would pass the low 64 bits of a larger int (2**64 + 8 as 8) and True as 1:
         # anything but an int in range goes through the full check (numpy's integers pass it).
         if size.__class__ is not int or not 0 <= size <= _SIZE_MAX:
-            _lib.checked_size(size, "mrstack.numba: memalloc")
+            size = _lib.checked_size(size, "mrstack.numba: memalloc")  # the int checked is the one passed on
         allocation = self._memalloc_pair(stack, size, _CLIENT_NUMBA)
         token = allocation.token
         if not token:
