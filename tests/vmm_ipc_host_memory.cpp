@@ -170,7 +170,10 @@ TEST_CASE("vmm IPC server: out of host memory, an answer is refused with a reaso
 
 TEST_CASE("vmm IPC server: a descriptor it cannot duplicate refuses the answer and closes the ones made") {
   // The answer is sent without the registry's lock, so it carries duplicates: with the
-  // process's descriptor table full the second run's cannot be made.
+  // process's descriptor table full but for `spare` numbers once the request's socket pair
+  // is made, the duplicate of run `spare` is the first that cannot be made. A runner may
+  // hold a descriptor of its own for a moment, so the spare count that refuses the second
+  // run (one duplicate made, then closed) is searched for rather than assumed.
   int ends[2];
   REQUIRE(pipe2(ends, O_CLOEXEC) == 0);
   auto const h = test_registry().add_export_with(
@@ -182,26 +185,34 @@ TEST_CASE("vmm IPC server: a descriptor it cannot duplicate refuses the answer a
     REQUIRE(getrlimit(RLIMIT_NOFILE, &r) == 0);
     return r;
   }();
-  // The table full but for one number (the request's socket pair takes two).
-  rlimit lowered = saved;
-  lowered.rlim_cur = static_cast<rlim_t>(*std::max_element(before.begin(), before.end())) + 4;
-  std::vector<int> fillers;
-  fillers.reserve(64);
-  REQUIRE(setrlimit(RLIMIT_NOFILE, &lowered) == 0);
-  for (int fd; (fd = ::open("/dev/null", O_RDONLY | O_CLOEXEC)) >= 0;) { fillers.push_back(fd); }
-  for (int k = 0; k < 3 && !fillers.empty(); ++k) {
-    ::close(fillers.back());
-    fillers.pop_back();
+  rlimit lowered = saved;  // a small table: filling it takes a few descriptors, not thousands
+  lowered.rlim_cur = static_cast<rlim_t>(*std::max_element(before.begin(), before.end())) + 8;
+  bool second_refused = false;
+  for (int spare = 0; spare <= 4 && !second_refused; ++spare) {
+    std::vector<int> fillers;
+    fillers.reserve(64);
+    REQUIRE(setrlimit(RLIMIT_NOFILE, &lowered) == 0);
+    for (int fd; (fd = ::open("/dev/null", O_RDONLY | O_CLOEXEC)) >= 0;) { fillers.push_back(fd); }
+    for (int k = 0; k < spare + 2 && !fillers.empty(); ++k) {  // the request's socket pair takes two
+      ::close(fillers.back());
+      fillers.pop_back();
+    }
+    bool failed = false;
+    served const got = ask(h, -1, failed);
+    for (int fd : fillers) { ::close(fd); }
+    REQUIRE(setrlimit(RLIMIT_NOFILE, &saved) == 0);
+    INFO("spare descriptors: " << spare << "; answer: " << got.status << " \"" << got.message << "\"");
+    CHECK(got.answered);
+    if (got.status == 0) {  // room for both duplicates: the search went past the refusals
+      CHECK(got.descriptors == 2);
+      break;
+    }
+    CHECK(got.message.find("cannot duplicate the descriptor of physical allocation ") != std::string::npos);
+    CHECK(got.descriptors == 0);
+    CHECK(settled_descriptors(before) == before);  // a duplicate made before the refusal closed
+    second_refused = got.message.find("physical allocation 1 of 2") != std::string::npos;
   }
-  bool failed = false;
-  served const got = ask(h, -1, failed);
-  for (int fd : fillers) { ::close(fd); }
-  REQUIRE(setrlimit(RLIMIT_NOFILE, &saved) == 0);
-  CHECK(got.answered);
-  CHECK(got.status != 0);
-  CHECK(got.message.find("cannot duplicate the descriptor of physical allocation 1 of 2") != std::string::npos);
-  CHECK(got.descriptors == 0);
-  CHECK(test::open_descriptors() == before);  // the first run's duplicate closed
+  CHECK(second_refused);
   for (std::uint64_t run : {301, 302}) { test_registry().forget_run(run); }
   ::close(ends[0]);
   ::close(ends[1]);
