@@ -153,13 +153,27 @@ void check_distinct_paths(arguments const& a) {
   }
   // A logging layer in a stack writes its file as it is built: on the log's path it
   // truncated the log before anything was read (it replaced a 3,001-line log with its own).
-  if (a.log_path.empty()) { return; }
+  // On an output's path, or on another stack's logging file, one of the two replaced the
+  // other (--json over a logging layer's rows), and the run still exited 0.
+  std::vector<std::pair<std::string, std::string>> logged;  // (spec, file) of the stacks before
   for (std::string const& spec : a.resources) {
     for (std::string const& file : logging_files(spec)) {
-      if (resolved(file) != resolved(a.log_path)) { continue; }
-      throw usage_error{"--resource '" + spec + "' logs to '" + file +
-                        "', the log itself: the replay would overwrite it; give the logging layer another file"};
+      for (auto const& [option, path] : seen) {
+        if (resolved(file) != resolved(path)) { continue; }
+        if (std::string{option} == "log") {
+          throw usage_error{"--resource '" + spec + "' logs to '" + file +
+                            "', the log itself: the replay would overwrite it; give the logging layer another file"};
+        }
+        throw usage_error{"--resource '" + spec + "' logs to '" + file + "', also the " + option +
+                          " file: give each output its own path"};
+      }
+      for (auto const& [earlier, earlier_file] : logged) {
+        if (resolved(file) != resolved(earlier_file)) { continue; }
+        throw usage_error{"--resource '" + spec + "' logs to '" + file + "', as --resource '" + earlier +
+                          "' does: the later stack's log would replace the earlier's; give each its own file"};
+      }
     }
+    for (std::string const& file : logging_files(spec)) { logged.emplace_back(spec, file); }
   }
 }
 

@@ -1,0 +1,56 @@
+// mrstack-replay, cases found in review: outputs that would overwrite each other, a log
+// with nothing to time, a flag given a value.
+#include <catch2/catch.hpp>
+
+#include "replay_tool_run.hpp"
+#include "scratch_files.hpp"
+
+#include <filesystem>
+#include <string>
+
+using test_support::run_tool;
+using test_support::slurp;
+
+namespace {
+
+std::string const header = "Thread,Time,Action,Pointer,Size,Stream\n";
+std::string const small_log = header + "1,01:00:00.000001,allocate,0x1000,256,0\n1,01:00:00.000002,free,0x1000,256,0\n";
+
+std::filesystem::path scratch() { return test_support::scratch_dir("mrstack_replay_cli_review_"); }
+
+}  // namespace
+
+TEST_CASE("mrstack-replay: a logging layer's file on an output's path, or on another stack's, is refused") {
+  auto const log_path = test_support::write_file(scratch(), "outputs.csv", small_log);
+  auto const shared = (scratch() / "shared.out").string();
+  std::filesystem::remove(shared);
+  // --json replaced the rows the logging layer wrote (or the timeline pass's logging layer
+  // truncated the --timeline file's path), and the run exited 0.
+  for (std::string const& output : {std::string{"--json"}, std::string{"--timeline"}}) {
+    auto const c = run_tool({log_path, "--simulate", "-r", "logging(file=" + shared + ") > pool > cuda", output, shared});
+    INFO(output << "\n" << c.out << c.err);
+    CHECK(c.status == 2);
+    CHECK_THAT(c.err, Catch::Contains("logs to '" + shared + "', also the " + output + " file"));
+    CHECK_FALSE(std::filesystem::exists(shared));
+  }
+  // Another spelling of the same path is the same file.
+  auto const dotted = (scratch() / "." / "shared.out").string();
+  auto const spelled = run_tool({log_path, "--simulate", "-r", "logging(" + dotted + ") > cuda", "--json", shared});
+  INFO(spelled.err);
+  CHECK(spelled.status == 2);
+  CHECK_THAT(spelled.err, Catch::Contains("also the --json file"));
+  // Two stacks logging to one file: the second stack's log replaced the first's.
+  auto const two = run_tool({log_path, "--simulate", "-r", "logging(file=" + shared + ") > pool > cuda", "-r",
+                             "logging(file=" + shared + ") > arena > cuda"});
+  INFO(two.out << two.err);
+  CHECK(two.status == 2);
+  CHECK_THAT(two.err, Catch::Contains("as --resource 'logging(file=" + shared + ") > pool > cuda' does"));
+  CHECK_FALSE(std::filesystem::exists(shared));
+  // Each output on its own path is fine, and the logging layer's rows are there.
+  auto const json = (scratch() / "own.json").string();
+  auto const apart = run_tool({log_path, "--simulate", "-r", "logging(file=" + shared + ") > cuda", "--json", json});
+  INFO(apart.out << apart.err);
+  CHECK(apart.status == 0);
+  CHECK_THAT(slurp(shared), Catch::StartsWith(header));
+  CHECK_THAT(slurp(json), Catch::StartsWith("["));
+}
