@@ -7,6 +7,10 @@
 #include <mrstack/spec_registry.hpp>
 
 #include <cmath>
+#include <filesystem>
+#include <string>
+
+#include <unistd.h>
 
 #include <probe_resource.hpp>
 
@@ -88,4 +92,23 @@ TEST_CASE("spec review: a combination error points at its value when a bare flag
   // The flag's bare name takes no position, so 2GiB is `initial` and 1GiB is `max`: the
   // caret belongs under 2GiB, not under the flag.
   require_check_error("pool(consolidate_on_growth, 2GiB, 1GiB) > simulated", 29, "initial 2GiB exceeds max 1GiB");
+}
+
+TEST_CASE("spec review: two logging layers of one stack writing one file are refused at the second") {
+  // Each truncated the file as it was built, then both wrote their rows into it: a log
+  // with one address allocated twice, which no replay accepts.
+  auto const dir = std::filesystem::temp_directory_path() / ("mrstack_spec_review_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  std::string const file = (dir / "twice.csv").string();
+  std::string const spec = "logging(" + file + ") > pool > logging(file=" + file + ", async) > simulated";
+  require_check_error(spec, spec.find("file=") + 6, "logging writes file '" + file + "', as the logging layer at column 1 does");
+  // Another spelling of the same path is the same file.
+  std::string const dotted = (dir / "." / "twice.csv").string();
+  require_check_error("logging(" + file + ") > logging(" + dotted + ") > simulated", file.size() + 21,
+                      "as the logging layer at column 1 does");
+  // Neither names a file: both write the default one ($MRSTACK_LOG_FILE).
+  require_check_error("logging > statistics > logging(async) > simulated", 24, "logging writes its default file");
+  CHECK_FALSE(std::filesystem::exists(file));
+  // Two files are fine.
+  CHECK_NOTHROW(check_stack_spec(parse_stack_spec("logging(" + file + ") > logging(" + file + ".2) > simulated")));
 }

@@ -202,6 +202,11 @@ struct spec_resource {
   /// memory not known yet) is absent from `args` (`is_unresolved` says so): check only
   /// what is there.
   validate_fn validate = nullptr;
+  /// A text parameter naming a file the resource creates or truncates when built
+  /// (logging's `file`; empty: none). Two layers of one stack naming one file are refused:
+  /// each truncated and wrote the file the other was writing, leaving neither's log. Two
+  /// layers that leave it out both write the resource's default file, and are refused too.
+  std::string output_file_parameter{};
 };
 
 /// Adds a resource; a name already registered is a `logic_error`. Thread-safe.

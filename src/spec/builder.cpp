@@ -8,6 +8,7 @@
 #include <cctype>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 
 #include <cuda_runtime_api.h>
 
@@ -57,6 +58,7 @@ class spec_builder {
     for (std::size_t i = 0; i < spec_.layers.size(); ++i) {
       arguments.push_back(check_layer(spec_.layers[i], *entries[i]));
     }
+    check_output_files(entries, arguments);
     return build_ ? build(entries, arguments) : nullptr;
   }
 
@@ -116,6 +118,41 @@ class spec_builder {
       }
     }
     return args;
+  }
+
+  /// Refuses two layers that write one file (spec_resource::output_file_parameter): the
+  /// second layer built truncated the file the first was writing, and both wrote into it.
+  /// Paths are compared as they lead, '.' and '..' and links resolved where they exist.
+  void check_output_files(std::vector<spec_resource const*> const& entries,
+                          std::vector<spec_arguments> const& arguments) const {
+    struct output {
+      std::size_t layer;
+      std::filesystem::path where;  // empty: the resource's default file
+    };
+    std::vector<output> outputs;
+    for (std::size_t i = 0; i < entries.size(); ++i) {
+      std::string const& parameter = entries[i]->output_file_parameter;
+      if (parameter.empty()) { continue; }
+      std::filesystem::path where;
+      if (auto const file = arguments[i].text(parameter); file && !file->empty()) {
+        std::error_code ec;
+        where = std::filesystem::weakly_canonical(*file, ec);
+        if (ec) { where = std::filesystem::path{*file}.lexically_normal(); }
+      }
+      for (output const& earlier : outputs) {
+        // No file given: the resource's own default, the same file only for the same resource.
+        if (earlier.where != where || (where.empty() && entries[earlier.layer] != entries[i])) { continue; }
+        auto const& layer = spec_.layers[i];
+        std::size_t const column = where.empty() ? layer.column : column_of(layer, *entries[i], parameter);
+        std::string const file =
+            where.empty() ? "its default " + parameter : parameter + " '" + *arguments[i].text(parameter) + "'";
+        auto const& first = spec_.layers[earlier.layer];
+        fail(column, layer.name + " writes " + file + ", as the " + first.name + " layer at column " +
+                         std::to_string(first.column) + " does: each would truncate and write into the other's " +
+                         parameter + "; give each its own");
+      }
+      outputs.push_back({i, where});
+    }
   }
 
   /// Where parameter `name` is written in `layer` (its value), else the layer's name.

@@ -417,6 +417,7 @@ std::vector<spec_resource> builtin_resources() {
                      binary ? log_format::binary : log_format::csv);
                }});
   r.back().validate = validate_logging;
+  r.back().output_file_parameter = "file";
   r.push_back({"limiting", "refuses allocations past a byte limit", needs_upstream,
                {size_param("limit", required, "bytes it may hand out at once"),
                 size_param("granularity", optional_param, "each allocation counts rounded up to this", "256B")
