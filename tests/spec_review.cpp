@@ -112,3 +112,10 @@ TEST_CASE("spec review: two logging layers of one stack writing one file are ref
   // Two files are fine.
   CHECK_NOTHROW(check_stack_spec(parse_stack_spec("logging(" + file + ") > logging(" + file + ".2) > simulated")));
 }
+
+TEST_CASE("spec review: a character past ASCII is named with its code point, so an invisible one shows") {
+  // A no-break space (pasted from a web page) was "found ' '", a zero-width space "found ''".
+  require_check_error("pool\xC2\xA0> simulated", 5, "found '\xC2\xA0' (U+00A0)");
+  require_check_error("pool \xE2\x80\x8B> simulated", 6, "found '\xE2\x80\x8B' (U+200B)");
+  require_check_error("pool > \xF0\x9F\x98\x80", 8, "found '\xF0\x9F\x98\x80' (U+1F600)");
+}

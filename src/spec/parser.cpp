@@ -188,15 +188,24 @@ bool detail::is_spec_name(std::string_view name) {
 namespace {
 
 /// The character at text[at] as an error names it: quoted, a whole UTF-8 character
-/// included ('ó' was "a control character"), or what kind of byte it is.
+/// included ('ó' was "a control character"), or what kind of byte it is. A character
+/// past ASCII also gets its code point: a no-break space pasted from a web page showed as
+/// "found ' '", a zero-width space as "found ''", both looking like no error at all.
 std::string describe_char(std::string_view text, std::size_t at) {
   char const c = text[at];
   if (c == '\'') { return "\"'\""; }
   auto const byte = static_cast<unsigned char>(c);
   if (byte >= 0x80) {
     if (std::size_t const n = utf8_sequence_length(text, at)) {
+      // The lead byte's payload bits (7 - n of them), then 6 bits from each continuation byte.
+      char32_t code_point = byte & (0x7Fu >> n);
+      for (std::size_t i = 1; i < n; ++i) {
+        code_point = code_point << 6 | (static_cast<unsigned char>(text[at + i]) & 0x3Fu);
+      }
+      char hex[16];
+      std::snprintf(hex, sizeof hex, "' (U+%04X)", static_cast<unsigned>(code_point));
       std::string quoted(1, '\'');
-      quoted.append(text.substr(at, n)).push_back('\'');
+      quoted.append(text.substr(at, n)).append(hex);
       return quoted;
     }
     char hex[8];
