@@ -54,3 +54,24 @@ TEST_CASE("mrstack-replay: a logging layer's file on an output's path, or on ano
   CHECK_THAT(slurp(shared), Catch::StartsWith(header));
   CHECK_THAT(slurp(json), Catch::StartsWith("["));
 }
+
+TEST_CASE("mrstack-replay: a log with no events names no fastest stack and no time per event") {
+  // Every stack timed nothing, 0 ns: the first was "fastest (0.0 ns/call)".
+  auto const log_path = test_support::write_file(scratch(), "no_events.csv", header);
+  auto const json = (scratch() / "no_events.json").string();
+  auto const c = run_tool({log_path, "--simulate", "-r", "cuda", "-r", "pool > cuda", "--json", json});
+  INFO(c.out << c.err);
+  CHECK(c.status == 0);
+  CHECK_THAT(c.out, Catch::Contains("verdict: no stack is fastest (the log has no allocations or frees to time); "
+                                    "both stacks replayed the whole log."));
+  CHECK_THAT(c.out, !Catch::Contains("ns/call)"));
+  std::string const written = slurp(json);
+  CHECK_THAT(written, Catch::Contains("\"ns_per_event\": null, \"ns_per_call\": null"));
+  CHECK_THAT(written, !Catch::Contains("\"ns_per_event\": 0"));
+  // A log whose rows are all no-ops (a free of nullptr) has no events either.
+  auto const no_ops = test_support::write_file(scratch(), "no_ops.csv", header + "1,01:00:00.1,free,0x0,0,0\n");
+  auto const n = run_tool({no_ops, "--simulate", "-r", "cuda"});
+  INFO(n.out << n.err);
+  CHECK(n.status == 0);
+  CHECK_THAT(n.out, Catch::Contains("no stack is fastest"));
+}

@@ -394,9 +394,14 @@ def verdict(results):
 
     def ns(r):  # a missing or NaN time never wins (NaN would make min() order-dependent)
         return r[timed] if _is_number(r.get(timed)) and not math.isnan(r[timed]) else math.inf
-    fastest = min(complete, key=ns)
-    unit = "ns/call" if timed == "ns_per_call" else "ns/event"
-    text = f"fastest {fastest['resource']} ({_ns_text(ns(fastest)) if ns(fastest) < math.inf else '–'} {unit})"
+    # A log with no events timed nothing: no stack is the fastest of nothing.
+    timed_any = [r for r in complete if r.get("events", 1) != 0]
+    if timed_any:
+        fastest = min(timed_any, key=ns)
+        unit = "ns/call" if timed == "ns_per_call" else "ns/event"
+        text = f"fastest {fastest['resource']} ({_ns_text(ns(fastest)) if ns(fastest) < math.inf else '–'} {unit})"
+    else:
+        text = "no stack is fastest (the log has no allocations or frees to time)"
     fitted = [r for r in complete if _ratio(r) is not None and not r.get("footprint_lower_bound")]
     if fitted:
         compact = min(fitted, key=lambda r: (_ratio(r), ns(r)))

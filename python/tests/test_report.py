@@ -432,6 +432,27 @@ def test_verdict_words_and_ranks_as_mrstack_replay_does():
     assert report.verdict(older).startswith("fastest y (30.0 ns/event); most compact y (1.500x of peak live)")
 
 
+def test_verdict_names_no_fastest_stack_on_a_log_with_no_events():
+    # Every stack timed nothing (null times): the first was "fastest a (– ns/event)".
+    empty = [dict(_result(name, None, None), events=0, ns_per_event=None) for name in ("a", "b")]
+    assert report.verdict(empty) == ("no stack is fastest (the log has no allocations or frees to time); "
+                                     "both stacks replayed the whole log.")
+
+
+def test_verdict_is_the_real_replays_sentence_on_a_log_with_no_events(tmp_path):
+    binary = _replay_with_timeline()
+    if binary is None:
+        pytest.skip("no mrstack-replay with --timeline in this build")
+    log = tmp_path / "log.csv"
+    log.write_text("Thread,Time,Action,Pointer,Size,Stream\n")
+    timeline = tmp_path / "t.json"
+    done = subprocess.run([binary, str(log), "--simulate", "-r", "pool > cuda", "-r", "cuda", "--timeline",
+                           str(timeline)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    printed = next(line for line in done.stdout.splitlines() if line.startswith("verdict: "))
+    assert report.verdict(json.loads(timeline.read_text())["results"]) == printed[len("verdict: "):]
+
+
 def test_verdict_is_the_real_replays_sentence(tmp_path):
     binary = _replay_with_timeline()
     if binary is None:

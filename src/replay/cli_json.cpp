@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstring>
 #include <fstream>
+#include <limits>
 #include <stdexcept>
 
 #include <sys/stat.h>
@@ -195,7 +196,10 @@ std::string result_json(replay_result const& r, std::string const& log_path, boo
   }
   o.integer("expected_failures", r.expected_failures).integer("expected_failures_served", r.expected_failures_served);
   o.number("seconds", r.median_seconds).raw("seconds_per_run", json_list(r.seconds, json_number));
-  o.number("ns_per_event", r.ns_per_event).number("ns_per_call", r.ns_per_call);
+  // null with no events, as the table's '-': a time per event of no events is 0/0.
+  double const no_time = std::numeric_limits<double>::quiet_NaN();
+  o.number("ns_per_event", r.events == 0 ? no_time : r.ns_per_event);
+  o.number("ns_per_call", r.events == 0 ? no_time : r.ns_per_call);
   o.integer("peak_live_bytes", r.peak_live_bytes).integer("peak_footprint_bytes", r.peak_footprint_bytes);
   o.number("footprint_ratio", r.footprint_ratio()).string("footprint_measured_by", r.footprint_measured_by);
   o.boolean("footprint_lower_bound", r.footprint_lower_bound).integer("upstream_allocations", r.upstream_allocations);

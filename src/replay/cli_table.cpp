@@ -174,8 +174,10 @@ std::string table::cells_of(replay_result const& r, std::string const& label) co
     failures += ", served " + with_commas(r.expected_failures_served) + " expected (line " +
                 std::to_string(r.first_served_expected_line) + ")";
   }
-  return row({label, with_commas(r.events), short_seconds(r.median_seconds), ns_text(r.ns_per_event),
-              ns_text(r.ns_per_call), short_bytes(r.peak_live_bytes), short_bytes(r.peak_footprint_bytes),
+  // No events: nothing was timed, and a time per event is 0/0, not 0.
+  auto const per_event = [&](double ns) { return r.events == 0 ? std::string{"-"} : ns_text(ns); };
+  return row({label, with_commas(r.events), short_seconds(r.median_seconds), per_event(r.ns_per_event),
+              per_event(r.ns_per_call), short_bytes(r.peak_live_bytes), short_bytes(r.peak_footprint_bytes),
               ratio_text(r.footprint_ratio()), with_commas(r.leaks), failures});
 }
 

@@ -58,8 +58,9 @@ std::string verdict_text(std::vector<replay_result> const& results) {
     if (!r.complete()) { continue; }
     ++complete;
     // The time inside the allocator, not the wall time: the replay's own hand-overs
-    // between threads must not decide which allocator is fastest.
-    if (fastest == nullptr || r.ns_per_call < fastest->ns_per_call) { fastest = &r; }
+    // between threads must not decide which allocator is fastest. A log with no events
+    // timed nothing: every stack's 0 ns made the first one "fastest".
+    if (r.events > 0 && (fastest == nullptr || r.ns_per_call < fastest->ns_per_call)) { fastest = &r; }
     if (r.footprint_lower_bound) { continue; }  // an exact-fit lower bound would always "win"
     if (std::isnan(r.footprint_ratio())) { continue; }  // nothing was live: nothing to fit
     if (compact == nullptr || r.footprint_ratio() < compact->footprint_ratio() ||
@@ -69,7 +70,11 @@ std::string verdict_text(std::vector<replay_result> const& results) {
   }
   std::string verdict = "verdict: ";
   if (complete == 0) { return verdict + "no stack replayed the whole log."; }
-  verdict += "fastest " + fastest->resource + " (" + ns_text(fastest->ns_per_call) + " ns/call)";
+  if (fastest != nullptr) {
+    verdict += "fastest " + fastest->resource + " (" + ns_text(fastest->ns_per_call) + " ns/call)";
+  } else {
+    verdict += "no stack is fastest (the log has no allocations or frees to time)";
+  }
   if (compact != nullptr) {
     verdict += "; most compact " + compact->resource + " (" + ratio_text(compact->footprint_ratio()) + " of peak live)";
   }
