@@ -75,3 +75,11 @@ TEST_CASE("mrstack-replay: a log with no events names no fastest stack and no ti
   CHECK(n.status == 0);
   CHECK_THAT(n.out, Catch::Contains("no stack is fastest"));
 }
+
+TEST_CASE("mrstack-replay: --help takes no value, as every other flag") {
+  auto const c = run_tool({"--help=yes"});
+  CHECK(c.status == 2);
+  CHECK_THAT(c.err, Catch::StartsWith("mrstack-replay: --help takes no value"));
+  CHECK(run_tool({"--help"}).status == 0);
+  CHECK(run_tool({"-h"}).status == 0);
+}

@@ -265,7 +265,7 @@ arguments parse_arguments(std::vector<std::string> const& args) {
     } else if (arg == "--list-resources") {
       flag(a.list_resources);
     } else if (arg == "-h" || arg == "--help") {
-      a.help = true;
+      flag(a.help);  // --help=x was help, its value dropped, where every other flag refuses one
     } else if (arg.size() > 1 && arg[0] == '-') {
       throw usage_error{"unknown option '" + arg + "'"};
     } else if (a.log_path.empty()) {
