@@ -71,6 +71,7 @@ import os
 import pickle
 import sys
 
+from . import _lib
 from ._files import checked_path as _checked_path, is_same_file as _is_same_file
 from ._files import write_atomically as _write_atomically
 from .log_events import HEADER, ConversionError, hex_text as _hex, read_log_events
@@ -132,12 +133,21 @@ def _int_field(entry, key, where, action, required=True, default=0, unsigned64=F
         if required:
             raise ConversionError(f"{where}: the {action!r} entry has no {key!r}")
         return default
-    value = entry[key]
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ConversionError(f"{where}: {key!r} of the {action!r} entry is {value!r}, expected an integer")
+    value = _integer(entry[key])
+    if value is None:
+        raise ConversionError(f"{where}: {key!r} of the {action!r} entry is {entry[key]!r}, expected an integer")
     if unsigned64 and not 0 <= value < 1 << 64:
         raise ConversionError(f"{where}: {key!r} of the {action!r} entry is {value}, outside 0 to 2^64 - 1")
     return value
+
+
+def _integer(value):
+    """`value` as an int when it is an integer, numpy's included (a snapshot built or edited
+    with numpy holds them), else None; a bool is none."""
+    try:
+        return _lib.index(value, "a trace entry's field")
+    except TypeError:
+        return None
 
 
 def _checked_device(device, what):
@@ -189,7 +199,8 @@ def convert_torch_snapshot(snapshot, device=None):
     out = TorchConversion(device)
     live = {}  # address -> (size, entry index)
     # Times count from the trace's first entry, whatever its action.
-    start_us = next((e["time_us"] for e in trace if isinstance(e, dict) and isinstance(e.get("time_us"), int)), None)
+    start_us = next((t for t in (_integer(e.get("time_us")) for e in trace if isinstance(e, dict)) if t is not None),
+                    None)
     for index, entry in enumerate(trace):
         where = f"device_traces[{device}][{index}]"
         if not isinstance(entry, dict) or "action" not in entry:

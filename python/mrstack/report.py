@@ -33,7 +33,7 @@ import sys
 import tempfile
 import time
 
-from . import log_events as _log_events
+from . import _lib, log_events as _log_events
 from ._files import is_same_file, write_atomically
 
 __all__ = ["TIMELINE_FORMAT", "ReportError", "load_timeline", "render_html", "write_report", "find_replay",
@@ -89,15 +89,28 @@ def load_timeline(path):
     return timeline
 
 
+def _integer(v):
+    """`v` as an int when it is an integer, numpy's included (a timeline built or edited in
+    Python may hold them, and the page draws them as any other), else None; a bool is none."""
+    try:
+        return _lib.index(v, "a timeline number")
+    except TypeError:
+        return None
+
+
 def _shown(v):
     """`v` for an error message: its repr, or the size of an integer too large to draw."""
-    return f"an integer of {v.bit_length()} bits (too large to draw)" if isinstance(v, int) and abs(v) >= 2**1023 else repr(v)
+    n = _integer(v)
+    return f"an integer of {n.bit_length()} bits (too large to draw)" if n is not None and abs(n) >= 2**1023 else repr(v)
 
 
 def _is_number(v):
     """A JSON number the page can draw: an integer within a float's range (a larger one
     cannot be scaled or plotted), or a float."""
-    return isinstance(v, float) or (isinstance(v, int) and not isinstance(v, bool) and abs(v) < 2**1023)
+    if isinstance(v, float):
+        return True
+    n = _integer(v)
+    return n is not None and abs(n) < 2**1023
 
 
 def _check_numbers(values, what, where, samples=None, none_allowed=False):

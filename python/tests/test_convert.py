@@ -346,6 +346,24 @@ def test_write_log_takes_a_pathlib_path(tmp_path):
     assert gzip.decompress((tmp_path / "log.csv.gz").read_bytes()).decode() == HEADER + "\n"
 
 
+def test_numpy_integers_in_a_snapshot_convert_as_ints_do():
+    # A snapshot built or edited with numpy holds numpy's integers: each entry was refused
+    # ("'size' of the 'alloc' entry is np.int64(512), expected an integer").
+    np = pytest.importorskip("numpy")
+    trace = [entry("alloc", addr=0x7F0000000000, size=512, stream=0x55AA, time_us=1_000_000),
+             entry("free_requested", addr=0x7F0000000000, size=512, time_us=1_000_250),
+             entry("oom", size=1 << 40, time_us=1_000_300)]
+    as_numpy = [{k: (np.uint64(v) if k == "addr" else np.int64(v)) if type(v) is int else v for k, v in e.items()}
+                for e in trace]
+    expected = convert_torch_snapshot(snapshot(trace)).lines
+    assert expected[1] == "1,0.000000,allocate,0x7f0000000000,512,0x55aa"
+    assert convert_torch_snapshot(snapshot(as_numpy), np.int64(0)).lines == expected
+    # A bool stays refused, numpy's too.
+    for flag in (True, np.bool_(True)):
+        with pytest.raises(ConversionError, match=r"'size' of the 'alloc' entry is .*True.*, expected an integer"):
+            convert_torch_snapshot(snapshot([entry("alloc", addr=0x100, size=flag)]))
+
+
 @pytest.mark.parametrize("device", [True, "0", 1.5, None])
 def test_a_device_that_is_not_an_int_is_refused_naming_the_argument(device):
     from mrstack.convert import log_to_memory_viz

@@ -504,3 +504,28 @@ def test_an_output_that_is_the_input_is_refused_and_the_input_kept(tmp_path):
     assert done.stderr.startswith("mrstack.report: -o ") and done.stderr.endswith(
         " is the input itself: give the page its own path\n"), done.stderr
     assert open(given, "rb").read() == before
+
+
+def test_numpy_integers_in_a_timeline_draw_as_ints_do():
+    # A timeline built or edited with numpy holds numpy's integers: check_timeline called
+    # np.int64(5) "not a number" and the page was refused, though it draws them as any int.
+    np = pytest.importorskip("numpy")
+    timeline = make_timeline(events=300, points=50)
+
+    def as_numpy(value):
+        if isinstance(value, dict):
+            return {k: as_numpy(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [as_numpy(v) for v in value]
+        return np.int64(value) if type(value) is int else value
+
+    converted = as_numpy(timeline)
+    assert type(converted["sample_event"][0]) is np.int64
+    report.check_timeline(converted)
+    without_plots = [re.sub(r"<svg.*?</svg>", "", report.render_html(t), flags=re.S) for t in (timeline, converted)]
+    assert without_plots[0] == without_plots[1]
+    # A bool stays refused, numpy's too (it has no __index__).
+    for flag in (True, np.bool_(True)):
+        converted["live_bytes"][0] = flag
+        with pytest.raises(report.ReportError, match=r"\"live_bytes\"\[0\] is .*True.*, not a number"):
+            report.check_timeline(converted)
