@@ -19,14 +19,14 @@ import threading
 import warnings
 
 from . import _lib
-from ._lib import (CudaError, FastPath, InvalidArgumentError, LibraryNotFoundError, MrstackError, OutOfMemoryError,
-                   SpecError, StateError, library_path)
+from ._lib import (CudaError, FastPath, FreeRefusedWarning, InvalidArgumentError, LibraryNotFoundError, MrstackError,
+                   OutOfMemoryError, SpecError, StateError, library_path)
 
 __all__ = [
     "configure", "configured_spec", "statistics", "reset_peaks", "device_stack", "Stack",
     "Statistics", "ClientStatistics", "Fragmentation", "StreamFragmentation", "release", "MrstackError", "SpecError", "OutOfMemoryError",
     "CudaError", "StateError", "InvalidArgumentError", "LibraryNotFoundError", "library_path", "CLIENTS", "fastpath", "FastPath",
-    "stream_sync_counts",
+    "stream_sync_counts", "FreeRefusedWarning",
 ]
 
 CLIENTS = _lib.CLIENT_NAMES

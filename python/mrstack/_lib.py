@@ -24,6 +24,7 @@ import operator
 import os
 import sys
 import threading
+import warnings
 from dataclasses import dataclass, field
 
 LIBRARY_NAME = "libmrstack_c.so"
@@ -127,6 +128,27 @@ class CudaError(MrstackError):
 
 class StateError(MrstackError):
     """The call came at the wrong time (configure after the first allocation)."""
+
+
+class FreeRefusedWarning(RuntimeWarning):
+    """The stack refused a free where nothing can raise: CuPy's memory owner dying, a Numba
+    finalizer. The message names the client, the pointer, the size and the library's
+    reason; what the refusal left (the books, the memory) is what the library's message
+    says. ``-W error::mrstack.FreeRefusedWarning`` turns it into an exception, which Python
+    then reports as unraisable (``sys.unraisablehook``)."""
+
+
+def report_refused_free(client, ptr, size):
+    """Warns FreeRefusedWarning for the free of `ptr` (`size` bytes, client number `client`)
+    the library just refused on this thread: its last error is still that free's. Both
+    paths call it, ctypes from CuPy's ``__del__`` and Numba's finalizer and the compiled
+    fast path from C, so a refusal reads the same whichever path took it. One warning
+    location for all of them: the ``default`` filter then shows each distinct refusal once."""
+    lib = library()
+    status = lib.dll.mrstack_last_error_status()
+    name = CLIENT_NAMES[client] if 0 <= client < len(CLIENT_NAMES) else f"client {client}"
+    warnings.warn(f"mrstack.{name}: the free of {ptr:#x} ({size} bytes) was refused "
+                  f"({_STATUS_NAMES.get(status, f'status {status}')}): {lib.last_error()}", FreeRefusedWarning)
 
 
 class _MemoryPointer(ctypes.Structure):
@@ -432,7 +454,8 @@ def _try_fastpath(lib):
         loader.exec_module(module)
         d = lib.dll
         module.bind(_address(d.mrstack_c_api_version), _address(d.mrstack_emm_memalloc_pair),
-                    _address(d.mrstack_emm_free), _address(d.mrstack_allocate), _address(d.mrstack_deallocate))
+                    _address(d.mrstack_emm_free), _address(d.mrstack_allocate), _address(d.mrstack_deallocate),
+                    report_refused_free)
     except Exception as e:  # a broken or foreign file: the package still works, through ctypes
         return FastPath(False, reason=f"{path}: {type(e).__name__}: {e}")
     sys.modules[loader.name] = module

@@ -8,7 +8,9 @@ one Numba and PyTorch share through `mrstack.numba` and `mrstack.torch`), ordere
 CuPy's current stream: the memory is usable on that stream at once and goes back to the
 stack on the same stream when CuPy drops its last reference. The books count it under the
 client "cupy" (`mrstack.statistics()`). The allocation and its free go through the compiled
-fast path when it is there (`mrstack.fastpath()`), else through ctypes; both behave alike.
+fast path when it is there (`mrstack.fastpath()`), else through ctypes; both behave alike,
+also when the stack refuses the free: it cannot raise there, so it warns
+`mrstack.FreeRefusedWarning` naming the pointer, the size and the library's message.
 """
 
 import ctypes
@@ -36,14 +38,18 @@ class _Allocation:
     array dies, which returns the memory to the stack on the stream it was allocated on."""
 
     __slots__ = ("ptr", "size", "stream", "stack", "deallocate")
-    client = _lib.CLIENT_CUPY  # a class attribute: still there while the interpreter exits
+    # Class attributes: still there while the interpreter exits.
+    client = _lib.CLIENT_CUPY
+    report = staticmethod(_lib.report_refused_free)
 
     def __init__(self, ptr, size, stream, stack, deallocate):
         self.ptr, self.size, self.stream, self.stack, self.deallocate = ptr, size, stream, stack, deallocate
 
     def __del__(self):
-        if self.ptr:
-            self.deallocate(self.stack, self.ptr, self.size, self.stream, self.client)
+        # A refused free cannot raise from here: it is said (mrstack.FreeRefusedWarning), as
+        # the fast path's Allocation says it, not dropped.
+        if self.ptr and self.deallocate(self.stack, self.ptr, self.size, self.stream, self.client):
+            self.report(self.client, self.ptr, self.size)
 
 
 def _stack_of(device):

@@ -18,7 +18,9 @@ The plugin follows Numba's interface (numba-cuda 0.30) to the letter:
   whose finalizer frees by a unique token, never by address: after a ``reset`` the same
   address is handed out again, and an old finalizer running late must not free it. The
   allocation and the finalizer go through the compiled fast path when it is there
-  (`mrstack.fastpath()`), else through ctypes; both behave alike.
+  (`mrstack.fastpath()`), else through ctypes; both behave alike. A free the stack
+  refuses cannot raise where Numba runs the finalizer (garbage collection): it warns
+  `mrstack.FreeRefusedWarning` naming the pointer, the size and the library's message.
 - ``get_memory_info`` counts what the stack holds free as free (over a ``simulated`` or
   ``simulated_vmm`` bottom, of the device it plays: its capacity); ``get_ipc_handle``
   returns Numba's ``IpcHandle`` for the upstream allocation containing the memory, with
@@ -39,7 +41,6 @@ address), and legacy handles exactly as before.
 import contextlib
 import ctypes
 import weakref
-from functools import partial
 
 from numba import cuda as _cuda
 from numba.cuda.cudadrv import driver as _driver
@@ -70,6 +71,27 @@ def _device_ordinal(device):
     return int(ordinal)
 
 
+class _Finalizer:
+    """The ctypes path's finalizer: frees one allocation by its token (mrstack_emm_free
+    frees a token once; later calls and stale tokens do nothing and return 0). A free the
+    stack refuses (-1) cannot raise where Numba runs it, at garbage collection: it is said
+    (mrstack.FreeRefusedWarning), as the fast path's Finalizer says it, not dropped."""
+
+    __slots__ = ("free", "stack", "token", "ptr", "size")
+    # Class attributes: still there while the interpreter exits.
+    client = _lib.CLIENT_NUMBA
+    report = staticmethod(_lib.report_refused_free)
+
+    def __init__(self, free, stack, token, ptr, size):
+        self.free, self.stack, self.token, self.ptr, self.size = free, stack, token, ptr, size
+
+    def __call__(self):
+        freed = self.free(self.stack, self.token)
+        if freed < 0:
+            self.report(self.client, self.ptr, self.size)
+        return freed
+
+
 class MrstackNumbaMemoryManager(_cuda.HostOnlyCUDAMemoryManager):
     """Numba EMM plugin serving device memory from mrstack's per-device stack."""
 
@@ -96,7 +118,7 @@ class MrstackNumbaMemoryManager(_cuda.HostOnlyCUDAMemoryManager):
         self._ctx = weakref.proxy(self.context)
         # The hot path's pieces, looked up once. Through the extension: one C call returns
         # the finalizer object, carrying the pointer. Through ctypes: one foreign call,
-        # and the finalizer a C-level partial over the foreign free function.
+        # and the finalizer a small object calling the foreign free function.
         fast = _lib.fastpath()
         self._fast_memalloc = fast.module.memalloc if fast.active else None
         self._memalloc_pair = lib.dll.mrstack_emm_memalloc_pair
@@ -127,7 +149,7 @@ class MrstackNumbaMemoryManager(_cuda.HostOnlyCUDAMemoryManager):
         if not token:
             raise self._allocation_error(size)
         return _MemoryPointer(self._ctx, _CUdeviceptr(allocation.ptr), size,
-                              finalizer=partial(self._free, stack, token))
+                              finalizer=_Finalizer(self._free, stack, token, allocation.ptr, size))
 
     def _allocation_error(self, size):
         lib = self._lib

@@ -251,7 +251,7 @@ def test_both_paths_leave_the_same_books_tokens_and_errors(run_python, fastpath_
     assert steps["end"][1] == 0
 
 
-CUPY_STAND_IN = """
+CUPY_MODULE = """
     # A stand-in for the few CuPy names mrstack.cupy uses, so its allocator runs on the CPU.
     import sys, types
     cupy = types.ModuleType("cupy")
@@ -271,7 +271,9 @@ CUPY_STAND_IN = """
         runtime=types.SimpleNamespace(getDevice=lambda: 0),
         memory=types.SimpleNamespace(OutOfMemoryError=OutOfMemoryError), set_allocator=lambda a: None)
     sys.modules["cupy"] = cupy
+"""
 
+CUPY_STAND_IN = CUPY_MODULE + """
     import gc, json
     import mrstack, mrstack.cupy
     def books(label):
@@ -327,6 +329,71 @@ def test_cupy_allocator_takes_either_path_alike(run_python, fastpath_path):
     assert [line for line in outputs["1"] if line.startswith("TYPE ")] == [
         f"TYPE mrstack.cupy: allocate({size!r}): the size must be an int, not {type(size).__name__}"
         for size in (True, False, 1.5, "16")]
+
+
+# A free the stack refuses when CuPy drops the memory: the owner's pointer freed before,
+# through the C ABI, so the books no longer cover it. Warnings and unraisable exceptions are
+# printed with the address as PTR (each process has its own).
+CUPY_REFUSED_FREE = CUPY_MODULE + """
+    import gc, json, warnings
+    import mrstack, mrstack.cupy
+    stack = mrstack.device_stack(0)
+    print("PATH", mrstack.fastpath().active)
+
+    def show(text, ptr):
+        return text.replace(f"{ptr:#x}", "PTR")
+
+    held = mrstack.cupy.allocator(4096)
+    ptr = held.ptr
+    stack.deallocate(ptr, 4096, client="cupy")     # behind its owner's back
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        del held
+        gc.collect()
+    print("WARNINGS", json.dumps([[w.category.__name__, show(str(w.message), ptr)] for w in caught]))
+    c = mrstack.statistics(0).clients["cupy"]
+    print("BOOKS", json.dumps([c.live_bytes, c.live_count, c.allocations]))
+
+    # Warnings as errors: the destructor cannot raise it, so Python reports it as unraisable.
+    held = mrstack.cupy.allocator(100)
+    ptr = held.ptr
+    stack.deallocate(ptr, 100, client="cupy")
+    unraisable = []
+    sys.unraisablehook = lambda u: unraisable.append([u.exc_type.__name__, show(str(u.exc_value), ptr)])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        del held
+        gc.collect()
+    sys.unraisablehook = sys.__unraisablehook__
+    print("UNRAISABLE", json.dumps(unraisable))
+    held = mrstack.cupy.allocator(64)              # the stack still serves
+    del held
+    c = mrstack.statistics(0).clients["cupy"]
+    print("BOOKS", json.dumps([c.live_bytes, c.live_count, c.allocations]))
+"""
+
+
+def test_a_free_refused_when_cupy_drops_memory_warns_alike_on_both_paths(run_python, fastpath_path):
+    # It vanished: the status of the owner's free was dropped on both paths.
+    outputs = {}
+    for setting in ("1", "0"):
+        done = run_python(CUPY_REFUSED_FREE, env={"MRSTACK_RESOURCE": "system", "MRSTACK_FASTPATH": setting})
+        lines = done.stdout.splitlines()
+        assert lines[0] == f"PATH {setting == '1'}", lines[0]
+        outputs[setting] = lines[1:]
+        assert "Traceback" not in done.stderr, done.stderr
+    assert outputs["1"] == outputs["0"]
+    said = {line.split(" ", 1)[0]: json.loads(line.split(" ", 1)[1]) for line in outputs["1"] if " " in line}
+    refusal = ("({size} bytes) was refused (MRSTACK_ERROR_LOGIC): mrstack_deallocate: a free of {size} bytes as "
+               "client cupy, which holds 0 bytes in 0 allocations")
+    [[category, text]] = said["WARNINGS"]
+    assert category == "FreeRefusedWarning"
+    assert text.startswith("mrstack.cupy: the free of PTR " + refusal.format(size=4096)), text
+    assert text.endswith("nothing was freed"), text
+    [[category, text]] = said["UNRAISABLE"]
+    assert category == "FreeRefusedWarning" and refusal.format(size=100) in text, text
+    books = [json.loads(line[6:]) for line in outputs["1"] if line.startswith("BOOKS ")]
+    assert books == [[0, 0, 1], [0, 0, 3]]        # the refusals changed nothing; the stack serves
 
 
 # ---- choosing the path -------------------------------------------------------------------
@@ -412,6 +479,7 @@ def test_bind_checks_the_c_abi_version_and_refuses_a_second_library(run_python, 
         address = _lib._address
         functions = [address(getattr(d, "mrstack_" + n)) for n in
                      ("c_api_version", "emm_memalloc_pair", "emm_free", "allocate", "deallocate")]
+        report = _lib.report_refused_free   # told of a refused free
 
         try:
             fast.memalloc(1, 16, 1)
@@ -422,24 +490,31 @@ def test_bind_checks_the_c_abi_version_and_refuses_a_second_library(run_python, 
 
         other_version = ctypes.CFUNCTYPE(ctypes.c_int)(lambda: 99)
         try:
-            fast.bind(address(other_version), *functions[1:])
+            fast.bind(address(other_version), *functions[1:], report)
         except RuntimeError as e:
             assert "C ABI version" in str(e) and "99" in str(e), e
         else:
             raise AssertionError("a library of another C ABI version was bound")
         assert not fast.bound()
         try:
-            fast.bind(0, *functions[1:])
+            fast.bind(0, *functions[1:], report)
         except ValueError as e:
             assert "0" in str(e)
         else:
             raise AssertionError("a null address was bound")
+        try:
+            fast.bind(*functions, None)
+        except TypeError as e:
+            assert "report must be callable" in str(e), e
+        else:
+            raise AssertionError("a reporter that cannot be called was bound")
+        assert not fast.bound()
 
-        fast.bind(*functions)
-        fast.bind(*functions)            # the same library again: fine
+        fast.bind(*functions, report)
+        fast.bind(*functions, report)    # the same library again: fine
         assert fast.bound()
         try:
-            fast.bind(*functions[:2], address(d.mrstack_emm_defer_end), *functions[3:])
+            fast.bind(*functions[:2], address(d.mrstack_emm_defer_end), *functions[3:], report)
         except RuntimeError as e:
             assert "another copy" in str(e), e
         else:

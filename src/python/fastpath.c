@@ -22,6 +22,9 @@
  * - Failure raises nothing here: memalloc/allocate return None and the caller builds the
  *   exception from the C ABI's per-thread message and status, exactly as the ctypes path
  *   does, so both paths raise the same exception with the same text.
+ * - A free the stack refuses (a Finalizer's, an Allocation's) cannot raise where it runs,
+ *   at garbage collection: it calls the package's reporter (mrstack._lib.report_refused_free,
+ *   given to bind()), which warns with the C ABI's message, as the ctypes path does.
  * - Arguments convert as ctypes converts them for the same C types, so the two paths agree
  *   on every input; but a size outside [0, 2**64 - 1] raises ValueError here, and a bool
  *   or a non-integer TypeError, as the Python side raises them before a ctypes call: cut
@@ -57,6 +60,7 @@ static struct {
   allocate_fn allocate;
   deallocate_fn deallocate;
   unsigned long long addresses[5]; /* as bound, to tell a repeated bind() from a rebind */
+  PyObject* report;                 /* report(client, ptr, size): a free was refused (a strong reference) */
 } c_api;
 
 static PyTypeObject* finalizer_type;
@@ -147,6 +151,13 @@ static int check_arguments(char const* name, Py_ssize_t given, Py_ssize_t wanted
   return 0;
 }
 
+/* Calls the reporter for a free of `ptr` (`size` bytes) the library just refused on this
+ * thread, before anything else calls it: its last error is that free's. Returns what the
+ * reporter returned, or NULL with its exception set (a warning filter of "error"). */
+static PyObject* report_refused_free(int client, unsigned long long ptr, unsigned long long size) {
+  return PyObject_CallFunction(c_api.report, "iKK", client, ptr, size);
+}
+
 /* PyType_Slot keeps every slot as a void*, functions included: ISO C leaves that conversion
  * undefined, POSIX (dlsym) and CPython rely on it. __extension__ tells -Wpedantic it is
  * meant, on these expressions only. */
@@ -159,7 +170,9 @@ typedef struct {
   mrstack_stack* stack;
   uint64_t ptr;
   uint64_t token;
-  int pending; /* 1 until the first call: later calls (and stale tokens) free nothing */
+  uint64_t size; /* with the client, for the report of a refused free */
+  int client;
+  int pending;   /* 1 until the first call: later calls (and stale tokens) free nothing */
 } finalizer_object;
 
 static void finalizer_dealloc(PyObject* self) {
@@ -172,7 +185,9 @@ static void finalizer_dealloc(PyObject* self) {
 
 /* finalizer() -> 1 when it freed (or queued, under defer_cleanup) the memory, 0 when it
  * did nothing (called before, or the token went stale at a reset), -1 when the library
- * failed: mrstack_emm_free's result, which is what the ctypes path's partial returns. */
+ * refused: mrstack_emm_free's result, which is what the ctypes path's finalizer returns.
+ * A refusal is reported first; should the report raise, so does the call (Numba runs it
+ * from weakref.finalize, which hands the exception to sys.unraisablehook). */
 static PyObject* finalizer_call(PyObject* self, PyObject* args, PyObject* kwargs) {
   if (PyTuple_Size(args) != 0 || (kwargs != NULL && PyDict_Size(kwargs) != 0)) {
     PyErr_SetString(PyExc_TypeError, "mrstack._fastpath.Finalizer takes no arguments");
@@ -187,6 +202,11 @@ static PyObject* finalizer_call(PyObject* self, PyObject* args, PyObject* kwargs
   Py_BEGIN_ALLOW_THREADS
   freed = c_api.emm_free(f->stack, f->token);
   Py_END_ALLOW_THREADS
+  if (freed < 0) {
+    PyObject* reported = report_refused_free(f->client, f->ptr, f->size);
+    if (reported == NULL) { return NULL; }
+    Py_DECREF(reported);
+  }
   return PyLong_FromLong(freed);
 }
 
@@ -269,6 +289,8 @@ static PyObject* fastpath_memalloc(PyObject* module, PyObject* const* args, Py_s
   f->stack = stack;
   f->ptr = allocation.ptr;
   f->token = allocation.token;
+  f->size = size;
+  f->client = client;
   f->pending = 1;
   return (PyObject*)f;
 }
@@ -287,11 +309,24 @@ typedef struct {
 static void allocation_dealloc(PyObject* self) {
   allocation_object* a = (allocation_object*)self;
   if (a->ptr != NULL) {
-    /* The status is dropped, as the ctypes path's __del__ drops it: a destructor has
-     * nobody to tell, and a failed free leaves the books showing the bytes live. */
+    mrstack_status status;
     Py_BEGIN_ALLOW_THREADS
-    (void)c_api.deallocate(a->stack, a->ptr, a->size, a->stream, a->client);
+    status = c_api.deallocate(a->stack, a->ptr, a->size, a->stream, a->client);
     Py_END_ALLOW_THREADS
+    if (status != MRSTACK_SUCCESS) {
+      /* A destructor cannot raise: the refusal is reported (as the ctypes path's __del__
+       * reports it), and should the report raise, Python is told it was unraisable. The
+       * exception being raised when the object died, if any, is kept for its caller. */
+      PyObject *type, *value, *traceback;
+      PyErr_Fetch(&type, &value, &traceback);
+      PyObject* reported = report_refused_free(a->client, (unsigned long long)(uintptr_t)a->ptr, a->size);
+      if (reported == NULL) {
+        PyErr_WriteUnraisable(c_api.report);
+      } else {
+        Py_DECREF(reported);
+      }
+      PyErr_Restore(type, value, traceback);
+    }
   }
   PyTypeObject* type = Py_TYPE(self);
   PyObject_Free(self);
@@ -388,15 +423,20 @@ static int address_argument(PyObject* value, unsigned long long* out) {
   return 0;
 }
 
-/* bind(c_api_version, emm_memalloc_pair, emm_free, allocate, deallocate): the addresses of
- * those C ABI functions (mrstack_c_api_version, ...), as ints. Checks the library's C ABI
- * version against the header this module was built with. */
+/* bind(c_api_version, emm_memalloc_pair, emm_free, allocate, deallocate, report): the
+ * addresses of those C ABI functions (mrstack_c_api_version, ...), as ints, and the callable
+ * told of a refused free, report(client, ptr, size). Checks the library's C ABI version
+ * against the header this module was built with. */
 static PyObject* fastpath_bind(PyObject* module, PyObject* const* args, Py_ssize_t nargs) {
   (void)module;
   unsigned long long addresses[5];
-  if (check_arguments("bind", nargs, 5) < 0) { return NULL; }
+  if (check_arguments("bind", nargs, 6) < 0) { return NULL; }
   for (int i = 0; i < 5; ++i) {
     if (address_argument(args[i], &addresses[i]) < 0) { return NULL; }
+  }
+  if (!PyCallable_Check(args[5])) {
+    PyErr_SetString(PyExc_TypeError, "mrstack._fastpath.bind: report must be callable");
+    return NULL;
   }
   if (c_api.emm_free != NULL) {
     for (int i = 0; i < 5; ++i) {
@@ -419,6 +459,8 @@ static PyObject* fastpath_bind(PyObject* module, PyObject* const* args, Py_ssize
   c_api.allocate = (allocate_fn)(uintptr_t)addresses[3];
   c_api.deallocate = (deallocate_fn)(uintptr_t)addresses[4];
   for (int i = 0; i < 5; ++i) { c_api.addresses[i] = addresses[i]; }
+  Py_INCREF(args[5]);
+  c_api.report = args[5]; /* kept for the process: frees are reported until it ends */
   c_api.emm_free = (emm_free_fn)(uintptr_t)addresses[2]; /* last: check_bound() looks at it */
   Py_RETURN_NONE;
 }
@@ -435,7 +477,8 @@ static PyObject* fastpath_bound(PyObject* module, PyObject* unused) {
 
 static PyMethodDef fastpath_methods[] = {
   {"bind", FASTCALL(fastpath_bind), METH_FASTCALL,
-   "bind(c_api_version, emm_memalloc_pair, emm_free, allocate, deallocate): the C ABI's function addresses"},
+   "bind(c_api_version, emm_memalloc_pair, emm_free, allocate, deallocate, report): the C ABI's function "
+   "addresses and report(client, ptr, size), told of a refused free"},
   {"bound", fastpath_bound, METH_NOARGS, "True once bind() succeeded"},
   {"memalloc", FASTCALL(fastpath_memalloc), METH_FASTCALL,
    "memalloc(stack, size, client) -> Finalizer (its .ptr is the memory), or None on failure"},
