@@ -13,6 +13,7 @@
 #include <iterator>
 #include <map>
 #include <random>
+#include <stdexcept>
 #include <unordered_map>
 #include <vector>
 
@@ -459,9 +460,17 @@ TEST_CASE("block_pool: chunks grow in place, free granules are withdrawn and res
         REQUIRE(got == expected);
       } else if (!holes.empty()) {
         auto it = std::next(holes.begin(), static_cast<std::ptrdiff_t>(rng() % holes.size()));
-        REQUIRE(pool.restore(it->first, 1) == it->second);
-        REQUIRE(pool.restore(it->first, 1) == 0);
-        holes.erase(it);
+        if (it->second > granule && rng() % 2 == 0) {
+          // Cut it in two (what a grow needing part of it does): both stay holes.
+          std::size_t const at = (1 + rng() % (it->second / granule - 1)) * granule;
+          REQUIRE(pool.split_hole(it->first, at) == at);
+          holes.emplace(it->first + at, it->second - at);
+          it->second = at;
+        } else {
+          REQUIRE(pool.restore(it->first, 1) == it->second);
+          REQUIRE(pool.restore(it->first, 1) == 0);
+          holes.erase(it);
+        }
       }
       std::size_t hole_bytes = 0;
       for (auto const& h : holes) { hole_bytes += h.second; }
@@ -494,4 +503,32 @@ TEST_CASE("block_pool: chunks grow in place, free granules are withdrawn and res
     CHECK(pool.chunk_count() == 0);
     CHECK(pool.check_invariants() == "");
   }
+}
+
+TEST_CASE("block_pool: a hole split in two stays two holes; a part of it is restored alone") {
+  block_pool pool;
+  std::uintptr_t const base = 0x400000000000;
+  mrstack::detail::chunk_id const c = pool.add_chunk(base, 16 * KiB, 1);
+  std::uintptr_t const a = pool.allocate(4 * KiB, 256, 1);
+  REQUIRE(a == base);
+  REQUIRE(pool.withdraw_free_ranges([](std::uintptr_t, std::size_t size, owner_id) {
+    return size == 12 * KiB ? block_pool::range{0, 8 * KiB} : block_pool::range{};
+  }) == 8 * KiB);  // the hole [4, 12) KiB, free [12, 16) KiB
+  CHECK(pool.split_hole(base + 5 * KiB, 256) == 0);  // no hole starts there
+  CHECK(pool.split_hole(a, 256) == 0);               // a live block is no hole
+  CHECK_THROWS_AS(pool.split_hole(base + 4 * KiB, 8 * KiB), std::invalid_argument);  // not inside it
+  CHECK_THROWS_AS(pool.split_hole(base + 4 * KiB, 100), std::invalid_argument);      // not granular
+  REQUIRE(pool.split_hole(base + 4 * KiB, 3 * KiB) == 3 * KiB);
+  CHECK(pool.withdrawn_blocks() == 2);
+  CHECK(pool.withdrawn_bytes() == 8 * KiB);
+  CHECK(pool.chunk(c).withdrawn_blocks == 2);
+  CHECK(pool.check_invariants() == "");
+  REQUIRE(pool.restore(base + 4 * KiB, 1) == 3 * KiB);  // the first part alone
+  CHECK(pool.free_bytes() == 3 * KiB + 4 * KiB);        // the rest is no free memory
+  CHECK(pool.withdrawn_bytes() == 5 * KiB);
+  CHECK(pool.check_invariants() == "");
+  REQUIRE(pool.restore(base + 7 * KiB, 1) == 5 * KiB);
+  CHECK(pool.deallocate(a, 1) == 4 * KiB);
+  CHECK(pool.free_block_count() == 1);  // all merged again
+  CHECK(pool.remove_chunk(c));
 }

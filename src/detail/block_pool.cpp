@@ -555,4 +555,19 @@ std::uint32_t block_pool::withdraw(std::uint32_t b, std::size_t offset, std::siz
   return hole;
 }
 
+std::size_t block_pool::split_hole(std::uintptr_t address, std::size_t offset) {
+  std::uint32_t const b = live_.find(address, starts_at(address));
+  if (b == npos || at(b).state != state_withdrawn) { return 0; }
+  if (offset == 0 || offset % granularity != 0 || offset >= size_of(at(b))) {
+    throw std::invalid_argument("block_pool::split_hole: offset " + std::to_string(offset) +
+                                " must be granular and inside the hole of " + std::to_string(size_of(at(b))) + " B");
+  }
+  live_.reserve_one();  // before anything changes: the insert below cannot fail
+  std::uint32_t const upper = split(b, offset, new_node());
+  live_.insert(addr_of(at(upper)), upper);
+  ++chunks_[at(upper).chunk].withdrawn_blocks;
+  ++withdrawn_count_;
+  return offset;
+}
+
 }  // namespace mrstack::detail

@@ -1,7 +1,7 @@
 #pragma once
 // A deliberately simple pool core for tests: the same chunk/hole interface as
 // detail::block_pool (add_chunk, extend_chunk, allocate, deallocate, withdraw_free_ranges,
-// restore, free_bytes), written as plainly as possible — std::map of blocks tiling one
+// restore, split_hole, free_bytes), written as plainly as possible — std::map of blocks tiling one
 // chunk, best fit by linear scan, eager coalescing. Slow and obviously right; the model the
 // in-place growth policy is tested over, and the reference the real core is compared with.
 #include <cstddef>
@@ -119,6 +119,18 @@ class reference_core {
     free_ += size;
     merge(it);
     return size;
+  }
+
+  /// Cuts the hole at `address` in two at `address + offset`; both stay withdrawn.
+  std::size_t split_hole(std::uintptr_t address, std::size_t offset) {
+    auto it = blocks_.find(address);
+    if (it == blocks_.end() || it->second.st != state::withdrawn) { return 0; }
+    if (offset == 0 || offset % granularity != 0 || offset >= it->second.size) {
+      throw std::logic_error("reference_core: split outside its hole");
+    }
+    blocks_[address + offset] = {it->second.size - offset, state::withdrawn};  // may throw: nothing changed yet
+    it->second.size = offset;
+    return offset;
   }
 
   template <typename F>

@@ -49,7 +49,8 @@
 /// - `withdraw_free_ranges(choose)` visits every free block and lets the caller carve a
 ///   sub-range out of it (e.g. the whole 2 MiB granules inside it, to unmap them); the
 ///   range becomes a withdrawn hole that is never handed out and not counted as free.
-///   `restore(address, owner)` turns a hole back into free memory (after re-mapping).
+///   `restore(address, owner)` turns a hole back into free memory (after re-mapping);
+///   `split_hole(address, offset)` cuts a hole in two, so that part of it can be restored.
 /// - `remove_chunk(chunk)` drops a chunk with no live blocks (free and withdrawn blocks
 ///   go with it), so the caller can hand the range back to its upstream.
 ///
@@ -231,6 +232,13 @@ class block_pool {
   /// Turns the hole starting at `address` back into free memory owned by `owner`.
   /// Returns its size, or 0 when no hole starts there.
   std::size_t restore(std::uintptr_t address, owner_id owner);
+  /// Cuts the hole starting at `address` in two at `address + offset` (a multiple of
+  /// granularity inside it): both stay holes, so a caller that backs only the first part
+  /// restores it alone and the rest never becomes free memory. Returns the first part's
+  /// size, or 0 when no hole starts there. Takes what it needs (a node, an address-table
+  /// slot) before changing anything: throws std::bad_alloc (std::length_error at the node
+  /// limit) with nothing changed but capacity.
+  std::size_t split_hole(std::uintptr_t address, std::size_t offset);
 
   // ---- introspection -------------------------------------------------------------------
   [[nodiscard]] std::size_t total_bytes() const noexcept { return total_bytes_; }
