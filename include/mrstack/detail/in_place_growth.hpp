@@ -15,11 +15,12 @@
 /// decommit fails with granules of it still committed goes back to the core as free memory
 /// instead, for a later release (as a hole its reuse counted them twice). Holes are
 /// reused before the frontier moves: `grow` takes the smallest stretch of adjacent holes
-/// that fits (committing only the part it needs and withdrawing the rest again), else the
-/// holes that end at the frontier plus an extension, else an extension alone (the frontier
-/// also when the holes would pass the maximum and it would not, or the device has no room
-/// for their granules). So a long run of grow/release cycles reuses addresses instead of
-/// walking off the range's end.
+/// that fits (cutting the hole the request ends inside in two first and committing only
+/// the part it needs: the rest stays a hole, never free memory with nothing behind it),
+/// else the holes that end at the frontier plus an extension, else an extension alone (the
+/// frontier also when the holes would pass the maximum and it would not, or the device
+/// has no room for their granules). So a long run of grow/release cycles reuses addresses
+/// instead of walking off the range's end.
 /// When is release called:
 /// - on demand (the pool's `release()`);
 /// - `after_deallocate`: when the core's free bytes exceed `release_threshold` above what
@@ -30,6 +31,7 @@
 /// The core (block_pool) must offer: add_chunk(base, size, owner) -> chunk id,
 /// extend_chunk(chunk, bytes, owner), withdraw_free_ranges(choose) with
 /// choose(address, size, owner) -> Core::range{offset, length}, restore(address, owner),
+/// split_hole(address, offset) (both parts stay holes; throws before changing anything),
 /// for_each_free_block(f) with f(address, size, owner), free_bytes(), merges(a, b) (free
 /// blocks of owners a and b merge as neighbours), before_release()
 /// (called first in every release: a stream-ordered core waits there for the work queued
@@ -446,9 +448,11 @@ class in_place_growth {
   }
 
   /// reuse_holes, unless the device refuses the granules the holes need (out of physical
-  /// memory, nothing changed): then false, with its error in `refused`.
+  /// memory; nothing changed but the split of the hole the request ends inside): then
+  /// false, with its error in `refused`.
   template <typename Owner>
   bool try_reuse_holes(Core& core, hole_run const& run, Owner owner, std::exception_ptr& refused) {
+    split_hole_at(core, run.start + run.need);
     try {
       commit_checked(run.start, run.need);
     } catch (growth_failure const&) {
@@ -496,48 +500,58 @@ class in_place_growth {
     return std::max(extension, std::min(step_, room));
   }
 
-  /// Commits the first `need` bytes of `run` and gives the holes there to the core. Only
-  /// the holes the request reaches are restored; of the last, what lies past `need` is
-  /// withdrawn again. Restoring every hole of the run and withdrawing the rest left, when
-  /// the core refused that withdraw (out of host memory), free memory in the core with no
-  /// memory behind it; a refused restore left committed granules in holes.
+  /// Commits the first `need` bytes of `run` (unless `committed`: the caller split the
+  /// holes and committed them, try_reuse_holes) and gives the holes there to the core. The
+  /// hole the request ends inside is cut there first (split_hole_at), so only whole holes
+  /// are restored and the rest of it stays a hole. A refused restore left committed
+  /// granules in holes: what the core did not take is decommitted again.
   template <typename Owner>
   void reuse_holes(Core& core, hole_run run, std::size_t need, Owner owner, bool committed = false) {
     std::size_t const end = run.start + need;
-    std::size_t rest_end = end;  // the end of the hole the request ends inside, if any
-    if (auto it = holes_.lower_bound(end); need != 0 && it != holes_.begin()) {
-      --it;
-      rest_end = std::max(end, it->first + it->second);
+    if (!committed) {
+      split_hole_at(core, end);
+      commit_checked(run.start, need);
     }
-    std::map<std::size_t, std::size_t> rest;  // its record, made before anything changes
-    if (rest_end > end) { rest.emplace(end, rest_end - end); }
-    if (!committed) { commit_checked(run.start, need); }
     try {
       restore_holes(core, run.start, end, owner);
     } catch (...) {
       give_back_holes(run.start, end);
       rethrow_core_refusal(need);
     }
-    if (rest_end == end) { return; }
-    std::uintptr_t const lo = base_ + end;
-    std::uintptr_t const hi = base_ + rest_end;
+  }
+
+  /// Cuts the hole `end` lies inside (not at its start) in two at `end`, in the core and in
+  /// holes_, before anything is committed: a refusal (the core out of host memory, a
+  /// growth_failure) changes nothing. The split stays should the grow fail later: two
+  /// adjacent holes, which the next grow reuses as one stretch.
+  /// Why: a grow restored the whole hole and withdrew its rest again, and the core could
+  /// refuse that withdraw. The rest was then free memory in the core with nothing behind
+  /// it; committing it there passed the maximum, and with the device refusing that commit
+  /// too, a block later allocated there faulted. No order of commit, restore and withdraw
+  /// avoids that, as each may refuse; a split before them leaves nothing to withdraw.
+  void split_hole_at(Core& core, std::size_t end) {
+    auto it = holes_.lower_bound(end);
+    if (it == holes_.begin()) { return; }
+    --it;
+    std::size_t const start = it->first;
+    std::size_t const bytes = it->second;
+    if (start + bytes <= end) { return; }
+    std::map<std::size_t, std::size_t> rest;  // the second part's record, made before the core changes
+    rest.emplace(end, start + bytes - end);
+    std::size_t split = 0;
     try {
-      core.withdraw_free_ranges([&](std::uintptr_t address, std::size_t size, auto) {
-        if (address <= lo && hi <= address + size) { return typename Core::range{lo - address, hi - lo}; }
-        return typename Core::range{0, 0};
-      });
-    } catch (...) {
-      // The core may hand [lo, hi) out now: it must have memory behind it, past the
-      // maximum if need be. No order of commit, restore and withdraw avoids that (each
-      // step of the core may refuse), and refusing up front a stretch whose rest would not
-      // fit refused requests that fit whenever the core had host memory. So the pool
-      // passes its maximum by at most this rest, until that memory is free and released;
-      // every grow refused meanwhile says so (commit_checked).
-      range_.commit(reinterpret_cast<void*>(lo), hi - lo);
-      rethrow_core_refusal(need);
+      split = core.split_hole(base_ + start, end - start);
+    } catch (std::bad_alloc const& e) {
+      fail("the pool's books had no host memory to split the " + std::to_string(bytes) + " B hole at offset " +
+           std::to_string(start) + " for a grow (" + e.what() + ")");
     }
+    if (split != end - start) {
+      throw std::logic_error("in_place_growth: the core split " + std::to_string(split) + " B off the " +
+                             std::to_string(bytes) + " B hole at offset " + std::to_string(start) + ", not " +
+                             std::to_string(end - start) + " B");
+    }
+    it->second = end - start;
     holes_.insert(rest.extract(rest.begin()));
-    hole_bytes_ += rest_end - end;
   }
 
   /// Called in a handler for what the core threw while taking `bytes` a grow committed:
@@ -587,14 +601,7 @@ class in_place_growth {
   /// growth_failure; commits nothing then.
   void commit_checked(std::size_t offset, std::size_t bytes) {
     std::size_t const committed = range_.committed_bytes();
-    if (committed > maximum_) {
-      // Only the rest of a hole the core could not take back (reuse_holes) puts it there.
-      fail("the pool is " + std::to_string(committed - maximum_) + " B past its maximum of " +
-           std::to_string(maximum_) + " B (" + std::to_string(committed) +
-           " B committed: the rest of a reused hole its books had no host memory to take back, until it is free "
-           "and released)");
-    }
-    if (committed + bytes > maximum_) {
+    if (committed > maximum_ || bytes > maximum_ - committed) {
       fail("committing " + std::to_string(bytes) + " B more would pass the maximum of " + std::to_string(maximum_) +
            " B (" + std::to_string(committed) + " B committed)");
     }

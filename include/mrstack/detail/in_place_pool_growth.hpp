@@ -55,6 +55,7 @@ struct stream_ordered_growth_view {
   std::size_t restore(std::uintptr_t address, owner_id owner) {
     return stream && owner != synchronized ? pool.restore(address, *stream) : pool.blocks().restore(address, synchronized);
   }
+  std::size_t split_hole(std::uintptr_t address, std::size_t offset) { return pool.blocks().split_hole(address, offset); }
   template <typename Choose>
   std::size_t withdraw_free_ranges(Choose&& choose) {
     return pool.blocks().withdraw_free_ranges(std::forward<Choose>(choose));
