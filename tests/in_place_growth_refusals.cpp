@@ -412,6 +412,10 @@ TEST_CASE("in_place_growth: a reused hole's rest is never free without memory be
       core.refuse_from = -1;
       range.refuse_commits_from = -1;
       if (p == 0) { CHECK_THAT(error, Catch::StartsWith("in-place growth: ")); }  // says who refused
+      if (n == 0) {  // the split, before anything is committed
+        CHECK_THAT(error, Catch::Contains("the pool's books had no host memory to split the 6291456 B hole"));
+        CHECK(vmm.committed_bytes() == 6 * G);
+      }
       INFO(core.check());
       REQUIRE(core.check().empty());
       CHECK(core.withdrawn_bytes() == growth.hole_bytes());
