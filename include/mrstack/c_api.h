@@ -153,7 +153,10 @@ MRSTACK_C_EXPORT mrstack_status mrstack_stack_describe(const mrstack_stack* stac
 MRSTACK_C_EXPORT mrstack_status mrstack_allocate(mrstack_stack* stack, size_t bytes, void* stream, int client,
                                                  void** out);
 /* `bytes` and `client` as allocated. A null pointer with 0 bytes (what an allocation of 0
- * bytes returns) is a no-op; a null pointer with a size is MRSTACK_ERROR_LOGIC. */
+ * bytes returns) is a no-op; a null pointer with a size is MRSTACK_ERROR_LOGIC. So is a free
+ * that is not exactly a live allocation of this stack (another size or client, a pointer
+ * it did not hand out, a second free): the message names both sizes and clients, and
+ * nothing is freed. */
 MRSTACK_C_EXPORT mrstack_status mrstack_deallocate(mrstack_stack* stack, void* ptr, size_t bytes, void* stream,
                                                    int client);
 

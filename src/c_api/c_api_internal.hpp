@@ -3,12 +3,14 @@
 // per-client books, the per-thread last error and the exception-to-status barrier every
 // entry point uses.
 #include <mrstack/c_api.h>
+#include <mrstack/detail/pointer_map.hpp>
 #include <mrstack/emm/adapter.hpp>
 #include <mrstack/resource.hpp>
 
 #include <array>
 #include <atomic>
 #include <cstdint>
+#include <mutex>
 #include <new>
 #include <string>
 #include <string_view>
@@ -27,13 +29,29 @@ struct mrstack_stack {
 
   void count_allocation(int client, std::uint64_t bytes) noexcept;
   void count_free(int client, std::uint64_t bytes) noexcept;
-  /// count_free for a free whose size and client the caller names (mrstack_deallocate,
-  /// mrstack_torch_free): false, with the books untouched, when `client` does not hold an
-  /// allocation and `bytes` (a free under another client than the allocation's, or with
-  /// another size), which would otherwise wrap its counters past zero.
+  /// count_free for a free whose size and client the caller names (mrstack_torch_free):
+  /// false, with the books untouched, when `client` does not hold an allocation and
+  /// `bytes` (a free under another client than the allocation's, or with another size),
+  /// which would otherwise wrap its counters past zero.
   bool try_count_free(int client, std::uint64_t bytes) noexcept;
   /// Puts back what try_count_free took, when the stack then refused the free.
   void uncount_free(int client, std::uint64_t bytes) noexcept;
+
+  /// A live block of mrstack_allocate: its free must name this size and client. Counters
+  /// alone cannot tell a free of the wrong size or client while the client holds enough
+  /// (a pool takes 1000 and 1024 bytes back as one block), nor another stack's block where
+  /// both stacks' layers share one heap (`system`); the books then drifted, and a later
+  /// right free was refused and its block leaked.
+  struct plain_block {
+    std::uint64_t bytes;
+    int client;
+  };
+  struct plain_shard {
+    std::mutex mutex;
+    mrstack::detail::pointer_map<plain_block> live;
+  };
+  static constexpr std::size_t plain_shard_count = 16;  // frees from many threads seldom meet
+  plain_shard& plain_shard_of(void const* ptr) noexcept;
 
   mrstack::resource_ptr top;
   mrstack::emm::adapter emm;
@@ -43,6 +61,7 @@ struct mrstack_stack {
   std::array<client_books, MRSTACK_CLIENT_COUNT> clients;
   std::atomic<std::uint64_t> live_bytes{0};
   std::atomic<std::uint64_t> peak_bytes{0};
+  std::array<plain_shard, plain_shard_count> plain_blocks;
 };
 
 namespace mrstack::c_api {

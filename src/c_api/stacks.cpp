@@ -3,6 +3,7 @@
 #include "c_api_internal.hpp"
 
 #include <mrstack/adaptor/tracking_resource_adaptor.hpp>
+#include <mrstack/detail/format.hpp>
 #include <mrstack/spec.hpp>
 
 #include <algorithm>
@@ -80,6 +81,13 @@ bool mrstack_stack::try_count_free(int client, std::uint64_t bytes) noexcept {
   } while (!books.live_bytes.compare_exchange_weak(held, held - bytes, std::memory_order_relaxed));
   live_bytes.fetch_sub(bytes, std::memory_order_relaxed);
   return true;
+}
+
+mrstack_stack::plain_shard& mrstack_stack::plain_shard_of(void const* ptr) noexcept {
+  static_assert(plain_shard_count == 16, "the shard index takes the hash's top 4 bits");
+  // Blocks are at least 256-byte aligned: mix the bits above those into a shard index.
+  auto const a = static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(ptr)) >> 8;
+  return plain_blocks[(a * 0x9E3779B97F4A7C15ULL) >> 60];
 }
 
 void mrstack_stack::uncount_free(int client, std::uint64_t bytes) noexcept {
@@ -366,8 +374,29 @@ mrstack_status mrstack_allocate(mrstack_stack* handle, size_t bytes, void* strea
     // The stack's device is current for the call (a null stream is its default stream).
     mrstack::detail::device_scope on_device{stack->device};
     stack->emm.check_awake("mrstack_allocate");  // a pool would hand out memory with nothing behind it
-    *out = stack->top->allocate(bytes, mrstack::stream_view{static_cast<cudaStream_t>(stream)});
-    if (*out != nullptr) { stack->count_allocation(client, bytes); }
+    mrstack::stream_view const on{static_cast<cudaStream_t>(stream)};
+    void* const block = stack->top->allocate(bytes, on);
+    if (block == nullptr) { return; }  // 0 bytes: nothing to free, nothing to book
+    auto& shard = stack->plain_shard_of(block);
+    try {
+      std::lock_guard lock{shard.mutex};
+      auto const key = reinterpret_cast<std::uintptr_t>(block);
+      if (auto const* stale = shard.live.find(key)) {
+        // The stack handed out an address the books hold live: that block went back behind
+        // the C ABI's back (through another handle's layers). The new block lives there now.
+        stack->count_free(stale->client, stale->bytes);
+        shard.live.erase(key);
+      }
+      shard.live.insert(key, mrstack_stack::plain_block{bytes, client});
+    } catch (...) {  // no host memory to book it: a block nobody could free right
+      try {
+        stack->top->deallocate(block, bytes, on);
+      } catch (...) {  // the refusal that matters is the first
+      }
+      throw;
+    }
+    stack->count_allocation(client, bytes);
+    *out = block;
   });
 }
 
@@ -383,24 +412,45 @@ mrstack_status mrstack_deallocate(mrstack_stack* handle, void* ptr, size_t bytes
                    0, MRSTACK_ERROR_LOGIC);
     return MRSTACK_ERROR_LOGIC;
   }
-  // The books first: a free they cannot cover is refused before the memory goes back,
-  // since a layer that does not check sizes (fixed_size) would take it and the books wrap.
-  if (!stack->try_count_free(client, bytes)) {
-    auto const& books = stack->clients[static_cast<std::size_t>(client)];
-    set_last_error("mrstack_deallocate: a free of " + std::to_string(bytes) + " bytes as client " +
-                       mrstack_client_name(client) + ", which holds " +
-                       std::to_string(books.live_bytes.load(std::memory_order_relaxed)) + " bytes in " +
-                       std::to_string(books.live_count.load(std::memory_order_relaxed)) +
-                       " allocations: the pointer was not allocated from this stack as this client with this "
-                       "size (free with the size and client it was allocated with); nothing was freed",
-                   0, MRSTACK_ERROR_LOGIC);
+  // The block's own books first: a free that is not exactly its allocation (another size
+  // or client, a block of another stack, a second free) is refused before the memory goes
+  // back, since the layers take some of those (a pool rounds 1000 and 1024 bytes to one
+  // block). The entry leaves the books while the stack frees, so a second free racing this
+  // one is refused; its room is kept, so putting it back after a refusal cannot fail.
+  auto& shard = stack->plain_shard_of(ptr);
+  auto const key = reinterpret_cast<std::uintptr_t>(ptr);
+  std::optional<mrstack_stack::plain_block> found;
+  {
+    std::lock_guard lock{shard.mutex};
+    if (auto const* block = shard.live.find(key)) {
+      found = *block;
+      if (block->bytes == bytes && block->client == client) { shard.live.erase_keeping_room(key); }
+    }
+  }
+  if (!found || found->bytes != bytes || found->client != client) {
+    std::string const what = "mrstack_deallocate: a free of " + std::to_string(bytes) + " bytes as client " +
+                             mrstack_client_name(client) + " of " + mrstack::format_hex(ptr);
+    std::string const why =
+        found ? ", which was allocated with " + std::to_string(found->bytes) + " bytes as client " +
+                    mrstack_client_name(found->client) + " (free with the size and client it was allocated with)"
+              : ", which is not a live allocation of this stack (mrstack_allocate of this stack did not return "
+                "it, or it was freed already)";
+    set_last_error(what + why + "; nothing was freed", 0, MRSTACK_ERROR_LOGIC);
     return MRSTACK_ERROR_LOGIC;
   }
   auto const status = guarded([&] {
     mrstack::detail::device_scope on_device{stack->device};
     stack->top->deallocate(ptr, bytes, mrstack::stream_view{static_cast<cudaStream_t>(stream)});
   });
-  if (status != MRSTACK_SUCCESS) { stack->uncount_free(client, bytes); }  // the stack kept it
+  {
+    std::lock_guard lock{shard.mutex};
+    if (status == MRSTACK_SUCCESS) {
+      shard.live.give_up_room();
+    } else {
+      (void)shard.live.put_back(key, *found);  // the stack kept it: still live, still booked
+    }
+  }
+  if (status == MRSTACK_SUCCESS) { stack->count_free(client, bytes); }
   return status;
 }
 
