@@ -45,3 +45,20 @@ TEST_CASE("c api messages: PyTorch's statistics say whether the device or the ou
   CHECK(mrstack_torch_statistics(0, nullptr) == MRSTACK_ERROR_INVALID_ARGUMENT);
   CHECK(last_error() == "mrstack_torch_statistics: the out-pointer is null");
 }
+
+TEST_CASE("c api messages: a null buffer with a capacity is refused by the calls that copy text out") {
+  // The caller said it has room and gave none: its text was silently not copied.
+  std::size_t length = 7;
+  CHECK(mrstack_configured_spec(nullptr, 16, &length) == MRSTACK_ERROR_INVALID_ARGUMENT);
+  CHECK(last_error() == "mrstack_configured_spec: a capacity of 16 bytes, but the buffer is null");
+  CHECK(length == 7);  // nothing written
+  mrstack_stack* s = nullptr;
+  REQUIRE(mrstack_stack_create("system", 0, &s) == MRSTACK_SUCCESS);
+  CHECK(mrstack_stack_describe(s, nullptr, 64, &length) == MRSTACK_ERROR_INVALID_ARGUMENT);
+  CHECK(last_error() == "mrstack_stack_describe: a capacity of 64 bytes, but the buffer is null");
+  // Asking for the length alone stays the way to size a buffer.
+  CHECK(mrstack_stack_describe(s, nullptr, 0, &length) == MRSTACK_SUCCESS);
+  CHECK(length == 6);
+  CHECK(mrstack_configured_spec(nullptr, 0, &length) == MRSTACK_SUCCESS);
+  CHECK(mrstack_stack_destroy(s) == MRSTACK_SUCCESS);
+}

@@ -127,7 +127,8 @@ MRSTACK_C_EXPORT const char* mrstack_client_name(int client);
  * checked here (MRSTACK_ERROR_SPEC), without building anything or calling CUDA. */
 MRSTACK_C_EXPORT mrstack_status mrstack_configure(const char* spec);
 /* Copies the spec device stacks are (or will be) built from into `buffer` (NUL-terminated,
- * truncated to `capacity`); `*length` (if not NULL) gets its full length. */
+ * truncated to `capacity`); `*length` (if not NULL) gets its full length. A null `buffer`
+ * with a `capacity` other than 0 is MRSTACK_ERROR_INVALID_ARGUMENT (nothing written). */
 MRSTACK_C_EXPORT mrstack_status mrstack_configured_spec(char* buffer, size_t capacity, size_t* length);
 /* The stack of `device`, built on first use (on that device) and kept for the process. */
 MRSTACK_C_EXPORT mrstack_status mrstack_device_stack(int device, mrstack_stack** out);

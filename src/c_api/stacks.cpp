@@ -136,7 +136,14 @@ void check_device(int device) {
   }
 }
 
-mrstack_status copy_out(std::string const& text, char* buffer, std::size_t capacity, std::size_t* length) {
+mrstack_status copy_out(char const* function, std::string const& text, char* buffer, std::size_t capacity,
+                        std::size_t* length) {
+  if (buffer == nullptr && capacity > 0) {
+    // Room promised and none given: copying nothing and succeeding would hide it.
+    set_last_error(std::string{function} + ": a capacity of " + std::to_string(capacity) +
+                   " bytes, but the buffer is null");
+    return MRSTACK_ERROR_INVALID_ARGUMENT;
+  }
   if (length != nullptr) { *length = text.size(); }
   if (buffer != nullptr && capacity > 0) {
     std::size_t const n = std::min(capacity - 1, text.size());
@@ -297,7 +304,7 @@ mrstack_status mrstack_configured_spec(char* buffer, size_t capacity, size_t* le
     spec = mrstack::c_api::spec_to_use(config);
   });
   if (status != MRSTACK_SUCCESS) { return status; }
-  return mrstack::c_api::copy_out(spec, buffer, capacity, length);
+  return mrstack::c_api::copy_out("mrstack_configured_spec", spec, buffer, capacity, length);
 }
 
 mrstack_status mrstack_device_stack(int device, mrstack_stack** out) {
@@ -361,7 +368,7 @@ mrstack_status mrstack_stack_describe(const mrstack_stack* handle, char* buffer,
   std::string text;
   auto const status = guarded([&] { text = mrstack::describe_stack(*stack->top); });
   if (status != MRSTACK_SUCCESS) { return status; }
-  return mrstack::c_api::copy_out(text, buffer, capacity, length);
+  return mrstack::c_api::copy_out("mrstack_stack_describe", text, buffer, capacity, length);
 }
 
 mrstack_status mrstack_allocate(mrstack_stack* handle, size_t bytes, void* stream, int client, void** out) {
