@@ -96,6 +96,30 @@ TEST_CASE("c api: an EMM block freed as a plain allocation is refused; a reset t
   CHECK(mrstack_stack_destroy(s) == MRSTACK_SUCCESS);
 }
 
+TEST_CASE("c api: an EMM reset whose stack refuses one free closes the books of the others") {
+  // The stack keeps the refused block, so its books stay open; the others' close.
+  mrstack_stack* s = make("pool > simulated");
+  mrstack_memory_pointer a{};
+  mrstack_memory_pointer b{};
+  REQUIRE(mrstack_emm_memalloc(s, 4096, MRSTACK_CLIENT_NUMBA, &a) == MRSTACK_SUCCESS);
+  REQUIRE(mrstack_emm_memalloc(s, 8192, MRSTACK_CLIENT_NUMBA, &b) == MRSTACK_SUCCESS);
+  REQUIRE(mrstack_emm_refuse_next_frees_for_tests(s, 1) == MRSTACK_SUCCESS);
+  size_t released = 99;
+  CHECK(mrstack_emm_reset(s, &released) == MRSTACK_ERROR_LOGIC);
+  CHECK_THAT(last_error(), Catch::Contains("bytes) was refused as refuse_next_frees_for_tests asked"));
+  CHECK(released == 1);  // one went back, one was refused
+  auto const after = stats(s);
+  CHECK(after.emm_outstanding == 0);  // both left the table: stale finalizers are no-ops
+  std::uint64_t const kept = after.clients[MRSTACK_CLIENT_NUMBA].live_bytes;
+  CHECK((kept == 4096 || kept == 8192));
+  CHECK(after.clients[MRSTACK_CLIENT_NUMBA].live_count == 1);
+  CHECK(after.live_bytes == kept);
+  CHECK(mrstack_emm_free(s, a.token) == 0);
+  CHECK(mrstack_emm_free(s, b.token) == 0);
+  CHECK(mrstack_stack_destroy(s) != MRSTACK_SUCCESS);  // the refused block is still the stack's
+  CHECK_THAT(last_error(), Catch::Contains("1 allocation (" + std::to_string(kept) + " bytes)"));
+}
+
 // Run by the test below in a fresh process (not a fork, which shares this process's table).
 TEST_CASE("c api child: make three stacks and write their handles", "[.]") {
   char const* path = std::getenv("MRSTACK_TEST_HANDLES_FILE");

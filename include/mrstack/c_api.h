@@ -189,6 +189,11 @@ MRSTACK_C_EXPORT mrstack_status mrstack_emm_get_ipc_handle(mrstack_stack* stack,
 /* Frees every outstanding EMM allocation (stale finalizers become no-ops); `*released`
  * (if not NULL) gets how many. */
 MRSTACK_C_EXPORT mrstack_status mrstack_emm_reset(mrstack_stack* stack, size_t* released);
+/* For tests, so the refusal paths of EMM frees (a reset's, a finalizer's) can be exercised
+ * where no right free is refused (no driver to fail); never called in production. The next
+ * `count` frees the stack's EMM adapter forwards are refused (MRSTACK_ERROR_LOGIC, the stack
+ * keeping the memory) instead of reaching the stack; 0 cancels what is pending. */
+MRSTACK_C_EXPORT mrstack_status mrstack_emm_refuse_next_frees_for_tests(mrstack_stack* stack, size_t count);
 /* A cleanup guard in two calls: frees wait until the outermost end. */
 MRSTACK_C_EXPORT mrstack_status mrstack_emm_defer_begin(mrstack_stack* stack);
 MRSTACK_C_EXPORT mrstack_status mrstack_emm_defer_end(mrstack_stack* stack);

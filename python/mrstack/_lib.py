@@ -307,6 +307,7 @@ class Library:
         sig("mrstack_emm_get_memory_info", status, c_void, ctypes.POINTER(c_size), ctypes.POINTER(c_size))
         sig("mrstack_emm_get_ipc_handle", status, c_void, c_void, ctypes.POINTER(IpcHandleInfo))
         sig("mrstack_emm_reset", status, c_void, ctypes.POINTER(c_size))
+        sig("mrstack_emm_refuse_next_frees_for_tests", status, c_void, c_size)
         sig("mrstack_emm_defer_begin", status, c_void)
         sig("mrstack_emm_defer_end", status, c_void)
         sig("mrstack_get_statistics", status, c_void, ctypes.POINTER(_Statistics))

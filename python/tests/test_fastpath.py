@@ -385,7 +385,7 @@ def test_a_free_refused_when_cupy_drops_memory_warns_alike_on_both_paths(run_pyt
     assert outputs["1"] == outputs["0"]
     said = {line.split(" ", 1)[0]: json.loads(line.split(" ", 1)[1]) for line in outputs["1"] if " " in line}
     refusal = ("({size} bytes) was refused (MRSTACK_ERROR_LOGIC): mrstack_deallocate: a free of {size} bytes as "
-               "client cupy, which holds 0 bytes in 0 allocations")
+               "client cupy of PTR, which is not a live allocation of this stack")
     [[category, text]] = said["WARNINGS"]
     assert category == "FreeRefusedWarning"
     assert text.startswith("mrstack.cupy: the free of PTR " + refusal.format(size=4096)), text

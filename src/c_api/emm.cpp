@@ -145,6 +145,13 @@ mrstack_status mrstack_emm_reset(mrstack_stack* handle, size_t* released) {
   });
 }
 
+mrstack_status mrstack_emm_refuse_next_frees_for_tests(mrstack_stack* handle, size_t count) {
+  auto const stack = resolve_stack(handle, "mrstack_emm_refuse_next_frees_for_tests");
+  if (!stack) { return MRSTACK_ERROR_INVALID_ARGUMENT; }
+  stack->emm.refuse_next_frees_for_tests(count);
+  return MRSTACK_SUCCESS;
+}
+
 mrstack_status mrstack_emm_defer_begin(mrstack_stack* handle) {
   auto const stack = resolve_stack(handle, "mrstack_emm_defer_begin");
   if (!stack) { return MRSTACK_ERROR_INVALID_ARGUMENT; }

@@ -209,8 +209,26 @@ std::optional<memory_pointer> adapter::free(std::uint64_t token) {
       return freed;
     }
   }
-  stack_->deallocate(freed.ptr, freed.size, options_.stream);
+  forward_free(freed.ptr, freed.size);
   return freed;
+}
+
+void adapter::refuse_next_frees_for_tests(std::size_t count) noexcept {
+  refusals_for_tests_.store(count, std::memory_order_relaxed);
+}
+
+void adapter::forward_free(void* ptr, std::size_t size) {
+  if (refusals_for_tests_.load(std::memory_order_relaxed) != 0) {
+    std::size_t left = refusals_for_tests_.load(std::memory_order_relaxed);
+    while (left != 0 && !refusals_for_tests_.compare_exchange_weak(left, left - 1, std::memory_order_relaxed)) {}
+    if (left != 0) {
+      char where[24];
+      std::snprintf(where, sizeof where, "%p", ptr);
+      throw logic_error(std::string{"emm::adapter: the free of "} + where + " (" + std::to_string(size) +
+                        " bytes) was refused as refuse_next_frees_for_tests asked; the stack keeps the memory");
+    }
+  }
+  stack_->deallocate(ptr, size, options_.stream);
 }
 
 bool adapter::issued(std::uint64_t token) const {
@@ -367,7 +385,7 @@ std::exception_ptr adapter::free_all(std::vector<deferred_free>& batch, std::vec
   std::exception_ptr first_error;
   for (auto const& f : batch) {
     try {
-      stack_->deallocate(f.ptr, f.size, options_.stream);
+      forward_free(f.ptr, f.size);
     } catch (...) {
       if (!first_error) { first_error = std::current_exception(); }
       if (refused == nullptr) { continue; }

@@ -207,6 +207,12 @@ class adapter {
   [[nodiscard]] std::size_t deferred_count() const;     ///< frees waiting for the outermost guard
   [[nodiscard]] int deferral_depth() const;
   [[nodiscard]] memory_resource& stack() const noexcept { return *stack_; }
+  /// For tests of the callers' refusal paths (a reset's, a finalizer's), which no right
+  /// free reaches on a host without a driver to fail: the next `count` frees this adapter
+  /// forwards to the stack are refused with a `logic_error` instead, the stack keeping the
+  /// memory, as a stack refusing them would. Never called in production: while no refusal
+  /// is pending, a free pays one relaxed load for it.
+  void refuse_next_frees_for_tests(std::size_t count) noexcept;
   [[nodiscard]] resource_ptr const& stack_ptr() const noexcept { return stack_; }
   [[nodiscard]] int device() const noexcept { return options_.device; }
 
@@ -230,6 +236,8 @@ class adapter {
   // first error (null when every free passed), adding each refused pointer to `refused`.
   std::exception_ptr free_all(std::vector<deferred_free>& batch, std::vector<void*>* refused = nullptr) noexcept;
   std::vector<memory_pointer> take_out_all(bool end_deferrals, std::exception_ptr& first_error);
+  // Returns [ptr, ptr + size) to the stack, unless a refusal for tests is pending.
+  void forward_free(void* ptr, std::size_t size);
 
   resource_ptr stack_;
   options options_;
@@ -243,6 +251,7 @@ class adapter {
   std::vector<deferred_free> deferred_;
   int deferral_depth_ = 0;
   std::atomic<bool> initialized_{false};
+  std::atomic<std::size_t> refusals_for_tests_{0};
 };
 
 }  // namespace mrstack::emm
