@@ -12,6 +12,7 @@
 #include <mrstack/replay/replay.hpp>
 #include <mrstack/spec_registry.hpp>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -410,7 +411,17 @@ TEST_CASE("replay threads: ns_per_call is the time inside the stack, and the ver
   // and the wall time holds that too.
   CHECK(slow.ns_per_call >= 25000);
   CHECK(slow.ns_per_event >= slow.ns_per_call);
-  CHECK(fast.ns_per_call < 5000);
+  // One preemption inside a timed call adds its length over 400 to the mean: on a loaded
+  // machine 2 ms of it (one time slice) failed the bound in 8 of 100 runs. So the least of
+  // up to five runs: a replay that counted the workers' waits as time inside the stack
+  // is slow in every one.
+  double fast_ns = fast.ns_per_call;
+  for (int again = 0; again < 4 && fast_ns >= 5000; ++again) {
+    auto const rerun = replay_stack(log, "cuda", o);
+    REQUIRE(rerun.complete());
+    fast_ns = std::min(fast_ns, rerun.ns_per_call);
+  }
+  CHECK(fast_ns < 5000);
   CHECK(slow.ns_per_call_per_run.size() == 1);
 
   char const* path = "replay_threads_verdict.csv";
