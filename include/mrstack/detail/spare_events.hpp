@@ -13,6 +13,7 @@
 #include <array>
 #include <atomic>
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <mutex>
 #include <vector>
@@ -63,7 +64,7 @@ class spare_events {
   /// often drives two or three).
   bool idle(stream_sync::handle stream) noexcept {
     struct recent_stream {
-      spare_events const* owner = nullptr;  // streams of different resources are counted apart
+      std::uint64_t owner = 0;  // streams of different resources are counted apart
       stream_sync::handle stream = 0;
       idle_back_off asks{};
     };
@@ -71,11 +72,11 @@ class spare_events {
     thread_local unsigned next_victim = 0;
     recent_stream* r = nullptr;
     for (auto& x : recent) {
-      if (x.owner == this && x.stream == stream) { r = &x; }
+      if (x.owner == id_ && x.stream == stream) { r = &x; }
     }
     if (r == nullptr) {
       r = &recent[next_victim++ % recent.size()];
-      *r = recent_stream{this, stream, {}};
+      *r = recent_stream{id_, stream, {}};
     }
     if (r->asks.skip()) { return false; }
     bool answer = false;
@@ -122,6 +123,13 @@ class spare_events {
   std::vector<stream_sync::handle> spares_;
   std::atomic<std::size_t> records_{0};
   std::atomic<std::size_t> queries_{0};
+  // Names this resource in the threads' recent streams. Not its address: a resource made
+  // where a destroyed one was found the other's back-off there, skipped its first asks
+  // and took an idle stream for busy (tests/pool_idle_streams.cpp, in a shuffled order).
+  std::uint64_t const id_ = [] {
+    static std::atomic<std::uint64_t> next{1};
+    return next.fetch_add(1, std::memory_order_relaxed);
+  }();
 };
 
 /// One call's work before its lock (`prepark`): the stream found idle, or an event
