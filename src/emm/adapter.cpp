@@ -275,8 +275,11 @@ ipc_handle adapter::get_ipc_handle(void const* ptr, std::size_t size) const {
   }
   memory_kind const kind = stack_->kind();
   if (kind != memory_kind::device) {
+    // A simulated stack's kind is "none": "serves none memory" read as a typo.
+    std::string const serves = kind == memory_kind::none ? std::string{"addresses with no memory behind them"}
+                                                          : std::string{to_string(kind)} + " memory";
     throw logic_error("emm::adapter::get_ipc_handle: the stack \"" + describe_stack(*stack_) + "\" serves " +
-                      to_string(kind) + " memory; CUDA IPC shares device memory from cudaMalloc only");
+                      serves + "; CUDA IPC shares device memory from cudaMalloc only");
   }
   if (ptr == nullptr) { throw logic_error("emm::adapter::get_ipc_handle: the pointer is null"); }
   driver_api const& api = driver();
