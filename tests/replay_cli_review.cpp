@@ -83,3 +83,35 @@ TEST_CASE("mrstack-replay: --help takes no value, as every other flag") {
   CHECK(run_tool({"--help"}).status == 0);
   CHECK(run_tool({"-h"}).status == 0);
 }
+
+TEST_CASE("mrstack-replay: a logging layer's file that cannot be opened is a bad argument, found before the log") {
+  auto const log_path = test_support::write_file(scratch(), "unopenable.csv", small_log);
+  // A file where a folder should be, and a name longer than a folder entry can be: the
+  // stack failed as it was built, exit 1, as if the allocator had.
+  auto const not_a_folder = test_support::write_file(scratch(), "not_a_folder", "");
+  for (std::string const& file :
+       {not_a_folder + "/x.csv", (scratch() / (std::string(300, 'x') + ".csv")).string()}) {
+    auto const c = run_tool({log_path, "--simulate", "-r", "logging(file=" + file + ") > pool > simulated"});
+    INFO(c.out << c.err);
+    CHECK(c.status == 2);
+    CHECK_THAT(c.err, Catch::Contains("logs to '" + file + "', which cannot be opened for writing"));
+    CHECK(c.out.empty());  // refused before the log was read
+  }
+  // A file that can be opened is not left behind by the check, nor the folders made for it
+  // (the log is missing, so nothing is built after the arguments are checked).
+  auto const folder = scratch() / "made_for_the_log";
+  std::filesystem::remove_all(folder);
+  auto const file = (folder / "deeper" / "x.csv").string();
+  auto const missing = run_tool({(scratch() / "no_such_log.csv").string(), "--simulate", "-r",
+                                 "logging(file=" + file + ") > pool > simulated"});
+  INFO(missing.err);
+  CHECK(missing.status == 2);
+  CHECK_THAT(missing.err, Catch::Contains("no_such_log.csv"));
+  CHECK_FALSE(std::filesystem::exists(folder));
+  // An existing file is opened, not truncated.
+  auto const kept = test_support::write_file(scratch(), "kept.csv", "rows\n");
+  auto const again = run_tool({(scratch() / "no_such_log.csv").string(), "--simulate", "-r",
+                               "logging(file=" + kept + ") > pool > simulated"});
+  CHECK(again.status == 2);
+  CHECK(slurp(kept) == "rows\n");
+}

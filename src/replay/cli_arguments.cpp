@@ -5,10 +5,16 @@
 #include <mrstack/adaptor/logging_resource_adaptor.hpp>
 #include <mrstack/spec.hpp>
 
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <limits>
 #include <set>
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 namespace mrstack::replay_cli {
 
@@ -177,6 +183,63 @@ void check_distinct_paths(arguments const& a) {
   }
 }
 
+/// Why a logging layer could not open `file` for writing, or empty when it can. The layer
+/// creates the missing folders and truncates the file as it is built, so the open is tried
+/// as the layer would, then undone: an existing file is opened without truncating it, a
+/// new one is removed again, and so are the folders made for it.
+std::string cannot_open_for_writing(std::string const& file) {
+  struct stat st {};
+  if (::stat(file.c_str(), &st) == 0) {
+    if (S_ISDIR(st.st_mode)) { return std::strerror(EISDIR); }
+    if (!S_ISREG(st.st_mode)) { return {}; }  // a device or FIFO: opening a FIFO would wait for its reader
+    int const fd = ::open(file.c_str(), O_WRONLY | O_CLOEXEC);
+    if (fd < 0) { return std::strerror(errno); }
+    ::close(fd);
+    return {};
+  }
+  if (errno != ENOENT) { return std::strerror(errno); }  // a name too long, a file where a folder should be
+  std::vector<std::filesystem::path> missing;  // folders to make, the deepest first
+  for (auto folder = std::filesystem::path{file}.parent_path(); !folder.empty() && folder != folder.parent_path();
+       folder = folder.parent_path()) {
+    if (::stat(folder.c_str(), &st) == 0) { break; }
+    if (errno != ENOENT) { return std::strerror(errno); }
+    missing.push_back(folder);
+  }
+  std::string why;
+  std::vector<std::filesystem::path> made;
+  for (auto it = missing.rbegin(); it != missing.rend() && why.empty(); ++it) {
+    if (::mkdir(it->c_str(), 0777) != 0) {
+      why = std::strerror(errno);
+    } else {
+      made.push_back(*it);
+    }
+  }
+  if (why.empty()) {
+    int const fd = ::open(file.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+    if (fd < 0) {
+      why = std::strerror(errno);
+    } else {
+      ::close(fd);
+      ::unlink(file.c_str());
+    }
+  }
+  for (auto it = made.rbegin(); it != made.rend(); ++it) { ::rmdir(it->c_str()); }
+  return why;
+}
+
+/// A logging layer's file that cannot be opened failed the stack as it was built, after the
+/// log was read: exit 1, a failure of the stack, where it is an argument that cannot work.
+void check_logging_files_open(arguments const& a) {
+  for (std::string const& spec : a.resources) {
+    for (std::string const& file : logging_files(spec)) {
+      if (std::string const why = cannot_open_for_writing(file); !why.empty()) {
+        throw usage_error{"--resource '" + spec + "' logs to '" + file + "', which cannot be opened for writing: " +
+                          why};
+      }
+    }
+  }
+}
+
 /// Checks the options that only make sense together.
 void check_combinations(arguments const& a, std::set<std::string> const& given) {
   if (!a.help && !a.list_resources && a.log_path.empty()) { throw usage_error{"no log given"}; }
@@ -202,6 +265,7 @@ void check_combinations(arguments const& a, std::set<std::string> const& given) 
     throw usage_error{"--shrink needs exactly one --resource: the stack whose failure to keep"};
   }
   check_distinct_paths(a);
+  check_logging_files_open(a);
 }
 
 }  // namespace
