@@ -115,3 +115,18 @@ TEST_CASE("mrstack-replay: a logging layer's file that cannot be opened is a bad
   CHECK(again.status == 2);
   CHECK(slurp(kept) == "rows\n");
 }
+
+TEST_CASE("mrstack-replay: a percentage out of range on the simulated device is refused before anything is printed") {
+  auto const log_path = test_support::write_file(scratch(), "percent.csv", small_log);
+  // arena's size=50% of 2^64-1 bytes is more than an arena can be: the error came after
+  // the log was read and the table's header printed.
+  auto const c = run_tool({log_path, "--simulate", "--capacity", "18446744073709551615", "-r", "arena > cuda"});
+  INFO(c.out << c.err);
+  CHECK(c.status == 2);
+  CHECK(c.out.empty());
+  CHECK_THAT(c.err, Catch::Contains("mrstack-replay: --resource: ") && Catch::Contains("50%"));
+  // The same share of a device it fits replays.
+  auto const fits = run_tool({log_path, "--simulate", "--capacity", "1GiB", "-r", "arena > cuda"});
+  INFO(fits.out << fits.err);
+  CHECK(fits.status == 0);
+}
