@@ -130,3 +130,20 @@ TEST_CASE("mrstack-replay: a percentage out of range on the simulated device is 
   INFO(fits.out << fits.err);
   CHECK(fits.status == 0);
 }
+
+TEST_CASE("mrstack-replay: a number with spaces around it is refused by every option alike") {
+  auto const log_path = test_support::write_file(scratch(), "spaces.csv", small_log);
+  // --repeat " 5" ran while "5 " was refused; the sizes took both.
+  for (std::string const option : {"--repeat", "--workers", "--capacity", "--max-log-bytes", "--max-line-bytes"}) {
+    for (std::string const text : {" 5", "5 ", "\t5"}) {
+      auto const c = run_tool({log_path, "--simulate", "-r", "cuda", option, text});
+      INFO(option << " '" << text << "'\n" << c.out << c.err);
+      CHECK(c.status == 2);
+      CHECK_THAT(c.err, Catch::StartsWith("mrstack-replay: " + option + " '" + text + "': the number has spaces"));
+    }
+  }
+  auto const points = run_tool({log_path, "--simulate", "-r", "cuda", "--timeline", (scratch() / "t.json").string(),
+                                "--timeline-points", " 5"});
+  CHECK(points.status == 2);
+  CHECK_THAT(points.err, Catch::Contains("--timeline-points ' 5': the number has spaces"));
+}

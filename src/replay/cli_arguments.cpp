@@ -5,6 +5,7 @@
 #include <mrstack/adaptor/logging_resource_adaptor.hpp>
 #include <mrstack/spec.hpp>
 
+#include <cctype>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -69,7 +70,17 @@ char const* const usage_text =
 
 namespace {
 
+/// strtol skipped leading spaces and refused trailing ones (--repeat " 5" ran, "5 " did not),
+/// and parse_size took both: a number with spaces around it is refused by every option alike.
+void check_no_surrounding_space(std::string const& option, std::string const& text) {
+  auto const space = [](char c) { return std::isspace(static_cast<unsigned char>(c)) != 0; };
+  if (!text.empty() && (space(text.front()) || space(text.back()))) {
+    throw usage_error{option + " '" + text + "': the number has spaces around it; give it without them"};
+  }
+}
+
 std::size_t positive_size(std::string const& option, std::string const& text) {
+  check_no_surrounding_space(option, text);
   std::string why;
   auto const bytes = parse_size(text, &why);
   if (!bytes || *bytes == 0) { throw usage_error{option + " '" + text + "': " + (bytes ? "must be more than 0" : why)}; }
@@ -77,6 +88,7 @@ std::size_t positive_size(std::string const& option, std::string const& text) {
 }
 
 long whole_number(std::string const& option, std::string const& text, long most, char const* what) {
+  check_no_surrounding_space(option, text);
   char* end = nullptr;
   long const n = std::strtol(text.c_str(), &end, 10);
   if (text.empty() || *end != '\0' || n < 1 || n > most) {
