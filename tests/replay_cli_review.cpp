@@ -147,3 +147,21 @@ TEST_CASE("mrstack-replay: a number with spaces around it is refused by every op
   CHECK(points.status == 2);
   CHECK_THAT(points.err, Catch::Contains("--timeline-points ' 5': the number has spaces"));
 }
+
+TEST_CASE("mrstack-replay: a tab or newline in a spec is printed escaped in the table") {
+  auto const log_path = test_support::write_file(scratch(), "escaped.csv", small_log);
+  auto const c = run_tool({log_path, "--simulate", "-r", "pool >\tcuda", "-r", "pool\n> cuda"});
+  INFO(c.out << c.err);
+  REQUIRE(c.status == 0);
+  std::string const table = c.out.substr(c.out.find("resource"), c.out.find("verdict") - c.out.find("resource"));
+  // The raw characters moved every column after them, or broke the row in two.
+  CHECK(table.find('\t') == std::string::npos);
+  std::size_t const heading_end = table.find('\n');
+  std::size_t const first = table.find("pool >\\tcuda ");
+  std::size_t const second = table.find("pool\\n> cuda ");
+  REQUIRE(first != std::string::npos);
+  REQUIRE(second != std::string::npos);
+  // Each row is as long as the heading: its last cell ("0" failures) ends under "failures".
+  CHECK(table.find('\n', first) - first == heading_end);
+  CHECK(table.find('\n', second) - second == heading_end);
+}

@@ -139,10 +139,36 @@ void print_header(std::FILE* out, arguments const& a, allocation_log const& log,
   std::fprintf(out, "\n");
 }
 
+namespace {
+
+/// A cell as printed: a tab or newline in a spec (a shell's quotes keep them) moved every
+/// column after it; control characters are written escaped, each then as wide as it prints.
+std::string cell_text(std::string const& cell) {
+  std::string out;
+  for (char const c : cell) {
+    if (c == '\t') {
+      out += "\\t";
+    } else if (c == '\n') {
+      out += "\\n";
+    } else if (c == '\r') {
+      out += "\\r";
+    } else if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\x%02x", static_cast<unsigned>(static_cast<unsigned char>(c)));
+      out += buf;
+    } else {
+      out += c;
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
 table::table(std::vector<std::string> const& labels, allocation_log const& log) {
   widths.resize(headings.size());
   for (std::size_t c = 0; c < headings.size(); ++c) { widths[c] = headings[c].size(); }
-  for (auto const& r : labels) { widths[0] = std::max(widths[0], r.size() + 1); }
+  for (auto const& r : labels) { widths[0] = std::max(widths[0], cell_text(r).size() + 1); }
   widths[1] = std::max(widths[1], with_commas(log.events.size()).size());
   widths[2] = std::max<std::size_t>(widths[2], 9);
   widths[3] = std::max<std::size_t>(widths[3], 8);
@@ -154,7 +180,7 @@ table::table(std::vector<std::string> const& labels, allocation_log const& log) 
 std::string table::row(std::vector<std::string> const& cells) const {
   std::string out;
   for (std::size_t c = 0; c < cells.size(); ++c) {
-    std::string const& cell = cells[c];
+    std::string const cell = cell_text(cells[c]);
     std::size_t const pad = widths[c] > cell.size() ? widths[c] - cell.size() : 0;
     if (c == 0) {
       out += cell + std::string(pad, ' ');
