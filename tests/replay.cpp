@@ -600,7 +600,7 @@ TEST_CASE("mrstack-replay --write-csv: a checked log written as CSV, binary logs
   }
   auto const binary = run_tool({bin_path, "--write-csv", out_path});
   CHECK(binary.status == 0);
-  CHECK_THAT(binary.out, Catch::Contains("(2 events, 1 threads)"));
+  CHECK_THAT(binary.out, Catch::Contains("(2 events, 1 thread)"));
   CHECK(slurp(out_path) == read_log_text(bin_path));
   CHECK(slurp(out_path).rfind("Thread,Time,Action,Pointer,Size,Stream,Stamp\n", 0) == 0);
   // A log that does not check out writes nothing; replay options are refused with it.

@@ -165,3 +165,32 @@ TEST_CASE("mrstack-replay: a tab or newline in a spec is printed escaped in the 
   CHECK(table.find('\n', first) - first == heading_end);
   CHECK(table.find('\n', second) - second == heading_end);
 }
+
+TEST_CASE("mrstack-replay: counts are singular or plural, with thousands separators, and bytes go on to TiB") {
+  auto const log_path = test_support::write_file(scratch(), "wording.csv", small_log);
+  auto const one = run_tool({log_path, "--simulate", "-r", "cuda", "--workers", "1"});
+  INFO(one.out << one.err);
+  CHECK_THAT(one.out, Catch::Contains("  log:     2 events (1 allocation, 1 free) on 1 thread and 1 stream;"));
+  CHECK_THAT(one.out, Catch::Contains("on 1 worker thread;"));
+  auto const csv = (scratch() / "wording_out.csv").string();
+  auto const wrote = run_tool({log_path, "--write-csv", csv});
+  CHECK_THAT(wrote.out, Catch::Contains("(2 events, 1 thread)"));
+  // 1,000 threads, each allocating once.
+  std::string many = header;
+  for (int t = 0; t < 1000; ++t) {
+    many += std::to_string(t) + ",01:00:00.000001,allocate,0x" + std::to_string(1000 + t) + "000,256,0\n";
+  }
+  auto const many_path = test_support::write_file(scratch(), "many_threads.csv", many);
+  auto const m = run_tool({many_path, "--simulate", "-r", "cuda"});
+  INFO(m.out << m.err);
+  CHECK_THAT(m.out, Catch::Contains("on 1,000 threads and 1 stream"));
+  // A refused 1000 TiB: the note said "1024000.00 GiB" beside the allocator's "1000.00 TiB".
+  auto const huge_path = test_support::write_file(
+      scratch(), "huge.csv", header + "1,01:00:00.000001,allocate,0x1000,1099511627776000,0\n");
+  auto const h = run_tool({huge_path, "--simulate", "--capacity", "1GiB", "-r", "cuda"});
+  INFO(h.out << h.err);
+  CHECK(h.status == 1);
+  CHECK_THAT(h.out, Catch::Contains("(event 0, 1000.00 TiB): out of memory: simulated could not allocate 1000.00 TiB"));
+  CHECK_THAT(h.out, !Catch::Contains("1024000.00 GiB"));
+  CHECK_THAT(h.out, Catch::Contains("never frees 1 allocation (1000.00 TiB); it is freed after the clock stops"));
+}

@@ -42,7 +42,8 @@ def cpp_reading(path, tmp_path):
     done = subprocess.run([binary, str(path), "--write-csv", str(out)], capture_output=True, text=True,
                           errors="replace", timeout=120)
     if done.returncode == 0:
-        count = int(re.search(r"\((\d+) events", done.stdout + done.stderr).group(1))
+        # "(1 event, ...)", "(9,094 events, ...)": the count as the tool words it.
+        count = int(re.search(r"\(([\d,]+) events?\b", done.stdout + done.stderr).group(1).replace(",", ""))
         return "events", count, out.read_text(errors="surrogateescape")
     assert done.returncode == 2, done.stderr
     line = re.match(rf"mrstack-replay: {re.escape(str(path))}:(\d+)", done.stderr)

@@ -46,6 +46,8 @@ arguments parse_arguments(std::vector<std::string> const& args);
 
 std::string with_commas(std::size_t n);
 std::string short_bytes(std::size_t bytes);
+/// "1 thread", "20,000 threads".
+std::string count_of(std::size_t n, char const* singular, char const* plural);
 std::string short_seconds(double s);
 std::string ns_text(double ns);
 std::string ratio_text(double r);

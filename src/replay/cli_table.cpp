@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstring>
 #include <fstream>
+#include <iterator>
 #include <thread>
 
 #include <unistd.h>
@@ -34,9 +35,22 @@ std::string short_bytes(std::size_t bytes) {
   } else if (bytes < (std::size_t{1} << 30)) {
     std::snprintf(buf, sizeof buf, "%.1f MiB", b / (1 << 20));
   } else {
-    std::snprintf(buf, sizeof buf, "%.2f GiB", b / (1 << 30));
+    // On to TiB and beyond, as the library's messages count (format_bytes): a failure note
+    // said "1024000.00 GiB" beside the allocator's "1000.00 TiB".
+    static constexpr char const* units[] = {"GiB", "TiB", "PiB", "EiB"};
+    double value = b / (1 << 30);
+    std::size_t unit = 0;
+    while (value >= 1024.0 && unit + 1 < std::size(units)) {
+      value /= 1024.0;
+      ++unit;
+    }
+    std::snprintf(buf, sizeof buf, "%.2f %s", value, units[unit]);
   }
   return buf;
+}
+
+std::string count_of(std::size_t n, char const* singular, char const* plural) {
+  return with_commas(n) + " " + (n == 1 ? singular : plural);
 }
 
 std::string short_seconds(double s) {
@@ -98,13 +112,15 @@ void list_resources(std::FILE* out) {
 
 void print_header(std::FILE* out, arguments const& a, allocation_log const& log, memory_setting const& memory) {
   std::fprintf(out, "mrstack-replay %s\n", a.log_path.c_str());
-  std::fprintf(out, "  log:     %s events (%s allocations, %s frees) on %zu thread%s and %zu stream%s; peak live %s\n",
-               with_commas(log.events.size()).c_str(), with_commas(log.allocation_count).c_str(),
-               with_commas(log.free_count()).c_str(), log.thread_names.size(), log.thread_names.size() == 1 ? "" : "s",
-               log.streams.size(), log.streams.size() == 1 ? "" : "s", short_bytes(log.peak_live_bytes).c_str());
+  std::fprintf(out, "  log:     %s (%s, %s) on %s and %s; peak live %s\n",
+               count_of(log.events.size(), "event", "events").c_str(),
+               count_of(log.allocation_count, "allocation", "allocations").c_str(),
+               count_of(log.free_count(), "free", "frees").c_str(),
+               count_of(log.thread_names.size(), "thread", "threads").c_str(),
+               count_of(log.streams.size(), "stream", "streams").c_str(), short_bytes(log.peak_live_bytes).c_str());
   if (!log.recorded_failures.empty()) {
-    std::fprintf(out, "           the log records %zu allocation failure%s (first at line %u): %s\n",
-                 log.recorded_failures.size(), log.recorded_failures.size() == 1 ? "" : "s",
+    std::fprintf(out, "           the log records %s (first at line %u): %s\n",
+                 count_of(log.recorded_failures.size(), "allocation failure", "allocation failures").c_str(),
                  log.recorded_failures.front().line,
                  a.expect_failures ? "each stack must refuse them too (--expect-failures)"
                                    : "reported, not replayed (--expect-failures asks them)");
@@ -118,7 +134,8 @@ void print_header(std::FILE* out, arguments const& a, allocation_log const& log,
     std::fprintf(out, "           each stack's bottom is simulated(capacity=%s), touching no memory\n",
                  short_bytes(memory.capacity).c_str());
     if (!memory.device.available && log.streams.size() > 1) {
-      std::fprintf(out, "           without a device the log's %zu streams replay on one stream handle\n", log.streams.size());
+      std::fprintf(out, "           without a device the log's %s streams replay on one stream handle\n",
+                   with_commas(log.streams.size()).c_str());
     }
   } else {
     std::fprintf(out, "  memory:  REAL device memory: %s (device %d, %s, %s free)\n", memory.device.name.c_str(),
@@ -127,14 +144,14 @@ void print_header(std::FILE* out, arguments const& a, allocation_log const& log,
   }
   std::fprintf(out, "  machine: %s\n", machine_description().c_str());
   std::string runs{"one run per stack"};
-  if (a.repeat > 1) { runs = std::string{"median of "}.append(std::to_string(a.repeat)).append(" runs per stack"); }
+  if (a.repeat > 1) { runs = std::string{"median of "}.append(with_commas(static_cast<std::size_t>(a.repeat))).append(" runs per stack"); }
   replay_options probe;
   probe.workers = a.workers;
   unsigned const workers = replay_detail::wanted_workers(log, probe);
-  std::fprintf(out, "  timing:  %s%s; %s order on %u worker thread%s%s; ns/call is the time inside\n"
+  std::fprintf(out, "  timing:  %s%s; %s order on %s%s; ns/call is the time inside\n"
                     "           allocate/deallocate per event, ns/event the wall time per event\n",
                runs.c_str(), a.warmup ? ", each after an untimed warm-up run on the same stack" : "",
-               to_string(a.order), workers, workers == 1 ? "" : "s",
+               to_string(a.order), count_of(workers, "worker thread", "worker threads").c_str(),
                log.thread_names.size() > workers ? " (the log's threads share them)" : "");
   std::fprintf(out, "\n");
 }

@@ -38,8 +38,8 @@ std::string notes_text(std::vector<replay_result> const& results, allocation_log
   }
   if (!log.leaked_allocations.empty()) {
     notes += "  leaks: the log never frees " + with_commas(log.leaked_allocations.size()) + " allocation" +
-             (log.leaked_allocations.size() == 1 ? "" : "s") + " (" + short_bytes(log.leaked_bytes) +
-             "); they are freed after the clock stops\n";
+             (log.leaked_allocations.size() == 1 ? " (" : "s (") + short_bytes(log.leaked_bytes) +
+             (log.leaked_allocations.size() == 1 ? "); it is" : "); they are") + " freed after the clock stops\n";
   }
   if (any_lower_bound) {
     notes += "  * nothing above the bottom, so the footprint is the bytes asked of it: a lower bound that\n";

@@ -291,8 +291,9 @@ int write_csv(arguments const& a, std::FILE* out, std::FILE* err) {
     std::fprintf(err, "mrstack-replay: --write-csv: %s\n", e.what());
     return 2;
   }
-  std::fprintf(out, "mrstack-replay: wrote %s (%zu events, %zu threads) as CSV to %s\n", a.log_path.c_str(),
-               log.events.size(), log.thread_names.size(), a.csv_path->c_str());
+  std::fprintf(out, "mrstack-replay: wrote %s (%s, %s) as CSV to %s\n", a.log_path.c_str(),
+               count_of(log.events.size(), "event", "events").c_str(),
+               count_of(log.thread_names.size(), "thread", "threads").c_str(), a.csv_path->c_str());
   return 0;
 }
 
