@@ -1,12 +1,16 @@
 // mrstack-replay, cases found in review: outputs that would overwrite each other, a log
-// with nothing to time, a flag given a value.
+// with nothing to time, a flag given a value, arguments refused only after the log was
+// read, numbers with spaces, the table's cells and wording, logs joined together.
 #include <catch2/catch.hpp>
 
 #include "replay_tool_run.hpp"
 #include "scratch_files.hpp"
 
 #include <filesystem>
+#include <fstream>
 #include <string>
+
+#include <zlib.h>
 
 using test_support::run_tool;
 using test_support::slurp;
@@ -193,4 +197,37 @@ TEST_CASE("mrstack-replay: counts are singular or plural, with thousands separat
   CHECK_THAT(h.out, Catch::Contains("(event 0, 1000.00 TiB): out of memory: simulated could not allocate 1000.00 TiB"));
   CHECK_THAT(h.out, !Catch::Contains("1024000.00 GiB"));
   CHECK_THAT(h.out, Catch::Contains("never frees 1 allocation (1000.00 TiB); it is freed after the clock stops"));
+}
+
+namespace {
+
+void write_gzip(std::string const& path, std::string const& text) {
+  gzFile f = gzopen(path.c_str(), "wb");
+  REQUIRE(f != nullptr);
+  REQUIRE(gzwrite(f, text.data(), static_cast<unsigned>(text.size())) == static_cast<int>(text.size()));
+  REQUIRE(gzclose(f) == Z_OK);
+}
+
+}  // namespace
+
+TEST_CASE("mrstack-replay: two logs joined together are reported as a repeated header") {
+  // Two gzipped CSVs concatenated read as one text with the header on line 4: it was
+  // reported as "bad Time 'Time'".
+  auto const part = (scratch() / "part.csv.gz").string();
+  write_gzip(part, small_log);
+  std::ifstream in{part, std::ios::binary};
+  std::string const bytes{std::istreambuf_iterator<char>{in}, std::istreambuf_iterator<char>{}};
+  auto const joined = test_support::write_file(scratch(), "joined.csv.gz", bytes + bytes);
+  auto const c = run_tool({joined, "--simulate", "-r", "cuda"});
+  INFO(c.out << c.err);
+  CHECK(c.status == 2);
+  CHECK_THAT(c.err, Catch::Contains("joined.csv.gz:4: line 4 repeats the header"));
+  CHECK_THAT(c.err, !Catch::Contains("bad Time"));
+  // A log with the Stamp column: "bad Stamp 'Stamp'".
+  std::string const stamped = "Thread,Time,Action,Pointer,Size,Stream,Stamp\n1,01:00:00.1,allocate,0x1000,256,0,1\n";
+  auto const two = test_support::write_file(scratch(), "stamped.csv", stamped + stamped);
+  auto const s = run_tool({two, "--simulate", "-r", "cuda"});
+  INFO(s.out << s.err);
+  CHECK(s.status == 2);
+  CHECK_THAT(s.err, Catch::Contains("stamped.csv:3: line 3 repeats the header"));
 }

@@ -166,6 +166,18 @@ class log_parser {
     has_stamp_ = fields_.size() > stamp_column && equal_ignoring_case(fields_[stamp_column].text, "Stamp");
   }
 
+  /// Refuses a row that is the header again (the current line, split): two whole logs
+  /// joined, such as two gzipped CSVs concatenated, were reported as "bad Time 'Time'".
+  void check_not_a_header() const {
+    if (fields_.size() < std::size(column_names)) { return; }
+    for (std::size_t i = 0; i < std::size(column_names); ++i) {
+      if (!equal_ignoring_case(fields_[i].text, column_names[i])) { return; }
+    }
+    fail(0, "line " + std::to_string(line_number_) +
+                " repeats the header: two logs joined into one (two gzipped CSVs concatenated, say); "
+                "replay each log on its own");
+  }
+
   /// A log written in per-thread order (a Stamp column after the six): each thread's rows
   /// in their file order, the threads merged by stamp — at equal stamps a free before an
   /// allocation of another thread, as the adaptor's merged writer does (one thread's own
@@ -177,6 +189,7 @@ class log_parser {
     while (next_line()) {
       if (trim(line_).empty()) { continue; }
       split();
+      check_not_a_header();
       if (fields_.size() <= stamp_column) {
         fail(line_.size() + 1, "expected a Stamp in column " + std::to_string(stamp_column + 1) +
                                    " (the header has one), found " + std::to_string(fields_.size()) + " columns");
@@ -269,6 +282,7 @@ class log_parser {
 
   /// Checks the fields of the current line (split already) and converts them.
   row parse_fields() {
+    check_not_a_header();
     if (fields_.size() < std::size(column_names)) {
       fail(line_.size() + 1, "expected 6 columns (" + std::string{expected_header} + "), found " +
                                  std::to_string(fields_.size()));
