@@ -93,6 +93,11 @@ struct build_options {
 /// below a bottom resource), without building anything. Percentages are checked for syntax
 /// only. Throws `spec_error`.
 void check_stack_spec(stack_spec const& spec);
+/// The same, but with `options.percent_base` set, percentages are resolved against it and
+/// checked in range as `build_stack` would check them (mrstack-replay, before it reads the
+/// log: a share out of its parameter's range was refused only once the stack was built).
+/// The other options are not used.
+void check_stack_spec(stack_spec const& spec, build_options const& options);
 
 /// Builds the stack `spec` describes, bottom first. Throws `spec_error` for a bad spec
 /// (including a resource constructor's `logic_error`, then pointing at that layer), and

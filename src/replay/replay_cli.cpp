@@ -2,7 +2,6 @@
 // notes and the verdict, and writes --json, --timeline and --shrink. The parts are in
 // cli_arguments.cpp, cli_table.cpp, cli_json.cpp and cli_verdict.cpp.
 #include "cli.hpp"
-#include "spec/spec_detail.hpp"
 
 #include <mrstack/replay/shrink.hpp>
 #include <mrstack/spec_registry.hpp>
@@ -53,26 +52,6 @@ struct terminal_progress {
   }
 };
 
-/// Each layer's arguments as the build binds them, percentages resolved against the
-/// simulated device: a share out of its parameter's range (arena's 50% of a --capacity of
-/// 16 EiB) was refused only as the stack was built, after the log was read and the table's
-/// header printed. Throws spec_error.
-void check_resolved_percentages(stack_spec const& spec, std::size_t capacity) {
-  detail::argument_checker checker{spec, [capacity](spec_argument const&) { return capacity; }, nullptr};
-  for (auto const& layer : spec.layers) {
-    spec_resource const* entry = find_resource(layer.name);
-    if (entry == nullptr) { continue; }  // refused by replay_spec_for already
-    spec_arguments const args = checker.check(layer, *entry);
-    if (entry->validate == nullptr) { continue; }
-    try {
-      entry->validate(args);
-    } catch (spec_parameter_error const& e) {
-      detail::throw_spec_error(detail::spec_text_for_errors(spec), layer.column,
-                               "bad arguments for " + entry->name + ": " + e.what());
-    }
-  }
-}
-
 /// The stacks to replay, each checked before the log is read. Returns false (after saying
 /// why) when one is not a valid spec.
 bool stacks_to_replay(arguments const& a, memory_setting const& memory, std::vector<std::string>& resources,
@@ -88,7 +67,13 @@ bool stacks_to_replay(arguments const& a, memory_setting const& memory, std::vec
       // As it will be built: its simulated bottom and the footprint_meter the replay adds
       // (a 64-layer spec had its error only after the log was read).
       stack_spec const built = replay_spec_for(spec, memory.simulate, memory.capacity);
-      if (memory.simulate) { check_resolved_percentages(built, memory.capacity); }
+      if (memory.simulate) {
+        // Percentages resolved against the simulated device, as the build will: one out of
+        // its parameter's range had its error only after the log was read.
+        build_options resolved;
+        resolved.percent_base = memory.capacity;
+        check_stack_spec(built, resolved);
+      }
     } catch (spec_error const& e) {
       std::fprintf(err, "mrstack-replay: --resource: %s\n", e.what());
       return false;

@@ -101,10 +101,10 @@ class spec_builder {
   /// One layer's arguments, typed and in range, then the entry's own check of combinations.
   spec_arguments check_layer(spec_layer const& layer, spec_resource const& entry) {
     detail::argument_checker checker{spec_, nullptr, nullptr};
-    if (build_) {
+    if (build_ || options_.percent_base) {  // a check resolves them only against a given base
       checker.percent_base = [this](spec_argument const& arg) { return percent_base(arg); };
-      checker.note = options_.on_note ? options_.on_note : note_once_to_stderr;
     }
+    if (build_) { checker.note = options_.on_note ? options_.on_note : note_once_to_stderr; }
     auto args = checker.check(layer, entry);
     if (entry.validate != nullptr) {
       try {
@@ -292,9 +292,12 @@ class spec_builder {
 
 }  // namespace
 
-void check_stack_spec(stack_spec const& spec) {
-  build_options const options;
-  (void)spec_builder{spec, options, false}.run();
+void check_stack_spec(stack_spec const& spec) { check_stack_spec(spec, build_options{}); }
+
+void check_stack_spec(stack_spec const& spec, build_options const& options) {
+  build_options checked;
+  checked.percent_base = options.percent_base;
+  (void)spec_builder{spec, checked, false}.run();
 }
 
 resource_ptr build_stack(stack_spec const& spec, build_options const& options) {
