@@ -388,13 +388,14 @@ mrstack_status mrstack_allocate(mrstack_stack* handle, size_t bytes, void* strea
     try {
       std::lock_guard lock{shard.mutex};
       auto const key = reinterpret_cast<std::uintptr_t>(block);
-      if (auto const* stale = shard.live.find(key)) {
+      mrstack_stack::plain_block const booked{bytes, client};
+      if (!shard.live.insert(key, booked)) {  // one probe when the address is new, as it should be
         // The stack handed out an address the books hold live: that block went back behind
         // the C ABI's back (through another handle's layers). The new block lives there now.
+        auto* const stale = shard.live.find(key);
         stack->count_free(stale->client, stale->bytes);
-        shard.live.erase(key);
+        *stale = booked;
       }
-      shard.live.insert(key, mrstack_stack::plain_block{bytes, client});
     } catch (...) {  // no host memory to book it: a block nobody could free right
       try {
         stack->top->deallocate(block, bytes, on);

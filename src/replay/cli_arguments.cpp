@@ -175,7 +175,8 @@ void check_distinct_paths(arguments const& a) {
   // other (--json over a logging layer's rows), and the run still exited 0.
   std::vector<std::pair<std::string, std::string>> logged;  // (spec, file) of the stacks before
   for (std::string const& spec : a.resources) {
-    for (std::string const& file : logging_files(spec)) {
+    std::vector<std::string> const files = logging_files(spec);
+    for (std::string const& file : files) {
       for (auto const& [option, path] : seen) {
         if (resolved(file) != resolved(path)) { continue; }
         if (std::string{option} == "log") {
@@ -191,7 +192,7 @@ void check_distinct_paths(arguments const& a) {
                           "' does: the later stack's log would replace the earlier's; give each its own file"};
       }
     }
-    for (std::string const& file : logging_files(spec)) { logged.emplace_back(spec, file); }
+    for (std::string const& file : files) { logged.emplace_back(spec, file); }
   }
 }
 
