@@ -397,3 +397,19 @@ TEST_CASE("torch books: an event made through the hooks goes to their destroy af
   CHECK(stand_in_events::made() == 1);
   CHECK(stand_in_events::destroyed() == 1);
 }
+
+TEST_CASE("torch books: a free of another size than the block's is refused, and the right one then frees it") {
+  configure_once();
+  // The pool takes 1000 and 1024 bytes back as one block and the torch client holds
+  // more than 1000 bytes, so only the books' size can tell this free is wrong.
+  std::uint64_t const before = torch_live_bytes(0);
+  void* p = mrstack_torch_alloc(1024, 0, nullptr);
+  REQUIRE(p != nullptr);
+  mrstack_torch_free(p, 1000, 0, nullptr);
+  std::string const message = mrstack_last_error();
+  CHECK(message.find("was allocated with 1024 bytes, not the 1000") != std::string::npos);
+  CHECK(torch_live_bytes(0) == before + 1024);
+  mrstack_torch_free(p, 1024, 0, nullptr);
+  CHECK(torch_live_bytes(0) == before);
+  CHECK(mrstack_torch_record_stream(p, nullptr) == MRSTACK_ERROR_INVALID_ARGUMENT);  // gone from the books
+}

@@ -307,7 +307,7 @@ void* allocate_for_torch(std::size_t size, int device, void* stream) {
     try {
       block_shard& shard = shard_of(ptr);
       std::lock_guard lock{shard.mutex};
-      shard.table.insert(live_block{ptr, device});
+      shard.table.insert(live_block{ptr, device, 0, size});
     } catch (...) {  // out of host memory for the entry (insert throws nothing else): PyTorch does not get the block
       stack->top->deallocate(ptr, size, mrstack::stream_view{static_cast<cudaStream_t>(stream)});
       throw live_books_out_of_host_memory(size, device);
@@ -479,6 +479,15 @@ void mrstack_torch_free(void* ptr, size_t size, int device, void* stream) {
                                        std::to_string(size) + " bytes) is not a block PyTorch holds from device " +
                                        std::to_string(device) + "'s stack (never handed out there, or already " +
                                        "freed)" + elsewhere + "; nothing was freed",
+                                   0, MRSTACK_ERROR_LOGIC);
+    std::fprintf(stderr, "mrstack: %s\n", mrstack_last_error());
+    return;
+  }
+  if (taken.size != size) {  // a layer below may take it back all the same, and the books would drift
+    keep();
+    mrstack::c_api::set_last_error("mrstack_torch_free: " + mrstack::format_hex(ptr) + " on device " +
+                                       std::to_string(device) + " was allocated with " + std::to_string(taken.size) +
+                                       " bytes, not the " + std::to_string(size) + " this free names; nothing was freed",
                                    0, MRSTACK_ERROR_LOGIC);
     std::fprintf(stderr, "mrstack: %s\n", mrstack_last_error());
     return;

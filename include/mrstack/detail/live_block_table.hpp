@@ -3,7 +3,7 @@
 /// entry points of the C ABI keep them (src/c_api/torch.cpp: one table per shard, under
 /// the shard's lock). CUDA-free; not thread-safe.
 ///
-/// An open-addressing table of (address, device) with linear probing and
+/// An open-addressing table of (address, device, size) with linear probing and
 /// backward-shift deletion (no tombstones), at most half full after an insert, that
 /// allocates only when it grows. Unlike `pointer_map`, one address may be in it more
 /// than once, for different devices: stacks over simulated memory hand out the same
@@ -26,8 +26,9 @@ struct live_block {
   void* ptr = nullptr;
   int device = -1;
   std::uint32_t generation = 0;  // set by `insert`; 2^32 inserts into one table before one repeats
+  std::size_t size = 0;          // as allocated: a free must name it (a pool takes 1000 and 1024 bytes back alike)
 };
-static_assert(sizeof(live_block) == 16, "the generation must fit the entry's padding");
+static_assert(sizeof(live_block) == 24, "the generation fills the padding after the device");
 
 class live_block_table {
  public:
