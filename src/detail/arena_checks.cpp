@@ -1,5 +1,6 @@
-// arena_core's introspection: statistics and the invariant checks (design:
-// detail/arena_core.hpp). Kept apart from the allocation paths, which it only reads.
+// arena_core's introspection: the block a refused free names, statistics and the
+// invariant checks (design: detail/arena_core.hpp). Kept apart from the allocation
+// paths, which it only reads.
 #include <mrstack/detail/arena_core.hpp>
 
 #include <algorithm>
@@ -12,6 +13,25 @@
 namespace mrstack::detail {
 
 // ---- introspection ------------------------------------------------------------------------------------
+
+std::size_t arena_core::handed_out_alignment(std::uintptr_t p) const {
+  std::lock_guard lock{global_mutex_};
+  auto const it = large_alignments_.find(p);
+  return it == large_alignments_.end() ? 256 : it->second;
+}
+
+std::size_t arena_core::live_size(std::uintptr_t p) const {
+  auto const* const sb = map_.find(p);
+  if (sb == nullptr) {
+    std::lock_guard lock{global_mutex_};
+    return global_.blocks().live_size(p);
+  }
+  stream_arena* const owner = sb->arena.load(std::memory_order_acquire);
+  if (owner == nullptr) { return 0; }
+  std::lock_guard lock{owner->mutex};
+  std::uint32_t index = 0;
+  return live_block(*sb, owner, p, index) ? small_size(*sb, index) : 0;
+}
 
 arena_core::statistics arena_core::stats() const {
   statistics st;
