@@ -196,6 +196,10 @@ void arena_core::thread_exiting(void* arena) noexcept {
     // again. Read under the registry lock: a late call during this hook may have retired
     // it already, and another thread's stream taken it since.
     if (a->retired || !a->stream.thread_bound || a->stream.key != thread_key_()) { return; }
+    // Blocks its stream freed during a capture wait for that stream's next call, and there
+    // will be none: settled now, while this thread may still name its stream (otherwise
+    // they, and their superblocks, stayed out of use until destruction).
+    settle_arena(*a, a->stream);
     {
       std::lock_guard lock{a->mutex};
       if (!retire_if_empty(*a, a->stream)) {

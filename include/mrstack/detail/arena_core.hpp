@@ -419,8 +419,8 @@ class arena_core {
   static std::size_t small_size(superblock const& sb, std::uint32_t index) noexcept;
   /// A small block of `owner`'s freed on stream `s` while `s` is being captured into a
   /// graph: neither live nor free, kept on `s`'s arena until `s`'s first call after the
-  /// capture (the graph's work on it has not run, and CUDA allows no synchronization of
-  /// a stream being captured). False for a foreign, double or wrong-size free.
+  /// capture, or the exit of the thread whose default stream `s` is (the graph's work on
+  /// it has not run, and CUDA allows no synchronization of a stream being captured). False for a foreign, double or wrong-size free.
   bool hold_back(superblock& sb, stream_arena* owner, std::uintptr_t p, std::size_t size, stream_ref const& s);
   // ---- the depot (arena_depot.cpp) ----
   /// Wholly free superblocks handed back by one stream arena in one trip, not yet merged

@@ -1,0 +1,72 @@
+// arena_memory_resource: small blocks a thread's per-thread default stream freed while it
+// was being captured (held back until that stream's next call) when the thread exits
+// before making one. Nobody names that stream again, so its exit is the last chance.
+#include <catch2/catch.hpp>
+
+#include <fake_stream_sync.hpp>
+
+#include <mrstack/suballoc/arena_memory_resource.hpp>
+#include <mrstack/upstream/simulated_memory_resource.hpp>
+
+#include <memory>
+#include <thread>
+
+using namespace mrstack;
+
+namespace {
+constexpr std::size_t KiB = 1024;
+constexpr std::size_t MiB = 1024 * KiB;
+stream_view on(std::uintptr_t s) { return stream_view{reinterpret_cast<cudaStream_t>(s)}; }
+auto const per_thread_handle = reinterpret_cast<std::uintptr_t>(cudaStreamPerThread);
+
+arena_options faked_options(std::shared_ptr<test::fake_stream_sync> const& fake) {
+  arena_options o;
+  o.superblock_size = 1 * MiB;
+  o.max_small_size = 256 * KiB;
+  o.max_free_bytes = 0;  // nothing free is kept outside the stream arenas
+  o.minimum_growth = 1 * MiB;
+  o.stream_sync = fake;
+  return o;
+}
+
+/// Frees `p` (a block of `size` from another stream's arena) on a new thread's default
+/// stream while that stream is captured; the capture ends and the thread exits.
+void free_in_capture_then_exit(memory_resource& mr, test::fake_stream_sync& fake, void* p, std::size_t size) {
+  std::thread worker{[&] {
+    fake.begin_capture(per_thread_handle);
+    mr.deallocate(p, size, stream_view::per_thread());  // held back: no synchronization in a capture
+    fake.end_capture(per_thread_handle);
+  }};
+  worker.join();
+}
+}  // namespace
+
+TEST_CASE("arena held back: an exited thread's held-back block is free again, and release() gives its chunk back") {
+  auto fake = std::make_shared<test::fake_stream_sync>();
+  arena_memory_resource mr{std::make_shared<simulated_memory_resource>(), 64 * MiB, faked_options(fake)};
+  void* const p = mr.allocate(4 * KiB, on(0x1000));
+  free_in_capture_then_exit(mr, *fake, p, 4 * KiB);
+  CHECK(mr.check_invariants() == "");
+  CHECK(fake->syncs_in_capture == 0);
+  // The block is free in 0x1000's arena: the stream reuses it, and no arena is left for
+  // the exited thread.
+  void* const again = mr.allocate(4 * KiB, on(0x1000));
+  CHECK(again == p);
+  mr.deallocate(again, 4 * KiB, on(0x1000));
+  CHECK(mr.stats().stream_arenas == 1);
+  mr.release();
+  CHECK(mr.held_bytes() == 0);
+  CHECK(mr.check_invariants() == "");
+}
+
+TEST_CASE("arena held back: an exited thread's held-back block does not make a request that fits fail") {
+  auto fake = std::make_shared<test::fake_stream_sync>();
+  arena_memory_resource mr{std::make_shared<simulated_memory_resource>(), 4 * MiB, faked_options(fake)};
+  void* const p = mr.allocate(4 * KiB, on(0x1000));
+  free_in_capture_then_exit(mr, *fake, p, 4 * KiB);
+  // Nothing is live: the whole arena fits one large block.
+  void* big = nullptr;
+  CHECK_NOTHROW(big = mr.allocate(4 * MiB, on(0x1000)));
+  if (big != nullptr) { mr.deallocate(big, 4 * MiB, on(0x1000)); }
+  CHECK(mr.check_invariants() == "");
+}
