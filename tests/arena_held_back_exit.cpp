@@ -70,3 +70,19 @@ TEST_CASE("arena held back: an exited thread's held-back block does not make a r
   if (big != nullptr) { mr.deallocate(big, 4 * MiB, on(0x1000)); }
   CHECK(mr.check_invariants() == "");
 }
+
+TEST_CASE("arena held back: a block of an exited thread's arena, held back and settled, retires that arena") {
+  auto fake = std::make_shared<test::fake_stream_sync>();
+  arena_memory_resource mr{std::make_shared<simulated_memory_resource>(), 64 * MiB, faked_options(fake)};
+  void* p = nullptr;
+  std::thread worker{[&] { p = mr.allocate(4 * KiB, stream_view::per_thread()); }};
+  worker.join();  // its arena still owes p: kept until p comes back
+  fake->begin_capture(0x2000);
+  mr.deallocate(p, 4 * KiB, on(0x2000));  // held back on 0x2000's arena
+  fake->end_capture(0x2000);
+  void* const q = mr.allocate(4 * KiB, on(0x2000));  // settles p: the exited thread's arena holds nothing
+  mr.deallocate(q, 4 * KiB, on(0x2000));
+  // As when a plain free empties it: retired, not left for some other thread's exit.
+  CHECK(mr.stats().stream_arenas == 1);
+  CHECK(mr.check_invariants() == "");
+}

@@ -199,7 +199,7 @@ void arena_core::thread_exiting(void* arena) noexcept {
     // Blocks its stream freed during a capture wait for that stream's next call, and there
     // will be none: settled now, while this thread may still name its stream (otherwise
     // they, and their superblocks, stayed out of use until destruction).
-    settle_arena(*a, a->stream);
+    (void)settle_arena(*a, a->stream);  // an orphan it empties is retired below
     {
       std::lock_guard lock{a->mutex};
       if (!retire_if_empty(*a, a->stream)) {

@@ -77,21 +77,23 @@ void arena_core::settle_held_back_slow(stream_ref const& s) {
   // on a new stream) makes it none, nor counts it in use.
   stream_arena* const own = keyed_arena_for(s, false);
   if (own == nullptr) { return; }
-  settle_arena(*own, s);
-  shard_table const* const table = own->shards.load(std::memory_order_acquire);
-  if (table == nullptr) { return; }
-  for (auto const& slot : table->arenas) {
-    stream_arena* const shard = slot.load(std::memory_order_acquire);
-    if (shard != nullptr && shard != own) { settle_arena(*shard, s); }
+  bool emptied_orphan = settle_arena(*own, s);
+  if (shard_table const* const table = own->shards.load(std::memory_order_acquire)) {
+    for (auto const& slot : table->arenas) {
+      stream_arena* const shard = slot.load(std::memory_order_acquire);
+      if (shard != nullptr && shard != own) { emptied_orphan = settle_arena(*shard, s) || emptied_orphan; }
+    }
   }
+  // As a free that empties an exited thread's arena: retired now, not at another exit.
+  if (emptied_orphan) { after_orphan_emptied(); }
 }
 
-void arena_core::settle_arena(stream_arena& arena, stream_ref const& s) {
+bool arena_core::settle_arena(stream_arena& arena, stream_ref const& s) {
   stream_arena* const a = &arena;
   std::uint64_t ready = 0;  // blocks numbered below this were held before the synchronization
   {
     std::lock_guard lock{a->mutex};
-    if (a->freed_in_capture.empty() || sync_->capturing(s.handle)) { return; }
+    if (a->freed_in_capture.empty() || sync_->capturing(s.handle)) { return false; }
     ready = a->held_back_total;
   }
   // Before the blocks leave the list. What this orders is the work s itself enqueued;
@@ -101,7 +103,7 @@ void arena_core::settle_arena(stream_arena& arena, stream_ref const& s) {
   try {
     sync_->synchronize(s.handle);
   } catch (std::exception const&) {
-    return;
+    return false;
   }
   std::vector<stream_arena::held_block> blocks;
   {
@@ -114,12 +116,15 @@ void arena_core::settle_arena(stream_arena& arena, stream_ref const& s) {
     held.erase(held.begin(), last);
     if (!blocks.empty() && held.empty()) { held_back_streams_.fetch_sub(1, std::memory_order_relaxed); }
   }
+  bool emptied_orphan = false;
   for (auto const& h : blocks) {
     stream_arena* const owner = h.sb->arena.load(std::memory_order_acquire);
     std::lock_guard lock{owner->mutex};
     --h.sb->held_back;
     push_block(*owner, *h.sb, h.index, s);
+    emptied_orphan = emptied_orphan || (owner->orphaned && owner->superblocks == 0);
   }
+  return emptied_orphan;
 }
 
 }  // namespace mrstack::detail

@@ -332,8 +332,9 @@ class arena_core {
   [[nodiscard]] bool may_shard(stream_arena const& a) const noexcept {
     return opts_.thread_shards && !a.stream.thread_bound && a.family == &a;
   }
-  /// Settles what `a` holds back for `s` (see settle_held_back).
-  void settle_arena(stream_arena& a, stream_ref const& s);
+  /// Settles what `a` holds back for `s` (see settle_held_back); true when a block went
+  /// back to an exited thread's arena that then held nothing (see after_orphan_emptied).
+  bool settle_arena(stream_arena& a, stream_ref const& s);
   stream_arena* create_arena(stream_ref const& s);
   /// `s`'s arena by key, or null (registry locked here; nothing made).
   stream_arena* find_arena(stream_ref const& s);
