@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <mutex>
+#include <new>
 #include <optional>
 #include <unordered_set>
 #include <stdexcept>
@@ -24,7 +25,10 @@ struct thread_registry {
   bool complete = true;     // false once a live key could not be noted: then nobody has exited
 };
 thread_registry& threads() {
-  static auto* r = new thread_registry;
+  // In static storage, not from new: the first key is taken in noexcept code (this_thread_key),
+  // where the process's first call, out of host memory, had ended the process.
+  alignas(thread_registry) static unsigned char storage[sizeof(thread_registry)];
+  static auto* const r = ::new (static_cast<void*>(storage)) thread_registry;
   return *r;
 }
 

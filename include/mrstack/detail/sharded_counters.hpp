@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <limits>
 #include <mutex>
+#include <new>
 
 namespace mrstack::detail {
 
@@ -31,7 +32,10 @@ inline constexpr std::size_t counter_shards = 64;
 class shard_indices {
  public:
   static shard_indices& instance() {
-    static auto* const registry = new shard_indices;
+    // Built in static storage, not with new: a thread's first index is taken in noexcept
+    // code, where the process's first call, out of host memory, had ended the process.
+    alignas(shard_indices) static unsigned char storage[sizeof(shard_indices)];
+    static auto* const registry = ::new (static_cast<void*>(storage)) shard_indices;
     return *registry;
   }
   /// An index for a new live thread (counted as held until `release`).
