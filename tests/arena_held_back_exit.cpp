@@ -4,12 +4,15 @@
 #include <catch2/catch.hpp>
 
 #include <fake_stream_sync.hpp>
+#include <thread_stream_seam.hpp>
 
 #include <mrstack/suballoc/arena_memory_resource.hpp>
 #include <mrstack/upstream/simulated_memory_resource.hpp>
 
 #include <memory>
+#include <utility>
 #include <thread>
+#include <vector>
 
 using namespace mrstack;
 
@@ -19,13 +22,13 @@ constexpr std::size_t MiB = 1024 * KiB;
 stream_view on(std::uintptr_t s) { return stream_view{reinterpret_cast<cudaStream_t>(s)}; }
 auto const per_thread_handle = reinterpret_cast<std::uintptr_t>(cudaStreamPerThread);
 
-arena_options faked_options(std::shared_ptr<test::fake_stream_sync> const& fake) {
+arena_options faked_options(std::shared_ptr<detail::stream_sync> sync) {
   arena_options o;
   o.superblock_size = 1 * MiB;
   o.max_small_size = 256 * KiB;
   o.max_free_bytes = 0;  // nothing free is kept outside the stream arenas
   o.minimum_growth = 1 * MiB;
-  o.stream_sync = fake;
+  o.stream_sync = std::move(sync);
   return o;
 }
 
@@ -85,4 +88,38 @@ TEST_CASE("arena held back: a block of an exited thread's arena, held back and s
   // As when a plain free empties it: retired, not left for some other thread's exit.
   CHECK(mr.stats().stream_arenas == 1);
   CHECK(mr.check_invariants() == "");
+}
+
+TEST_CASE("arena held back: threads that free in a capture and exit, beside threads that allocate", "[stress]") {
+  auto const seam = std::make_shared<test::thread_stream_seam>();
+  arena_memory_resource mr{std::make_shared<simulated_memory_resource>(), 256 * MiB, faked_options(seam)};
+  constexpr int threads = 8;
+  constexpr int per_thread = 64;
+  for (int round = 0; round < 4; ++round) {
+    std::vector<std::vector<void*>> given(threads);
+    for (auto& g : given) {
+      for (int i = 0; i < per_thread; ++i) { g.push_back(mr.allocate(4 * KiB, on(0x1000))); }
+    }
+    std::vector<std::thread> workers;
+    for (int t = 0; t < threads; ++t) {
+      workers.emplace_back([&, t] {
+        // Half free in a capture of their own stream and exit; half allocate meanwhile.
+        if (t % 2 == 0) {
+          seam->begin_capture_here();
+          for (void* p : given[t]) { mr.deallocate(p, 4 * KiB, stream_view::per_thread()); }
+          seam->end_capture_here();
+        } else {
+          std::vector<void*> mine;
+          for (int i = 0; i < per_thread; ++i) { mine.push_back(mr.allocate(4 * KiB, stream_view::per_thread())); }
+          for (void* p : mine) { mr.deallocate(p, 4 * KiB, stream_view::per_thread()); }
+          for (void* p : given[t]) { mr.deallocate(p, 4 * KiB, on(0x1000)); }
+        }
+      });
+    }
+    for (auto& w : workers) { w.join(); }
+    CHECK(mr.stats().small_live_bytes == 0);
+    CHECK(mr.check_invariants() == "");
+  }
+  mr.release();
+  CHECK(mr.held_bytes() == 0);
 }
