@@ -8,6 +8,8 @@
 #include <cstdint>
 #include <string>
 
+#include <cuda_runtime_api.h>
+
 namespace {
 
 std::string last_error() { return mrstack_last_error(); }
@@ -19,6 +21,32 @@ TEST_CASE("c api messages: a device ordinal past the table names the call and th
   CHECK(mrstack_device_stack(64, &s) == MRSTACK_ERROR_INVALID_ARGUMENT);
   CHECK(s == nullptr);
   CHECK_THAT(last_error(), Catch::StartsWith("mrstack_device_stack: device ordinal 64") && Catch::Contains("[0, 64)"));
+}
+
+TEST_CASE("c api messages: a private stack for a device the machine does not have is refused") {
+  // Any ordinal >= 0 was taken: over host or simulated memory on a CPU, a stack "of device
+  // 5000" was built and reported that device; on a GPU the first call failed as a CUDA error.
+  for (int const device : {64, 5000}) {
+    mrstack_stack* s = reinterpret_cast<mrstack_stack*>(0x1);
+    CHECK(mrstack_stack_create("simulated", device, &s) == MRSTACK_ERROR_INVALID_ARGUMENT);
+    CHECK(s == nullptr);
+    CHECK(last_error() == "mrstack_stack_create: device ordinal " + std::to_string(device) +
+                              " is outside [0, 64), the devices that can have a stack");
+  }
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
+    (void)cudaGetLastError();
+    return;  // no device to count: an ordinal below the bound only labels the stack
+  }
+  for (auto const& create : {+[](int d, mrstack_stack** s) { return mrstack_stack_create("simulated", d, s); },
+                             +[](int d, mrstack_stack** s) { return mrstack_device_stack(d, s); }}) {
+    mrstack_stack* s = reinterpret_cast<mrstack_stack*>(0x1);
+    CHECK(create(count, &s) == MRSTACK_ERROR_INVALID_ARGUMENT);
+    CHECK(s == nullptr);
+    CHECK_THAT(last_error(), Catch::Contains("device ordinal " + std::to_string(count) +
+                                             " does not exist: this machine has " + std::to_string(count) +
+                                             " CUDA device"));
+  }
 }
 
 TEST_CASE("c api messages: the token-returning memalloc says which argument it refuses") {

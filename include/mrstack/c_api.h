@@ -130,7 +130,9 @@ MRSTACK_C_EXPORT mrstack_status mrstack_configure(const char* spec);
  * truncated to `capacity`); `*length` (if not NULL) gets its full length. A null `buffer`
  * with a `capacity` other than 0 is MRSTACK_ERROR_INVALID_ARGUMENT (nothing written). */
 MRSTACK_C_EXPORT mrstack_status mrstack_configured_spec(char* buffer, size_t capacity, size_t* length);
-/* The stack of `device`, built on first use (on that device) and kept for the process. */
+/* The stack of `device`, built on first use (on that device) and kept for the process.
+ * A device this machine does not have is MRSTACK_ERROR_INVALID_ARGUMENT, as for
+ * mrstack_stack_create. */
 MRSTACK_C_EXPORT mrstack_status mrstack_device_stack(int device, mrstack_stack** out);
 /* The device stack if it was built already, else NULL (never builds one). */
 MRSTACK_C_EXPORT mrstack_stack* mrstack_device_stack_if_built(int device);
@@ -138,7 +140,11 @@ MRSTACK_C_EXPORT mrstack_stack* mrstack_device_stack_if_built(int device);
 /* ---- private stacks ------------------------------------------------------------------ */
 /* Builds the stack `spec` describes for `device`: the build runs with that device current (its
  * upstreams, events and percentages belong to it), as do the stack's allocations and frees;
- * the caller's current device is left as it was (docs/multi_gpu.md). */
+ * the caller's current device is left as it was (docs/multi_gpu.md). A device past the 64
+ * that can have a stack, or one at or past the CUDA runtime's device count, is
+ * MRSTACK_ERROR_INVALID_ARGUMENT naming the ordinal and the count; without a device to
+ * count (a CPU-only machine) an ordinal below 64 only labels a stack over host or
+ * simulated memory. */
 MRSTACK_C_EXPORT mrstack_status mrstack_stack_create(const char* spec, int device, mrstack_stack** out);
 /* Frees everything its EMM adapter still holds and destroys it; the handle is then dead.
  * Allocations made with mrstack_allocate and still live are a broken contract: the stack is

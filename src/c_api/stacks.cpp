@@ -16,6 +16,7 @@
 #include <string_view>
 #include <utility>
 
+#include <cuda_runtime_api.h>
 #include <unistd.h>
 
 #include "../device_scope.hpp"
@@ -177,6 +178,29 @@ mrstack_status invalid(std::string message) {
   return MRSTACK_ERROR_INVALID_ARGUMENT;
 }
 
+// Why `device` can have no stack, or empty when it can. Checked before anything is built:
+// past the bound there is no slot for it, and an ordinal past the machine's devices would
+// only fail later, as a CUDA error of the first call that makes it current. Where the
+// runtime has no device to count (a CPU-only machine), device scopes do nothing and the
+// ordinal only labels a stack over host or simulated memory, so any below the bound passes.
+std::string device_refusal(char const* function, int device) {
+  std::string const who = std::string{function} + ": device ordinal " + std::to_string(device);
+  if (device < 0) { return who + " is negative"; }
+  if (device >= max_devices) {
+    return who + " is outside [0, " + std::to_string(max_devices) + "), the devices that can have a stack";
+  }
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    (void)cudaGetLastError();  // our query's error, not the program's
+    return {};
+  }
+  if (count > 0 && device >= count) {
+    return who + " does not exist: this machine has " + std::to_string(count) + " CUDA device" +
+           (count == 1 ? " (ordinal 0)" : "s (ordinals 0 to " + std::to_string(count - 1) + ")");
+  }
+  return {};
+}
+
 }  // namespace
 
 namespace {
@@ -310,10 +334,12 @@ mrstack_status mrstack_configured_spec(char* buffer, size_t capacity, size_t* le
 mrstack_status mrstack_device_stack(int device, mrstack_stack** out) {
   if (out == nullptr) { return invalid("mrstack_device_stack: the out-pointer is null"); }
   *out = nullptr;
-  if (device < 0) { return invalid("mrstack_device_stack: device ordinal " + std::to_string(device) + " is negative"); }
-  if (device >= mrstack::c_api::max_devices) {
-    return invalid("mrstack_device_stack: device ordinal " + std::to_string(device) + " is outside [0, " +
-                   std::to_string(mrstack::c_api::max_devices) + "), the devices that can have a stack");
+  if (auto* const built = mrstack::c_api::built_device_stack(device)) {  // its device was checked as it was built
+    *out = built->handle;
+    return MRSTACK_SUCCESS;
+  }
+  if (auto why = mrstack::c_api::device_refusal("mrstack_device_stack", device); !why.empty()) {
+    return invalid(std::move(why));
   }
   return guarded([&] { *out = mrstack::c_api::device_stack(device).handle; });
 }
@@ -327,7 +353,9 @@ mrstack_status mrstack_stack_create(const char* spec, int device, mrstack_stack*
   if (out == nullptr) { return invalid("mrstack_stack_create: the out-pointer is null"); }
   *out = nullptr;
   if (spec == nullptr) { return invalid("mrstack_stack_create: the spec is null"); }
-  if (device < 0) { return invalid("mrstack_stack_create: device ordinal " + std::to_string(device) + " is negative"); }
+  if (auto why = mrstack::c_api::device_refusal("mrstack_stack_create", device); !why.empty()) {
+    return invalid(std::move(why));
+  }
   return guarded([&] {
     mrstack::build_options options;
     options.device = device;
