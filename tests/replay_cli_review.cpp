@@ -231,3 +231,19 @@ TEST_CASE("mrstack-replay: two logs joined together are reported as a repeated h
   CHECK(s.status == 2);
   CHECK_THAT(s.err, Catch::Contains("stamped.csv:3: line 3 repeats the header"));
 }
+
+TEST_CASE("mrstack-replay: a tab in a spec or file name is printed escaped in the notes and the verdict too") {
+  // Only the table escaped them: the notes, the verdict and the header printed the raw tab.
+  auto const log_path = test_support::write_file(scratch(), "tab\tin name.csv", small_log);
+  auto const c = run_tool({log_path, "--simulate", "-r", "limiting(limit=100) >\tcuda", "-r", "tracking >\tcuda"});
+  INFO(c.out << c.err);
+  CHECK(c.status == 1);  // the limiting stack refused the allocation
+  CHECK(c.out.find('\t') == std::string::npos);
+  CHECK_THAT(c.out, Catch::Contains("mrstack-replay " + log_path.substr(0, log_path.find('\t')) + "\\tin name.csv\n"));
+  CHECK_THAT(c.out, Catch::Contains("\n  limiting(limit=100) >\\tcuda: 1 allocation refused; the first at line 2"));
+  CHECK_THAT(c.out, Catch::Contains("verdict: fastest tracking >\\tcuda ("));
+  auto const two = run_tool({"one\tlog.csv", "other\nlog.csv"});
+  CHECK(two.status == 2);
+  CHECK_THAT(two.err, Catch::StartsWith("mrstack-replay: one log at a time: 'one\\tlog.csv' and 'other\\nlog.csv' were "
+                                        "both given\n"));
+}

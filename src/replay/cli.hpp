@@ -45,6 +45,11 @@ arguments parse_arguments(std::vector<std::string> const& args);
 // ---- formatting, the header and the table (cli_table.cpp) -----------------------------
 
 std::string with_commas(std::size_t n);
+/// `text` (a spec or a file name the user gave) as printed: a tab or newline (a shell's
+/// quotes keep them) moved every table column after it or broke a line of the notes in
+/// two, and other control characters could drive the terminal, so each is written escaped
+/// (\t, \n, \r, \x1b), as wide as it prints.
+std::string printable(std::string const& text);
 std::string short_bytes(std::size_t bytes);
 /// "1 thread", "20,000 threads".
 std::string count_of(std::size_t n, char const* singular, char const* plural);

@@ -162,7 +162,7 @@ void check_distinct_paths(arguments const& a) {
     if (!*path) { continue; }
     for (auto const& [earlier, earlier_path] : seen) {
       if (resolved(**path) != resolved(earlier_path)) { continue; }
-      throw usage_error{std::string{option} + " '" + **path + "' is " +
+      throw usage_error{std::string{option} + " '" + printable(**path) + "' is " +
                         (std::string{earlier} == "log" ? std::string{"the log itself"}
                                                        : "also the " + std::string{earlier} + " file") +
                         ": give each output its own path"};
@@ -180,15 +180,16 @@ void check_distinct_paths(arguments const& a) {
       for (auto const& [option, path] : seen) {
         if (resolved(file) != resolved(path)) { continue; }
         if (std::string{option} == "log") {
-          throw usage_error{"--resource '" + spec + "' logs to '" + file +
+          throw usage_error{"--resource '" + printable(spec) + "' logs to '" + printable(file) +
                             "', the log itself: the replay would overwrite it; give the logging layer another file"};
         }
-        throw usage_error{"--resource '" + spec + "' logs to '" + file + "', also the " + option +
+        throw usage_error{"--resource '" + printable(spec) + "' logs to '" + printable(file) + "', also the " + option +
                           " file: give each output its own path"};
       }
       for (auto const& [earlier, earlier_file] : logged) {
         if (resolved(file) != resolved(earlier_file)) { continue; }
-        throw usage_error{"--resource '" + spec + "' logs to '" + file + "', as --resource '" + earlier +
+        throw usage_error{"--resource '" + printable(spec) + "' logs to '" + printable(file) + "', as --resource '" +
+                          printable(earlier) +
                           "' does: the later stack's log would replace the earlier's; give each its own file"};
       }
     }
@@ -246,8 +247,8 @@ void check_logging_files_open(arguments const& a) {
   for (std::string const& spec : a.resources) {
     for (std::string const& file : logging_files(spec)) {
       if (std::string const why = cannot_open_for_writing(file); !why.empty()) {
-        throw usage_error{"--resource '" + spec + "' logs to '" + file + "', which cannot be opened for writing: " +
-                          why};
+        throw usage_error{"--resource '" + printable(spec) + "' logs to '" + printable(file) +
+                          "', which cannot be opened for writing: " + why};
       }
     }
   }
@@ -348,7 +349,8 @@ arguments parse_arguments(std::vector<std::string> const& args) {
     } else if (a.log_path.empty()) {
       a.log_path = arg;
     } else {
-      throw usage_error{"one log at a time: '" + a.log_path + "' and '" + arg + "' were both given"};
+      throw usage_error{"one log at a time: '" + printable(a.log_path) + "' and '" + printable(arg) +
+                        "' were both given"};
     }
   }
   check_combinations(a, given);

@@ -111,7 +111,7 @@ void list_resources(std::FILE* out) {
 }
 
 void print_header(std::FILE* out, arguments const& a, allocation_log const& log, memory_setting const& memory) {
-  std::fprintf(out, "mrstack-replay %s\n", a.log_path.c_str());
+  std::fprintf(out, "mrstack-replay %s\n", printable(a.log_path).c_str());
   std::fprintf(out, "  log:     %s (%s, %s) on %s and %s; peak live %s\n",
                count_of(log.events.size(), "event", "events").c_str(),
                count_of(log.allocation_count, "allocation", "allocations").c_str(),
@@ -156,13 +156,9 @@ void print_header(std::FILE* out, arguments const& a, allocation_log const& log,
   std::fprintf(out, "\n");
 }
 
-namespace {
-
-/// A cell as printed: a tab or newline in a spec (a shell's quotes keep them) moved every
-/// column after it; control characters are written escaped, each then as wide as it prints.
-std::string cell_text(std::string const& cell) {
+std::string printable(std::string const& text) {
   std::string out;
-  for (char const c : cell) {
+  for (char const c : text) {
     if (c == '\t') {
       out += "\\t";
     } else if (c == '\n') {
@@ -180,12 +176,10 @@ std::string cell_text(std::string const& cell) {
   return out;
 }
 
-}  // namespace
-
 table::table(std::vector<std::string> const& labels, allocation_log const& log) {
   widths.resize(headings.size());
   for (std::size_t c = 0; c < headings.size(); ++c) { widths[c] = headings[c].size(); }
-  for (auto const& r : labels) { widths[0] = std::max(widths[0], cell_text(r).size() + 1); }
+  for (auto const& r : labels) { widths[0] = std::max(widths[0], printable(r).size() + 1); }
   widths[1] = std::max(widths[1], with_commas(log.events.size()).size());
   widths[2] = std::max<std::size_t>(widths[2], 9);
   widths[3] = std::max<std::size_t>(widths[3], 8);
@@ -197,7 +191,7 @@ table::table(std::vector<std::string> const& labels, allocation_log const& log) 
 std::string table::row(std::vector<std::string> const& cells) const {
   std::string out;
   for (std::size_t c = 0; c < cells.size(); ++c) {
-    std::string const cell = cell_text(cells[c]);
+    std::string const cell = printable(cells[c]);
     std::size_t const pad = widths[c] > cell.size() ? widths[c] - cell.size() : 0;
     if (c == 0) {
       out += cell + std::string(pad, ' ');

@@ -8,10 +8,10 @@ namespace mrstack::replay_cli {
 namespace {
 
 std::string failure_note(replay_result const& r) {
-  std::string note = "  " + r.resource + ": " + with_commas(r.failures) + " allocation" + (r.failures == 1 ? "" : "s") +
-                     " refused; the first at line " + std::to_string(r.first_failure_line) + " (event " +
-                     with_commas(r.first_failure_event) + ", " + short_bytes(r.first_failure_bytes) + "): " +
-                     r.first_failure_message + "\n";
+  std::string note = "  " + printable(r.resource) + ": " + with_commas(r.failures) + " allocation" +
+                     (r.failures == 1 ? "" : "s") + " refused; the first at line " +
+                     std::to_string(r.first_failure_line) + " (event " + with_commas(r.first_failure_event) + ", " +
+                     short_bytes(r.first_failure_bytes) + "): " + r.first_failure_message + "\n";
   fragmentation_info const& f = r.first_failure_fragmentation;
   if (!f.resource.empty()) {
     note += "    then " + f.resource + " held " + short_bytes(f.held_bytes) + ": " + short_bytes(f.live_bytes) + " live, " +
@@ -27,14 +27,14 @@ std::string notes_text(std::vector<replay_result> const& results, allocation_log
                        bool simulate) {
   std::string notes;
   for (auto const& r : results) {
-    if (!r.error.empty()) { notes += "  " + r.resource + ": " + r.error + "\n"; }
+    if (!r.error.empty()) { notes += "  " + printable(r.resource) + ": " + r.error + "\n"; }
     if (r.failures > 0) { notes += failure_note(r); }
     if (r.expected_failures_served > 0) {
-      notes += "  " + r.resource + ": served " + with_commas(r.expected_failures_served) + " of the " +
+      notes += "  " + printable(r.resource) + ": served " + with_commas(r.expected_failures_served) + " of the " +
                with_commas(r.expected_failures) + " allocations the log records as refused; the first at line " +
                std::to_string(r.first_served_expected_line) + "\n";
     }
-    if (!r.workers_note.empty()) { notes += "  " + r.resource + ": " + r.workers_note + "\n"; }
+    if (!r.workers_note.empty()) { notes += "  " + printable(r.resource) + ": " + r.workers_note + "\n"; }
   }
   if (!log.leaked_allocations.empty()) {
     notes += "  leaks: the log never frees " + with_commas(log.leaked_allocations.size()) + " allocation" +
@@ -71,12 +71,13 @@ std::string verdict_text(std::vector<replay_result> const& results) {
   std::string verdict = "verdict: ";
   if (complete == 0) { return verdict + "no stack replayed the whole log."; }
   if (fastest != nullptr) {
-    verdict += "fastest " + fastest->resource + " (" + ns_text(fastest->ns_per_call) + " ns/call)";
+    verdict += "fastest " + printable(fastest->resource) + " (" + ns_text(fastest->ns_per_call) + " ns/call)";
   } else {
     verdict += "no stack is fastest (the log has no allocations or frees to time)";
   }
   if (compact != nullptr) {
-    verdict += "; most compact " + compact->resource + " (" + ratio_text(compact->footprint_ratio()) + " of peak live)";
+    verdict += "; most compact " + printable(compact->resource) + " (" + ratio_text(compact->footprint_ratio()) +
+               " of peak live)";
   }
   if (complete == results.size()) {
     verdict += results.size() == 1   ? "; it replayed the whole log."

@@ -45,7 +45,7 @@ struct terminal_progress {
 
   void operator()(std::size_t done, std::size_t total) {
     if (std::chrono::steady_clock::now() - start < std::chrono::seconds{1} || total == 0) { return; }
-    std::fprintf(err, "\r  replaying %s: %3zu%% (%s of %s events)\033[K", label.c_str(), done * 100 / total,
+    std::fprintf(err, "\r  replaying %s: %3zu%% (%s of %s events)\033[K", printable(label).c_str(), done * 100 / total,
                  with_commas(done).c_str(), with_commas(total).c_str());
     std::fflush(err);
     shown = true;
@@ -164,24 +164,25 @@ int shrink(arguments const& a, allocation_log const& log, memory_setting const& 
   } catch (std::exception const& e) {
     // The stack cannot be built or broke (the replay above said so too): a failure of the
     // stack, exit 1, not unusable input.
-    std::fprintf(out, "\nshrink: %s cannot be replayed to shrink the log: %s\n", a.resources.front().c_str(), e.what());
+    std::fprintf(out, "\nshrink: %s cannot be replayed to shrink the log: %s\n", printable(a.resources.front()).c_str(),
+                 e.what());
     return 1;
   } catch (...) {
     std::fprintf(out, "\nshrink: %s cannot be replayed to shrink the log: it threw an exception that is not a "
-                      "std::exception\n", a.resources.front().c_str());
+                      "std::exception\n", printable(a.resources.front()).c_str());
     return 1;
   }
   if (!s.failed) {
     if (replayed) {
       std::fprintf(out, "\nshrink: %s refused nothing on this log: nothing to shrink (try a smaller --capacity)\n",
-                   a.resources.front().c_str());
+                   printable(a.resources.front()).c_str());
       return 0;
     }
     // The replay above failed (a broken stack, or refusals in per-thread order or warm) where
     // a cold strict replay refuses nothing: nothing to shrink, but not a success.
     std::fprintf(out, "\nshrink: a cold replay of %s in strict order refused nothing, so there is nothing to "
                       "shrink; the failure above is not a refusal of that replay\n",
-                 a.resources.front().c_str());
+                 printable(a.resources.front()).c_str());
     return 1;
   }
   try {
@@ -195,7 +196,7 @@ int shrink(arguments const& a, allocation_log const& log, memory_setting const& 
                "        %s; written to %s\n",
                with_commas(s.kept_events.size()).c_str(), with_commas(log.events.size()).c_str(),
                with_commas(s.kept_allocations).c_str(), s.seconds, with_commas(s.tests).c_str(),
-               a.resources.front().c_str(), s.failure.c_str(), a.shrink_path->c_str());
+               printable(a.resources.front()).c_str(), s.failure.c_str(), printable(*a.shrink_path).c_str());
   return 1;
 }
 
@@ -218,7 +219,7 @@ bool outputs_writable(arguments const& a, std::FILE* err) {
       why = std::strerror(errno);
     }
     if (why != nullptr) {
-      std::fprintf(err, "mrstack-replay: %s: cannot write %s: %s\n", option, (*path)->c_str(), why);
+      std::fprintf(err, "mrstack-replay: %s: cannot write %s: %s\n", option, printable(**path).c_str(), why);
       return false;
     }
   }
@@ -276,9 +277,9 @@ int write_csv(arguments const& a, std::FILE* out, std::FILE* err) {
     std::fprintf(err, "mrstack-replay: --write-csv: %s\n", e.what());
     return 2;
   }
-  std::fprintf(out, "mrstack-replay: wrote %s (%s, %s) as CSV to %s\n", a.log_path.c_str(),
+  std::fprintf(out, "mrstack-replay: wrote %s (%s, %s) as CSV to %s\n", printable(a.log_path).c_str(),
                count_of(log.events.size(), "event", "events").c_str(),
-               count_of(log.thread_names.size(), "thread", "threads").c_str(), a.csv_path->c_str());
+               count_of(log.thread_names.size(), "thread", "threads").c_str(), printable(*a.csv_path).c_str());
   return 0;
 }
 
