@@ -23,6 +23,7 @@
 #include <cstdio>
 #include <cstring>
 #include <future>
+#include <stdexcept>
 #include <string>
 #include <thread>
 
@@ -206,6 +207,47 @@ TEST_CASE("vmm IPC transport: the handle type binds a run only until it is unmap
   vmm_ipc::fetched_export ended;
   CHECK_THROWS_WITH(vmm_ipc::fetch_export(as_fd, ended), Catch::Contains("has ended"));
   test_registry().forget_run(62);
+}
+
+TEST_CASE("vmm IPC transport: an export that fails partway records nothing: a retry as either type works") {
+  // The first run's descriptor was made and recorded, the second run's export failed: the
+  // first run stayed recorded as fd, so the retry as fabric was refused as mixing types,
+  // and its descriptor stayed open until the run was unmapped.
+  pipe_pair pipe;
+  std::vector<virtual_range_resource::mapped_run> const runs{{0, 2 * MiB, 71}, {2 * MiB, 2 * MiB, 72}};
+  int made = -1;
+  auto const second_fails = [&](void* out, std::uint64_t run) {
+    if (run == 72) { throw std::runtime_error("cuMemExportToShareableHandle: refused"); }
+    made = fcntl(pipe.write_end, F_DUPFD_CLOEXEC, 0);
+    *static_cast<int*>(out) = made;
+  };
+  CHECK_THROWS_WITH(test_registry().add_export_with(runs, 0, 4 * MiB, 0, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+                                                    second_fails),
+                    "cuMemExportToShareableHandle: refused");
+  REQUIRE(made >= 0);
+  CHECK(fcntl(made, F_GETFD) == -1);  // closed with the failed export, not kept for the run
+  auto const fabric_of_run = [](void* out, std::uint64_t run) {
+    std::memset(out, static_cast<int>(run), sizeof(CUmemFabricHandle));
+  };
+  auto const as_fabric =
+      test_registry().add_export_with(runs, 0, 4 * MiB, 0, CU_MEM_HANDLE_TYPE_FABRIC, fabric_of_run);
+  CHECK(vmm_ipc::describe(as_fabric).handle_type == "fabric");
+  vmm_ipc::fetched_export got;
+  vmm_ipc::fetch_export(as_fabric, got);
+  REQUIRE(got.fabric.size() == 2);
+  CHECK(got.fabric[0].data[0] == 71);
+  CHECK(got.fabric[1].data[0] == 72);
+  test_registry().forget_run(71);
+  test_registry().forget_run(72);
+  // Unmapped, both are gone: an fd export whose driver fails partway again leaves the runs
+  // free for a retry as fd.
+  CHECK_THROWS(test_registry().add_export_with(runs, 0, 4 * MiB, 0, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+                                               second_fails));
+  auto const as_fd = test_registry().add_export_with(runs, 0, 4 * MiB, 0, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+                                                     test::dup_of(pipe.write_end));
+  CHECK(vmm_ipc::describe(as_fd).handle_type == "fd");
+  test_registry().forget_run(71);
+  test_registry().forget_run(72);
 }
 
 TEST_CASE("vmm IPC transport: two threads exporting one run as both types: one wins, the other exports nothing") {

@@ -59,36 +59,40 @@ std::array<unsigned char, 64> export_registry::add_export_with(
     }
   }
   ensure_server();
+  // The runs this export records, taken out again if it fails partway (the driver refusing
+  // a later run, no host memory for the books): left in, they stayed recorded as this type,
+  // so a retry as the other type was refused as mixing types, and their descriptors stayed
+  // open until the runs were unmapped. Reserved first, so recording one cannot fail after
+  // its export.
+  std::vector<std::uint64_t> added;
+  added.reserve(runs.size());
   std::size_t run_bytes = 0;
-  for (auto const& r : runs) {
-    run_bytes += r.bytes;
-    if (runs_.count(r.handle) != 0) { continue; }
-    exported_run e;
-    e.bytes = r.bytes;
-    e.type = type;
-    void* out = type == CU_MEM_HANDLE_TYPE_FABRIC ? static_cast<void*>(&e.fabric) : static_cast<void*>(&e.fd);
-    export_run(out, r.handle);
-    try {
-      runs_.emplace(r.handle, e);
-    } catch (...) {  // out of host memory: the descriptor, not yet the registry's, would stay open for good
-      if (e.fd >= 0) { ::close(e.fd); }
-      throw;
-    }
-  }
-  auto const key = std::make_tuple(runs.front().handle, block_offset, block_bytes);
   std::uint64_t id = 0;
-  if (auto const known = by_block_.find(key); known != by_block_.end()) {
-    id = known->second;
-  } else {
-    id = next_id_++;
-    export_entry entry;
-    for (auto const& r : runs) { entry.runs.push_back(r.handle); }
-    entry.block_offset = block_offset;
-    entry.block_bytes = block_bytes;
-    entry.device = device;
-    entry.type = type;
-    exports_.emplace(id, std::move(entry));
-    by_block_.emplace(key, id);
+  try {
+    for (auto const& r : runs) {
+      run_bytes += r.bytes;
+      if (runs_.count(r.handle) != 0) { continue; }
+      exported_run e;
+      e.bytes = r.bytes;
+      e.type = type;
+      void* out = type == CU_MEM_HANDLE_TYPE_FABRIC ? static_cast<void*>(&e.fabric) : static_cast<void*>(&e.fd);
+      export_run(out, r.handle);
+      try {
+        runs_.emplace(r.handle, e);
+      } catch (...) {  // out of host memory: the descriptor, not yet the registry's, would stay open for good
+        if (e.fd >= 0) { ::close(e.fd); }
+        throw;
+      }
+      added.push_back(r.handle);
+    }
+    id = export_id_for(runs, block_offset, block_bytes, device, type);
+  } catch (...) {
+    for (std::uint64_t const handle : added) {
+      auto const run = runs_.find(handle);
+      if (run->second.fd >= 0) { ::close(run->second.fd); }
+      runs_.erase(run);
+    }
+    throw;
   }
   handle_fields f{};
   std::memcpy(f.magic, magic, sizeof magic);
@@ -104,6 +108,29 @@ std::array<unsigned char, 64> export_registry::add_export_with(
   std::array<unsigned char, 64> out{};
   std::memcpy(out.data(), &f, sizeof f);
   return out;
+}
+
+std::uint64_t export_registry::export_id_for(std::vector<virtual_range_resource::mapped_run> const& runs,
+                                             std::size_t block_offset, std::size_t block_bytes, int device,
+                                             CUmemAllocationHandleType type) {
+  auto const key = std::make_tuple(runs.front().handle, block_offset, block_bytes);
+  if (auto const known = by_block_.find(key); known != by_block_.end()) { return known->second; }
+  export_entry entry;
+  for (auto const& r : runs) { entry.runs.push_back(r.handle); }
+  entry.block_offset = block_offset;
+  entry.block_bytes = block_bytes;
+  entry.device = device;
+  entry.type = type;
+  std::uint64_t const id = next_id_;
+  auto const made = exports_.emplace(id, std::move(entry)).first;
+  try {
+    by_block_.emplace(key, id);
+  } catch (...) {  // an export no block leads to would outlive its runs: forget_run finds it by them
+    exports_.erase(made);
+    throw;
+  }
+  ++next_id_;
+  return id;
 }
 
 void export_registry::forget_run(std::uint64_t run_handle) noexcept {

@@ -55,6 +55,10 @@ class export_registry {
   };
   struct answer;  // what one opener is sent (vmm_ipc_server.cpp)
   void ensure_server();  // mutex_ held
+  /// The id of the export of the block at `block_offset` over `runs`, made and recorded if
+  /// the block has none (mutex_ held). Records nothing when it throws.
+  std::uint64_t export_id_for(std::vector<virtual_range_resource::mapped_run> const& runs, std::size_t block_offset,
+                              std::size_t block_bytes, int device, CUmemAllocationHandleType type);
   /// Copies export `export_id`'s answer (duplicating its descriptors) into `out` under the
   /// lock, or makes `out` a refusal saying why.
   void take_answer(std::uint64_t export_id, answer& out) noexcept;
