@@ -138,19 +138,6 @@ class FreeRefusedWarning(RuntimeWarning):
     then reports as unraisable (``sys.unraisablehook``)."""
 
 
-def report_refused_free(client, ptr, size):
-    """Warns FreeRefusedWarning for the free of `ptr` (`size` bytes, client number `client`)
-    the library just refused on this thread: its last error is still that free's. Both
-    paths call it, ctypes from CuPy's ``__del__`` and Numba's finalizer and the compiled
-    fast path from C, so a refusal reads the same whichever path took it. One warning
-    location for all of them: the ``default`` filter then shows each distinct refusal once."""
-    lib = library()
-    status = lib.dll.mrstack_last_error_status()
-    name = CLIENT_NAMES[client] if 0 <= client < len(CLIENT_NAMES) else f"client {client}"
-    warnings.warn(f"mrstack.{name}: the free of {ptr:#x} ({size} bytes) was refused "
-                  f"({_STATUS_NAMES.get(status, f'status {status}')}): {lib.last_error()}", FreeRefusedWarning)
-
-
 class _MemoryPointer(ctypes.Structure):
     _fields_ = [("ptr", ctypes.c_uint64), ("size", ctypes.c_uint64), ("token", ctypes.c_uint64),
                 ("device", ctypes.c_int32), ("client", ctypes.c_int32)]
@@ -358,6 +345,7 @@ class Library:
 
 _lock = threading.Lock()
 _library = None
+_loaded = []  # the library once loaded, for report_refused_free while the interpreter exits
 
 
 def library():
@@ -380,7 +368,39 @@ def library():
                         "--target mrstack_c) or set MRSTACK_LIBRARY to its path.") from None
             else:
                 _library = Library(path)
+            _loaded.append(_library)
         return _library
+
+
+def report_refused_free(client, ptr, size, *, _loaded=_loaded, _names=CLIENT_NAMES, _statuses=_STATUS_NAMES,
+                        _category=FreeRefusedWarning, _warn=warnings.warn, _sys=sys):
+    """Warns FreeRefusedWarning for the free of `ptr` (`size` bytes, client number `client`)
+    the library just refused on this thread: its last error is still that free's. Both
+    paths call it, ctypes from CuPy's ``__del__`` and Numba's finalizer and the compiled
+    fast path from C, so a refusal reads the same whichever path took it. One warning
+    location for all of them: the ``default`` filter then shows each distinct refusal once.
+
+    What it uses is bound as defaults: as the interpreter exits, Python sets modules'
+    globals to None before the last objects die, and a free refused then (memory kept in
+    another module's global) printed "Exception ignored ... 'NoneType' object is not
+    callable" instead. A warning that cannot be shown then is written as one line."""
+    lib = _loaded[0] if _loaded else library()
+    status = lib.dll.mrstack_last_error_status()
+    name = _names[client] if 0 <= client < len(_names) else f"client {client}"
+    message = (f"mrstack.{name}: the free of {ptr:#x} ({size} bytes) was refused "
+               f"({_statuses.get(status, f'status {status}')}): {lib.last_error()}")
+    if not _sys.is_finalizing():
+        _warn(message, _category)  # a filter of "error" raises it: the caller's unraisable
+        return
+    try:
+        _warn(message, _category)
+    except Exception:  # the warnings machinery is being torn down, or a filter says "error"
+        stream = _sys.stderr if _sys.stderr is not None else _sys.__stderr__
+        try:
+            stream.write(f"{_category.__name__}: {message}\n")
+            stream.flush()
+        except Exception:  # no stream left to say it on: nothing can be said
+            pass
 
 
 def is_loaded():

@@ -495,3 +495,55 @@ def test_a_private_stack_never_closed_says_so_when_collected(lib):
     said = [w for w in caught if issubclass(w.category, ResourceWarning)]
     assert len(said) == 1, [str(w.message) for w in caught]
     assert "was never closed" in str(said[0].message)
+
+
+SHUTDOWN_REFUSAL = """
+    import os
+    import mrstack
+    from mrstack import _lib
+
+    stack = mrstack.device_stack(0)
+    state = mrstack.fastpath()
+    dll = _lib.library().dll
+
+    class Buffer:
+        # Frees when it dies, as Numba's and CuPy's memory does, through the path this run takes.
+        client, free, report = _lib.CLIENT_NUMBA, dll.mrstack_emm_free, staticmethod(_lib.report_refused_free)
+
+        def __init__(self):
+            self.stack, self.finalizer = stack.handle, None
+            if state.active:
+                self.finalizer = state.module.memalloc(self.stack, 4096, self.client)
+            else:
+                a = dll.mrstack_emm_memalloc_pair(self.stack, 4096, self.client)
+                self.token, self.ptr = a.token, a.ptr
+
+        def __del__(self):
+            if self.finalizer is not None:
+                self.finalizer()
+            elif self.free(self.stack, self.token) < 0:
+                self.report(self.client, self.ptr, 4096)
+
+    # Kept in a global of a module imported before mrstack: emptied after mrstack's own globals.
+    os.mrstack_buffer = Buffer()
+    assert dll.mrstack_emm_refuse_next_frees_for_tests(stack.handle, 1) == 0
+    print("PATH", state.active)
+"""
+
+
+@pytest.mark.parametrize("setting", ["0", "1"])
+def test_a_free_refused_while_the_interpreter_exits_is_one_warning_line_or_nothing(run_python, library_path, setting):
+    # The reporter looked up the library and the names in its module's globals, which Python
+    # had set to None by then: "Exception ignored ... 'NoneType' object is not callable".
+    if setting == "1" and not os.path.isfile(os.path.join(os.path.dirname(library_path), _lib.FASTPATH_NAME)):
+        pytest.skip("the fast path is not built")
+    for warnings_setting in ("default", "error"):
+        done = run_python(SHUTDOWN_REFUSAL, env={"MRSTACK_RESOURCE": "system", "MRSTACK_FASTPATH": setting,
+                                                 "PYTHONWARNINGS": warnings_setting})
+        assert done.stdout == f"PATH {setting == '1'}\n", done.stdout
+        assert "Exception ignored" not in done.stderr and "Traceback" not in done.stderr, done.stderr
+        lines = done.stderr.splitlines()
+        assert len(lines) <= 1, lines
+        for line in lines:
+            assert line.startswith("FreeRefusedWarning: mrstack.numba: the free of 0x"), line
+            assert "(4096 bytes) was refused (MRSTACK_ERROR_LOGIC)" in line, line
