@@ -6,6 +6,7 @@
 #include <pthread.h>
 #include <sched.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -55,6 +56,37 @@ TEST_CASE("lean_mutex: a waiter that went to sleep is woken by unlock") {
   CHECK(entered);
   CHECK(mutex.try_lock());
   mutex.unlock();
+}
+
+TEST_CASE("lean_mutex: a sleeping waiter is woken by the unlock, not by its sleep bound") {
+  // The unlock is a plain store and then a look at the sleeper count; the sleep bound
+  // covers only the rare race the header describes. A build whose unlock woke nobody
+  // still passes the test above (the waiter looks again at the bound), but here its
+  // waiters enter about a bound after each unlock (they went to sleep 5 ms before it).
+  using clock = std::chrono::steady_clock;
+  std::vector<std::int64_t> latencies_us;
+  for (int round = 0; round < 15; ++round) {
+    lean_mutex mutex;
+    mutex.lock();
+    std::atomic<bool> started{false};
+    clock::time_point entered{};
+    std::thread waiter([&] {
+      started = true;
+      mutex.lock();
+      entered = clock::now();
+      mutex.unlock();
+    });
+    while (!started.load()) { std::this_thread::yield(); }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));  // past its spinning: asleep
+    auto const unlocked = clock::now();
+    mutex.unlock();
+    waiter.join();
+    latencies_us.push_back(std::chrono::duration_cast<std::chrono::microseconds>(entered - unlocked).count());
+  }
+  std::sort(latencies_us.begin(), latencies_us.end());
+  INFO("median wake-up " << latencies_us[latencies_us.size() / 2] << " us; the bound is "
+                         << lean_mutex::sleep_bound.count() << " us");
+  CHECK(latencies_us[latencies_us.size() / 2] < lean_mutex::sleep_bound.count() / 4);
 }
 
 TEMPLATE_TEST_CASE("try_lock fails while held and succeeds once let go", "", lean_mutex, shard_spin_lock) {

@@ -1,38 +1,46 @@
 #pragma once
-/// `lean_mutex`: the lock of the suballocators' hot paths (pool, fixed-size). CUDA-free.
+/// `lean_mutex`: the lock of the suballocators' hot paths (pool, fixed-size, arena). CUDA-free.
 ///
 /// Why not std::mutex: an uncontended pthread lock + unlock pair runs ~50 instructions
 /// (type dispatch, elision checks, owner bookkeeping), as many as a whole fixed-size
-/// allocation, and the pool takes it twice per allocate+free pair. This one is a single
-/// compare-and-swap to lock and a single exchange to unlock while nobody waits.
+/// allocation, and the pool takes it twice per allocate+free pair. This one is one
+/// compare-and-swap to lock and a plain store to unlock.
 ///
-/// The classic three-state futex lock: 0 free, 1 held, 2 held and someone may sleep. A
-/// contended locker spins briefly (critical sections here are tens of nanoseconds), then
-/// marks the lock 2 and sleeps in `std::atomic::wait` (a futex on Linux); an unlock that
-/// sees 2 wakes one sleeper — if a count of sleepers says there is one. Without the count,
-/// a woken locker leaves the state at 2 (it cannot know whether others sleep), and under
-/// steady contention every later unlock made a futex system call for nobody: at 8 threads
-/// on the pool's global lock, a microsecond per call on the unlocking thread. Meets the
-/// Lockable requirements, so std::lock_guard and std::unique_lock work with it; visible
-/// to ThreadSanitizer through its atomics.
+/// Why the unlock is a plain store. A lock whose waiters sleep must learn at unlock
+/// whether one sleeps. Learning it exactly takes a locked instruction (an exchange, or a
+/// fence between the store and a load of a sleeper count), and a locked instruction also
+/// waits for every store before it to leave the core: in the pool, whose calls write
+/// block nodes that miss the cache, that wait was 12% of a single-threaded call at 1e5
+/// live blocks on the CPU VM (the unlock's exchange in a profile), time a plain store lets
+/// the next call overlap. So the unlock stores "free" and then reads a count of sleepers,
+/// and x86 may let that read run before the store is seen: a locker counted and put to
+/// sleep just then is not woken by this unlock. It is woken by the next unlock that
+/// reads its count (under contention, soon) or by its own timeout (`sleep_bound`), after
+/// which it looks again. The bound only matters for such a race on a lock that then
+/// stays free; a sleeper on a lock held long (a device synchronization under the pool's
+/// global lock) looks again once per bound.
+///
+/// A contended locker spins briefly (critical sections here are tens of nanoseconds),
+/// then counts itself a sleeper and sleeps on the lock word (a futex on Linux, a nap of
+/// the bound elsewhere). Meets the Lockable requirements, so std::lock_guard and
+/// std::unique_lock work with it; visible to ThreadSanitizer through its atomics.
 #include <atomic>
+#include <chrono>
 #include <cstdint>
-
-#include <mrstack/detail/cpu_pause.hpp>
 
 namespace mrstack::detail {
 
 class lean_mutex {
  public:
+  /// The longest a sleeping locker sleeps before it looks at the lock again.
+  static constexpr std::chrono::microseconds sleep_bound{2000};
+
   lean_mutex() = default;
   lean_mutex(lean_mutex const&) = delete;
   lean_mutex& operator=(lean_mutex const&) = delete;
 
   void lock() noexcept {
-    std::uint32_t expected = free;
-    if (state_.compare_exchange_strong(expected, held, std::memory_order_acquire, std::memory_order_relaxed)) {
-      return;
-    }
+    if (try_lock()) { return; }
     lock_contended();
   }
 
@@ -42,35 +50,18 @@ class lean_mutex {
   }
 
   void unlock() noexcept {
-    // seq_cst pairs with the sleeper's count-then-mark: an unlock that reads the mark 2 a
-    // sleeper set also sees that sleeper counted.
-    if (state_.exchange(free, std::memory_order_seq_cst) == held_with_sleepers &&
-        sleepers_.load(std::memory_order_seq_cst) != 0) {
-      state_.notify_one();
-    }
+    state_.store(free, std::memory_order_release);
+    if (sleepers_.load(std::memory_order_relaxed) != 0) { wake_one(); }
   }
 
  private:
   static constexpr std::uint32_t free = 0;
   static constexpr std::uint32_t held = 1;
-  static constexpr std::uint32_t held_with_sleepers = 2;
   static constexpr int spins_before_sleeping = 128;
 
-  void lock_contended() noexcept {
-    for (int i = 0; i < spins_before_sleeping; ++i) {
-      cpu_pause();
-      if (state_.load(std::memory_order_relaxed) == free && try_lock()) { return; }
-    }
-    // Counted before marking: an unlock that sees the mark sees the count. Taking the lock
-    // as "held with sleepers" is the price of never missing a wake-up; the count keeps
-    // that from costing a system call when nobody sleeps.
-    sleepers_.fetch_add(1, std::memory_order_seq_cst);
-    while (state_.exchange(held_with_sleepers, std::memory_order_seq_cst) != free) {
-      state_.wait(held_with_sleepers, std::memory_order_relaxed);
-    }
-    sleepers_.fetch_sub(1, std::memory_order_relaxed);
-  }
-
+  void lock_contended() noexcept;  // src/detail/lean_mutex.cpp
+  void wake_one() noexcept;
+  void sleep_while_held() noexcept;  // returns when woken, at the bound, or at once when the lock is free
 
   std::atomic<std::uint32_t> state_{free};
   std::atomic<std::uint32_t> sleepers_{0};  // lockers past spinning, asleep or about to be

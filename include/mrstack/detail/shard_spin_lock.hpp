@@ -3,13 +3,14 @@
 /// fixed_size's thread caches) whose critical sections are mostly a few table or counter
 /// operations and never wait for another thread. CUDA-free.
 ///
-/// Why not `lean_mutex`: a lock that lets waiters sleep must learn at unlock whether
-/// anyone sleeps, which on x86 takes a locked exchange (a plain store followed by a load
-/// of a sleeper count can be reordered and lose a wake-up). So every lean_mutex lock and
-/// unlock pair is two locked instructions. A shard's lock is taken almost only by its own
-/// thread, and its holder never waits for anything, so waiters can afford to spin (and
-/// yield the core after a while, then nap, in case the holder was preempted): the unlock
-/// is then a plain release store, and a lock and unlock pair costs one locked instruction.
+/// Why not `lean_mutex`: its waiters sleep, so its unlock reads a sleeper count after
+/// its store and makes a system call when the count says someone sleeps, and a waiter
+/// that count misses (x86 may read it before the store is seen) sleeps until the next
+/// unlock or its timeout. A shard's lock is taken almost only by its own thread, and its
+/// holder never waits for anything, so waiters can afford to spin (and yield the core
+/// after a while, then nap, in case the holder was preempted): nobody ever needs waking,
+/// the unlock is a plain release store and nothing else, and a lock and unlock pair costs
+/// one locked instruction.
 ///
 /// Use it only where the holder never waits for a thread that may be waiting on the lock:
 /// no call to another resource, no lock that such a thread could hold. A holder's work is
