@@ -434,14 +434,21 @@ mrstack_status mrstack_torch_bind_c10(const char* libc10_path) {
   return MRSTACK_SUCCESS;
 }
 
+namespace {
+/// A free mrstack_torch_free does not make: its caller cannot be told (it returns
+/// nothing), so the reason goes to the last error and to stderr.
+void refuse_torch_free(std::string const& message) {
+  mrstack::c_api::set_last_error(message, 0, MRSTACK_ERROR_LOGIC);
+  std::fprintf(stderr, "mrstack: %s\n", mrstack_last_error());
+}
+}  // namespace
+
 void mrstack_torch_free(void* ptr, size_t size, int device, void* stream) {
   if (ptr == nullptr) { return; }
   mrstack_stack* const stack = mrstack::c_api::built_device_stack(device);
   if (stack == nullptr) {
-    mrstack::c_api::set_last_error("mrstack_torch_free: device " + std::to_string(device) +
-                                   " has no stack, so this pointer did not come from mrstack",
-                                   0, MRSTACK_ERROR_LOGIC);
-    std::fprintf(stderr, "mrstack: %s\n", mrstack_last_error());
+    refuse_torch_free("mrstack_torch_free: device " + std::to_string(device) +
+                      " has no stack, so this pointer did not come from mrstack");
     return;
   }
   // The block leaves the live books first, so a record_stream racing this free finds it
@@ -475,34 +482,28 @@ void mrstack_torch_free(void* ptr, size_t size, int device, void* stream) {
   if (!held) {
     std::string const elsewhere =
         held_by >= 0 ? "; it is a live block of device " + std::to_string(held_by) + "'s stack" : std::string{};
-    mrstack::c_api::set_last_error("mrstack_torch_free: " + mrstack::format_hex(ptr) + " (" +
-                                       std::to_string(size) + " bytes) is not a block PyTorch holds from device " +
-                                       std::to_string(device) + "'s stack (never handed out there, or already " +
-                                       "freed)" + elsewhere + "; nothing was freed",
-                                   0, MRSTACK_ERROR_LOGIC);
-    std::fprintf(stderr, "mrstack: %s\n", mrstack_last_error());
+    refuse_torch_free("mrstack_torch_free: " + mrstack::format_hex(ptr) + " (" +
+                      std::to_string(size) + " bytes) is not a block PyTorch holds from device " +
+                      std::to_string(device) + "'s stack (never handed out there, or already " +
+                      "freed)" + elsewhere + "; nothing was freed");
     return;
   }
   if (taken.size != size) {  // a layer below may take it back all the same, and the books would drift
     keep();
-    mrstack::c_api::set_last_error("mrstack_torch_free: " + mrstack::format_hex(ptr) + " on device " +
-                                       std::to_string(device) + " was allocated with " + std::to_string(taken.size) +
-                                       " bytes, not the " + std::to_string(size) + " this free names; nothing was freed",
-                                   0, MRSTACK_ERROR_LOGIC);
-    std::fprintf(stderr, "mrstack: %s\n", mrstack_last_error());
+    refuse_torch_free("mrstack_torch_free: " + mrstack::format_hex(ptr) + " on device " +
+                      std::to_string(device) + " was allocated with " + std::to_string(taken.size) +
+                      " bytes, not the " + std::to_string(size) + " this free names; nothing was freed");
     return;
   }
   // The books first, as mrstack_deallocate does: a size they cannot cover is refused
   // before the memory goes back, rather than wrapping the torch client's counters.
   if (!stack->try_count_free(MRSTACK_CLIENT_TORCH, size)) {
     keep();  // its events stay: the block's right free still waits for them
-    mrstack::c_api::set_last_error("mrstack_torch_free: " + mrstack::format_hex(ptr) + " (" + std::to_string(size) +
-                                       " bytes) on device " + std::to_string(device) +
-                                       ": more than PyTorch holds there (" +
-                                       std::to_string(stack->clients[MRSTACK_CLIENT_TORCH].live_bytes.load()) +
-                                       " bytes): not an allocation of mrstack_torch_alloc of this size; nothing was freed",
-                                   0, MRSTACK_ERROR_LOGIC);
-    std::fprintf(stderr, "mrstack: %s\n", mrstack_last_error());
+    refuse_torch_free("mrstack_torch_free: " + mrstack::format_hex(ptr) + " (" + std::to_string(size) +
+                      " bytes) on device " + std::to_string(device) +
+                      ": more than PyTorch holds there (" +
+                      std::to_string(stack->clients[MRSTACK_CLIENT_TORCH].live_bytes.load()) +
+                      " bytes): not an allocation of mrstack_torch_alloc of this size; nothing was freed");
     return;
   }
   try {
