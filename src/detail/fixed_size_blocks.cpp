@@ -4,6 +4,15 @@
 
 namespace mrstack::detail {
 
+namespace {
+/// Room for one more element, growing geometrically (reserve(size + 1) copied the whole
+/// vector on every push).
+template <typename V>
+void room_for_one(V& v) {
+  if (v.size() == v.capacity()) { v.reserve(std::max<std::size_t>(8, 2 * v.size())); }
+}
+}  // namespace
+
 chunk_snapshot::chunk_snapshot(std::vector<chunk_ref> chunks, std::size_t block_size, unsigned page_shift)
     : chunks_{std::move(chunks)}, block_size_{block_size}, page_shift_{page_shift} {
   block_shift_ = std::has_single_bit(block_size) ? static_cast<unsigned>(std::countr_zero(block_size)) : 0;
@@ -71,8 +80,11 @@ block_state* fixed_size_chunks::add(std::uintptr_t first, std::size_t blocks) {
   block_state* const raw = states.get();
   std::vector<chunk_snapshot::chunk_ref> chunks = current().chunks();
   chunks.push_back(chunk_snapshot::chunk_ref{first, first + blocks * block_size_, raw});
-  states_.push_back(std::move(states));
+  // Room first: a snapshot published over states not kept (or kept but not published)
+  // left a chunk half recorded when host memory ran out.
+  room_for_one(states_);
   publish(std::move(chunks));
+  states_.push_back(std::move(states));  // cannot fail: room was made
   return raw;
 }
 
@@ -83,6 +95,10 @@ void fixed_size_chunks::clear() {
 }
 
 void fixed_size_chunks::publish(std::vector<chunk_snapshot::chunk_ref> chunks) {
+  // Everything that can fail comes before the exchange: once a snapshot is published, the
+  // one it replaced must be kept for collect() (a failed push leaked it, and the caller,
+  // seeing an error, took the new snapshot for one never published).
+  room_for_one(retired_);
   auto const* next = new chunk_snapshot(std::move(chunks), block_size_, page_shift_);
   if (auto const* old = current_.exchange(next, std::memory_order_acq_rel)) { retired_.push_back(old); }
 }

@@ -457,7 +457,7 @@ bool fixed_size_memory_resource::grow(std::size_t blocks, detail::stream_ref con
       chunks_.push_back(chunk{allocation, allocation_size, first, n});
       pool_size_ += allocation_size;
       if (at_construction) { blocks_.sync().synchronize(s.handle); }
-      blocks_.add_blocks(first, n, s, at_construction);
+      add_chunk_blocks(first, n, s, at_construction);
       return true;
     } catch (out_of_memory const& e) {
       why = std::string{"upstream refused: "} + e.what();
@@ -473,6 +473,31 @@ bool fixed_size_memory_resource::grow(std::size_t blocks, detail::stream_ref con
     }
   }
   return false;
+}
+
+void fixed_size_memory_resource::add_chunk_blocks(std::uintptr_t first, std::size_t blocks,
+                                                  detail::stream_ref const& s, bool synchronized) {
+  std::size_t const before = blocks_.total_blocks();
+  try {
+    blocks_.add_blocks(first, blocks, s, synchronized);
+  } catch (...) {
+    // No host memory to record its blocks: the chunk went back. Kept, it was held and
+    // counted in pool_size() with not one block that could be handed out, and every
+    // such failure took another. (Once its blocks are in, a failed record after them
+    // leaves a chunk that is usable: it stays.)
+    if (blocks_.total_blocks() == before) {
+      chunk const c = chunks_.back();
+      try {
+        upstream_->deallocate(c.allocation, c.allocation_size, to_stream_view(s), granularity);
+        chunks_.pop_back();
+        pool_size_ -= c.allocation_size;
+      } catch (...) {
+        // Refused too: it stays in the list and goes back at release or destruction (which
+        // return every chunk, recorded blocks or not); the first error is the one to report.
+      }
+    }
+    throw;
+  }
 }
 
 void fixed_size_memory_resource::return_all_chunks() {

@@ -121,6 +121,7 @@ class fixed_size_chunks {
   fixed_size_chunks& operator=(fixed_size_chunks const&) = delete;
 
   /// Registers `blocks` consecutive blocks from `first`, all free; returns their states.
+  /// Nothing changes when it runs out of host memory.
   block_state* add(std::uintptr_t first, std::size_t blocks);
   /// Forgets every chunk (after the owner returned them all).
   void clear();

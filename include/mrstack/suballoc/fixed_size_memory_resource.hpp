@@ -109,6 +109,9 @@ class fixed_size_memory_resource final : public memory_resource, private detail:
   void* grow_and_allocate(std::size_t bytes, detail::stream_ref const& s);
   /// Takes a chunk of up to `blocks` blocks (fewer when the upstream refuses); false when none.
   bool grow(std::size_t blocks, detail::stream_ref const& s, std::string& why, bool at_construction = false);
+  /// Records the blocks of the chunk just taken (the last of `chunks_`); when that fails,
+  /// the chunk goes back to the upstream before the error goes on.
+  void add_chunk_blocks(std::uintptr_t first, std::size_t blocks, detail::stream_ref const& s, bool synchronized);
   /// Blocks the next growth asks for: `blocks_per_chunk_`, or past 64 chunks 1/8 of the total.
   [[nodiscard]] std::size_t next_chunk_blocks() const noexcept;
   [[noreturn]] void reject(std::size_t bytes, std::size_t alignment) const;
