@@ -81,3 +81,44 @@ TEST_CASE("fixed_size: a growth that runs out of host memory holds no chunk it c
   CHECK(failed_somewhere);
   CHECK_FALSE(threw);  // the last growth made fewer host allocations: each one failed once
 }
+
+TEST_CASE("fixed_size: a release that runs out of host memory keeps books it can hand out from") {
+  MRSTACK_TEST_NEEDS_HOST_ALLOCATION_FAILURES();
+  // The free stacks were emptied before the chunk lookup was cleared: when that ran out
+  // of host memory, the resource kept its chunks and counted their blocks free, with no
+  // block left to hand out (each allocation then took a new chunk).
+  bool failed_somewhere = false;
+  bool threw = true;
+  for (long n = 0; n < 16 && threw; ++n) {
+    INFO("host allocation " << n << " of the release fails");
+    auto up = std::make_shared<counting_addresses>();
+    fixed_size_memory_resource mr{up, block, 4};
+    std::vector<void*> out;
+    out.reserve(16);
+    for (int i = 0; i < 8; ++i) { out.push_back(mr.allocate(block)); }  // two chunks
+    for (void* p : out) { mr.deallocate(p, block); }
+    out.clear();
+    threw = false;
+    test::fail_host_allocation_in = n;
+    try {
+      mr.release();
+    } catch (std::bad_alloc const&) {
+      threw = true;
+    }
+    test::fail_host_allocation_in = -1;
+    failed_somewhere = failed_somewhere || threw;
+    CHECK(up->bytes_out() == mr.pool_size());
+    CHECK(mr.pool_size() == mr.total_blocks() * block);
+    CHECK(mr.free_blocks() == mr.total_blocks());
+    // What it still holds is handed out before it grows.
+    std::size_t const held = mr.total_blocks();
+    for (std::size_t i = 0; i < held; ++i) { out.push_back(mr.allocate(block)); }
+    CHECK(mr.total_blocks() == held);
+    CHECK(std::set<void*>(out.begin(), out.end()).size() == out.size());
+    for (void* p : out) { mr.deallocate(p, block); }
+    mr.release();
+    CHECK(up->bytes_out() == 0);
+  }
+  CHECK(failed_somewhere);
+  CHECK_FALSE(threw);
+}

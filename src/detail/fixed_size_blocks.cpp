@@ -89,9 +89,10 @@ block_state* fixed_size_chunks::add(std::uintptr_t first, std::size_t blocks) {
 }
 
 void fixed_size_chunks::clear() {
-  for (auto& s : states_) { retired_states_.push_back(std::move(s)); }
-  states_.clear();
+  retired_states_.reserve(retired_states_.size() + states_.size());
   publish({});
+  for (auto& s : states_) { retired_states_.push_back(std::move(s)); }  // cannot fail: room was made
+  states_.clear();
 }
 
 void fixed_size_chunks::publish(std::vector<chunk_snapshot::chunk_ref> chunks) {

@@ -123,7 +123,8 @@ class fixed_size_chunks {
   /// Registers `blocks` consecutive blocks from `first`, all free; returns their states.
   /// Nothing changes when it runs out of host memory.
   block_state* add(std::uintptr_t first, std::size_t blocks);
-  /// Forgets every chunk (after the owner returned them all).
+  /// Forgets every chunk (after the owner returned them all); nothing changes when it
+  /// runs out of host memory.
   void clear();
   /// Frees the snapshots and states replaced before the grace period began.
   void collect() noexcept;
@@ -264,8 +265,10 @@ class fixed_size_blocks {
   }
   /// Forgets every block (after the caller returned all chunks).
   void clear() {
-    for (auto& stack : stacks_) { stack.clear(); }
+    // The chunks first: when that runs out of host memory, every block is still in the
+    // stacks (emptied first, the blocks were counted free with none left to hand out).
     chunks_.clear();
+    for (auto& stack : stacks_) { stack.clear(); }
     free_ = 0;
     total_ = 0;
   }
