@@ -8,11 +8,12 @@
 ///
 /// Why the unlock is a plain store. A lock whose waiters sleep must learn at unlock
 /// whether one sleeps. Learning it exactly takes a locked instruction (an exchange, or a
-/// fence between the store and a load of a sleeper count), and a locked instruction also
-/// waits for every store before it to leave the core: in the pool, whose calls write
-/// block nodes that miss the cache, that wait was 12% of a single-threaded call at 1e5
-/// live blocks on the CPU VM (the unlock's exchange in a profile), time a plain store lets
-/// the next call overlap. So the unlock stores "free" and then reads a count of sleepers,
+/// fence between the store and a load of a sleeper count), which also waits for every
+/// store before it to leave the core (in the pool, stores to block nodes that miss the
+/// cache), and under contention keeps the lock's line longer from the next locker. On a
+/// 16-core H200 host the pool's global lock, contended by eight streams' threads, served
+/// 20–30% more calls with the plain store (docs/benchmarks.md, machine EF); a single
+/// thread did not move measurably. So the unlock stores "free" and then reads a count of sleepers,
 /// and x86 may let that read run before the store is seen: a locker counted and put to
 /// sleep just then is not woken by this unlock. It is woken by the next unlock that
 /// reads its count (under contention, soon) or by its own timeout (`sleep_bound`), after
