@@ -1,10 +1,12 @@
 // The hot paths' own locks: lean_mutex (spins, then sleeps) and shard_spin_lock (spins,
 // yields, then naps): mutual exclusion under contention, try_lock, lean_mutex's sleeping
-// path, and a real-time waiter that must not starve the holder it preempted.
+// path (also when signals interrupt the sleep), and a real-time waiter that must not
+// starve the holder it preempted.
 #include <catch2/catch.hpp>
 
 #include <pthread.h>
 #include <sched.h>
+#include <signal.h>
 
 #include <algorithm>
 #include <atomic>
@@ -87,6 +89,44 @@ TEST_CASE("lean_mutex: a sleeping waiter is woken by the unlock, not by its slee
   INFO("median wake-up " << latencies_us[latencies_us.size() / 2] << " us; the bound is "
                          << lean_mutex::sleep_bound.count() << " us");
   CHECK(latencies_us[latencies_us.size() / 2] < lean_mutex::sleep_bound.count() / 4);
+}
+
+namespace {
+std::atomic<int> signals_caught{0};
+void count_signal(int) { signals_caught.fetch_add(1, std::memory_order_relaxed); }
+}  // namespace
+
+TEST_CASE("lean_mutex: a sleeping waiter interrupted by signals still waits for the unlock") {
+  // A signal ends the waiter's futex sleep early (EINTR, no SA_RESTART); it must look at
+  // the lock again and sleep on, never take the lock's word for an unlock.
+  struct sigaction counting {};
+  counting.sa_handler = count_signal;
+  sigemptyset(&counting.sa_mask);
+  struct sigaction previous {};
+  REQUIRE(sigaction(SIGUSR1, &counting, &previous) == 0);
+  signals_caught = 0;
+  lean_mutex mutex;
+  mutex.lock();
+  std::atomic<bool> started{false};
+  std::atomic<bool> entered{false};
+  std::thread waiter([&] {
+    started = true;
+    std::lock_guard lock{mutex};
+    entered = true;
+  });
+  while (!started.load()) { std::this_thread::yield(); }
+  std::this_thread::sleep_for(std::chrono::milliseconds(5));  // past its spinning: asleep
+  for (int i = 0; i < 50; ++i) {
+    pthread_kill(waiter.native_handle(), SIGUSR1);  // joinable until the join below: its id is valid
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+  bool const entered_while_held = entered.load();
+  mutex.unlock();
+  waiter.join();
+  sigaction(SIGUSR1, &previous, nullptr);
+  CHECK(signals_caught.load() > 0);
+  CHECK_FALSE(entered_while_held);
+  CHECK(entered.load());
 }
 
 TEMPLATE_TEST_CASE("try_lock fails while held and succeeds once let go", "", lean_mutex, shard_spin_lock) {
