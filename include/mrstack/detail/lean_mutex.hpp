@@ -22,9 +22,15 @@
 /// global lock) looks again once per bound.
 ///
 /// A contended locker spins briefly (critical sections here are tens of nanoseconds),
-/// then counts itself a sleeper and sleeps on the lock word (a futex on Linux, a nap of
-/// the bound elsewhere). Meets the Lockable requirements, so std::lock_guard and
-/// std::unique_lock work with it; visible to ThreadSanitizer through its atomics.
+/// then counts itself a sleeper and sleeps on the lock word (a futex on Linux; elsewhere a
+/// nap of an eighth of the bound, as nobody wakes it). Meets the Lockable requirements, so
+/// std::lock_guard and std::unique_lock work with it; visible to ThreadSanitizer through
+/// its atomics.
+///
+/// Unlike std::mutex, it must not be destroyed by a thread that learned only through the
+/// lock itself that the other users are done (the last of them to unlock freeing the
+/// object that holds it): an unlock reads the sleeper count after its store let the lock
+/// go, so another thread's unlock may still be reading it.
 #include <atomic>
 #include <chrono>
 #include <cstdint>
