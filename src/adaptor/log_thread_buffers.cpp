@@ -8,6 +8,8 @@
 #include <string>
 #include <string_view>
 
+#include <pthread.h>
+
 #include <spdlog/logger.h>
 
 #if defined(__x86_64__)
@@ -133,6 +135,7 @@ std::shared_ptr<log_thread_buffers::sink> make_sink(std::shared_ptr<spdlog::logg
   s->logger = std::move(logger);
   s->binary = binary;
   s->ticks = binary && ticks;
+  s->forks = watch_forks();
   // The origin of both stamps, read together (the reader's first point).
   clock_point const origin = read_together();
   s->start_ticks = origin.ticks;
@@ -148,6 +151,14 @@ binary_log::record thread_record(log_thread_buffers::sink const& out, std::size_
 }
 
 }  // namespace
+
+std::uint32_t watch_forks() noexcept {
+  static int const registered = ::pthread_atfork(nullptr, nullptr, [] {
+    process_forks.fetch_add(1, std::memory_order_relaxed);
+  });
+  static_cast<void>(registered);  // fails only without memory: forks then go unnoticed, as before
+  return process_forks.load(std::memory_order_relaxed);
+}
 
 bool binary_stamps_in_ticks() {
   // A value the adaptor does not know (a misspelt "steady", "monotonic") was taken as unset:
@@ -314,6 +325,12 @@ void drain(log_thread_buffers::buffer& b) noexcept {
 
 void write_out(log_thread_buffers::buffer& b, std::size_t upto) noexcept {
   if (upto <= b.written) { return; }
+  if (process_forks.load(std::memory_order_relaxed) != b.out->forks) [[unlikely]] {
+    // A fork's child (at its thread's exit): these rows are copies of the parent's, which
+    // the parent writes itself. Dropped, not written twice.
+    b.written = upto;
+    return;
+  }
   spdlog::logger& logger = *b.out->logger;
   char const* const from = b.text.data() + b.written;
   std::size_t const bytes = upto - b.written;

@@ -41,6 +41,16 @@ class logger;
 
 namespace mrstack::detail {
 
+/// The fork()s this process and its ancestors made since the library was loaded: each
+/// child's count is its parent's at the fork plus one (a pthread_atfork child handler). A
+/// log made before a fork is the parent's in the child — its file's stdio buffer, its
+/// thread buffers and queues are copies holding the parent's unwritten rows, its writer
+/// thread does not exist there, and the child's resources hand out the parent's addresses
+/// — so a log compares the count it was made at and writes nothing in a child.
+inline std::atomic<std::uint32_t> process_forks{0};
+/// Makes sure the handler counting forks is in place; returns the count now.
+[[nodiscard]] std::uint32_t watch_forks() noexcept;
+
 /// The variable that picks the binary stamps' clock: unset (or empty), counter ticks where
 /// the kernel keeps time by the counter; `steady`, the monotonic clock.
 inline constexpr char const* log_clock_variable = "MRSTACK_LOG_CLOCK";
@@ -80,6 +90,7 @@ class log_thread_buffers {
     bool ticks = false;             // binary stamps are time-stamp counter ticks
     std::uint64_t start_ticks = 0;  // stamp 0, in ticks and on the steady clock
     std::int64_t start_ns = 0;
+    std::uint32_t forks = 0;  // process_forks when it was made: another count means a fork's child
     lean_mutex mutex;
   };
 

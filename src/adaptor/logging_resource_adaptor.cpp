@@ -387,6 +387,16 @@ spdlog::sink_ptr open_file_sink(std::string const& path) {
   }
 }
 
+/// Keeps the first failed write's message and says it once on stderr.
+void record_failure(std::mutex& mutex, std::string& first, std::string const& path, std::string const& message) {
+  std::lock_guard lock{mutex};
+  if (!first.empty()) { return; }
+  // Kept non-empty: empty is what "none failed" reads as, and a sink's error may say nothing.
+  first = message.empty() ? std::string{"a sink failed with no message"} : message;
+  std::fprintf(stderr, "mrstack: logging%s%s: a write failed (%s); rows from here on are lost\n",
+               path.empty() ? "" : " to ", path.c_str(), first.c_str());
+}
+
 resource_ptr checked_upstream(resource_ptr upstream) {
   if (upstream == nullptr) { throw logic_error("logging: upstream resource is null"); }
   return upstream;
@@ -416,7 +426,10 @@ logging_resource_adaptor::logging_resource_adaptor(resource_ptr upstream, std::v
 logging_resource_adaptor::logging_resource_adaptor(resource_ptr upstream, std::vector<spdlog::sink_ptr> sinks,
                                                    std::string path, bool auto_flush, bool async,
                                                    std::size_t queue_capacity, log_order order, log_format format, int)
-    : upstream_{checked_upstream(std::move(upstream))}, path_{std::move(path)}, format_{format} {
+    : upstream_{checked_upstream(std::move(upstream))},
+      path_{std::move(path)},
+      format_{format},
+      forks_{detail::watch_forks()} {
   if (order == log_order::per_thread && !async) {
     throw logic_error("logging: per-thread order is a way of writing asynchronously: it needs async");
   }
@@ -442,14 +455,10 @@ logging_resource_adaptor::logging_resource_adaptor(resource_ptr upstream, std::v
   // spdlog's own handler printed a rate-limited line and the program never knew; the first
   // failure is kept for flush() and write_failure(), and said once on stderr.
   failures_ = std::make_shared<write_failures>();
-  logger_->set_error_handler([failures = failures_, path = path_](std::string const& message) {
-    std::lock_guard lock{failures->mutex};
-    if (!failures->first.empty()) { return; }
-    // Kept non-empty: empty is what "none failed" reads as, and a sink's error may say nothing.
-    failures->first = message.empty() ? std::string{"a sink failed with no message"} : message;
-    std::fprintf(stderr, "mrstack: logging%s%s: a write failed (%s); rows from here on are lost\n",
-                 path.empty() ? "" : " to ", path.c_str(), failures->first.c_str());
-  });
+  logger_->set_error_handler(
+      [failures = failures_, path = path_](std::string const& message) {
+        record_failure(failures->mutex, failures->first, path, message);
+      });
   // Rows are formatted by us: the sinks add only the newline, and to binary blocks nothing.
   logger_->set_formatter(std::make_unique<spdlog::pattern_formatter>(
       "%v", spdlog::pattern_time_type::local,
@@ -479,6 +488,15 @@ std::string logging_resource_adaptor::write_failure() const {
 }
 
 logging_resource_adaptor::~logging_resource_adaptor() {
+  if (in_forked_child()) [[unlikely]] {
+    // Left as they are: the writer thread is not in this process (joining it would hang or
+    // worse), the buffers hold the parent's rows and closing the file would write its
+    // stdio buffer, the parent's rows too. The parent writes them; the child only ends.
+    static_cast<void>(writer_.release());
+    static_cast<void>(per_thread_.release());
+    static_cast<void>(new std::shared_ptr<spdlog::logger>(std::move(logger_)));
+    return;
+  }
   writer_.reset();      // drains and joins the writer before the logger goes
   per_thread_.reset();  // writes every buffer out
   logger_->flush();
@@ -495,8 +513,24 @@ std::size_t logging_resource_adaptor::thread_buffer_count() const {
 
 std::size_t logging_resource_adaptor::current_thread_id() noexcept { return spdlog::details::os::thread_id(); }
 
+bool logging_resource_adaptor::in_forked_child() const noexcept {
+  return detail::process_forks.load(std::memory_order_relaxed) != forks_;
+}
+
+void logging_resource_adaptor::note_forked_child() const noexcept {
+  try {
+    record_failure(failures_->mutex, failures_->first, path_,
+                   "this process is a fork() child of the one that made the adaptor: its rows are not written "
+                   "(its log buffers are the parent's copies and its addresses repeat the parent's)");
+  } catch (...) {
+    // No memory for the message: the row is dropped all the same, and a later call tries again.
+  }
+}
+
 void logging_resource_adaptor::flush() {
-  if (writer_) {
+  if (in_forked_child()) [[unlikely]] {
+    note_forked_child();  // and nothing flushed: what the buffers hold is the parent's to write
+  } else if (writer_) {
     writer_->flush();
   } else if (per_thread_) {
     per_thread_->flush();
@@ -510,6 +544,10 @@ void logging_resource_adaptor::flush() {
 }
 
 void logging_resource_adaptor::log_event(action what, void const* ptr, std::size_t bytes, stream_view stream) noexcept {
+  if (in_forked_child()) [[unlikely]] {
+    note_forked_child();
+    return;
+  }
   detail::log_record record{current_thread_id(), 0, reinterpret_cast<std::uintptr_t>(ptr), bytes, stream.id(),
                             static_cast<std::uint8_t>(what)};
   if (writer_) {

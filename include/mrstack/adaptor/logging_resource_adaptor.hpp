@@ -74,6 +74,13 @@
 ///   written in per-thread order. The sinks are handed raw bytes with no newline added:
 ///   give it a file or a binary ostream.
 ///
+/// In a fork()'s child the adaptor writes nothing: the file's buffer, the thread buffers
+/// and queues it holds are copies of the parent's (with the parent's unwritten rows), the
+/// writer thread does not exist there and the child's addresses repeat the parent's, so
+/// its rows would corrupt the parent's log. The child's calls go through unlogged, the
+/// reason is its `write_failure()` (said once on stderr), its `flush()` throws it, and its
+/// destructor leaves the parent's log, buffers and writer alone.
+///
 /// Output goes to a file (truncated; the path defaults from `MRSTACK_LOG_FILE`), to a
 /// `std::ostream` (which must outlive the adaptor) or to any spdlog sinks (use their
 /// `_mt` variants; the adaptor sets their pattern to `%v`, as RMM's does).
@@ -183,10 +190,15 @@ class logging_resource_adaptor final : public memory_resource {
 
   enum class action : std::uint8_t { allocate, allocate_failure, free };
   void log_event(action what, void const* ptr, std::size_t bytes, stream_view stream) noexcept;
+  /// Whether this process is a fork()'s child of the one that made the adaptor.
+  [[nodiscard]] bool in_forked_child() const noexcept;
+  /// In a fork's child: records (once) why its rows are not written.
+  void note_forked_child() const noexcept;
 
   resource_ptr upstream_;
   std::string path_;
   log_format format_;
+  std::uint32_t forks_;  // detail::process_forks when made: another count means a fork's child
   std::shared_ptr<spdlog::logger> logger_;
   struct write_failures;  // what the logger's error handler recorded (shared with it)
   std::shared_ptr<write_failures> failures_;
