@@ -342,6 +342,31 @@ TEST_CASE("logging: a file that cannot be opened is an error naming the path") {
   CHECK_THROWS_AS(logging_resource_adaptor(sim, bad), std::runtime_error);
 }
 
+TEST_CASE("logging: a file another live adaptor writes is refused, naming it, and left as it was") {
+  auto sim = std::make_shared<simulated_memory_resource>();
+  auto const path = temp_log("clash");
+  {
+    logging_resource_adaptor first{sim, path.string(), true};
+    void* p = first.allocate(256);
+    // The same file by another spelling of its path, and through MRSTACK_LOG_FILE (as two
+    // stacks of one process configured from the environment would both name it).
+    auto const other_spelling = (path.parent_path() / "." / path.filename()).string();
+    CHECK_THROWS_AS(logging_resource_adaptor(sim, other_spelling), logic_error);
+    CHECK_THROWS_WITH(logging_resource_adaptor(sim, other_spelling),
+                      Catch::Contains(other_spelling) && Catch::Contains("already"));
+    ::setenv("MRSTACK_LOG_FILE", path.string().c_str(), 1);
+    CHECK_THROWS_AS(logging_resource_adaptor(sim), logic_error);
+    ::unsetenv("MRSTACK_LOG_FILE");
+    first.deallocate(p, 256);
+  }
+  CHECK(parse_log(read_file(path)).size() == 2);  // the first's rows, not truncated away
+  // Once the first is gone, the file is free to be written again.
+  CHECK_NOTHROW(logging_resource_adaptor(sim, path.string()));
+  // A device is no log to truncate: any number may write to /dev/null.
+  logging_resource_adaptor discard{sim, "/dev/null"};
+  CHECK_NOTHROW(logging_resource_adaptor(sim, "/dev/null"));
+}
+
 TEST_CASE("logging: bad construction arguments are logic errors") {
   std::ostringstream out;
   CHECK_THROWS_WITH(logging_resource_adaptor(nullptr, out), Catch::Contains("upstream"));

@@ -12,8 +12,10 @@
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
+#include <filesystem>
 #include <limits>
 #include <mutex>
+#include <set>
 #include <stdexcept>
 #include <thread>
 #include <vector>
@@ -379,6 +381,17 @@ std::string resolve_path(std::string const& path) {
   return from_env;
 }
 
+/// The log files this process's adaptors write, by their absolute path with symbolic links
+/// resolved. Never destroyed: an adaptor may outlive static destruction.
+std::mutex& claims_mutex() {
+  static auto* const mutex = new std::mutex;
+  return *mutex;
+}
+std::set<std::string>& claimed_files() {
+  static auto* const files = new std::set<std::string>;
+  return *files;
+}
+
 spdlog::sink_ptr open_file_sink(std::string const& path) {
   try {
     return std::make_shared<spdlog::sinks::basic_file_sink_mt>(path, /*truncate=*/true);
@@ -403,6 +416,37 @@ resource_ptr checked_upstream(resource_ptr upstream) {
 }
 
 }  // namespace
+
+/// A second adaptor opening a file that another one writes truncated the first's log, and
+/// the two then appended to it together: a file that reads as no one history. So a regular
+/// file is claimed before it is opened, and refused while claimed. A device (/dev/null, a
+/// terminal) is not: nothing there is truncated or read back as one log.
+struct logging_resource_adaptor::file_claim {
+  explicit file_claim(std::string const& path) {
+    std::error_code error;
+    auto resolved = std::filesystem::absolute(path, error);
+    if (!error) { resolved = std::filesystem::weakly_canonical(resolved, error); }
+    key = error ? path : resolved.string();  // unresolvable: the path as given, still a key
+    auto const status = std::filesystem::status(key, error);
+    if (std::filesystem::exists(status) && !std::filesystem::is_regular_file(status)) {
+      key.clear();
+      return;
+    }
+    std::lock_guard lock{claims_mutex()};
+    if (!claimed_files().insert(key).second) {
+      throw logic_error("logging: the log file '" + path + "'" + (key == path ? "" : " ('" + key + "')") +
+                        " is already being written by another logging adaptor of this process: give each its own file");
+    }
+  }
+  ~file_claim() {
+    if (key.empty()) { return; }
+    std::lock_guard lock{claims_mutex()};
+    claimed_files().erase(key);
+  }
+  file_claim(file_claim const&) = delete;
+  file_claim& operator=(file_claim const&) = delete;
+  std::string key;
+};
 
 logging_resource_adaptor::logging_resource_adaptor(resource_ptr upstream, std::string const& path, bool auto_flush,
                                                    bool async, std::size_t queue_capacity, log_order order,
@@ -448,7 +492,10 @@ logging_resource_adaptor::logging_resource_adaptor(resource_ptr upstream, std::v
     sink = std::make_shared<guarded_sink>(std::move(sink));
   }
   bool const ticks = format == log_format::binary && detail::binary_stamps_in_ticks();
-  if (!path_.empty()) { sinks.push_back(open_file_sink(path_)); }
+  if (!path_.empty()) {
+    claim_ = std::make_unique<file_claim>(path_);
+    sinks.push_back(open_file_sink(path_));
+  }
   if (sinks.empty()) { throw logic_error("logging: no sink to write to"); }
   logger_ = std::make_shared<spdlog::logger>("mrstack.logging", sinks.begin(), sinks.end());
   logger_->set_level(spdlog::level::info);

@@ -134,7 +134,9 @@ class logging_resource_adaptor final : public memory_resource {
 
   /// Logs to the file at `path` (created or truncated; parent folders are created). An
   /// empty `path` means the file named by MRSTACK_LOG_FILE; a `logic_error` when that is
-  /// unset. A file that cannot be opened throws `std::runtime_error` naming the path.
+  /// unset. A file that cannot be opened throws `std::runtime_error` naming the path; a
+  /// regular file that another live adaptor of this process writes (by any path that
+  /// resolves to it), a `logic_error` naming it, the file left as it was.
   /// `log_order::per_thread` needs `async`, `log_format::binary` both: otherwise a `logic_error`.
   /// Every argument is checked before the file is opened, so a refused construction leaves
   /// an existing file as it was.
@@ -197,6 +199,8 @@ class logging_resource_adaptor final : public memory_resource {
 
   resource_ptr upstream_;
   std::string path_;
+  struct file_claim;  // path_, as no other adaptor of this process may open it while this one lives
+  std::unique_ptr<file_claim> claim_;  // before logger_: let go after the file is closed
   log_format format_;
   std::uint32_t forks_;  // detail::process_forks when made: another count means a fork's child
   std::shared_ptr<spdlog::logger> logger_;
