@@ -3,6 +3,7 @@
 // under 8 threads (never passed, and nothing refused that a serial model would allow).
 #include <catch2/catch.hpp>
 
+#include <mrstack/adaptor/aligned_resource_adaptor.hpp>
 #include <mrstack/adaptor/limiting_resource_adaptor.hpp>
 #include <mrstack/upstream/simulated_memory_resource.hpp>
 #include <mrstack/upstream/system_memory_resource.hpp>
@@ -228,4 +229,26 @@ TEST_CASE("limiting: over real memory, the bytes are usable") {
   CHECK(p[4999] == 0x3c);
   lim.deallocate(p, 5000, {}, 1024);
   CHECK(lim.kind() == memory_kind::host);
+}
+
+TEST_CASE("limiting: the padding of over-aligned requests counts only with aligned above it") {
+  // aligned > limiting: aligned asks for the request plus its padding, and that is charged.
+  auto sim = std::make_shared<simulated_memory_resource>();
+  auto lim = std::make_shared<limiting_resource_adaptor>(sim, 4096);
+  aligned_resource_adaptor over{lim, 4096};
+  void* p = over.allocate(256);
+  CHECK(lim->used_bytes() == 4096);
+  CHECK_THROWS_AS(over.allocate(256), out_of_memory);
+  over.deallocate(p, 256);
+  CHECK(lim->used_bytes() == 0);
+
+  // limiting > aligned: the limit sees 256 B a request while the memory below spends 4 KiB.
+  auto sim2 = std::make_shared<simulated_memory_resource>();
+  limiting_resource_adaptor under{std::make_shared<aligned_resource_adaptor>(sim2, 4096), 4096};
+  void* a = under.allocate(256);
+  void* b = under.allocate(256);
+  CHECK(under.used_bytes() == 512);
+  CHECK(sim2->footprint() == 8192);
+  under.deallocate(a, 256);
+  under.deallocate(b, 256);
 }

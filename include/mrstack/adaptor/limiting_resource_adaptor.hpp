@@ -7,8 +7,10 @@
 /// default, the alignment every mrstack resource hands out, as RMM's limiting adaptor
 /// does), because that is the least the memory below really spends on it. Alignment
 /// requests above the granularity are not charged extra: what an over-aligned request
-/// costs is the business of the layer that serves it (put `aligned` below `limiting` and
-/// the limit covers the padding too). `used_bytes()` is the sum of the charges.
+/// costs is the business of the layer that serves it (put `aligned` above `limiting`,
+/// `aligned > limiting > …`, and the limit covers the padding too, since `aligned` asks
+/// for it; below `limiting` the padding is spent past the limit's sight). `used_bytes()`
+/// is the sum of the charges.
 ///
 /// Exact under concurrency, and scaling with threads: the bytes not yet charged
 /// (limit − used) are split between a global pool and per-thread shards' *credits* (each
