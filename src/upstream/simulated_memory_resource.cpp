@@ -47,23 +47,12 @@ void* simulated_memory_resource::do_allocate(std::size_t bytes, std::size_t alig
     std::uintptr_t const start = detail::align_up(it->first, align);
     std::size_t const lead = start - it->first;
     if (lead > it->second || it->second - lead < span) { continue; }
-    std::size_t const tail = it->second - lead - span;
-    // The nodes that may fail for want of host memory are made first, before the free
-    // range they come from changes: a failure then throws bad_alloc with nothing changed.
-    // (Erasing the range first lost all of it when a node after failed, and every later
-    // request was refused as if the fake address range were used up.)
-    auto const live = live_.emplace(start, live_block{bytes, align}).first;
-    try {
-      if (tail > 0) { free_.emplace_hint(std::next(it), start + span, tail); }
-    } catch (...) {
-      live_.erase(live);
-      throw;
-    }
-    if (lead > 0) {
-      it->second = lead;  // the part below keeps its node
-    } else {
-      free_.erase(it);
-    }
+    std::uintptr_t const block = it->first;
+    std::size_t const block_size = it->second;
+    free_.erase(it);
+    if (lead > 0) { free_.emplace(block, lead); }
+    if (block_size - lead > span) { free_.emplace(start + span, block_size - lead - span); }
+    live_.emplace(start, live_block{bytes, align});
     footprint_ += span;
     peak_footprint_ = std::max(peak_footprint_, footprint_);
     ++total_allocations_;
@@ -88,11 +77,9 @@ void simulated_memory_resource::do_deallocate(void* ptr, std::size_t bytes, std:
                       " (nothing was freed)");
   }
   std::size_t const span = detail::align_up(bytes, default_alignment);
-  // The range goes back first: that may need a node, and when host memory for it runs out
-  // the block must stay live (forgotten first, it was lost, and a retried free refused).
-  insert_free(address, span);
   live_.erase(it);
   footprint_ -= span;
+  insert_free(address, span);
 }
 
 void simulated_memory_resource::insert_free(std::uintptr_t begin, std::size_t size) {
