@@ -47,12 +47,23 @@ void* simulated_memory_resource::do_allocate(std::size_t bytes, std::size_t alig
     std::uintptr_t const start = detail::align_up(it->first, align);
     std::size_t const lead = start - it->first;
     if (lead > it->second || it->second - lead < span) { continue; }
-    std::uintptr_t const block = it->first;
-    std::size_t const block_size = it->second;
-    free_.erase(it);
-    if (lead > 0) { free_.emplace(block, lead); }
-    if (block_size - lead > span) { free_.emplace(start + span, block_size - lead - span); }
-    live_.emplace(start, live_block{bytes, align});
+    std::size_t const tail = it->second - lead - span;
+    // The nodes that may fail for want of host memory are made first, before the free
+    // range they come from changes: a failure then throws bad_alloc with nothing changed.
+    // (Erasing the range first lost all of it when a node after failed, and every later
+    // request was refused as if the fake address range were used up.)
+    auto const live = live_.emplace(start, live_block{bytes, align}).first;
+    try {
+      if (tail > 0) { free_.emplace_hint(std::next(it), start + span, tail); }
+    } catch (...) {
+      live_.erase(live);
+      throw;
+    }
+    if (lead > 0) {
+      it->second = lead;  // the part below keeps its node
+    } else {
+      free_.erase(it);
+    }
     footprint_ += span;
     peak_footprint_ = std::max(peak_footprint_, footprint_);
     ++total_allocations_;
