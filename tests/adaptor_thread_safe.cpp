@@ -3,11 +3,14 @@
 // (so the detector works and the test can fail).
 #include <catch2/catch.hpp>
 
+#include <mrstack/adaptor/failure_callback_resource_adaptor.hpp>
+#include <mrstack/adaptor/limiting_resource_adaptor.hpp>
 #include <mrstack/adaptor/thread_safe_resource_adaptor.hpp>
 #include <mrstack/upstream/simulated_memory_resource.hpp>
 
 #include <atomic>
 #include <chrono>
+#include <memory>
 #include <thread>
 #include <vector>
 
@@ -113,4 +116,45 @@ TEST_CASE("thread_safe: the detector does see overlaps without the adaptor") {
   while (detector.overlaps.load() == 0 && std::chrono::steady_clock::now() < deadline) { hammer(detector, 8, 2000); }
   CHECK(detector.overlaps.load() > 0);
   CHECK(sim->allocation_count() == 0);
+}
+
+TEST_CASE("thread_safe: a retry callback below it that releases through the stack's top does not deadlock") {
+  // thread_safe > retry(callback) > limiting > simulated: the refusal's callback calls
+  // release() on the top of the stack, on the thread whose allocate holds the lock. A
+  // plain mutex locked again by its holder deadlocks; the call runs on another thread so
+  // that a deadlock fails the test rather than hanging it.
+  auto limited = std::make_shared<limiting_resource_adaptor>(std::make_shared<simulated_memory_resource>(), 4096);
+  std::shared_ptr<memory_resource> top;
+  std::atomic<int> callbacks{0};
+  auto retry = std::make_shared<failure_callback_resource_adaptor>(
+      limited, [&](std::size_t, void*) {
+        top->release();  // re-enters the thread_safe layer from below
+        return callbacks.fetch_add(1) == 0;  // one retry, then the refusal stands
+      });
+  top = std::make_shared<thread_safe_resource_adaptor>(retry);
+  auto finished = std::make_shared<std::atomic<bool>>(false);
+  auto refused = std::make_shared<std::atomic<bool>>(false);
+  std::thread caller{[top, finished, refused] {
+    try {
+      (void)top->allocate(8192);
+    } catch (out_of_memory const&) {
+      refused->store(true);
+    }
+    finished->store(true);
+  }};
+  auto const deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (!finished->load() && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  bool const done = finished->load();
+  if (done) {
+    caller.join();
+  } else {
+    caller.detach();  // stuck on the lock for good: the test fails and the process moves on
+  }
+  REQUIRE(done);
+  CHECK(refused->load());
+  CHECK(callbacks.load() == 2);
+  void* p = top->allocate(1024);  // the stack still serves
+  top->deallocate(p, 1024);
 }

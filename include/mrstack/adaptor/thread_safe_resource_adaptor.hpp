@@ -5,6 +5,10 @@
 /// single-threaded; the layers mrstack ships are thread-safe already, so over them it
 /// only adds the cost of the lock.
 ///
+/// The mutex is recursive: a call that re-enters the stack from below on the same thread
+/// — a `retry` layer's callback that calls `release()` on the stack's top, or frees
+/// through it — goes through instead of deadlocking on the lock its own call holds.
+///
 /// Thread-safe. `name()` is "thread_safe".
 #include <mutex>
 #include <utility>
@@ -46,7 +50,7 @@ class thread_safe_resource_adaptor final : public memory_resource {
   memory_resource* do_upstream() const noexcept override { return upstream_.get(); }
 
   resource_ptr upstream_;
-  mutable std::mutex mutex_;
+  mutable std::recursive_mutex mutex_;
 };
 
 }  // namespace mrstack
