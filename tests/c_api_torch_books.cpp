@@ -335,7 +335,7 @@ TEST_CASE("torch books: a free refused while the event is recorded leaves the bl
   // Refused frees take the block out of the books and put it back: the same block, so the
   // event recorded for it meanwhile is kept for it.
   stand_in_events events{[](void* ptr) {
-    mrstack_torch_free(ptr, std::size_t{1} << 50, 0, nullptr);  // more than PyTorch holds
+    mrstack_torch_free(ptr, std::size_t{1} << 50, 0, nullptr);  // another size than the block's
     mrstack_torch_free(ptr, 1024, 2, nullptr);                  // a device that holds nothing
   }};
   CHECK(mrstack_torch_record_stream(p, nullptr) == MRSTACK_SUCCESS);

@@ -350,7 +350,7 @@ def test_a_refused_free_keeps_the_block_in_the_books(run_python):
         d = lib.dll
         a = d.mrstack_torch_alloc(1 << 20, 0, None)
         b = d.mrstack_torch_alloc(1 << 20, 0, None)
-        d.mrstack_torch_free(a, (1 << 20) - 100, 0, None)   # the counters cover it, the books refuse it
+        d.mrstack_torch_free(a, (1 << 20) - 100, 0, None)   # another size than the block's: the books refuse it
         assert "was allocated with 1048576 bytes, not the 1048476" in lib.last_error(), lib.last_error()
         assert mrstack.statistics(0).clients["torch"].live_bytes == 2 << 20
         assert d.mrstack_torch_record_stream(a, None) in (_lib.SUCCESS, _lib.ERROR_CUDA), lib.last_error()

@@ -30,13 +30,6 @@ struct mrstack_stack {
 
   void count_allocation(int client, std::uint64_t bytes) noexcept;
   void count_free(int client, std::uint64_t bytes) noexcept;
-  /// count_free for a free whose size and client the caller names (mrstack_torch_free):
-  /// false, with the books untouched, when `client` does not hold an allocation and
-  /// `bytes` (a free under another client than the allocation's, or with another size),
-  /// which would otherwise wrap its counters past zero.
-  bool try_count_free(int client, std::uint64_t bytes) noexcept;
-  /// Puts back what try_count_free took, when the stack then refused the free.
-  void uncount_free(int client, std::uint64_t bytes) noexcept;
 
   /// A live block of mrstack_allocate: its free must name this size and client. Counters
   /// alone cannot tell a free of the wrong size or client while the client holds enough

@@ -65,37 +65,11 @@ void mrstack_stack::count_free(int client, std::uint64_t bytes) noexcept {
   live_bytes.fetch_sub(bytes, std::memory_order_relaxed);
 }
 
-bool mrstack_stack::try_count_free(int client, std::uint64_t bytes) noexcept {
-  auto& books = clients[static_cast<std::size_t>(client)];
-  // Each counter is taken down only if it covers the free (compare-and-swap, so concurrent
-  // frees cannot both pass a check one of them alone would).
-  std::uint64_t count = books.live_count.load(std::memory_order_relaxed);
-  do {
-    if (count == 0) { return false; }
-  } while (!books.live_count.compare_exchange_weak(count, count - 1, std::memory_order_relaxed));
-  std::uint64_t held = books.live_bytes.load(std::memory_order_relaxed);
-  do {
-    if (held < bytes) {
-      books.live_count.fetch_add(1, std::memory_order_relaxed);
-      return false;
-    }
-  } while (!books.live_bytes.compare_exchange_weak(held, held - bytes, std::memory_order_relaxed));
-  live_bytes.fetch_sub(bytes, std::memory_order_relaxed);
-  return true;
-}
-
 mrstack_stack::plain_shard& mrstack_stack::plain_shard_of(void const* ptr) noexcept {
   static_assert(plain_shard_count == 16, "the shard index takes the hash's top 4 bits");
   // Blocks are at least 256-byte aligned: mix the bits above those into a shard index.
   auto const a = static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(ptr)) >> 8;
   return plain_blocks[(a * 0x9E3779B97F4A7C15ULL) >> 60];
-}
-
-void mrstack_stack::uncount_free(int client, std::uint64_t bytes) noexcept {
-  auto& books = clients[static_cast<std::size_t>(client)];
-  books.live_bytes.fetch_add(bytes, std::memory_order_relaxed);
-  books.live_count.fetch_add(1, std::memory_order_relaxed);
-  live_bytes.fetch_add(bytes, std::memory_order_relaxed);
 }
 
 namespace mrstack::c_api {

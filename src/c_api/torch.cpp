@@ -488,31 +488,22 @@ void mrstack_torch_free(void* ptr, size_t size, int device, void* stream) {
                       "freed)" + elsewhere + "; nothing was freed");
     return;
   }
-  if (taken.size != size) {  // a layer below may take it back all the same, and the books would drift
+  // The books know the block's size, so the counters below cannot be taken past zero: a
+  // free of another size is refused here (a layer below may take it back all the same).
+  if (taken.size != size) {
     keep();
     refuse_torch_free("mrstack_torch_free: " + mrstack::format_hex(ptr) + " on device " +
                       std::to_string(device) + " was allocated with " + std::to_string(taken.size) +
                       " bytes, not the " + std::to_string(size) + " this free names; nothing was freed");
     return;
   }
-  // The books first, as mrstack_deallocate does: a size they cannot cover is refused
-  // before the memory goes back, rather than wrapping the torch client's counters.
-  if (!stack->try_count_free(MRSTACK_CLIENT_TORCH, size)) {
-    keep();  // its events stay: the block's right free still waits for them
-    refuse_torch_free("mrstack_torch_free: " + mrstack::format_hex(ptr) + " (" + std::to_string(size) +
-                      " bytes) on device " + std::to_string(device) +
-                      ": more than PyTorch holds there (" +
-                      std::to_string(stack->clients[MRSTACK_CLIENT_TORCH].live_bytes.load()) +
-                      " bytes): not an allocation of mrstack_torch_alloc of this size; nothing was freed");
-    return;
-  }
   try {
     mrstack::detail::device_scope on_device{device};
     if (recorded) { wait_for_recorded_uses(shard, ptr, device, stream); }
     stack->top->deallocate(ptr, size, mrstack::stream_view{static_cast<cudaStream_t>(stream)});
+    stack->count_free(MRSTACK_CLIENT_TORCH, size);  // as mrstack_deallocate: once the stack has it
   } catch (...) {
-    stack->uncount_free(MRSTACK_CLIENT_TORCH, size);  // the stack kept it
-    // Still PyTorch's block. Its events were waited for and destroyed, or (the device could
+    // Still PyTorch's block, still counted. Its events were waited for and destroyed, or (the device could
     // not be made current) are still in the books for the free that succeeds.
     keep();
     (void)mrstack::c_api::status_from_current_exception();
